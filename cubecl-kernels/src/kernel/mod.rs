@@ -1,0 +1,8 @@
+//! The CubeCL kernels. Launch them through the functions of [`crate::ops`], which check their arguments.
+
+pub mod amax;
+pub mod fp8;
+pub mod quantize;
+pub mod reduce;
+pub mod scale;
+pub mod stats;

@@ -1,0 +1,251 @@
+//! One-pass statistics: a single read of a tensor yields everything LogTensorStats needs, and with an FP8 format
+//! and scale also the underflow/overflow counts and the squared quantization error of LogFp8TensorStats.
+//!
+//! Each unit walks the tensor with a grid stride and keeps a running record (Welford for mean and M2 of the finite
+//! elements, shifted by the tensor's first element so that a large common offset does not eat the f32 precision of
+//! the running mean); the cube merges its units' records in shared memory (Chan's parallel formula) and writes one partial
+//! record of [`STATS_SLOTS`] words per cube. The host merges the partials in f64 (`crate::StatsReadback`).
+
+use cubecl::prelude::*;
+
+use super::fp8::{decode_fp8, encode_fp8};
+use super::reduce::CUBE_SIZE;
+use crate::Fp8Format;
+
+/// Words per partial record.
+pub const STATS_SLOTS: usize = 16;
+
+/// Word offsets in a partial record. Counts are u32, the others f32 bits.
+pub mod slot {
+    /// Number of finite elements.
+    pub const FINITE_COUNT: usize = 0;
+    /// Mean of the finite elements.
+    pub const MEAN: usize = 1;
+    /// Sum of squared deviations from the mean of the finite elements.
+    pub const M2: usize = 2;
+    /// Sum of |x| over the finite elements.
+    pub const L1: usize = 3;
+    /// Smallest finite element (f32::MAX if none).
+    pub const MIN: usize = 4;
+    /// Largest finite element (-f32::MAX if none).
+    pub const MAX: usize = 5;
+    /// Bits of the smallest nonzero finite |x| (+inf bits if none).
+    pub const MIN_NONZERO_ABS: usize = 6;
+    /// Number of elements that are not ±0 (NaN and ±inf included).
+    pub const NONZERO: usize = 7;
+    /// Number of NaN elements.
+    pub const NAN: usize = 8;
+    /// Number of +inf elements.
+    pub const POS_INF: usize = 9;
+    /// Number of -inf elements.
+    pub const NEG_INF: usize = 10;
+    /// FP8: elements that are nonzero but quantize to ±0.
+    pub const UNDERFLOW: usize = 11;
+    /// FP8: elements with |x| > fp8_max * scale_inv.
+    pub const OVERFLOW: usize = 12;
+    /// FP8: sum over finite elements of (x - dequantize(quantize(x)))^2.
+    pub const SQUARED_ERROR: usize = 13;
+    /// The shift `K` subtracted before the moments: `MEAN` is the mean of `x - K`.
+    pub const SHIFT: usize = 14;
+}
+
+const INF_BITS: u32 = 0x7f80_0000;
+
+/// Writes one partial record per cube into `partials` (`CUBE_COUNT * STATS_SLOTS` words). With `with_fp8`, codes
+/// are `encode(x * scale[0])` in `format` and the FP8 slots are filled; otherwise they are zero.
+#[cube(launch_unchecked)]
+pub fn stats_kernel<F: Float>(
+    input: &Array<F>,
+    scale: &Array<f32>,
+    partials: &mut Array<u32>,
+    len: u32,
+    fp8_max: f32,
+    #[comptime] with_fp8: bool,
+    #[comptime] format: Fp8Format,
+) {
+    let len = len as usize;
+    let stride = CUBE_COUNT * comptime!(CUBE_SIZE as usize);
+    let scale = scale[0];
+    let scale_inv = 1.0f32 / scale;
+    let overflow_threshold = fp8_max * scale_inv;
+    let first = f32::cast_from(input[0]);
+    let shift = select(
+        (u32::reinterpret(first) & 0x7fff_ffff) < INF_BITS,
+        first,
+        0.0f32,
+    );
+
+    let mut count = 0u32;
+    let mut mean = 0.0f32;
+    let mut m2 = 0.0f32;
+    let mut l1 = 0.0f32;
+    let mut min = f32::reinterpret(0x7f7f_ffffu32);
+    let mut max = f32::reinterpret(0xff7f_ffffu32);
+    let mut min_nonzero_abs = INF_BITS.runtime();
+    let mut nonzero = 0u32;
+    let mut nan = 0u32;
+    let mut pos_inf = 0u32;
+    let mut neg_inf = 0u32;
+    let mut underflow = 0u32;
+    let mut overflow = 0u32;
+    let mut squared_error = 0.0f32;
+
+    let mut index = ABSOLUTE_POS;
+    while index < len {
+        let x = f32::cast_from(input[index]);
+        let bits = u32::reinterpret(x);
+        let abs = bits & 0x7fff_ffff;
+        if abs != 0 {
+            nonzero += 1;
+        }
+        if abs > INF_BITS {
+            nan += 1;
+        } else if abs == INF_BITS {
+            if bits == INF_BITS {
+                pos_inf += 1;
+            } else {
+                neg_inf += 1;
+            }
+        } else {
+            count += 1;
+            let y = x - shift;
+            let delta = y - mean;
+            mean += delta / f32::cast_from(count);
+            m2 += delta * (y - mean);
+            let magnitude = f32::reinterpret(abs);
+            l1 += magnitude;
+            if x < min {
+                min = x;
+            }
+            if x > max {
+                max = x;
+            }
+            if abs != 0 && abs < min_nonzero_abs {
+                min_nonzero_abs = abs;
+            }
+        }
+        if comptime!(with_fp8) {
+            let code = encode_fp8(u32::reinterpret(x * scale), format);
+            if abs != 0 && (code & 0x7f) == 0 {
+                underflow += 1;
+            }
+            if abs <= INF_BITS {
+                if f32::reinterpret(abs) > overflow_threshold {
+                    overflow += 1;
+                }
+                if abs < INF_BITS {
+                    let error = x - decode_fp8(code, format) * scale_inv;
+                    squared_error += error * error;
+                }
+            }
+        }
+        index += stride;
+    }
+
+    // Merge the units' records in shared memory.
+    let unit = UNIT_POS as usize;
+    let size = comptime!(CUBE_SIZE as usize);
+    let mut s_count = SharedMemory::<u32>::new(size);
+    let mut s_mean = SharedMemory::<f32>::new(size);
+    let mut s_m2 = SharedMemory::<f32>::new(size);
+    let mut s_l1 = SharedMemory::<f32>::new(size);
+    let mut s_min = SharedMemory::<f32>::new(size);
+    let mut s_max = SharedMemory::<f32>::new(size);
+    let mut s_min_nonzero = SharedMemory::<u32>::new(size);
+    let mut s_nonzero = SharedMemory::<u32>::new(size);
+    let mut s_nan = SharedMemory::<u32>::new(size);
+    let mut s_pos_inf = SharedMemory::<u32>::new(size);
+    let mut s_neg_inf = SharedMemory::<u32>::new(size);
+    s_count[unit] = count;
+    s_mean[unit] = mean;
+    s_m2[unit] = m2;
+    s_l1[unit] = l1;
+    s_min[unit] = min;
+    s_max[unit] = max;
+    s_min_nonzero[unit] = min_nonzero_abs;
+    s_nonzero[unit] = nonzero;
+    s_nan[unit] = nan;
+    s_pos_inf[unit] = pos_inf;
+    s_neg_inf[unit] = neg_inf;
+    let mut s_underflow = SharedMemory::<u32>::new(size);
+    let mut s_overflow = SharedMemory::<u32>::new(size);
+    let mut s_squared_error = SharedMemory::<f32>::new(size);
+    if comptime!(with_fp8) {
+        s_underflow[unit] = underflow;
+        s_overflow[unit] = overflow;
+        s_squared_error[unit] = squared_error;
+    }
+    sync_cube();
+
+    let mut half = comptime!(CUBE_SIZE as usize / 2).runtime();
+    while half > 0 {
+        if unit < half {
+            let other = unit + half;
+            let count_b = s_count[other];
+            if count_b > 0 {
+                let count_a = s_count[unit];
+                if count_a == 0 {
+                    s_mean[unit] = s_mean[other];
+                    s_m2[unit] = s_m2[other];
+                } else {
+                    let n_a = f32::cast_from(count_a);
+                    let n_b = f32::cast_from(count_b);
+                    let n = n_a + n_b;
+                    let delta = s_mean[other] - s_mean[unit];
+                    s_mean[unit] = s_mean[unit] + delta * (n_b / n);
+                    s_m2[unit] = s_m2[unit] + s_m2[other] + delta * delta * (n_a * n_b / n);
+                }
+                s_count[unit] = count_a + count_b;
+                s_l1[unit] = s_l1[unit] + s_l1[other];
+                if s_min[other] < s_min[unit] {
+                    s_min[unit] = s_min[other];
+                }
+                if s_max[other] > s_max[unit] {
+                    s_max[unit] = s_max[other];
+                }
+                if s_min_nonzero[other] < s_min_nonzero[unit] {
+                    s_min_nonzero[unit] = s_min_nonzero[other];
+                }
+            }
+            s_nonzero[unit] = s_nonzero[unit] + s_nonzero[other];
+            s_nan[unit] = s_nan[unit] + s_nan[other];
+            s_pos_inf[unit] = s_pos_inf[unit] + s_pos_inf[other];
+            s_neg_inf[unit] = s_neg_inf[unit] + s_neg_inf[other];
+            if comptime!(with_fp8) {
+                s_underflow[unit] = s_underflow[unit] + s_underflow[other];
+                s_overflow[unit] = s_overflow[unit] + s_overflow[other];
+                s_squared_error[unit] = s_squared_error[unit] + s_squared_error[other];
+            }
+        }
+        sync_cube();
+        half /= 2;
+    }
+
+    if unit == 0 {
+        let base = CUBE_POS * STATS_SLOTS;
+        partials[base + slot::FINITE_COUNT] = s_count[0];
+        partials[base + slot::MEAN] = u32::reinterpret(s_mean[0]);
+        partials[base + slot::M2] = u32::reinterpret(s_m2[0]);
+        partials[base + slot::L1] = u32::reinterpret(s_l1[0]);
+        partials[base + slot::MIN] = u32::reinterpret(s_min[0]);
+        partials[base + slot::MAX] = u32::reinterpret(s_max[0]);
+        partials[base + slot::MIN_NONZERO_ABS] = s_min_nonzero[0];
+        partials[base + slot::NONZERO] = s_nonzero[0];
+        partials[base + slot::NAN] = s_nan[0];
+        partials[base + slot::POS_INF] = s_pos_inf[0];
+        partials[base + slot::NEG_INF] = s_neg_inf[0];
+        let mut underflow_total = 0u32;
+        let mut overflow_total = 0u32;
+        let mut squared_error_total = 0.0f32;
+        if comptime!(with_fp8) {
+            underflow_total = s_underflow[0];
+            overflow_total = s_overflow[0];
+            squared_error_total = s_squared_error[0];
+        }
+        partials[base + slot::UNDERFLOW] = underflow_total;
+        partials[base + slot::OVERFLOW] = overflow_total;
+        partials[base + slot::SQUARED_ERROR] = u32::reinterpret(squared_error_total);
+        partials[base + slot::SHIFT] = u32::reinterpret(shift);
+        partials[base + 15] = 0u32;
+    }
+}

@@ -1,0 +1,31 @@
+//! # burn-te-kernels
+//!
+//! The CubeCL kernels of burn-te and their host reference, without any Burn types:
+//!
+//! - the FP8 formats [`Fp8Format::E4M3`] and [`Fp8Format::E5M2`] with bit-exact encode/decode
+//!   (round to nearest-even, saturating, NaN → NaN), as `#[cube]` functions ([`kernel::fp8`]) and in plain Rust
+//!   ([`Fp8Format::encode`], [`Fp8Format::decode`]);
+//! - kernels that quantize (optionally fusing the amax), dequantize, fake-quantize, take the amax, compute
+//!   Transformer Engine's scales and update delayed-scaling histories ([`ops`]);
+//! - one-pass statistics ([`ops::tensor_stats`], [`ops::fp8_tensor_stats`]) whose [`TensorStats`] /
+//!   [`Fp8Stats`] records merge exactly across tensors and micro-batches;
+//! - the host path ([`host`]), bit-identical to the kernels, which the tests use as reference and burn-te uses on
+//!   backends without a CubeCL device.
+//!
+//! FP8 codes are stored four per `u32` word because wgpu has no 8-bit storage type.
+
+mod error;
+mod format;
+pub mod host;
+pub mod kernel;
+pub mod ops;
+mod scaling;
+mod stats;
+
+pub use error::KernelError;
+pub use format::Fp8Format;
+pub use scaling::{AmaxComputeAlgo, DelayedScalingHistory, pow2_margin, scale_from_amax};
+pub use stats::{Fp8Stats, TensorStats};
+
+/// The CubeCL version these kernels are written for (re-exported so users launch them with the same one).
+pub use cubecl;

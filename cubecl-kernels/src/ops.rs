@@ -1,0 +1,437 @@
+//! Launchers: check arguments, size the grid and launch the kernels on flat device buffers.
+//!
+//! Every function takes the client of the runtime, the input [`Handle`]s and the number of elements, and returns
+//! new handles; buffers of the wrong size are rejected with [`KernelError::LengthMismatch`] before any launch.
+//! Scales and amaxes stay on the device (one-element f32 buffers), so a training step never waits on the host.
+
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
+
+use crate::kernel::{amax, quantize, reduce::CUBE_SIZE, scale, stats};
+use crate::{AmaxComputeAlgo, Fp8Format, Fp8Stats, KernelError, TensorStats, scaling};
+
+/// FP8 codes on a device, packed four per `u32` word (see [`crate::host::pack_codes`]).
+#[derive(Clone, Debug)]
+pub struct Fp8Buffer {
+    /// The packed codes, `len.div_ceil(4)` words.
+    pub codes: Handle,
+    /// Number of elements.
+    pub len: usize,
+    /// The format of the codes.
+    pub format: Fp8Format,
+}
+
+fn check_len(len: usize) -> Result<u32, KernelError> {
+    u32::try_from(len).map_err(|_| KernelError::TooLarge(len))
+}
+
+fn check_size(
+    what: &'static str,
+    handle: &Handle,
+    elem_size: usize,
+    expected: usize,
+) -> Result<(), KernelError> {
+    let actual = handle.size_in_used() as usize / elem_size;
+    if actual < expected {
+        return Err(KernelError::LengthMismatch {
+            what,
+            expected,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+fn elementwise_grid<R: Runtime>(client: &ComputeClient<R>, units: usize) -> (CubeCount, CubeDim) {
+    let cube_dim = CubeDim::new_1d(CUBE_SIZE);
+    (
+        calculate_cube_count_elemwise(client, units.max(1), cube_dim),
+        cube_dim,
+    )
+}
+
+/// A one-element f32 buffer holding `value` (a scale, scale_inv or amax).
+pub fn scalar_buffer<R: Runtime>(client: &ComputeClient<R>, value: f32) -> Handle {
+    client.create_from_slice(f32::as_bytes(&[value]))
+}
+
+/// Reads a one-element f32 buffer back (waits for the device).
+pub fn read_scalar<R: Runtime>(
+    client: &ComputeClient<R>,
+    handle: &Handle,
+) -> Result<f32, KernelError> {
+    let bytes = client.read_one(handle.clone())?;
+    Ok(f32::from_bytes(&bytes)[0])
+}
+
+/// Quantizes `len` elements of `input` (`F` = f32, f16 or bf16): `code = encode(f32(x) * scale[0])`.
+///
+/// With `amax = Some(buffer)`, the same pass also folds max |x| into `buffer[0]` (f32, atomically; NaN
+/// propagates), as TE's cast kernels update the amax of delayed scaling.
+pub fn quantize<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    input: &Handle,
+    len: usize,
+    scale: &Handle,
+    format: Fp8Format,
+    amax: Option<&Handle>,
+) -> Result<Fp8Buffer, KernelError> {
+    let len32 = check_len(len)?;
+    check_size("quantize input", input, size_of::<F>(), len)?;
+    check_size("quantize scale", scale, 4, 1)?;
+    let words = len.div_ceil(4);
+    let codes = client.empty(words.max(1) * 4);
+    if len > 0 {
+        let (amax_handle, with_amax) = match amax {
+            Some(handle) => {
+                check_size("quantize amax", handle, 4, 1)?;
+                (handle.clone(), true)
+            }
+            None => (client.empty(4), false),
+        };
+        let (cube_count, cube_dim) = elementwise_grid(client, words);
+        unsafe {
+            quantize::quantize_kernel::launch_unchecked::<F, R>(
+                client,
+                cube_count,
+                cube_dim,
+                ArrayArg::from_raw_parts(input.clone(), len),
+                ArrayArg::from_raw_parts(scale.clone(), 1),
+                ArrayArg::from_raw_parts(codes.clone(), words),
+                ArrayArg::from_raw_parts(amax_handle, 1),
+                len32,
+                format,
+                with_amax,
+            );
+        }
+    }
+    Ok(Fp8Buffer { codes, len, format })
+}
+
+/// Dequantizes: `x = decode(code) * scale_inv[0]`, as `F`.
+pub fn dequantize<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    input: &Fp8Buffer,
+    scale_inv: &Handle,
+) -> Result<Handle, KernelError> {
+    let len32 = check_len(input.len)?;
+    let words = input.len.div_ceil(4);
+    check_size("dequantize codes", &input.codes, 4, words)?;
+    check_size("dequantize scale_inv", scale_inv, 4, 1)?;
+    let output = client.empty(input.len.max(1) * size_of::<F>());
+    if input.len > 0 {
+        let (cube_count, cube_dim) = elementwise_grid(client, words);
+        unsafe {
+            quantize::dequantize_kernel::launch_unchecked::<F, R>(
+                client,
+                cube_count,
+                cube_dim,
+                ArrayArg::from_raw_parts(input.codes.clone(), words),
+                ArrayArg::from_raw_parts(scale_inv.clone(), 1),
+                ArrayArg::from_raw_parts(output.clone(), input.len),
+                len32,
+                input.format,
+            );
+        }
+    }
+    Ok(output)
+}
+
+/// Quantize and dequantize in one pass: `decode(encode(f32(x) * scale)) * (1 / scale)`, as `F`.
+pub fn fake_quant<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    input: &Handle,
+    len: usize,
+    scale: &Handle,
+    format: Fp8Format,
+) -> Result<Handle, KernelError> {
+    let len32 = check_len(len)?;
+    check_size("fake_quant input", input, size_of::<F>(), len)?;
+    check_size("fake_quant scale", scale, 4, 1)?;
+    let output = client.empty(len.max(1) * size_of::<F>());
+    if len > 0 {
+        let (cube_count, cube_dim) = elementwise_grid(client, len);
+        unsafe {
+            quantize::fake_quant_kernel::launch_unchecked::<F, R>(
+                client,
+                cube_count,
+                cube_dim,
+                ArrayArg::from_raw_parts(input.clone(), len),
+                ArrayArg::from_raw_parts(scale.clone(), 1),
+                ArrayArg::from_raw_parts(output.clone(), len),
+                len32,
+                format,
+            );
+        }
+    }
+    Ok(output)
+}
+
+/// max |x| of `len` elements, into a new one-element f32 buffer (0 for an empty tensor; NaN propagates).
+pub fn amax<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    input: &Handle,
+    len: usize,
+) -> Result<Handle, KernelError> {
+    let len32 = check_len(len)?;
+    check_size("amax input", input, size_of::<F>(), len)?;
+    let output = scalar_buffer(client, 0.0);
+    if len > 0 {
+        let (cube_count, cube_dim) = elementwise_grid(client, len.div_ceil(4));
+        unsafe {
+            amax::amax_kernel::launch_unchecked::<F, R>(
+                client,
+                cube_count,
+                cube_dim,
+                ArrayArg::from_raw_parts(input.clone(), len),
+                ArrayArg::from_raw_parts(output.clone(), 1),
+                len32,
+            );
+        }
+    }
+    Ok(output)
+}
+
+/// Scale buffers of `num_tensors` tensors, each `[num_tensors]` f32 on the device.
+#[derive(Clone, Debug)]
+pub struct ScaleBuffers {
+    /// Scales (multiply before encoding).
+    pub scale: Handle,
+    /// Their inverses (multiply after decoding).
+    pub scale_inv: Handle,
+    /// Number of tensors.
+    pub num_tensors: usize,
+}
+
+impl ScaleBuffers {
+    /// `num_tensors` scales set to `scale`.
+    pub fn new<R: Runtime>(client: &ComputeClient<R>, num_tensors: usize, scale: f32) -> Self {
+        let n = num_tensors.max(1);
+        Self {
+            scale: client.create_from_slice(f32::as_bytes(&vec![scale; n])),
+            scale_inv: client.create_from_slice(f32::as_bytes(&vec![1.0 / scale; n])),
+            num_tensors,
+        }
+    }
+}
+
+/// TE's scale rule on the device for every tensor: `scale[t] = (fp8_max / amax[t]) / 2^margin` if `amax[t]` is
+/// finite and > 0, else unchanged; inf → `f32::MAX`; then `scale_inv[t] = 1 / scale[t]`.
+pub fn compute_scale<R: Runtime>(
+    client: &ComputeClient<R>,
+    amax: &Handle,
+    scales: &ScaleBuffers,
+    format: Fp8Format,
+    margin: f32,
+) -> Result<(), KernelError> {
+    let n = scales.num_tensors;
+    let pow2_margin = scaling::pow2_margin(margin)?;
+    check_size("compute_scale amax", amax, 4, n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (cube_count, cube_dim) = elementwise_grid(client, n);
+    unsafe {
+        scale::compute_scale_kernel::launch_unchecked::<R>(
+            client,
+            cube_count,
+            cube_dim,
+            ArrayArg::from_raw_parts(amax.clone(), n),
+            ArrayArg::from_raw_parts(scales.scale.clone(), n),
+            ArrayArg::from_raw_parts(scales.scale_inv.clone(), n),
+            check_len(n)?,
+            format.max(),
+            pow2_margin,
+        );
+    }
+    Ok(())
+}
+
+/// Delayed-scaling update of every tensor: `history` is `[history_len, num_tensors]` f32 (row 0 = the amaxes of
+/// the step that just ran). Computes the window amax (`algo`), rolls the window, zeroes row 0 and updates the
+/// scales as [`compute_scale`] does. Bit-identical to [`crate::DelayedScalingHistory::update`].
+pub fn delayed_scaling_update<R: Runtime>(
+    client: &ComputeClient<R>,
+    history: &Handle,
+    history_len: usize,
+    scales: &ScaleBuffers,
+    algo: AmaxComputeAlgo,
+    format: Fp8Format,
+    margin: f32,
+) -> Result<(), KernelError> {
+    let n = scales.num_tensors;
+    let pow2_margin = scaling::pow2_margin(margin)?;
+    if history_len == 0 {
+        return Err(KernelError::InvalidArgument {
+            what: "history_len",
+            reason: "must be at least 1".into(),
+        });
+    }
+    check_size(
+        "delayed_scaling_update history",
+        history,
+        4,
+        history_len * n,
+    )?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (cube_count, cube_dim) = elementwise_grid(client, n);
+    unsafe {
+        scale::delayed_scaling_update_kernel::launch_unchecked::<R>(
+            client,
+            cube_count,
+            cube_dim,
+            ArrayArg::from_raw_parts(history.clone(), history_len * n),
+            ArrayArg::from_raw_parts(scales.scale.clone(), n),
+            ArrayArg::from_raw_parts(scales.scale_inv.clone(), n),
+            check_len(n)?,
+            check_len(history_len)?,
+            format.max(),
+            pow2_margin,
+            algo,
+        );
+    }
+    Ok(())
+}
+
+/// Partial statistics records on the device (one per cube), merged on the host by [`read`](Self::read).
+#[derive(Clone, Debug)]
+pub struct StatsReadback {
+    partials: Option<Handle>,
+    cubes: usize,
+}
+
+/// Most cubes of one statistics launch: enough to fill a GPU, few enough that the partials stay small.
+const MAX_STATS_CUBES: usize = 1024;
+/// Elements per unit below which fewer cubes are launched.
+const MIN_ELEMENTS_PER_UNIT: usize = 16;
+
+fn launch_stats<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    input: &Handle,
+    len: usize,
+    fp8: Option<(Fp8Format, &Handle)>,
+) -> Result<StatsReadback, KernelError> {
+    let len32 = check_len(len)?;
+    check_size("statistics input", input, size_of::<F>(), len)?;
+    if len == 0 {
+        return Ok(StatsReadback {
+            partials: None,
+            cubes: 0,
+        });
+    }
+    let cubes = len
+        .div_ceil(CUBE_SIZE as usize * MIN_ELEMENTS_PER_UNIT)
+        .clamp(1, MAX_STATS_CUBES);
+    let partials = client.empty(cubes * stats::STATS_SLOTS * 4);
+    let (format, scale, with_fp8) = match fp8 {
+        Some((format, scale)) => {
+            check_size("statistics scale", scale, 4, 1)?;
+            (format, scale.clone(), true)
+        }
+        None => (Fp8Format::E4M3, scalar_buffer(client, 1.0), false),
+    };
+    unsafe {
+        stats::stats_kernel::launch_unchecked::<F, R>(
+            client,
+            CubeCount::Static(cubes as u32, 1, 1),
+            CubeDim::new_1d(CUBE_SIZE),
+            ArrayArg::from_raw_parts(input.clone(), len),
+            ArrayArg::from_raw_parts(scale, 1),
+            ArrayArg::from_raw_parts(partials.clone(), cubes * stats::STATS_SLOTS),
+            len32,
+            format.max(),
+            with_fp8,
+            format,
+        );
+    }
+    Ok(StatsReadback {
+        partials: Some(partials),
+        cubes,
+    })
+}
+
+/// Launches the one-pass statistics kernel on `len` elements; read the result with [`StatsReadback::read`].
+pub fn tensor_stats<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    input: &Handle,
+    len: usize,
+) -> Result<StatsReadback, KernelError> {
+    launch_stats::<R, F>(client, input, len, None)
+}
+
+/// Like [`tensor_stats`], and also counts what quantizing with `scale[0]` in `format` would underflow and
+/// overflow and its squared error; read with [`StatsReadback::read_fp8`].
+pub fn fp8_tensor_stats<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    input: &Handle,
+    len: usize,
+    format: Fp8Format,
+    scale: &Handle,
+) -> Result<StatsReadback, KernelError> {
+    launch_stats::<R, F>(client, input, len, Some((format, scale)))
+}
+
+impl StatsReadback {
+    /// Reads the partials back (waits for the device) and merges them in f64.
+    pub fn read_fp8<R: Runtime>(&self, client: &ComputeClient<R>) -> Result<Fp8Stats, KernelError> {
+        let Some(handle) = &self.partials else {
+            return Ok(Fp8Stats::EMPTY);
+        };
+        let bytes = client.read_one(handle.clone())?;
+        let words = u32::from_bytes(&bytes);
+        Ok(words
+            .chunks_exact(stats::STATS_SLOTS)
+            .take(self.cubes)
+            .map(partial_to_stats)
+            .fold(Fp8Stats::EMPTY, |acc, partial| acc.merge(&partial)))
+    }
+
+    /// Reads the high-precision statistics back (waits for the device).
+    pub fn read<R: Runtime>(&self, client: &ComputeClient<R>) -> Result<TensorStats, KernelError> {
+        Ok(self.read_fp8(client)?.tensor)
+    }
+}
+
+fn partial_to_stats(words: &[u32]) -> Fp8Stats {
+    use stats::slot;
+    let float = |slot: usize| f32::from_bits(words[slot]) as f64;
+    let count = |slot: usize| u64::from(words[slot]);
+    let finite_count = count(slot::FINITE_COUNT);
+    let has_finite = finite_count > 0;
+    let min_nonzero_abs = f32::from_bits(words[slot::MIN_NONZERO_ABS]) as f64;
+    let tensor = TensorStats {
+        numel: finite_count + count(slot::NAN) + count(slot::POS_INF) + count(slot::NEG_INF),
+        finite_count,
+        finite_mean: if has_finite {
+            float(slot::SHIFT) + float(slot::MEAN)
+        } else {
+            0.0
+        },
+        finite_m2: if has_finite { float(slot::M2) } else { 0.0 },
+        finite_l1: float(slot::L1),
+        finite_min: if has_finite {
+            float(slot::MIN)
+        } else {
+            f64::INFINITY
+        },
+        finite_max: if has_finite {
+            float(slot::MAX)
+        } else {
+            f64::NEG_INFINITY
+        },
+        min_nonzero_abs,
+        nonzero_count: count(slot::NONZERO),
+        nan_count: count(slot::NAN),
+        pos_inf_count: count(slot::POS_INF),
+        neg_inf_count: count(slot::NEG_INF),
+    };
+    Fp8Stats {
+        tensor,
+        underflow_count: count(slot::UNDERFLOW),
+        overflow_count: count(slot::OVERFLOW),
+        squared_error_sum: float(slot::SQUARED_ERROR),
+    }
+}

@@ -1,0 +1,1 @@
+//! Examples, tests and benches of burn-te.

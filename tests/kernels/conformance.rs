@@ -1,0 +1,366 @@
+//! Bit-exact FP8 conformance against every line of the ml_dtypes vectors, on the host path and on the device.
+
+use burn_te_kernels::cubecl::prelude::*;
+use burn_te_kernels::ops::{self, Fp8Buffer, ScaleBuffers};
+use burn_te_kernels::{Fp8Format, host, pow2_margin, scale_from_amax};
+
+use crate::common::*;
+
+fn format_of(name: &str) -> Fp8Format {
+    name.parse().expect("format name")
+}
+
+/// Expected code of an encode.tsv cell: `Some(code)`, or `None` for a NaN result.
+fn expected_code(cell: &str) -> Option<u8> {
+    (cell != "nan").then(|| u8::from_str_radix(cell, 16).expect("hex code"))
+}
+
+fn check_code(format: Fp8Format, input_bits: u32, actual: u8, expected: Option<u8>, path: &str) {
+    match expected {
+        Some(code) => assert_eq!(
+            actual, code,
+            "{path} {format}: encode({input_bits:08x}) = {actual:02x}, expected {code:02x}"
+        ),
+        None => assert!(
+            format.is_nan_code(u32::from(actual & 0x7f)),
+            "{path} {format}: encode({input_bits:08x}) = {actual:02x}, expected a NaN code"
+        ),
+    }
+}
+
+fn decode_cases(format: Fp8Format) -> Vec<(u8, String)> {
+    let rows = tsv_rows(&format!("{}_decode.tsv", format.name()));
+    assert_eq!(rows.len(), 256, "{format}: every code is listed");
+    rows.iter()
+        .map(|r| (u8::from_str_radix(&r[0], 16).unwrap(), r[1].clone()))
+        .collect()
+}
+
+fn check_decoded(format: Fp8Format, code: u8, actual: f32, expected_bits: &str, path: &str) {
+    let expected = f32_from_hex(expected_bits);
+    if expected.is_nan() {
+        assert!(
+            actual.is_nan(),
+            "{path} {format}: decode({code:02x}) = {actual}, expected NaN"
+        );
+    } else {
+        assert_eq!(
+            actual.to_bits(),
+            expected.to_bits(),
+            "{path} {format}: decode({code:02x}) = {actual:e}, expected {expected:e}"
+        );
+    }
+}
+
+#[test]
+fn decode_every_code_host() {
+    for format in Fp8Format::ALL {
+        for (code, bits) in decode_cases(format) {
+            check_decoded(format, code, format.decode(code), &bits, "host");
+        }
+    }
+}
+
+#[test]
+fn decode_every_code_device() {
+    let client = client();
+    let one = ops::scalar_buffer(&client, 1.0);
+    for format in Fp8Format::ALL {
+        let cases = decode_cases(format);
+        let codes: Vec<u8> = cases.iter().map(|(c, _)| *c).collect();
+        let words = host::pack_codes(&codes);
+        let buffer = Fp8Buffer {
+            codes: client.create_from_slice(u32::as_bytes(&words)),
+            len: codes.len(),
+            format,
+        };
+        let decoded = download(
+            &ops::dequantize::<TestRuntime, f32>(&client, &buffer, &one).unwrap(),
+            codes.len(),
+        );
+        for ((code, bits), actual) in cases.iter().zip(decoded) {
+            check_decoded(format, *code, actual, bits, "device");
+        }
+    }
+}
+
+fn encode_cases() -> Vec<(u32, Option<u8>, Option<u8>)> {
+    let rows = tsv_rows("encode.tsv");
+    assert_eq!(rows.len(), 21_526, "encode.tsv has every case");
+    rows.iter()
+        .map(|r| {
+            (
+                u32::from_str_radix(&r[0], 16).unwrap(),
+                expected_code(&r[1]),
+                expected_code(&r[2]),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn encode_every_case_host() {
+    for (bits, e4m3, e5m2) in encode_cases() {
+        let x = f32::from_bits(bits);
+        check_code(
+            Fp8Format::E4M3,
+            bits,
+            Fp8Format::E4M3.encode(x),
+            e4m3,
+            "host",
+        );
+        check_code(
+            Fp8Format::E5M2,
+            bits,
+            Fp8Format::E5M2.encode(x),
+            e5m2,
+            "host",
+        );
+        // The host quantize path (scale 1) agrees with the encoder.
+        assert_eq!(
+            host::quantize(&[x], 1.0, Fp8Format::E4M3)[0],
+            Fp8Format::E4M3.encode(x)
+        );
+    }
+}
+
+#[test]
+fn encode_every_case_device() {
+    let client = client();
+    let cases = encode_cases();
+    let inputs: Vec<f32> = cases.iter().map(|c| f32::from_bits(c.0)).collect();
+    let input = upload(&inputs);
+    let one = ops::scalar_buffer(&client, 1.0);
+    for format in Fp8Format::ALL {
+        let buffer =
+            ops::quantize::<TestRuntime, f32>(&client, &input, inputs.len(), &one, format, None)
+                .unwrap();
+        let codes = host::unpack_codes(
+            &download_words(&buffer.codes, inputs.len().div_ceil(4)),
+            inputs.len(),
+        );
+        for ((bits, e4m3, e5m2), actual) in cases.iter().zip(codes) {
+            let expected = if format == Fp8Format::E4M3 {
+                *e4m3
+            } else {
+                *e5m2
+            };
+            check_code(format, *bits, actual, expected, "device");
+        }
+    }
+}
+
+struct ScaleCase {
+    format: Fp8Format,
+    amax: f32,
+    margin: f32,
+    previous: f32,
+    expected_bits: u32,
+}
+
+fn scale_cases() -> Vec<ScaleCase> {
+    let rows = tsv_rows("scale.tsv");
+    assert_eq!(rows.len(), 72);
+    rows.iter()
+        .map(|r| ScaleCase {
+            format: format_of(&r[0]),
+            amax: f32_from_hex(&r[1]),
+            margin: r[2].parse().unwrap(),
+            previous: f32_from_hex(&r[3]),
+            expected_bits: u32::from_str_radix(&r[4], 16).unwrap(),
+        })
+        .collect()
+}
+
+#[test]
+fn scale_rule_host() {
+    for c in scale_cases() {
+        let scale = scale_from_amax(c.amax, c.previous, c.format, pow2_margin(c.margin).unwrap());
+        assert_eq!(
+            scale.to_bits(),
+            c.expected_bits,
+            "{} amax {:e} margin {}: scale {scale:e}",
+            c.format,
+            c.amax,
+            c.margin
+        );
+    }
+}
+
+#[test]
+fn scale_rule_device() {
+    let client = client();
+    for c in scale_cases() {
+        let amax = ops::scalar_buffer(&client, c.amax);
+        let scales = ScaleBuffers::new(&client, 1, c.previous);
+        ops::compute_scale(&client, &amax, &scales, c.format, c.margin).unwrap();
+        let scale = download(&scales.scale, 1)[0];
+        let scale_inv = download(&scales.scale_inv, 1)[0];
+        assert_eq!(
+            scale.to_bits(),
+            c.expected_bits,
+            "{} amax {:e} margin {}",
+            c.format,
+            c.amax,
+            c.margin
+        );
+        assert_eq!(scale_inv.to_bits(), (1.0f32 / scale).to_bits());
+    }
+}
+
+struct QuantizeCase {
+    name: String,
+    format: Fp8Format,
+    margin: f32,
+    amax_bits: u32,
+    scale_bits: u32,
+    x: Vec<f32>,
+    codes: Vec<u8>,
+}
+
+fn quantize_cases() -> Vec<QuantizeCase> {
+    let text = std::fs::read_to_string(conformance_file("quantize.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let hex = |v: &serde_json::Value| u32::from_str_radix(v.as_str().unwrap(), 16).unwrap();
+    let cases: Vec<QuantizeCase> = json
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(name, case)| QuantizeCase {
+            name: name.clone(),
+            format: format_of(case["format"].as_str().unwrap()),
+            margin: case["margin"].as_f64().unwrap() as f32,
+            amax_bits: hex(&case["amax_bits"]),
+            scale_bits: hex(&case["scale_bits"]),
+            x: case["x_bits"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| f32::from_bits(hex(b)))
+                .collect(),
+            codes: case["codes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| expected_code(c.as_str().unwrap()).unwrap())
+                .collect(),
+        })
+        .collect();
+    assert_eq!(cases.len(), 3);
+    cases
+}
+
+#[test]
+fn quantize_tensors_host() {
+    for case in quantize_cases() {
+        assert_eq!(
+            host::amax(&case.x).to_bits(),
+            case.amax_bits,
+            "{}: amax",
+            case.name
+        );
+        let scale = scale_from_amax(
+            host::amax(&case.x),
+            1.0,
+            case.format,
+            pow2_margin(case.margin).unwrap(),
+        );
+        assert_eq!(scale.to_bits(), case.scale_bits, "{}: scale", case.name);
+        assert_eq!(
+            host::quantize(&case.x, scale, case.format),
+            case.codes,
+            "{}: codes",
+            case.name
+        );
+    }
+}
+
+#[test]
+fn quantize_tensors_device() {
+    let client = client();
+    for case in quantize_cases() {
+        let input = upload(&case.x);
+        // amax fused into a quantize pass, then TE's scale rule, then the real quantization: all on the device.
+        let amax = ops::scalar_buffer(&client, 0.0);
+        let one = ops::scalar_buffer(&client, 1.0);
+        ops::quantize::<TestRuntime, f32>(
+            &client,
+            &input,
+            case.x.len(),
+            &one,
+            case.format,
+            Some(&amax),
+        )
+        .unwrap();
+        assert_eq!(
+            download(&amax, 1)[0].to_bits(),
+            case.amax_bits,
+            "{}: fused amax",
+            case.name
+        );
+        let standalone = ops::amax::<TestRuntime, f32>(&client, &input, case.x.len()).unwrap();
+        assert_eq!(
+            download(&standalone, 1)[0].to_bits(),
+            case.amax_bits,
+            "{}: amax kernel",
+            case.name
+        );
+
+        let scales = ScaleBuffers::new(&client, 1, 1.0);
+        ops::compute_scale(&client, &amax, &scales, case.format, case.margin).unwrap();
+        assert_eq!(
+            download(&scales.scale, 1)[0].to_bits(),
+            case.scale_bits,
+            "{}: scale",
+            case.name
+        );
+
+        let buffer = ops::quantize::<TestRuntime, f32>(
+            &client,
+            &input,
+            case.x.len(),
+            &scales.scale,
+            case.format,
+            None,
+        )
+        .unwrap();
+        let codes = host::unpack_codes(
+            &download_words(&buffer.codes, case.x.len().div_ceil(4)),
+            case.x.len(),
+        );
+        for (i, (actual, expected)) in codes.iter().zip(&case.codes).enumerate() {
+            assert_eq!(
+                actual, expected,
+                "{}: code {i} of x = {:e}",
+                case.name, case.x[i]
+            );
+        }
+    }
+}
+
+/// The copy under tests/data must stay identical to the project's shared conformance set when it is present.
+#[test]
+fn vendored_vectors_match_shared() {
+    let shared = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/conformance/fp8");
+    if !shared.is_dir() {
+        eprintln!(
+            "note: {} not present; using the vendored copy only",
+            shared.display()
+        );
+        return;
+    }
+    for name in [
+        "e4m3_decode.tsv",
+        "e5m2_decode.tsv",
+        "encode.tsv",
+        "scale.tsv",
+        "quantize.json",
+    ] {
+        let ours = std::fs::read(conformance_file(name)).unwrap();
+        let theirs = std::fs::read(shared.join(name)).unwrap();
+        assert!(
+            ours == theirs,
+            "tests/data/fp8/{name} differs from shared/conformance/fp8/{name}"
+        );
+    }
+}

@@ -1,0 +1,316 @@
+//! One-pass statistics on the device and the host path against an independent two-pass f64 computation, the
+//! FP8 variant against counts made with the conformance-verified host encoder, and exact merging.
+
+use burn_te_kernels::ops;
+use burn_te_kernels::{Fp8Format, Fp8Stats, TensorStats, host};
+
+use crate::common::*;
+
+/// Relative error allowed against the f64 reference.
+const REL: f64 = 1e-5;
+
+fn device_stats(x: &[f32]) -> TensorStats {
+    let client = client();
+    let input = if x.is_empty() {
+        upload(&[0.0])
+    } else {
+        upload(x)
+    };
+    ops::tensor_stats::<TestRuntime, f32>(&client, &input, x.len())
+        .unwrap()
+        .read(&client)
+        .unwrap()
+}
+
+fn device_fp8_stats(x: &[f32], format: Fp8Format, scale: f32) -> Fp8Stats {
+    let client = client();
+    let input = if x.is_empty() {
+        upload(&[0.0])
+    } else {
+        upload(x)
+    };
+    let scale = ops::scalar_buffer(&client, scale);
+    ops::fp8_tensor_stats::<TestRuntime, f32>(&client, &input, x.len(), format, &scale)
+        .unwrap()
+        .read_fp8(&client)
+        .unwrap()
+}
+
+/// Checks every derived stat against the reference. The mean's tolerance is relative to the mean, floored at
+/// `REL` times the mean magnitude (|x|): no f32 input carries more information than that about a mean near 0.
+fn check(label: &str, stats: &TensorStats, x: &[f32]) {
+    let r = reference_stats(x);
+    let n = x.len() as f64;
+    let scale_floor = REL * r.l1 / n;
+    assert_eq!(stats.numel, x.len() as u64, "{label}: numel");
+    assert_eq!(stats.nonzero_count, r.nonzero, "{label}: nonzero count");
+    assert_close(
+        &format!("{label}: min"),
+        stats.min().unwrap(),
+        r.min,
+        0.0,
+        0.0,
+    );
+    assert_close(
+        &format!("{label}: max"),
+        stats.max().unwrap(),
+        r.max,
+        0.0,
+        0.0,
+    );
+    assert_close(
+        &format!("{label}: amax"),
+        stats.amax().unwrap(),
+        r.amax,
+        0.0,
+        0.0,
+    );
+    assert_close(
+        &format!("{label}: mean"),
+        stats.mean().unwrap(),
+        r.mean,
+        REL,
+        scale_floor,
+    );
+    assert_close(
+        &format!("{label}: sum"),
+        stats.sum().unwrap(),
+        r.sum,
+        REL,
+        scale_floor * n,
+    );
+    assert_close(
+        &format!("{label}: std"),
+        stats.std().unwrap(),
+        r.std,
+        REL,
+        0.0,
+    );
+    assert_close(
+        &format!("{label}: l1_norm"),
+        stats.l1_norm().unwrap(),
+        r.l1,
+        REL,
+        0.0,
+    );
+    assert_close(
+        &format!("{label}: l2_norm"),
+        stats.l2_norm().unwrap(),
+        r.l2,
+        REL,
+        0.0,
+    );
+    assert_close(
+        &format!("{label}: dynamic_range"),
+        stats.dynamic_range().unwrap(),
+        r.dynamic_range,
+        0.0,
+        1e-12,
+    );
+}
+
+fn cases() -> Vec<(String, Vec<f32>)> {
+    let mut rng = Rng::new(2024);
+    let mut cases = vec![
+        ("single element".to_string(), vec![-2.5f32]),
+        ("all zeros".to_string(), vec![0.0; 1000]),
+        ("signed zeros".to_string(), vec![0.0, -0.0, 0.0]),
+        ("three".to_string(), vec![1.0, -2.0, 7.5]),
+        ("with NaN".to_string(), vec![1.0, f32::NAN, -3.0, 4.0]),
+        ("with +inf".to_string(), vec![1.0, f32::INFINITY, -3.0]),
+        (
+            "with -inf".to_string(),
+            vec![1.0, f32::NEG_INFINITY, -3.0, 0.0],
+        ),
+        (
+            "with both infinities".to_string(),
+            vec![f32::INFINITY, f32::NEG_INFINITY, 2.0],
+        ),
+        // Within f32 range of the squares: the device accumulates moments in f32, like PyTorch's CUDA kernels.
+        (
+            "tiny and huge".to_string(),
+            vec![1e-30, -3e18, 2.0, 0.0, 5e-39],
+        ),
+    ];
+    for len in [1usize, 3, 4097, 65_537, 1 << 20] {
+        cases.push((format!("normal(0.5, 2) x {len}"), rng.normal(len, 0.5, 2.0)));
+    }
+    cases.push(("normal(0, 1) x 4097".into(), rng.normal(4097, 0.0, 1.0)));
+    cases.push((
+        "normal(1000, 0.01) x 100000".into(),
+        rng.normal(100_000, 1000.0, 0.01),
+    ));
+    cases
+}
+
+#[test]
+fn stats_match_f64_reference_device() {
+    for (label, x) in cases() {
+        check(&format!("device {label}"), &device_stats(&x), &x);
+    }
+}
+
+#[test]
+fn stats_match_f64_reference_host() {
+    for (label, x) in cases() {
+        check(&format!("host {label}"), &host::tensor_stats(&x), &x);
+    }
+}
+
+#[test]
+fn stats_of_no_elements_are_none_not_a_panic() {
+    for stats in [device_stats(&[]), host::tensor_stats(&[])] {
+        assert!(stats.is_empty());
+        assert_eq!(stats.numel, 0);
+        assert_eq!(stats.mean(), None);
+        assert_eq!(stats.std(), None);
+        assert_eq!(stats.dynamic_range(), None);
+    }
+    let fp8 = device_fp8_stats(&[], Fp8Format::E4M3, 1.0);
+    assert_eq!(fp8.underflows_percent(), None);
+    assert_eq!(fp8.mse(), None);
+}
+
+/// Underflow/overflow counts and squared error made independently from the host encoder (itself verified bit
+/// for bit against ml_dtypes) in f64.
+fn reference_fp8(x: &[f32], format: Fp8Format, scale: f32) -> (u64, u64, f64) {
+    let scale_inv = 1.0f32 / scale;
+    let mut underflow = 0;
+    let mut overflow = 0;
+    let mut squared_error = 0.0f64;
+    for &v in x {
+        let code = format.encode(v * scale);
+        if v != 0.0 && (code == 0x00 || code == 0x80) {
+            underflow += 1;
+        }
+        if v.abs() > format.max() * scale_inv {
+            overflow += 1;
+        }
+        let dequantized = format.decode(code) * scale_inv;
+        squared_error += (v as f64 - dequantized as f64).powi(2);
+    }
+    (underflow, overflow, squared_error / x.len() as f64)
+}
+
+#[test]
+fn fp8_stats_match_reference() {
+    let mut rng = Rng::new(11);
+    let mut x = rng.normal(50_001, 0.0, 1.0);
+    x[10] = -0.0;
+    x[11] = 0.0;
+    x[12] = 1e-12;
+    x[13] = -1e-12;
+    for (format, scale) in [
+        (Fp8Format::E4M3, 448.0 / 2.0),
+        (Fp8Format::E5M2, 57344.0 / 3.0),
+        (Fp8Format::E4M3, 1.0),
+    ] {
+        let (underflow, overflow, mse) = reference_fp8(&x, format, scale);
+        assert!(underflow > 0, "the data must exercise underflows");
+        for (path, stats) in [
+            ("device", device_fp8_stats(&x, format, scale)),
+            ("host", host::fp8_tensor_stats(&x, format, scale)),
+        ] {
+            let label = format!("{path} {format} scale {scale}");
+            assert_eq!(stats.underflow_count, underflow, "{label}: underflows");
+            assert_eq!(stats.overflow_count, overflow, "{label}: overflows");
+            assert_close(
+                &format!("{label}: underflows%"),
+                stats.underflows_percent().unwrap(),
+                100.0 * underflow as f64 / x.len() as f64,
+                1e-12,
+                0.0,
+            );
+            assert_close(
+                &format!("{label}: overflows%"),
+                stats.overflows_percent().unwrap(),
+                100.0 * overflow as f64 / x.len() as f64,
+                1e-12,
+                0.0,
+            );
+            assert_close(
+                &format!("{label}: mse"),
+                stats.mse().unwrap(),
+                mse,
+                REL,
+                0.0,
+            );
+            check(&label, &stats.tensor, &x);
+        }
+    }
+}
+
+#[test]
+fn fp8_stats_with_special_values() {
+    // -0.0 is not an underflow (it is zero); inf overflows; NaN is neither and makes the mse NaN.
+    let x = [-0.0f32, 0.0, 1e-9, f32::INFINITY, 1000.0, 2.0];
+    let stats = device_fp8_stats(&x, Fp8Format::E4M3, 1.0);
+    assert_eq!(stats.underflow_count, 1);
+    assert_eq!(stats.overflow_count, 2);
+    assert_eq!(stats.mse(), Some(f64::INFINITY));
+    let with_nan = [f32::NAN, 1e-9, 3.0];
+    for stats in [
+        device_fp8_stats(&with_nan, Fp8Format::E5M2, 1.0),
+        host::fp8_tensor_stats(&with_nan, Fp8Format::E5M2, 1.0),
+    ] {
+        assert_eq!(stats.underflow_count, 1);
+        assert_eq!(stats.overflow_count, 0);
+        assert!(stats.mse().unwrap().is_nan());
+        assert!(stats.tensor.mean().unwrap().is_nan());
+    }
+}
+
+#[test]
+fn merging_groups_with_different_means_equals_their_concatenation() {
+    let mut rng = Rng::new(3);
+    let a = rng.normal(30_000, 0.0, 1.0);
+    let b = rng.normal(20_000, 3.0, 1.0);
+    let both: Vec<f32> = a.iter().chain(&b).copied().collect();
+    let reference = reference_stats(&both);
+    // True std of N(0,1) ∪ N(3,1) at 3:2 is about 1.8; TE's reduction formula gets this case wrong.
+    assert!(
+        (reference.std - 1.8).abs() < 0.05,
+        "reference std {}",
+        reference.std
+    );
+    for (path, merged, whole) in [
+        (
+            "device",
+            device_stats(&a).merge(&device_stats(&b)),
+            device_stats(&both),
+        ),
+        (
+            "host",
+            host::tensor_stats(&a).merge(&host::tensor_stats(&b)),
+            host::tensor_stats(&both),
+        ),
+    ] {
+        check(&format!("{path} merged"), &merged, &both);
+        for (name, m, w) in [
+            ("mean", merged.mean(), whole.mean()),
+            ("std", merged.std(), whole.std()),
+            ("l2", merged.l2_norm(), whole.l2_norm()),
+            (
+                "dynamic_range",
+                merged.dynamic_range(),
+                whole.dynamic_range(),
+            ),
+        ] {
+            assert_close(
+                &format!("{path} merged vs whole {name}"),
+                m.unwrap(),
+                w.unwrap(),
+                REL,
+                0.0,
+            );
+        }
+        assert_eq!(
+            (merged.min(), merged.max(), merged.numel),
+            (whole.min(), whole.max(), whole.numel)
+        );
+    }
+    // Merging with an empty record is the identity.
+    let s = host::tensor_stats(&a);
+    assert_eq!(s.merge(&TensorStats::EMPTY), s);
+    assert_eq!(TensorStats::EMPTY.merge(&s), s);
+}
