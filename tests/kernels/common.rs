@@ -5,22 +5,35 @@ use std::sync::OnceLock;
 
 use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::cubecl::server::Handle;
-use burn_te_kernels::cubecl::wgpu::{WgpuDevice, WgpuRuntime};
 
-/// The runtime the device tests run on.
-pub type TestRuntime = WgpuRuntime;
+/// The runtime the device tests run on: CUDA device 0 with `--features cuda`, else the default wgpu device.
+#[cfg(feature = "cuda")]
+mod runtime {
+    pub use burn_te_kernels::cubecl::cuda::CudaRuntime as TestRuntime;
+    pub fn device() -> burn_te_kernels::cubecl::cuda::CudaDevice {
+        burn_te_kernels::cubecl::cuda::CudaDevice::new(0)
+    }
+    pub const MISSING: &str =
+        "no CUDA device found: `--features cuda` runs the device tests on CUDA device 0";
+}
+#[cfg(not(feature = "cuda"))]
+mod runtime {
+    pub use burn_te_kernels::cubecl::wgpu::WgpuRuntime as TestRuntime;
+    pub fn device() -> burn_te_kernels::cubecl::wgpu::WgpuDevice {
+        burn_te_kernels::cubecl::wgpu::WgpuDevice::default()
+    }
+    pub const MISSING: &str = "no wgpu device found: these tests need a Vulkan (or Metal/DX12) device; on a \
+                               CPU-only Linux machine install Mesa's lavapipe: `apt-get install -y mesa-vulkan-drivers`";
+}
+pub use runtime::TestRuntime;
 
-/// The client of the wgpu device. Panics with instructions when there is none: device tests never skip.
+/// The client of the device under test. Panics with instructions when there is none: device tests never skip.
 pub fn client() -> ComputeClient<TestRuntime> {
     static CLIENT: OnceLock<ComputeClient<TestRuntime>> = OnceLock::new();
     CLIENT
         .get_or_init(|| {
-            std::panic::catch_unwind(|| WgpuRuntime::client(&WgpuDevice::default())).unwrap_or_else(|_| {
-                panic!(
-                    "no wgpu device found: these tests need a Vulkan (or Metal/DX12) device; on a CPU-only Linux \
-                     machine install Mesa's lavapipe with `apt-get install -y mesa-vulkan-drivers`"
-                )
-            })
+            std::panic::catch_unwind(|| TestRuntime::client(&runtime::device()))
+                .unwrap_or_else(|_| panic!("{}", runtime::MISSING))
         })
         .clone()
 }
