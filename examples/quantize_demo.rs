@@ -62,12 +62,22 @@ fn try_client<R: Runtime>(device: R::Device) -> Option<ComputeClient<R>> {
     client
 }
 
-fn run(x: &[f32], format: Fp8Format) -> Result<(String, Report), KernelError> {
+/// Runs both formats on the best device available; returns its name and one report per format.
+fn run(x: &[f32]) -> Result<(String, Vec<Report>), KernelError> {
+    let each = |f: &dyn Fn(Fp8Format) -> Result<Report, KernelError>| {
+        Fp8Format::ALL
+            .into_iter()
+            .map(f)
+            .collect::<Result<Vec<Report>, KernelError>>()
+    };
     #[cfg(feature = "cuda")]
     {
         use burn_te_kernels::cubecl::cuda::{CudaDevice, CudaRuntime};
         if let Some(client) = try_client::<CudaRuntime>(CudaDevice::new(0)) {
-            return Ok(("CUDA device 0".into(), run_on_device(&client, x, format)?));
+            return Ok((
+                "CUDA device 0".into(),
+                each(&|format| run_on_device(&client, x, format))?,
+            ));
         }
         println!("no CUDA device usable; trying wgpu");
     }
@@ -76,13 +86,16 @@ fn run(x: &[f32], format: Fp8Format) -> Result<(String, Report), KernelError> {
         use burn_te_kernels::cubecl::wgpu::{WgpuDevice, WgpuRuntime};
         if let Some(client) = try_client::<WgpuRuntime>(WgpuDevice::default()) {
             let name = format!("the default wgpu device ({})", WgpuRuntime::name(&client));
-            return Ok((name, run_on_device(&client, x, format)?));
+            return Ok((name, each(&|format| run_on_device(&client, x, format))?));
         }
         println!(
             "no wgpu device found (on a CPU-only Linux machine: apt-get install mesa-vulkan-drivers)"
         );
     }
-    Ok(("CPU host path".into(), run_on_host(x, format)?))
+    Ok((
+        "the CPU host path".into(),
+        each(&|format| run_on_host(x, format))?,
+    ))
 }
 
 /// A [10, 32, 512] activation like seed 000's input: N(0, 1) with a few outliers and some tiny values.
@@ -116,8 +129,8 @@ fn main() -> Result<(), KernelError> {
         }
     }
     let x = synthetic_activation();
-    for format in Fp8Format::ALL {
-        let (device, report) = run(&x, format)?;
+    let (device, reports) = run(&x)?;
+    for (format, report) in Fp8Format::ALL.into_iter().zip(reports) {
         let t = &report.stats.tensor;
         println!("== {format} on {device}: {} elements", x.len());
         println!(
