@@ -51,6 +51,18 @@ fn elementwise_grid<R: Runtime>(client: &ComputeClient<R>, units: usize) -> (Cub
     )
 }
 
+/// Most cubes of one reduction launch (amax, statistics): enough to fill a GPU, few enough that the cube-wide
+/// reductions and the statistics partials stay cheap.
+const MAX_REDUCTION_CUBES: usize = 1024;
+/// Elements per unit below which a reduction launches fewer cubes.
+const MIN_ELEMENTS_PER_UNIT: usize = 16;
+
+/// Cubes of a grid-stride reduction over `len` elements.
+fn reduction_cubes(len: usize) -> usize {
+    len.div_ceil(CUBE_SIZE as usize * MIN_ELEMENTS_PER_UNIT)
+        .clamp(1, MAX_REDUCTION_CUBES)
+}
+
 /// A one-element f32 buffer holding `value` (a scale, scale_inv or amax).
 pub fn scalar_buffer<R: Runtime>(client: &ComputeClient<R>, value: f32) -> Handle {
     client.create_from_slice(f32::as_bytes(&[value]))
@@ -178,12 +190,11 @@ pub fn amax<R: Runtime, F: Float + CubeElement>(
     check_size("amax input", input, size_of::<F>(), len)?;
     let output = scalar_buffer(client, 0.0);
     if len > 0 {
-        let (cube_count, cube_dim) = elementwise_grid(client, len.div_ceil(4));
         unsafe {
             amax::amax_kernel::launch_unchecked::<F, R>(
                 client,
-                cube_count,
-                cube_dim,
+                CubeCount::Static(reduction_cubes(len) as u32, 1, 1),
+                CubeDim::new_1d(CUBE_SIZE),
                 ArrayArg::from_raw_parts(input.clone(), len),
                 ArrayArg::from_raw_parts(output.clone(), 1),
                 len32,
@@ -303,11 +314,6 @@ pub struct StatsReadback {
     cubes: usize,
 }
 
-/// Most cubes of one statistics launch: enough to fill a GPU, few enough that the partials stay small.
-const MAX_STATS_CUBES: usize = 1024;
-/// Elements per unit below which fewer cubes are launched.
-const MIN_ELEMENTS_PER_UNIT: usize = 16;
-
 fn launch_stats<R: Runtime, F: Float + CubeElement>(
     client: &ComputeClient<R>,
     input: &Handle,
@@ -322,9 +328,7 @@ fn launch_stats<R: Runtime, F: Float + CubeElement>(
             cubes: 0,
         });
     }
-    let cubes = len
-        .div_ceil(CUBE_SIZE as usize * MIN_ELEMENTS_PER_UNIT)
-        .clamp(1, MAX_STATS_CUBES);
+    let cubes = reduction_cubes(len);
     let partials = client.empty(cubes * stats::STATS_SLOTS * 4);
     let (format, scale, with_fp8) = match fp8 {
         Some((format, scale)) => {

@@ -2,23 +2,22 @@
 
 use cubecl::prelude::*;
 
-use super::reduce::{abs_bits, cube_atomic_max};
+use super::reduce::{CUBE_SIZE, abs_bits, cube_atomic_max};
 
-/// `amax[0] = max(amax[0], max |x|)` as f32 bits; four elements per unit.
+/// `amax[0] = max(amax[0], max |x|)` as f32 bits. Units walk the tensor with a grid stride, so a few cubes cover
+/// any length and the cube-wide reduction (barriers) runs once per cube, not once per few elements.
 #[cube(launch_unchecked)]
 pub fn amax_kernel<F: Float>(input: &Array<F>, amax: &mut Array<Atomic<u32>>, len: u32) {
-    let first = ABSOLUTE_POS * 4;
     let len = len as usize;
+    let stride = CUBE_COUNT * comptime!(CUBE_SIZE as usize);
     let mut local_amax = 0u32;
-    #[unroll]
-    for k in 0..4u32 {
-        let index = first + k as usize;
-        if index < len {
-            let magnitude = abs_bits(u32::reinterpret(f32::cast_from(input[index])));
-            if magnitude > local_amax {
-                local_amax = magnitude;
-            }
+    let mut index = ABSOLUTE_POS;
+    while index < len {
+        let magnitude = abs_bits(u32::reinterpret(f32::cast_from(input[index])));
+        if magnitude > local_amax {
+            local_amax = magnitude;
         }
+        index += stride;
     }
     cube_atomic_max(local_amax, amax);
 }
