@@ -9,19 +9,24 @@
 //!   Transformer Engine's scales and update delayed-scaling histories ([`ops`]);
 //! - one-pass statistics ([`ops::tensor_stats`], [`ops::fp8_tensor_stats`]) whose [`TensorStats`] /
 //!   [`Fp8Stats`] records merge exactly across tensors and micro-batches;
+//! - FP8 GEMM with f32 accumulation, batched, any shape, operands used as is or transposed, per-tensor or
+//!   per-block scales ([`gemm::fp8_gemm`]), and block quantization for Float8BlockScaling and MXFP8 ([`block`]);
 //! - the host path ([`host`]), bit-identical to the kernels, which the tests use as reference and burn-te uses on
 //!   backends without a CubeCL device.
 //!
 //! FP8 codes are stored four per `u32` word because wgpu has no 8-bit storage type.
 
+pub mod block;
 mod error;
 mod format;
+pub mod gemm;
 pub mod host;
 pub mod kernel;
 pub mod ops;
 mod scaling;
 mod stats;
 
+pub use block::{BlockScaleRule, ScaleBlock};
 pub use error::KernelError;
 pub use format::Fp8Format;
 pub use scaling::{AmaxComputeAlgo, DelayedScalingHistory, pow2_margin, scale_from_amax};

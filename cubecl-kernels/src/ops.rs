@@ -26,7 +26,7 @@ fn check_len(len: usize) -> Result<u32, KernelError> {
     u32::try_from(len).map_err(|_| KernelError::TooLarge(len))
 }
 
-fn check_size(
+pub(crate) fn check_size(
     what: &'static str,
     handle: &Handle,
     elem_size: usize,

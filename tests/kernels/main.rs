@@ -5,5 +5,6 @@ mod burn_data;
 mod common;
 mod conformance;
 mod elementwise;
+mod gemm;
 mod scaling;
 mod statistics;

@@ -1,7 +1,9 @@
 //! The CubeCL kernels. Launch them through the functions of [`crate::ops`], which check their arguments.
 
 pub mod amax;
+pub mod block;
 pub mod fp8;
+pub mod gemm;
 pub mod quantize;
 pub mod reduce;
 pub mod scale;

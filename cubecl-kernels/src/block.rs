@@ -1,0 +1,220 @@
+//! Block scaling: tensors quantized with one scale per block (Float8BlockScaling, MXFP8).
+//!
+//! A tensor is viewed as row-major `[rows, cols]` (leading dimensions folded into `rows`); a [`ScaleBlock`] of
+//! `rows × cols` elements shares one scale, stored row-major per block in `[⌈rows/br⌉, ⌈cols/bc⌉]`. Partial
+//! blocks at the edges are allowed. Scales come from each block's own amax by a [`BlockScaleRule`].
+
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+use cubecl::{CubeDim, calculate_cube_count_elemwise};
+
+use crate::kernel::{block, reduce::CUBE_SIZE};
+use crate::ops::Fp8Buffer;
+use crate::{Fp8Format, KernelError};
+
+/// The shape of the blocks that share one scale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ScaleBlock {
+    /// Rows per block.
+    pub rows: usize,
+    /// Columns per block.
+    pub cols: usize,
+}
+
+impl ScaleBlock {
+    /// A block of `rows × cols` elements.
+    pub const fn new(rows: usize, cols: usize) -> Self {
+        Self { rows, cols }
+    }
+
+    /// Number of blocks of a `[rows, cols]` tensor: `(block rows, block columns)`.
+    pub fn grid(&self, rows: usize, cols: usize) -> (usize, usize) {
+        (rows.div_ceil(self.rows), cols.div_ceil(self.cols))
+    }
+
+    fn check(&self) -> Result<(), KernelError> {
+        if self.rows == 0 || self.cols == 0 {
+            return Err(KernelError::InvalidArgument {
+                what: "scale block",
+                reason: format!("{}x{} has a zero side", self.rows, self.cols),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// How a block's scale follows from its amax.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BlockScaleRule {
+    /// Float8BlockScaling: `fp8_max / amax` rounded down to a power of two.
+    Pow2,
+    /// MXFP8: an E8M0 `scale_inv = 2^⌈log2(amax / fp8_max)⌉`.
+    E8m0,
+}
+
+impl BlockScaleRule {
+    /// `(scale, scale_inv)` of a block with this amax (amax 0, inf or NaN gives `(1, 1)`). The same steps as the
+    /// kernel, on the host.
+    pub fn scales(self, amax: f32, format: Fp8Format) -> (f32, f32) {
+        let bits = amax.to_bits() & 0x7fff_ffff;
+        if bits == 0 || bits >= 0x7f80_0000 {
+            return (1.0, 1.0);
+        }
+        let amax = f32::from_bits(bits);
+        match self {
+            Self::Pow2 => {
+                let scale_bits = (format.max() / amax).to_bits();
+                let pow2 = if scale_bits >= 0x7f80_0000 {
+                    0x7f00_0000
+                } else {
+                    scale_bits & 0xff80_0000
+                };
+                let scale = f32::from_bits(pow2);
+                (scale, 1.0 / scale)
+            }
+            Self::E8m0 => {
+                let ratio = (amax * (1.0 / format.max())).to_bits();
+                let mut exponent = ratio >> 23;
+                let mantissa = ratio & 0x7f_ffff;
+                if mantissa > 0 && exponent != 0xfe && !(exponent == 0 && mantissa <= 0x40_0000) {
+                    exponent += 1;
+                }
+                let exponent = exponent.min(254);
+                if exponent == 0 {
+                    (f32::from_bits(0x7f00_0000), f32::from_bits(0x40_0000))
+                } else {
+                    (
+                        f32::from_bits((254 - exponent) << 23),
+                        f32::from_bits(exponent << 23),
+                    )
+                }
+            }
+        }
+    }
+}
+
+/// A block-quantized tensor on the device.
+#[derive(Clone, Debug)]
+pub struct BlockQuantized {
+    /// The codes, row-major `[rows, cols]`.
+    pub codes: Fp8Buffer,
+    /// `scale_inv` of each block, row-major over the block grid.
+    pub scale_inv: Handle,
+    /// Rows of the tensor.
+    pub rows: usize,
+    /// Columns of the tensor.
+    pub cols: usize,
+    /// The block shape.
+    pub block: ScaleBlock,
+}
+
+/// Quantizes a row-major `[rows, cols]` tensor with one scale per block, each from the block's own amax.
+pub fn block_quantize<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    input: &Handle,
+    rows: usize,
+    cols: usize,
+    block: ScaleBlock,
+    rule: BlockScaleRule,
+    format: Fp8Format,
+) -> Result<BlockQuantized, KernelError> {
+    block.check()?;
+    let len = rows * cols;
+    u32::try_from(len).map_err(|_| KernelError::TooLarge(len))?;
+    crate::ops::check_size("block_quantize input", input, size_of::<F>(), len)?;
+    let (grid_rows, grid_cols) = block.grid(rows, cols);
+    let blocks = (grid_rows * grid_cols).max(1);
+    let words = len.div_ceil(4);
+    let amax = client.create_from_slice(u32::as_bytes(&vec![0u32; blocks]));
+    let scale = client.empty(blocks * 4);
+    let scale_inv = client.empty(blocks * 4);
+    let codes = client.empty(words.max(1) * 4);
+    if len > 0 {
+        let (rows32, cols32) = (rows as u32, cols as u32);
+        let (block_rows, block_cols) = (block.rows.min(rows) as u32, block.cols.min(cols) as u32);
+        let cube_dim = CubeDim::new_1d(CUBE_SIZE);
+        let segments = rows * grid_cols;
+        unsafe {
+            block::block_amax_kernel::launch_unchecked::<F, R>(
+                client,
+                calculate_cube_count_elemwise(client, segments, cube_dim),
+                cube_dim,
+                ArrayArg::from_raw_parts(input.clone(), len),
+                ArrayArg::from_raw_parts(amax.clone(), blocks),
+                rows32,
+                cols32,
+                block_rows,
+                block_cols,
+            );
+            block::block_scale_kernel::launch_unchecked::<R>(
+                client,
+                calculate_cube_count_elemwise(client, blocks, cube_dim),
+                cube_dim,
+                ArrayArg::from_raw_parts(amax.clone(), blocks),
+                ArrayArg::from_raw_parts(scale.clone(), blocks),
+                ArrayArg::from_raw_parts(scale_inv.clone(), blocks),
+                blocks as u32,
+                rule,
+                format,
+            );
+            block::block_quantize_kernel::launch_unchecked::<F, R>(
+                client,
+                calculate_cube_count_elemwise(client, words, cube_dim),
+                cube_dim,
+                ArrayArg::from_raw_parts(input.clone(), len),
+                ArrayArg::from_raw_parts(scale.clone(), blocks),
+                ArrayArg::from_raw_parts(codes.clone(), words),
+                rows32,
+                cols32,
+                block_rows,
+                block_cols,
+                format,
+            );
+        }
+    }
+    Ok(BlockQuantized {
+        codes: Fp8Buffer { codes, len, format },
+        scale_inv,
+        rows,
+        cols,
+        block,
+    })
+}
+
+/// Host reference of [`block_quantize`]: `(codes, scale_inv per block)`.
+pub fn host_block_quantize(
+    input: &[f32],
+    rows: usize,
+    cols: usize,
+    block: ScaleBlock,
+    rule: BlockScaleRule,
+    format: Fp8Format,
+) -> Result<(Vec<u8>, Vec<f32>), KernelError> {
+    block.check()?;
+    if input.len() != rows * cols {
+        return Err(KernelError::LengthMismatch {
+            what: "block_quantize input",
+            expected: rows * cols,
+            actual: input.len(),
+        });
+    }
+    let (grid_rows, grid_cols) = block.grid(rows, cols);
+    let mut amax = vec![0u32; grid_rows * grid_cols];
+    for (index, x) in input.iter().enumerate() {
+        let slot = (index / cols / block.rows) * grid_cols + (index % cols) / block.cols;
+        amax[slot] = amax[slot].max(x.to_bits() & 0x7fff_ffff);
+    }
+    let scales: Vec<(f32, f32)> = amax
+        .iter()
+        .map(|&bits| rule.scales(f32::from_bits(bits), format))
+        .collect();
+    let codes = input
+        .iter()
+        .enumerate()
+        .map(|(index, &x)| {
+            let slot = (index / cols / block.rows) * grid_cols + (index % cols) / block.cols;
+            format.encode(x * scales[slot].0)
+        })
+        .collect();
+    Ok((codes, scales.iter().map(|s| s.1).collect()))
+}

@@ -1,0 +1,196 @@
+//! The FP8 GEMM launcher: `out = dequant(A) × dequant(B)` in f32 accumulation, for any shapes, batched, with
+//! either operand used transposed and per-tensor or per-block scales.
+
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+use cubecl::{CubeCount, CubeDim};
+
+use crate::KernelError;
+use crate::block::ScaleBlock;
+use crate::kernel::gemm::{TILE_M, TILE_N, UNITS, fp8_gemm_kernel, param};
+use crate::ops::{Fp8Buffer, check_size};
+
+/// One operand of [`fp8_gemm`]: a quantized `[batch, rows, cols]` tensor as stored (row-major), how it is used
+/// (as is or transposed) and its scales.
+#[derive(Clone, Copy, Debug)]
+pub struct GemmOperand<'a> {
+    /// The codes, `batch * rows * cols` of them.
+    pub codes: &'a Fp8Buffer,
+    /// `scale_inv`: one value, or one per block (row-major over each matrix's block grid).
+    pub scale_inv: &'a Handle,
+    /// Matrices in the batch; 1 broadcasts against the other operand's batch.
+    pub batch: usize,
+    /// Rows of each stored matrix.
+    pub rows: usize,
+    /// Columns of each stored matrix.
+    pub cols: usize,
+    /// `None`: one scale for the whole tensor; `Some(block)`: one per block of each stored matrix.
+    pub block: Option<ScaleBlock>,
+    /// Use the stored matrix transposed (read through strides, no copy).
+    pub transposed: bool,
+}
+
+impl GemmOperand<'_> {
+    /// `(outer, depth)` extents as used in the product: A is `M × K`, B is `K × N` (returned as `(N, K)`).
+    fn used_dims(&self, is_lhs: bool) -> (usize, usize) {
+        // For A, "outer" = rows unless transposed; for B the product reads K along rows unless transposed.
+        let (r, c) = (self.rows, self.cols);
+        match (is_lhs, self.transposed) {
+            (true, false) | (false, true) => (r, c),
+            (true, true) | (false, false) => (c, r),
+        }
+    }
+
+    /// Code strides `(batch, outer, depth)` and scale parameters `(batch, outer block, depth block, outer block
+    /// stride, depth block stride)` in the kernel's order for this operand.
+    fn params(&self, is_lhs: bool, broadcast: bool) -> Result<([u32; 3], [u32; 5]), KernelError> {
+        let matrix = self.rows * self.cols;
+        let batch_stride = if broadcast { 0 } else { matrix };
+        // Stored (row, col) strides are (cols, 1); the operand reads rows as "outer" when it is an untransposed A
+        // or a transposed B.
+        let rows_are_outer = is_lhs != self.transposed;
+        let (outer, depth) = if rows_are_outer {
+            (self.cols, 1)
+        } else {
+            (1, self.cols)
+        };
+        let scales = match self.block {
+            None => [0, 1, 1, 0, 0],
+            Some(block) => {
+                let (grid_rows, grid_cols) = block.grid(self.rows, self.cols);
+                if self.batch > 1 && self.rows % block.rows != 0 {
+                    return Err(KernelError::InvalidArgument {
+                        what: "gemm operand",
+                        reason: format!(
+                            "a batch of {} matrices with {} rows cannot use {}x{} scale blocks (blocks would \
+                             straddle matrices)",
+                            self.batch, self.rows, block.rows, block.cols
+                        ),
+                    });
+                }
+                let scale_batch = if broadcast { 0 } else { grid_rows * grid_cols };
+                let (block_rows, block_cols) =
+                    (block.rows.min(self.rows), block.cols.min(self.cols));
+                if rows_are_outer {
+                    [scale_batch, block_rows, block_cols, grid_cols, 1]
+                } else {
+                    [scale_batch, block_cols, block_rows, 1, grid_cols]
+                }
+            }
+        };
+        let to_u32 = |v: usize| u32::try_from(v).map_err(|_| KernelError::TooLarge(v));
+        // The kernel stores A's strides as (batch, m, k) and B's as (batch, k, n).
+        let codes = if is_lhs {
+            [to_u32(batch_stride)?, to_u32(outer)?, to_u32(depth)?]
+        } else {
+            [to_u32(batch_stride)?, to_u32(depth)?, to_u32(outer)?]
+        };
+        let scales = if is_lhs {
+            scales
+        } else {
+            [scales[0], scales[2], scales[1], scales[4], scales[3]]
+        };
+        let mut out = [0u32; 5];
+        for (slot, value) in out.iter_mut().zip(scales) {
+            *slot = to_u32(value)?;
+        }
+        Ok((codes, out))
+    }
+
+    fn scale_count(&self) -> usize {
+        match self.block {
+            None => 1,
+            Some(block) => {
+                let (grid_rows, grid_cols) = block.grid(self.rows, self.cols);
+                self.batch * grid_rows * grid_cols
+            }
+        }
+    }
+
+    fn check(&self, what: &'static str) -> Result<(), KernelError> {
+        let len = self.batch * self.rows * self.cols;
+        if self.codes.len != len {
+            return Err(KernelError::LengthMismatch {
+                what,
+                expected: len,
+                actual: self.codes.len,
+            });
+        }
+        check_size(what, &self.codes.codes, 4, len.div_ceil(4))?;
+        check_size(what, self.scale_inv, 4, self.scale_count())
+    }
+}
+
+/// `out[b] = dequant(A[b]) × dequant(B[b])` as `F`, contiguous `[batch, M, N]`, accumulated in f32.
+///
+/// `a` is used as `M × K` and `b` as `K × N` (each after its optional transpose); their batches must be equal or
+/// one of them 1. Mismatched inner dimensions or batches give [`KernelError::LengthMismatch`].
+pub fn fp8_gemm<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    a: &GemmOperand<'_>,
+    b: &GemmOperand<'_>,
+) -> Result<Handle, KernelError> {
+    a.check("gemm lhs")?;
+    b.check("gemm rhs")?;
+    let (m, k) = a.used_dims(true);
+    let (n, k_b) = b.used_dims(false);
+    if k != k_b {
+        return Err(KernelError::LengthMismatch {
+            what: "gemm inner dimension (rhs rows vs lhs columns)",
+            expected: k,
+            actual: k_b,
+        });
+    }
+    let batch = a.batch.max(b.batch);
+    for (what, operand_batch) in [("gemm lhs batch", a.batch), ("gemm rhs batch", b.batch)] {
+        if operand_batch != batch && operand_batch != 1 {
+            return Err(KernelError::LengthMismatch {
+                what,
+                expected: batch,
+                actual: operand_batch,
+            });
+        }
+    }
+    let out_len = batch * m * n;
+    u32::try_from(out_len).map_err(|_| KernelError::TooLarge(out_len))?;
+    let output = client.empty(out_len.max(1) * size_of::<F>());
+    if out_len == 0 {
+        return Ok(output);
+    }
+    if k == 0 {
+        // An empty sum: zeros.
+        return Ok(client.create_from_slice(F::as_bytes(&vec![F::from_int(0); out_len])));
+    }
+    let (a_strides, a_scales) = a.params(true, a.batch == 1 && batch > 1)?;
+    let (b_strides, b_scales) = b.params(false, b.batch == 1 && batch > 1)?;
+    let mut params = [0u32; param::LEN];
+    params[param::M] = m as u32;
+    params[param::N] = n as u32;
+    params[param::K] = k as u32;
+    params[param::A_STRIDES..param::A_STRIDES + 3].copy_from_slice(&a_strides);
+    params[param::B_STRIDES..param::B_STRIDES + 3].copy_from_slice(&b_strides);
+    params[param::A_SCALES..param::A_SCALES + 5].copy_from_slice(&a_scales);
+    params[param::B_SCALES..param::B_SCALES + 5].copy_from_slice(&b_scales);
+    let params = client.create_from_slice(u32::as_bytes(&params));
+    let cube_count = CubeCount::Static(
+        n.div_ceil(TILE_N as usize) as u32,
+        m.div_ceil(TILE_M as usize) as u32,
+        batch as u32,
+    );
+    unsafe {
+        fp8_gemm_kernel::launch_unchecked::<F, R>(
+            client,
+            cube_count,
+            CubeDim::new_2d(UNITS, UNITS),
+            ArrayArg::from_raw_parts(a.codes.codes.clone(), a.codes.len.div_ceil(4)),
+            ArrayArg::from_raw_parts(a.scale_inv.clone(), a.scale_count()),
+            ArrayArg::from_raw_parts(b.codes.codes.clone(), b.codes.len.div_ceil(4)),
+            ArrayArg::from_raw_parts(b.scale_inv.clone(), b.scale_count()),
+            ArrayArg::from_raw_parts(params, param::LEN),
+            ArrayArg::from_raw_parts(output.clone(), out_len),
+            a.codes.format,
+            b.codes.format,
+        );
+    }
+    Ok(output)
+}

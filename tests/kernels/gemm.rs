@@ -1,0 +1,368 @@
+//! FP8 GEMM and block quantization on the device against f64 host references: every operand layout (fprop,
+//! dgrad, wgrad), batches and broadcasts, awkward shapes, per-tensor and per-block scales, and argument errors.
+
+use burn_te_kernels::block::{self, BlockQuantized};
+use burn_te_kernels::cubecl::prelude::*;
+use burn_te_kernels::cubecl::server::Handle;
+use burn_te_kernels::gemm::{GemmOperand, fp8_gemm};
+use burn_te_kernels::ops::Fp8Buffer;
+use burn_te_kernels::{BlockScaleRule, Fp8Format, KernelError, ScaleBlock, host};
+
+use crate::common::*;
+
+/// A quantized `[batch, rows, cols]` operand with its host-side dequantized values.
+struct Operand {
+    codes: Fp8Buffer,
+    scale_inv: Handle,
+    batch: usize,
+    rows: usize,
+    cols: usize,
+    block: Option<ScaleBlock>,
+    /// `decode(code) * scale_inv` of every element, row-major, in f64.
+    values: Vec<f64>,
+}
+
+impl Operand {
+    /// Per-tensor quantization with scale `scale`.
+    fn per_tensor(batch: usize, rows: usize, cols: usize, seed: u64, format: Fp8Format) -> Self {
+        let x = Rng::new(seed).normal(batch * rows * cols, 0.0, 3.0);
+        let scale = 37.5f32;
+        let codes = host::quantize(&x, scale, format);
+        let scale_inv = 1.0 / scale;
+        let values = codes
+            .iter()
+            .map(|&c| (format.decode(c) * scale_inv) as f64)
+            .collect();
+        Operand {
+            codes: Fp8Buffer {
+                codes: client().create_from_slice(u32::as_bytes(&host::pack_codes(&codes))),
+                len: codes.len(),
+                format,
+            },
+            scale_inv: upload(&[scale_inv]),
+            batch,
+            rows,
+            cols,
+            block: None,
+            values,
+        }
+    }
+
+    /// Block quantization on the device (checked bit-exact against the host reference).
+    fn blocked(
+        rows: usize,
+        cols: usize,
+        block: ScaleBlock,
+        rule: BlockScaleRule,
+        seed: u64,
+    ) -> Self {
+        let mut x = Rng::new(seed).normal(rows * cols, 0.0, 1.0);
+        // Very different magnitudes per region, so one per-tensor scale could not represent them all.
+        for (i, v) in x.iter_mut().enumerate() {
+            *v *= 10f32.powi(((i / cols) % 7) as i32 - 3 + ((i % cols) / 40) as i32 % 3);
+        }
+        let format = Fp8Format::E4M3;
+        let quantized = block_quantize_checked(&x, rows, cols, block, rule, format);
+        let (codes, scale_inv) =
+            block::host_block_quantize(&x, rows, cols, block, rule, format).unwrap();
+        let (_, grid_cols) = block.grid(rows, cols);
+        let values = codes
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| {
+                let slot = (i / cols / block.rows) * grid_cols + (i % cols) / block.cols;
+                (format.decode(c) * scale_inv[slot]) as f64
+            })
+            .collect();
+        Operand {
+            codes: quantized.codes,
+            scale_inv: quantized.scale_inv,
+            batch: 1,
+            rows,
+            cols,
+            block: Some(block),
+            values,
+        }
+    }
+
+    fn gemm(&self, transposed: bool) -> GemmOperand<'_> {
+        GemmOperand {
+            codes: &self.codes,
+            scale_inv: &self.scale_inv,
+            batch: self.batch,
+            rows: self.rows,
+            cols: self.cols,
+            block: self.block,
+            transposed,
+        }
+    }
+
+    /// Element `(i, j)` of matrix `b` as used (after the optional transpose).
+    fn at(&self, b: usize, i: usize, j: usize, transposed: bool) -> f64 {
+        let b = if self.batch == 1 { 0 } else { b };
+        let (r, c) = if transposed { (j, i) } else { (i, j) };
+        self.values[b * self.rows * self.cols + r * self.cols + c]
+    }
+}
+
+fn block_quantize_checked(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    block: ScaleBlock,
+    rule: BlockScaleRule,
+    format: Fp8Format,
+) -> BlockQuantized {
+    let quantized = block::block_quantize::<TestRuntime, f32>(
+        &client(),
+        &upload(x),
+        rows,
+        cols,
+        block,
+        rule,
+        format,
+    )
+    .unwrap();
+    let (codes, scale_inv) =
+        block::host_block_quantize(x, rows, cols, block, rule, format).unwrap();
+    let (grid_rows, grid_cols) = block.grid(rows, cols);
+    let device_codes = host::unpack_codes(
+        &download_words(&quantized.codes.codes, x.len().div_ceil(4)),
+        x.len(),
+    );
+    assert_eq!(
+        device_codes, codes,
+        "block {block:?} {rule:?}: codes differ from the host"
+    );
+    let device_scales = download(&quantized.scale_inv, grid_rows * grid_cols);
+    let bits = |v: &[f32]| v.iter().map(|s| s.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&device_scales),
+        bits(&scale_inv),
+        "block {block:?} {rule:?}: scale_inv"
+    );
+    quantized
+}
+
+/// Runs the GEMM and checks every output against the f64 product of the dequantized operands:
+/// `|out - ref| <= 1e-5 * Σ_k |a||b|` (the f32-accumulation error bound, relative to the magnitude summed).
+fn check_gemm(a: &Operand, a_t: bool, b: &Operand, b_t: bool) {
+    let out = fp8_gemm::<TestRuntime, f32>(&client(), &a.gemm(a_t), &b.gemm(b_t)).unwrap();
+    let (m, k) = if a_t {
+        (a.cols, a.rows)
+    } else {
+        (a.rows, a.cols)
+    };
+    let n = if b_t { b.rows } else { b.cols };
+    let batch = a.batch.max(b.batch);
+    let out = download(&out, batch * m * n);
+    for bi in 0..batch {
+        for i in 0..m {
+            for j in 0..n {
+                let (mut sum, mut magnitude) = (0.0f64, 0.0f64);
+                for p in 0..k {
+                    let product = a.at(bi, i, p, a_t) * b.at(bi, p, j, b_t);
+                    sum += product;
+                    magnitude += product.abs();
+                }
+                let got = out[(bi * m + i) * n + j] as f64;
+                assert!(
+                    (got - sum).abs() <= 1e-5 * magnitude + 1e-30,
+                    "[{bi}, {i}, {j}] of {m}x{k}x{n} (a_t {a_t}, b_t {b_t}): {got} vs {sum} (Σ|ab| {magnitude})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn per_tensor_all_layouts_and_awkward_shapes() {
+    for &(m, k, n) in &[
+        (1, 1, 1),
+        (3, 5, 7),
+        (64, 16, 64),
+        (65, 33, 130),
+        (17, 200, 9),
+    ] {
+        for (a_t, b_t) in [(false, false), (false, true), (true, false), (true, true)] {
+            let (ar, ac) = if a_t { (k, m) } else { (m, k) };
+            let (br, bc) = if b_t { (n, k) } else { (k, n) };
+            let a = Operand::per_tensor(1, ar, ac, 1, Fp8Format::E4M3);
+            // Gradients are E5M2 under HYBRID: mix the formats.
+            let b = Operand::per_tensor(1, br, bc, 2, Fp8Format::E5M2);
+            check_gemm(&a, a_t, &b, b_t);
+        }
+    }
+}
+
+#[test]
+fn batched_and_broadcast() {
+    let a = Operand::per_tensor(3, 20, 37, 3, Fp8Format::E4M3);
+    let b = Operand::per_tensor(3, 37, 70, 4, Fp8Format::E4M3);
+    check_gemm(&a, false, &b, false);
+    // A batch of activations times one weight (broadcast), weight used transposed.
+    let w = Operand::per_tensor(1, 70, 37, 5, Fp8Format::E4M3);
+    check_gemm(&a, false, &w, true);
+    let one = Operand::per_tensor(1, 37, 20, 6, Fp8Format::E5M2);
+    check_gemm(&one, true, &b, false);
+}
+
+#[test]
+fn block_scaled_fprop_dgrad_wgrad() {
+    let (tokens, hidden, out_features) = (130, 300, 140);
+    let x = Operand::blocked(
+        tokens,
+        hidden,
+        ScaleBlock::new(1, 128),
+        BlockScaleRule::Pow2,
+        7,
+    );
+    let w = Operand::blocked(
+        out_features,
+        hidden,
+        ScaleBlock::new(128, 128),
+        BlockScaleRule::Pow2,
+        8,
+    );
+    // fprop: X · Wᵀ.
+    check_gemm(&x, false, &w, true);
+    let g = Operand::blocked(
+        tokens,
+        out_features,
+        ScaleBlock::new(1, 128),
+        BlockScaleRule::Pow2,
+        9,
+    );
+    // dgrad: G · W.
+    check_gemm(&g, false, &w, false);
+    // wgrad: Gᵀ · X, both tiled along the token dimension (128 × 1).
+    let g_t = Operand::blocked(
+        tokens,
+        out_features,
+        ScaleBlock::new(128, 1),
+        BlockScaleRule::Pow2,
+        9,
+    );
+    let x_t = Operand::blocked(
+        tokens,
+        hidden,
+        ScaleBlock::new(128, 1),
+        BlockScaleRule::Pow2,
+        7,
+    );
+    check_gemm(&g_t, true, &x_t, false);
+    // MXFP8: 1 × 32 along K for both operands.
+    let x = Operand::blocked(
+        tokens,
+        hidden,
+        ScaleBlock::new(1, 32),
+        BlockScaleRule::E8m0,
+        10,
+    );
+    let w = Operand::blocked(
+        out_features,
+        hidden,
+        ScaleBlock::new(1, 32),
+        BlockScaleRule::E8m0,
+        11,
+    );
+    check_gemm(&x, false, &w, true);
+}
+
+#[test]
+fn block_quantize_bit_exact_with_special_values() {
+    let (rows, cols) = (33, 97);
+    let mut x = Rng::new(12).normal(rows * cols, 0.0, 1e3);
+    x[5] = f32::NAN;
+    x[200] = f32::INFINITY;
+    x[400] = -1e38;
+    for v in &mut x[cols * 10..cols * 11] {
+        *v = 0.0;
+    }
+    for rule in [BlockScaleRule::Pow2, BlockScaleRule::E8m0] {
+        for block in [
+            ScaleBlock::new(1, 128),
+            ScaleBlock::new(128, 128),
+            ScaleBlock::new(1, 32),
+            ScaleBlock::new(32, 1),
+            ScaleBlock::new(4, 8),
+        ] {
+            block_quantize_checked(&x, rows, cols, block, rule, Fp8Format::E4M3);
+        }
+    }
+}
+
+#[test]
+fn block_scale_rules_match_te() {
+    let e4m3 = Fp8Format::E4M3;
+    // Float8BlockScaling: 448 / amax rounded down to a power of two.
+    assert_eq!(BlockScaleRule::Pow2.scales(1.0, e4m3), (256.0, 1.0 / 256.0));
+    assert_eq!(BlockScaleRule::Pow2.scales(448.0, e4m3), (1.0, 1.0));
+    assert_eq!(BlockScaleRule::Pow2.scales(500.0, e4m3), (0.5, 2.0));
+    // MXFP8: scale_inv = 2^ceil(log2(amax / 448)).
+    assert_eq!(BlockScaleRule::E8m0.scales(448.0, e4m3), (1.0, 1.0));
+    assert_eq!(BlockScaleRule::E8m0.scales(449.0, e4m3), (0.5, 2.0));
+    assert_eq!(BlockScaleRule::E8m0.scales(1.0, e4m3), (256.0, 1.0 / 256.0));
+    for rule in [BlockScaleRule::Pow2, BlockScaleRule::E8m0] {
+        for amax in [0.0, f32::INFINITY, f32::NAN] {
+            assert_eq!(rule.scales(amax, e4m3), (1.0, 1.0), "{rule:?} amax {amax}");
+        }
+        // No value of the block saturates.
+        for amax in [1e-20f32, 0.3, 7.0, 1e20] {
+            let (scale, _) = rule.scales(amax, e4m3);
+            assert!(
+                amax * scale <= 448.0 && amax * scale > 448.0 / 4.0,
+                "{rule:?} {amax}"
+            );
+        }
+    }
+}
+
+#[test]
+fn gemm_argument_errors() {
+    let a = Operand::per_tensor(1, 4, 5, 1, Fp8Format::E4M3);
+    let b = Operand::per_tensor(1, 6, 3, 2, Fp8Format::E4M3);
+    let err = fp8_gemm::<TestRuntime, f32>(&client(), &a.gemm(false), &b.gemm(false)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::LengthMismatch {
+                expected: 5,
+                actual: 6,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("inner dimension"), "{err}");
+    let a2 = Operand::per_tensor(2, 4, 6, 1, Fp8Format::E4M3);
+    let b3 = Operand::per_tensor(3, 6, 3, 2, Fp8Format::E4M3);
+    let err =
+        fp8_gemm::<TestRuntime, f32>(&client(), &a2.gemm(false), &b3.gemm(false)).unwrap_err();
+    assert!(err.to_string().contains("batch"), "{err}");
+    let mut short = a.gemm(false);
+    short.rows = 10;
+    let err = fp8_gemm::<TestRuntime, f32>(&client(), &short, &b.gemm(true)).unwrap_err();
+    assert!(matches!(err, KernelError::LengthMismatch { .. }), "{err}");
+    let bad_block = block::block_quantize::<TestRuntime, f32>(
+        &client(),
+        &upload(&[1.0; 4]),
+        2,
+        2,
+        ScaleBlock::new(0, 1),
+        BlockScaleRule::Pow2,
+        Fp8Format::E4M3,
+    );
+    assert!(matches!(
+        bad_block,
+        Err(KernelError::InvalidArgument { .. })
+    ));
+}
+
+#[test]
+fn empty_depth_gives_zeros() {
+    let a = Operand::per_tensor(1, 3, 0, 1, Fp8Format::E4M3);
+    let b = Operand::per_tensor(1, 0, 2, 2, Fp8Format::E4M3);
+    let out = fp8_gemm::<TestRuntime, f32>(&client(), &a.gemm(false), &b.gemm(false)).unwrap();
+    assert_eq!(download(&out, 6), vec![0.0; 6]);
+}
