@@ -1,63 +1,64 @@
 //! # burn-te
 //!
-//! FP8 training for [Burn](https://burn.dev), after NVIDIA Transformer Engine: the FP8 formats, scaling recipes,
-//! FP8 autocast, the `TeBackend` extension trait and the `Te<B>` backend decorator.
+//! FP8 training for [Burn](https://burn.dev), after NVIDIA Transformer Engine.
 //!
-//! This crate is at its start: it re-exports the FP8 formats, scaling rule and statistics of
-//! [`burn_te_kernels`], and converts Burn [`TensorData`] with the bit-exact host path. The backend decorator,
-//! recipes and modules come next.
+//! - [`Te<B>`](Te): a backend decorator. Inside an [`fp8_autocast`] scope, Burn's `linear` (so every plain
+//!   `burn::nn::Linear`), its dgrad and wgrad, and `matmul` run in FP8 with the scope's [`Recipe`]; every other op
+//!   forwards to `B`. Train with `Autodiff<Te<B>>`.
+//! - [`TeBackend`]: the FP8 ops on a backend's tensors (quantize, dequantize, FP8 GEMM, amax, fake-quant,
+//!   statistics, delayed-scaling states) — CubeCL kernels on wgpu/CUDA, the bit-identical host path on NdArray.
+//! - Recipes with TE's defaults: [`DelayedScaling`], [`Float8CurrentScaling`], [`Float8BlockScaling`],
+//!   [`MXFP8BlockScaling`].
+//! - [`GemmSite`]s name every GEMM (layer, fprop/dgrad/wgrad) for the debug tools.
+//!
+//! ```no_run
+//! use burn::backend::{Autodiff, NdArray};
+//! use burn_te::{DelayedScaling, Te, fp8_autocast};
+//! type B = Autodiff<Te<NdArray>>;
+//! # fn forward(x: burn::tensor::Tensor<B, 2>) -> burn::tensor::Tensor<B, 2> { x }
+//! # let x = burn::tensor::Tensor::<B, 2>::zeros([2, 2], &Default::default());
+//! let y = fp8_autocast(true, DelayedScaling::default(), || forward(x)).unwrap();
+//! ```
 
-use burn::tensor::{DType, TensorData};
+mod autocast;
+mod autodiff;
+pub mod backend;
+pub mod cube;
+pub mod data;
+pub mod decorator;
+mod error;
+pub mod fp8_gemm;
+pub mod host;
+pub mod recipe;
+pub mod scaling_state;
+pub mod site;
+mod te;
 
-pub use burn_te_kernels::{
-    AmaxComputeAlgo, DelayedScalingHistory, Fp8Format, Fp8Stats, KernelError, TensorStats,
-    pow2_margin, scale_from_amax,
+pub use autocast::{
+    AutocastGuard, active_recipe, fp8_autocast, fp8_autocast_guard, is_fp8_enabled,
 };
+pub use backend::{Fp8Primitive, Fp8Tensor, Scaling, TeBackend};
+pub use burn_te_kernels::{
+    AmaxComputeAlgo, BlockScaleRule, DelayedScalingHistory, Fp8Format, Fp8Stats, KernelError,
+    ScaleBlock, TensorStats, pow2_margin, scale_from_amax,
+};
+pub use data::{fake_quant, quantize, tensor_stats};
+pub use decorator::Decorator;
+pub use error::TeError;
+pub use recipe::{
+    DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MXFP8BlockScaling, Recipe,
+};
+pub use site::{Gemm, GemmSite, TensorRole};
+pub use te::Te;
 
-/// Errors of burn-te.
-#[derive(Debug, thiserror::Error)]
-pub enum TeError {
-    /// A tensor of a dtype the operation does not take.
-    #[error("{op}: expected a float tensor (f32, f16 or bf16), got {dtype:?}")]
-    UnsupportedDType {
-        /// The operation.
-        op: &'static str,
-        /// The dtype it got.
-        dtype: DType,
-    },
-    /// A kernel or host-path error.
-    #[error(transparent)]
-    Kernel(#[from] KernelError),
-}
-
-/// The values of a float tensor as f32 (f16 and bf16 widen exactly).
-fn float_values(op: &'static str, data: &TensorData) -> Result<Vec<f32>, TeError> {
-    match data.dtype {
-        DType::F32 | DType::F16 | DType::BF16 => Ok(data.iter::<f32>().collect()),
-        dtype => Err(TeError::UnsupportedDType { op, dtype }),
-    }
-}
-
-/// Statistics of a tensor's values (host path): min, max, mean, std, norms, amax, dynamic range.
-pub fn tensor_stats(data: &TensorData) -> Result<TensorStats, TeError> {
-    Ok(burn_te_kernels::host::tensor_stats(&float_values(
-        "tensor_stats",
-        data,
-    )?))
-}
-
-/// Quantizes a tensor's values to FP8 codes with `scale` (host path), one byte per element.
-pub fn quantize(data: &TensorData, scale: f32, format: Fp8Format) -> Result<Vec<u8>, TeError> {
-    Ok(burn_te_kernels::host::quantize(
-        &float_values("quantize", data)?,
-        scale,
-        format,
-    ))
-}
-
-/// Quantize-dequantize a tensor's values with `scale` (host path), keeping its shape.
-pub fn fake_quant(data: &TensorData, scale: f32, format: Fp8Format) -> Result<TensorData, TeError> {
-    let values =
-        burn_te_kernels::host::fake_quant(&float_values("fake_quant", data)?, scale, format);
-    Ok(TensorData::new(values, data.shape.clone()))
+/// CubeCL backends without Burn's fusion (`Te` implements [`TeBackend`] on `CubeBackend` directly).
+pub mod backends {
+    /// Burn's wgpu backend without fusion: `CubeBackend<WgpuRuntime, f32, i32, u32>`.
+    #[cfg(feature = "wgpu")]
+    pub type Wgpu =
+        burn_cubecl::CubeBackend<burn_te_kernels::cubecl::wgpu::WgpuRuntime, f32, i32, u32>;
+    /// Burn's CUDA backend without fusion: `CubeBackend<CudaRuntime, f32, i32, u8>`.
+    #[cfg(feature = "cuda")]
+    pub type Cuda =
+        burn_cubecl::CubeBackend<burn_te_kernels::cubecl::cuda::CudaRuntime, f32, i32, u8>;
 }

@@ -218,3 +218,52 @@ pub fn host_block_quantize(
         .collect();
     Ok((codes, scales.iter().map(|s| s.1).collect()))
 }
+
+/// Dequantizes a block-quantized `[rows, cols]` tensor: `decode(code) · scale_inv[block]`, as `F`.
+pub fn block_dequantize<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    codes: &Fp8Buffer,
+    scale_inv: &Handle,
+    rows: usize,
+    cols: usize,
+    block: ScaleBlock,
+) -> Result<Handle, KernelError> {
+    block.check()?;
+    let len = rows * cols;
+    u32::try_from(len).map_err(|_| KernelError::TooLarge(len))?;
+    if codes.len != len {
+        return Err(KernelError::LengthMismatch {
+            what: "block_dequantize codes",
+            expected: len,
+            actual: codes.len,
+        });
+    }
+    let (grid_rows, grid_cols) = block.grid(rows, cols);
+    crate::ops::check_size("block_dequantize codes", &codes.codes, 4, len.div_ceil(4))?;
+    crate::ops::check_size(
+        "block_dequantize scale_inv",
+        scale_inv,
+        4,
+        grid_rows * grid_cols,
+    )?;
+    let output = client.empty(len.max(1) * size_of::<F>());
+    if len > 0 {
+        let cube_dim = CubeDim::new_1d(CUBE_SIZE);
+        unsafe {
+            block::block_dequantize_kernel::launch_unchecked::<F, R>(
+                client,
+                calculate_cube_count_elemwise(client, len, cube_dim),
+                cube_dim,
+                ArrayArg::from_raw_parts(codes.codes.clone(), len.div_ceil(4)),
+                ArrayArg::from_raw_parts(scale_inv.clone(), grid_rows * grid_cols),
+                ArrayArg::from_raw_parts(output.clone(), len),
+                rows as u32,
+                cols as u32,
+                block.rows.min(rows) as u32,
+                block.cols.min(cols) as u32,
+                codes.format,
+            );
+        }
+    }
+    Ok(output)
+}

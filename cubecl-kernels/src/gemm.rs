@@ -58,7 +58,7 @@ impl GemmOperand<'_> {
             None => [0, 1, 1, 0, 0],
             Some(block) => {
                 let (grid_rows, grid_cols) = block.grid(self.rows, self.cols);
-                if self.batch > 1 && self.rows % block.rows != 0 {
+                if self.batch > 1 && !self.rows.is_multiple_of(block.rows) {
                     return Err(KernelError::InvalidArgument {
                         what: "gemm operand",
                         reason: format!(

@@ -68,6 +68,32 @@ pub fn scalar_buffer<R: Runtime>(client: &ComputeClient<R>, value: f32) -> Handl
     client.create_from_slice(f32::as_bytes(&[value]))
 }
 
+/// A copy of the first `len` f32 values of `input` (e.g. the scale a quantization used, before an in-place
+/// delayed-scaling update changes it).
+pub fn copy_f32<R: Runtime>(
+    client: &ComputeClient<R>,
+    input: &Handle,
+    len: usize,
+) -> Result<Handle, KernelError> {
+    let len32 = check_len(len)?;
+    check_size("copy input", input, 4, len)?;
+    let output = client.empty(len.max(1) * 4);
+    if len > 0 {
+        let (cube_count, cube_dim) = elementwise_grid(client, len);
+        unsafe {
+            scale::copy_kernel::launch_unchecked::<R>(
+                client,
+                cube_count,
+                cube_dim,
+                ArrayArg::from_raw_parts(input.clone(), len),
+                ArrayArg::from_raw_parts(output.clone(), len),
+                len32,
+            );
+        }
+    }
+    Ok(output)
+}
+
 /// Reads a one-element f32 buffer back (waits for the device).
 pub fn read_scalar<R: Runtime>(
     client: &ComputeClient<R>,

@@ -4,7 +4,9 @@
 mod burn_data;
 mod common;
 mod conformance;
+mod decorator;
 mod elementwise;
 mod gemm;
 mod scaling;
 mod statistics;
+mod te;

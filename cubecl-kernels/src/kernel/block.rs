@@ -3,7 +3,7 @@
 
 use cubecl::prelude::*;
 
-use super::fp8::encode_fp8;
+use super::fp8::{decode_fp8, encode_fp8};
 use super::reduce::abs_bits;
 use crate::{BlockScaleRule, Fp8Format};
 
@@ -125,5 +125,28 @@ pub fn block_quantize_kernel<F: Float>(
             }
         }
         codes[word as usize] = packed;
+    }
+}
+
+/// `output = decode(code) · scale_inv[block of the element]`.
+#[cube(launch_unchecked)]
+pub fn block_dequantize_kernel<F: Float>(
+    codes: &Array<u32>,
+    scale_inv: &Array<f32>,
+    output: &mut Array<F>,
+    rows: u32,
+    cols: u32,
+    block_rows: u32,
+    block_cols: u32,
+    #[comptime] format: Fp8Format,
+) {
+    let index = ABSOLUTE_POS as u32;
+    if index < rows * cols {
+        let blocks_per_row = cols.div_ceil(block_cols);
+        let row = index / cols;
+        let col = index % cols;
+        let block = (row / block_rows) * blocks_per_row + col / block_cols;
+        let code = (codes[(index / 4) as usize] >> ((index % 4) * 8)) & 0xff;
+        output[index as usize] = F::cast_from(decode_fp8(code, format) * scale_inv[block as usize]);
     }
 }

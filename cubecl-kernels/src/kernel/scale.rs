@@ -86,3 +86,11 @@ pub fn delayed_scaling_update_kernel(
         scale_inv[t] = 1.0f32 / new_scale;
     }
 }
+
+/// `output[i] = input[i]` for `i < len`.
+#[cube(launch_unchecked)]
+pub fn copy_kernel(input: &Array<f32>, output: &mut Array<f32>, len: u32) {
+    if ABSOLUTE_POS < len as usize {
+        output[ABSOLUTE_POS] = input[ABSOLUTE_POS];
+    }
+}

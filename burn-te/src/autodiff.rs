@@ -1,0 +1,170 @@
+//! [`TeBackend`] for `Autodiff<B>`: the FP8 ops forward to `B` (quantized tensors carry no gradient), and
+//! [`te_linear`](TeBackend::te_linear) registers its own backward node, which runs the dgrad and wgrad GEMMs through
+//! `B::te_linear_dgrad` / `B::te_linear_wgrad` with the forward's recipe and the layer's sites — so a decorator
+//! below (the debug tools) sees all three GEMMs of every layer.
+
+use burn::backend::Autodiff;
+use burn::backend::autodiff::NodeId;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::ops::FloatTensor;
+use burn_te_kernels::{Fp8Format, Fp8Stats, TensorStats};
+
+use crate::TeError;
+use crate::backend::{Fp8Primitive, Scaling, TeBackend};
+use crate::recipe::Recipe;
+use crate::site::{Gemm, GemmSite};
+
+/// The backward of `te_linear`: dgrad and wgrad with the forward's recipe, bias gradient in high precision.
+#[derive(Debug)]
+struct TeLinearBackward {
+    site: GemmSite,
+    recipe: Option<Recipe>,
+}
+
+impl<B: TeBackend, const N: usize> Backward<B, N> for TeLinearBackward {
+    /// Checkpointed x (needed for wgrad) and weight (needed for dgrad).
+    type State = (Option<NodeId>, Option<NodeId>);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, N>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (x_state, weight_state) = ops.state;
+        let recipe = self.recipe.as_ref();
+        let mut parents = ops.parents.into_iter();
+        let (node_x, node_weight, node_bias) = (
+            parents.next().flatten(),
+            parents.next().flatten(),
+            parents.next().flatten(),
+        );
+        if let (Some(node), Some(id)) = (node_x, weight_state) {
+            let weight = checkpointer.retrieve_node_output::<FloatTensor<B>>(id);
+            let site = self.site.with_gemm(Gemm::Dgrad);
+            grads.register::<B>(
+                node.id,
+                B::te_linear_dgrad(weight, grad.clone(), &site, recipe),
+            );
+        }
+        if let (Some(node), Some(id)) = (node_weight, x_state) {
+            let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(id);
+            let site = self.site.with_gemm(Gemm::Wgrad);
+            grads.register::<B>(node.id, B::te_linear_wgrad(x, grad.clone(), &site, recipe));
+        }
+        if let Some(node) = node_bias {
+            grads.register::<B>(node.id, B::linear_bias_backward(grad));
+        }
+    }
+}
+
+impl<B: TeBackend, C: CheckpointStrategy> TeBackend for Autodiff<B, C> {
+    type Fp8Data = B::Fp8Data;
+    type DelayedState = B::DelayedState;
+
+    fn fp8_quantize(
+        tensor: FloatTensor<Self>,
+        format: Fp8Format,
+        scaling: Scaling<'_, Self::DelayedState>,
+    ) -> Result<Fp8Primitive<Self>, TeError> {
+        B::fp8_quantize(Self::inner(tensor), format, scaling)
+    }
+    fn fp8_dequantize(tensor: Fp8Primitive<Self>) -> Result<FloatTensor<Self>, TeError> {
+        Ok(Self::from_inner(B::fp8_dequantize(tensor)?))
+    }
+    fn fp8_gemm(
+        lhs: Fp8Primitive<Self>,
+        lhs_t: bool,
+        rhs: Fp8Primitive<Self>,
+        rhs_t: bool,
+    ) -> Result<FloatTensor<Self>, TeError> {
+        Ok(Self::from_inner(B::fp8_gemm(lhs, lhs_t, rhs, rhs_t)?))
+    }
+    fn fp8_amax(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, TeError> {
+        Ok(Self::from_inner(B::fp8_amax(Self::inner(tensor))?))
+    }
+    fn fp8_fake_quant(
+        tensor: FloatTensor<Self>,
+        format: Fp8Format,
+        margin: f32,
+    ) -> Result<FloatTensor<Self>, TeError> {
+        Ok(Self::from_inner(B::fp8_fake_quant(
+            Self::inner(tensor),
+            format,
+            margin,
+        )?))
+    }
+    fn fp8_stats(tensor: FloatTensor<Self>) -> Result<TensorStats, TeError> {
+        B::fp8_stats(Self::inner(tensor))
+    }
+    fn fp8_quantization_stats(
+        tensor: FloatTensor<Self>,
+        format: Fp8Format,
+        scale: f32,
+    ) -> Result<Fp8Stats, TeError> {
+        B::fp8_quantization_stats(Self::inner(tensor), format, scale)
+    }
+    fn fp8_delayed_state(
+        device: &Self::Device,
+        history_len: usize,
+    ) -> Result<Self::DelayedState, TeError> {
+        B::fp8_delayed_state(device, history_len)
+    }
+    fn fp8_delayed_state_read(state: &Self::DelayedState) -> Result<(Vec<f32>, f32), TeError> {
+        B::fp8_delayed_state_read(state)
+    }
+
+    fn te_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        site: &GemmSite,
+        recipe: Option<&Recipe>,
+    ) -> FloatTensor<Self> {
+        let step = TeLinearBackward {
+            site: site.clone(),
+            recipe: recipe.cloned(),
+        };
+        let (x_tracked, weight_tracked) = (x.is_tracked(), weight.is_tracked());
+        macro_rules! run {
+            ($prep:expr, $bias:expr) => {
+                match $prep.compute_bound().stateful() {
+                    OpsKind::Tracked(mut prep) => {
+                        // x is only needed for the weight gradient, and the weight only for x's.
+                        let x_state = weight_tracked.then(|| prep.checkpoint(&x));
+                        let weight_state = x_tracked.then(|| prep.checkpoint(&weight));
+                        prep.finish(
+                            (x_state, weight_state),
+                            B::te_linear(x.primitive, weight.primitive, $bias, site, recipe),
+                        )
+                    }
+                    OpsKind::UnTracked(prep) => prep.finish(B::te_linear(
+                        x.primitive,
+                        weight.primitive,
+                        $bias,
+                        site,
+                        recipe,
+                    )),
+                }
+            };
+        }
+        match bias {
+            Some(bias) => run!(
+                Backward::<B, 3>::prepare::<C>(
+                    step,
+                    [x.node.clone(), weight.node.clone(), bias.node.clone()]
+                ),
+                Some(bias.primitive)
+            ),
+            None => run!(
+                Backward::<B, 2>::prepare::<C>(step, [x.node.clone(), weight.node.clone()]),
+                None
+            ),
+        }
+    }
+}

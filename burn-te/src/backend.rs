@@ -1,0 +1,220 @@
+//! The [`TeBackend`] extension trait: FP8 quantization, GEMM and statistics on a backend's tensors.
+
+use burn::tensor::Shape;
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use burn_te_kernels::{
+    AmaxComputeAlgo, BlockScaleRule, Fp8Format, Fp8Stats, ScaleBlock, TensorStats,
+};
+
+use crate::site::GemmSite;
+use crate::{Recipe, TeError};
+
+/// A tensor quantized to FP8: the backend's buffers (codes and `scale_inv`) and what they mean.
+#[derive(Clone, Debug)]
+pub struct Fp8Tensor<D> {
+    /// The backend's buffers: the codes (row-major) and the `scale_inv` values.
+    pub data: D,
+    /// The tensor's shape.
+    pub shape: Shape,
+    /// The FP8 format of the codes.
+    pub format: Fp8Format,
+    /// `None`: one scale for the tensor; `Some(block)`: one scale per block of the tensor viewed as
+    /// `[leading dims folded, last dim]`.
+    pub block: Option<ScaleBlock>,
+}
+
+impl<D> Fp8Tensor<D> {
+    /// The tensor as `(batch, rows, cols)`: the last two dimensions, everything before folded into the batch; a
+    /// vector is one row.
+    pub fn matrix_dims(&self) -> (usize, usize, usize) {
+        let dims = self.shape.as_slice();
+        match dims.len() {
+            0 => (1, 1, 1),
+            1 => (1, 1, dims[0]),
+            n => (dims[..n - 2].iter().product(), dims[n - 2], dims[n - 1]),
+        }
+    }
+}
+
+/// The FP8 quantized primitive of a [`TeBackend`].
+pub type Fp8Primitive<B> = Fp8Tensor<<B as TeBackend>::Fp8Data>;
+
+/// How a quantization chooses its scale.
+#[derive(Debug)]
+pub enum Scaling<'a, S> {
+    /// Current scaling: `scale = fp8_max / amax(x) / 2^margin` from the tensor itself.
+    Current {
+        /// TE's margin (the scale is divided by `2^margin`).
+        margin: f32,
+    },
+    /// Delayed scaling: quantize with the state's scale (from the amax history *before* this tensor), then
+    /// record this tensor's amax and, with `update`, advance the history and recompute the scale.
+    Delayed {
+        /// The per-(layer, tensor) history and scale.
+        state: &'a S,
+        /// How the history becomes one amax.
+        algo: AmaxComputeAlgo,
+        /// TE's margin.
+        margin: f32,
+        /// Record this tensor's amax and update the scale (false: only use the current scale).
+        update: bool,
+    },
+    /// One scale per block of the tensor viewed as `[leading dims folded, last dim]`, from the block's amax.
+    Block {
+        /// The block shape.
+        block: ScaleBlock,
+        /// Power-of-two (Float8BlockScaling) or E8M0 (MXFP8) scales.
+        rule: BlockScaleRule,
+    },
+}
+
+/// FP8 operations a backend provides to burn-te: Burn's extension-trait pattern.
+///
+/// Implemented with the CubeCL kernels for `CubeBackend` (wgpu, CUDA), with the bit-identical host path for
+/// `NdArray`, and by forwarding for [`crate::Te`] and `Autodiff` (which adds the FP8 GEMM's backward).
+pub trait TeBackend: Backend {
+    /// The backend's FP8 buffers (codes and `scale_inv`).
+    type Fp8Data: Clone + core::fmt::Debug + Send + Sync + 'static;
+    /// A delayed-scaling state on the device: amax history and scale of one tensor.
+    type DelayedState: Clone + core::fmt::Debug + Send + Sync + 'static;
+
+    /// Quantizes a float tensor to `format` with the given scaling.
+    fn fp8_quantize(
+        tensor: FloatTensor<Self>,
+        format: Fp8Format,
+        scaling: Scaling<'_, Self::DelayedState>,
+    ) -> Result<Fp8Primitive<Self>, TeError>;
+
+    /// `decode(code) * scale_inv` as a float tensor of the quantized shape.
+    fn fp8_dequantize(tensor: Fp8Primitive<Self>) -> Result<FloatTensor<Self>, TeError>;
+
+    /// FP8 GEMM with f32 accumulation: `lhs` used as `[.., M, K]` (transposed with `lhs_t`), `rhs` as
+    /// `[.., K, N]` (transposed with `rhs_t`); leading dimensions are batches (equal, or 1 to broadcast).
+    /// Returns `[.., M, N]` in the backend's float type.
+    fn fp8_gemm(
+        lhs: Fp8Primitive<Self>,
+        lhs_t: bool,
+        rhs: Fp8Primitive<Self>,
+        rhs_t: bool,
+    ) -> Result<FloatTensor<Self>, TeError>;
+
+    /// max |x| as a one-element tensor (NaN propagates; 0 for an empty tensor).
+    fn fp8_amax(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, TeError>;
+
+    /// Quantize-dequantize with a per-tensor current scale (`fp8_max / amax / 2^margin`).
+    fn fp8_fake_quant(
+        tensor: FloatTensor<Self>,
+        format: Fp8Format,
+        margin: f32,
+    ) -> Result<FloatTensor<Self>, TeError>;
+
+    /// Statistics of the tensor (one pass on the device, then one read).
+    fn fp8_stats(tensor: FloatTensor<Self>) -> Result<TensorStats, TeError>;
+
+    /// Statistics plus the FP8 underflow/overflow counts and squared error of quantizing with `scale`.
+    fn fp8_quantization_stats(
+        tensor: FloatTensor<Self>,
+        format: Fp8Format,
+        scale: f32,
+    ) -> Result<Fp8Stats, TeError>;
+
+    /// A new delayed-scaling state: history of `history_len` zeros, scale 1.
+    fn fp8_delayed_state(
+        device: &Self::Device,
+        history_len: usize,
+    ) -> Result<Self::DelayedState, TeError>;
+
+    /// Reads a delayed-scaling state back: `(amax history, newest first, scale)`.
+    fn fp8_delayed_state_read(state: &Self::DelayedState) -> Result<(Vec<f32>, f32), TeError>;
+
+    /// A linear layer's forward GEMM at `site`: `x [.., in] · weight [in, out] + bias` in FP8 with `recipe`, or in
+    /// high precision with `None`. On autodiff backends its backward runs [`te_linear_dgrad`](Self::te_linear_dgrad)
+    /// and [`te_linear_wgrad`](Self::te_linear_wgrad) with the same recipe.
+    fn te_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        site: &GemmSite,
+        recipe: Option<&Recipe>,
+    ) -> FloatTensor<Self> {
+        match recipe {
+            None => Self::linear(x, weight, bias),
+            Some(recipe) => crate::fp8_gemm::or_high_precision::<Self>(
+                site,
+                crate::fp8_gemm::linear_fprop::<Self>(
+                    x.clone(),
+                    weight.clone(),
+                    bias.clone(),
+                    site,
+                    recipe,
+                ),
+                || Self::linear(x, weight, bias),
+            ),
+        }
+    }
+
+    /// A linear layer's input-gradient GEMM (dgrad): `grad · weightᵀ`.
+    fn te_linear_dgrad(
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        site: &GemmSite,
+        recipe: Option<&Recipe>,
+    ) -> FloatTensor<Self> {
+        match recipe {
+            None => Self::linear_x_backward(weight, grad),
+            Some(recipe) => crate::fp8_gemm::or_high_precision::<Self>(
+                site,
+                crate::fp8_gemm::linear_dgrad::<Self>(weight.clone(), grad.clone(), site, recipe),
+                || Self::linear_x_backward(weight, grad),
+            ),
+        }
+    }
+
+    /// A linear layer's weight-gradient GEMM (wgrad): `xᵀ · grad`.
+    fn te_linear_wgrad(
+        x: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        site: &GemmSite,
+        recipe: Option<&Recipe>,
+    ) -> FloatTensor<Self> {
+        match recipe {
+            None => Self::linear_weight_backward(x, grad),
+            Some(recipe) => crate::fp8_gemm::or_high_precision::<Self>(
+                site,
+                crate::fp8_gemm::linear_wgrad::<Self>(x.clone(), grad.clone(), site, recipe),
+                || Self::linear_weight_backward(x, grad),
+            ),
+        }
+    }
+}
+
+/// The output shape of [`TeBackend::fp8_gemm`]: the batch dimensions of the batched operand, then `[M, N]`.
+pub fn gemm_output_shape<D>(
+    lhs: &Fp8Tensor<D>,
+    lhs_t: bool,
+    rhs: &Fp8Tensor<D>,
+    rhs_t: bool,
+) -> Result<Shape, TeError> {
+    let (lb, lr, lc) = lhs.matrix_dims();
+    let (rb, rr, rc) = rhs.matrix_dims();
+    let (m, k) = if lhs_t { (lc, lr) } else { (lr, lc) };
+    let (k_rhs, n) = if rhs_t { (rc, rr) } else { (rr, rc) };
+    let error = |reason: String| TeError::ShapeMismatch {
+        op: "fp8_gemm",
+        reason,
+        lhs: lhs.shape.as_slice().to_vec(),
+        rhs: rhs.shape.as_slice().to_vec(),
+    };
+    if k != k_rhs {
+        return Err(error(format!("inner dimensions differ: {k} vs {k_rhs}")));
+    }
+    if lb != rb && lb != 1 && rb != 1 {
+        return Err(error(format!("batches differ: {lb} vs {rb}")));
+    }
+    let batched = if lb >= rb { &lhs.shape } else { &rhs.shape };
+    let leading = batched.as_slice().len().saturating_sub(2);
+    let mut dims = batched.as_slice()[..leading].to_vec();
+    dims.extend([m, n]);
+    Ok(Shape::from(dims))
+}

@@ -1,0 +1,361 @@
+//! [`TeBackend`] for Burn's CubeCL backends (wgpu, CUDA): the kernels of `burn-te-kernels` on the tensors' device
+//! buffers. Scales and amax histories stay on the device, so no op waits for the host except the statistics.
+
+use burn::tensor::{DType, Shape};
+use burn_cubecl::element::{BoolElement, FloatElement, IntElement};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{CubeBackend, CubeRuntime};
+use burn_te_kernels::cubecl::prelude::*;
+use burn_te_kernels::cubecl::server::Handle;
+use burn_te_kernels::gemm::{GemmOperand, fp8_gemm};
+use burn_te_kernels::ops::{self, Fp8Buffer, ScaleBuffers};
+use burn_te_kernels::{Fp8Format, Fp8Stats, KernelError, TensorStats, block};
+
+use crate::TeError;
+use crate::backend::{Fp8Primitive, Fp8Tensor, Scaling, TeBackend};
+
+/// FP8 buffers on a CubeCL device.
+#[derive(Clone)]
+pub struct CubeFp8Data<R: CubeRuntime> {
+    /// Codes, four per `u32` word, row-major.
+    pub codes: Handle,
+    /// `scale_inv`: one f32, or one per block.
+    pub scale_inv: Handle,
+    client: ComputeClient<R>,
+    device: R::Device,
+}
+
+/// A delayed-scaling state on a CubeCL device: `[history_len]` amax history and the scale buffers.
+#[derive(Clone)]
+pub struct CubeDelayedState<R: CubeRuntime> {
+    history: Handle,
+    history_len: usize,
+    scales: ScaleBuffers,
+    client: ComputeClient<R>,
+}
+
+impl<R: CubeRuntime> core::fmt::Debug for CubeFp8Data<R> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("CubeFp8Data")
+            .field("codes", &self.codes)
+            .field("scale_inv", &self.scale_inv)
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+impl<R: CubeRuntime> core::fmt::Debug for CubeDelayedState<R> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("CubeDelayedState")
+            .field("history", &self.history)
+            .field("history_len", &self.history_len)
+            .field("scales", &self.scales)
+            .finish()
+    }
+}
+
+/// Runs `$body` with `$t` bound to the element type of a float dtype (f32, f16), or fails with the op's name.
+macro_rules! with_float {
+    ($dtype:expr, $op:literal, $t:ident => $body:expr) => {
+        match $dtype {
+            DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            DType::F16 => {
+                type $t = half::f16;
+                $body
+            }
+            dtype => Err(TeError::UnsupportedDType { op: $op, dtype }),
+        }
+    };
+}
+
+fn float_output<R: CubeRuntime>(
+    like: &CubeTensor<R>,
+    handle: Handle,
+    shape: Shape,
+) -> CubeTensor<R> {
+    CubeTensor::new_contiguous(
+        like.client.clone(),
+        like.device.clone(),
+        shape,
+        handle,
+        like.dtype,
+    )
+}
+
+fn fp8_tensor<R: CubeRuntime>(
+    like: &CubeTensor<R>,
+    codes: Fp8Buffer,
+    scale_inv: Handle,
+    block: Option<block::ScaleBlock>,
+) -> Fp8Tensor<CubeFp8Data<R>> {
+    Fp8Tensor {
+        data: CubeFp8Data {
+            codes: codes.codes,
+            scale_inv,
+            client: like.client.clone(),
+            device: like.device.clone(),
+        },
+        shape: like.meta.shape().clone(),
+        format: codes.format,
+        block,
+    }
+}
+
+fn quantize<R: CubeRuntime, F: Float + CubeElement>(
+    x: &CubeTensor<R>,
+    format: Fp8Format,
+    scaling: Scaling<'_, CubeDelayedState<R>>,
+) -> Result<(Fp8Buffer, Handle, Option<block::ScaleBlock>), TeError> {
+    let client = &x.client;
+    let len = x.meta.shape().num_elements();
+    match scaling {
+        Scaling::Current { margin } => {
+            let amax = ops::amax::<R, F>(client, &x.handle, len)?;
+            let scales = ScaleBuffers::new(client, 1, 1.0);
+            ops::compute_scale(client, &amax, &scales, format, margin)?;
+            let codes = ops::quantize::<R, F>(client, &x.handle, len, &scales.scale, format, None)?;
+            Ok((codes, scales.scale_inv, None))
+        }
+        Scaling::Delayed {
+            state,
+            algo,
+            margin,
+            update,
+        } => {
+            // The scale in use comes from the history before this tensor; copy it, as the update below changes
+            // the state's buffers in place.
+            let scale_inv = copy_scalar(client, &state.scales.scale_inv)?;
+            let codes = ops::quantize::<R, F>(
+                client,
+                &x.handle,
+                len,
+                &state.scales.scale,
+                format,
+                update.then_some(&state.history),
+            )?;
+            if update {
+                ops::delayed_scaling_update(
+                    client,
+                    &state.history,
+                    state.history_len,
+                    &state.scales,
+                    algo,
+                    format,
+                    margin,
+                )?;
+            }
+            Ok((codes, scale_inv, None))
+        }
+        Scaling::Block { block, rule } => {
+            let (rows, cols) = rows_cols(x.meta.shape());
+            let quantized =
+                block::block_quantize::<R, F>(client, &x.handle, rows, cols, block, rule, format)?;
+            Ok((quantized.codes, quantized.scale_inv, Some(block)))
+        }
+    }
+}
+
+/// A one-element copy on the device.
+fn copy_scalar<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    handle: &Handle,
+) -> Result<Handle, TeError> {
+    Ok(ops::copy_f32(client, handle, 1)?)
+}
+
+/// `(rows, cols)` of a tensor viewed as `[leading dims folded, last dim]`.
+pub(crate) fn rows_cols(shape: &Shape) -> (usize, usize) {
+    match shape.as_slice().split_last() {
+        None => (1, 1),
+        Some((last, leading)) => (leading.iter().product(), *last),
+    }
+}
+
+fn read_error(err: KernelError) -> TeError {
+    TeError::Kernel(err)
+}
+
+impl<R, F, I, BT> TeBackend for CubeBackend<R, F, I, BT>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    type Fp8Data = CubeFp8Data<R>;
+    type DelayedState = CubeDelayedState<R>;
+
+    fn fp8_quantize(
+        tensor: CubeTensor<R>,
+        format: Fp8Format,
+        scaling: Scaling<'_, CubeDelayedState<R>>,
+    ) -> Result<Fp8Primitive<Self>, TeError> {
+        let x = into_contiguous(tensor);
+        let (codes, scale_inv, block) =
+            with_float!(x.dtype, "fp8_quantize", T => quantize::<R, T>(&x, format, scaling))?;
+        Ok(fp8_tensor(&x, codes, scale_inv, block))
+    }
+
+    fn fp8_dequantize(tensor: Fp8Primitive<Self>) -> Result<CubeTensor<R>, TeError> {
+        let data = &tensor.data;
+        let len = tensor.shape.num_elements();
+        let buffer = Fp8Buffer {
+            codes: data.codes.clone(),
+            len,
+            format: tensor.format,
+        };
+        let client = &data.client;
+        let handle = match tensor.block {
+            None => ops::dequantize::<R, F>(client, &buffer, &data.scale_inv)?,
+            Some(block) => {
+                let (rows, cols) = rows_cols(&tensor.shape);
+                block::block_dequantize::<R, F>(
+                    client,
+                    &buffer,
+                    &data.scale_inv,
+                    rows,
+                    cols,
+                    block,
+                )?
+            }
+        };
+        Ok(CubeTensor::new_contiguous(
+            client.clone(),
+            data.device.clone(),
+            tensor.shape,
+            handle,
+            F::dtype(),
+        ))
+    }
+
+    fn fp8_gemm(
+        lhs: Fp8Primitive<Self>,
+        lhs_t: bool,
+        rhs: Fp8Primitive<Self>,
+        rhs_t: bool,
+    ) -> Result<CubeTensor<R>, TeError> {
+        let shape = crate::backend::gemm_output_shape(&lhs, lhs_t, &rhs, rhs_t)?;
+        let operand = |q: &Fp8Primitive<Self>, transposed: bool| {
+            let (batch, rows, cols) = q.matrix_dims();
+            (
+                Fp8Buffer {
+                    codes: q.data.codes.clone(),
+                    len: q.shape.num_elements(),
+                    format: q.format,
+                },
+                batch,
+                rows,
+                cols,
+                transposed,
+            )
+        };
+        let (a_codes, a_batch, a_rows, a_cols, _) = operand(&lhs, lhs_t);
+        let (b_codes, b_batch, b_rows, b_cols, _) = operand(&rhs, rhs_t);
+        let a = GemmOperand {
+            codes: &a_codes,
+            scale_inv: &lhs.data.scale_inv,
+            batch: a_batch,
+            rows: a_rows,
+            cols: a_cols,
+            block: lhs.block,
+            transposed: lhs_t,
+        };
+        let b = GemmOperand {
+            codes: &b_codes,
+            scale_inv: &rhs.data.scale_inv,
+            batch: b_batch,
+            rows: b_rows,
+            cols: b_cols,
+            block: rhs.block,
+            transposed: rhs_t,
+        };
+        let client = &lhs.data.client;
+        let handle = fp8_gemm::<R, F>(client, &a, &b)?;
+        Ok(CubeTensor::new_contiguous(
+            client.clone(),
+            lhs.data.device.clone(),
+            shape,
+            handle,
+            F::dtype(),
+        ))
+    }
+
+    fn fp8_amax(tensor: CubeTensor<R>) -> Result<CubeTensor<R>, TeError> {
+        let x = into_contiguous(tensor);
+        let len = x.meta.shape().num_elements();
+        let handle = with_float!(x.dtype, "fp8_amax", T => Ok(ops::amax::<R, T>(&x.client, &x.handle, len)?))?;
+        let out = float_output(&x, handle, Shape::new([1]));
+        Ok(CubeTensor {
+            dtype: DType::F32,
+            ..out
+        })
+    }
+
+    fn fp8_fake_quant(
+        tensor: CubeTensor<R>,
+        format: Fp8Format,
+        margin: f32,
+    ) -> Result<CubeTensor<R>, TeError> {
+        let x = into_contiguous(tensor);
+        let len = x.meta.shape().num_elements();
+        let client = &x.client;
+        let handle = with_float!(x.dtype, "fp8_fake_quant", T => {
+            let amax = ops::amax::<R, T>(client, &x.handle, len)?;
+            let scales = ScaleBuffers::new(client, 1, 1.0);
+            ops::compute_scale(client, &amax, &scales, format, margin)?;
+            Ok(ops::fake_quant::<R, T>(client, &x.handle, len, &scales.scale, format)?)
+        })?;
+        Ok(float_output(&x, handle, x.meta.shape().clone()))
+    }
+
+    fn fp8_stats(tensor: CubeTensor<R>) -> Result<TensorStats, TeError> {
+        let x = into_contiguous(tensor);
+        let len = x.meta.shape().num_elements();
+        let readback = with_float!(x.dtype, "fp8_stats", T => Ok(ops::tensor_stats::<R, T>(&x.client, &x.handle, len)?))?;
+        readback.read(&x.client).map_err(read_error)
+    }
+
+    fn fp8_quantization_stats(
+        tensor: CubeTensor<R>,
+        format: Fp8Format,
+        scale: f32,
+    ) -> Result<Fp8Stats, TeError> {
+        let x = into_contiguous(tensor);
+        let len = x.meta.shape().num_elements();
+        let scale = ops::scalar_buffer(&x.client, scale);
+        let readback = with_float!(x.dtype, "fp8_quantization_stats", T => Ok(ops::fp8_tensor_stats::<R, T>(&x.client, &x.handle, len, format, &scale)?))?;
+        readback.read_fp8(&x.client).map_err(read_error)
+    }
+
+    fn fp8_delayed_state(
+        device: &R::Device,
+        history_len: usize,
+    ) -> Result<CubeDelayedState<R>, TeError> {
+        if history_len == 0 {
+            return Err(TeError::InvalidRecipe(
+                "amax_history_len must be at least 1".into(),
+            ));
+        }
+        let client = R::client(device);
+        Ok(CubeDelayedState {
+            history: client.create_from_slice(f32::as_bytes(&vec![0.0; history_len])),
+            history_len,
+            scales: ScaleBuffers::new(&client, 1, 1.0),
+            client,
+        })
+    }
+
+    fn fp8_delayed_state_read(state: &CubeDelayedState<R>) -> Result<(Vec<f32>, f32), TeError> {
+        let client = &state.client;
+        let history = client
+            .read_one(state.history.clone())
+            .map_err(KernelError::from)?;
+        let history = f32::from_bytes(&history)[..state.history_len].to_vec();
+        let scale = ops::read_scalar(client, &state.scales.scale)?;
+        Ok((history, scale))
+    }
+}

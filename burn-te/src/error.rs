@@ -1,0 +1,38 @@
+//! Errors of burn-te.
+
+use burn::tensor::DType;
+use burn_te_kernels::KernelError;
+
+/// Errors of burn-te.
+#[derive(Debug, thiserror::Error)]
+pub enum TeError {
+    /// A tensor of a dtype the operation does not take.
+    #[error("{op}: expected a float tensor (f32, f16 or bf16), got {dtype:?}")]
+    UnsupportedDType {
+        /// The operation.
+        op: &'static str,
+        /// The dtype it got.
+        dtype: DType,
+    },
+    /// Tensor shapes that do not fit together.
+    #[error("{op}: {reason} (shapes {lhs:?} and {rhs:?})")]
+    ShapeMismatch {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        reason: String,
+        /// Left operand's shape.
+        lhs: Vec<usize>,
+        /// Right operand's shape.
+        rhs: Vec<usize>,
+    },
+    /// A recipe setting Transformer Engine rejects (e.g. pure E5M2) or that is out of range.
+    #[error("invalid recipe: {0}")]
+    InvalidRecipe(String),
+    /// Reading a tensor back from the device failed.
+    #[error("reading a tensor back failed: {0}")]
+    Read(String),
+    /// A kernel or host-path error.
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+}

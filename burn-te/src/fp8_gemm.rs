@@ -1,0 +1,212 @@
+//! The FP8 GEMMs of a linear layer (fprop, dgrad, wgrad) and of a plain matmul, quantizing each operand by the
+//! recipe and its role. Generic over any [`TeBackend`]; the decorators and autodiff call these.
+
+use burn::tensor::Shape;
+use burn::tensor::ops::FloatTensor;
+
+use crate::TeError;
+use crate::backend::{Fp8Primitive, Scaling, TeBackend};
+use crate::recipe::Recipe;
+use crate::scaling_state::delayed_state;
+use crate::site::{GemmSite, TensorRole};
+
+/// Returns the FP8 result, or on an error logs it and runs the high-precision op instead (Burn ops cannot fail).
+pub(crate) fn or_high_precision<B: TeBackend>(
+    what: impl core::fmt::Display,
+    fp8: Result<FloatTensor<B>, TeError>,
+    high_precision: impl FnOnce() -> FloatTensor<B>,
+) -> FloatTensor<B> {
+    fp8.unwrap_or_else(|err| {
+        tracing::warn!("{what}: FP8 GEMM not possible, running in high precision: {err}");
+        high_precision()
+    })
+}
+
+/// Quantizes one GEMM operand stored as `[rows, cols]` for `role`: the recipe's format for the role, delayed
+/// (per layer and role), current or block scales. `k_along_cols`: the GEMM reduces along the stored columns.
+/// With delayed scaling, `update` records this tensor's amax and advances the history.
+pub fn quantize_operand<B: TeBackend>(
+    tensor: FloatTensor<B>,
+    recipe: &Recipe,
+    site: &GemmSite,
+    role: TensorRole,
+    k_along_cols: bool,
+    update: bool,
+) -> Result<Fp8Primitive<B>, TeError> {
+    let format = recipe.format().for_role(role);
+    match recipe {
+        Recipe::Delayed(r) => {
+            let device = B::float_device(&tensor);
+            let state = delayed_state::<B>(&device, &site.layer, role, r.amax_history_len)?;
+            let scaling = Scaling::Delayed {
+                state: &state,
+                algo: r.amax_compute_algo,
+                margin: r.margin,
+                update,
+            };
+            B::fp8_quantize(tensor, format, scaling)
+        }
+        Recipe::Current(_) => B::fp8_quantize(tensor, format, Scaling::Current { margin: 0.0 }),
+        Recipe::Block(_) | Recipe::Mxfp8(_) => {
+            let (block, rule) = recipe
+                .block(role, k_along_cols)
+                .expect("block recipes have blocks");
+            B::fp8_quantize(tensor, format, Scaling::Block { block, rule })
+        }
+    }
+}
+
+fn dims<B: TeBackend>(tensor: &FloatTensor<B>) -> Vec<usize> {
+    use burn::tensor::TensorMetadata;
+    tensor.shape().as_slice().to_vec()
+}
+
+fn fold_rows<B: TeBackend>(tensor: FloatTensor<B>) -> (FloatTensor<B>, Vec<usize>) {
+    let shape = dims::<B>(&tensor);
+    let (last, leading) = shape
+        .split_last()
+        .map(|(l, r)| (*l, r.to_vec()))
+        .unwrap_or((1, vec![]));
+    let rows = leading.iter().product();
+    (
+        B::float_reshape(tensor, Shape::from(vec![rows, last])),
+        leading,
+    )
+}
+
+fn shape_error<B: TeBackend>(
+    op: &'static str,
+    reason: String,
+    lhs: &FloatTensor<B>,
+    rhs: &FloatTensor<B>,
+) -> TeError {
+    TeError::ShapeMismatch {
+        op,
+        reason,
+        lhs: dims::<B>(lhs),
+        rhs: dims::<B>(rhs),
+    }
+}
+
+/// fprop: `x [.., in] · weight [in, out] (+ bias [out])` in FP8.
+pub fn linear_fprop<B: TeBackend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    site: &GemmSite,
+    recipe: &Recipe,
+) -> Result<FloatTensor<B>, TeError> {
+    let (x_dims, w_dims) = (dims::<B>(&x), dims::<B>(&weight));
+    if w_dims.len() != 2 || x_dims.last() != w_dims.first() {
+        return Err(shape_error::<B>(
+            "linear fprop",
+            "expected x [.., d_input] and weight [d_input, d_output]".into(),
+            &x,
+            &weight,
+        ));
+    }
+    let (x2, mut leading) = fold_rows::<B>(x);
+    let qx = quantize_operand::<B>(x2, recipe, site, TensorRole::Activation, true, true)?;
+    let qw = quantize_operand::<B>(weight, recipe, site, TensorRole::Weight, false, true)?;
+    let mut out = B::fp8_gemm(qx, false, qw, false)?;
+    let out_features = w_dims[1];
+    if let Some(bias) = bias {
+        let bias = B::float_reshape(bias, Shape::from(vec![1, out_features]));
+        out = B::float_add(out, bias);
+    }
+    leading.push(out_features);
+    Ok(B::float_reshape(out, Shape::from(leading)))
+}
+
+/// dgrad: `grad [.., out] · weightᵀ` → `[.., in]` in FP8 (the weight read transposed, no copy).
+pub fn linear_dgrad<B: TeBackend>(
+    weight: FloatTensor<B>,
+    grad: FloatTensor<B>,
+    site: &GemmSite,
+    recipe: &Recipe,
+) -> Result<FloatTensor<B>, TeError> {
+    let (w_dims, g_dims) = (dims::<B>(&weight), dims::<B>(&grad));
+    if w_dims.len() != 2 || g_dims.last() != w_dims.get(1) {
+        return Err(shape_error::<B>(
+            "linear dgrad",
+            "expected weight [d_input, d_output] and grad [.., d_output]".into(),
+            &weight,
+            &grad,
+        ));
+    }
+    let (g2, mut leading) = fold_rows::<B>(grad);
+    // The gradient's amax is recorded by wgrad, so both GEMMs use the scale from before this step.
+    let qg = quantize_operand::<B>(g2, recipe, site, TensorRole::Gradient, true, false)?;
+    let qw = quantize_operand::<B>(weight, recipe, site, TensorRole::Weight, true, false)?;
+    let out = B::fp8_gemm(qg, false, qw, true)?;
+    leading.push(w_dims[0]);
+    Ok(B::float_reshape(out, Shape::from(leading)))
+}
+
+/// wgrad: `xᵀ · grad` → `[in, out]` in FP8, reducing over every leading dimension (x read transposed, no copy).
+pub fn linear_wgrad<B: TeBackend>(
+    x: FloatTensor<B>,
+    grad: FloatTensor<B>,
+    site: &GemmSite,
+    recipe: &Recipe,
+) -> Result<FloatTensor<B>, TeError> {
+    let (x_dims, g_dims) = (dims::<B>(&x), dims::<B>(&grad));
+    if x_dims.len() != g_dims.len() || x_dims[..x_dims.len() - 1] != g_dims[..g_dims.len() - 1] {
+        return Err(shape_error::<B>(
+            "linear wgrad",
+            "expected x [.., d_input] and grad [.., d_output] with the same leading dimensions"
+                .into(),
+            &x,
+            &grad,
+        ));
+    }
+    let (x2, _) = fold_rows::<B>(x);
+    let (g2, _) = fold_rows::<B>(grad);
+    let qx = quantize_operand::<B>(x2, recipe, site, TensorRole::Activation, false, false)?;
+    let qg = quantize_operand::<B>(g2, recipe, site, TensorRole::Gradient, false, true)?;
+    B::fp8_gemm(qx, true, qg, false)
+}
+
+/// A plain `lhs [.., M, K] · rhs [.., K, N]` in FP8: both operands E4M3 with per-tensor current scales (or the
+/// recipe's blocks along K). Batches must be equal or one of them absent (all ones).
+pub fn matmul<B: TeBackend>(
+    lhs: FloatTensor<B>,
+    rhs: FloatTensor<B>,
+    recipe: &Recipe,
+) -> Result<FloatTensor<B>, TeError> {
+    let (l, r) = (dims::<B>(&lhs), dims::<B>(&rhs));
+    let n = l.len();
+    let batch_ok =
+        |a: &[usize], b: &[usize]| a == b || a.iter().all(|&d| d == 1) || b.iter().all(|&d| d == 1);
+    if n < 2 || r.len() != n || l[n - 1] != r[n - 2] || !batch_ok(&l[..n - 2], &r[..n - 2]) {
+        return Err(shape_error::<B>(
+            "matmul",
+            "expected [.., M, K] · [.., K, N] with equal or broadcast (all-one) batch dimensions"
+                .into(),
+            &lhs,
+            &rhs,
+        ));
+    }
+    let current = match recipe {
+        Recipe::Delayed(_) | Recipe::Current(_) => None,
+        Recipe::Block(_) | Recipe::Mxfp8(_) => Some(recipe),
+    };
+    let quantize = |t: FloatTensor<B>, role: TensorRole, k_along_cols: bool| match current {
+        None => B::fp8_quantize(
+            t,
+            burn_te_kernels::Fp8Format::E4M3,
+            Scaling::Current { margin: 0.0 },
+        ),
+        Some(recipe) => {
+            let (block, rule) = recipe.block(role, k_along_cols).expect("block recipe");
+            B::fp8_quantize(
+                t,
+                burn_te_kernels::Fp8Format::E4M3,
+                Scaling::Block { block, rule },
+            )
+        }
+    };
+    let ql = quantize(lhs, TensorRole::Activation, true)?;
+    let qr = quantize(rhs, TensorRole::Activation, false)?;
+    B::fp8_gemm(ql, false, qr, false)
+}

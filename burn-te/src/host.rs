@@ -1,0 +1,217 @@
+//! [`TeBackend`] for burn-ndarray with the host path: the same numerics as the kernels (bit-identical codes and
+//! scales), so machines without any Vulkan or CUDA device still train in FP8.
+
+use std::sync::{Arc, Mutex};
+
+use burn::backend::NdArray;
+use burn::backend::ndarray::NdArrayDevice;
+use burn::tensor::ops::{FloatTensor, FloatTensorOps};
+use burn::tensor::{Shape, TensorData};
+use burn_te_kernels::block::host_block_quantize;
+use burn_te_kernels::{
+    DelayedScalingHistory, Fp8Format, Fp8Stats, TensorStats, host, pow2_margin, scale_from_amax,
+};
+
+use crate::TeError;
+use crate::backend::{Fp8Primitive, Fp8Tensor, Scaling, TeBackend, gemm_output_shape};
+use crate::cube::rows_cols;
+
+/// FP8 codes (one per byte) and `scale_inv` values on the host.
+#[derive(Clone, Debug)]
+pub struct HostFp8Data {
+    /// The codes, row-major.
+    pub codes: Arc<Vec<u8>>,
+    /// One `scale_inv`, or one per block.
+    pub scale_inv: Arc<Vec<f32>>,
+    device: NdArrayDevice,
+}
+
+/// A delayed-scaling state on the host.
+pub type HostDelayedState = Arc<Mutex<DelayedScalingHistory>>;
+
+type Host = NdArray;
+
+fn values(tensor: FloatTensor<Host>) -> Result<(Vec<f32>, Shape), TeError> {
+    let data = burn_te_kernels::cubecl::future::block_on(Host::float_into_data(tensor))
+        .map_err(|err| TeError::Read(format!("{err:?}")))?;
+    let shape = data.shape.clone();
+    let values = data
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .map_err(|err| TeError::Read(format!("{err:?}")))?;
+    Ok((values, shape))
+}
+
+fn tensor(values: Vec<f32>, shape: Shape, device: &NdArrayDevice) -> FloatTensor<Host> {
+    Host::float_from_data(TensorData::new(values, shape.as_slice().to_vec()), device)
+}
+
+/// TE's current scale of a tensor: `fp8_max / amax / 2^margin` (1 when amax is 0, inf or NaN).
+fn current_scale(values: &[f32], format: Fp8Format, margin: f32) -> Result<f32, TeError> {
+    Ok(scale_from_amax(
+        host::amax(values),
+        1.0,
+        format,
+        pow2_margin(margin)?,
+    ))
+}
+
+fn lock(state: &HostDelayedState) -> std::sync::MutexGuard<'_, DelayedScalingHistory> {
+    state
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl TeBackend for Host {
+    type Fp8Data = HostFp8Data;
+    type DelayedState = HostDelayedState;
+
+    fn fp8_quantize(
+        tensor: FloatTensor<Self>,
+        format: Fp8Format,
+        scaling: Scaling<'_, HostDelayedState>,
+    ) -> Result<Fp8Primitive<Self>, TeError> {
+        let device = Host::float_device(&tensor);
+        let (x, shape) = values(tensor)?;
+        let (codes, scale_inv, block) = match scaling {
+            Scaling::Current { margin } => {
+                let scale = current_scale(&x, format, margin)?;
+                (host::quantize(&x, scale, format), vec![1.0 / scale], None)
+            }
+            Scaling::Delayed {
+                state,
+                algo,
+                margin,
+                update,
+            } => {
+                let mut history = lock(state);
+                let (scale, scale_inv) = (history.scale, history.scale_inv);
+                let codes = host::quantize(&x, scale, format);
+                if update {
+                    history.record(host::amax(&x));
+                    history.update(algo, format, pow2_margin(margin)?);
+                }
+                (codes, vec![scale_inv], None)
+            }
+            Scaling::Block { block, rule } => {
+                let (rows, cols) = rows_cols(&shape);
+                let (codes, scale_inv) = host_block_quantize(&x, rows, cols, block, rule, format)?;
+                (codes, scale_inv, Some(block))
+            }
+        };
+        Ok(Fp8Tensor {
+            data: HostFp8Data {
+                codes: Arc::new(codes),
+                scale_inv: Arc::new(scale_inv),
+                device,
+            },
+            shape,
+            format,
+            block,
+        })
+    }
+
+    fn fp8_dequantize(tensor: Fp8Primitive<Self>) -> Result<FloatTensor<Self>, TeError> {
+        let values = dequantized(&tensor);
+        Ok(self::tensor(values, tensor.shape, &tensor.data.device))
+    }
+
+    fn fp8_gemm(
+        lhs: Fp8Primitive<Self>,
+        lhs_t: bool,
+        rhs: Fp8Primitive<Self>,
+        rhs_t: bool,
+    ) -> Result<FloatTensor<Self>, TeError> {
+        let shape = gemm_output_shape(&lhs, lhs_t, &rhs, rhs_t)?;
+        let (a, b) = (dequantized(&lhs), dequantized(&rhs));
+        let ((ab, ar, ac), (bb, br, bc)) = (lhs.matrix_dims(), rhs.matrix_dims());
+        let (m, k) = if lhs_t { (ac, ar) } else { (ar, ac) };
+        let n = if rhs_t { br } else { bc };
+        let batch = ab.max(bb);
+        let mut out = vec![0.0f32; batch * m * n];
+        for bi in 0..batch {
+            let a_base = if ab == 1 { 0 } else { bi * ar * ac };
+            let b_base = if bb == 1 { 0 } else { bi * br * bc };
+            let a_at = |i: usize, p: usize| a[a_base + if lhs_t { p * ac + i } else { i * ac + p }];
+            let b_at = |p: usize, j: usize| b[b_base + if rhs_t { j * bc + p } else { p * bc + j }];
+            for i in 0..m {
+                for j in 0..n {
+                    // f32 accumulation, as the kernel.
+                    let mut acc = 0.0f32;
+                    for p in 0..k {
+                        acc += a_at(i, p) * b_at(p, j);
+                    }
+                    out[(bi * m + i) * n + j] = acc;
+                }
+            }
+        }
+        Ok(tensor(out, shape, &lhs.data.device))
+    }
+
+    fn fp8_amax(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, TeError> {
+        let device = Host::float_device(&tensor);
+        let (x, _) = values(tensor)?;
+        Ok(self::tensor(vec![host::amax(&x)], Shape::new([1]), &device))
+    }
+
+    fn fp8_fake_quant(
+        tensor: FloatTensor<Self>,
+        format: Fp8Format,
+        margin: f32,
+    ) -> Result<FloatTensor<Self>, TeError> {
+        let device = Host::float_device(&tensor);
+        let (x, shape) = values(tensor)?;
+        let scale = current_scale(&x, format, margin)?;
+        Ok(self::tensor(
+            host::fake_quant(&x, scale, format),
+            shape,
+            &device,
+        ))
+    }
+
+    fn fp8_stats(tensor: FloatTensor<Self>) -> Result<TensorStats, TeError> {
+        Ok(host::tensor_stats(&values(tensor)?.0))
+    }
+
+    fn fp8_quantization_stats(
+        tensor: FloatTensor<Self>,
+        format: Fp8Format,
+        scale: f32,
+    ) -> Result<Fp8Stats, TeError> {
+        Ok(host::fp8_tensor_stats(&values(tensor)?.0, format, scale))
+    }
+
+    fn fp8_delayed_state(
+        _device: &NdArrayDevice,
+        history_len: usize,
+    ) -> Result<HostDelayedState, TeError> {
+        Ok(Arc::new(Mutex::new(DelayedScalingHistory::new(
+            history_len,
+        )?)))
+    }
+
+    fn fp8_delayed_state_read(state: &HostDelayedState) -> Result<(Vec<f32>, f32), TeError> {
+        let history = lock(state);
+        Ok((history.history.clone(), history.scale))
+    }
+}
+
+/// `decode(code) · scale_inv` of every element (per tensor or per block).
+fn dequantized(tensor: &Fp8Primitive<Host>) -> Vec<f32> {
+    let data = &tensor.data;
+    match tensor.block {
+        None => host::dequantize(&data.codes, data.scale_inv[0], tensor.format),
+        Some(block) => {
+            let (_, cols) = rows_cols(&tensor.shape);
+            let (_, grid_cols) = block.grid(1, cols);
+            data.codes
+                .iter()
+                .enumerate()
+                .map(|(i, &code)| {
+                    let slot = (i / cols / block.rows) * grid_cols + (i % cols) / block.cols;
+                    tensor.format.decode(code) * data.scale_inv[slot]
+                })
+                .collect()
+        }
+    }
+}

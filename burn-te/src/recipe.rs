@@ -1,0 +1,214 @@
+//! FP8 recipes with Transformer Engine's defaults and semantics.
+
+use burn_te_kernels::{AmaxComputeAlgo, BlockScaleRule, Fp8Format, ScaleBlock};
+
+use crate::TeError;
+use crate::site::TensorRole;
+
+/// TE's `Format`: which FP8 format each tensor role uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Format {
+    /// E4M3 for activations and weights, E5M2 for gradients (TE's default).
+    #[default]
+    Hybrid,
+    /// E4M3 everywhere.
+    E4M3,
+    /// E5M2 everywhere: rejected by every recipe, as in TE.
+    E5M2,
+}
+
+impl Format {
+    /// The FP8 format of a tensor role.
+    pub fn for_role(self, role: TensorRole) -> Fp8Format {
+        match (self, role) {
+            (Format::Hybrid, TensorRole::Gradient) | (Format::E5M2, _) => Fp8Format::E5M2,
+            _ => Fp8Format::E4M3,
+        }
+    }
+}
+
+/// Delayed scaling: each tensor's scale comes from an amax history of previous iterations.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DelayedScaling {
+    /// The scale is divided by `2^margin` (default 0).
+    pub margin: f32,
+    /// FP8 formats (default `Hybrid`).
+    pub fp8_format: Format,
+    /// Length of the amax history window (default 1024).
+    pub amax_history_len: usize,
+    /// How the window becomes one amax (default `Max`).
+    pub amax_compute_algo: AmaxComputeAlgo,
+    /// Reduce amaxes across data-parallel ranks (default true; one process here, so a no-op).
+    pub reduce_amax: bool,
+}
+
+impl Default for DelayedScaling {
+    fn default() -> Self {
+        Self {
+            margin: 0.0,
+            fp8_format: Format::Hybrid,
+            amax_history_len: 1024,
+            amax_compute_algo: AmaxComputeAlgo::Max,
+            reduce_amax: true,
+        }
+    }
+}
+
+/// Current (per-tensor, just-in-time) scaling: each tensor's scale from its own amax.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Float8CurrentScaling {
+    /// FP8 formats (default `Hybrid`).
+    pub fp8_format: Format,
+}
+
+/// Block scaling (DeepSeek-v3 style): 1×128 tiles for activations and gradients, 128×128 blocks for weights,
+/// power-of-two scales.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Float8BlockScaling {
+    /// FP8 formats (default `E4M3`).
+    pub fp8_format: Format,
+}
+
+impl Default for Float8BlockScaling {
+    fn default() -> Self {
+        Self {
+            fp8_format: Format::E4M3,
+        }
+    }
+}
+
+/// MXFP8: one E8M0 (power-of-two) scale per 32 consecutive values along the GEMM's reduction dimension. TE needs
+/// Blackwell for it; here it is emulated on any device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MXFP8BlockScaling {
+    /// FP8 formats (default `E4M3`).
+    pub fp8_format: Format,
+}
+
+impl Default for MXFP8BlockScaling {
+    fn default() -> Self {
+        Self {
+            fp8_format: Format::E4M3,
+        }
+    }
+}
+
+/// An FP8 recipe: how tensors are scaled and in which formats.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Recipe {
+    /// [`DelayedScaling`].
+    Delayed(DelayedScaling),
+    /// [`Float8CurrentScaling`].
+    Current(Float8CurrentScaling),
+    /// [`Float8BlockScaling`].
+    Block(Float8BlockScaling),
+    /// [`MXFP8BlockScaling`].
+    Mxfp8(MXFP8BlockScaling),
+}
+
+impl Default for Recipe {
+    /// TE's default recipe: `DelayedScaling::default()`.
+    fn default() -> Self {
+        Recipe::Delayed(DelayedScaling::default())
+    }
+}
+
+impl From<DelayedScaling> for Recipe {
+    fn from(recipe: DelayedScaling) -> Self {
+        Recipe::Delayed(recipe)
+    }
+}
+impl From<Float8CurrentScaling> for Recipe {
+    fn from(recipe: Float8CurrentScaling) -> Self {
+        Recipe::Current(recipe)
+    }
+}
+impl From<Float8BlockScaling> for Recipe {
+    fn from(recipe: Float8BlockScaling) -> Self {
+        Recipe::Block(recipe)
+    }
+}
+impl From<MXFP8BlockScaling> for Recipe {
+    fn from(recipe: MXFP8BlockScaling) -> Self {
+        Recipe::Mxfp8(recipe)
+    }
+}
+
+/// Rows and columns of a Float8BlockScaling weight block.
+pub const WEIGHT_BLOCK: usize = 128;
+/// Elements per Float8BlockScaling activation/gradient tile.
+pub const TILE: usize = 128;
+/// Elements per MXFP8 scale.
+pub const MX_BLOCK: usize = 32;
+
+impl Recipe {
+    /// The recipe's formats.
+    pub fn format(&self) -> Format {
+        match self {
+            Recipe::Delayed(r) => r.fp8_format,
+            Recipe::Current(r) => r.fp8_format,
+            Recipe::Block(r) => r.fp8_format,
+            Recipe::Mxfp8(r) => r.fp8_format,
+        }
+    }
+
+    /// TE's name of the recipe, as the debug tools' stat prefixes use it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Recipe::Delayed(_) => "fp8_delayed_scaling",
+            Recipe::Current(_) => "fp8_current_scaling",
+            Recipe::Block(_) => "fp8_block_scaling",
+            Recipe::Mxfp8(_) => "mxfp8",
+        }
+    }
+
+    /// Checks the recipe as TE does: pure E5M2 is rejected, the margin must be finite and ≥ 0, the history
+    /// non-empty.
+    pub fn validate(&self) -> Result<(), TeError> {
+        if self.format() == Format::E5M2 {
+            return Err(TeError::InvalidRecipe(format!(
+                "{}: fp8_format E5M2 is not supported (use Hybrid: E4M3 forward, E5M2 gradients; or E4M3)",
+                self.name()
+            )));
+        }
+        if let Recipe::Delayed(r) = self {
+            if !(r.margin.is_finite() && r.margin >= 0.0) {
+                return Err(TeError::InvalidRecipe(format!(
+                    "fp8_delayed_scaling: margin must be finite and >= 0, got {}",
+                    r.margin
+                )));
+            }
+            if r.amax_history_len == 0 {
+                return Err(TeError::InvalidRecipe(
+                    "fp8_delayed_scaling: amax_history_len must be at least 1".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The scale block of an operand stored as `[rows, cols]`, given along which stored dimension the GEMM
+    /// reduces (`k_along_cols`); `None` for per-tensor recipes.
+    pub fn block(
+        &self,
+        role: TensorRole,
+        k_along_cols: bool,
+    ) -> Option<(ScaleBlock, BlockScaleRule)> {
+        let along_k = |len: usize| {
+            if k_along_cols {
+                ScaleBlock::new(1, len)
+            } else {
+                ScaleBlock::new(len, 1)
+            }
+        };
+        match self {
+            Recipe::Delayed(_) | Recipe::Current(_) => None,
+            Recipe::Block(_) if role == TensorRole::Weight => Some((
+                ScaleBlock::new(WEIGHT_BLOCK, WEIGHT_BLOCK),
+                BlockScaleRule::Pow2,
+            )),
+            Recipe::Block(_) => Some((along_k(TILE), BlockScaleRule::Pow2)),
+            Recipe::Mxfp8(_) => Some((along_k(MX_BLOCK), BlockScaleRule::E8m0)),
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! GEMM sites: which layer, which of its three GEMMs, which tensor roles — what the debug tools route on.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// One of a layer's three GEMMs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Gemm {
+    /// Forward: activation × weight.
+    Fprop,
+    /// Input gradient: gradient × weight.
+    Dgrad,
+    /// Weight gradient: activation × gradient.
+    Wgrad,
+}
+
+impl Gemm {
+    /// TE's name: `fprop`, `dgrad` or `wgrad`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Gemm::Fprop => "fprop",
+            Gemm::Dgrad => "dgrad",
+            Gemm::Wgrad => "wgrad",
+        }
+    }
+
+    /// The roles of the GEMM's operands `(lhs, rhs)`, as TE names them.
+    pub fn operands(self) -> (TensorRole, TensorRole) {
+        match self {
+            Gemm::Fprop => (TensorRole::Activation, TensorRole::Weight),
+            Gemm::Dgrad => (TensorRole::Gradient, TensorRole::Weight),
+            Gemm::Wgrad => (TensorRole::Activation, TensorRole::Gradient),
+        }
+    }
+}
+
+/// The role of a GEMM input tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TensorRole {
+    /// The layer's input.
+    Activation,
+    /// The layer's weight.
+    Weight,
+    /// The gradient of the layer's output.
+    Gradient,
+}
+
+impl TensorRole {
+    /// TE's name: `activation`, `weight` or `gradient`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TensorRole::Activation => "activation",
+            TensorRole::Weight => "weight",
+            TensorRole::Gradient => "gradient",
+        }
+    }
+}
+
+/// Where a GEMM runs: the layer's name and which of its GEMMs.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GemmSite {
+    /// The layer's name (e.g. `decoder.1.fc1`).
+    pub layer: Arc<str>,
+    /// Which GEMM.
+    pub gemm: Gemm,
+}
+
+impl GemmSite {
+    /// The site of `gemm` in `layer`.
+    pub fn new(layer: impl Into<Arc<str>>, gemm: Gemm) -> Self {
+        Self {
+            layer: layer.into(),
+            gemm,
+        }
+    }
+
+    /// The same layer's site of another GEMM.
+    pub fn with_gemm(&self, gemm: Gemm) -> Self {
+        Self {
+            layer: self.layer.clone(),
+            gemm,
+        }
+    }
+}
+
+impl fmt::Display for GemmSite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.layer, self.gemm.name())
+    }
+}

@@ -1,0 +1,149 @@
+//! `Te<B>`: the backend decorator that runs GEMMs in FP8 inside an autocast scope.
+//!
+//! Every op forwards to `B` (the forwarding is generated once, see [`crate::decorator`]) except Burn's `linear`
+//! (and its two backward GEMMs) and `float_matmul`: inside an FP8 [`fp8_autocast`](crate::fp8_autocast) scope
+//! they quantize their operands by the recipe and run the FP8 GEMM kernel. So a model of plain
+//! `burn::nn::Linear` layers trains in FP8 by swapping `B` for `Te<B>`.
+//!
+//! Plain linears have no names; inside a scope they are called `linear0`, `linear1`, ... in call order, which keys
+//! their delayed-scaling histories. TE modules (`te_linear`) carry their own names.
+
+use core::marker::PhantomData;
+
+use burn::tensor::ops::FloatTensor;
+use burn_te_kernels::{Fp8Format, Fp8Stats, TensorStats};
+
+use crate::backend::{Fp8Primitive, Scaling, TeBackend};
+use crate::decorator::Decorator;
+use crate::site::{Gemm, GemmSite};
+use crate::{TeError, autocast, fp8_gemm};
+
+/// The FP8 backend decorator: `B` with FP8 GEMMs inside autocast scopes. Use as `Autodiff<Te<Wgpu>>`.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Te<B>(PhantomData<B>);
+
+impl<B: TeBackend> Decorator for Te<B> {
+    type Inner = B;
+
+    fn name(device: &B::Device) -> String {
+        format!("te<{}>", B::name(device))
+    }
+
+    fn float_matmul(lhs: FloatTensor<B>, rhs: FloatTensor<B>) -> FloatTensor<B> {
+        match autocast::active_recipe() {
+            None => B::float_matmul(lhs, rhs),
+            Some(recipe) => fp8_gemm::or_high_precision::<B>(
+                "matmul",
+                fp8_gemm::matmul::<B>(lhs.clone(), rhs.clone(), &recipe),
+                || B::float_matmul(lhs, rhs),
+            ),
+        }
+    }
+
+    fn linear(
+        x: FloatTensor<B>,
+        weight: FloatTensor<B>,
+        bias: Option<FloatTensor<B>>,
+    ) -> FloatTensor<B> {
+        let (recipe, layer) = autocast::plain_linear_forward();
+        match recipe {
+            None => B::linear(x, weight, bias),
+            Some(recipe) => {
+                let site = GemmSite::new(layer, Gemm::Fprop);
+                B::te_linear(x, weight, bias, &site, Some(&recipe))
+            }
+        }
+    }
+
+    fn linear_x_backward(weight: FloatTensor<B>, output_grad: FloatTensor<B>) -> FloatTensor<B> {
+        let (recipe, layer) = autocast::plain_linear_backward(false);
+        let site = GemmSite::new(layer, Gemm::Dgrad);
+        B::te_linear_dgrad(weight, output_grad, &site, recipe.as_ref())
+    }
+
+    fn linear_weight_backward(x: FloatTensor<B>, output_grad: FloatTensor<B>) -> FloatTensor<B> {
+        let (recipe, layer) = autocast::plain_linear_backward(true);
+        let site = GemmSite::new(layer, Gemm::Wgrad);
+        B::te_linear_wgrad(x, output_grad, &site, recipe.as_ref())
+    }
+}
+
+crate::forward_backend!(Te);
+
+impl<B: TeBackend> TeBackend for Te<B> {
+    type Fp8Data = B::Fp8Data;
+    type DelayedState = B::DelayedState;
+
+    fn fp8_quantize(
+        tensor: FloatTensor<Self>,
+        format: Fp8Format,
+        scaling: Scaling<'_, Self::DelayedState>,
+    ) -> Result<Fp8Primitive<Self>, TeError> {
+        B::fp8_quantize(tensor, format, scaling)
+    }
+    fn fp8_dequantize(tensor: Fp8Primitive<Self>) -> Result<FloatTensor<Self>, TeError> {
+        B::fp8_dequantize(tensor)
+    }
+    fn fp8_gemm(
+        lhs: Fp8Primitive<Self>,
+        lhs_t: bool,
+        rhs: Fp8Primitive<Self>,
+        rhs_t: bool,
+    ) -> Result<FloatTensor<Self>, TeError> {
+        B::fp8_gemm(lhs, lhs_t, rhs, rhs_t)
+    }
+    fn fp8_amax(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, TeError> {
+        B::fp8_amax(tensor)
+    }
+    fn fp8_fake_quant(
+        tensor: FloatTensor<Self>,
+        format: Fp8Format,
+        margin: f32,
+    ) -> Result<FloatTensor<Self>, TeError> {
+        B::fp8_fake_quant(tensor, format, margin)
+    }
+    fn fp8_stats(tensor: FloatTensor<Self>) -> Result<TensorStats, TeError> {
+        B::fp8_stats(tensor)
+    }
+    fn fp8_quantization_stats(
+        tensor: FloatTensor<Self>,
+        format: Fp8Format,
+        scale: f32,
+    ) -> Result<Fp8Stats, TeError> {
+        B::fp8_quantization_stats(tensor, format, scale)
+    }
+    fn fp8_delayed_state(
+        device: &Self::Device,
+        history_len: usize,
+    ) -> Result<Self::DelayedState, TeError> {
+        B::fp8_delayed_state(device, history_len)
+    }
+    fn fp8_delayed_state_read(state: &Self::DelayedState) -> Result<(Vec<f32>, f32), TeError> {
+        B::fp8_delayed_state_read(state)
+    }
+    fn te_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        site: &GemmSite,
+        recipe: Option<&crate::Recipe>,
+    ) -> FloatTensor<Self> {
+        B::te_linear(x, weight, bias, site, recipe)
+    }
+    fn te_linear_dgrad(
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        site: &GemmSite,
+        recipe: Option<&crate::Recipe>,
+    ) -> FloatTensor<Self> {
+        B::te_linear_dgrad(weight, grad, site, recipe)
+    }
+    fn te_linear_wgrad(
+        x: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        site: &GemmSite,
+        recipe: Option<&crate::Recipe>,
+    ) -> FloatTensor<Self> {
+        B::te_linear_wgrad(x, grad, site, recipe)
+    }
+}
