@@ -1,0 +1,57 @@
+//! FP8 GEMM vs Burn's own f32 matmul on the same runtime (wgpu; lavapipe on CPU-only machines), as ratios in one
+//! run: pre-quantized FP8 GEMM, and quantize (current scaling) + GEMM end to end.
+
+use burn::backend::wgpu::WgpuDevice;
+use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+use burn_te::backends::Wgpu;
+use burn_te::{Fp8Format, Scaling, TeBackend};
+use criterion::{Criterion, criterion_group, criterion_main};
+
+fn input(rows: usize, cols: usize, device: &WgpuDevice) -> Tensor<Wgpu, 2> {
+    let values: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 250.0).collect();
+    Tensor::from_data(TensorData::new(values, [rows, cols]), device)
+}
+
+fn quantize(t: &Tensor<Wgpu, 2>) -> burn_te::Fp8Primitive<Wgpu> {
+    Wgpu::fp8_quantize(t.clone().into_primitive().tensor(), Fp8Format::E4M3, Scaling::Current { margin: 0.0 })
+        .expect("quantize")
+}
+
+fn sync(device: &WgpuDevice) {
+    <Wgpu as burn::tensor::backend::Backend>::sync(device).expect("sync");
+}
+
+fn gemm(c: &mut Criterion) {
+    let device = WgpuDevice::default();
+    for (m, k, n) in [(512, 512, 512), (1024, 1024, 1024), (2048, 1024, 2048)] {
+        let mut group = c.benchmark_group(format!("gemm {m}x{k}x{n}"));
+        group.sample_size(10);
+        let (a, b) = (input(m, k, &device), input(k, n, &device));
+        let (qa, qb) = (quantize(&a), quantize(&b));
+        group.bench_function("burn f32 matmul", |bench| {
+            bench.iter(|| {
+                let out = a.clone().matmul(b.clone());
+                sync(&device);
+                out
+            })
+        });
+        group.bench_function("fp8 gemm", |bench| {
+            bench.iter(|| {
+                let out = Wgpu::fp8_gemm(qa.clone(), false, qb.clone(), false).expect("gemm");
+                sync(&device);
+                Tensor::<Wgpu, 2>::from_primitive(TensorPrimitive::Float(out))
+            })
+        });
+        group.bench_function("quantize + fp8 gemm", |bench| {
+            bench.iter(|| {
+                let out = Wgpu::fp8_gemm(quantize(&a), false, quantize(&b), false).expect("gemm");
+                sync(&device);
+                Tensor::<Wgpu, 2>::from_primitive(TensorPrimitive::Float(out))
+            })
+        });
+        group.finish();
+    }
+}
+
+criterion_group!(benches, gemm);
+criterion_main!(benches);
