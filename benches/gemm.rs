@@ -8,13 +8,19 @@ use burn_te::{Fp8Format, Scaling, TeBackend};
 use criterion::{Criterion, criterion_group, criterion_main};
 
 fn input(rows: usize, cols: usize, device: &WgpuDevice) -> Tensor<Wgpu, 2> {
-    let values: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 250.0).collect();
+    let values: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 250.0)
+        .collect();
     Tensor::from_data(TensorData::new(values, [rows, cols]), device)
 }
 
 fn quantize(t: &Tensor<Wgpu, 2>) -> burn_te::Fp8Primitive<Wgpu> {
-    Wgpu::fp8_quantize(t.clone().into_primitive().tensor(), Fp8Format::E4M3, Scaling::Current { margin: 0.0 })
-        .expect("quantize")
+    Wgpu::fp8_quantize(
+        t.clone().into_primitive().tensor(),
+        Fp8Format::E4M3,
+        Scaling::Current { margin: 0.0 },
+    )
+    .expect("quantize")
 }
 
 fn sync(device: &WgpuDevice) {
