@@ -203,12 +203,11 @@ fn dequantized(tensor: &Fp8Primitive<Host>) -> Vec<f32> {
         None => host::dequantize(&data.codes, data.scale_inv[0], tensor.format),
         Some(block) => {
             let (_, cols) = rows_cols(&tensor.shape);
-            let (_, grid_cols) = block.grid(1, cols);
             data.codes
                 .iter()
                 .enumerate()
                 .map(|(i, &code)| {
-                    let slot = (i / cols / block.rows) * grid_cols + (i % cols) / block.cols;
+                    let slot = block.slot(i, cols);
                     tensor.format.decode(code) * data.scale_inv[slot]
                 })
                 .collect()

@@ -32,6 +32,12 @@ impl ScaleBlock {
         (rows.div_ceil(self.rows), cols.div_ceil(self.cols))
     }
 
+    /// The block (row-major over the block grid of one matrix, or over stacked matrices whose rows are a
+    /// multiple of the block rows) holding element `index` of a row-major tensor with `cols` columns.
+    pub fn slot(&self, index: usize, cols: usize) -> usize {
+        (index / cols / self.rows) * cols.div_ceil(self.cols) + (index % cols) / self.cols
+    }
+
     fn check(&self) -> Result<(), KernelError> {
         if self.rows == 0 || self.cols == 0 {
             return Err(KernelError::InvalidArgument {
@@ -201,7 +207,7 @@ pub fn host_block_quantize(
     let (grid_rows, grid_cols) = block.grid(rows, cols);
     let mut amax = vec![0u32; grid_rows * grid_cols];
     for (index, x) in input.iter().enumerate() {
-        let slot = (index / cols / block.rows) * grid_cols + (index % cols) / block.cols;
+        let slot = block.slot(index, cols);
         amax[slot] = amax[slot].max(x.to_bits() & 0x7fff_ffff);
     }
     let scales: Vec<(f32, f32)> = amax
@@ -212,7 +218,7 @@ pub fn host_block_quantize(
         .iter()
         .enumerate()
         .map(|(index, &x)| {
-            let slot = (index / cols / block.rows) * grid_cols + (index % cols) / block.cols;
+            let slot = block.slot(index, cols);
             format.encode(x * scales[slot].0)
         })
         .collect();

@@ -7,7 +7,7 @@ use cubecl::{CubeCount, CubeDim};
 
 use crate::KernelError;
 use crate::block::ScaleBlock;
-use crate::kernel::gemm::{TILE_M, TILE_N, UNITS, fp8_gemm_kernel, param};
+use crate::kernel::gemm::{TILE_K, TILE_M, TILE_N, UNITS, fp8_gemm_kernel, param};
 use crate::ops::{Fp8Buffer, check_size};
 
 /// One operand of [`fp8_gemm`]: a quantized `[batch, rows, cols]` tensor as stored (row-major), how it is used
@@ -71,6 +71,23 @@ impl GemmOperand<'_> {
                 let scale_batch = if broadcast { 0 } else { grid_rows * grid_cols };
                 let (block_rows, block_cols) =
                     (block.rows.min(self.rows), block.cols.min(self.cols));
+                // The kernel reads one scale per stage along K: depth blocks must not split a stage.
+                let (depth_block, depth_len) = if rows_are_outer {
+                    (block_cols, self.cols)
+                } else {
+                    (block_rows, self.rows)
+                };
+                if depth_block < depth_len && !depth_block.is_multiple_of(TILE_K as usize) {
+                    return Err(KernelError::InvalidArgument {
+                        what: "gemm operand",
+                        reason: format!(
+                            "{}x{} scale blocks are {depth_block} deep along K; blocks along K must be a multiple \
+                             of {TILE_K} or span all of K ({depth_len}) (quantize this operand with blocks along \
+                             the GEMM's K)",
+                            block.rows, block.cols
+                        ),
+                    });
+                }
                 if rows_are_outer {
                     [scale_batch, block_rows, block_cols, grid_cols, 1]
                 } else {

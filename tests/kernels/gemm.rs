@@ -65,12 +65,11 @@ impl Operand {
         let quantized = block_quantize_checked(&x, rows, cols, block, rule, format);
         let (codes, scale_inv) =
             block::host_block_quantize(&x, rows, cols, block, rule, format).unwrap();
-        let (_, grid_cols) = block.grid(rows, cols);
         let values = codes
             .iter()
             .enumerate()
             .map(|(i, &c)| {
-                let slot = (i / cols / block.rows) * grid_cols + (i % cols) / block.cols;
+                let slot = block.slot(i, cols);
                 (format.decode(c) * scale_inv[slot]) as f64
             })
             .collect();

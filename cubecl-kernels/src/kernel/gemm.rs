@@ -19,6 +19,8 @@ pub const TILE_N: u32 = 64;
 pub const TILE_K: u32 = 16;
 /// Units per cube along each output dimension (16 × 16 units, a 4 × 4 block each).
 pub const UNITS: u32 = 16;
+/// Elements of each operand one unit stages per K step (`TILE_K × 64` over `16 × 16` units).
+const LOADS: u32 = TILE_K * TILE_M / (UNITS * UNITS);
 
 /// Layout of the `params` array of [`fp8_gemm_kernel`] (all `u32`, offsets and strides in elements).
 pub mod param {
@@ -43,54 +45,107 @@ fn code_at(codes: &Array<u32>, offset: u32) -> u32 {
     (codes[(offset / 4) as usize] >> ((offset % 4) * 8)) & 0xff
 }
 
-/// Decoded and scaled value of element `(row, depth)` of an operand, or 0 outside the matrix.
+/// Where one unit stages its elements of one operand: for each of its `LOADS` slots, the code offset and the
+/// scale offset of the slot's row at depth 0. Slots keep their `(outer, depth-in-stage)` position for the whole K
+/// loop, so the strided offsets and the block division are computed once, not per stage.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn load_scaled(
+fn staging_bases(
+    params: &Array<u32>,
+    batch: u32,
+    outer0: u32,
+    unit: u32,
+    code_bases: &mut Array<u32>,
+    scale_bases: &mut Array<u32>,
+    #[comptime] tile_outer: u32,
+    #[comptime] strides: usize,
+    #[comptime] scale_params: usize,
+    #[comptime] outer_first: bool,
+) {
+    // Strides are stored in the operand's own order: A is (batch, m, k), B is (batch, k, n).
+    let (outer_stride, depth_stride) = if comptime!(outer_first) {
+        (params[strides + 1], params[strides + 2])
+    } else {
+        (params[strides + 2], params[strides + 1])
+    };
+    let (outer_block, outer_block_stride) = if comptime!(outer_first) {
+        (params[scale_params + 1], params[scale_params + 3])
+    } else {
+        (params[scale_params + 2], params[scale_params + 4])
+    };
+    #[unroll]
+    for l in 0..LOADS {
+        let (outer, depth) = slot_position(l, unit, tile_outer, outer_first);
+        code_bases[l as usize] =
+            batch * params[strides] + (outer0 + outer) * outer_stride + depth * depth_stride;
+        scale_bases[l as usize] =
+            batch * params[scale_params] + ((outer0 + outer) / outer_block) * outer_block_stride;
+    }
+}
+
+/// `(outer, depth)` inside the stage of a unit's staging slot `l`. A (`outer_first`): consecutive units walk k,
+/// matching row-major activations; B: consecutive units walk n, matching row-major weights.
+#[cube]
+fn slot_position(
+    l: u32,
+    unit: u32,
+    #[comptime] tile_outer: u32,
+    #[comptime] outer_first: bool,
+) -> (u32, u32) {
+    let index = l * comptime!(UNITS * UNITS) + unit;
+    if comptime!(outer_first) {
+        (index / TILE_K, index % TILE_K)
+    } else {
+        (index % tile_outer, index / tile_outer)
+    }
+}
+
+/// Stages one `TILE_K`-deep slice of an operand into `tile` (depth-major, `tile[kk * tile_outer + outer]`),
+/// decoded and scaled; out-of-range elements stage as 0.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn stage(
     codes: &Array<u32>,
     scales: &Array<f32>,
     params: &Array<u32>,
-    batch: u32,
-    outer: u32,
-    depth: u32,
+    tile: &mut SharedMemory<f32>,
+    code_bases: &Array<u32>,
+    scale_bases: &Array<u32>,
+    unit: u32,
+    outer0: u32,
     outer_len: u32,
-    depth_len: u32,
+    k0: u32,
+    k_len: u32,
+    #[comptime] tile_outer: u32,
     #[comptime] strides: usize,
     #[comptime] scale_params: usize,
     #[comptime] outer_first: bool,
     #[comptime] format: Fp8Format,
-) -> f32 {
-    let mut value = 0.0f32;
-    if outer < outer_len && depth < depth_len {
-        // Strides are stored in the operand's own order: A is (batch, m, k), B is (batch, k, n).
-        let (outer_stride, depth_stride) = if comptime!(outer_first) {
-            (params[strides + 1], params[strides + 2])
-        } else {
-            (params[strides + 2], params[strides + 1])
-        };
-        let offset = batch * params[strides] + outer * outer_stride + depth * depth_stride;
-        let (outer_block, depth_block, outer_block_stride, depth_block_stride) =
-            if comptime!(outer_first) {
-                (
-                    params[scale_params + 1],
-                    params[scale_params + 2],
-                    params[scale_params + 3],
-                    params[scale_params + 4],
-                )
-            } else {
-                (
-                    params[scale_params + 2],
-                    params[scale_params + 1],
-                    params[scale_params + 4],
-                    params[scale_params + 3],
-                )
-            };
-        let scale_index = batch * params[scale_params]
-            + (outer / outer_block) * outer_block_stride
-            + (depth / depth_block) * depth_block_stride;
-        value = decode_fp8(code_at(codes, offset), format) * scales[scale_index as usize];
+) {
+    let depth_stride = if comptime!(outer_first) {
+        params[strides + 2]
+    } else {
+        params[strides + 1]
+    };
+    let (depth_block, depth_block_stride) = if comptime!(outer_first) {
+        (params[scale_params + 2], params[scale_params + 4])
+    } else {
+        (params[scale_params + 1], params[scale_params + 3])
+    };
+    // Depth blocks are multiples of TILE_K or span all of K, so one stage lies in one depth block.
+    let stage_code = k0 * depth_stride;
+    let stage_scale = (k0 / depth_block) * depth_block_stride;
+    #[unroll]
+    for l in 0..LOADS {
+        let (outer, depth) = slot_position(l, unit, tile_outer, outer_first);
+        let mut value = 0.0f32;
+        if outer0 + outer < outer_len && k0 + depth < k_len {
+            let code = code_at(codes, code_bases[l as usize] + stage_code);
+            value =
+                decode_fp8(code, format) * scales[(scale_bases[l as usize] + stage_scale) as usize];
+        }
+        tile[(depth * tile_outer + outer) as usize] = value;
     }
-    value
 }
 
 /// `out[b, m, n] = Σ_k dequant(A)[b, m, k] · dequant(B)[b, k, n]`, f32 accumulation, `out` contiguous
@@ -119,6 +174,34 @@ pub fn fp8_gemm_kernel<F: Float>(
     // Staged slices, depth-major: a_tile[kk * TILE_M + mm], b_tile[kk * TILE_N + nn].
     let mut a_tile = SharedMemory::<f32>::new(comptime!((TILE_K * TILE_M) as usize));
     let mut b_tile = SharedMemory::<f32>::new(comptime!((TILE_K * TILE_N) as usize));
+    let mut a_codes = Array::<u32>::new(comptime!(LOADS as usize));
+    let mut a_scale_rows = Array::<u32>::new(comptime!(LOADS as usize));
+    let mut b_codes = Array::<u32>::new(comptime!(LOADS as usize));
+    let mut b_scale_cols = Array::<u32>::new(comptime!(LOADS as usize));
+    staging_bases(
+        params,
+        batch,
+        row0,
+        unit,
+        &mut a_codes,
+        &mut a_scale_rows,
+        TILE_M,
+        param::A_STRIDES,
+        param::A_SCALES,
+        true,
+    );
+    staging_bases(
+        params,
+        batch,
+        col0,
+        unit,
+        &mut b_codes,
+        &mut b_scale_cols,
+        TILE_N,
+        param::B_STRIDES,
+        param::B_SCALES,
+        false,
+    );
     let mut acc = Array::<f32>::new(16usize);
     #[unroll]
     for i in 0..16u32 {
@@ -127,43 +210,42 @@ pub fn fp8_gemm_kernel<F: Float>(
 
     let mut k0 = 0u32;
     while k0 < k_len {
-        // 1024 elements per operand and stage, 4 per unit. A: consecutive units walk k; B: consecutive units walk n.
-        #[unroll]
-        for l in 0..4u32 {
-            let index = l * 256 + unit;
-            let mm = index / TILE_K;
-            let kk = index % TILE_K;
-            a_tile[(kk * TILE_M + mm) as usize] = load_scaled(
-                a,
-                a_scales,
-                params,
-                batch,
-                row0 + mm,
-                k0 + kk,
-                m_len,
-                k_len,
-                param::A_STRIDES,
-                param::A_SCALES,
-                true,
-                a_format,
-            );
-            let kb = index / TILE_N;
-            let nn = index % TILE_N;
-            b_tile[(kb * TILE_N + nn) as usize] = load_scaled(
-                b,
-                b_scales,
-                params,
-                batch,
-                col0 + nn,
-                k0 + kb,
-                n_len,
-                k_len,
-                param::B_STRIDES,
-                param::B_SCALES,
-                false,
-                b_format,
-            );
-        }
+        stage(
+            a,
+            a_scales,
+            params,
+            &mut a_tile,
+            &a_codes,
+            &a_scale_rows,
+            unit,
+            row0,
+            m_len,
+            k0,
+            k_len,
+            TILE_M,
+            param::A_STRIDES,
+            param::A_SCALES,
+            true,
+            a_format,
+        );
+        stage(
+            b,
+            b_scales,
+            params,
+            &mut b_tile,
+            &b_codes,
+            &b_scale_cols,
+            unit,
+            col0,
+            n_len,
+            k0,
+            k_len,
+            TILE_N,
+            param::B_STRIDES,
+            param::B_SCALES,
+            false,
+            b_format,
+        );
         sync_cube();
 
         #[unroll]
