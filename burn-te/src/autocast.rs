@@ -74,6 +74,14 @@ pub fn fp8_autocast_guard(
     })
 }
 
+/// A high-precision scope until the guard drops (the attention core of the TE modules runs in one).
+pub(crate) fn high_precision_guard() -> AutocastGuard {
+    STATE.with(|s| s.borrow_mut().frames.push(Frame { recipe: None }));
+    AutocastGuard {
+        _not_send: std::marker::PhantomData,
+    }
+}
+
 /// Runs `f` inside an autocast scope (see [`fp8_autocast_guard`]) and returns its result.
 pub fn fp8_autocast<T>(
     enabled: bool,

@@ -26,6 +26,24 @@ pub enum TeError {
         /// Right operand's shape.
         rhs: Vec<usize>,
     },
+    /// A tensor of the wrong shape for a module.
+    #[error("{module}: {reason}, got shape {shape:?}")]
+    InvalidShape {
+        /// The module (its layer name where known).
+        module: String,
+        /// What was expected.
+        reason: String,
+        /// The shape it got.
+        shape: Vec<usize>,
+    },
+    /// A module configuration that cannot work (e.g. heads that do not divide the hidden size).
+    #[error("{module} config: {reason}")]
+    InvalidConfig {
+        /// The module.
+        module: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// A recipe setting Transformer Engine rejects (e.g. pure E5M2) or that is out of range.
     #[error("invalid recipe: {0}")]
     InvalidRecipe(String),

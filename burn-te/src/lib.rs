@@ -29,6 +29,7 @@ pub mod decorator;
 mod error;
 pub mod fp8_gemm;
 pub mod host;
+pub mod nn;
 pub mod recipe;
 pub mod scaling_state;
 pub mod site;

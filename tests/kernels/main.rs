@@ -7,6 +7,7 @@ mod conformance;
 mod decorator;
 mod elementwise;
 mod gemm;
+mod modules;
 mod scaling;
 mod statistics;
 mod te;

@@ -20,13 +20,13 @@ use crate::common::*;
 
 type Dev = Te<Wgpu>;
 
-fn device() -> WgpuDevice {
+pub fn device() -> WgpuDevice {
     // Fails loudly, with the install hint, when there is no device.
     let _ = client();
     WgpuDevice::default()
 }
 
-fn tensor<B: Backend, const D: usize>(
+pub fn tensor<B: Backend, const D: usize>(
     values: Vec<f32>,
     shape: [usize; D],
     device: &B::Device,
@@ -34,7 +34,7 @@ fn tensor<B: Backend, const D: usize>(
     Tensor::from_data(TensorData::new(values, shape), device)
 }
 
-fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+pub fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
     t.into_data().convert::<f32>().into_vec::<f32>().unwrap()
 }
 
@@ -50,7 +50,21 @@ fn recipes() -> Vec<Recipe> {
 /// TE's FP8 tolerances on a GEMM output, scale-aware. TE applies `|a - e| <= atol + rtol * |e|` to single
 /// quantizations of unit-scale tensors; a GEMM output is a sum of quantized products, so here the tensors are first
 /// divided by the reference's amax (unit scale), and additionally the relative Frobenius error must be <= rtol.
-fn assert_within(what: &str, actual: &[f32], expected: &[f32], rtol: f32, atol: f32) {
+pub fn assert_within(what: &str, actual: &[f32], expected: &[f32], rtol: f32, atol: f32) {
+    assert_within_except(what, actual, expected, rtol, atol, 0.0);
+}
+
+/// [`assert_within`], with up to `outliers` (a fraction) of the elements allowed outside the elementwise bounds:
+/// gradients through ReLU-like activations, whose derivative jumps at 0, differ by the full value wherever FP8
+/// rounding moves a pre-activation across 0.
+pub fn assert_within_except(
+    what: &str,
+    actual: &[f32],
+    expected: &[f32],
+    rtol: f32,
+    atol: f32,
+    outliers: f64,
+) {
     assert_eq!(actual.len(), expected.len(), "{what}: lengths");
     let amax = expected.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     let mut worst = 0.0f32;
@@ -66,7 +80,7 @@ fn assert_within(what: &str, actual: &[f32], expected: &[f32], rtol: f32, atol: 
         ref2 += (*e as f64).powi(2);
     }
     assert!(
-        failures.is_empty(),
+        failures.len() as f64 <= (outliers * actual.len() as f64).ceil(),
         "{what}: {} of {} outside rtol {rtol} / atol {atol} (max error {worst}): {:?}",
         failures.len(),
         actual.len(),

@@ -1,0 +1,289 @@
+//! `DotProductAttention`: `softmax(q·kᵀ · scale + mask) · v` per head, with grouped-query heads, causal and padding
+//! masks and TE's `sbhd` / `bshd` layouts (TE's `te.DotProductAttention`). It runs in high precision, also inside
+//! an autocast scope, as TE does by default.
+
+use burn::prelude::*;
+use burn::tensor::TensorData;
+use burn::tensor::activation::softmax;
+
+use super::names::LayerName;
+use super::{config_error, or_panic};
+use crate::TeError;
+use crate::autocast::high_precision_guard;
+
+/// Which positions a query may not attend to (TE's `attn_mask_type`).
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum AttnMaskType {
+    /// Every query attends to every key.
+    NoMask,
+    /// Query `i` attends to keys `j ≤ i` (top-left aligned).
+    Causal,
+    /// Keys marked in the `attention_mask` (`[batch, keys]`, `true` = padding) are masked.
+    Padding,
+    /// Causal and padding.
+    PaddingCausal,
+}
+
+impl AttnMaskType {
+    fn causal(self) -> bool {
+        matches!(self, AttnMaskType::Causal | AttnMaskType::PaddingCausal)
+    }
+
+    fn padding(self) -> bool {
+        matches!(self, AttnMaskType::Padding | AttnMaskType::PaddingCausal)
+    }
+}
+
+/// Tensor layout of queries, keys and values (TE's `qkv_format` / `attn_input_format`).
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum QkvFormat {
+    /// `[sequence, batch, heads, head_dim]` (TE's default).
+    Sbhd,
+    /// `[batch, sequence, heads, head_dim]`.
+    Bshd,
+}
+
+/// Config of [`DotProductAttention`].
+#[derive(Config, Debug)]
+pub struct DotProductAttentionConfig {
+    /// Query heads.
+    pub num_attention_heads: usize,
+    /// Channels per head (`head_dim`).
+    pub kv_channels: usize,
+    /// Key/value heads (grouped-query attention); `None`: one per query head. Must divide the query heads.
+    #[config(default = "None")]
+    pub num_gqa_groups: Option<usize>,
+    /// The mask.
+    #[config(default = "AttnMaskType::Causal")]
+    pub attn_mask_type: AttnMaskType,
+    /// The layout of `q`, `k`, `v` and the output.
+    #[config(default = "QkvFormat::Sbhd")]
+    pub qkv_format: QkvFormat,
+    /// Softmax scale; `None`: `1/√kv_channels`.
+    #[config(default = "None")]
+    pub softmax_scale: Option<f64>,
+    /// The layer's name (see [`names`](super::names)).
+    #[config(default = "None")]
+    pub name: Option<String>,
+}
+
+/// Scaled dot-product attention (no parameters).
+#[derive(Module, Debug)]
+pub struct DotProductAttention<B: Backend> {
+    heads: usize,
+    groups: usize,
+    head_dim: usize,
+    scale: f64,
+    #[module(skip)]
+    mask_type: AttnMaskType,
+    #[module(skip)]
+    format: QkvFormat,
+    #[module(skip)]
+    name: LayerName,
+    _backend: core::marker::PhantomData<B>,
+}
+
+impl DotProductAttentionConfig {
+    /// Attention as configured; panics with [`try_init`](Self::try_init)'s error.
+    pub fn init<B: Backend>(&self) -> DotProductAttention<B> {
+        or_panic(self.try_init())
+    }
+
+    /// Attention as configured, or an error when the GQA groups do not divide the heads or a size is zero.
+    pub fn try_init<B: Backend>(&self) -> Result<DotProductAttention<B>, TeError> {
+        self.try_init_named(LayerName::root(
+            self.name.as_deref(),
+            "dot_product_attention",
+        ))
+    }
+
+    pub(crate) fn try_init_named<B: Backend>(
+        &self,
+        name: LayerName,
+    ) -> Result<DotProductAttention<B>, TeError> {
+        let module = "DotProductAttention";
+        let groups = self.num_gqa_groups.unwrap_or(self.num_attention_heads);
+        if self.num_attention_heads == 0 || self.kv_channels == 0 || groups == 0 {
+            return Err(config_error(
+                module,
+                format!(
+                    "num_attention_heads ({}), kv_channels ({}) and num_gqa_groups ({groups}) must be positive",
+                    self.num_attention_heads, self.kv_channels
+                ),
+            ));
+        }
+        if !self.num_attention_heads.is_multiple_of(groups) {
+            return Err(config_error(
+                module,
+                format!(
+                    "num_gqa_groups ({groups}) must divide num_attention_heads ({})",
+                    self.num_attention_heads
+                ),
+            ));
+        }
+        Ok(DotProductAttention {
+            heads: self.num_attention_heads,
+            groups,
+            head_dim: self.kv_channels,
+            scale: self
+                .softmax_scale
+                .unwrap_or(1.0 / (self.kv_channels as f64).sqrt()),
+            mask_type: self.attn_mask_type,
+            format: self.qkv_format,
+            name,
+            _backend: core::marker::PhantomData,
+        })
+    }
+}
+
+impl<B: Backend> DotProductAttention<B> {
+    /// Attention of `q` (`heads` heads) over `k`, `v` (`num_gqa_groups` heads) in the configured layout, e.g.
+    /// `[s, b, h, d]` for `sbhd`; returns `[s, b, h·d]` (`[b, s, h·d]` for `bshd`). `attention_mask` (`[b, s_kv]`,
+    /// `true` = padding) is required by the padding mask types and rejected by the others. Panics with
+    /// [`try_forward`](Self::try_forward)'s error.
+    pub fn forward(
+        &self,
+        q: Tensor<B, 4>,
+        k: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+        attention_mask: Option<Tensor<B, 2, Bool>>,
+    ) -> Tensor<B, 3> {
+        or_panic(self.try_forward(q, k, v, attention_mask))
+    }
+
+    /// [`forward`](Self::forward), or an error naming the module and the bad shape or mask.
+    pub fn try_forward(
+        &self,
+        q: Tensor<B, 4>,
+        k: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+        attention_mask: Option<Tensor<B, 2, Bool>>,
+    ) -> Result<Tensor<B, 3>, TeError> {
+        let (q, k, v) = (self.to_bhsd(q), self.to_bhsd(k), self.to_bhsd(v));
+        let [batch, _, queries, _] = q.dims();
+        let keys = k.dims()[2];
+        self.check("q", &q, self.heads, batch, queries)?;
+        self.check("k", &k, self.groups, batch, keys)?;
+        self.check("v", &v, self.groups, batch, keys)?;
+        let mask = self.mask(attention_mask, batch, queries, keys, &q.device())?;
+
+        // Grouped-query heads: consecutive query heads share one key/value head.
+        let per_group = self.heads / self.groups;
+        let repeat = |t: Tensor<B, 4>| {
+            t.unsqueeze_dim::<5>(2)
+                .expand([batch, self.groups, per_group, keys, self.head_dim])
+                .reshape([batch, self.heads, keys, self.head_dim])
+        };
+        let (k, v) = (repeat(k), repeat(v));
+
+        let _high_precision = high_precision_guard();
+        let scores = q.matmul(k.swap_dims(2, 3)) * self.scale;
+        let probs = match mask {
+            None => softmax(scores, 3),
+            Some(mask) => {
+                let mask = mask.expand([batch, self.heads, queries, keys]);
+                // Masked scores get a large negative value; zeroing them after the softmax also makes fully masked
+                // rows output zeros instead of a uniform average.
+                softmax(scores.mask_fill(mask.clone(), -1.0e30), 3).mask_fill(mask, 0.0)
+            }
+        };
+        let context = probs.matmul(v); // [b, h, s, d]
+        let width = self.heads * self.head_dim;
+        Ok(match self.format {
+            QkvFormat::Sbhd => context
+                .permute([2, 0, 1, 3])
+                .reshape([queries, batch, width]),
+            QkvFormat::Bshd => context.swap_dims(1, 2).reshape([batch, queries, width]),
+        })
+    }
+
+    /// `[b, h, s, d]` from the configured layout.
+    fn to_bhsd(&self, t: Tensor<B, 4>) -> Tensor<B, 4> {
+        match self.format {
+            QkvFormat::Sbhd => t.permute([1, 2, 0, 3]),
+            QkvFormat::Bshd => t.swap_dims(1, 2),
+        }
+    }
+
+    fn check(
+        &self,
+        what: &str,
+        t: &Tensor<B, 4>,
+        heads: usize,
+        batch: usize,
+        seq: usize,
+    ) -> Result<(), TeError> {
+        let [b, h, s, d] = t.dims();
+        if (b, h, s, d) == (batch, heads, seq, self.head_dim) {
+            return Ok(());
+        }
+        let layout = match self.format {
+            QkvFormat::Sbhd => [s, b, h, d],
+            QkvFormat::Bshd => [b, s, h, d],
+        };
+        Err(TeError::InvalidShape {
+            module: self.name.to_string(),
+            reason: format!(
+                "expected {what} in {:?} layout with {heads} heads of {} channels and the batch of q ({batch})",
+                self.format, self.head_dim
+            ),
+            shape: layout.to_vec(),
+        })
+    }
+
+    /// The combined mask `[b, 1, s_q, s_kv]` (`true` = masked), or `None` with nothing to mask.
+    fn mask(
+        &self,
+        attention_mask: Option<Tensor<B, 2, Bool>>,
+        batch: usize,
+        queries: usize,
+        keys: usize,
+        device: &B::Device,
+    ) -> Result<Option<Tensor<B, 4, Bool>>, TeError> {
+        let padding = match (self.mask_type.padding(), attention_mask) {
+            (true, Some(mask)) => {
+                if mask.dims() != [batch, keys] {
+                    return Err(TeError::InvalidShape {
+                        module: self.name.to_string(),
+                        reason: format!("expected attention_mask [batch {batch}, keys {keys}]"),
+                        shape: mask.dims().to_vec(),
+                    });
+                }
+                Some(mask.reshape([batch, 1, 1, keys]))
+            }
+            (true, None) => {
+                return Err(config_error(
+                    &self.name.to_string(),
+                    format!(
+                        "attn_mask_type {:?} needs an attention_mask [batch, keys]",
+                        self.mask_type
+                    ),
+                ));
+            }
+            (false, Some(_)) => {
+                return Err(config_error(
+                    &self.name.to_string(),
+                    format!(
+                        "an attention_mask was given but attn_mask_type is {:?}; use Padding or PaddingCausal",
+                        self.mask_type
+                    ),
+                ));
+            }
+            (false, None) => None,
+        };
+        let causal = self.mask_type.causal().then(|| {
+            let upper: Vec<bool> = (0..queries * keys).map(|i| i % keys > i / keys).collect();
+            Tensor::<B, 2, Bool>::from_data(TensorData::new(upper, [queries, keys]), device)
+                .reshape([1, 1, queries, keys])
+        });
+        Ok(match (padding, causal) {
+            (Some(p), Some(c)) => Some(
+                p.expand([batch, 1, queries, keys])
+                    .bool_or(c.expand([batch, 1, queries, keys])),
+            ),
+            (Some(p), None) => Some(p.expand([batch, 1, queries, keys])),
+            (None, Some(c)) => Some(c.expand([batch, 1, queries, keys])),
+            (None, None) => None,
+        })
+    }
+}

@@ -1,0 +1,106 @@
+//! `LayerNorm`: `(x - mean) / sqrt(var + eps) · γ + β` over the last dimension (TE's `te.LayerNorm`).
+
+use burn::module::{Initializer, Param};
+use burn::prelude::*;
+
+use super::names::LayerName;
+use super::{check_features, or_panic};
+use crate::TeError;
+
+/// Config of [`LayerNorm`].
+#[derive(Config, Debug)]
+pub struct LayerNormConfig {
+    /// Size of the normalized (last) dimension.
+    pub hidden_size: usize,
+    /// Added to the variance.
+    #[config(default = 1e-5)]
+    pub eps: f64,
+    /// Store γ centred on zero (initialized to 0, applied as `1 + γ`), which keeps weight decay from pulling the
+    /// scale towards zero.
+    #[config(default = false)]
+    pub zero_centered_gamma: bool,
+    /// The layer's name (see [`names`](super::names)).
+    #[config(default = "None")]
+    pub name: Option<String>,
+}
+
+/// Layer normalization over the last dimension, in high precision.
+#[derive(Module, Debug)]
+pub struct LayerNorm<B: Backend> {
+    /// γ, `[hidden_size]`.
+    pub weight: Param<Tensor<B, 1>>,
+    /// β, `[hidden_size]`.
+    pub bias: Param<Tensor<B, 1>>,
+    eps: f64,
+    zero_centered_gamma: bool,
+    #[module(skip)]
+    name: LayerName,
+}
+
+impl LayerNormConfig {
+    /// A layer norm on `device`.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> LayerNorm<B> {
+        self.init_named(LayerName::root(self.name.as_deref(), "layernorm"), device)
+    }
+
+    pub(crate) fn init_named<B: Backend>(
+        &self,
+        name: LayerName,
+        device: &B::Device,
+    ) -> LayerNorm<B> {
+        LayerNorm {
+            weight: gamma(self.hidden_size, self.zero_centered_gamma, device),
+            bias: Initializer::Zeros.init([self.hidden_size], device),
+            eps: self.eps,
+            zero_centered_gamma: self.zero_centered_gamma,
+            name,
+        }
+    }
+}
+
+/// γ's initial value: ones, or zeros when it is zero-centred.
+pub(crate) fn gamma<B: Backend>(
+    size: usize,
+    zero_centered: bool,
+    device: &B::Device,
+) -> Param<Tensor<B, 1>> {
+    let init = if zero_centered {
+        Initializer::Zeros
+    } else {
+        Initializer::Ones
+    };
+    init.init([size], device)
+}
+
+/// γ as applied: `1 + γ` when zero-centred, broadcastable against `[.., hidden]`.
+pub(crate) fn applied_gamma<B: Backend, const D: usize>(
+    weight: &Param<Tensor<B, 1>>,
+    zero_centered: bool,
+) -> Tensor<B, D> {
+    let gamma = weight.val();
+    let gamma = if zero_centered { gamma + 1.0 } else { gamma };
+    gamma.unsqueeze()
+}
+
+impl<B: Backend> LayerNorm<B> {
+    /// Normalizes `x [.., hidden_size]`. Panics with [`try_forward`](Self::try_forward)'s error.
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        or_panic(self.try_forward(x))
+    }
+
+    /// Normalizes `x [.., hidden_size]`, or an error naming the layer and the shape.
+    pub fn try_forward<const D: usize>(&self, x: Tensor<B, D>) -> Result<Tensor<B, D>, TeError> {
+        check_features(&self.name(), "input", &x, self.weight.dims()[0])?;
+        let (var, mean) = x.clone().var_mean_bias(D - 1);
+        let normalized = (x - mean) / (var + self.eps).sqrt();
+        Ok(
+            normalized * applied_gamma::<B, D>(&self.weight, self.zero_centered_gamma)
+                + self.bias.val().unsqueeze(),
+        )
+    }
+
+    /// The layer's name (see [`names`](super::names)).
+    pub fn name(&self) -> String {
+        self.name.resolve(&self.weight).to_string()
+    }
+}

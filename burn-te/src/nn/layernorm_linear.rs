@@ -1,0 +1,143 @@
+//! `LayerNormLinear`: a normalization followed by a linear layer (TE's `te.LayerNormLinear`). Its one GEMM is
+//! named after the module itself (e.g. `transformer_layer.self_attention.layernorm_qkv`).
+
+use burn::module::{Initializer, Param};
+use burn::prelude::*;
+
+use super::linear::{gemm_params, split_bias, te_gemm};
+use super::names::LayerName;
+use super::norm::{Norm, Normalization};
+use super::{ModuleOutput, or_panic};
+use crate::{TeBackend, TeError};
+
+/// Config of [`LayerNormLinear`].
+#[derive(Config, Debug)]
+pub struct LayerNormLinearConfig {
+    /// Input features (the normalized size).
+    pub in_features: usize,
+    /// Output features.
+    pub out_features: usize,
+    /// The normalization's epsilon.
+    #[config(default = 1e-5)]
+    pub eps: f64,
+    /// LayerNorm or RMSNorm.
+    #[config(default = "Normalization::LayerNorm")]
+    pub normalization: Normalization,
+    /// The normalization's γ is zero-centred.
+    #[config(default = false)]
+    pub zero_centered_gamma: bool,
+    /// Learn an additive bias.
+    #[config(default = true)]
+    pub bias: bool,
+    /// Return the bias beside the output instead of adding it.
+    #[config(default = false)]
+    pub return_bias: bool,
+    /// Also return the normalized input ([`LayerNormLinear::forward_all`]).
+    #[config(default = false)]
+    pub return_layernorm_output: bool,
+    /// The layer's name (see [`names`](super::names)).
+    #[config(default = "None")]
+    pub name: Option<String>,
+    /// Weight initializer (TE's default: normal, std 0.023).
+    #[config(default = "Initializer::Normal { mean: 0.0, std: 0.023 }")]
+    pub initializer: Initializer,
+}
+
+/// Normalization, then a linear layer whose GEMMs run in FP8 inside an autocast scope.
+#[derive(Module, Debug)]
+pub struct LayerNormLinear<B: Backend> {
+    /// The normalization.
+    pub layer_norm: Norm<B>,
+    /// `[in_features, out_features]`.
+    pub weight: Param<Tensor<B, 2>>,
+    /// `[out_features]`.
+    pub bias: Option<Param<Tensor<B, 1>>>,
+    return_bias: bool,
+    return_layernorm_output: bool,
+    #[module(skip)]
+    name: LayerName,
+}
+
+impl LayerNormLinearConfig {
+    /// A LayerNormLinear on `device`.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> LayerNormLinear<B> {
+        self.init_named(
+            LayerName::root(self.name.as_deref(), "layernorm_linear"),
+            device,
+        )
+    }
+
+    pub(crate) fn init_named<B: Backend>(
+        &self,
+        name: LayerName,
+        device: &B::Device,
+    ) -> LayerNormLinear<B> {
+        let (weight, bias) = gemm_params(
+            &self.initializer,
+            self.in_features,
+            self.out_features,
+            self.bias,
+            device,
+        );
+        LayerNormLinear {
+            layer_norm: self.normalization.init(
+                self.in_features,
+                self.eps,
+                self.zero_centered_gamma,
+                name.child("layer_norm", None),
+                device,
+            ),
+            weight,
+            bias,
+            return_bias: self.return_bias,
+            return_layernorm_output: self.return_layernorm_output,
+            name,
+        }
+    }
+}
+
+impl<B: TeBackend> LayerNormLinear<B> {
+    /// `norm(x)·W (+ b)` for `x [.., in_features]`. Panics with [`try_forward`](Self::try_forward)'s error.
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        or_panic(self.try_forward(x))
+    }
+
+    /// [`forward`](Self::forward), or an error naming the layer and the bad shape.
+    pub fn try_forward<const D: usize>(&self, x: Tensor<B, D>) -> Result<Tensor<B, D>, TeError> {
+        Ok(self.forward_all(x)?.output)
+    }
+
+    /// The output, the bias with `return_bias`, and the normalized input with `return_layernorm_output`.
+    pub fn forward_all<const D: usize>(
+        &self,
+        x: Tensor<B, D>,
+    ) -> Result<ModuleOutput<B, D>, TeError> {
+        let normalized = self
+            .layer_norm
+            .try_forward(x)
+            .map_err(|err| rename(err, &self.name()))?;
+        let (added, returned) = split_bias(&self.bias, self.return_bias);
+        Ok(ModuleOutput {
+            output: te_gemm(normalized.clone(), &self.weight, added, &self.name)?,
+            bias: returned,
+            layernorm_output: self.return_layernorm_output.then_some(normalized),
+        })
+    }
+
+    /// The layer's name (see [`names`](super::names)).
+    pub fn name(&self) -> String {
+        self.name.resolve(&self.weight).to_string()
+    }
+}
+
+/// Reports a sublayer's shape error under the fused module's name.
+pub(crate) fn rename(err: TeError, module: &str) -> TeError {
+    match err {
+        TeError::InvalidShape { reason, shape, .. } => TeError::InvalidShape {
+            module: module.to_string(),
+            reason,
+            shape,
+        },
+        other => other,
+    }
+}

@@ -1,0 +1,62 @@
+//! The normalization of the fused TE modules: LayerNorm or RMSNorm.
+
+use burn::prelude::*;
+
+use super::layer_norm::{LayerNorm, LayerNormConfig};
+use super::names::LayerName;
+use super::rms_norm::{RmsNorm, RmsNormConfig};
+use crate::TeError;
+
+/// Which normalization a fused module applies (TE's `normalization="LayerNorm" | "RMSNorm"`).
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum Normalization {
+    /// [`LayerNorm`].
+    LayerNorm,
+    /// [`RmsNorm`].
+    RMSNorm,
+}
+
+/// A LayerNorm or an RMSNorm.
+#[derive(Module, Debug)]
+pub enum Norm<B: Backend> {
+    /// Layer normalization.
+    LayerNorm(LayerNorm<B>),
+    /// RMS normalization.
+    RmsNorm(RmsNorm<B>),
+}
+
+impl Normalization {
+    pub(crate) fn init<B: Backend>(
+        self,
+        hidden_size: usize,
+        eps: f64,
+        zero_centered_gamma: bool,
+        name: LayerName,
+        device: &B::Device,
+    ) -> Norm<B> {
+        match self {
+            Normalization::LayerNorm => Norm::LayerNorm(
+                LayerNormConfig::new(hidden_size)
+                    .with_eps(eps)
+                    .with_zero_centered_gamma(zero_centered_gamma)
+                    .init_named(name, device),
+            ),
+            Normalization::RMSNorm => Norm::RmsNorm(
+                RmsNormConfig::new(hidden_size)
+                    .with_eps(eps)
+                    .with_zero_centered_gamma(zero_centered_gamma)
+                    .init_named(name, device),
+            ),
+        }
+    }
+}
+
+impl<B: Backend> Norm<B> {
+    /// Normalizes `x [.., hidden]`, or an error naming the layer and the shape.
+    pub fn try_forward<const D: usize>(&self, x: Tensor<B, D>) -> Result<Tensor<B, D>, TeError> {
+        match self {
+            Norm::LayerNorm(norm) => norm.try_forward(x),
+            Norm::RmsNorm(norm) => norm.try_forward(x),
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! `RMSNorm`: `x / sqrt(mean(x²) + eps) · γ` over the last dimension (TE's `te.RMSNorm`).
+
+use burn::module::Param;
+use burn::prelude::*;
+
+use super::layer_norm::{applied_gamma, gamma};
+use super::names::LayerName;
+use super::{check_features, or_panic};
+use crate::TeError;
+
+/// Config of [`RmsNorm`].
+#[derive(Config, Debug)]
+pub struct RmsNormConfig {
+    /// Size of the normalized (last) dimension.
+    pub hidden_size: usize,
+    /// Added to the mean square.
+    #[config(default = 1e-5)]
+    pub eps: f64,
+    /// Store γ centred on zero (initialized to 0, applied as `1 + γ`).
+    #[config(default = false)]
+    pub zero_centered_gamma: bool,
+    /// The layer's name (see [`names`](super::names)).
+    #[config(default = "None")]
+    pub name: Option<String>,
+}
+
+/// Root-mean-square normalization over the last dimension, in high precision.
+#[derive(Module, Debug)]
+pub struct RmsNorm<B: Backend> {
+    /// γ, `[hidden_size]`.
+    pub weight: Param<Tensor<B, 1>>,
+    eps: f64,
+    zero_centered_gamma: bool,
+    #[module(skip)]
+    name: LayerName,
+}
+
+impl RmsNormConfig {
+    /// An RMS norm on `device`.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> RmsNorm<B> {
+        self.init_named(LayerName::root(self.name.as_deref(), "rmsnorm"), device)
+    }
+
+    pub(crate) fn init_named<B: Backend>(&self, name: LayerName, device: &B::Device) -> RmsNorm<B> {
+        RmsNorm {
+            weight: gamma(self.hidden_size, self.zero_centered_gamma, device),
+            eps: self.eps,
+            zero_centered_gamma: self.zero_centered_gamma,
+            name,
+        }
+    }
+}
+
+impl<B: Backend> RmsNorm<B> {
+    /// Normalizes `x [.., hidden_size]`. Panics with [`try_forward`](Self::try_forward)'s error.
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        or_panic(self.try_forward(x))
+    }
+
+    /// Normalizes `x [.., hidden_size]`, or an error naming the layer and the shape.
+    pub fn try_forward<const D: usize>(&self, x: Tensor<B, D>) -> Result<Tensor<B, D>, TeError> {
+        check_features(&self.name(), "input", &x, self.weight.dims()[0])?;
+        let mean_square = x.clone().square().mean_dim(D - 1);
+        Ok(x / (mean_square + self.eps).sqrt()
+            * applied_gamma::<B, D>(&self.weight, self.zero_centered_gamma))
+    }
+
+    /// The layer's name (see [`names`](super::names)).
+    pub fn name(&self) -> String {
+        self.name.resolve(&self.weight).to_string()
+    }
+}

@@ -1,0 +1,139 @@
+//! `TransformerLayer`: pre-norm self-attention and MLP blocks with residual connections (TE's
+//! `te.TransformerLayer`, encoder layer). GEMM names, for a layer named `transformer_layer`:
+//! `transformer_layer.self_attention.layernorm_qkv`, `transformer_layer.self_attention.proj`,
+//! `transformer_layer.layernorm_mlp.fc1` and `transformer_layer.layernorm_mlp.fc2`.
+
+use burn::module::Initializer;
+use burn::prelude::*;
+
+use super::activation::Activation;
+use super::attention::{AttnMaskType, QkvFormat};
+use super::layernorm_mlp::{LayerNormMLP, LayerNormMLPConfig};
+use super::multihead_attention::{MultiheadAttention, MultiheadAttentionConfig};
+use super::names::LayerName;
+use super::norm::Normalization;
+use super::or_panic;
+use crate::{TeBackend, TeError};
+
+/// Config of [`TransformerLayer`], with TE's argument names and defaults.
+#[derive(Config, Debug)]
+pub struct TransformerLayerConfig {
+    /// Model width.
+    pub hidden_size: usize,
+    /// MLP width.
+    pub ffn_hidden_size: usize,
+    /// Query heads.
+    pub num_attention_heads: usize,
+    /// Key/value heads (grouped-query attention); `None`: one per query head.
+    #[config(default = "None")]
+    pub num_gqa_groups: Option<usize>,
+    /// Channels per head; `None`: `hidden_size / num_attention_heads`.
+    #[config(default = "None")]
+    pub kv_channels: Option<usize>,
+    /// Epsilon of both normalizations.
+    #[config(default = 1e-5)]
+    pub layernorm_epsilon: f64,
+    /// LayerNorm or RMSNorm.
+    #[config(default = "Normalization::LayerNorm")]
+    pub normalization: Normalization,
+    /// Both normalizations' γ are zero-centred.
+    #[config(default = false)]
+    pub zero_centered_gamma: bool,
+    /// The MLP activation.
+    #[config(default = "Activation::Gelu")]
+    pub activation: Activation,
+    /// The projections and FCs learn biases.
+    #[config(default = true)]
+    pub bias: bool,
+    /// The self-attention mask.
+    #[config(default = "AttnMaskType::Causal")]
+    pub self_attn_mask_type: AttnMaskType,
+    /// Layout of the input and output: `sbhd` is `[seq, batch, hidden]`, `bshd` is `[batch, seq, hidden]`.
+    #[config(default = "QkvFormat::Sbhd")]
+    pub attn_input_format: QkvFormat,
+    /// The layer's name (see [`names`](super::names)).
+    #[config(default = "None")]
+    pub name: Option<String>,
+    /// Weight initializer (TE's default: normal, std 0.023).
+    #[config(default = "Initializer::Normal { mean: 0.0, std: 0.023 }")]
+    pub initializer: Initializer,
+}
+
+/// A transformer (encoder) layer: `h = x + attn(x)`, `out = h + mlp(h)`, with the normalizations fused into the
+/// first GEMM of each block.
+#[derive(Module, Debug)]
+pub struct TransformerLayer<B: Backend> {
+    /// The self-attention block (input normalization, QKV, attention, projection).
+    pub self_attention: MultiheadAttention<B>,
+    /// The MLP block (normalization, FC1, activation, FC2).
+    pub layernorm_mlp: LayerNormMLP<B>,
+}
+
+impl TransformerLayerConfig {
+    /// A transformer layer on `device`; panics with [`try_init`](Self::try_init)'s error.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> TransformerLayer<B> {
+        or_panic(self.try_init(device))
+    }
+
+    /// A transformer layer on `device`, or an error naming the inconsistent sizes.
+    pub fn try_init<B: Backend>(&self, device: &B::Device) -> Result<TransformerLayer<B>, TeError> {
+        let name = LayerName::root(self.name.as_deref(), "transformer_layer");
+        let self_attention =
+            MultiheadAttentionConfig::new(self.hidden_size, self.num_attention_heads)
+                .with_kv_channels(self.kv_channels)
+                .with_num_gqa_groups(self.num_gqa_groups)
+                .with_layernorm_epsilon(self.layernorm_epsilon)
+                .with_attn_mask_type(self.self_attn_mask_type)
+                .with_attn_input_format(self.attn_input_format)
+                .with_input_layernorm(true)
+                .with_normalization(self.normalization)
+                .with_zero_centered_gamma(self.zero_centered_gamma)
+                .with_bias(self.bias)
+                .with_initializer(self.initializer.clone())
+                .try_init_named(name.child("self_attention", None), device)?;
+        let layernorm_mlp = LayerNormMLPConfig::new(self.hidden_size, self.ffn_hidden_size)
+            .with_eps(self.layernorm_epsilon)
+            .with_normalization(self.normalization)
+            .with_zero_centered_gamma(self.zero_centered_gamma)
+            .with_activation(self.activation)
+            .with_bias(self.bias)
+            .with_initializer(self.initializer.clone())
+            .init_named(name.child("layernorm_mlp", None), device);
+        Ok(TransformerLayer {
+            self_attention,
+            layernorm_mlp,
+        })
+    }
+}
+
+impl<B: TeBackend> TransformerLayer<B> {
+    /// The layer applied to `x` (`[seq, batch, hidden]` for `sbhd`, `[batch, seq, hidden]` for `bshd`).
+    /// `attention_mask` (`[batch, seq]`, `true` = padding) goes with the padding mask types. Panics with
+    /// [`try_forward`](Self::try_forward)'s error.
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        attention_mask: Option<Tensor<B, 2, Bool>>,
+    ) -> Tensor<B, 3> {
+        or_panic(self.try_forward(x, attention_mask))
+    }
+
+    /// [`forward`](Self::forward), or an error naming the sublayer and the bad shape or mask.
+    pub fn try_forward(
+        &self,
+        x: Tensor<B, 3>,
+        attention_mask: Option<Tensor<B, 2, Bool>>,
+    ) -> Result<Tensor<B, 3>, TeError> {
+        let hidden = x.clone() + self.self_attention.try_forward(x, attention_mask)?;
+        Ok(hidden.clone() + self.layernorm_mlp.try_forward(hidden)?)
+    }
+
+    /// The layer's name (its GEMMs are named below it).
+    pub fn name(&self) -> String {
+        let attention = self.self_attention.name();
+        attention
+            .strip_suffix(".self_attention")
+            .unwrap_or(&attention)
+            .to_string()
+    }
+}

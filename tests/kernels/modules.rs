@@ -1,0 +1,673 @@
+//! The TE modules (`burn_te::nn`): each in FP8 vs itself in f32 within TE's tolerances (output, input and every
+//! parameter gradient), normalizations, activations and attention against f64 host references, layer names,
+//! shape and config errors, and a two-layer TransformerLayer stack that trains in FP8.
+
+use burn::backend::Autodiff;
+use burn::backend::wgpu::WgpuDevice;
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use burn_te::backends::Wgpu;
+use burn_te::nn::*;
+use burn_te::scaling_state::read_delayed_state;
+use burn_te::{DelayedScaling, Float8CurrentScaling, Te, TeError, TensorRole, fp8_autocast};
+
+use crate::common::Rng;
+use crate::te::{assert_within_except, device, tensor, values};
+
+type B = Autodiff<Te<Wgpu>>;
+
+/// Every parameter gradient of a module, by parameter path.
+struct Grads<'a> {
+    grads: &'a <B as AutodiffBackend>::Gradients,
+    path: Vec<String>,
+    out: Vec<(String, Vec<f32>)>,
+}
+
+impl ModuleVisitor<B> for Grads<'_> {
+    fn enter_module(&mut self, name: &str, _: &str) {
+        self.path.push(name.into());
+    }
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.path.pop();
+    }
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let grad = param
+            .val()
+            .grad(self.grads)
+            .expect("every parameter has a gradient");
+        self.out.push((self.path.join("."), values(grad)));
+    }
+}
+
+struct Run {
+    output: Vec<f32>,
+    input_grad: Vec<f32>,
+    param_grads: Vec<(String, Vec<f32>)>,
+}
+
+/// Forward (in FP8 with current scaling when `fp8`) and backward of `loss = Σ y · r` for a fixed random `r`.
+fn run<M: Module<B>, const D: usize>(
+    module: &M,
+    x: &Tensor<B, D>,
+    fp8: bool,
+    forward: impl Fn(&M, Tensor<B, D>) -> Tensor<B, D>,
+) -> Run {
+    let x = x.clone().detach().require_grad();
+    let y = if fp8 {
+        fp8_autocast(true, Float8CurrentScaling::default(), || {
+            forward(module, x.clone())
+        })
+        .unwrap()
+    } else {
+        forward(module, x.clone())
+    };
+    let dims = y.dims();
+    let r = tensor::<B, D>(
+        Rng::new(99).normal(dims.iter().product(), 0.0, 1.0),
+        dims,
+        &x.device(),
+    );
+    let grads = (y.clone() * r).sum().backward();
+    let mut visitor = Grads {
+        grads: &grads,
+        path: vec![],
+        out: vec![],
+    };
+    module.visit(&mut visitor);
+    Run {
+        output: values(y),
+        input_grad: values(x.grad(&grads).unwrap()),
+        param_grads: visitor.out,
+    }
+}
+
+/// FP8 (Hybrid: E4M3 forward, E5M2 gradients) vs f32 within TE's tolerances for the output and every gradient.
+/// `outliers`: the fraction of elements allowed outside TE's elementwise bounds (see [`assert_within_except`]);
+/// the relative Frobenius bound always holds. TE's elementwise tolerances describe one quantized GEMM: modules that
+/// chain GEMMs through an activation (MLP, attention) compound the rounding of several quantizations, and
+/// ReLU-like activations flip gradients wherever rounding moves a pre-activation across 0, so they get 1 %.
+fn assert_fp8_close<M: Module<B>, const D: usize>(
+    what: &str,
+    module: &M,
+    x: &Tensor<B, D>,
+    outliers: f64,
+    forward: impl Fn(&M, Tensor<B, D>) -> Tensor<B, D>,
+) {
+    let reference = run(module, x, false, &forward);
+    let fp8 = run(module, x, true, &forward);
+    let assert_grad = |name: String, got: &[f32], want: &[f32]| {
+        assert_within_except(&name, got, want, 0.25, 0.125, outliers)
+    };
+    let output = format!("{what} output");
+    assert_within_except(
+        &output,
+        &fp8.output,
+        &reference.output,
+        0.125,
+        0.0675,
+        outliers,
+    );
+    assert_grad(format!("{what} dx"), &fp8.input_grad, &reference.input_grad);
+    assert_eq!(fp8.param_grads.len(), reference.param_grads.len());
+    for ((path, got), (_, want)) in fp8.param_grads.iter().zip(&reference.param_grads) {
+        // The output layer's bias gradient is the sum of the incoming gradient: no GEMM, so no FP8 error.
+        if path.ends_with("bias") && got == want {
+            continue;
+        }
+        assert_grad(format!("{what} d{path}"), got, want);
+    }
+}
+
+fn input<const D: usize>(shape: [usize; D], seed: u64, device: &WgpuDevice) -> Tensor<B, D> {
+    tensor(
+        Rng::new(seed).normal(shape.iter().product(), 0.0, 1.0),
+        shape,
+        device,
+    )
+}
+
+/// Replaces every weight matrix with seeded normal values of standard deviation `std` (larger than TE's 0.023, so
+/// outputs are far from zero and errors show), making the comparisons deterministic. Vectors (norm γ/β, biases)
+/// keep their initial values.
+struct Reinit {
+    rng: Rng,
+    std: f64,
+}
+
+impl ModuleMapper<B> for Reinit {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        if D != 2 {
+            return param;
+        }
+        param.map(|t| {
+            let dims = t.dims();
+            let values = self.rng.normal(dims.iter().product(), 0.0, self.std);
+            tensor::<B, D>(values, dims, &t.device()).require_grad()
+        })
+    }
+}
+
+fn seeded<M: Module<B>>(module: M, std: f64) -> M {
+    module.map(&mut Reinit {
+        rng: Rng::new(2024),
+        std,
+    })
+}
+
+#[test]
+fn gemm_modules_in_fp8_within_te_tolerances_of_f32() {
+    let device = device();
+    let x = input([6, 4, 64], 1, &device);
+    let linear = seeded(LinearConfig::new(64, 48).init::<B>(&device), 0.3);
+    assert_fp8_close("Linear", &linear, &x, 0.0, |m, x| m.forward(x));
+
+    for normalization in [Normalization::LayerNorm, Normalization::RMSNorm] {
+        let layer = LayerNormLinearConfig::new(64, 40)
+            .with_normalization(normalization)
+            .init::<B>(&device);
+        let layer = seeded(layer, 0.3);
+        assert_fp8_close(
+            &format!("LayerNormLinear {normalization:?}"),
+            &layer,
+            &x,
+            0.0,
+            |m, x| m.forward(x),
+        );
+    }
+    for activation in Activation::ALL {
+        let mlp = LayerNormMLPConfig::new(64, 96)
+            .with_activation(activation)
+            .init::<B>(&device);
+        let mlp = seeded(mlp, 0.3);
+        // ReLU-like derivatives jump at 0: a pre-activation that FP8 rounding moves across 0 flips its whole
+        // gradient, which a few percent of elements in a GEMM output are close enough to 0 for.
+        let outliers = if activation.te_name().contains("re") {
+            0.05
+        } else {
+            0.01
+        };
+        assert_fp8_close(
+            &format!("LayerNormMLP {}", activation.te_name()),
+            &mlp,
+            &x,
+            outliers,
+            |m, x| m.forward(x),
+        );
+    }
+    let attention = MultiheadAttentionConfig::new(64, 8)
+        .with_num_gqa_groups(Some(2))
+        .with_input_layernorm(true)
+        .init::<B>(&device);
+    // Std 0.1: q·k with std-0.3 weights saturates the softmax, where FP8 rounding picks a different winning key.
+    let attention = seeded(attention, 0.1);
+    assert_fp8_close("MultiheadAttention", &attention, &x, 0.01, |m, x| {
+        m.forward(x, None)
+    });
+    let layer = seeded(
+        TransformerLayerConfig::new(64, 128, 4).init::<B>(&device),
+        0.1,
+    );
+    assert_fp8_close("TransformerLayer", &layer, &x, 0.01, |m, x| {
+        m.forward(x, None)
+    });
+}
+
+/// f64 references of LayerNorm and RMSNorm over rows of `width`, with γ and β.
+fn norm_reference(
+    x: &[f32],
+    width: usize,
+    gamma: &[f32],
+    beta: Option<&[f32]>,
+    rms: bool,
+) -> Vec<f32> {
+    x.chunks(width)
+        .flat_map(|row| {
+            let n = width as f64;
+            let mean = if rms {
+                0.0
+            } else {
+                row.iter().map(|&v| v as f64).sum::<f64>() / n
+            };
+            let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+            let inv = 1.0 / (var + 1e-5).sqrt();
+            row.iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let b = beta.map_or(0.0, |b| b[i] as f64);
+                    ((v as f64 - mean) * inv * gamma[i] as f64 + b) as f32
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn normalizations_match_f64_reference_with_zero_centered_gamma() {
+    let device = device();
+    let width = 48;
+    let mut rng = Rng::new(5);
+    let x_values: Vec<f32> = rng.normal(5 * width, 3.0, 2.0);
+    let x = tensor::<B, 2>(x_values.clone(), [5, width], &device);
+    let stored_gamma = rng.normal(width, 0.0, 0.5);
+    let beta = rng.normal(width, 0.0, 0.5);
+    let param = |v: &Vec<f32>| Param::from_tensor(tensor::<B, 1>(v.clone(), [width], &device));
+    for zero_centered in [false, true] {
+        let applied: Vec<f32> = stored_gamma
+            .iter()
+            .map(|g| if zero_centered { 1.0 + g } else { *g })
+            .collect();
+        let mut ln = LayerNormConfig::new(width)
+            .with_zero_centered_gamma(zero_centered)
+            .init::<B>(&device);
+        // Zero-centred γ starts at 0 (applied as 1), plain γ at 1.
+        assert_eq!(
+            values(ln.weight.val())[0],
+            if zero_centered { 0.0 } else { 1.0 }
+        );
+        ln.weight = param(&stored_gamma);
+        ln.bias = param(&beta);
+        let want = norm_reference(&x_values, width, &applied, Some(&beta), false);
+        let got = values(ln.forward(x.clone()));
+        let err = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(
+            err < 1e-4,
+            "LayerNorm zero_centered={zero_centered}: max error {err}"
+        );
+
+        let mut rms = RmsNormConfig::new(width)
+            .with_zero_centered_gamma(zero_centered)
+            .init::<B>(&device);
+        rms.weight = param(&stored_gamma);
+        let want = norm_reference(&x_values, width, &applied, None, true);
+        let got = values(rms.forward(x.clone()));
+        let err = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(
+            err < 1e-4,
+            "RMSNorm zero_centered={zero_centered}: max error {err}"
+        );
+    }
+}
+
+fn activation_reference(activation: Activation, x: f64) -> f64 {
+    let sigmoid = |v: f64| 1.0 / (1.0 + (-v).exp());
+    match activation
+        .te_name()
+        .trim_end_matches("glu")
+        .trim_end_matches("lu")
+    {
+        _ if matches!(activation, Activation::Gelu | Activation::Geglu) => {
+            0.5 * x
+                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh())
+        }
+        _ if matches!(activation, Activation::Qgelu | Activation::Qgeglu) => x * sigmoid(1.702 * x),
+        _ if matches!(activation, Activation::Relu | Activation::Reglu) => x.max(0.0),
+        _ if matches!(activation, Activation::Srelu | Activation::Sreglu) => x.max(0.0).powi(2),
+        _ => x * sigmoid(x),
+    }
+}
+
+#[test]
+fn activations_match_f64_reference() {
+    let device = device();
+    let x_values: Vec<f32> = (0..3 * 16).map(|i| (i as f32 - 24.0) / 5.0).collect();
+    let x = tensor::<B, 2>(x_values.clone(), [3, 16], &device);
+    for activation in Activation::ALL {
+        assert_eq!(
+            Activation::from_te_name(activation.te_name()).unwrap(),
+            activation
+        );
+        let got = values(activation.apply(x.clone()).unwrap());
+        let want: Vec<f64> = if activation.is_gated() {
+            // act(first half) · second half, per row.
+            x_values
+                .chunks(16)
+                .flat_map(|row| {
+                    (0..8)
+                        .map(|i| {
+                            activation_reference(activation, row[i] as f64) * row[8 + i] as f64
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        } else {
+            x_values
+                .iter()
+                .map(|&v| activation_reference(activation, v as f64))
+                .collect()
+        };
+        assert_eq!(got.len(), want.len(), "{activation:?}");
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                (*g as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                "{activation:?}: {g} vs {w}"
+            );
+        }
+    }
+    let err = Activation::Swiglu
+        .apply(tensor::<B, 2>(vec![0.0; 3], [1, 3], &device))
+        .unwrap_err();
+    assert!(err.to_string().contains("even last dimension"), "{err}");
+    assert!(
+        Activation::from_te_name("gelu2")
+            .unwrap_err()
+            .to_string()
+            .contains("swiglu")
+    );
+}
+
+/// f64 attention over `[b, h, s, d]` (row-major) with `groups` key/value heads, causal and key padding masks;
+/// fully masked rows give zeros.
+#[allow(clippy::too_many_arguments)]
+fn attention_reference(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    (b, h, g, s, d): (usize, usize, usize, usize, usize),
+    causal: bool,
+    padding: Option<&[bool]>,
+) -> Vec<f64> {
+    let mut out = vec![0.0; b * h * s * d];
+    let scale = 1.0 / (d as f64).sqrt();
+    for bi in 0..b {
+        for hi in 0..h {
+            let gi = hi / (h / g);
+            let qa = |i: usize, c: usize| q[((bi * h + hi) * s + i) * d + c] as f64;
+            let ka = |j: usize, c: usize| k[((bi * g + gi) * s + j) * d + c] as f64;
+            let va = |j: usize, c: usize| v[((bi * g + gi) * s + j) * d + c] as f64;
+            for i in 0..s {
+                let allowed: Vec<usize> = (0..s)
+                    .filter(|&j| {
+                        let padded = padding.is_some_and(|p| p[bi * s + j]);
+                        !(padded || causal && j > i)
+                    })
+                    .collect();
+                let scores: Vec<f64> = allowed
+                    .iter()
+                    .map(|&j| (0..d).map(|c| qa(i, c) * ka(j, c)).sum::<f64>() * scale)
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let exps: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+                let total: f64 = exps.iter().sum();
+                for c in 0..d {
+                    out[((bi * h + hi) * s + i) * d + c] = allowed
+                        .iter()
+                        .zip(&exps)
+                        .map(|(&j, e)| e / total * va(j, c))
+                        .sum();
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn attention_matches_f64_reference_for_masks_gqa_and_layouts() {
+    let device = device();
+    let (b, h, g, s, d) = (2, 4, 2, 5, 8);
+    let mut rng = Rng::new(8);
+    let (q, k, v) = (
+        rng.normal(b * h * s * d, 0.0, 1.0),
+        rng.normal(b * g * s * d, 0.0, 1.0),
+        rng.normal(b * g * s * d, 0.0, 1.0),
+    );
+    // Batch 0 pads its last two keys; batch 1 pads all keys (its outputs must be zeros).
+    let padding: Vec<bool> = (0..b * s).map(|i| i >= s || i % s >= 3).collect();
+    let bhsd = |vals: &Vec<f32>, heads| tensor::<B, 4>(vals.clone(), [b, heads, s, d], &device);
+    for (mask_type, causal, pad) in [
+        (AttnMaskType::NoMask, false, false),
+        (AttnMaskType::Causal, true, false),
+        (AttnMaskType::Padding, false, true),
+        (AttnMaskType::PaddingCausal, true, true),
+    ] {
+        let want = attention_reference(
+            &q,
+            &k,
+            &v,
+            (b, h, g, s, d),
+            causal,
+            pad.then_some(&padding[..]),
+        );
+        let mask = pad.then(|| {
+            Tensor::<B, 2, Bool>::from_data(TensorData::new(padding.clone(), [b, s]), &device)
+        });
+        for format in [QkvFormat::Sbhd, QkvFormat::Bshd] {
+            let attention = DotProductAttentionConfig::new(h, d)
+                .with_num_gqa_groups(Some(g))
+                .with_attn_mask_type(mask_type)
+                .with_qkv_format(format)
+                .init::<B>();
+            let to_layout = |t: Tensor<B, 4>| match format {
+                QkvFormat::Sbhd => t.permute([2, 0, 1, 3]),
+                QkvFormat::Bshd => t.swap_dims(1, 2),
+            };
+            let out = attention.forward(
+                to_layout(bhsd(&q, h)),
+                to_layout(bhsd(&k, g)),
+                to_layout(bhsd(&v, g)),
+                mask.clone(),
+            );
+            // Back to [b, h, s, d] for the comparison.
+            let out = match format {
+                QkvFormat::Sbhd => out.reshape([s, b, h, d]).permute([1, 2, 0, 3]),
+                QkvFormat::Bshd => out.reshape([b, s, h, d]).swap_dims(1, 2),
+            };
+            let got = values(out);
+            let err = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (*a as f64 - b).abs())
+                .fold(0.0, f64::max);
+            assert!(err < 1e-5, "{mask_type:?} {format:?}: max error {err}");
+        }
+    }
+}
+
+#[test]
+fn layer_names_explicit_inferred_and_generic() {
+    let device = device();
+    let layer = TransformerLayerConfig::new(32, 32, 4)
+        .with_name(Some("transformer_layer".into()))
+        .init::<B>(&device);
+    let attention = &layer.self_attention;
+    assert_eq!(layer.name(), "transformer_layer");
+    assert_eq!(
+        attention.layernorm_qkv.as_ref().unwrap().name(),
+        "transformer_layer.self_attention.layernorm_qkv"
+    );
+    assert_eq!(
+        attention.proj.name(),
+        "transformer_layer.self_attention.proj"
+    );
+    assert_eq!(
+        layer.layernorm_mlp.fc1.name(),
+        "transformer_layer.layernorm_mlp.fc1"
+    );
+    assert_eq!(
+        layer.layernorm_mlp.fc2.name(),
+        "transformer_layer.layernorm_mlp.fc2"
+    );
+
+    // The GEMMs run at those sites: delayed scaling keeps one history per layer and role, keyed by the name.
+    let x = input([3, 2, 32], 3, &device);
+    fp8_autocast(true, DelayedScaling::default(), || layer.forward(x, None)).unwrap();
+    for name in [
+        "transformer_layer.self_attention.layernorm_qkv",
+        "transformer_layer.self_attention.proj",
+        "transformer_layer.layernorm_mlp.fc1",
+        "transformer_layer.layernorm_mlp.fc2",
+    ] {
+        let (history, _) = read_delayed_state::<Wgpu>(&device, name, TensorRole::Activation)
+            .expect("read")
+            .unwrap_or_else(|| panic!("no delayed-scaling state for {name}"));
+        assert!(
+            history.iter().any(|&a| a > 0.0),
+            "{name}: activation amax recorded"
+        );
+    }
+
+    // Unnamed layers in a user's model: inferred from the hierarchy; before that, generic and unique.
+    #[derive(Module, Debug)]
+    struct Model<B: Backend> {
+        layers: Vec<TransformerLayer<B>>,
+        head: Linear<B>,
+    }
+    let model = Model {
+        layers: (0..2)
+            .map(|_| TransformerLayerConfig::new(32, 32, 4).init::<B>(&device))
+            .collect(),
+        head: LinearConfig::new(32, 4).init(&device),
+    };
+    let generic = [
+        model.layers[0].self_attention.proj.name(),
+        model.layers[1].self_attention.proj.name(),
+    ];
+    assert_ne!(generic[0], generic[1]);
+    assert!(
+        generic[0].starts_with("transformer_layer_")
+            && generic[0].ends_with(".self_attention.proj")
+    );
+    infer_layer_names(&model, "");
+    assert_eq!(
+        model.layers[1].self_attention.proj.name(),
+        "layers.1.self_attention.proj"
+    );
+    assert_eq!(
+        model.layers[0].layernorm_mlp.fc2.name(),
+        "layers.0.layernorm_mlp.fc2"
+    );
+    assert_eq!(model.layers[0].name(), "layers.0");
+    assert_eq!(model.head.name(), "head");
+    // An explicit name wins over inference.
+    assert_eq!(
+        layer.layernorm_mlp.fc1.name(),
+        "transformer_layer.layernorm_mlp.fc1"
+    );
+}
+
+#[test]
+fn shape_and_config_errors_name_the_module() {
+    let device = device();
+    let linear = LinearConfig::new(16, 8)
+        .with_name(Some("decoder.1.fc1".into()))
+        .init::<B>(&device);
+    let err = linear
+        .try_forward(input([2, 3, 12], 1, &device))
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, TeError::InvalidShape { .. }));
+    assert!(
+        message.contains("decoder.1.fc1")
+            && message.contains("16")
+            && message.contains("[2, 3, 12]"),
+        "{message}"
+    );
+
+    let mlp = LayerNormMLPConfig::new(16, 32)
+        .with_name(Some("mlp".into()))
+        .init::<B>(&device);
+    let message = mlp
+        .try_forward(input([4, 15], 1, &device))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.starts_with("mlp: ") && message.contains("[4, 15]"),
+        "{message}"
+    );
+
+    let layer = TransformerLayerConfig::new(32, 32, 4)
+        .with_self_attn_mask_type(AttnMaskType::Padding)
+        .init::<B>(&device);
+    let message = layer
+        .try_forward(input([3, 2, 32], 1, &device), None)
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("needs an attention_mask"), "{message}");
+    let bad_mask =
+        Tensor::<B, 2, Bool>::from_data(TensorData::new(vec![false; 4], [2, 2]), &device);
+    let message = layer
+        .try_forward(input([3, 2, 32], 1, &device), Some(bad_mask))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("attention_mask [batch 2, keys 3]") && message.contains("[2, 2]"),
+        "{message}"
+    );
+
+    let message = TransformerLayerConfig::new(30, 32, 4)
+        .try_init::<B>(&device)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("num_attention_heads (4) must divide hidden_size (30)"),
+        "{message}"
+    );
+    let message = TransformerLayerConfig::new(32, 32, 4)
+        .with_num_gqa_groups(Some(3))
+        .try_init::<B>(&device)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("num_gqa_groups (3) must divide num_attention_heads (4)"),
+        "{message}"
+    );
+}
+
+#[test]
+fn two_layer_transformer_stack_trains_in_fp8() {
+    let device = device();
+    #[derive(Module, Debug)]
+    struct Stack<B: Backend> {
+        layers: Vec<TransformerLayer<B>>,
+    }
+    let config = TransformerLayerConfig::new(32, 64, 4);
+    let mut model = Stack {
+        layers: (0..2).map(|_| config.init::<B>(&device)).collect(),
+    };
+    infer_layer_names(&model, "stack");
+    let x = input([8, 4, 32], 11, &device);
+    let target = input([8, 4, 32], 12, &device);
+    let mut optim = AdamConfig::new().init();
+    let mut losses = Vec::new();
+    for _ in 0..30 {
+        let loss = fp8_autocast(true, DelayedScaling::default(), || {
+            let y = model
+                .layers
+                .iter()
+                .fold(x.clone(), |h, layer| layer.forward(h, None));
+            (y - target.clone()).square().mean()
+        })
+        .unwrap();
+        losses.push(values(loss.clone())[0]);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(1e-3, model, grads);
+    }
+    eprintln!("TransformerLayer stack FP8 losses: {losses:?}");
+    assert!(losses.iter().all(|l| l.is_finite()));
+    assert!(
+        losses[29] < 0.9 * losses[0],
+        "loss did not decrease: {} -> {}",
+        losses[0],
+        losses[29]
+    );
+    // The delayed-scaling histories live under the inferred names.
+    assert!(
+        read_delayed_state::<Wgpu>(
+            &device,
+            "stack.layers.1.layernorm_mlp.fc2",
+            TensorRole::Gradient
+        )
+        .unwrap()
+        .is_some()
+    );
+}
