@@ -671,3 +671,47 @@ fn two_layer_transformer_stack_trains_in_fp8() {
         .is_some()
     );
 }
+
+#[test]
+fn return_bias_and_return_layernorm_output() {
+    let device = device();
+    let x = input([3, 16], 4, &device);
+    let mut plain = seeded(LinearConfig::new(16, 8).init::<B>(&device), 0.3);
+    let bias = tensor::<B, 1>(Rng::new(6).normal(8, 0.0, 1.0), [8], &device);
+    plain.bias = Some(Param::from_tensor(bias.clone()));
+    let mut returning = LinearConfig::new(16, 8)
+        .with_return_bias(true)
+        .init::<B>(&device);
+    returning.weight = plain.weight.clone();
+    returning.bias = Some(Param::from_tensor(bias.clone()));
+    let out = returning.forward_all(x.clone()).unwrap();
+    assert_eq!(values(out.bias.clone().unwrap()), values(bias));
+    let added = out.output + out.bias.unwrap().unsqueeze::<2>();
+    let want = values(plain.forward(x.clone()));
+    let got = values(added);
+    assert!(
+        got.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-5),
+        "{got:?} vs {want:?}"
+    );
+
+    // The normalized input comes back beside the MLP's output; FC2's bias only with return_bias.
+    let mlp = LayerNormMLPConfig::new(16, 32)
+        .with_return_layernorm_output(true)
+        .with_return_bias(true)
+        .with_normalization(Normalization::RMSNorm)
+        .init::<B>(&device);
+    let out = mlp.forward_all(x.clone()).unwrap();
+    let Norm::RmsNorm(norm) = &mlp.layer_norm else {
+        panic!("RMSNorm")
+    };
+    assert_eq!(
+        values(out.layernorm_output.unwrap()),
+        values(norm.forward(x.clone()))
+    );
+    assert_eq!(out.bias.unwrap().dims(), [16]);
+    let without = LayerNormLinearConfig::new(16, 4)
+        .init::<B>(&device)
+        .forward_all(x)
+        .unwrap();
+    assert!(without.bias.is_none() && without.layernorm_output.is_none());
+}
