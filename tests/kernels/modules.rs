@@ -243,6 +243,16 @@ fn norm_reference(
         .collect()
 }
 
+fn assert_max_error(what: &str, got: &[f32], want: &[f32], bound: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let err = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(err < bound, "{what}: max error {err}");
+}
+
 #[test]
 fn normalizations_match_f64_reference_with_zero_centered_gamma() {
     let device = device();
@@ -270,14 +280,11 @@ fn normalizations_match_f64_reference_with_zero_centered_gamma() {
         ln.bias = param(&beta);
         let want = norm_reference(&x_values, width, &applied, Some(&beta), false);
         let got = values(ln.forward(x.clone()));
-        let err = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
-        assert!(
-            err < 1e-4,
-            "LayerNorm zero_centered={zero_centered}: max error {err}"
+        assert_max_error(
+            &format!("LayerNorm zero_centered={zero_centered}"),
+            &got,
+            &want,
+            1e-4,
         );
 
         let mut rms = RmsNormConfig::new(width)
@@ -286,14 +293,11 @@ fn normalizations_match_f64_reference_with_zero_centered_gamma() {
         rms.weight = param(&stored_gamma);
         let want = norm_reference(&x_values, width, &applied, None, true);
         let got = values(rms.forward(x.clone()));
-        let err = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
-        assert!(
-            err < 1e-4,
-            "RMSNorm zero_centered={zero_centered}: max error {err}"
+        assert_max_error(
+            &format!("RMSNorm zero_centered={zero_centered}"),
+            &got,
+            &want,
+            1e-4,
         );
     }
 }
