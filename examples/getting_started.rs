@@ -6,7 +6,7 @@
 //! lavapipe on CPU-only machines), else the CPU host path (`Autodiff<Te<NdArray>>`, FP8 emulated in plain Rust).
 //! `BURN_TE_DEVICE=cpu` goes straight to the host path.
 //!
-//! Run: `cargo run --release --example getting_started`
+//! Run: `cargo run --example getting_started` (add `--release` for a faster host path)
 
 use burn::backend::{Autodiff, NdArray};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
