@@ -6,7 +6,7 @@ use burn::prelude::*;
 
 use super::activation::Activation;
 use super::layernorm_linear::rename;
-use super::linear::{Linear, LinearConfig, split_bias, te_gemm};
+use super::linear::{Linear, LinearConfig};
 use super::names::LayerName;
 use super::norm::{Norm, Normalization};
 use super::{ModuleOutput, or_panic};
@@ -59,7 +59,6 @@ pub struct LayerNormMLP<B: Backend> {
     /// `ffn → hidden`.
     pub fc2: Linear<B>,
     activation: Activation,
-    return_bias: bool,
     return_layernorm_output: bool,
     #[module(skip)]
     name: LayerName,
@@ -80,9 +79,10 @@ impl LayerNormMLPConfig {
         device: &B::Device,
     ) -> LayerNormMLP<B> {
         let fc1_width = self.ffn_hidden_size * if self.activation.is_gated() { 2 } else { 1 };
-        let linear = |d_in, d_out, field| {
+        let linear = |d_in, d_out, field, return_bias| {
             LinearConfig::new(d_in, d_out)
                 .with_bias(self.bias)
+                .with_return_bias(return_bias)
                 .with_initializer(self.initializer.clone())
                 .init_named(name.child(field, None), device)
         };
@@ -94,10 +94,15 @@ impl LayerNormMLPConfig {
                 name.child("layer_norm", None),
                 device,
             ),
-            fc1: linear(self.hidden_size, fc1_width, "fc1"),
-            fc2: linear(self.ffn_hidden_size, self.hidden_size, "fc2"),
+            fc1: linear(self.hidden_size, fc1_width, "fc1", false),
+            // FC2 returns its bias instead of adding it with `return_bias`.
+            fc2: linear(
+                self.ffn_hidden_size,
+                self.hidden_size,
+                "fc2",
+                self.return_bias,
+            ),
             activation: self.activation,
-            return_bias: self.return_bias,
             return_layernorm_output: self.return_layernorm_output,
             name,
         }
@@ -126,11 +131,10 @@ impl<B: TeBackend> LayerNormMLP<B> {
             .map_err(|err| rename(err, &self.name()))?;
         let hidden = self.fc1.try_forward(normalized.clone())?;
         let hidden = self.activation.apply(hidden)?;
-        let (added, returned) = split_bias(&self.fc2.bias, self.return_bias);
+        let output = self.fc2.forward_all(hidden)?;
         Ok(ModuleOutput {
-            output: te_gemm(hidden, &self.fc2.weight, added, self.fc2.name_ref())?,
-            bias: returned,
             layernorm_output: self.return_layernorm_output.then_some(normalized),
+            ..output
         })
     }
 

@@ -148,8 +148,4 @@ impl<B: TeBackend> Linear<B> {
     pub fn name(&self) -> String {
         self.name.resolve(&self.weight).to_string()
     }
-
-    pub(crate) fn name_ref(&self) -> &LayerName {
-        &self.name
-    }
 }
