@@ -11,10 +11,10 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::FloatTensor;
-use burn_te_kernels::{Fp8Format, Fp8Stats, TensorStats};
+use burn_te_kernels::{Fp8Format, Fp8Stats};
 
 use crate::TeError;
-use crate::backend::{Fp8Primitive, Scaling, TeBackend};
+use crate::backend::{Fp8Primitive, Scaling, StatsReading, TeBackend};
 use crate::recipe::Recipe;
 use crate::site::{Gemm, GemmSite};
 
@@ -66,6 +66,7 @@ impl<B: TeBackend, const N: usize> Backward<B, N> for TeLinearBackward {
 impl<B: TeBackend, C: CheckpointStrategy> TeBackend for Autodiff<B, C> {
     type Fp8Data = B::Fp8Data;
     type DelayedState = B::DelayedState;
+    type PendingStats = B::PendingStats;
 
     fn fp8_quantize(
         tensor: FloatTensor<Self>,
@@ -99,8 +100,14 @@ impl<B: TeBackend, C: CheckpointStrategy> TeBackend for Autodiff<B, C> {
             margin,
         )?))
     }
-    fn fp8_stats(tensor: FloatTensor<Self>) -> Result<TensorStats, TeError> {
-        B::fp8_stats(Self::inner(tensor))
+    fn fp8_stats_launch(
+        tensor: FloatTensor<Self>,
+        quantization: Option<(Fp8Format, Scaling<'_, Self::DelayedState>)>,
+    ) -> Result<Self::PendingStats, TeError> {
+        B::fp8_stats_launch(Self::inner(tensor), quantization)
+    }
+    fn fp8_stats_read(pending: Self::PendingStats) -> Result<StatsReading, TeError> {
+        B::fp8_stats_read(pending)
     }
     fn fp8_quantization_stats(
         tensor: FloatTensor<Self>,

@@ -37,6 +37,15 @@ impl<D> Fp8Tensor<D> {
     }
 }
 
+/// Statistics read back by [`TeBackend::fp8_stats_read`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StatsReading {
+    /// The statistics; the FP8 counts are zero when no quantization was asked for.
+    pub stats: Fp8Stats,
+    /// The scale of the quantization the statistics describe, if one was asked for.
+    pub scale: Option<f32>,
+}
+
 /// The FP8 quantized primitive of a [`TeBackend`].
 pub type Fp8Primitive<B> = Fp8Tensor<<B as TeBackend>::Fp8Data>;
 
@@ -109,8 +118,26 @@ pub trait TeBackend: Backend {
         margin: f32,
     ) -> Result<FloatTensor<Self>, TeError>;
 
+    /// Statistics launched on the device and not read back yet (see [`fp8_stats_launch`](Self::fp8_stats_launch)).
+    type PendingStats: Send + 'static;
+
     /// Statistics of the tensor (one pass on the device, then one read).
-    fn fp8_stats(tensor: FloatTensor<Self>) -> Result<TensorStats, TeError>;
+    fn fp8_stats(tensor: FloatTensor<Self>) -> Result<TensorStats, TeError> {
+        Ok(Self::fp8_stats_read(Self::fp8_stats_launch(tensor, None)?)?
+            .stats
+            .tensor)
+    }
+
+    /// Launches the one-pass statistics of `tensor` without waiting for the device; with `quantization`, they also
+    /// count what quantizing with that per-tensor scaling gives (a delayed state's scale is used, not updated).
+    /// [`fp8_stats_read`](Self::fp8_stats_read) reads them later, so a debug step syncs once, not once per tensor.
+    fn fp8_stats_launch(
+        tensor: FloatTensor<Self>,
+        quantization: Option<(Fp8Format, Scaling<'_, Self::DelayedState>)>,
+    ) -> Result<Self::PendingStats, TeError>;
+
+    /// Reads launched statistics back (waits for the device).
+    fn fp8_stats_read(pending: Self::PendingStats) -> Result<StatsReading, TeError>;
 
     /// Statistics plus the FP8 underflow/overflow counts and squared error of quantizing with `scale`.
     fn fp8_quantization_stats(
@@ -217,4 +244,9 @@ pub fn gemm_output_shape<D>(
     let mut dims = batched.as_slice()[..leading].to_vec();
     dims.extend([m, n]);
     Ok(Shape::from(dims))
+}
+
+/// The error of asking per-tensor statistics for a block scaling.
+pub(crate) fn per_tensor_only() -> TeError {
+    TeError::InvalidRecipe("quantization statistics take a per-tensor (current or delayed) scaling".into())
 }

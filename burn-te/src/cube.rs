@@ -10,10 +10,10 @@ use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::cubecl::server::Handle;
 use burn_te_kernels::gemm::{GemmOperand, fp8_gemm};
 use burn_te_kernels::ops::{self, Fp8Buffer, ScaleBuffers};
-use burn_te_kernels::{Fp8Format, Fp8Stats, KernelError, TensorStats, block};
+use burn_te_kernels::{Fp8Format, Fp8Stats, KernelError, block};
 
 use crate::TeError;
-use crate::backend::{Fp8Primitive, Fp8Tensor, Scaling, TeBackend};
+use crate::backend::{Fp8Primitive, Fp8Tensor, Scaling, StatsReading, TeBackend};
 
 /// FP8 buffers on a CubeCL device.
 #[derive(Clone)]
@@ -32,6 +32,14 @@ pub struct CubeDelayedState<R: CubeRuntime> {
     history: Handle,
     history_len: usize,
     scales: ScaleBuffers,
+    client: ComputeClient<R>,
+}
+
+/// Statistics launched on a CubeCL device: the partial records and the scale they used, read at
+/// [`TeBackend::fp8_stats_read`].
+pub struct CubePendingStats<R: CubeRuntime> {
+    readback: ops::StatsReadback,
+    scale: Option<Handle>,
     client: ComputeClient<R>,
 }
 
@@ -188,6 +196,7 @@ where
 {
     type Fp8Data = CubeFp8Data<R>;
     type DelayedState = CubeDelayedState<R>;
+    type PendingStats = CubePendingStats<R>;
 
     fn fp8_quantize(
         tensor: CubeTensor<R>,
@@ -312,11 +321,40 @@ where
         Ok(float_output(&x, handle, x.meta.shape().clone()))
     }
 
-    fn fp8_stats(tensor: CubeTensor<R>) -> Result<TensorStats, TeError> {
+    fn fp8_stats_launch(
+        tensor: CubeTensor<R>,
+        quantization: Option<(Fp8Format, Scaling<'_, CubeDelayedState<R>>)>,
+    ) -> Result<CubePendingStats<R>, TeError> {
         let x = into_contiguous(tensor);
         let len = x.meta.shape().num_elements();
-        let readback = with_float!(x.dtype, "fp8_stats", T => Ok(ops::tensor_stats::<R, T>(&x.client, &x.handle, len)?))?;
-        readback.read(&x.client).map_err(read_error)
+        let client = &x.client;
+        let Some((format, scaling)) = quantization else {
+            let readback = with_float!(x.dtype, "fp8_stats", T => Ok(ops::tensor_stats::<R, T>(client, &x.handle, len)?))?;
+            return Ok(CubePendingStats { readback, scale: None, client: client.clone() });
+        };
+        let scale = match scaling {
+            Scaling::Current { margin } => {
+                let amax = with_float!(x.dtype, "fp8_stats", T => Ok(ops::amax::<R, T>(client, &x.handle, len)?))?;
+                let scales = ScaleBuffers::new(client, 1, 1.0);
+                ops::compute_scale(client, &amax, &scales, format, margin)?;
+                scales.scale
+            }
+            // A copy: a later quantization's update changes the state's buffer in place.
+            Scaling::Delayed { state, .. } => copy_scalar(client, &state.scales.scale)?,
+            Scaling::Block { .. } => return Err(crate::backend::per_tensor_only()),
+        };
+        let readback = with_float!(x.dtype, "fp8_stats", T => Ok(ops::fp8_tensor_stats::<R, T>(client, &x.handle, len, format, &scale)?))?;
+        Ok(CubePendingStats { readback, scale: Some(scale), client: client.clone() })
+    }
+
+    fn fp8_stats_read(pending: CubePendingStats<R>) -> Result<StatsReading, TeError> {
+        let client = &pending.client;
+        let stats = pending.readback.read_fp8(client).map_err(read_error)?;
+        let scale = match &pending.scale {
+            Some(handle) => Some(ops::read_scalar(client, handle)?),
+            None => None,
+        };
+        Ok(StatsReading { stats, scale })
     }
 
     fn fp8_quantization_stats(

@@ -9,11 +9,13 @@ use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn::tensor::{Shape, TensorData};
 use burn_te_kernels::block::host_block_quantize;
 use burn_te_kernels::{
-    DelayedScalingHistory, Fp8Format, Fp8Stats, TensorStats, host, pow2_margin, scale_from_amax,
+    DelayedScalingHistory, Fp8Format, Fp8Stats, host, pow2_margin, scale_from_amax,
 };
 
 use crate::TeError;
-use crate::backend::{Fp8Primitive, Fp8Tensor, Scaling, TeBackend, gemm_output_shape};
+use crate::backend::{
+    Fp8Primitive, Fp8Tensor, Scaling, StatsReading, TeBackend, gemm_output_shape, per_tensor_only,
+};
 use crate::cube::rows_cols;
 
 /// FP8 codes (one per byte) and `scale_inv` values on the host.
@@ -65,6 +67,7 @@ fn lock(state: &HostDelayedState) -> std::sync::MutexGuard<'_, DelayedScalingHis
 impl TeBackend for Host {
     type Fp8Data = HostFp8Data;
     type DelayedState = HostDelayedState;
+    type PendingStats = StatsReading;
 
     fn fp8_quantize(
         tensor: FloatTensor<Self>,
@@ -169,8 +172,31 @@ impl TeBackend for Host {
         ))
     }
 
-    fn fp8_stats(tensor: FloatTensor<Self>) -> Result<TensorStats, TeError> {
-        Ok(host::tensor_stats(&values(tensor)?.0))
+    fn fp8_stats_launch(
+        tensor: FloatTensor<Self>,
+        quantization: Option<(Fp8Format, Scaling<'_, HostDelayedState>)>,
+    ) -> Result<StatsReading, TeError> {
+        let (x, _) = values(tensor)?;
+        let Some((format, scaling)) = quantization else {
+            let stats = Fp8Stats {
+                tensor: host::tensor_stats(&x),
+                ..Fp8Stats::EMPTY
+            };
+            return Ok(StatsReading { stats, scale: None });
+        };
+        let scale = match scaling {
+            Scaling::Current { margin } => current_scale(&x, format, margin)?,
+            Scaling::Delayed { state, .. } => lock(state).scale,
+            Scaling::Block { .. } => return Err(per_tensor_only()),
+        };
+        Ok(StatsReading {
+            stats: host::fp8_tensor_stats(&x, format, scale),
+            scale: Some(scale),
+        })
+    }
+
+    fn fp8_stats_read(pending: StatsReading) -> Result<StatsReading, TeError> {
+        Ok(pending)
     }
 
     fn fp8_quantization_stats(

@@ -38,7 +38,7 @@ mod te;
 pub use autocast::{
     AutocastGuard, active_recipe, fp8_autocast, fp8_autocast_guard, is_fp8_enabled,
 };
-pub use backend::{Fp8Primitive, Fp8Tensor, Scaling, TeBackend};
+pub use backend::{Fp8Primitive, Fp8Tensor, Scaling, StatsReading, TeBackend};
 pub use burn_te_kernels::{
     AmaxComputeAlgo, BlockScaleRule, DelayedScalingHistory, Fp8Format, Fp8Stats, KernelError,
     ScaleBlock, TensorStats, pow2_margin, scale_from_amax,

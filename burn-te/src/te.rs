@@ -11,9 +11,9 @@
 use core::marker::PhantomData;
 
 use burn::tensor::ops::FloatTensor;
-use burn_te_kernels::{Fp8Format, Fp8Stats, TensorStats};
+use burn_te_kernels::{Fp8Format, Fp8Stats};
 
-use crate::backend::{Fp8Primitive, Scaling, TeBackend};
+use crate::backend::{Fp8Primitive, Scaling, StatsReading, TeBackend};
 use crate::decorator::Decorator;
 use crate::site::{Gemm, GemmSite};
 use crate::{TeError, autocast, fp8_gemm};
@@ -73,6 +73,7 @@ crate::forward_backend!(Te);
 impl<B: TeBackend> TeBackend for Te<B> {
     type Fp8Data = B::Fp8Data;
     type DelayedState = B::DelayedState;
+    type PendingStats = B::PendingStats;
 
     fn fp8_quantize(
         tensor: FloatTensor<Self>,
@@ -102,8 +103,14 @@ impl<B: TeBackend> TeBackend for Te<B> {
     ) -> Result<FloatTensor<Self>, TeError> {
         B::fp8_fake_quant(tensor, format, margin)
     }
-    fn fp8_stats(tensor: FloatTensor<Self>) -> Result<TensorStats, TeError> {
-        B::fp8_stats(tensor)
+    fn fp8_stats_launch(
+        tensor: FloatTensor<Self>,
+        quantization: Option<(Fp8Format, Scaling<'_, Self::DelayedState>)>,
+    ) -> Result<Self::PendingStats, TeError> {
+        B::fp8_stats_launch(tensor, quantization)
+    }
+    fn fp8_stats_read(pending: Self::PendingStats) -> Result<StatsReading, TeError> {
+        B::fp8_stats_read(pending)
     }
     fn fp8_quantization_stats(
         tensor: FloatTensor<Self>,
