@@ -1,10 +1,36 @@
 //! # burn-te-debug
 //!
 //! Precision-debug tools for burn-te, after Transformer Engine's debug API (nvdlfw-inspect): a YAML config in
-//! TE's format selects features per layer, a `Debug<B>` backend decorator runs them on every GEMM, and statistics
-//! go to log files, burn-train and TensorBoard.
+//! TE's format selects features per layer, the [`Debug<B>`](Debug) backend decorator runs them on every GEMM, and
+//! statistics go to log files.
 //!
-//! This crate is at its start: the statistics it will log are the mergeable records of [`burn_te_kernels`],
-//! re-exported here; the config, features and decorator come next.
+//! ```no_run
+//! use burn::backend::Autodiff;
+//! use burn_te::{Te, backends::Wgpu};
+//! use burn_te_debug::{Debug, DebugOptions};
+//! type B = Autodiff<Debug<Te<Wgpu>>>;
+//! burn_te_debug::initialize(DebugOptions::new("config.yaml").log_dir("./log")).unwrap();
+//! for _ in 0..5 {
+//!     // forward and backward pass ...
+//!     burn_te_debug::step().unwrap();
+//! }
+//! burn_te_debug::end().unwrap();
+//! ```
+
+pub mod config;
+mod debug;
+mod error;
+pub mod features;
+mod log;
+mod session;
+pub mod stats;
+mod tensor;
 
 pub use burn_te_kernels::{Fp8Stats, TensorStats};
+pub use debug::Debug;
+pub use error::{ConfigError, ConfigErrorKind, ConfigLocation, DebugError};
+pub use session::{
+    DebugOptions, StatLogger, check_layers, end, initialize, initialize_training_step, iteration,
+    log_message, step,
+};
+pub use tensor::TensorName;

@@ -102,8 +102,9 @@ pub fn is_fp8_enabled() -> bool {
     STATE.with(|s| s.borrow().frames.last().is_some_and(|f| f.recipe.is_some()))
 }
 
-/// Bookkeeping of a plain linear forward: its recipe (if FP8) and its name by order in the scope.
-pub(crate) fn plain_linear_forward() -> (Option<Recipe>, String) {
+/// Bookkeeping of a plain Burn linear's forward, for backend decorators: its recipe (if FP8) and its name by order
+/// in the scope (`linear0`, `linear1`, ...).
+pub fn plain_linear_forward() -> (Option<Recipe>, String) {
     STATE.with(|s| {
         let mut s = s.borrow_mut();
         let recipe = s.frames.last().and_then(|f| f.recipe.clone());
@@ -119,7 +120,7 @@ pub(crate) fn plain_linear_forward() -> (Option<Recipe>, String) {
 
 /// Bookkeeping of a plain linear backward GEMM: the recipe of the latest forward and the layer's name, counting
 /// layers backwards (`wgrad` closes a layer; a `dgrad` belongs to the layer whose `wgrad` follows).
-pub(crate) fn plain_linear_backward(closes_layer: bool) -> (Option<Recipe>, String) {
+pub fn plain_linear_backward(closes_layer: bool) -> (Option<Recipe>, String) {
     STATE.with(|s| {
         let mut s = s.borrow_mut();
         let index = s.forward_linears.saturating_sub(1 + s.backward_linears);

@@ -175,6 +175,7 @@ pub trait TeBackend: Backend {
                     bias.clone(),
                     site,
                     recipe,
+                    [None, None],
                 ),
                 || Self::linear(x, weight, bias),
             ),
@@ -192,7 +193,13 @@ pub trait TeBackend: Backend {
             None => Self::linear_x_backward(weight, grad),
             Some(recipe) => crate::fp8_gemm::or_high_precision::<Self>(
                 site,
-                crate::fp8_gemm::linear_dgrad::<Self>(weight.clone(), grad.clone(), site, recipe),
+                crate::fp8_gemm::linear_dgrad::<Self>(
+                    weight.clone(),
+                    grad.clone(),
+                    site,
+                    recipe,
+                    [None, None],
+                ),
                 || Self::linear_x_backward(weight, grad),
             ),
         }
@@ -209,7 +216,13 @@ pub trait TeBackend: Backend {
             None => Self::linear_weight_backward(x, grad),
             Some(recipe) => crate::fp8_gemm::or_high_precision::<Self>(
                 site,
-                crate::fp8_gemm::linear_wgrad::<Self>(x.clone(), grad.clone(), site, recipe),
+                crate::fp8_gemm::linear_wgrad::<Self>(
+                    x.clone(),
+                    grad.clone(),
+                    site,
+                    recipe,
+                    [None, None],
+                ),
                 || Self::linear_weight_backward(x, grad),
             ),
         }
@@ -248,5 +261,81 @@ pub fn gemm_output_shape<D>(
 
 /// The error of asking per-tensor statistics for a block scaling.
 pub(crate) fn per_tensor_only() -> TeError {
-    TeError::InvalidRecipe("quantization statistics take a per-tensor (current or delayed) scaling".into())
+    TeError::InvalidRecipe(
+        "quantization statistics take a per-tensor (current or delayed) scaling".into(),
+    )
+}
+
+/// The FP8 ops of a [`TeBackend`] decorator whose primitives are its inner backend's: every op but the `te_linear`
+/// GEMMs forwards to `$inner`. Used inside `impl TeBackend for Decorator<B>` by `Te<B>` and the debug tools.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! forward_fp8_ops {
+    ($inner:ident) => {
+        type Fp8Data = $inner::Fp8Data;
+        type DelayedState = $inner::DelayedState;
+        type PendingStats = $inner::PendingStats;
+
+        fn fp8_quantize(
+            tensor: $crate::__private::FloatTensor<Self>,
+            format: $crate::Fp8Format,
+            scaling: $crate::Scaling<'_, Self::DelayedState>,
+        ) -> Result<$crate::Fp8Primitive<Self>, $crate::TeError> {
+            $inner::fp8_quantize(tensor, format, scaling)
+        }
+        fn fp8_dequantize(
+            tensor: $crate::Fp8Primitive<Self>,
+        ) -> Result<$crate::__private::FloatTensor<Self>, $crate::TeError> {
+            $inner::fp8_dequantize(tensor)
+        }
+        fn fp8_gemm(
+            lhs: $crate::Fp8Primitive<Self>,
+            lhs_t: bool,
+            rhs: $crate::Fp8Primitive<Self>,
+            rhs_t: bool,
+        ) -> Result<$crate::__private::FloatTensor<Self>, $crate::TeError> {
+            $inner::fp8_gemm(lhs, lhs_t, rhs, rhs_t)
+        }
+        fn fp8_amax(
+            tensor: $crate::__private::FloatTensor<Self>,
+        ) -> Result<$crate::__private::FloatTensor<Self>, $crate::TeError> {
+            $inner::fp8_amax(tensor)
+        }
+        fn fp8_fake_quant(
+            tensor: $crate::__private::FloatTensor<Self>,
+            format: $crate::Fp8Format,
+            margin: f32,
+        ) -> Result<$crate::__private::FloatTensor<Self>, $crate::TeError> {
+            $inner::fp8_fake_quant(tensor, format, margin)
+        }
+        fn fp8_stats_launch(
+            tensor: $crate::__private::FloatTensor<Self>,
+            quantization: Option<($crate::Fp8Format, $crate::Scaling<'_, Self::DelayedState>)>,
+        ) -> Result<Self::PendingStats, $crate::TeError> {
+            $inner::fp8_stats_launch(tensor, quantization)
+        }
+        fn fp8_stats_read(
+            pending: Self::PendingStats,
+        ) -> Result<$crate::StatsReading, $crate::TeError> {
+            $inner::fp8_stats_read(pending)
+        }
+        fn fp8_quantization_stats(
+            tensor: $crate::__private::FloatTensor<Self>,
+            format: $crate::Fp8Format,
+            scale: f32,
+        ) -> Result<$crate::Fp8Stats, $crate::TeError> {
+            $inner::fp8_quantization_stats(tensor, format, scale)
+        }
+        fn fp8_delayed_state(
+            device: &Self::Device,
+            history_len: usize,
+        ) -> Result<Self::DelayedState, $crate::TeError> {
+            $inner::fp8_delayed_state(device, history_len)
+        }
+        fn fp8_delayed_state_read(
+            state: &Self::DelayedState,
+        ) -> Result<(Vec<f32>, f32), $crate::TeError> {
+            $inner::fp8_delayed_state_read(state)
+        }
+    };
 }

@@ -330,7 +330,11 @@ where
         let client = &x.client;
         let Some((format, scaling)) = quantization else {
             let readback = with_float!(x.dtype, "fp8_stats", T => Ok(ops::tensor_stats::<R, T>(client, &x.handle, len)?))?;
-            return Ok(CubePendingStats { readback, scale: None, client: client.clone() });
+            return Ok(CubePendingStats {
+                readback,
+                scale: None,
+                client: client.clone(),
+            });
         };
         let scale = match scaling {
             Scaling::Current { margin } => {
@@ -344,7 +348,11 @@ where
             Scaling::Block { .. } => return Err(crate::backend::per_tensor_only()),
         };
         let readback = with_float!(x.dtype, "fp8_stats", T => Ok(ops::fp8_tensor_stats::<R, T>(client, &x.handle, len, format, &scale)?))?;
-        Ok(CubePendingStats { readback, scale: Some(scale), client: client.clone() })
+        Ok(CubePendingStats {
+            readback,
+            scale: Some(scale),
+            client: client.clone(),
+        })
     }
 
     fn fp8_stats_read(pending: CubePendingStats<R>) -> Result<StatsReading, TeError> {

@@ -11,7 +11,7 @@ use crate::scaling_state::delayed_state;
 use crate::site::{GemmSite, TensorRole};
 
 /// Returns the FP8 result, or on an error logs it and runs the high-precision op instead (Burn ops cannot fail).
-pub(crate) fn or_high_precision<B: TeBackend>(
+pub fn or_high_precision<B: TeBackend>(
     what: impl core::fmt::Display,
     fp8: Result<FloatTensor<B>, TeError>,
     high_precision: impl FnOnce() -> FloatTensor<B>,
@@ -21,6 +21,12 @@ pub(crate) fn or_high_precision<B: TeBackend>(
         high_precision()
     })
 }
+
+/// Per-operand replacements of the recipe's scaling, `[lhs, rhs]` in the order of [`Gemm::operands`]: `Some(margin)`
+/// quantizes that operand with a per-tensor current scale (the debug tools' PerTensorScaling).
+///
+/// [`Gemm::operands`]: crate::Gemm::operands
+pub type CurrentScalingOverrides = [Option<f32>; 2];
 
 /// Quantizes one GEMM operand stored as `[rows, cols]` for `role`: the recipe's format for the role, delayed
 /// (per layer and role), current or block scales. `k_along_cols`: the GEMM reduces along the stored columns.
@@ -32,8 +38,12 @@ pub fn quantize_operand<B: TeBackend>(
     role: TensorRole,
     k_along_cols: bool,
     update: bool,
+    current_margin: Option<f32>,
 ) -> Result<Fp8Primitive<B>, TeError> {
     let format = recipe.format().for_role(role);
+    if let Some(margin) = current_margin {
+        return B::fp8_quantize(tensor, format, Scaling::Current { margin });
+    }
     match recipe {
         Recipe::Delayed(r) => {
             let device = B::float_device(&tensor);
@@ -95,6 +105,7 @@ pub fn linear_fprop<B: TeBackend>(
     bias: Option<FloatTensor<B>>,
     site: &GemmSite,
     recipe: &Recipe,
+    overrides: CurrentScalingOverrides,
 ) -> Result<FloatTensor<B>, TeError> {
     let (x_dims, w_dims) = (dims::<B>(&x), dims::<B>(&weight));
     if w_dims.len() != 2 || x_dims.last() != w_dims.first() {
@@ -106,8 +117,24 @@ pub fn linear_fprop<B: TeBackend>(
         ));
     }
     let (x2, mut leading) = fold_rows::<B>(x);
-    let qx = quantize_operand::<B>(x2, recipe, site, TensorRole::Activation, true, true)?;
-    let qw = quantize_operand::<B>(weight, recipe, site, TensorRole::Weight, false, true)?;
+    let qx = quantize_operand::<B>(
+        x2,
+        recipe,
+        site,
+        TensorRole::Activation,
+        true,
+        true,
+        overrides[0],
+    )?;
+    let qw = quantize_operand::<B>(
+        weight,
+        recipe,
+        site,
+        TensorRole::Weight,
+        false,
+        true,
+        overrides[1],
+    )?;
     let mut out = B::fp8_gemm(qx, false, qw, false)?;
     let out_features = w_dims[1];
     if let Some(bias) = bias {
@@ -124,6 +151,7 @@ pub fn linear_dgrad<B: TeBackend>(
     grad: FloatTensor<B>,
     site: &GemmSite,
     recipe: &Recipe,
+    overrides: CurrentScalingOverrides,
 ) -> Result<FloatTensor<B>, TeError> {
     let (w_dims, g_dims) = (dims::<B>(&weight), dims::<B>(&grad));
     if w_dims.len() != 2 || g_dims.last() != w_dims.get(1) {
@@ -136,8 +164,24 @@ pub fn linear_dgrad<B: TeBackend>(
     }
     let (g2, mut leading) = fold_rows::<B>(grad);
     // The gradient's amax is recorded by wgrad, so both GEMMs use the scale from before this step.
-    let qg = quantize_operand::<B>(g2, recipe, site, TensorRole::Gradient, true, false)?;
-    let qw = quantize_operand::<B>(weight, recipe, site, TensorRole::Weight, true, false)?;
+    let qg = quantize_operand::<B>(
+        g2,
+        recipe,
+        site,
+        TensorRole::Gradient,
+        true,
+        false,
+        overrides[0],
+    )?;
+    let qw = quantize_operand::<B>(
+        weight,
+        recipe,
+        site,
+        TensorRole::Weight,
+        true,
+        false,
+        overrides[1],
+    )?;
     let out = B::fp8_gemm(qg, false, qw, true)?;
     leading.push(w_dims[0]);
     Ok(B::float_reshape(out, Shape::from(leading)))
@@ -149,6 +193,7 @@ pub fn linear_wgrad<B: TeBackend>(
     grad: FloatTensor<B>,
     site: &GemmSite,
     recipe: &Recipe,
+    overrides: CurrentScalingOverrides,
 ) -> Result<FloatTensor<B>, TeError> {
     let (x_dims, g_dims) = (dims::<B>(&x), dims::<B>(&grad));
     if x_dims.len() != g_dims.len() || x_dims[..x_dims.len() - 1] != g_dims[..g_dims.len() - 1] {
@@ -162,8 +207,24 @@ pub fn linear_wgrad<B: TeBackend>(
     }
     let (x2, _) = fold_rows::<B>(x);
     let (g2, _) = fold_rows::<B>(grad);
-    let qx = quantize_operand::<B>(x2, recipe, site, TensorRole::Activation, false, false)?;
-    let qg = quantize_operand::<B>(g2, recipe, site, TensorRole::Gradient, false, true)?;
+    let qx = quantize_operand::<B>(
+        x2,
+        recipe,
+        site,
+        TensorRole::Activation,
+        false,
+        false,
+        overrides[0],
+    )?;
+    let qg = quantize_operand::<B>(
+        g2,
+        recipe,
+        site,
+        TensorRole::Gradient,
+        false,
+        true,
+        overrides[1],
+    )?;
     B::fp8_gemm(qx, true, qg, false)
 }
 

@@ -37,6 +37,7 @@ mod te;
 
 pub use autocast::{
     AutocastGuard, active_recipe, fp8_autocast, fp8_autocast_guard, is_fp8_enabled,
+    plain_linear_backward, plain_linear_forward,
 };
 pub use backend::{Fp8Primitive, Fp8Tensor, Scaling, StatsReading, TeBackend};
 pub use burn_te_kernels::{
@@ -51,6 +52,11 @@ pub use recipe::{
 };
 pub use site::{Gemm, GemmSite, TensorRole};
 pub use te::Te;
+
+#[doc(hidden)]
+pub mod __private {
+    pub use burn::tensor::ops::FloatTensor;
+}
 
 /// CubeCL backends without Burn's fusion (`Te` implements [`TeBackend`] on `CubeBackend` directly).
 pub mod backends {

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 /// One of a layer's three GEMMs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Gemm {
     /// Forward: activation × weight.
     Fprop,
@@ -56,11 +56,13 @@ impl TensorRole {
     }
 }
 
-/// Where a GEMM runs: the layer's name and which of its GEMMs.
+/// Where a GEMM runs: the layer's name, its module type and which of its GEMMs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct GemmSite {
     /// The layer's name (e.g. `decoder.1.fc1`).
     pub layer: Arc<str>,
+    /// The module type in TE's snake case (`linear`, `layernorm_linear`); `None` for plain Burn linears.
+    pub kind: Option<&'static str>,
     /// Which GEMM.
     pub gemm: Gemm,
 }
@@ -70,15 +72,24 @@ impl GemmSite {
     pub fn new(layer: impl Into<Arc<str>>, gemm: Gemm) -> Self {
         Self {
             layer: layer.into(),
+            kind: None,
             gemm,
+        }
+    }
+
+    /// The same site, of a module of type `kind`.
+    pub fn of_kind(self, kind: &'static str) -> Self {
+        Self {
+            kind: Some(kind),
+            ..self
         }
     }
 
     /// The same layer's site of another GEMM.
     pub fn with_gemm(&self, gemm: Gemm) -> Self {
         Self {
-            layer: self.layer.clone(),
             gemm,
+            ..self.clone()
         }
     }
 }

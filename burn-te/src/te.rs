@@ -11,12 +11,11 @@
 use core::marker::PhantomData;
 
 use burn::tensor::ops::FloatTensor;
-use burn_te_kernels::{Fp8Format, Fp8Stats};
 
-use crate::backend::{Fp8Primitive, Scaling, StatsReading, TeBackend};
+use crate::backend::TeBackend;
 use crate::decorator::Decorator;
 use crate::site::{Gemm, GemmSite};
-use crate::{TeError, autocast, fp8_gemm};
+use crate::{autocast, fp8_gemm};
 
 /// The FP8 backend decorator: `B` with FP8 GEMMs inside autocast scopes. Use as `Autodiff<Te<Wgpu>>`.
 #[derive(Clone, Copy, Default, Debug)]
@@ -71,63 +70,8 @@ impl<B: TeBackend> Decorator for Te<B> {
 crate::forward_backend!(Te);
 
 impl<B: TeBackend> TeBackend for Te<B> {
-    type Fp8Data = B::Fp8Data;
-    type DelayedState = B::DelayedState;
-    type PendingStats = B::PendingStats;
+    crate::forward_fp8_ops!(B);
 
-    fn fp8_quantize(
-        tensor: FloatTensor<Self>,
-        format: Fp8Format,
-        scaling: Scaling<'_, Self::DelayedState>,
-    ) -> Result<Fp8Primitive<Self>, TeError> {
-        B::fp8_quantize(tensor, format, scaling)
-    }
-    fn fp8_dequantize(tensor: Fp8Primitive<Self>) -> Result<FloatTensor<Self>, TeError> {
-        B::fp8_dequantize(tensor)
-    }
-    fn fp8_gemm(
-        lhs: Fp8Primitive<Self>,
-        lhs_t: bool,
-        rhs: Fp8Primitive<Self>,
-        rhs_t: bool,
-    ) -> Result<FloatTensor<Self>, TeError> {
-        B::fp8_gemm(lhs, lhs_t, rhs, rhs_t)
-    }
-    fn fp8_amax(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, TeError> {
-        B::fp8_amax(tensor)
-    }
-    fn fp8_fake_quant(
-        tensor: FloatTensor<Self>,
-        format: Fp8Format,
-        margin: f32,
-    ) -> Result<FloatTensor<Self>, TeError> {
-        B::fp8_fake_quant(tensor, format, margin)
-    }
-    fn fp8_stats_launch(
-        tensor: FloatTensor<Self>,
-        quantization: Option<(Fp8Format, Scaling<'_, Self::DelayedState>)>,
-    ) -> Result<Self::PendingStats, TeError> {
-        B::fp8_stats_launch(tensor, quantization)
-    }
-    fn fp8_stats_read(pending: Self::PendingStats) -> Result<StatsReading, TeError> {
-        B::fp8_stats_read(pending)
-    }
-    fn fp8_quantization_stats(
-        tensor: FloatTensor<Self>,
-        format: Fp8Format,
-        scale: f32,
-    ) -> Result<Fp8Stats, TeError> {
-        B::fp8_quantization_stats(tensor, format, scale)
-    }
-    fn fp8_delayed_state(
-        device: &Self::Device,
-        history_len: usize,
-    ) -> Result<Self::DelayedState, TeError> {
-        B::fp8_delayed_state(device, history_len)
-    }
-    fn fp8_delayed_state_read(state: &Self::DelayedState) -> Result<(Vec<f32>, f32), TeError> {
-        B::fp8_delayed_state_read(state)
-    }
     fn te_linear(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,

@@ -118,7 +118,13 @@ impl<B: TeBackend> LayerNormLinear<B> {
             .map_err(|err| rename(err, &self.name()))?;
         let (added, returned) = split_bias(&self.bias, self.return_bias);
         Ok(ModuleOutput {
-            output: te_gemm(normalized.clone(), &self.weight, added, &self.name)?,
+            output: te_gemm(
+                normalized.clone(),
+                &self.weight,
+                added,
+                &self.name,
+                "layernorm_linear",
+            )?,
             bias: returned,
             layernorm_output: self.return_layernorm_output.then_some(normalized),
         })

@@ -90,11 +90,12 @@ pub(crate) fn te_gemm<B: TeBackend, const D: usize>(
     weight: &Param<Tensor<B, 2>>,
     bias: Option<Tensor<B, 1>>,
     name: &LayerName,
+    kind: &'static str,
 ) -> Result<Tensor<B, D>, TeError> {
     let [in_features, _] = weight.dims();
     let layer = name.resolve(weight);
     check_features(&layer, "input", &x, in_features)?;
-    let site = GemmSite::new(layer, Gemm::Fprop);
+    let site = GemmSite::new(layer, Gemm::Fprop).of_kind(kind);
     let out = B::te_linear(
         x.into_primitive().tensor(),
         weight.val().into_primitive().tensor(),
@@ -138,7 +139,7 @@ impl<B: TeBackend> Linear<B> {
     ) -> Result<ModuleOutput<B, D>, TeError> {
         let (added, returned) = split_bias(&self.bias, self.return_bias);
         Ok(ModuleOutput {
-            output: te_gemm(x, &self.weight, added, &self.name)?,
+            output: te_gemm(x, &self.weight, added, &self.name, "linear")?,
             bias: returned,
             layernorm_output: None,
         })

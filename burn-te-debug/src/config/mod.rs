@@ -1,0 +1,275 @@
+//! The config file in Transformer Engine's YAML format: sections, layer selectors, features.
+
+mod lines;
+mod schedule;
+mod selector;
+mod spec;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_yaml_ng::{Mapping, Value};
+
+pub use schedule::Schedule;
+pub use selector::{LayerSelector, layer_number};
+pub use spec::{FeatureSpec, Item, Need, SCHEDULE_KEYS};
+
+use crate::error::{ConfigError, ConfigErrorKind, ConfigLocation, DebugError};
+use crate::features::{Feature, Namespace, build_feature};
+use lines::find_line;
+
+/// A parsed config: its enabled sections, in file order.
+pub struct Config {
+    /// The enabled sections.
+    pub sections: Vec<Section>,
+    /// Every section's name, enabled or not, in file order.
+    pub section_names: Vec<String>,
+}
+
+/// An enabled section: which layers, which features.
+pub struct Section {
+    /// The section's name.
+    pub name: String,
+    /// Which layers it applies to.
+    pub selector: LayerSelector,
+    /// Its enabled features.
+    pub features: Vec<Box<dyn Feature>>,
+}
+
+impl Config {
+    /// Reads and parses a config file.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Config, DebugError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| DebugError::ReadConfig {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(Config::parse(&text, &path.display().to_string())?)
+    }
+
+    /// Parses config text; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
+        let text: Arc<str> = Arc::from(text);
+        let base = ConfigLocation {
+            file: file.to_string(),
+            ..ConfigLocation::default()
+        };
+        let top: Value = serde_yaml_ng::from_str(&text).map_err(|err| ConfigError {
+            location: ConfigLocation {
+                line: err.location().map(|l| l.line()),
+                ..base.clone()
+            },
+            kind: ConfigErrorKind::Syntax(err.to_string()),
+        })?;
+        let top = match top {
+            Value::Mapping(map) => map,
+            Value::Null => Mapping::new(),
+            other => {
+                return Err(ConfigError {
+                    location: base,
+                    kind: ConfigErrorKind::InvalidValue(format!(
+                        "expected a mapping of sections, got {other:?}"
+                    )),
+                });
+            }
+        };
+        let mut config = Config {
+            sections: Vec::new(),
+            section_names: Vec::new(),
+        };
+        for (name, body) in &top {
+            let name = name
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("{name:?}"));
+            config.section_names.push(name.clone());
+            let parser = SectionParser {
+                text: text.clone(),
+                location: ConfigLocation {
+                    section: Some(name.clone()),
+                    ..base.clone()
+                },
+                name: name.clone(),
+            };
+            if let Some(section) = parser.parse(body)? {
+                config.sections.push(section);
+            }
+        }
+        if config.sections.is_empty() {
+            return Err(ConfigError {
+                location: base,
+                kind: ConfigErrorKind::NothingEnabled,
+            });
+        }
+        Ok(config)
+    }
+
+    /// The section selecting `layer` (of module type `kind`), or an error if two do.
+    pub fn section_for(
+        &self,
+        layer: &str,
+        kind: Option<&str>,
+    ) -> Result<Option<&Section>, ConfigError> {
+        let mut matching = self
+            .sections
+            .iter()
+            .filter(|s| s.selector.matches(layer, kind));
+        let first = matching.next();
+        match (first, matching.next()) {
+            (Some(first), Some(second)) => Err(ConfigError {
+                location: ConfigLocation {
+                    section: Some(second.name.clone()),
+                    ..ConfigLocation::default()
+                },
+                kind: ConfigErrorKind::Overlap {
+                    layer: layer.to_string(),
+                    first: first.name.clone(),
+                    second: second.name.clone(),
+                },
+            }),
+            (first, _) => Ok(first),
+        }
+    }
+}
+
+struct SectionParser {
+    text: Arc<str>,
+    location: ConfigLocation,
+    name: String,
+}
+
+impl SectionParser {
+    fn error(&self, path: &[&str], key: Option<&str>, kind: ConfigErrorKind) -> ConfigError {
+        let mut full = vec![self.name.as_str()];
+        full.extend(path);
+        ConfigError {
+            location: ConfigLocation {
+                key: key.map(str::to_string),
+                line: find_line(&self.text, &full),
+                ..self.location.clone()
+            },
+            kind,
+        }
+    }
+
+    fn enabled(&self, map: &Mapping, path: &[&str]) -> Result<bool, ConfigError> {
+        match map.get("enabled") {
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(other) => Err(self.error(
+                &[path, &["enabled"]].concat(),
+                Some("enabled"),
+                ConfigErrorKind::InvalidValue(format!(
+                    "enabled: expected true or false, got {other:?}"
+                )),
+            )),
+            None => Err(self.error(
+                path,
+                Some("enabled"),
+                ConfigErrorKind::MissingKey("enabled".into()),
+            )),
+        }
+    }
+
+    fn parse(&self, body: &Value) -> Result<Option<Section>, ConfigError> {
+        let map = body.as_mapping().ok_or_else(|| {
+            self.error(
+                &[],
+                None,
+                ConfigErrorKind::InvalidValue("a section must be a mapping".into()),
+            )
+        })?;
+        if !self.enabled(map, &[])? {
+            return Ok(None);
+        }
+        let layers = map.get("layers").ok_or_else(|| {
+            self.error(
+                &[],
+                Some("layers"),
+                ConfigErrorKind::MissingKey("layers".into()),
+            )
+        })?;
+        let selector = LayerSelector::parse(layers).map_err(|(key, kind)| {
+            let path: Vec<&str> = ["layers"].into_iter().chain(key.as_deref()).collect();
+            self.error(&path, Some(key.as_deref().unwrap_or("layers")), kind)
+        })?;
+        let mut features = Vec::new();
+        for (key, value) in map {
+            let key = key.as_str().unwrap_or_default();
+            match key {
+                "enabled" | "layers" => {}
+                "transformer_engine" => {
+                    let namespace = value.as_mapping().ok_or_else(|| {
+                        self.error(
+                            &[key],
+                            Some(key),
+                            ConfigErrorKind::InvalidValue(
+                                "transformer_engine: expected a mapping of features".into(),
+                            ),
+                        )
+                    })?;
+                    for (name, body) in namespace {
+                        let name = name.as_str().unwrap_or_default();
+                        features.extend(self.feature(Namespace::TransformerEngine, name, body)?);
+                    }
+                }
+                name => features.extend(self.feature(Namespace::Base, name, value)?),
+            }
+        }
+        Ok(Some(Section {
+            name: self.name.clone(),
+            selector,
+            features,
+        }))
+    }
+
+    fn feature(
+        &self,
+        namespace: Namespace,
+        name: &str,
+        body: &Value,
+    ) -> Result<Option<Box<dyn Feature>>, ConfigError> {
+        let path: Vec<&str> = match namespace {
+            Namespace::TransformerEngine => vec!["transformer_engine", name],
+            Namespace::Base => vec![name],
+        };
+        let map = body.as_mapping().ok_or_else(|| {
+            self.error(
+                &path,
+                None,
+                ConfigErrorKind::InvalidValue(format!("feature {name}: expected a mapping")),
+            )
+        })?;
+        let location = ConfigLocation {
+            feature: Some(match namespace {
+                Namespace::TransformerEngine => format!("transformer_engine.{name}"),
+                Namespace::Base => name.to_string(),
+            }),
+            ..self.location.clone()
+        };
+        let spec_path = [self.name.as_str()]
+            .into_iter()
+            .chain(path.iter().copied())
+            .map(str::to_string)
+            .collect();
+        let spec = FeatureSpec::new(
+            name.to_string(),
+            map.clone(),
+            location,
+            spec_path,
+            self.text.clone(),
+        );
+        if !self.enabled(map, &path).map_err(|e| ConfigError {
+            location: ConfigLocation {
+                feature: spec
+                    .error(None, ConfigErrorKind::NoSelector)
+                    .location
+                    .feature,
+                ..e.location
+            },
+            ..e
+        })? {
+            return Ok(None);
+        }
+        build_feature(namespace, &spec).map(Some)
+    }
+}

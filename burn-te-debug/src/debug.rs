@@ -1,0 +1,313 @@
+//! `Debug<B>`: the backend decorator that runs the config's features on every GEMM.
+//!
+//! It intercepts the three GEMMs of every layer: the TE modules' `te_linear` (fprop) and, under `Autodiff`, its
+//! dgrad and wgrad, each with its [`GemmSite`]; and plain Burn `linear`s, named `linear0`, `linear1`, ... in call
+//! order inside an autocast scope (as `Te<B>` names them). Plain `float_matmul` (e.g. attention's batched matmuls)
+//! is not a layer GEMM and forwards unchanged. Every other op forwards to `B` through the forwarding written once
+//! for `Te<B>`. Use as `Autodiff<Debug<Te<B>>>`.
+//!
+//! A layer with no active feature takes the plain path and is not asked again until the next iteration at which a
+//! feature may be on.
+
+use core::any::Any;
+use core::marker::PhantomData;
+
+use burn::tensor::TensorMetadata;
+use burn::tensor::ops::FloatTensor;
+use burn_te::backend::TeBackend;
+use burn_te::fp8_gemm::{self, CurrentScalingOverrides};
+use burn_te::{
+    Decorator, Fp8Format, Gemm, GemmSite, Recipe, Scaling, TensorRole, plain_linear_backward,
+    plain_linear_forward,
+};
+
+use crate::error::DebugError;
+use crate::features::{DebugTensor, Modified, PendingStats, StatsScaling};
+use crate::session;
+use crate::tensor::TensorName;
+
+/// The debug backend decorator. Use as `Autodiff<Debug<Te<Wgpu>>>`.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Debug<B>(PhantomData<B>);
+
+impl<B: TeBackend> Decorator for Debug<B> {
+    type Inner = B;
+
+    fn name(device: &B::Device) -> String {
+        format!("debug<{}>", B::name(device))
+    }
+
+    fn linear(
+        x: FloatTensor<B>,
+        weight: FloatTensor<B>,
+        bias: Option<FloatTensor<B>>,
+    ) -> FloatTensor<B> {
+        let (recipe, layer) = plain_linear_forward();
+        let site = GemmSite::new(layer, Gemm::Fprop);
+        <Self as TeBackend>::te_linear(x, weight, bias, &site, recipe.as_ref())
+    }
+
+    fn linear_x_backward(weight: FloatTensor<B>, output_grad: FloatTensor<B>) -> FloatTensor<B> {
+        let (recipe, layer) = plain_linear_backward(false);
+        let site = GemmSite::new(layer, Gemm::Dgrad);
+        <Self as TeBackend>::te_linear_dgrad(weight, output_grad, &site, recipe.as_ref())
+    }
+
+    fn linear_weight_backward(x: FloatTensor<B>, output_grad: FloatTensor<B>) -> FloatTensor<B> {
+        let (recipe, layer) = plain_linear_backward(true);
+        let site = GemmSite::new(layer, Gemm::Wgrad);
+        <Self as TeBackend>::te_linear_wgrad(x, output_grad, &site, recipe.as_ref())
+    }
+}
+
+burn_te::forward_backend!(Debug);
+
+/// A GEMM operand or output as the features see it.
+struct SiteTensor<B: TeBackend> {
+    tensor: FloatTensor<B>,
+    site: GemmSite,
+    role: Option<TensorRole>,
+    recipe: Option<Recipe>,
+}
+
+impl<B: TeBackend> SiteTensor<B> {
+    fn with(&self, tensor: FloatTensor<B>) -> SiteTensor<B> {
+        SiteTensor {
+            tensor,
+            site: self.site.clone(),
+            role: self.role,
+            recipe: self.recipe.clone(),
+        }
+    }
+}
+
+impl<B: TeBackend> DebugTensor for SiteTensor<B> {
+    fn shape(&self) -> Vec<usize> {
+        self.tensor.shape().as_slice().to_vec()
+    }
+
+    fn launch_stats(
+        &self,
+        quantization: Option<(Fp8Format, StatsScaling)>,
+    ) -> Result<PendingStats, DebugError> {
+        let pending = match quantization {
+            None => B::fp8_stats_launch(self.tensor.clone(), None)?,
+            Some((format, StatsScaling::Current { margin })) => B::fp8_stats_launch(
+                self.tensor.clone(),
+                Some((format, Scaling::Current { margin })),
+            )?,
+            Some((format, StatsScaling::Delayed)) => {
+                let (Some(Recipe::Delayed(recipe)), Some(role)) = (&self.recipe, self.role) else {
+                    return Err(burn_te::TeError::InvalidRecipe(
+                        "delayed-scaling stats need a DelayedScaling scope".into(),
+                    )
+                    .into());
+                };
+                let device = B::float_device(&self.tensor);
+                let state = burn_te::scaling_state::delayed_state::<B>(
+                    &device,
+                    &self.site.layer,
+                    role,
+                    recipe.amax_history_len,
+                )?;
+                let scaling = Scaling::Delayed {
+                    state: &state,
+                    algo: recipe.amax_compute_algo,
+                    margin: recipe.margin,
+                    update: false,
+                };
+                B::fp8_stats_launch(self.tensor.clone(), Some((format, scaling)))?
+            }
+        };
+        Ok(PendingStats(Box::new(move || {
+            Ok(B::fp8_stats_read(pending)?)
+        })))
+    }
+
+    fn fake_quant(
+        &self,
+        format: Fp8Format,
+        margin: f32,
+    ) -> Result<Box<dyn DebugTensor>, DebugError> {
+        let tensor = B::fp8_fake_quant(self.tensor.clone(), format, margin)?;
+        Ok(Box::new(self.with(tensor)))
+    }
+
+    fn to_vec(&self) -> Result<Vec<f32>, DebugError> {
+        let data =
+            burn_te_kernels::cubecl::future::block_on(B::float_into_data(self.tensor.clone()))
+                .map_err(|err| burn_te::TeError::Read(format!("{err:?}")))?;
+        data.convert::<f32>()
+            .into_vec::<f32>()
+            .map_err(|err| burn_te::TeError::Read(format!("{err:?}")).into())
+    }
+
+    fn recipe(&self) -> Option<Recipe> {
+        self.recipe.clone()
+    }
+
+    fn role(&self) -> Option<TensorRole> {
+        self.role
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+}
+
+/// The output tensor of a GEMM.
+fn output_of(gemm: Gemm) -> TensorName {
+    match gemm {
+        Gemm::Fprop => TensorName::Output,
+        Gemm::Dgrad => TensorName::Dgrad,
+        Gemm::Wgrad => TensorName::Wgrad,
+    }
+}
+
+/// One GEMM through the debug features: inspect the inputs, modify them, run the GEMM in FP8 or high precision
+/// (`run(operands, recipe, overrides)`), inspect the output.
+fn debug_gemm<B: TeBackend>(
+    site: &GemmSite,
+    recipe: Option<&Recipe>,
+    operands: [FloatTensor<B>; 2],
+    run: impl FnOnce([FloatTensor<B>; 2], Option<&Recipe>, CurrentScalingOverrides) -> FloatTensor<B>,
+) -> FloatTensor<B> {
+    if !session::active() {
+        return run(operands, recipe, [None, None]);
+    }
+    let Some(plan) = session::with_session(|s| s.plan(site, recipe.is_some())).flatten() else {
+        return run(operands, recipe, [None, None]);
+    };
+    let (lhs, rhs) = site.gemm.operands();
+    let view = |tensor: FloatTensor<B>, role: Option<TensorRole>| SiteTensor::<B> {
+        tensor,
+        site: site.clone(),
+        role,
+        recipe: recipe.cloned(),
+    };
+    let mut operands = operands;
+    let mut overrides = [None, None];
+    let mut high_precision = !plan.fp8 || recipe.is_none();
+    for (slot, role) in [lhs, rhs].into_iter().enumerate() {
+        let tensor = TensorName::from(role);
+        let input = view(operands[slot].clone(), Some(role));
+        if plan.inspect.contains(&tensor) {
+            session::with_session(|s| s.inspect(site, tensor, &input));
+        }
+        let Some(feature) = plan.modify[slot] else {
+            continue;
+        };
+        match session::with_session(|s| s.modify(site, feature, tensor, &input)) {
+            Some(Ok(Modified::CurrentScaling { margin })) => overrides[slot] = Some(margin),
+            Some(Ok(Modified::HighPrecision(modified))) => {
+                match modified.into_any().downcast::<SiteTensor<B>>() {
+                    Ok(modified) => {
+                        operands[slot] = modified.tensor;
+                        high_precision = true;
+                    }
+                    Err(_) => tracing::error!(
+                        "{site}: modify_tensor returned a tensor of another backend; ignored"
+                    ),
+                }
+            }
+            Some(Err(err)) => tracing::error!("{site}: {err}"),
+            None => {}
+        }
+    }
+    let output = run(
+        operands,
+        if high_precision { None } else { recipe },
+        overrides,
+    );
+    let out_name = output_of(site.gemm);
+    if plan.inspect.contains(&out_name) {
+        let output_view = view(output.clone(), None);
+        session::with_session(|s| s.inspect(site, out_name, &output_view));
+    }
+    output
+}
+
+/// Runs an FP8 GEMM with per-operand current-scaling overrides, or the inner backend's own op without any.
+fn with_overrides<B: TeBackend>(
+    site: &GemmSite,
+    recipe: Option<&Recipe>,
+    overrides: CurrentScalingOverrides,
+    fp8: impl FnOnce(&Recipe) -> Result<FloatTensor<B>, burn_te::TeError>,
+    plain: impl FnOnce(Option<&Recipe>) -> FloatTensor<B>,
+) -> FloatTensor<B> {
+    match recipe {
+        Some(recipe) if overrides.iter().any(Option::is_some) => {
+            fp8_gemm::or_high_precision::<B>(site, fp8(recipe), || plain(None))
+        }
+        recipe => plain(recipe),
+    }
+}
+
+impl<B: TeBackend> TeBackend for Debug<B> {
+    burn_te::forward_fp8_ops!(B);
+
+    fn te_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        site: &GemmSite,
+        recipe: Option<&Recipe>,
+    ) -> FloatTensor<Self> {
+        debug_gemm::<B>(site, recipe, [x, weight], |[x, w], recipe, overrides| {
+            with_overrides::<B>(
+                site,
+                recipe,
+                overrides,
+                |r| {
+                    fp8_gemm::linear_fprop::<B>(
+                        x.clone(),
+                        w.clone(),
+                        bias.clone(),
+                        site,
+                        r,
+                        overrides,
+                    )
+                },
+                |r| B::te_linear(x.clone(), w.clone(), bias.clone(), site, r),
+            )
+        })
+    }
+
+    fn te_linear_dgrad(
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        site: &GemmSite,
+        recipe: Option<&Recipe>,
+    ) -> FloatTensor<Self> {
+        debug_gemm::<B>(site, recipe, [grad, weight], |[g, w], recipe, overrides| {
+            with_overrides::<B>(
+                site,
+                recipe,
+                overrides,
+                |r| fp8_gemm::linear_dgrad::<B>(w.clone(), g.clone(), site, r, overrides),
+                |r| B::te_linear_dgrad(w.clone(), g.clone(), site, r),
+            )
+        })
+    }
+
+    fn te_linear_wgrad(
+        x: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        site: &GemmSite,
+        recipe: Option<&Recipe>,
+    ) -> FloatTensor<Self> {
+        debug_gemm::<B>(site, recipe, [x, grad], |[x, g], recipe, overrides| {
+            with_overrides::<B>(
+                site,
+                recipe,
+                overrides,
+                |r| fp8_gemm::linear_wgrad::<B>(x.clone(), g.clone(), site, r, overrides),
+                |r| B::te_linear_wgrad(x.clone(), g.clone(), site, r),
+            )
+        })
+    }
+}

@@ -1,0 +1,231 @@
+//! Features: what a config section runs on its layers. The [`Feature`] trait is TE's call API; the built-in
+//! features have one file each and are registered under TE's names.
+
+mod disable_fp8_gemm;
+mod disable_fp8_layer;
+mod fake_quant;
+mod log_fp8_tensor_stats;
+mod log_tensor_stats;
+mod per_tensor_scaling;
+mod registry;
+
+use std::any::Any;
+
+use burn_te::{Fp8Format, Gemm, Recipe, StatsReading, TensorRole};
+
+pub use disable_fp8_gemm::DisableFp8Gemm;
+pub use disable_fp8_layer::DisableFp8Layer;
+pub use fake_quant::FakeQuant;
+pub use log_fp8_tensor_stats::LogFp8TensorStats;
+pub use log_tensor_stats::LogTensorStats;
+pub use per_tensor_scaling::PerTensorScaling;
+pub(crate) use registry::build_feature;
+pub use registry::{FeatureFactory, Namespace, register_feature};
+
+use crate::error::DebugError;
+use crate::stats::StatRequest;
+use crate::tensor::TensorName;
+
+/// A routing answer: whether the call is on at this iteration, and the next iteration at which it may be
+/// (`None`: never again). A layer whose answers are all off skips the debug path until the smallest `next`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Routing {
+    /// On at this iteration.
+    pub enabled: bool,
+    /// The next iteration at which it may be on.
+    pub next: Option<u64>,
+}
+
+impl Routing {
+    /// On now and at every later iteration.
+    pub fn always(enabled: bool, iteration: u64) -> Routing {
+        Routing {
+            enabled,
+            next: Some(iteration + 1),
+        }
+    }
+}
+
+/// How a modified tensor enters its GEMM.
+pub enum Modified {
+    /// A high-precision tensor (e.g. fake-quantized); the GEMM runs in high precision.
+    HighPrecision(Box<dyn DebugTensor>),
+    /// Quantize the tensor with a per-tensor current scale (`fp8_max / amax / 2^margin`); the GEMM stays in FP8.
+    CurrentScaling {
+        /// TE's margin.
+        margin: f32,
+    },
+}
+
+/// Per-tensor scaling of a quantization-statistics request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum StatsScaling {
+    /// Current scaling with `margin`.
+    Current {
+        /// TE's margin.
+        margin: f32,
+    },
+    /// The layer's delayed-scaling history for this tensor (its scale before this step's update).
+    Delayed,
+}
+
+/// Statistics launched on the device, read at `step()`.
+pub struct PendingStats(pub(crate) Box<dyn FnOnce() -> Result<StatsReading, DebugError> + Send>);
+
+impl PendingStats {
+    /// Reads the statistics back (waits for the device).
+    pub fn read(self) -> Result<StatsReading, DebugError> {
+        (self.0)()
+    }
+}
+
+/// A tensor of a GEMM as features see it, whatever the backend: statistics and FP8 ops run on its device.
+pub trait DebugTensor: Send {
+    /// The tensor's shape.
+    fn shape(&self) -> Vec<usize>;
+    /// One-pass statistics launched on the device; with `quantization`, also the FP8 counts of quantizing it.
+    fn launch_stats(
+        &self,
+        quantization: Option<(Fp8Format, StatsScaling)>,
+    ) -> Result<PendingStats, DebugError>;
+    /// Quantize-dequantize with a per-tensor current scale.
+    fn fake_quant(
+        &self,
+        format: Fp8Format,
+        margin: f32,
+    ) -> Result<Box<dyn DebugTensor>, DebugError>;
+    /// The values, row-major (reads the device: a sync point).
+    fn to_vec(&self) -> Result<Vec<f32>, DebugError>;
+    /// The GEMM's recipe (None outside an FP8 scope).
+    fn recipe(&self) -> Option<Recipe>;
+    /// The tensor's GEMM-input role (None for a GEMM output).
+    fn role(&self) -> Option<TensorRole>;
+    /// For downcasting to the backend's tensor.
+    fn as_any(&self) -> &dyn Any;
+    /// For downcasting to the backend's tensor, by value.
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
+}
+
+/// What `inspect_tensor` records: statistics (launched once per tensor for all features, read and logged at the
+/// next `step()`) and host values.
+#[derive(Default)]
+pub struct Inspection {
+    pub(crate) requests: Vec<StatRequest>,
+    pub(crate) scalars: Vec<(String, f64)>,
+}
+
+impl Inspection {
+    /// Logs `value` as `name` at this iteration (TE's `MetricLogger.log_scalar`).
+    pub fn log_scalar(&mut self, name: impl Into<String>, value: f64) {
+        self.scalars.push((name.into(), value));
+    }
+
+    /// Asks for statistics of the inspected tensor, logged as `<layer>_<tensor>_<prefix><stat>` at `step()`.
+    pub fn request_stats(&mut self, request: StatRequest) {
+        self.requests.push(request);
+    }
+}
+
+/// A debug feature: TE's call API. Every method has TE's default; a feature implements what it does.
+///
+/// Routing calls return `None` when the feature has nothing to say about the call (its config does not cover
+/// it); several answers combine as TE does: enabled if any is, next iteration the smallest.
+pub trait Feature: Send + Sync {
+    /// The feature's name in logs.
+    fn name(&self) -> &str;
+
+    /// Whether `gemm` of `layer` runs in FP8 (TE's default: yes).
+    fn fp8_gemm_enabled(&self, _layer: &str, _gemm: Gemm, _iteration: u64) -> Option<Routing> {
+        None
+    }
+
+    /// Whether this feature modifies `tensor` as an input of `gemm` (default: no).
+    fn modify_tensor_enabled(
+        &self,
+        _layer: &str,
+        _gemm: Gemm,
+        _tensor: TensorName,
+        _iteration: u64,
+    ) -> Option<Routing> {
+        None
+    }
+
+    /// Modifies `tensor` as an input of `gemm`; called when `modify_tensor_enabled` said so.
+    fn modify_tensor(
+        &self,
+        layer: &str,
+        gemm: Gemm,
+        tensor: TensorName,
+        _x: &dyn DebugTensor,
+        _iteration: u64,
+    ) -> Result<Modified, DebugError> {
+        Err(DebugError::Feature {
+            layer: layer.into(),
+            feature: self.name().into(),
+            tensor: format!("{tensor} (gemm {})", gemm.name()),
+            reason: "modify_tensor_enabled is on but modify_tensor is not implemented".into(),
+        })
+    }
+
+    /// Whether this feature inspects `tensor` in high precision (default: no).
+    fn inspect_tensor_enabled(
+        &self,
+        _layer: &str,
+        _tensor: TensorName,
+        _iteration: u64,
+    ) -> Option<Routing> {
+        None
+    }
+
+    /// Inspects `tensor` in high precision.
+    fn inspect_tensor(
+        &self,
+        _layer: &str,
+        _tensor: TensorName,
+        _x: &dyn DebugTensor,
+        _iteration: u64,
+        _out: &mut Inspection,
+    ) -> Result<(), DebugError> {
+        Ok(())
+    }
+
+    /// Whether this feature inspects `tensor` after quantization for `gemm` (TE's older per-GEMM call; default: no).
+    fn inspect_tensor_postquantize_enabled(
+        &self,
+        _layer: &str,
+        _gemm: Gemm,
+        _tensor: TensorName,
+        _iteration: u64,
+    ) -> Option<Routing> {
+        None
+    }
+
+    /// Inspects `tensor` as quantized for `gemm` (a quantize-dequantize of it with the GEMM's format).
+    fn inspect_tensor_postquantize(
+        &self,
+        _layer: &str,
+        _gemm: Gemm,
+        _tensor: TensorName,
+        _x: &dyn DebugTensor,
+        _iteration: u64,
+        _out: &mut Inspection,
+    ) -> Result<(), DebugError> {
+        Ok(())
+    }
+}
+
+/// Combines routing answers as TE does: any enabled, smallest next iteration; `None` if nobody answered.
+pub fn merge_routing(answers: impl IntoIterator<Item = Routing>) -> Option<Routing> {
+    answers.into_iter().fold(None, |acc, r| {
+        Some(match acc {
+            None => r,
+            Some(a) => Routing {
+                enabled: a.enabled || r.enabled,
+                next: match (a.next, r.next) {
+                    (Some(x), Some(y)) => Some(x.min(y)),
+                    (x, y) => x.or(y),
+                },
+            },
+        })
+    })
+}

@@ -1,0 +1,132 @@
+//! The registry of features by namespace and name; the built-in features are registered on first use.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, OnceLock, RwLock};
+
+use super::{
+    DisableFp8Gemm, DisableFp8Layer, FakeQuant, Feature, LogFp8TensorStats, LogTensorStats,
+    PerTensorScaling,
+};
+use crate::config::FeatureSpec;
+use crate::error::{ConfigError, ConfigErrorKind, DebugError};
+
+/// Where a feature is placed in a config section.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Namespace {
+    /// Under the section's `transformer_engine:` key.
+    TransformerEngine,
+    /// Directly in the section (framework-generic features).
+    Base,
+}
+
+impl Namespace {
+    /// The namespace's name: `transformer_engine` or `base`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Namespace::TransformerEngine => "transformer_engine",
+            Namespace::Base => "base",
+        }
+    }
+}
+
+impl fmt::Display for Namespace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Builds a feature from its config entry (and checks the entry).
+pub type FeatureFactory =
+    Arc<dyn Fn(&FeatureSpec) -> Result<Box<dyn Feature>, ConfigError> + Send + Sync>;
+
+type Registry = RwLock<BTreeMap<(Namespace, String), FeatureFactory>>;
+
+fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        let mut map = BTreeMap::new();
+        let te = Namespace::TransformerEngine;
+        let mut add = |ns: Namespace, name: &str, factory: FeatureFactory| {
+            map.insert((ns, name.to_string()), factory);
+        };
+        add(
+            te,
+            "LogTensorStats",
+            Arc::new(|s| LogTensorStats::from_spec(s, Namespace::TransformerEngine)),
+        );
+        add(
+            Namespace::Base,
+            "LogTensorStats",
+            Arc::new(|s| LogTensorStats::from_spec(s, Namespace::Base)),
+        );
+        add(
+            te,
+            "LogFp8TensorStats",
+            Arc::new(LogFp8TensorStats::from_spec),
+        );
+        add(te, "DisableFP8GEMM", Arc::new(DisableFp8Gemm::from_spec));
+        add(
+            te,
+            "DisableQuantizationGEMM",
+            Arc::new(DisableFp8Gemm::from_spec),
+        );
+        add(te, "DisableFP8Layer", Arc::new(DisableFp8Layer::from_spec));
+        add(
+            te,
+            "DisableQuantizationLayer",
+            Arc::new(DisableFp8Layer::from_spec),
+        );
+        add(
+            te,
+            "PerTensorScaling",
+            Arc::new(PerTensorScaling::from_spec),
+        );
+        add(te, "FakeQuant", Arc::new(FakeQuant::from_spec));
+        RwLock::new(map)
+    })
+}
+
+/// Registers a custom feature under `namespace` and `name`, before `initialize` reads a config that uses it.
+/// The factory reads the feature's config entry (see [`FeatureSpec::items`]) and returns the feature.
+pub fn register_feature(
+    namespace: Namespace,
+    name: &str,
+    factory: impl Fn(&FeatureSpec) -> Result<Box<dyn Feature>, ConfigError> + Send + Sync + 'static,
+) -> Result<(), DebugError> {
+    let mut map = registry().write().unwrap_or_else(|p| p.into_inner());
+    let key = (namespace, name.to_string());
+    if map.contains_key(&key) {
+        return Err(DebugError::DuplicateFeature(format!("{namespace}.{name}")));
+    }
+    map.insert(key, Arc::new(factory));
+    Ok(())
+}
+
+/// Builds the feature `spec.name` of `namespace`, or fails naming the registered ones.
+pub(crate) fn build_feature(
+    namespace: Namespace,
+    spec: &FeatureSpec,
+) -> Result<Box<dyn Feature>, ConfigError> {
+    let map = registry().read().unwrap_or_else(|p| p.into_inner());
+    match map.get(&(namespace, spec.name.clone())) {
+        Some(factory) => {
+            let factory = factory.clone();
+            drop(map);
+            factory(spec)
+        }
+        None => Err(spec.error(
+            None,
+            ConfigErrorKind::UnknownFeature {
+                feature: spec.name.clone(),
+                namespace: namespace.to_string(),
+                known: map
+                    .keys()
+                    .filter(|(ns, _)| *ns == namespace)
+                    .map(|(_, name)| name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            },
+        )),
+    }
+}

@@ -1,0 +1,556 @@
+//! The debug session: `initialize`, `step`, `end`, and the routing the `Debug<B>` decorator asks for.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use burn_te::{Gemm, GemmSite};
+
+use crate::config::{Config, Section};
+use crate::error::{ConfigError, DebugError};
+use crate::features::{DebugTensor, Inspection, Modified, Routing, merge_routing};
+use crate::log::{LogFiles, stat_message};
+use crate::stats::{StatBuffers, StatRequest, StatValue};
+use crate::tensor::TensorName;
+
+/// A receiver of each step's statistics besides the log file (burn-train, TensorBoard, a test).
+pub trait StatLogger: Send {
+    /// The values of the step that ends at `iteration`.
+    fn log(&mut self, iteration: u64, values: &[StatValue]);
+}
+
+/// Options of [`initialize`], after nvdlfw-inspect's `initialize` arguments.
+pub struct DebugOptions {
+    config_file: Option<PathBuf>,
+    log_dir: PathBuf,
+    default_logging_enabled: bool,
+    loggers: Vec<Box<dyn StatLogger>>,
+    init_training_step: u64,
+}
+
+impl DebugOptions {
+    /// Options with `config_file`, logs in `.`, default logging on, training step 0.
+    pub fn new(config_file: impl Into<PathBuf>) -> Self {
+        DebugOptions {
+            config_file: Some(config_file.into()),
+            log_dir: PathBuf::from("."),
+            default_logging_enabled: true,
+            loggers: Vec::new(),
+            init_training_step: 0,
+        }
+    }
+
+    /// Options without a config file: no features run (the logs and loggers still work).
+    pub fn without_config() -> Self {
+        DebugOptions {
+            config_file: None,
+            ..DebugOptions::new("")
+        }
+    }
+
+    /// Where `nvdlfw_inspect_logs/` and `nvdlfw_inspect_statistics_logs/` go.
+    pub fn log_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.log_dir = dir.into();
+        self
+    }
+
+    /// Whether the log files are written (default: yes).
+    pub fn default_logging(mut self, enabled: bool) -> Self {
+        self.default_logging_enabled = enabled;
+        self
+    }
+
+    /// Adds a stat logger.
+    pub fn logger(mut self, logger: impl StatLogger + 'static) -> Self {
+        self.loggers.push(Box::new(logger));
+        self
+    }
+
+    /// The first iteration's number (default 0).
+    pub fn init_training_step(mut self, step: u64) -> Self {
+        self.init_training_step = step;
+        self
+    }
+}
+
+/// What the decorator does for one GEMM call.
+pub(crate) struct GemmPlan {
+    pub(crate) fp8: bool,
+    /// Per operand: the index of the feature that modifies it.
+    pub(crate) modify: [Option<usize>; 2],
+    /// The tensors inspected at this GEMM (inputs first).
+    pub(crate) inspect: Vec<TensorName>,
+}
+
+struct LayerState {
+    section: Option<usize>,
+    /// Per GEMM: the first iteration at which routing must be asked again.
+    skip_until: BTreeMap<Gemm, u64>,
+    plan_lines: Vec<String>,
+}
+
+pub(crate) struct Session {
+    config: Option<Config>,
+    iteration: u64,
+    logs: Option<LogFiles>,
+    loggers: Vec<Box<dyn StatLogger>>,
+    buffers: StatBuffers,
+    layers: BTreeMap<Arc<str>, LayerState>,
+    logged_calls: BTreeSet<String>,
+}
+
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+static SESSION: Mutex<Option<Session>> = Mutex::new(None);
+
+fn lock() -> MutexGuard<'static, Option<Session>> {
+    SESSION.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether a session runs (a cheap check for the decorator's plain path).
+pub(crate) fn active() -> bool {
+    ACTIVE.load(Ordering::Acquire)
+}
+
+/// Runs `f` on the session, if one runs.
+pub(crate) fn with_session<T>(f: impl FnOnce(&mut Session) -> T) -> Option<T> {
+    lock().as_mut().map(f)
+}
+
+/// Starts the debug session: reads the config (a missing file warns and runs with no features), creates the log
+/// files (an unwritable log dir is an error). A second `initialize` before [`end`] is an error.
+pub fn initialize(options: DebugOptions) -> Result<(), DebugError> {
+    let mut guard = lock();
+    if guard.is_some() {
+        return Err(DebugError::AlreadyInitialized);
+    }
+    let mut logs = if options.default_logging_enabled {
+        Some(LogFiles::create(&options.log_dir)?)
+    } else {
+        None
+    };
+    let mut messages = Vec::new();
+    if logs.is_some() {
+        messages.push(format!(
+            "Default logging to file enabled at {}",
+            options.log_dir.display()
+        ));
+    }
+    let config = match &options.config_file {
+        Some(path) if Path::new(path).exists() => {
+            messages.push(format!("Reading config from {}.", path.display()));
+            let config = Config::from_file(path)?;
+            let names: Vec<String> = config
+                .section_names
+                .iter()
+                .map(|n| format!("'{n}'"))
+                .collect();
+            messages.push(format!(
+                "Loaded configs for dict_keys([{}]).",
+                names.join(", ")
+            ));
+            Some(config)
+        }
+        Some(path) => {
+            let warning = format!(
+                "Config file {} not found: running with no debug features.",
+                path.display()
+            );
+            tracing::warn!("{warning}");
+            messages.push(warning);
+            None
+        }
+        None => None,
+    };
+    for message in &messages {
+        tracing::info!(target: "burn_te_debug", "{message}");
+        if let Some(logs) = logs.as_mut() {
+            logs.main(message)?;
+        }
+    }
+    *guard = Some(Session {
+        config,
+        iteration: options.init_training_step,
+        logs,
+        loggers: options.loggers,
+        buffers: StatBuffers::default(),
+        layers: BTreeMap::new(),
+        logged_calls: BTreeSet::new(),
+    });
+    ACTIVE.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// Ends the iteration: reads the step's statistics from the device (one sync), writes them to the statistics log
+/// and the stat loggers, and advances the iteration.
+pub fn step() -> Result<(), DebugError> {
+    let mut guard = lock();
+    let session = guard.as_mut().ok_or(DebugError::NotInitialized)?;
+    let result = session.flush();
+    session.iteration += 1;
+    result
+}
+
+/// Ends the session: logs what the current step has buffered, closes the files, forgets the config. `initialize`
+/// may be called again afterwards.
+pub fn end() -> Result<(), DebugError> {
+    let mut guard = lock();
+    let mut session = guard.take().ok_or(DebugError::NotInitialized)?;
+    ACTIVE.store(false, Ordering::Release);
+    session.flush()
+}
+
+/// Sets the current iteration (e.g. when resuming from a checkpoint).
+pub fn initialize_training_step(iteration: u64) -> Result<(), DebugError> {
+    let mut guard = lock();
+    let session = guard.as_mut().ok_or(DebugError::NotInitialized)?;
+    session.iteration = iteration;
+    for layer in session.layers.values_mut() {
+        layer.skip_until.clear();
+    }
+    Ok(())
+}
+
+/// The current iteration, if a session runs.
+pub fn iteration() -> Option<u64> {
+    with_session(|s| s.iteration)
+}
+
+/// Writes `message` to the main log (prefixed with `layer: ` when given) and to `tracing`.
+pub fn log_message(message: &str, layer: Option<&str>) -> Result<(), DebugError> {
+    let message = match layer {
+        Some(layer) => format!("{layer}: {message}"),
+        None => message.to_string(),
+    };
+    with_session(|s| s.main_log(&message)).ok_or(DebugError::NotInitialized)?
+}
+
+/// Checks the config against a model's layer names before training: a layer selected by two sections is an
+/// error (TE: "multiple debug configs targeting the same layer").
+pub fn check_layers<'a>(layers: impl IntoIterator<Item = &'a str>) -> Result<(), DebugError> {
+    with_session(|s| -> Result<(), ConfigError> {
+        if let Some(config) = &s.config {
+            for layer in layers {
+                config.section_for(layer, None)?;
+            }
+        }
+        Ok(())
+    })
+    .ok_or(DebugError::NotInitialized)?
+    .map_err(DebugError::from)
+}
+
+/// The tensors inspected at a GEMM: each input at its first GEMM (activation and weight at fprop; the gradient at
+/// wgrad, which every trainable layer runs), and the GEMM's output.
+fn inspected_at(gemm: Gemm) -> &'static [TensorName] {
+    match gemm {
+        Gemm::Fprop => &[
+            TensorName::Activation,
+            TensorName::Weight,
+            TensorName::Output,
+        ],
+        Gemm::Dgrad => &[TensorName::Dgrad],
+        Gemm::Wgrad => &[TensorName::Gradient, TensorName::Wgrad],
+    }
+}
+
+impl Session {
+    fn main_log(&mut self, message: &str) -> Result<(), DebugError> {
+        tracing::info!(target: "burn_te_debug", "{message}");
+        match self.logs.as_mut() {
+            Some(logs) => logs.main(message),
+            None => Ok(()),
+        }
+    }
+
+    fn log_once(&mut self, message: String) {
+        if self.logged_calls.insert(message.clone()) {
+            let _ = self.main_log(&message);
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), DebugError> {
+        let (values, errors) = self.buffers.flush();
+        for error in &errors {
+            tracing::error!("{error}");
+        }
+        let mut result = Ok(());
+        if let Some(logs) = self.logs.as_mut() {
+            for value in &values {
+                if let Err(err) = logs.stat(&stat_message(&value.name, self.iteration, value.value))
+                {
+                    result = Err(err);
+                }
+            }
+            logs.flush();
+        }
+        for logger in &mut self.loggers {
+            logger.log(self.iteration, &values);
+        }
+        result
+    }
+
+    fn section(&mut self, site: &GemmSite) -> Option<(usize, &Section)> {
+        let config = self.config.as_ref()?;
+        let state = self.layers.get(&site.layer)?;
+        state.section.map(|i| (i, &config.sections[i]))
+    }
+
+    fn layer_state(&mut self, site: &GemmSite) -> &mut LayerState {
+        if !self.layers.contains_key(&site.layer) {
+            let section = match &self.config {
+                None => None,
+                Some(config) => match config.section_for(&site.layer, site.kind) {
+                    Ok(found) => found.map(|s| {
+                        config
+                            .sections
+                            .iter()
+                            .position(|x| x.name == s.name)
+                            .unwrap_or(0)
+                    }),
+                    Err(err) => {
+                        let message = format!("{err}; the layer runs without debug features");
+                        tracing::error!("{message}");
+                        let _ = self.main_log(&message);
+                        None
+                    }
+                },
+            };
+            self.layers.insert(
+                site.layer.clone(),
+                LayerState {
+                    section,
+                    skip_until: BTreeMap::new(),
+                    plan_lines: Vec::new(),
+                },
+            );
+        }
+        self.layers.get_mut(&site.layer).expect("inserted above")
+    }
+
+    /// The routing of one GEMM: whether it runs in FP8, which inputs are modified and which tensors inspected.
+    fn route(&mut self, site: &GemmSite) -> Result<(GemmPlan, Option<u64>), DebugError> {
+        let iteration = self.iteration;
+        let (layer, gemm) = (&*site.layer, site.gemm);
+        let Some((_, section)) = self.section(site) else {
+            let plan = GemmPlan {
+                fp8: true,
+                modify: [None, None],
+                inspect: Vec::new(),
+            };
+            return Ok((plan, None));
+        };
+        let mut answers = Vec::new();
+        let fp8 = merge_routing(
+            section
+                .features
+                .iter()
+                .filter_map(|f| f.fp8_gemm_enabled(layer, gemm, iteration)),
+        );
+        answers.extend(fp8);
+        let (lhs, rhs) = gemm.operands();
+        let mut modify = [None, None];
+        for (slot, role) in [lhs, rhs].into_iter().enumerate() {
+            let tensor = TensorName::from(role);
+            for (index, feature) in section.features.iter().enumerate() {
+                if let Some(routing) = feature.modify_tensor_enabled(layer, gemm, tensor, iteration)
+                {
+                    answers.push(routing);
+                    if routing.enabled {
+                        if let Some(first) = modify[slot] {
+                            let first: usize = first;
+                            return Err(DebugError::ConflictingModify {
+                                layer: layer.into(),
+                                gemm: gemm.name().into(),
+                                tensor: tensor.name().into(),
+                                first: section.features[first].name().into(),
+                                second: feature.name().into(),
+                            });
+                        }
+                        modify[slot] = Some(index);
+                    }
+                }
+            }
+        }
+        let mut inspect = Vec::new();
+        for &tensor in inspected_at(gemm) {
+            let routing = merge_routing(
+                section
+                    .features
+                    .iter()
+                    .filter_map(|f| f.inspect_tensor_enabled(layer, tensor, iteration)),
+            );
+            if let Some(routing) = routing {
+                answers.push(routing);
+                if routing.enabled {
+                    inspect.push(tensor);
+                }
+            }
+        }
+        let plan = GemmPlan {
+            fp8: fp8.is_none_or(|r| r.enabled),
+            modify,
+            inspect,
+        };
+        let next = merge_routing(answers).and_then(|r| r.next);
+        Ok((plan, next))
+    }
+
+    /// The plan of a GEMM call, or `None` for the plain path (no active feature until a later iteration).
+    pub(crate) fn plan(&mut self, site: &GemmSite, fp8_scope: bool) -> Option<GemmPlan> {
+        let iteration = self.iteration;
+        let state = self.layer_state(site);
+        if state
+            .skip_until
+            .get(&site.gemm)
+            .is_some_and(|&until| iteration < until)
+        {
+            return None;
+        }
+        if site.gemm == Gemm::Fprop {
+            self.log_plan(site, fp8_scope);
+        }
+        let (plan, next) = match self.route(site) {
+            Ok(routed) => routed,
+            Err(err) => {
+                let message = format!("{err}; the GEMM runs unmodified");
+                tracing::error!("{message}");
+                let _ = self.main_log(&message);
+                return None;
+            }
+        };
+        let active =
+            !plan.fp8 || plan.modify.iter().any(Option::is_some) || !plan.inspect.is_empty();
+        if active {
+            Some(plan)
+        } else {
+            let until = next.unwrap_or(u64::MAX);
+            self.layer_state(site).skip_until.insert(site.gemm, until);
+            None
+        }
+    }
+
+    /// Logs the layer's per-tensor plan (FP8, high precision or modified) when it changes.
+    fn log_plan(&mut self, site: &GemmSite, fp8_scope: bool) {
+        let mut lines = Vec::new();
+        for (tensor, gemms) in [
+            (TensorName::Activation, [Gemm::Fprop, Gemm::Wgrad]),
+            (TensorName::Weight, [Gemm::Fprop, Gemm::Dgrad]),
+            (TensorName::Gradient, [Gemm::Dgrad, Gemm::Wgrad]),
+        ] {
+            for gemm in gemms {
+                let routed = self.route(&site.with_gemm(gemm)).ok();
+                let slot = usize::from(Some(gemm.operands().1) == tensor.role());
+                let how = match routed {
+                    Some((plan, _)) if plan.modify[slot].is_some() => "modify_tensor()",
+                    Some((plan, _)) if plan.fp8 && fp8_scope => "FP8 quantization",
+                    None if fp8_scope => "FP8 quantization",
+                    _ => "High precision",
+                };
+                lines.push(format!(
+                    "{}: Tensor: {tensor}, gemm {} - {how}",
+                    site.layer,
+                    gemm.name()
+                ));
+            }
+        }
+        if self.layer_state(site).plan_lines != lines {
+            for line in &lines {
+                let _ = self.main_log(line);
+            }
+            self.layer_state(site).plan_lines = lines;
+        }
+    }
+
+    /// Runs the inspecting features of `tensor` and buffers their statistics.
+    pub(crate) fn inspect(&mut self, site: &GemmSite, tensor: TensorName, x: &dyn DebugTensor) {
+        let iteration = self.iteration;
+        let layer = site.layer.clone();
+        let Some((_, section)) = self.section(site) else {
+            return;
+        };
+        let mut inspection = Inspection::default();
+        let mut calls = Vec::new();
+        let mut errors = Vec::new();
+        for feature in &section.features {
+            if feature
+                .inspect_tensor_enabled(&layer, tensor, iteration)
+                .is_some_and(|r: Routing| r.enabled)
+            {
+                calls.push(format!(
+                    "{layer}: Feature={}, API=inspect_tensor: {tensor}",
+                    feature.name()
+                ));
+                if let Err(err) =
+                    feature.inspect_tensor(&layer, tensor, x, iteration, &mut inspection)
+                {
+                    errors.push(err.to_string());
+                }
+            }
+        }
+        for call in calls {
+            self.log_once(call);
+        }
+        for error in errors {
+            tracing::error!("{error}");
+            let _ = self.main_log(&error);
+        }
+        // One launch per distinct request source; a weight only at its first feed of the step.
+        let mut merged: Vec<StatRequest> = Vec::new();
+        for request in inspection.requests {
+            match merged
+                .iter_mut()
+                .find(|r| r.prefix == request.prefix && r.quantization == request.quantization)
+            {
+                Some(existing) => {
+                    for stat in request.stats {
+                        if !existing.stats.contains(&stat) {
+                            existing.stats.push(stat);
+                        }
+                    }
+                }
+                None => merged.push(request),
+            }
+        }
+        for request in merged {
+            if tensor == TensorName::Weight && self.buffers.has(&layer, tensor, &request.prefix) {
+                continue;
+            }
+            match x.launch_stats(request.quantization) {
+                Ok(pending) => self.buffers.add(&layer, tensor, &request, pending),
+                Err(err) => {
+                    let message = format!("{layer}: statistics of {tensor} not possible: {err}");
+                    tracing::warn!("{message}");
+                    let _ = self.main_log(&message);
+                }
+            }
+        }
+        for (name, value) in inspection.scalars {
+            self.buffers.add_scalar(name, value);
+        }
+    }
+
+    /// Runs the feature at `index` of the layer's section on an input.
+    pub(crate) fn modify(
+        &mut self,
+        site: &GemmSite,
+        index: usize,
+        tensor: TensorName,
+        x: &dyn DebugTensor,
+    ) -> Result<Modified, DebugError> {
+        let iteration = self.iteration;
+        let Some((_, section)) = self.section(site) else {
+            return Err(DebugError::NotInitialized);
+        };
+        let feature = &section.features[index];
+        let call = format!(
+            "{}: Feature={}, API=modify_tensor: {tensor}, gemm {}",
+            site.layer,
+            feature.name(),
+            site.gemm.name()
+        );
+        let result = feature.modify_tensor(&site.layer, site.gemm, tensor, x, iteration);
+        self.log_once(call);
+        result
+    }
+}

@@ -1,0 +1,225 @@
+//! Stat buffers: statistics requested during a step, launched on the device, read and combined at `step()`.
+//!
+//! One buffer per (layer, tensor, source): micro-batches of a step merge exactly ([`Fp8Stats::merge`], Chan's
+//! formula for the variance); a weight is taken from its first feed of the step only, as in TE.
+
+use std::collections::BTreeMap;
+
+use burn_te::{Fp8Format, Fp8Stats};
+
+use crate::features::{PendingStats, StatsScaling};
+use crate::tensor::TensorName;
+
+/// A stat of LogTensorStats or LogFp8TensorStats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Stat {
+    /// Smallest element.
+    Min,
+    /// Largest element.
+    Max,
+    /// Mean.
+    Mean,
+    /// Unbiased standard deviation.
+    Std,
+    /// Σ|x|.
+    L1Norm,
+    /// √Σx².
+    L2Norm,
+    /// max |x|.
+    CurAmax,
+    /// log2(max nonzero |x|) − log2(min nonzero |x|).
+    DynamicRange,
+    /// % of nonzero elements quantized to ±0.
+    Underflows,
+    /// % of elements beyond the format's range at the scale used.
+    Overflows,
+    /// Smallest `scale_inv` used.
+    ScaleInvMin,
+    /// Largest `scale_inv` used.
+    ScaleInvMax,
+    /// Mean squared quantization error.
+    Mse,
+}
+
+impl Stat {
+    /// The high-precision stats (LogTensorStats).
+    pub const TENSOR: [Stat; 8] = [
+        Stat::Min,
+        Stat::Max,
+        Stat::Mean,
+        Stat::Std,
+        Stat::L1Norm,
+        Stat::L2Norm,
+        Stat::CurAmax,
+        Stat::DynamicRange,
+    ];
+    /// The quantization stats (LogFp8TensorStats).
+    pub const FP8: [Stat; 5] = [
+        Stat::Underflows,
+        Stat::Overflows,
+        Stat::ScaleInvMin,
+        Stat::ScaleInvMax,
+        Stat::Mse,
+    ];
+
+    /// TE's name, e.g. `l1_norm`, `underflows%`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stat::Min => "min",
+            Stat::Max => "max",
+            Stat::Mean => "mean",
+            Stat::Std => "std",
+            Stat::L1Norm => "l1_norm",
+            Stat::L2Norm => "l2_norm",
+            Stat::CurAmax => "cur_amax",
+            Stat::DynamicRange => "dynamic_range",
+            Stat::Underflows => "underflows%",
+            Stat::Overflows => "overflows%",
+            Stat::ScaleInvMin => "scale_inv_min",
+            Stat::ScaleInvMax => "scale_inv_max",
+            Stat::Mse => "mse",
+        }
+    }
+
+    /// The stat's value from merged statistics and the range of `scale_inv` used (None: empty or undefined).
+    pub fn value(self, stats: &Fp8Stats, scale_inv: Option<(f64, f64)>) -> Option<f64> {
+        let t = &stats.tensor;
+        let percent = |count: u64| (t.numel > 0).then(|| 100.0 * count as f64 / t.numel as f64);
+        match self {
+            Stat::Min => t.min(),
+            Stat::Max => t.max(),
+            Stat::Mean => t.mean(),
+            Stat::Std => t.std(),
+            Stat::L1Norm => t.l1_norm(),
+            Stat::L2Norm => t.l2_norm(),
+            Stat::CurAmax => t.amax(),
+            Stat::DynamicRange => t.dynamic_range(),
+            Stat::Underflows => percent(stats.underflow_count),
+            Stat::Overflows => percent(stats.overflow_count),
+            Stat::ScaleInvMin => scale_inv.map(|s| s.0),
+            Stat::ScaleInvMax => scale_inv.map(|s| s.1),
+            Stat::Mse => (t.numel > 0).then(|| stats.squared_error_sum / t.numel as f64),
+        }
+    }
+}
+
+/// What statistics of a tensor a feature asks for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StatRequest {
+    /// Quantization to count (None: high-precision stats only).
+    pub quantization: Option<(Fp8Format, StatsScaling)>,
+    /// Prefix of the logged stat names (e.g. `fp8_current_scaling_`; empty for none).
+    pub prefix: String,
+    /// The stats to log.
+    pub stats: Vec<Stat>,
+}
+
+#[derive(Default)]
+struct Buffer {
+    stats: Vec<Stat>,
+    pending: Vec<PendingStats>,
+}
+
+/// The stat buffers of one step.
+#[derive(Default)]
+pub(crate) struct StatBuffers {
+    buffers: BTreeMap<(String, TensorName, String), Buffer>,
+    scalars: Vec<(String, f64)>,
+}
+
+/// One stat value ready to log.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StatValue {
+    /// TE's stat name: `<layer>_<tensor>_<prefix><stat>`.
+    pub name: String,
+    /// The layer.
+    pub layer: String,
+    /// The tensor (None for a custom scalar).
+    pub tensor: Option<TensorName>,
+    /// The stat, with its prefix.
+    pub stat: String,
+    /// The value.
+    pub value: f64,
+}
+
+impl StatBuffers {
+    /// Whether a weight's stats of this source were already taken this step.
+    pub(crate) fn has(&self, layer: &str, tensor: TensorName, prefix: &str) -> bool {
+        self.buffers
+            .contains_key(&(layer.to_string(), tensor, prefix.to_string()))
+    }
+
+    pub(crate) fn add(
+        &mut self,
+        layer: &str,
+        tensor: TensorName,
+        request: &StatRequest,
+        pending: PendingStats,
+    ) {
+        let buffer = self
+            .buffers
+            .entry((layer.to_string(), tensor, request.prefix.clone()))
+            .or_default();
+        for stat in &request.stats {
+            if !buffer.stats.contains(stat) {
+                buffer.stats.push(*stat);
+            }
+        }
+        buffer.pending.push(pending);
+    }
+
+    pub(crate) fn add_scalar(&mut self, name: String, value: f64) {
+        self.scalars.push((name, value));
+    }
+
+    /// Reads every buffer, merges its feeds and returns the values in (layer, tensor, stat) order; read errors are
+    /// returned beside the values that could be read.
+    pub(crate) fn flush(&mut self) -> (Vec<StatValue>, Vec<String>) {
+        let mut values = Vec::new();
+        let mut errors = Vec::new();
+        for ((layer, tensor, prefix), buffer) in std::mem::take(&mut self.buffers) {
+            let mut merged = Fp8Stats::EMPTY;
+            let mut scale_inv: Option<(f64, f64)> = None;
+            for pending in buffer.pending {
+                match pending.read() {
+                    Ok(reading) => {
+                        merged = merged.merge(&reading.stats);
+                        // Zero scales (padding) are ignored, as TE users asked.
+                        if let Some(scale) = reading.scale.filter(|s| *s != 0.0) {
+                            let inv = 1.0 / scale as f64;
+                            scale_inv = Some(
+                                scale_inv.map_or((inv, inv), |(lo, hi)| (lo.min(inv), hi.max(inv))),
+                            );
+                        }
+                    }
+                    Err(err) => errors.push(format!("{layer}_{tensor}: {err}")),
+                }
+            }
+            if merged.tensor.numel == 0 {
+                continue; // TE skips empty tensors.
+            }
+            for stat in buffer.stats {
+                if let Some(value) = stat.value(&merged, scale_inv) {
+                    let stat = format!("{prefix}{}", stat.name());
+                    values.push(StatValue {
+                        name: format!("{layer}_{tensor}_{stat}"),
+                        layer: layer.clone(),
+                        tensor: Some(tensor),
+                        stat,
+                        value,
+                    });
+                }
+            }
+        }
+        for (name, value) in std::mem::take(&mut self.scalars) {
+            values.push(StatValue {
+                layer: String::new(),
+                tensor: None,
+                stat: name.clone(),
+                name,
+                value,
+            });
+        }
+        (values, errors)
+    }
+}
