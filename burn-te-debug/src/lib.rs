@@ -29,6 +29,7 @@ mod tensor;
 pub use burn_te_kernels::{Fp8Stats, TensorStats};
 pub use debug::Debug;
 pub use error::{ConfigError, ConfigErrorKind, ConfigLocation, DebugError};
+pub use log::stat_message;
 pub use session::{
     DebugOptions, StatLogger, check_layers, end, initialize, initialize_training_step, iteration,
     log_message, step,

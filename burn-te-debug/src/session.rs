@@ -495,14 +495,15 @@ impl Session {
             tracing::error!("{error}");
             let _ = self.main_log(&error);
         }
-        // One launch per distinct request source; a weight only at its first feed of the step.
+        // One launch per stat-name prefix (a quantized launch also gives the high-precision stats, so an unprefixed
+        // LogTensorStats and LogFp8TensorStats share one); a weight only at its first feed of the step.
         let mut merged: Vec<StatRequest> = Vec::new();
         for request in inspection.requests {
-            match merged
-                .iter_mut()
-                .find(|r| r.prefix == request.prefix && r.quantization == request.quantization)
-            {
+            match merged.iter_mut().find(|r| r.prefix == request.prefix) {
                 Some(existing) => {
+                    if existing.quantization.is_none() {
+                        existing.quantization = request.quantization;
+                    }
                     for stat in request.stats {
                         if !existing.stats.contains(&stat) {
                             existing.stats.push(stat);

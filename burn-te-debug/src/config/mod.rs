@@ -36,6 +36,17 @@ pub struct Section {
     pub features: Vec<Box<dyn Feature>>,
 }
 
+impl std::fmt::Debug for Section {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let features: Vec<&str> = self.features.iter().map(|f| f.name()).collect();
+        f.debug_struct("Section")
+            .field("name", &self.name)
+            .field("selector", &self.selector)
+            .field("features", &features)
+            .finish()
+    }
+}
+
 impl Config {
     /// Reads and parses a config file.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Config, DebugError> {

@@ -1,0 +1,491 @@
+//! burn-te-debug: config loading and errors, selectors, schedules, routing, and the Debug<B> decorator end to end
+//! (statistics against f64 host recomputations, micro-batches, log files).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, Once};
+
+use burn::backend::{Autodiff, NdArray};
+use burn::tensor::{Distribution, Tensor};
+use burn_te::nn::LinearConfig;
+use burn_te::{DelayedScaling, Gemm, Te, fp8_autocast};
+use burn_te_debug::config::{Config, Schedule, layer_number};
+use burn_te_debug::features::{
+    DebugTensor, Feature, Inspection, Namespace, Routing, register_feature,
+};
+use burn_te_debug::stats::StatValue;
+use burn_te_debug::{ConfigErrorKind, Debug, DebugError, DebugOptions, StatLogger, TensorName};
+
+const CONFIGS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../shared/conformance/te-configs"
+);
+
+/// The debug session is global: tests that use it run one at a time.
+static SESSION: Mutex<()> = Mutex::new(());
+
+/// TE's test feature `TestDummyFeature`: takes tensors, gemms and `inspect_only_once`, does nothing.
+struct TestDummyFeature;
+impl Feature for TestDummyFeature {
+    fn name(&self) -> &str {
+        "TestDummyFeature"
+    }
+}
+
+/// TE's documented custom feature: logs the percentage of |x| > threshold.
+struct PercentageGreaterThanThreshold {
+    threshold: f64,
+    schedule: Schedule,
+}
+impl Feature for PercentageGreaterThanThreshold {
+    fn name(&self) -> &str {
+        "PercentageGreaterThanThreshold"
+    }
+    fn inspect_tensor_enabled(&self, _: &str, tensor: TensorName, it: u64) -> Option<Routing> {
+        (tensor == TensorName::Activation).then(|| Routing {
+            enabled: self.schedule.runs_at(it),
+            next: self.schedule.next_after(it),
+        })
+    }
+    fn inspect_tensor(
+        &self,
+        layer: &str,
+        tensor: TensorName,
+        x: &dyn DebugTensor,
+        _: u64,
+        out: &mut Inspection,
+    ) -> Result<(), DebugError> {
+        let values = x.to_vec()?;
+        let count = values
+            .iter()
+            .filter(|v| (v.abs() as f64) > self.threshold)
+            .count();
+        out.log_scalar(
+            format!("{layer}_{tensor}_percentage_greater_than_threshold"),
+            count as f64 / values.len() as f64,
+        );
+        Ok(())
+    }
+}
+
+fn register_test_features() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        use burn_te_debug::config::Need;
+        register_feature(Namespace::TransformerEngine, "TestDummyFeature", |spec| {
+            spec.items(
+                Need::Optional,
+                Need::Optional,
+                &TensorName::ALL,
+                Some(&["inspect_only_once"]),
+            )?;
+            Ok(Box::new(TestDummyFeature))
+        })
+        .unwrap();
+        register_feature(
+            Namespace::TransformerEngine,
+            "PercentageGreaterThanThreshold",
+            |spec| {
+                let keys = [
+                    "threshold",
+                    "freq",
+                    "start_step",
+                    "end_step",
+                    "start_end_list",
+                ];
+                let items = spec.items(
+                    Need::No,
+                    Need::Required,
+                    &[TensorName::Activation],
+                    Some(&keys),
+                )?;
+                let item = &items[0];
+                Ok(Box::new(PercentageGreaterThanThreshold {
+                    threshold: item.f64("threshold")?.unwrap_or(0.0),
+                    schedule: item.schedule()?,
+                }))
+            },
+        )
+        .unwrap();
+    });
+}
+
+#[test]
+fn every_te_config_loads() {
+    register_test_features();
+    let mut count = 0;
+    for entry in std::fs::read_dir(CONFIGS).unwrap() {
+        let path = entry.unwrap().path();
+        let config = Config::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(!config.sections.is_empty(), "{}", path.display());
+        count += 1;
+    }
+    assert_eq!(count, 11, "all TE test configs");
+}
+
+fn error_of(yaml: &str) -> burn_te_debug::ConfigError {
+    register_test_features();
+    match Config::parse(yaml, "bad.yaml") {
+        Ok(_) => panic!("expected an error for:\n{yaml}"),
+        Err(err) => err,
+    }
+}
+
+const SECTION: &str =
+    "sec:\n  enabled: True\n  layers:\n    layer_types: [fc1]\n  transformer_engine:\n";
+
+#[test]
+fn bad_configs_name_section_feature_key_and_line() {
+    let err = error_of(&format!(
+        "{SECTION}    NoSuchFeature:\n      enabled: True\n"
+    ));
+    assert!(
+        matches!(err.kind, ConfigErrorKind::UnknownFeature { ref feature, .. } if feature == "NoSuchFeature")
+    );
+    assert_eq!(err.location.section.as_deref(), Some("sec"));
+    assert_eq!(err.location.line, Some(6));
+
+    let err = error_of(&format!(
+        "{SECTION}    LogTensorStats:\n      enabled: True\n      tensors: [activation]\n      stats: [min, maxx]\n"
+    ));
+    assert!(
+        matches!(err.kind, ConfigErrorKind::UnknownStat { ref stat, .. } if stat == "maxx"),
+        "{err}"
+    );
+    assert_eq!(
+        err.location.feature.as_deref(),
+        Some("transformer_engine.LogTensorStats")
+    );
+    assert_eq!(
+        (err.location.key.as_deref(), err.location.line),
+        (Some("stats"), Some(9))
+    );
+
+    let err = error_of(&format!(
+        "{SECTION}    DisableFP8GEMM:\n      enabled: True\n      gemms: [fprop, xgrad]\n"
+    ));
+    assert_eq!(err.kind, ConfigErrorKind::UnknownGemm("xgrad".into()));
+    assert_eq!(err.location.line, Some(8));
+
+    let err = error_of(&format!(
+        "{SECTION}    LogFp8TensorStats:\n      enabled: True\n      tensors: [output]\n      stats: [mse]\n"
+    ));
+    assert!(
+        matches!(err.kind, ConfigErrorKind::UnknownTensor { ref tensor, .. } if tensor == "output"),
+        "{err}"
+    );
+
+    let err = error_of(&format!(
+        "{SECTION}    DisableFP8GEMM:\n      enabled: True\n      gemms: [fprop]\n      margin: 2\n"
+    ));
+    assert_eq!(err.kind, ConfigErrorKind::UnexpectedKey("margin".into()));
+    assert_eq!(
+        err.to_string(),
+        "bad.yaml:9, section \"sec\", feature \"transformer_engine.DisableFP8GEMM\", key \"margin\": Unexpected key in config: \"margin\""
+    );
+
+    let err = error_of("sec:\n  layers:\n    layer_types: [fc1]\n");
+    assert_eq!(err.kind, ConfigErrorKind::MissingKey("enabled".into()));
+    let err = error_of(&format!(
+        "{SECTION}    DisableFP8Layer:\n      gemms: [fprop]\n"
+    ));
+    assert_eq!(err.kind, ConfigErrorKind::MissingKey("enabled".into()));
+    assert_eq!(
+        err.location.feature.as_deref(),
+        Some("transformer_engine.DisableFP8Layer")
+    );
+
+    let err = error_of(
+        "sec:\n  enabled: True\n  layers: {}\n  transformer_engine:\n    DisableFP8Layer:\n      enabled: True\n",
+    );
+    assert_eq!(err.kind, ConfigErrorKind::NoSelector);
+
+    let err = error_of(
+        "sec:\n  enabled: True\n  layers:\n    layer_name_regex_pattern: 'fc(1'\n  transformer_engine:\n    DisableFP8Layer:\n      enabled: True\n",
+    );
+    assert!(matches!(err.kind, ConfigErrorKind::Regex(_)), "{err}");
+    assert_eq!(
+        (err.location.key.as_deref(), err.location.line),
+        (Some("layer_name_regex_pattern"), Some(4))
+    );
+
+    let err = error_of("sec:\n  enabled: True\n  layers:\n    layer_typos: [fc1]\n");
+    assert_eq!(
+        err.kind,
+        ConfigErrorKind::UnexpectedKey("layer_typos".into())
+    );
+
+    let err = error_of("sec:\n  enabled: True\n  layers: [fc1\n");
+    assert!(matches!(err.kind, ConfigErrorKind::Syntax(_)), "{err}");
+    assert!(err.location.line.is_some(), "{err}");
+
+    // Overlapping sections are found when a layer is looked up.
+    let two = "a:\n  enabled: True\n  layers:\n    layer_types: [fc]\n  transformer_engine:\n    DisableFP8Layer:\n      enabled: True\nb:\n  enabled: True\n  layers:\n    layer_name_regex_pattern: fc1$\n  transformer_engine:\n    DisableFP8Layer:\n      enabled: True\n";
+    let config = Config::parse(two, "two.yaml").unwrap();
+    assert!(config.section_for("decoder.fc2", None).unwrap().is_some());
+    let err = config.section_for("decoder.fc1", None).unwrap_err();
+    assert!(
+        matches!(err.kind, ConfigErrorKind::Overlap { ref first, ref second, .. } if first == "a" && second == "b")
+    );
+}
+
+#[test]
+fn selectors_and_schedules_follow_te() {
+    assert_eq!(layer_number("decoder.1.fc1"), Some(1));
+    assert_eq!(layer_number("decoder.12.fc2"), Some(12));
+    assert_eq!(layer_number("model.1.block.2"), None);
+    let config = Config::parse(
+        "s:\n  enabled: True\n  layers:\n    layer_numbers: [1, '3-4']\n    layer_types: [fc1, fc2]\n  transformer_engine:\n    DisableFP8Layer:\n      enabled: True\n",
+        "x",
+    )
+    .unwrap();
+    let picks = |name| config.section_for(name, None).unwrap().is_some();
+    assert!(picks("decoder.1.fc1") && picks("decoder.4.fc2") && picks("decoder.3.fc1"));
+    assert!(!picks("decoder.12.fc1") && !picks("decoder.2.fc1") && !picks("decoder.1.proj"));
+
+    // TE: freq counts from 0, both ends inclusive.
+    let s = Schedule {
+        freq: 3,
+        ranges: vec![(1, 9)],
+    };
+    let runs: Vec<u64> = (0..12).filter(|&i| s.runs_at(i)).collect();
+    assert_eq!(runs, [3, 6, 9]);
+    assert_eq!(
+        (s.next_after(0), s.next_after(3), s.next_after(9)),
+        (Some(3), Some(6), None)
+    );
+    let s = Schedule {
+        freq: 1,
+        ranges: vec![(2, 3), (7, 7)],
+    };
+    assert_eq!((s.next_after(3), s.next_after(7)), (Some(7), None));
+}
+
+#[test]
+fn routing_answers_match_te_configs() {
+    register_test_features();
+    let config = Config::from_file(Path::new(CONFIGS).join("disable_fp8_gemms.yaml")).unwrap();
+    let section = config
+        .section_for("decoder.1.self_attention.qkv", None)
+        .unwrap()
+        .unwrap();
+    let fp8 = |gemm| {
+        section.features[0]
+            .fp8_gemm_enabled("x", gemm, 0)
+            .map(|r| r.enabled)
+    };
+    assert_eq!(
+        (fp8(Gemm::Fprop), fp8(Gemm::Dgrad), fp8(Gemm::Wgrad)),
+        (None, Some(false), Some(false))
+    );
+
+    let config = Config::from_file(Path::new(CONFIGS).join("per_tensor_scaling.yaml")).unwrap();
+    let section = config.section_for("decoder.1.fc1", None).unwrap().unwrap();
+    assert!(config.section_for("decoder.2.fc1", None).unwrap().is_none());
+    let modify = |gemm, tensor| {
+        section
+            .features
+            .iter()
+            .filter_map(|f| f.modify_tensor_enabled("x", gemm, tensor, 0))
+            .any(|r| r.enabled)
+    };
+    assert!(modify(Gemm::Fprop, TensorName::Activation) && modify(Gemm::Fprop, TensorName::Weight));
+    assert!(modify(Gemm::Dgrad, TensorName::Gradient) && !modify(Gemm::Dgrad, TensorName::Weight));
+    assert!(!modify(Gemm::Wgrad, TensorName::Activation));
+    let wgrad = section
+        .features
+        .iter()
+        .filter_map(|f| f.fp8_gemm_enabled("x", Gemm::Wgrad, 0))
+        .any(|r| !r.enabled);
+    assert!(wgrad, "DisableFP8GEMM wgrad");
+
+    let config =
+        Config::from_file(Path::new(CONFIGS).join("fake_quantization_config.yaml")).unwrap();
+    let section = config.section_for("decoder.1.fc2", None).unwrap().unwrap();
+    let f = &section.features[0];
+    assert_eq!(
+        f.fp8_gemm_enabled("x", Gemm::Fprop, 0).map(|r| r.enabled),
+        Some(false)
+    );
+    assert_eq!(f.fp8_gemm_enabled("x", Gemm::Wgrad, 0), None);
+    assert!(
+        f.modify_tensor_enabled("x", Gemm::Dgrad, TensorName::Gradient, 0)
+            .unwrap()
+            .enabled
+    );
+    assert!(
+        f.modify_tensor_enabled("x", Gemm::Fprop, TensorName::Weight, 0)
+            .is_none()
+    );
+}
+
+/// Collects each step's values.
+#[derive(Clone, Default)]
+struct Collect(std::sync::Arc<Mutex<Vec<(u64, StatValue)>>>);
+impl StatLogger for Collect {
+    fn log(&mut self, iteration: u64, values: &[StatValue]) {
+        let mut all = self.0.lock().unwrap();
+        all.extend(values.iter().map(|v| (iteration, v.clone())));
+    }
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("burn-te-debug-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn f64_stats(values: &[f32]) -> (f64, f64, f64, f64, f64) {
+    let v: Vec<f64> = values.iter().map(|&x| x as f64).collect();
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let std = (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+    let min = v.iter().cloned().fold(f64::INFINITY, f64::min);
+    let max = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    (min, max, mean, std, v.iter().map(|x| x.abs()).sum())
+}
+
+type B = Autodiff<Debug<Te<NdArray>>>;
+
+#[test]
+fn debug_decorator_routes_logs_and_merges_micro_batches() {
+    let _guard = SESSION.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = temp_dir("e2e");
+    let config = dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        "fc1_hp:\n  enabled: True\n  layers:\n    layer_types: [fc1]\n  transformer_engine:\n    DisableFP8GEMM:\n      enabled: True\n      gemms: [fprop]\n\
+stats:\n  enabled: True\n  layers:\n    layer_name_regex_pattern: 'fc0$'\n  transformer_engine:\n    LogTensorStats:\n      enabled: True\n      stats: [min, max, mean, std, l1_norm]\n      tensors: [activation, weight]\n      start_step: 1\n    LogFp8TensorStats:\n      enabled: True\n      stats: [underflows%, fp8_current_scaling_mse]\n      tensors: [activation]\n      start_step: 1\n",
+    )
+    .unwrap();
+    let collect = Collect::default();
+    burn_te_debug::initialize(
+        DebugOptions::new(&config)
+            .log_dir(&dir)
+            .logger(collect.clone()),
+    )
+    .unwrap();
+    assert!(matches!(
+        burn_te_debug::initialize(DebugOptions::without_config()),
+        Err(DebugError::AlreadyInitialized)
+    ));
+    let device = Default::default();
+    let fc0 = LinearConfig::new(16, 16)
+        .with_name(Some("fc0".into()))
+        .init::<B>(&device);
+    let fc1 = LinearConfig::new(16, 8)
+        .with_name(Some("fc1".into()))
+        .init::<B>(&device);
+    let mut inputs = Vec::new();
+    for step in 0..2 {
+        // Two micro-batches with different means in step 1.
+        for shift in [0.0, 3.0] {
+            let x = Tensor::<B, 2>::random([8, 16], Distribution::Normal(shift, 1.0), &device);
+            if step == 1 {
+                inputs.extend(x.clone().into_data().to_vec::<f32>().unwrap());
+            }
+            let y = fp8_autocast(true, DelayedScaling::default(), || {
+                fc1.forward(fc0.forward(x))
+            })
+            .unwrap();
+            y.sum().backward();
+        }
+        burn_te_debug::step().unwrap();
+    }
+    burn_te_debug::end().unwrap();
+
+    let values = collect.0.lock().unwrap().clone();
+    let get = |name: &str| {
+        values
+            .iter()
+            .find(|(_, v)| v.name == name)
+            .map(|(it, v)| (*it, v.value))
+            .unwrap_or_else(|| panic!("{name} not logged: {values:?}"))
+    };
+    // Iteration 0 is before start_step: nothing logged.
+    assert!(values.iter().all(|(it, _)| *it == 1), "{values:?}");
+    let (min, max, mean, std, l1) = f64_stats(&inputs);
+    for (stat, expected) in [
+        ("min", min),
+        ("max", max),
+        ("mean", mean),
+        ("std", std),
+        ("l1_norm", l1),
+    ] {
+        let (_, value) = get(&format!("fc0_activation_{stat}"));
+        assert!(
+            (value - expected).abs() <= 1e-4 * expected.abs().max(1.0),
+            "{stat}: {value} vs {expected}"
+        );
+    }
+    // Weight: first feed of the step only (its numel is one weight's).
+    let weight = fc0.weight.val().into_data().to_vec::<f32>().unwrap();
+    let (_, weight_l1) = get("fc0_weight_l1_norm");
+    assert!((weight_l1 - f64_stats(&weight).4).abs() < 1e-3);
+    let (_, underflows) = get("fc0_activation_underflows%");
+    assert!((0.0..=100.0).contains(&underflows));
+    assert!(get("fc0_activation_fp8_current_scaling_mse").1 > 0.0);
+
+    let main =
+        std::fs::read_to_string(dir.join("nvdlfw_inspect_logs/nvdlfw_inspect_globalrank-0.log"))
+            .unwrap();
+    assert!(
+        main.contains("INFO - Loaded configs for dict_keys(['fc1_hp', 'stats'])."),
+        "{main}"
+    );
+    assert!(
+        main.contains("INFO - fc1: Tensor: activation, gemm fprop - High precision"),
+        "{main}"
+    );
+    assert!(
+        main.contains("INFO - fc1: Tensor: activation, gemm wgrad - FP8 quantization"),
+        "{main}"
+    );
+    assert!(
+        main.contains("INFO - fc0: Tensor: weight, gemm fprop - FP8 quantization"),
+        "{main}"
+    );
+    let stats = std::fs::read_to_string(
+        dir.join("nvdlfw_inspect_statistics_logs/nvdlfw_inspect_globalrank-0.log"),
+    )
+    .unwrap();
+    let line = stats
+        .lines()
+        .find(|l| l.contains("fc0_activation_mean"))
+        .unwrap();
+    let message = line.split(" - INFO - ").nth(1).unwrap();
+    assert_eq!(
+        message,
+        burn_te_debug::stat_message("fc0_activation_mean", 1, get("fc0_activation_mean").1)
+    );
+    assert!(
+        message.starts_with("fc0_activation_mean ")
+            && message.contains("iteration=000001")
+            && message.contains("value=")
+    );
+}
+
+#[test]
+fn missing_config_warns_and_unwritable_log_dir_fails() {
+    let _guard = SESSION.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = temp_dir("missing");
+    burn_te_debug::initialize(DebugOptions::new(dir.join("nope.yaml")).log_dir(&dir)).unwrap();
+    burn_te_debug::step().unwrap();
+    burn_te_debug::end().unwrap();
+    let main =
+        std::fs::read_to_string(dir.join("nvdlfw_inspect_logs/nvdlfw_inspect_globalrank-0.log"))
+            .unwrap();
+    assert!(
+        main.contains("not found: running with no debug features"),
+        "{main}"
+    );
+    let file = dir.join("a_file");
+    std::fs::write(&file, "x").unwrap();
+    let err = burn_te_debug::initialize(DebugOptions::without_config().log_dir(file.join("sub")))
+        .unwrap_err();
+    assert!(matches!(err, DebugError::LogDir { .. }), "{err}");
+    assert!(matches!(
+        burn_te_debug::step(),
+        Err(DebugError::NotInitialized)
+    ));
+}
