@@ -6,6 +6,12 @@
 //! lavapipe on CPU-only machines), else the CPU host path (`Autodiff<Te<NdArray>>`, FP8 emulated in plain Rust).
 //! `BURN_TE_DEVICE=cpu` goes straight to the host path.
 //!
+//! Debugging, as the docs' second part: the backend is wrapped in the debug decorator (`Autodiff<Debug<Te<_>>>`),
+//! `burn_te_debug::initialize` reads the docs' `config.yaml` (here `examples/getting_started_config.yaml`, found
+//! through the manifest dir wherever the example runs from; `--config <file>` picks another) and `step()` closes
+//! each iteration. `./log` then holds `nvdlfw_inspect_logs/` (fc1 and fc2 fprop in high precision) and
+//! `nvdlfw_inspect_statistics_logs/` (the layernorm_qkv activation stats of iterations 2 to 4).
+//!
 //! Run: `cargo run --example getting_started` (add `--release` for a faster host path)
 
 use burn::backend::{Autodiff, NdArray};
@@ -14,7 +20,10 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::backend::AutodiffBackend;
 use burn_te::nn::TransformerLayerConfig;
-use burn_te::{DelayedScaling, Te, TeBackend, TeError, fp8_autocast};
+use burn_te::{DelayedScaling, Te, TeBackend, fp8_autocast};
+use burn_te_debug::{Debug, DebugOptions};
+
+type Error = Box<dyn std::error::Error>;
 
 const HIDDEN_SIZE: usize = 512;
 const NUM_ATTENTION_HEADS: usize = 8;
@@ -22,7 +31,7 @@ const NUM_ATTENTION_HEADS: usize = 8;
 const INPUT_SHAPE: [usize; 3] = [10, 32, HIDDEN_SIZE];
 
 /// Trains the layer on `device` and returns the loss of every iteration.
-fn train<B: AutodiffBackend + TeBackend>(device: &B::Device) -> Result<Vec<f32>, TeError> {
+fn train<B: AutodiffBackend + TeBackend>(device: &B::Device) -> Result<Vec<f32>, Error> {
     B::seed(device, 0);
     let mut transformer_layer =
         TransformerLayerConfig::new(HIDDEN_SIZE, HIDDEN_SIZE, NUM_ATTENTION_HEADS)
@@ -43,6 +52,7 @@ fn train<B: AutodiffBackend + TeBackend>(device: &B::Device) -> Result<Vec<f32>,
         losses.push(value);
         let grads = GradientsParams::from_grads(loss.backward(), &transformer_layer);
         transformer_layer = optimizer.step(1e-4, transformer_layer, grads);
+        burn_te_debug::step()?;
     }
     Ok(losses)
 }
@@ -60,15 +70,36 @@ fn probe<R: burn_te_kernels::cubecl::Runtime>(device: &R::Device) -> Option<Stri
     name
 }
 
-fn main() -> Result<(), TeError> {
+/// The config file: `--config <file>`, else the docs' config next to this example.
+fn config_file() -> std::path::PathBuf {
+    let args: Vec<String> = std::env::args().collect();
+    match args.iter().position(|a| a == "--config") {
+        Some(i) if i + 1 < args.len() => args[i + 1].clone().into(),
+        _ => concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/getting_started_config.yaml"
+        )
+        .into(),
+    }
+}
+
+fn main() -> Result<(), Error> {
+    burn_te_debug::initialize(DebugOptions::new(config_file()).log_dir("./log"))?;
+    run()?;
+    burn_te_debug::end()?;
+    println!("debug logs: ./log/nvdlfw_inspect_logs and ./log/nvdlfw_inspect_statistics_logs");
+    Ok(())
+}
+
+fn run() -> Result<(), Error> {
     let cpu_only = std::env::var("BURN_TE_DEVICE").is_ok_and(|v| v == "cpu");
     #[cfg(feature = "cuda")]
     if !cpu_only {
         use burn_te_kernels::cubecl::cuda::{CudaDevice, CudaRuntime};
         let device = CudaDevice::new(0);
         if let Some(name) = probe::<CudaRuntime>(&device) {
-            println!("device: CUDA device 0 ({name}), backend Autodiff<Te<Cuda>>");
-            train::<Autodiff<Te<burn_te::backends::Cuda>>>(&device)?;
+            println!("device: CUDA device 0 ({name}), backend Autodiff<Debug<Te<Cuda>>>");
+            train::<Autodiff<Debug<Te<burn_te::backends::Cuda>>>>(&device)?;
             return Ok(());
         }
         println!("no CUDA device usable; trying wgpu");
@@ -78,15 +109,15 @@ fn main() -> Result<(), TeError> {
         use burn_te_kernels::cubecl::wgpu::{WgpuDevice, WgpuRuntime};
         let device = WgpuDevice::default();
         if let Some(name) = probe::<WgpuRuntime>(&device) {
-            println!("device: the default wgpu device ({name}), backend Autodiff<Te<Wgpu>>");
-            train::<Autodiff<Te<burn_te::backends::Wgpu>>>(&device)?;
+            println!("device: the default wgpu device ({name}), backend Autodiff<Debug<Te<Wgpu>>>");
+            train::<Autodiff<Debug<Te<burn_te::backends::Wgpu>>>>(&device)?;
             return Ok(());
         }
         println!(
             "no wgpu device found (on a CPU-only Linux machine: apt-get install mesa-vulkan-drivers)"
         );
     }
-    println!("device: the CPU host path, backend Autodiff<Te<NdArray>>");
-    train::<Autodiff<Te<NdArray>>>(&Default::default())?;
+    println!("device: the CPU host path, backend Autodiff<Debug<Te<NdArray>>>");
+    train::<Autodiff<Debug<Te<NdArray>>>>(&Default::default())?;
     Ok(())
 }

@@ -45,6 +45,9 @@ pub struct Item {
     spec: FeatureSpec,
 }
 
+/// A GEMM or tensor of a feature's list, with its struct item's keys.
+type Entry<T> = (Option<T>, Option<Mapping>);
+
 const STRUCTURE_KEYS: [&str; 7] = [
     "enabled",
     "gemms",
@@ -175,10 +178,7 @@ impl FeatureSpec {
         })
     }
 
-    fn gemm_entries(
-        &self,
-        need: Need,
-    ) -> Result<Vec<(Option<Gemm>, Option<Mapping>)>, ConfigError> {
+    fn gemm_entries(&self, need: Need) -> Result<Vec<Entry<Gemm>>, ConfigError> {
         if need == Need::No {
             return Ok(vec![(None, None)]);
         }
@@ -211,7 +211,7 @@ impl FeatureSpec {
         scope: &Mapping,
         need: Need,
         tensor_names: &[TensorName],
-    ) -> Result<Vec<(Option<TensorName>, Option<Mapping>)>, ConfigError> {
+    ) -> Result<Vec<Entry<TensorName>>, ConfigError> {
         if need == Need::No {
             return Ok(vec![(None, None)]);
         }

@@ -32,13 +32,16 @@ impl WhatIf {
     }
 }
 
+/// A tensor, its schedule and its `(recipe, stat)` pairs.
+type Entry = (TensorName, Schedule, Vec<(WhatIf, Stat)>);
+
 /// Logs `[<recipe>_]<stat>` for stat ∈ underflows%, overflows%, scale_inv_min, scale_inv_max, mse, of the chosen
 /// GEMM inputs (TE's `LogFp8TensorStats`). Without a prefix the stat describes the GEMM's own quantization; with
 /// `fp8_current_scaling_` or `fp8_delayed_scaling_` it describes that per-tensor recipe (what-if). The block
 /// recipes' prefixes (`mxfp8_`, `fp8_block_scaling_`) are rejected at config time: their per-block statistics are not
 /// implemented yet.
 pub struct LogFp8TensorStats {
-    entries: Vec<(TensorName, Schedule, Vec<(WhatIf, Stat)>)>,
+    entries: Vec<Entry>,
 }
 
 impl LogFp8TensorStats {
