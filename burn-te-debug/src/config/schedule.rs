@@ -30,6 +30,18 @@ impl Schedule {
                 .any(|&(s, e)| s <= iteration && iteration <= e)
     }
 
+    /// The routing answer of several schedules at `iteration`: on if any runs, next at the earliest (`None` if
+    /// there are none).
+    pub fn routing<'a>(
+        schedules: impl IntoIterator<Item = &'a Schedule>,
+        iteration: u64,
+    ) -> Option<crate::features::Routing> {
+        crate::features::merge_routing(schedules.into_iter().map(|s| crate::features::Routing {
+            enabled: s.runs_at(iteration),
+            next: s.next_after(iteration),
+        }))
+    }
+
     /// The first iteration after `iteration` at which the feature runs, if any.
     pub fn next_after(&self, iteration: u64) -> Option<u64> {
         self.ranges

@@ -3,7 +3,7 @@
 use burn_te::{Fp8Format, TensorRole};
 
 use super::log_tensor_stats::parse_stats;
-use super::{DebugTensor, Feature, Inspection, Routing, StatsScaling, merge_routing};
+use super::{DebugTensor, Feature, Inspection, Routing, StatsScaling};
 use crate::config::{FeatureSpec, Need, SCHEDULE_KEYS, Schedule};
 use crate::error::{ConfigError, DebugError};
 use crate::stats::{Stat, StatRequest};
@@ -104,15 +104,8 @@ impl Feature for LogFp8TensorStats {
         tensor: TensorName,
         iteration: u64,
     ) -> Option<Routing> {
-        merge_routing(
-            self.entries
-                .iter()
-                .filter(|e| e.0 == tensor)
-                .map(|(_, schedule, _)| Routing {
-                    enabled: schedule.runs_at(iteration),
-                    next: schedule.next_after(iteration),
-                }),
-        )
+        let schedules = self.entries.iter().filter(|e| e.0 == tensor);
+        Schedule::routing(schedules.map(|(_, schedule, _)| schedule), iteration)
     }
 
     fn inspect_tensor(

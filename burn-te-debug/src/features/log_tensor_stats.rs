@@ -1,6 +1,6 @@
 //! LogTensorStats: high-precision statistics of a layer's tensors on a schedule.
 
-use super::{DebugTensor, Feature, Inspection, Namespace, Routing, merge_routing};
+use super::{DebugTensor, Feature, Inspection, Namespace, Routing};
 use crate::config::{FeatureSpec, Need, SCHEDULE_KEYS, Schedule};
 use crate::error::{ConfigError, ConfigErrorKind, DebugError};
 use crate::stats::{Stat, StatRequest};
@@ -100,15 +100,8 @@ impl Feature for LogTensorStats {
         tensor: TensorName,
         iteration: u64,
     ) -> Option<Routing> {
-        merge_routing(
-            self.entries
-                .iter()
-                .filter(|e| e.0 == tensor)
-                .map(|(_, schedule, _)| Routing {
-                    enabled: schedule.runs_at(iteration),
-                    next: schedule.next_after(iteration),
-                }),
-        )
+        let schedules = self.entries.iter().filter(|e| e.0 == tensor);
+        Schedule::routing(schedules.map(|(_, schedule, _)| schedule), iteration)
     }
 
     fn inspect_tensor(
