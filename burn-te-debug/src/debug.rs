@@ -17,12 +17,12 @@ use burn::tensor::ops::FloatTensor;
 use burn_te::backend::TeBackend;
 use burn_te::fp8_gemm::{self, CurrentScalingOverrides};
 use burn_te::{
-    Decorator, Fp8Format, Gemm, GemmSite, Recipe, Scaling, TensorRole, plain_linear_backward,
-    plain_linear_forward,
+    Decorator, Fp8Format, Gemm, GemmSite, Recipe, ScaleBlock, Scaling, TensorRole,
+    plain_linear_backward, plain_linear_forward,
 };
 
 use crate::error::DebugError;
-use crate::features::{DebugTensor, Modified, PendingStats, StatsScaling};
+use crate::features::{DebugTensor, Modified, PendingStats, PendingValue, StatsScaling};
 use crate::session;
 use crate::tensor::TensorName;
 
@@ -133,13 +133,19 @@ impl<B: TeBackend> DebugTensor for SiteTensor<B> {
         Ok(Box::new(self.with(tensor)))
     }
 
+    fn launch_max_block_dynamic_range(
+        &self,
+        block: ScaleBlock,
+    ) -> Result<PendingValue, DebugError> {
+        let range = B::fp8_max_block_dynamic_range(self.tensor.clone(), block)?;
+        Ok(PendingValue(Box::new(move || {
+            let values = read_floats::<B>(range)?;
+            Ok(values.first().map_or(0.0, |v| f64::from(*v)))
+        })))
+    }
+
     fn to_vec(&self) -> Result<Vec<f32>, DebugError> {
-        let data =
-            burn_te_kernels::cubecl::future::block_on(B::float_into_data(self.tensor.clone()))
-                .map_err(|err| burn_te::TeError::Read(format!("{err:?}")))?;
-        data.convert::<f32>()
-            .into_vec::<f32>()
-            .map_err(|err| burn_te::TeError::Read(format!("{err:?}")).into())
+        read_floats::<B>(self.tensor.clone())
     }
 
     fn recipe(&self) -> Option<Recipe> {
@@ -157,6 +163,15 @@ impl<B: TeBackend> DebugTensor for SiteTensor<B> {
     fn into_any(self: Box<Self>) -> Box<dyn Any> {
         self
     }
+}
+
+/// Reads a float tensor's values to the host (a sync point).
+fn read_floats<B: TeBackend>(tensor: FloatTensor<B>) -> Result<Vec<f32>, DebugError> {
+    let data = burn_te_kernels::cubecl::future::block_on(B::float_into_data(tensor))
+        .map_err(|err| burn_te::TeError::Read(format!("{err:?}")))?;
+    data.convert::<f32>()
+        .into_vec::<f32>()
+        .map_err(|err| burn_te::TeError::Read(format!("{err:?}")).into())
 }
 
 /// The output tensor of a GEMM.

@@ -11,7 +11,7 @@ use crate::config::{Config, Section};
 use crate::error::{ConfigError, DebugError};
 use crate::features::{DebugTensor, Inspection, Modified, Routing, merge_routing};
 use crate::log::{LogFiles, stat_message};
-use crate::stats::{StatBuffers, StatRequest, StatValue};
+use crate::stats::{Stat, StatBuffers, StatRequest, StatValue};
 use crate::tensor::TensorName;
 
 /// A receiver of each step's statistics besides the log file (burn-train, TensorBoard, a test).
@@ -517,18 +517,41 @@ impl Session {
             if tensor == TensorName::Weight && self.buffers.has(&layer, tensor, &request.prefix) {
                 continue;
             }
-            match x.launch_stats(request.quantization) {
-                Ok(pending) => self.buffers.add(&layer, tensor, &request, pending),
-                Err(err) => {
-                    let message = format!("{layer}: statistics of {tensor} not possible: {err}");
-                    tracing::warn!("{message}");
-                    let _ = self.main_log(&message);
-                }
+            if let Err(err) = self.launch(&layer, tensor, &request, x) {
+                let message = format!("{layer}: statistics of {tensor} not possible: {err}");
+                tracing::warn!("{message}");
+                let _ = self.main_log(&message);
             }
         }
         for (name, value) in inspection.scalars {
             self.buffers.add_scalar(name, value);
         }
+    }
+
+    /// Launches one request's statistics of a tensor: the one-pass kernel, and the blockwise ranges' kernels.
+    fn launch(
+        &mut self,
+        layer: &str,
+        tensor: TensorName,
+        request: &StatRequest,
+        x: &dyn DebugTensor,
+    ) -> Result<(), DebugError> {
+        self.buffers.add(
+            layer,
+            tensor,
+            request,
+            x.launch_stats(request.quantization)?,
+        );
+        for &stat in &request.stats {
+            if let Stat::MaxBlockwiseDynamicRange(range) = stat {
+                for block in range.blocks() {
+                    let pending = x.launch_max_block_dynamic_range(block)?;
+                    self.buffers
+                        .add_value(layer, tensor, request, stat, pending);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Runs the feature at `index` of the layer's section on an input.

@@ -5,9 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use burn_te::{Fp8Format, Fp8Stats};
+use burn_te::{Fp8Format, Fp8Stats, ScaleBlock};
 
-use crate::features::{PendingStats, StatsScaling};
+use crate::features::{PendingStats, PendingValue, StatsScaling};
 use crate::tensor::TensorName;
 
 /// A stat of LogTensorStats or LogFp8TensorStats.
@@ -39,6 +39,38 @@ pub enum Stat {
     ScaleInvMax,
     /// Mean squared quantization error.
     Mse,
+    /// The largest dynamic range of one block of the tensor (what a block-scaled recipe must hold).
+    MaxBlockwiseDynamicRange(BlockwiseRange),
+}
+
+/// The blocks of `max_blockwise_dynamic_range`, over the tensor viewed as `[leading dims folded, last dim]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct BlockwiseRange {
+    /// Elements per block side (TE's default 32).
+    pub block_size: usize,
+    /// 1: `1 × block_size` blocks along the last dimension; 2: `block_size × block_size` tiles.
+    pub dims: u8,
+    /// Also take the blocks of the transposed tensor (`block_size × 1` for dims 1) and log the larger maximum.
+    pub max_over_orientations: bool,
+}
+
+impl BlockwiseRange {
+    /// The block shapes to scan (one per orientation). Blocks at the edges may be partial (TE requires the
+    /// element count to divide evenly; any shape works here).
+    pub fn blocks(self) -> Vec<ScaleBlock> {
+        let b = self.block_size;
+        let rowwise = if self.dims == 2 {
+            ScaleBlock::new(b, b)
+        } else {
+            ScaleBlock::new(1, b)
+        };
+        let columnwise = ScaleBlock::new(rowwise.cols, rowwise.rows);
+        if self.max_over_orientations && columnwise != rowwise {
+            vec![rowwise, columnwise]
+        } else {
+            vec![rowwise]
+        }
+    }
 }
 
 impl Stat {
@@ -78,6 +110,25 @@ impl Stat {
             Stat::ScaleInvMin => "scale_inv_min",
             Stat::ScaleInvMax => "scale_inv_max",
             Stat::Mse => "mse",
+            Stat::MaxBlockwiseDynamicRange(_) => "max_blockwise_dynamic_range",
+        }
+    }
+
+    /// The name the stat is logged under: TE's name, with the block parameters for
+    /// `max_blockwise_dynamic_range_block_size_<B>_dims_<D>[_max_over_orientations]`.
+    pub fn label(self) -> String {
+        match self {
+            Stat::MaxBlockwiseDynamicRange(range) => format!(
+                "max_blockwise_dynamic_range_block_size_{}_dims_{}{}",
+                range.block_size,
+                range.dims,
+                if range.max_over_orientations {
+                    "_max_over_orientations"
+                } else {
+                    ""
+                }
+            ),
+            stat => stat.name().to_string(),
         }
     }
 
@@ -99,6 +150,8 @@ impl Stat {
             Stat::ScaleInvMin => scale_inv.map(|s| s.0),
             Stat::ScaleInvMax => scale_inv.map(|s| s.1),
             Stat::Mse => (t.numel > 0).then(|| stats.squared_error_sum / t.numel as f64),
+            // Computed by its own kernel (see `StatBuffers::add_value`).
+            Stat::MaxBlockwiseDynamicRange(_) => None,
         }
     }
 }
@@ -118,6 +171,8 @@ pub struct StatRequest {
 struct Buffer {
     stats: Vec<Stat>,
     pending: Vec<PendingStats>,
+    /// Stats with their own kernel (max over feeds).
+    values: Vec<(Stat, PendingValue)>,
 }
 
 /// The stat buffers of one step.
@@ -149,13 +204,7 @@ impl StatBuffers {
             .contains_key(&(layer.to_string(), tensor, prefix.to_string()))
     }
 
-    pub(crate) fn add(
-        &mut self,
-        layer: &str,
-        tensor: TensorName,
-        request: &StatRequest,
-        pending: PendingStats,
-    ) {
+    fn buffer(&mut self, layer: &str, tensor: TensorName, request: &StatRequest) -> &mut Buffer {
         let buffer = self
             .buffers
             .entry((layer.to_string(), tensor, request.prefix.clone()))
@@ -165,7 +214,32 @@ impl StatBuffers {
                 buffer.stats.push(*stat);
             }
         }
-        buffer.pending.push(pending);
+        buffer
+    }
+
+    /// Buffers one feed's statistics for `request`.
+    pub(crate) fn add(
+        &mut self,
+        layer: &str,
+        tensor: TensorName,
+        request: &StatRequest,
+        pending: PendingStats,
+    ) {
+        self.buffer(layer, tensor, request).pending.push(pending);
+    }
+
+    /// Buffers one feed's value of a stat with its own kernel (feeds combine by max).
+    pub(crate) fn add_value(
+        &mut self,
+        layer: &str,
+        tensor: TensorName,
+        request: &StatRequest,
+        stat: Stat,
+        pending: PendingValue,
+    ) {
+        self.buffer(layer, tensor, request)
+            .values
+            .push((stat, pending));
     }
 
     pub(crate) fn add_scalar(&mut self, name: String, value: f64) {
@@ -195,12 +269,29 @@ impl StatBuffers {
                     Err(err) => errors.push(format!("{layer}_{tensor}: {err}")),
                 }
             }
+            // Max over feeds, NaN propagating (a NaN block anywhere is worth seeing).
+            let mut maxima: BTreeMap<Stat, f64> = BTreeMap::new();
+            for (stat, pending) in buffer.values {
+                match pending.read() {
+                    Ok(value) => {
+                        let max = maxima.entry(stat).or_insert(value);
+                        if value.is_nan() || *max < value {
+                            *max = value;
+                        }
+                    }
+                    Err(err) => errors.push(format!("{layer}_{tensor}: {err}")),
+                }
+            }
             if merged.tensor.numel == 0 {
                 continue; // TE skips empty tensors.
             }
             for stat in buffer.stats {
-                if let Some(value) = stat.value(&merged, scale_inv) {
-                    let stat = format!("{prefix}{}", stat.name());
+                let value = match stat {
+                    Stat::MaxBlockwiseDynamicRange(_) => maxima.get(&stat).copied(),
+                    stat => stat.value(&merged, scale_inv),
+                };
+                if let Some(value) = value {
+                    let stat = format!("{prefix}{}", stat.label());
                     values.push(StatValue {
                         name: format!("{layer}_{tensor}_{stat}"),
                         layer: layer.clone(),

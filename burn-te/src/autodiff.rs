@@ -11,7 +11,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::FloatTensor;
-use burn_te_kernels::{Fp8Format, Fp8Stats};
+use burn_te_kernels::{Fp8Format, Fp8Stats, ScaleBlock};
 
 use crate::TeError;
 use crate::backend::{Fp8Primitive, Scaling, StatsReading, TeBackend};
@@ -88,6 +88,15 @@ impl<B: TeBackend, C: CheckpointStrategy> TeBackend for Autodiff<B, C> {
     }
     fn fp8_amax(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, TeError> {
         Ok(Self::from_inner(B::fp8_amax(Self::inner(tensor))?))
+    }
+    fn fp8_max_block_dynamic_range(
+        tensor: FloatTensor<Self>,
+        block: ScaleBlock,
+    ) -> Result<FloatTensor<Self>, TeError> {
+        Ok(Self::from_inner(B::fp8_max_block_dynamic_range(
+            Self::inner(tensor),
+            block,
+        )?))
     }
     fn fp8_fake_quant(
         tensor: FloatTensor<Self>,

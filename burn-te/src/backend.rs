@@ -111,6 +111,14 @@ pub trait TeBackend: Backend {
     /// max |x| as a one-element tensor (NaN propagates; 0 for an empty tensor).
     fn fp8_amax(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, TeError>;
 
+    /// The largest `log2(max |x|) − log2(min nonzero |x|)` over the blocks of the tensor viewed as
+    /// `[leading dims folded, last dim]` (an all-zero block counts 0; NaN propagates), as a one-element f32 tensor
+    /// computed on the device: the debug tools' `max_blockwise_dynamic_range`.
+    fn fp8_max_block_dynamic_range(
+        tensor: FloatTensor<Self>,
+        block: ScaleBlock,
+    ) -> Result<FloatTensor<Self>, TeError>;
+
     /// Quantize-dequantize with a per-tensor current scale (`fp8_max / amax / 2^margin`).
     fn fp8_fake_quant(
         tensor: FloatTensor<Self>,
@@ -300,6 +308,12 @@ macro_rules! forward_fp8_ops {
             tensor: $crate::__private::FloatTensor<Self>,
         ) -> Result<$crate::__private::FloatTensor<Self>, $crate::TeError> {
             $inner::fp8_amax(tensor)
+        }
+        fn fp8_max_block_dynamic_range(
+            tensor: $crate::__private::FloatTensor<Self>,
+            block: $crate::ScaleBlock,
+        ) -> Result<$crate::__private::FloatTensor<Self>, $crate::TeError> {
+            $inner::fp8_max_block_dynamic_range(tensor, block)
         }
         fn fp8_fake_quant(
             tensor: $crate::__private::FloatTensor<Self>,

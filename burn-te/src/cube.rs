@@ -304,6 +304,22 @@ where
         })
     }
 
+    fn fp8_max_block_dynamic_range(
+        tensor: CubeTensor<R>,
+        block: block::ScaleBlock,
+    ) -> Result<CubeTensor<R>, TeError> {
+        let x = into_contiguous(tensor);
+        let (rows, cols) = rows_cols(x.meta.shape());
+        let handle = with_float!(x.dtype, "fp8_max_block_dynamic_range", T => Ok(
+            burn_te_kernels::block_range::max_block_dynamic_range::<R, T>(&x.client, &x.handle, rows, cols, block)?
+        ))?;
+        let out = float_output(&x, handle, Shape::new([1]));
+        Ok(CubeTensor {
+            dtype: DType::F32,
+            ..out
+        })
+    }
+
     fn fp8_fake_quant(
         tensor: CubeTensor<R>,
         format: Fp8Format,

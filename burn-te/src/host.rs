@@ -8,8 +8,9 @@ use burn::backend::ndarray::NdArrayDevice;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn::tensor::{Shape, TensorData};
 use burn_te_kernels::block::host_block_quantize;
+use burn_te_kernels::block_range::host_max_block_dynamic_range;
 use burn_te_kernels::{
-    DelayedScalingHistory, Fp8Format, Fp8Stats, host, pow2_margin, scale_from_amax,
+    DelayedScalingHistory, Fp8Format, Fp8Stats, ScaleBlock, host, pow2_margin, scale_from_amax,
 };
 
 use crate::TeError;
@@ -155,6 +156,17 @@ impl TeBackend for Host {
         let device = Host::float_device(&tensor);
         let (x, _) = values(tensor)?;
         Ok(self::tensor(vec![host::amax(&x)], Shape::new([1]), &device))
+    }
+
+    fn fp8_max_block_dynamic_range(
+        tensor: FloatTensor<Self>,
+        block: ScaleBlock,
+    ) -> Result<FloatTensor<Self>, TeError> {
+        let device = Host::float_device(&tensor);
+        let (x, shape) = values(tensor)?;
+        let (rows, cols) = rows_cols(&shape);
+        let range = host_max_block_dynamic_range(&x, rows, cols, block)?;
+        Ok(self::tensor(vec![range as f32], Shape::new([1]), &device))
     }
 
     fn fp8_fake_quant(

@@ -38,7 +38,7 @@ impl ScaleBlock {
         (index / cols / self.rows) * cols.div_ceil(self.cols) + (index % cols) / self.cols
     }
 
-    fn check(&self) -> Result<(), KernelError> {
+    pub(crate) fn check(&self) -> Result<(), KernelError> {
         if self.rows == 0 || self.cols == 0 {
             return Err(KernelError::InvalidArgument {
                 what: "scale block",

@@ -17,6 +17,7 @@
 //! FP8 codes are stored four per `u32` word because wgpu has no 8-bit storage type.
 
 pub mod block;
+pub mod block_range;
 mod error;
 mod format;
 pub mod gemm;

@@ -1,8 +1,9 @@
 //! One-pass statistics on the device and the host path against an independent two-pass f64 computation, the
 //! FP8 variant against counts made with the conformance-verified host encoder, and exact merging.
 
+use burn_te_kernels::block_range::{host_max_block_dynamic_range, max_block_dynamic_range};
 use burn_te_kernels::ops;
-use burn_te_kernels::{Fp8Format, Fp8Stats, TensorStats, host};
+use burn_te_kernels::{Fp8Format, Fp8Stats, ScaleBlock, TensorStats, host};
 
 use crate::common::*;
 
@@ -313,4 +314,90 @@ fn merging_groups_with_different_means_equals_their_concatenation() {
     let s = host::tensor_stats(&a);
     assert_eq!(s.merge(&TensorStats::EMPTY), s);
     assert_eq!(TensorStats::EMPTY.merge(&s), s);
+}
+
+/// max over `br × bc` tiles of log2(max |x|) − log2(min nonzero |x|), written out with explicit tile loops.
+fn reference_block_range(x: &[f32], rows: usize, cols: usize, br: usize, bc: usize) -> f64 {
+    let mut best = 0.0f64;
+    for r0 in (0..rows).step_by(br) {
+        for c0 in (0..cols).step_by(bc) {
+            let tile: Vec<f64> = (r0..(r0 + br).min(rows))
+                .flat_map(|r| (c0..(c0 + bc).min(cols)).map(move |c| (r, c)))
+                .map(|(r, c)| f64::from(x[r * cols + c]).abs())
+                .filter(|v| *v != 0.0)
+                .collect();
+            if let (Some(hi), Some(lo)) = (
+                tile.iter().copied().reduce(f64::max),
+                tile.iter().copied().reduce(f64::min),
+            ) {
+                best = best.max(hi.log2() - lo.log2());
+            }
+        }
+    }
+    best
+}
+
+fn device_block_range(x: &[f32], rows: usize, cols: usize, block: ScaleBlock) -> f64 {
+    let client = client();
+    let input = upload(if x.is_empty() { &[0.0] } else { x });
+    let out =
+        max_block_dynamic_range::<TestRuntime, f32>(&client, &input, rows, cols, block).unwrap();
+    f64::from(download(&out, 1)[0])
+}
+
+#[test]
+fn max_block_dynamic_range_matches_te_and_a_tile_by_tile_reference() {
+    // TE's test_log_stats_numerics tensor: epsilon everywhere, one row of A, three rows of B. TE expects 0 for
+    // 1×4 blocks (each block holds one value), log2(A) − log2(B) for 4×4 tiles.
+    let (rows, cols, eps, a, b) = (256, 256, 1e-10f32, 1000f32, 50f32);
+    let mut x = vec![eps; rows * cols];
+    x[..cols].fill(a);
+    x[cols..4 * cols].fill(b);
+    let expected_2d = f64::from(a).log2() - f64::from(b).log2();
+    for (block, expected) in [
+        (ScaleBlock::new(1, 4), 0.0),
+        (ScaleBlock::new(4, 4), expected_2d),
+    ] {
+        let device = device_block_range(&x, rows, cols, block);
+        let host = host_max_block_dynamic_range(&x, rows, cols, block).unwrap();
+        assert_close(&format!("{block:?} device"), device, expected, 0.0, 1e-4);
+        assert_close(&format!("{block:?} host"), host, expected, 0.0, 1e-4);
+    }
+    // Random data with zeros, a whole zero block, and partial edge blocks, for every block shape the stat uses.
+    let (rows, cols) = (37, 70);
+    let mut rng = Rng::new(11);
+    let mut x = rng.normal(rows * cols, 0.0, 3.0);
+    for i in (0..x.len()).step_by(7) {
+        x[i] = 0.0;
+    }
+    x[..32].fill(0.0);
+    x[40] = -0.0;
+    x[41] = 1e-30;
+    for block in [
+        ScaleBlock::new(1, 32),
+        ScaleBlock::new(32, 1),
+        ScaleBlock::new(4, 4),
+        ScaleBlock::new(32, 32),
+        ScaleBlock::new(128, 128),
+    ] {
+        let expected = reference_block_range(&x, rows, cols, block.rows, block.cols);
+        let device = device_block_range(&x, rows, cols, block);
+        let host = host_max_block_dynamic_range(&x, rows, cols, block).unwrap();
+        assert_close(&format!("{block:?} device"), device, expected, 1e-5, 1e-5);
+        assert_close(&format!("{block:?} host"), host, expected, 1e-12, 0.0);
+    }
+    // All zeros and empty: 0. A NaN propagates.
+    assert_eq!(
+        device_block_range(&[0.0; 64], 8, 8, ScaleBlock::new(1, 4)),
+        0.0
+    );
+    assert_eq!(device_block_range(&[], 0, 8, ScaleBlock::new(1, 4)), 0.0);
+    let mut with_nan = vec![1.0f32; 64];
+    with_nan[9] = f32::NAN;
+    assert!(device_block_range(&with_nan, 8, 8, ScaleBlock::new(1, 4)).is_nan());
+    assert!(
+        host_max_block_dynamic_range(&with_nan, 8, 8, ScaleBlock::new(1, 4))
+            .unwrap()
+            .is_nan()
+    );
 }

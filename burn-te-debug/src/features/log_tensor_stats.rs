@@ -3,37 +3,31 @@
 use super::{DebugTensor, Feature, Inspection, Namespace, Routing};
 use crate::config::{FeatureSpec, Need, SCHEDULE_KEYS, Schedule};
 use crate::error::{ConfigError, ConfigErrorKind, DebugError};
-use crate::stats::{Stat, StatRequest};
+use crate::stats::{BlockwiseRange, Stat, StatRequest};
 use crate::tensor::TensorName;
 
-/// Logs min, max, mean, std, l1_norm, l2_norm, cur_amax, dynamic_range of the chosen tensors (TE's
+/// Logs min, max, mean, std, l1_norm, l2_norm, cur_amax, dynamic_range, max_blockwise_dynamic_range of the
+/// chosen tensors (TE's
 /// `LogTensorStats`; also the base namespace's). Micro-batches of a step merge exactly; empty tensors are skipped.
 pub struct LogTensorStats {
     name: String,
     entries: Vec<(TensorName, Schedule, Vec<Stat>)>,
 }
 
-/// Parses a `stats` list against `known`, naming an unknown stat.
+/// Parses a `stats` list against `known`, naming an unknown stat. An entry is a name, or for
+/// `max_blockwise_dynamic_range` a one-key map of its parameters (`block_size`, `dims`, `max_over_orientations`).
 pub(super) fn parse_stats(
     item: &crate::config::Item,
     known: &[String],
     parse: impl Fn(&str) -> Option<Stat>,
 ) -> Result<Vec<(String, Stat)>, ConfigError> {
+    use serde_yaml_ng::Value;
     let value = item
         .get("stats")
         .ok_or_else(|| item.error(None, ConfigErrorKind::MissingKey("stats".into())))?;
-    let names: Vec<String> = match value {
-        serde_yaml_ng::Value::String(s) => vec![s.clone()],
-        serde_yaml_ng::Value::Sequence(items) => items
-            .iter()
-            .map(|v| match v {
-                serde_yaml_ng::Value::String(s) => s.clone(),
-                other => serde_yaml_ng::to_string(other)
-                    .unwrap_or_default()
-                    .trim()
-                    .to_string(),
-            })
-            .collect(),
+    let entries: Vec<Value> = match value {
+        Value::Sequence(items) => items.clone(),
+        Value::String(_) => vec![value.clone()],
         other => {
             return Err(item.error(
                 Some("stats"),
@@ -41,21 +35,92 @@ pub(super) fn parse_stats(
             ));
         }
     };
-    names
-        .into_iter()
-        .map(|name| {
-            let stat = parse(&name).ok_or_else(|| {
-                item.error(
-                    Some("stats"),
-                    ConfigErrorKind::UnknownStat {
-                        stat: name.clone(),
-                        known: known.join(", "),
-                    },
-                )
-            })?;
-            Ok((name, stat))
+    let unknown = |name: String| {
+        item.error(
+            Some("stats"),
+            ConfigErrorKind::UnknownStat {
+                stat: name,
+                known: known.join(", "),
+            },
+        )
+    };
+    entries
+        .iter()
+        .map(|entry| match entry {
+            Value::String(name) => {
+                let stat = parse(name).ok_or_else(|| unknown(name.clone()))?;
+                Ok((name.clone(), stat))
+            }
+            Value::Mapping(map) if map.len() == 1 => {
+                let (key, params) = map.iter().next().expect("one entry");
+                let name = key.as_str().unwrap_or_default();
+                match parse(name) {
+                    Some(Stat::MaxBlockwiseDynamicRange(_)) => {
+                        let stat = Stat::MaxBlockwiseDynamicRange(blockwise_range(item, params)?);
+                        Ok((stat.label(), stat))
+                    }
+                    _ => Err(unknown(format!("{key:?} with parameters"))),
+                }
+            }
+            other => Err(unknown(
+                serde_yaml_ng::to_string(other)
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string(),
+            )),
         })
         .collect()
+}
+
+/// The parameters of `max_blockwise_dynamic_range`: `block_size` (default 32), `dims` (1 or 2, default 1),
+/// `max_over_orientations` (default false).
+fn blockwise_range(
+    item: &crate::config::Item,
+    params: &serde_yaml_ng::Value,
+) -> Result<BlockwiseRange, ConfigError> {
+    let invalid =
+        |message: String| item.error(Some("stats"), ConfigErrorKind::InvalidValue(message));
+    let mut range = BlockwiseRange {
+        block_size: 32,
+        dims: 1,
+        max_over_orientations: false,
+    };
+    let Some(map) = params.as_mapping() else {
+        return Err(invalid(format!(
+            "max_blockwise_dynamic_range: expected a map of block_size, dims, max_over_orientations, got {params:?}"
+        )));
+    };
+    for (key, value) in map {
+        match key.as_str().unwrap_or_default() {
+            "block_size" => match value.as_u64() {
+                Some(b) if b > 0 => range.block_size = b as usize,
+                _ => {
+                    return Err(invalid(format!(
+                        "block_size must be a positive integer, got {value:?}"
+                    )));
+                }
+            },
+            "dims" => match value.as_u64() {
+                Some(d @ (1 | 2)) => range.dims = d as u8,
+                _ => return Err(invalid(format!("dims must be 1 or 2, got {value:?}"))),
+            },
+            "max_over_orientations" => match value.as_bool() {
+                Some(b) => range.max_over_orientations = b,
+                None => {
+                    return Err(invalid(format!(
+                        "max_over_orientations must be a bool, got {value:?}"
+                    )));
+                }
+            },
+            other => {
+                return Err(item.error(
+                    Some("stats"),
+                    ConfigErrorKind::UnexpectedKey(other.to_string()),
+                ));
+            }
+        }
+    }
+    Ok(range)
 }
 
 impl LogTensorStats {
@@ -65,13 +130,19 @@ impl LogTensorStats {
         namespace: Namespace,
     ) -> Result<Box<dyn Feature>, ConfigError> {
         let keys: Vec<&str> = SCHEDULE_KEYS.iter().copied().chain(["stats"]).collect();
-        let known: Vec<String> = Stat::TENSOR.iter().map(|s| s.name().to_string()).collect();
+        let blockwise = Stat::MaxBlockwiseDynamicRange(BlockwiseRange {
+            block_size: 32,
+            dims: 1,
+            max_over_orientations: false,
+        });
+        let all: Vec<Stat> = Stat::TENSOR.into_iter().chain([blockwise]).collect();
+        let known: Vec<String> = all.iter().map(|s| s.name().to_string()).collect();
         let entries = spec
             .items(Need::No, Need::Required, &TensorName::ALL, Some(&keys))?
             .into_iter()
             .map(|item| {
                 let stats = parse_stats(&item, &known, |name| {
-                    Stat::TENSOR.into_iter().find(|s| s.name() == name)
+                    all.iter().copied().find(|s| s.name() == name)
                 })?;
                 let tensor = item.tensor.expect("tensors are required");
                 Ok((

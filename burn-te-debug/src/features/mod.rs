@@ -11,7 +11,7 @@ mod registry;
 
 use std::any::Any;
 
-use burn_te::{Fp8Format, Gemm, Recipe, StatsReading, TensorRole};
+use burn_te::{Fp8Format, Gemm, Recipe, ScaleBlock, StatsReading, TensorRole};
 
 pub use disable_fp8_gemm::DisableFp8Gemm;
 pub use disable_fp8_layer::DisableFp8Layer;
@@ -79,6 +79,16 @@ impl PendingStats {
     }
 }
 
+/// One value launched on the device, read at `step()`.
+pub struct PendingValue(pub(crate) Box<dyn FnOnce() -> Result<f64, DebugError> + Send>);
+
+impl PendingValue {
+    /// Reads the value back (waits for the device).
+    pub fn read(self) -> Result<f64, DebugError> {
+        (self.0)()
+    }
+}
+
 /// A tensor of a GEMM as features see it, whatever the backend: statistics and FP8 ops run on its device.
 pub trait DebugTensor: Send {
     /// The tensor's shape.
@@ -88,6 +98,11 @@ pub trait DebugTensor: Send {
         &self,
         quantization: Option<(Fp8Format, StatsScaling)>,
     ) -> Result<PendingStats, DebugError>;
+    /// The largest per-block dynamic range over blocks of `block` (see
+    /// [`TeBackend::fp8_max_block_dynamic_range`](burn_te::TeBackend::fp8_max_block_dynamic_range)), launched on the
+    /// device.
+    fn launch_max_block_dynamic_range(&self, block: ScaleBlock)
+    -> Result<PendingValue, DebugError>;
     /// Quantize-dequantize with a per-tensor current scale.
     fn fake_quant(
         &self,

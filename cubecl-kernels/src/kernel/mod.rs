@@ -2,6 +2,7 @@
 
 pub mod amax;
 pub mod block;
+pub mod block_range;
 pub mod fp8;
 pub mod gemm;
 pub mod quantize;
