@@ -22,7 +22,7 @@ use burn_te::{
 };
 
 use crate::error::DebugError;
-use crate::features::{DebugTensor, Modified, PendingStats, PendingValue, StatsScaling};
+use crate::features::{DebugTensor, Modified, PendingStats, PendingValue, Quantized, StatsScaling};
 use crate::session;
 use crate::tensor::TensorName;
 
@@ -146,6 +146,31 @@ impl<B: TeBackend> DebugTensor for SiteTensor<B> {
 
     fn to_vec(&self) -> Result<Vec<f32>, DebugError> {
         read_floats::<B>(self.tensor.clone())
+    }
+
+    fn quantized(&self) -> Result<Option<Quantized>, DebugError> {
+        let (Some(recipe), Some(role)) = (&self.recipe, self.role) else {
+            return Ok(None);
+        };
+        // The orientation of the tensor's first GEMM: the activation reduces along its columns at fprop, the
+        // weight ([in, out]) and the gradient (at wgrad) along their rows.
+        let k_along_cols = role == TensorRole::Activation;
+        let quantized = fp8_gemm::quantize_operand::<B>(
+            self.tensor.clone(),
+            recipe,
+            &self.site,
+            role,
+            k_along_cols,
+            false,
+            None,
+        )?;
+        let host = B::fp8_read(&quantized)?;
+        Ok(Some(Quantized {
+            format: quantized.format,
+            codes: host.codes,
+            scale_inv: host.scale_inv,
+            block: quantized.block,
+        }))
     }
 
     fn recipe(&self) -> Option<Recipe> {

@@ -22,6 +22,7 @@
 
 pub mod config;
 mod debug;
+pub mod dump;
 mod error;
 pub mod features;
 mod log;

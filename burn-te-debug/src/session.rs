@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use burn_te::{Gemm, GemmSite};
 
 use crate::config::{Config, Section};
+use crate::dump::{TensorDump, dump_path, write_dump};
 use crate::error::{ConfigError, DebugError};
 use crate::features::{DebugTensor, Inspection, Modified, Routing, merge_routing};
 use crate::log::{LogFiles, stat_message};
@@ -93,6 +94,9 @@ struct LayerState {
 pub(crate) struct Session {
     config: Option<Config>,
     iteration: u64,
+    log_dir: PathBuf,
+    /// Dumps written this step per (layer, tensor): micro-batches after the first get their own file.
+    dump_feeds: BTreeMap<(Arc<str>, TensorName), usize>,
     logs: Option<LogFiles>,
     loggers: Vec<Box<dyn StatLogger>>,
     buffers: StatBuffers,
@@ -171,6 +175,8 @@ pub fn initialize(options: DebugOptions) -> Result<(), DebugError> {
     *guard = Some(Session {
         config,
         iteration: options.init_training_step,
+        log_dir: options.log_dir,
+        dump_feeds: BTreeMap::new(),
         logs,
         loggers: options.loggers,
         buffers: StatBuffers::default(),
@@ -270,6 +276,7 @@ impl Session {
     }
 
     fn flush(&mut self) -> Result<(), DebugError> {
+        self.dump_feeds.clear();
         let (values, errors) = self.buffers.flush();
         for error in &errors {
             tracing::error!("{error}");
@@ -495,6 +502,12 @@ impl Session {
             tracing::error!("{error}");
             let _ = self.main_log(&error);
         }
+        for message in std::mem::take(&mut inspection.messages) {
+            let _ = self.main_log(&format!("{layer}: {message}"));
+        }
+        for dump in std::mem::take(&mut inspection.dumps) {
+            self.write_dump(&layer, tensor, dump);
+        }
         // One launch per stat-name prefix (a quantized launch also gives the high-precision stats, so an unprefixed
         // LogTensorStats and LogFp8TensorStats share one); a weight only at its first feed of the step.
         let mut merged: Vec<StatRequest> = Vec::new();
@@ -526,6 +539,40 @@ impl Session {
         for (name, value) in inspection.scalars {
             self.buffers.add_scalar(name, value);
         }
+    }
+
+    /// Writes one dump file (a weight only at its first feed of the step); errors are logged, not fatal.
+    fn write_dump(&mut self, layer: &Arc<str>, tensor: TensorName, mut dump: TensorDump) {
+        let feed = self.dump_feeds.entry((layer.clone(), tensor)).or_insert(0);
+        if tensor == TensorName::Weight && *feed > 0 {
+            return;
+        }
+        let path = dump_path(
+            &self.log_dir,
+            0,
+            self.iteration,
+            layer,
+            tensor.name(),
+            *feed,
+        );
+        *feed += 1;
+        dump.metadata.insert("layer".into(), layer.to_string());
+        dump.metadata.insert("tensor".into(), tensor.name().into());
+        dump.metadata
+            .insert("iteration".into(), self.iteration.to_string());
+        let keys: Vec<&str> = dump.entries.iter().map(|e| e.key.as_str()).collect();
+        let message = match write_dump(&path, &dump) {
+            Ok(()) => format!(
+                "{layer}: Feature=DumpTensors, API=inspect_tensor: Dumped {tensor} at iteration {} (keys: {keys:?}) to {}",
+                self.iteration,
+                path.display()
+            ),
+            Err(err) => {
+                tracing::error!("{layer}: {err}");
+                format!("{layer}: DumpTensors: {err}")
+            }
+        };
+        let _ = self.main_log(&message);
     }
 
     /// Launches one request's statistics of a tensor: the one-pass kernel, and the blockwise ranges' kernels.

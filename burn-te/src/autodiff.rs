@@ -14,7 +14,7 @@ use burn::tensor::ops::FloatTensor;
 use burn_te_kernels::{Fp8Format, Fp8Stats, ScaleBlock};
 
 use crate::TeError;
-use crate::backend::{Fp8Primitive, Scaling, StatsReading, TeBackend};
+use crate::backend::{Fp8HostData, Fp8Primitive, Scaling, StatsReading, TeBackend};
 use crate::recipe::Recipe;
 use crate::site::{Gemm, GemmSite};
 
@@ -74,6 +74,9 @@ impl<B: TeBackend, C: CheckpointStrategy> TeBackend for Autodiff<B, C> {
         scaling: Scaling<'_, Self::DelayedState>,
     ) -> Result<Fp8Primitive<Self>, TeError> {
         B::fp8_quantize(Self::inner(tensor), format, scaling)
+    }
+    fn fp8_read(tensor: &Fp8Primitive<Self>) -> Result<Fp8HostData, TeError> {
+        B::fp8_read(tensor)
     }
     fn fp8_dequantize(tensor: Fp8Primitive<Self>) -> Result<FloatTensor<Self>, TeError> {
         Ok(Self::from_inner(B::fp8_dequantize(tensor)?))

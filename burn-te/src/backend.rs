@@ -37,6 +37,15 @@ impl<D> Fp8Tensor<D> {
     }
 }
 
+/// A quantized tensor's buffers on the host, read by [`TeBackend::fp8_read`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fp8HostData {
+    /// The FP8 codes, one per element, row-major.
+    pub codes: Vec<u8>,
+    /// `scale_inv`: one value, or one per block (row-major over the block grid).
+    pub scale_inv: Vec<f32>,
+}
+
 /// Statistics read back by [`TeBackend::fp8_stats_read`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StatsReading {
@@ -94,6 +103,10 @@ pub trait TeBackend: Backend {
         format: Fp8Format,
         scaling: Scaling<'_, Self::DelayedState>,
     ) -> Result<Fp8Primitive<Self>, TeError>;
+
+    /// Reads a quantized tensor to the host (a sync point): its codes, row-major, and its `scale_inv` values (one,
+    /// or one per block, row-major over the block grid).
+    fn fp8_read(tensor: &Fp8Primitive<Self>) -> Result<Fp8HostData, TeError>;
 
     /// `decode(code) * scale_inv` as a float tensor of the quantized shape.
     fn fp8_dequantize(tensor: Fp8Primitive<Self>) -> Result<FloatTensor<Self>, TeError>;
@@ -290,6 +303,11 @@ macro_rules! forward_fp8_ops {
             scaling: $crate::Scaling<'_, Self::DelayedState>,
         ) -> Result<$crate::Fp8Primitive<Self>, $crate::TeError> {
             $inner::fp8_quantize(tensor, format, scaling)
+        }
+        fn fp8_read(
+            tensor: &$crate::Fp8Primitive<Self>,
+        ) -> Result<$crate::Fp8HostData, $crate::TeError> {
+            $inner::fp8_read(tensor)
         }
         fn fp8_dequantize(
             tensor: $crate::Fp8Primitive<Self>,

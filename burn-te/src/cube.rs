@@ -13,7 +13,7 @@ use burn_te_kernels::ops::{self, Fp8Buffer, ScaleBuffers};
 use burn_te_kernels::{Fp8Format, Fp8Stats, KernelError, block};
 
 use crate::TeError;
-use crate::backend::{Fp8Primitive, Fp8Tensor, Scaling, StatsReading, TeBackend};
+use crate::backend::{Fp8HostData, Fp8Primitive, Fp8Tensor, Scaling, StatsReading, TeBackend};
 
 /// FP8 buffers on a CubeCL device.
 #[derive(Clone)]
@@ -207,6 +207,30 @@ where
         let (codes, scale_inv, block) =
             with_float!(x.dtype, "fp8_quantize", T => quantize::<R, T>(&x, format, scaling))?;
         Ok(fp8_tensor(&x, codes, scale_inv, block))
+    }
+
+    fn fp8_read(tensor: &Fp8Primitive<Self>) -> Result<Fp8HostData, TeError> {
+        let client = &tensor.data.client;
+        let len = tensor.shape.num_elements();
+        let scales = match tensor.block {
+            None => 1,
+            Some(block) => {
+                let (rows, cols) = rows_cols(&tensor.shape);
+                let (grid_rows, grid_cols) = block.grid(rows, cols);
+                grid_rows * grid_cols
+            }
+        };
+        let read = |handle: &Handle| -> Result<Vec<u8>, TeError> {
+            Ok(client
+                .read_one(handle.clone())
+                .map_err(KernelError::from)?
+                .to_vec())
+        };
+        let mut codes = read(&tensor.data.codes)?;
+        codes.truncate(len);
+        let scale_inv = read(&tensor.data.scale_inv)?;
+        let scale_inv = f32::from_bytes(&scale_inv)[..scales].to_vec();
+        Ok(Fp8HostData { codes, scale_inv })
     }
 
     fn fp8_dequantize(tensor: Fp8Primitive<Self>) -> Result<CubeTensor<R>, TeError> {

@@ -137,7 +137,9 @@ pub fn linear_fprop<B: TeBackend>(
     )?;
     let mut out = B::fp8_gemm(qx, false, qw, false)?;
     let out_features = w_dims[1];
-    if let Some(bias) = bias {
+    // An empty batch stays empty (Burn's broadcasting does not take a zero-length dimension against 1).
+    let empty = leading.contains(&0);
+    if let Some(bias) = bias.filter(|_| !empty) {
         let bias = B::float_reshape(bias, Shape::from(vec![1, out_features]));
         out = B::float_add(out, bias);
     }

@@ -15,7 +15,8 @@ use burn_te_kernels::{
 
 use crate::TeError;
 use crate::backend::{
-    Fp8Primitive, Fp8Tensor, Scaling, StatsReading, TeBackend, gemm_output_shape, per_tensor_only,
+    Fp8HostData, Fp8Primitive, Fp8Tensor, Scaling, StatsReading, TeBackend, gemm_output_shape,
+    per_tensor_only,
 };
 use crate::cube::rows_cols;
 
@@ -112,6 +113,13 @@ impl TeBackend for Host {
             shape,
             format,
             block,
+        })
+    }
+
+    fn fp8_read(tensor: &Fp8Primitive<Self>) -> Result<Fp8HostData, TeError> {
+        Ok(Fp8HostData {
+            codes: tensor.data.codes.to_vec(),
+            scale_inv: tensor.data.scale_inv.to_vec(),
         })
     }
 

@@ -492,3 +492,232 @@ fn missing_config_warns_and_unwritable_log_dir_fails() {
         Err(DebugError::NotInitialized)
     ));
 }
+
+/// A safetensors file read with nothing but its spec: `(key → (dtype, shape, bytes), metadata)`.
+type SafetensorsFile = (
+    std::collections::BTreeMap<String, (String, Vec<usize>, Vec<u8>)>,
+    serde_json::Map<String, serde_json::Value>,
+);
+
+fn read_safetensors(path: &Path) -> SafetensorsFile {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data = &bytes[8 + n..];
+    let mut tensors = std::collections::BTreeMap::new();
+    let mut metadata = serde_json::Map::new();
+    for (key, value) in header {
+        if key == "__metadata__" {
+            metadata = value.as_object().unwrap().clone();
+            continue;
+        }
+        let dtype = value["dtype"].as_str().unwrap().to_string();
+        let shape = value["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap() as usize)
+            .collect();
+        let offsets = value["data_offsets"].as_array().unwrap();
+        let (start, end) = (
+            offsets[0].as_u64().unwrap() as usize,
+            offsets[1].as_u64().unwrap() as usize,
+        );
+        tensors.insert(key, (dtype, shape, data[start..end].to_vec()));
+    }
+    (tensors, metadata)
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+type W = Autodiff<Debug<Te<burn_te::backends::Wgpu>>>;
+
+#[test]
+fn debug_on_wgpu_dumps_tensors_logs_blockwise_ranges_and_exact_underflows() {
+    use burn_te_kernels::Fp8Format;
+    let _guard = SESSION.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = temp_dir("wgpu");
+    let config = dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        r#"inspect:
+  enabled: True
+  layers:
+    layer_name_regex_pattern: 'fc0'
+  transformer_engine:
+    DumpTensors:
+      enabled: True
+      tensors_struct:
+        - tensor: activation
+          high_precision_tensor: True
+          quantized_tensor: True
+        - tensor: weight
+          quantized_tensor: True
+          freq: 2
+    LogTensorStats:
+      enabled: True
+      stats: [max, {max_blockwise_dynamic_range: {block_size: 4, dims: 2}}, max_blockwise_dynamic_range]
+      tensors: [activation]
+    LogFp8TensorStats:
+      enabled: True
+      stats: [underflows%]
+      tensors: [activation]
+"#,
+    )
+    .unwrap();
+    let collect = Collect::default();
+    burn_te_debug::initialize(
+        DebugOptions::new(&config)
+            .log_dir(&dir)
+            .default_logging(true)
+            .logger(collect.clone())
+            .init_training_step(5),
+    )
+    .unwrap();
+    assert_eq!(burn_te_debug::iteration(), Some(5));
+    // Resuming from a checkpoint at step 10.
+    burn_te_debug::initialize_training_step(10).unwrap();
+    assert_eq!(burn_te_debug::iteration(), Some(10));
+    burn_te_debug::log_message("resumed from checkpoint", Some("blocks.0.fc0")).unwrap();
+
+    let device = crate::te::device();
+    let layer = LinearConfig::new(64, 32)
+        .with_name(Some("blocks.0.fc0".into()))
+        .init::<W>(&device);
+    // Normal values with -0.0 entries, zeros and values that underflow E4M3 at amax ~4.
+    let (rows, cols) = (16, 64);
+    let mut values = crate::common::Rng::new(5).normal(rows * cols, 0.0, 1.0);
+    for i in (0..values.len()).step_by(9) {
+        values[i] = -0.0;
+    }
+    for i in (3..values.len()).step_by(13) {
+        values[i] = 1e-7;
+    }
+    values[100] = 4.0;
+    let recipe = burn_te::Float8CurrentScaling::default();
+    let run = |x: Tensor<W, 2>| {
+        let empty = x.dims()[0] == 0;
+        let y = fp8_autocast(true, recipe.clone(), || layer.forward(x)).unwrap();
+        // Burn's own sum backward does not take an empty tensor (a debug assertion in its broadcasting).
+        if !empty {
+            y.sum().backward();
+        }
+    };
+    run(Tensor::from_data(
+        burn::tensor::TensorData::new(values.clone(), [rows, cols]),
+        &device,
+    ));
+    burn_te_debug::step().unwrap();
+    // Iteration 11: an empty batch (forward). No activation stats (TE skips empty tensors), no panic.
+    run(Tensor::<W, 2>::zeros([0, cols], &device));
+    burn_te_debug::step().unwrap();
+    burn_te_debug::end().unwrap();
+
+    let logged = collect.0.lock().unwrap().clone();
+    let get = |name: &str, it: u64| {
+        logged
+            .iter()
+            .find(|(i, v)| *i == it && v.name == name)
+            .map(|(_, v)| v.value)
+            .unwrap_or_else(|| panic!("{name} at {it} not logged: {logged:?}"))
+    };
+    // Exact underflows% against the conformance-verified encoder at TE's current scale (448 / amax).
+    let amax = values.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let scale = 448.0 / amax;
+    let codes: Vec<u8> = values
+        .iter()
+        .map(|v| Fp8Format::E4M3.encode(v * scale))
+        .collect();
+    let nonzero_x = values.iter().filter(|v| **v != 0.0).count();
+    let nonzero_q = codes.iter().filter(|c| **c & 0x7f != 0).count();
+    assert!(nonzero_x > nonzero_q, "the data must underflow");
+    let expected = 100.0 * (nonzero_x - nonzero_q) as f64 / values.len() as f64;
+    let underflows = get("blocks.0.fc0_activation_underflows%", 10);
+    assert!(
+        (underflows - expected).abs() < 1e-9,
+        "{underflows} vs {expected}"
+    );
+    // Blockwise dynamic ranges against a tile-by-tile reference.
+    let tiles = crate::statistics::reference_block_range(&values, rows, cols, 4, 4);
+    let rows_of_32 = crate::statistics::reference_block_range(&values, rows, cols, 1, 32);
+    for (name, expected) in [
+        ("max_blockwise_dynamic_range_block_size_4_dims_2", tiles),
+        (
+            "max_blockwise_dynamic_range_block_size_32_dims_1",
+            rows_of_32,
+        ),
+    ] {
+        let value = get(&format!("blocks.0.fc0_activation_{name}"), 10);
+        assert!(
+            (value - expected).abs() < 1e-4,
+            "{name}: {value} vs {expected}"
+        );
+    }
+    assert!(
+        logged
+            .iter()
+            .all(|(it, v)| *it == 10 || !v.name.contains("activation")),
+        "an empty activation logs nothing: {logged:?}"
+    );
+
+    // Dumps: TE's layout and sanitizing, f32 values and FP8 codes with scale_inv.
+    let iter_dir = dir.join("tensor_dumps/rank_0/iter_000010");
+    let (activation, meta) =
+        read_safetensors(&iter_dir.join("blocks_0_fc0_activation.safetensors"));
+    let (dtype, shape, bytes) = &activation["high_precision"];
+    assert_eq!(
+        (dtype.as_str(), shape.as_slice()),
+        ("F32", &[rows, cols][..])
+    );
+    assert_eq!(
+        f32s(bytes).iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        values.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+    let (dtype, shape, bytes) = &activation["quantized"];
+    assert_eq!(
+        (dtype.as_str(), shape.as_slice()),
+        ("U8", &[rows, cols][..])
+    );
+    assert_eq!(bytes, &codes);
+    let (_, _, scale_inv) = &activation["scale_inv"];
+    assert!((f32s(scale_inv)[0] - 1.0 / scale).abs() <= f32::EPSILON * (1.0 / scale));
+    assert_eq!(meta["layer"], "blocks.0.fc0");
+    assert_eq!(meta["fp8_format"], "e4m3");
+    // The weight: quantized only, every second iteration (10 yes, 11 no).
+    let (weight, _) = read_safetensors(&iter_dir.join("blocks_0_fc0_weight.safetensors"));
+    assert!(weight.contains_key("quantized") && !weight.contains_key("high_precision"));
+    assert!(
+        !dir.join("tensor_dumps/rank_0/iter_000011/blocks_0_fc0_weight.safetensors")
+            .exists()
+    );
+    let (empty, _) = read_safetensors(
+        &dir.join("tensor_dumps/rank_0/iter_000011/blocks_0_fc0_activation.safetensors"),
+    );
+    assert_eq!(empty["high_precision"].1, vec![0, cols]);
+
+    let main =
+        std::fs::read_to_string(dir.join("nvdlfw_inspect_logs/nvdlfw_inspect_globalrank-0.log"))
+            .unwrap();
+    assert!(
+        main.contains("INFO - blocks.0.fc0: resumed from checkpoint"),
+        "{main}"
+    );
+    assert!(
+        main.contains("Feature=DumpTensors, API=inspect_tensor: Dumped activation at iteration 10"),
+        "{main}"
+    );
+    let stats = std::fs::read_to_string(
+        dir.join("nvdlfw_inspect_statistics_logs/nvdlfw_inspect_globalrank-0.log"),
+    )
+    .unwrap();
+    assert!(
+        stats.contains("blocks.0.fc0_activation_max_blockwise_dynamic_range_block_size_4_dims_2")
+    );
+    assert!(stats.contains("iteration=000010") && !stats.contains("iteration=000005"));
+}

@@ -317,7 +317,7 @@ fn merging_groups_with_different_means_equals_their_concatenation() {
 }
 
 /// max over `br × bc` tiles of log2(max |x|) − log2(min nonzero |x|), written out with explicit tile loops.
-fn reference_block_range(x: &[f32], rows: usize, cols: usize, br: usize, bc: usize) -> f64 {
+pub fn reference_block_range(x: &[f32], rows: usize, cols: usize, br: usize, bc: usize) -> f64 {
     let mut best = 0.0f64;
     for r0 in (0..rows).step_by(br) {
         for c0 in (0..cols).step_by(bc) {

@@ -3,6 +3,7 @@
 
 mod disable_fp8_gemm;
 mod disable_fp8_layer;
+mod dump_tensors;
 mod fake_quant;
 mod log_fp8_tensor_stats;
 mod log_tensor_stats;
@@ -15,6 +16,7 @@ use burn_te::{Fp8Format, Gemm, Recipe, ScaleBlock, StatsReading, TensorRole};
 
 pub use disable_fp8_gemm::DisableFp8Gemm;
 pub use disable_fp8_layer::DisableFp8Layer;
+pub use dump_tensors::DumpTensors;
 pub use fake_quant::FakeQuant;
 pub use log_fp8_tensor_stats::LogFp8TensorStats;
 pub use log_tensor_stats::LogTensorStats;
@@ -22,6 +24,7 @@ pub use per_tensor_scaling::PerTensorScaling;
 pub(crate) use registry::build_feature;
 pub use registry::{FeatureFactory, Namespace, register_feature};
 
+use crate::dump::TensorDump;
 use crate::error::DebugError;
 use crate::stats::StatRequest;
 use crate::tensor::TensorName;
@@ -89,6 +92,19 @@ impl PendingValue {
     }
 }
 
+/// A tensor quantized as its GEMM quantizes it, on the host.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Quantized {
+    /// The FP8 format.
+    pub format: Fp8Format,
+    /// The codes, one per element, row-major.
+    pub codes: Vec<u8>,
+    /// `scale_inv`: one, or one per block (row-major over the block grid).
+    pub scale_inv: Vec<f32>,
+    /// The scale block (None: one scale for the tensor).
+    pub block: Option<ScaleBlock>,
+}
+
 /// A tensor of a GEMM as features see it, whatever the backend: statistics and FP8 ops run on its device.
 pub trait DebugTensor: Send {
     /// The tensor's shape.
@@ -111,6 +127,9 @@ pub trait DebugTensor: Send {
     ) -> Result<Box<dyn DebugTensor>, DebugError>;
     /// The values, row-major (reads the device: a sync point).
     fn to_vec(&self) -> Result<Vec<f32>, DebugError>;
+    /// The tensor quantized with its GEMM's recipe, format and blocks (a delayed-scaling scale is used, not
+    /// updated), read to the host (a sync point); `None` for a GEMM output or outside an FP8 scope.
+    fn quantized(&self) -> Result<Option<Quantized>, DebugError>;
     /// The GEMM's recipe (None outside an FP8 scope).
     fn recipe(&self) -> Option<Recipe>;
     /// The tensor's GEMM-input role (None for a GEMM output).
@@ -127,12 +146,25 @@ pub trait DebugTensor: Send {
 pub struct Inspection {
     pub(crate) requests: Vec<StatRequest>,
     pub(crate) scalars: Vec<(String, f64)>,
+    pub(crate) dumps: Vec<TensorDump>,
+    pub(crate) messages: Vec<String>,
 }
 
 impl Inspection {
     /// Logs `value` as `name` at this iteration (TE's `MetricLogger.log_scalar`).
     pub fn log_scalar(&mut self, name: impl Into<String>, value: f64) {
         self.scalars.push((name.into(), value));
+    }
+
+    /// Writes a dump file of the inspected tensor (see [`DumpTensors`] for the layout).
+    pub fn dump(&mut self, dump: TensorDump) {
+        self.dumps.push(dump);
+    }
+
+    /// Writes `message` to the main log, prefixed with the layer (TE's `debug_api.log_message`; a feature cannot
+    /// call [`crate::log_message`] while the session runs it).
+    pub fn log_message(&mut self, message: impl Into<String>) {
+        self.messages.push(message.into());
     }
 
     /// Asks for statistics of the inspected tensor, logged as `<layer>_<tensor>_<prefix><stat>` at `step()`.

@@ -5,8 +5,8 @@ use std::fmt;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use super::{
-    DisableFp8Gemm, DisableFp8Layer, FakeQuant, Feature, LogFp8TensorStats, LogTensorStats,
-    PerTensorScaling,
+    DisableFp8Gemm, DisableFp8Layer, DumpTensors, FakeQuant, Feature, LogFp8TensorStats,
+    LogTensorStats, PerTensorScaling,
 };
 use crate::config::FeatureSpec;
 use crate::error::{ConfigError, ConfigErrorKind, DebugError};
@@ -66,6 +66,7 @@ fn registry() -> &'static Registry {
             Arc::new(LogFp8TensorStats::from_spec),
         );
         add(te, "DisableFP8GEMM", Arc::new(DisableFp8Gemm::from_spec));
+        add(te, "DumpTensors", Arc::new(DumpTensors::from_spec));
         add(
             te,
             "DisableQuantizationGEMM",

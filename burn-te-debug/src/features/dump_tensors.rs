@@ -1,0 +1,122 @@
+//! DumpTensors: a layer's tensors written to safetensors files on a schedule.
+
+use super::{DebugTensor, Feature, Inspection, Routing};
+use crate::config::{FeatureSpec, Need, SCHEDULE_KEYS, Schedule};
+use crate::dump::{DumpEntry, TensorDump};
+use crate::error::{ConfigError, DebugError};
+use crate::tensor::TensorName;
+
+/// What to dump of a tensor.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct What {
+    high_precision: bool,
+    quantized: bool,
+}
+
+/// Writes the chosen tensors to `<log_dir>/tensor_dumps/rank_<r>/iter_<it:06>/<layer>_<tensor>.safetensors`
+/// (TE's `DumpTensors`; layer names sanitized as TE does). Keys: `high_precision_tensor` (the tensor, f32) and
+/// `quantized_tensor` (its FP8 codes as bytes plus `scale_inv`, quantized as its GEMM quantizes it; metadata
+/// `fp8_format`, `recipe`, `scale_block`). Files open with numpy (`safetensors.numpy`), torch (`safetensors.torch`) or any safetensors reader.
+/// Dumping reads the tensor back from the device: a sync point at each dump.
+pub struct DumpTensors {
+    entries: Vec<(TensorName, Schedule, What)>,
+}
+
+impl DumpTensors {
+    /// Builds the feature from its config entry.
+    pub fn from_spec(spec: &FeatureSpec) -> Result<Box<dyn Feature>, ConfigError> {
+        let keys: Vec<&str> = SCHEDULE_KEYS
+            .iter()
+            .copied()
+            .chain(["high_precision_tensor", "quantized_tensor"])
+            .collect();
+        let entries = spec
+            .items(Need::No, Need::Required, &TensorName::ALL, Some(&keys))?
+            .into_iter()
+            .map(|item| {
+                let what = What {
+                    high_precision: item.bool("high_precision_tensor")?.unwrap_or(false),
+                    quantized: item.bool("quantized_tensor")?.unwrap_or(false),
+                };
+                Ok((
+                    item.tensor.expect("tensors are required"),
+                    item.schedule()?,
+                    what,
+                ))
+            })
+            .collect::<Result<_, ConfigError>>()?;
+        Ok(Box::new(DumpTensors { entries }))
+    }
+}
+
+impl Feature for DumpTensors {
+    fn name(&self) -> &str {
+        "DumpTensors"
+    }
+
+    fn inspect_tensor_enabled(
+        &self,
+        _layer: &str,
+        tensor: TensorName,
+        iteration: u64,
+    ) -> Option<Routing> {
+        let schedules = self.entries.iter().filter(|e| e.0 == tensor);
+        Schedule::routing(schedules.map(|(_, schedule, _)| schedule), iteration)
+    }
+
+    fn inspect_tensor(
+        &self,
+        _layer: &str,
+        tensor: TensorName,
+        x: &dyn DebugTensor,
+        iteration: u64,
+        out: &mut Inspection,
+    ) -> Result<(), DebugError> {
+        let what = self
+            .entries
+            .iter()
+            .filter(|(t, schedule, _)| *t == tensor && schedule.runs_at(iteration))
+            .fold(What::default(), |acc, (_, _, w)| What {
+                high_precision: acc.high_precision || w.high_precision,
+                quantized: acc.quantized || w.quantized,
+            });
+        if what == What::default() {
+            out.log_message(format!(
+                "Feature={}: Neither high_precision_tensor nor quantized_tensor is enabled. Nothing to dump.",
+                self.name()
+            ));
+            return Ok(());
+        }
+        let mut dump = TensorDump::default();
+        if what.high_precision {
+            dump.entries
+                .push(DumpEntry::high_precision(x.shape(), x.to_vec()?));
+        }
+        if what.quantized {
+            match x.quantized()? {
+                Some(quantized) => {
+                    let meta = &mut dump.metadata;
+                    meta.insert("fp8_format".into(), quantized.format.name().into());
+                    if let Some(recipe) = x.recipe() {
+                        meta.insert("recipe".into(), recipe.name().into());
+                    }
+                    let block = quantized
+                        .block
+                        .map_or("tensor".into(), |b| format!("{}x{}", b.rows, b.cols));
+                    meta.insert("scale_block".into(), block);
+                    dump.entries
+                        .extend(DumpEntry::quantized(x.shape(), quantized));
+                }
+                None => out.log_message(format!(
+                    "Feature={}: quantized_tensor is True but {tensor} is not quantized here (a GEMM output, or \
+                     no FP8 scope). Skipping.",
+                    self.name()
+                )),
+            }
+        }
+        if !dump.entries.is_empty() {
+            out.dump(dump);
+        }
+        Ok(())
+    }
+}
