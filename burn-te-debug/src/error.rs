@@ -116,8 +116,8 @@ pub enum ConfigErrorKind {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{location}: {kind}")]
 pub struct ConfigError {
-    /// Where.
-    pub location: ConfigLocation,
+    /// Where (boxed: errors stay small, so `Result<_, ConfigError>` is cheap to return).
+    pub location: Box<ConfigLocation>,
     /// What.
     pub kind: ConfigErrorKind,
 }

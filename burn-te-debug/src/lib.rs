@@ -17,9 +17,6 @@
 //! burn_te_debug::end().unwrap();
 //! ```
 
-// Config errors carry their location (file, section, feature, key, line); they occur once, at load time.
-#![allow(clippy::result_large_err)]
-
 pub mod config;
 mod debug;
 pub mod dump;

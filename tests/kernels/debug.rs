@@ -1,9 +1,6 @@
 //! burn-te-debug: config loading and errors, selectors, schedules, routing, and the Debug<B> decorator end to end
 //! (statistics against f64 host recomputations, micro-batches, log files).
 
-// Feature factories return burn-te-debug's ConfigError, which carries its location.
-#![allow(clippy::result_large_err)]
-
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, Once};
 

@@ -66,10 +66,10 @@ impl Config {
             ..ConfigLocation::default()
         };
         let top: Value = serde_yaml_ng::from_str(&text).map_err(|err| ConfigError {
-            location: ConfigLocation {
+            location: Box::new(ConfigLocation {
                 line: err.location().map(|l| l.line()),
                 ..base.clone()
-            },
+            }),
             kind: ConfigErrorKind::Syntax(err.to_string()),
         })?;
         let top = match top {
@@ -77,7 +77,7 @@ impl Config {
             Value::Null => Mapping::new(),
             other => {
                 return Err(ConfigError {
-                    location: base,
+                    location: Box::new(base),
                     kind: ConfigErrorKind::InvalidValue(format!(
                         "expected a mapping of sections, got {other:?}"
                     )),
@@ -108,7 +108,7 @@ impl Config {
         }
         if config.sections.is_empty() {
             return Err(ConfigError {
-                location: base,
+                location: Box::new(base),
                 kind: ConfigErrorKind::NothingEnabled,
             });
         }
@@ -128,10 +128,10 @@ impl Config {
         let first = matching.next();
         match (first, matching.next()) {
             (Some(first), Some(second)) => Err(ConfigError {
-                location: ConfigLocation {
+                location: Box::new(ConfigLocation {
                     section: Some(second.name.clone()),
                     ..ConfigLocation::default()
-                },
+                }),
                 kind: ConfigErrorKind::Overlap {
                     layer: layer.to_string(),
                     first: first.name.clone(),
@@ -154,11 +154,11 @@ impl SectionParser {
         let mut full = vec![self.name.as_str()];
         full.extend(path);
         ConfigError {
-            location: ConfigLocation {
+            location: Box::new(ConfigLocation {
                 key: key.map(str::to_string),
                 line: find_line(&self.text, &full),
                 ..self.location.clone()
-            },
+            }),
             kind,
         }
     }
@@ -270,13 +270,13 @@ impl SectionParser {
             self.text.clone(),
         );
         if !self.enabled(map, &path).map_err(|e| ConfigError {
-            location: ConfigLocation {
+            location: Box::new(ConfigLocation {
                 feature: spec
                     .error(None, ConfigErrorKind::NoSelector)
                     .location
                     .feature,
-                ..e.location
-            },
+                ..*e.location
+            }),
             ..e
         })? {
             return Ok(None);

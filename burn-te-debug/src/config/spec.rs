@@ -80,7 +80,7 @@ impl FeatureSpec {
         let mut path: Vec<&str> = self.path.iter().map(String::as_str).collect();
         path.extend(key);
         ConfigError {
-            location: ConfigLocation {
+            location: Box::new(ConfigLocation {
                 key: key.map(str::to_string),
                 line: find_line(&self.text, &path).or_else(|| {
                     find_line(
@@ -89,7 +89,7 @@ impl FeatureSpec {
                     )
                 }),
                 ..self.location.clone()
-            },
+            }),
             kind,
         }
     }
