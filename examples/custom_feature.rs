@@ -18,9 +18,9 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn_te::nn::{Linear, LinearConfig};
 use burn_te::{Float8CurrentScaling, Te, fp8_autocast};
-use burn_te_debug::config::{FeatureSpec, Need, SCHEDULE_KEYS, Schedule};
+use burn_te_debug::config::{FeatureSpec, Need, SCHEDULE_KEYS};
 use burn_te_debug::features::{
-    DebugTensor, Feature, Inspection, Namespace, Routing, register_feature,
+    DebugTensor, Feature, Inspection, Namespace, Routing, Scheduled, register_feature,
 };
 use burn_te_debug::{ConfigError, Debug, DebugError, DebugOptions, TensorName};
 
@@ -29,8 +29,8 @@ type Error = Box<dyn std::error::Error>;
 
 /// Logs `<layer>_<tensor>_percentage_greater_than_threshold`: the fraction of entries with |x| > threshold.
 struct PercentageGreaterThanThreshold {
-    /// Per configured tensor: its threshold and schedule.
-    entries: Vec<(TensorName, f64, Schedule)>,
+    /// Per configured tensor: its schedule and threshold.
+    entries: Scheduled<f64>,
 }
 
 impl PercentageGreaterThanThreshold {
@@ -43,14 +43,13 @@ impl PercentageGreaterThanThreshold {
             .into_iter()
             .map(|item| {
                 let tensor = item.tensor.expect("tensors are required");
-                Ok((
-                    tensor,
-                    item.f64("threshold")?.unwrap_or(0.0),
-                    item.schedule()?,
-                ))
+                let threshold = item.f64("threshold")?.unwrap_or(0.0);
+                Ok((tensor, item.schedule()?, threshold))
             })
             .collect::<Result<_, ConfigError>>()?;
-        Ok(Box::new(PercentageGreaterThanThreshold { entries }))
+        Ok(Box::new(PercentageGreaterThanThreshold {
+            entries: Scheduled(entries),
+        }))
     }
 }
 
@@ -66,8 +65,7 @@ impl Feature for PercentageGreaterThanThreshold {
         tensor: TensorName,
         iteration: u64,
     ) -> Option<Routing> {
-        let schedules = self.entries.iter().filter(|e| e.0 == tensor);
-        Schedule::routing(schedules.map(|(_, _, schedule)| schedule), iteration)
+        self.entries.routing(tensor, iteration)
     }
 
     fn inspect_tensor(
@@ -81,11 +79,7 @@ impl Feature for PercentageGreaterThanThreshold {
         // `to_vec` reads the tensor from the device (a sync point, fine every few iterations). The built-in stats
         // features instead launch kernels here and read the results once per step.
         let values = x.to_vec()?;
-        for (_, threshold, _) in self
-            .entries
-            .iter()
-            .filter(|(t, _, schedule)| *t == tensor && schedule.runs_at(iteration))
-        {
+        for threshold in self.entries.due(tensor, iteration) {
             let count = values
                 .iter()
                 .filter(|v| f64::from(v.abs()) > *threshold)

@@ -147,10 +147,13 @@ pub fn block_quantize<R: Runtime, F: Float + CubeElement>(
                 cube_dim,
                 ArrayArg::from_raw_parts(input.clone(), len),
                 ArrayArg::from_raw_parts(amax.clone(), blocks),
+                // No min: a placeholder (the same buffer may not be bound twice for writing).
+                ArrayArg::from_raw_parts(client.empty(4), 1),
                 rows32,
                 cols32,
                 block_rows,
                 block_cols,
+                false,
             );
             block::block_scale_kernel::launch_unchecked::<R>(
                 client,

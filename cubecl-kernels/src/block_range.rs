@@ -9,8 +9,8 @@ use cubecl::{CubeDim, calculate_cube_count_elemwise};
 use crate::kernel::{block::block_amax_kernel, block_range, reduce::CUBE_SIZE};
 use crate::{KernelError, ScaleBlock};
 
-/// Launches the statistic: a new one-element f32 buffer (0 for an empty tensor; NaN propagates). Two passes over
-/// the tensor (block amax, block min nonzero) and one over the blocks; nothing is read back.
+/// Launches the statistic: a new one-element f32 buffer (0 for an empty tensor; NaN propagates). One pass over the
+/// tensor (block amax and min nonzero) and one over the blocks; nothing is read back.
 pub fn max_block_dynamic_range<R: Runtime, F: Float + CubeElement>(
     client: &ComputeClient<R>,
     input: &Handle,
@@ -33,29 +33,19 @@ pub fn max_block_dynamic_range<R: Runtime, F: Float + CubeElement>(
     let (rows32, cols32) = (rows as u32, cols as u32);
     let (block_rows, block_cols) = (block.rows.min(rows) as u32, block.cols.min(cols) as u32);
     let cube_dim = CubeDim::new_1d(CUBE_SIZE);
-    let segments = calculate_cube_count_elemwise(client, rows * grid_cols, cube_dim);
     unsafe {
         block_amax_kernel::launch_unchecked::<F, R>(
             client,
-            segments.clone(),
+            calculate_cube_count_elemwise(client, rows * grid_cols, cube_dim),
             cube_dim,
             ArrayArg::from_raw_parts(input.clone(), len),
             ArrayArg::from_raw_parts(amax.clone(), blocks),
-            rows32,
-            cols32,
-            block_rows,
-            block_cols,
-        );
-        block_range::block_amin_nonzero_kernel::launch_unchecked::<F, R>(
-            client,
-            segments,
-            cube_dim,
-            ArrayArg::from_raw_parts(input.clone(), len),
             ArrayArg::from_raw_parts(amin.clone(), blocks),
             rows32,
             cols32,
             block_rows,
             block_cols,
+            true,
         );
         block_range::block_range_max_kernel::launch_unchecked::<R>(
             client,

@@ -1,7 +1,7 @@
 //! DumpTensors: a layer's tensors written to safetensors files on a schedule.
 
-use super::{DebugTensor, Feature, Inspection, Routing};
-use crate::config::{FeatureSpec, Need, SCHEDULE_KEYS, Schedule};
+use super::{DebugTensor, Feature, Inspection, Routing, Scheduled};
+use crate::config::{FeatureSpec, Need, SCHEDULE_KEYS};
 use crate::dump::{DumpEntry, TensorDump};
 use crate::error::{ConfigError, DebugError};
 use crate::tensor::TensorName;
@@ -19,7 +19,7 @@ struct What {
 /// `fp8_format`, `recipe`, `scale_block`). Files open with numpy (`safetensors.numpy`), torch (`safetensors.torch`) or any safetensors reader.
 /// Dumping reads the tensor back from the device: a sync point at each dump.
 pub struct DumpTensors {
-    entries: Vec<(TensorName, Schedule, What)>,
+    entries: Scheduled<What>,
 }
 
 impl DumpTensors {
@@ -45,7 +45,9 @@ impl DumpTensors {
                 ))
             })
             .collect::<Result<_, ConfigError>>()?;
-        Ok(Box::new(DumpTensors { entries }))
+        Ok(Box::new(DumpTensors {
+            entries: Scheduled(entries),
+        }))
     }
 }
 
@@ -60,8 +62,7 @@ impl Feature for DumpTensors {
         tensor: TensorName,
         iteration: u64,
     ) -> Option<Routing> {
-        let schedules = self.entries.iter().filter(|e| e.0 == tensor);
-        Schedule::routing(schedules.map(|(_, schedule, _)| schedule), iteration)
+        self.entries.routing(tensor, iteration)
     }
 
     fn inspect_tensor(
@@ -74,9 +75,8 @@ impl Feature for DumpTensors {
     ) -> Result<(), DebugError> {
         let what = self
             .entries
-            .iter()
-            .filter(|(t, schedule, _)| *t == tensor && schedule.runs_at(iteration))
-            .fold(What::default(), |acc, (_, _, w)| What {
+            .due(tensor, iteration)
+            .fold(What::default(), |acc, w| What {
                 high_precision: acc.high_precision || w.high_precision,
                 quantized: acc.quantized || w.quantized,
             });

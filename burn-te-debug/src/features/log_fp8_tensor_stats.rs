@@ -3,8 +3,8 @@
 use burn_te::{Fp8Format, TensorRole};
 
 use super::log_tensor_stats::parse_stats;
-use super::{DebugTensor, Feature, Inspection, Routing, StatsScaling};
-use crate::config::{FeatureSpec, Need, SCHEDULE_KEYS, Schedule};
+use super::{DebugTensor, Feature, Inspection, Routing, Scheduled, StatsScaling};
+use crate::config::{FeatureSpec, Need, SCHEDULE_KEYS};
 use crate::error::{ConfigError, DebugError};
 use crate::stats::{Stat, StatRequest};
 use crate::tensor::TensorName;
@@ -32,16 +32,13 @@ impl WhatIf {
     }
 }
 
-/// A tensor, its schedule and its `(recipe, stat)` pairs.
-type Entry = (TensorName, Schedule, Vec<(WhatIf, Stat)>);
-
 /// Logs `[<recipe>_]<stat>` for stat ∈ underflows%, overflows%, scale_inv_min, scale_inv_max, mse, of the chosen
 /// GEMM inputs (TE's `LogFp8TensorStats`). Without a prefix the stat describes the GEMM's own quantization; with
 /// `fp8_current_scaling_` or `fp8_delayed_scaling_` it describes that per-tensor recipe (what-if). The block
 /// recipes' prefixes (`mxfp8_`, `fp8_block_scaling_`) are rejected at config time: their per-block statistics are not
 /// implemented yet.
 pub struct LogFp8TensorStats {
-    entries: Vec<Entry>,
+    entries: Scheduled<Vec<(WhatIf, Stat)>>,
 }
 
 impl LogFp8TensorStats {
@@ -81,7 +78,9 @@ impl LogFp8TensorStats {
                 ))
             })
             .collect::<Result<_, ConfigError>>()?;
-        Ok(Box::new(LogFp8TensorStats { entries }))
+        Ok(Box::new(LogFp8TensorStats {
+            entries: Scheduled(entries),
+        }))
     }
 }
 
@@ -104,8 +103,7 @@ impl Feature for LogFp8TensorStats {
         tensor: TensorName,
         iteration: u64,
     ) -> Option<Routing> {
-        let schedules = self.entries.iter().filter(|e| e.0 == tensor);
-        Schedule::routing(schedules.map(|(_, schedule, _)| schedule), iteration)
+        self.entries.routing(tensor, iteration)
     }
 
     fn inspect_tensor(
@@ -126,11 +124,7 @@ impl Feature for LogFp8TensorStats {
             recipe,
             Some(burn_te::Recipe::Block(_) | burn_te::Recipe::Mxfp8(_))
         );
-        for (_, _, stats) in self
-            .entries
-            .iter()
-            .filter(|(t, schedule, _)| *t == tensor && schedule.runs_at(iteration))
-        {
+        for stats in self.entries.due(tensor, iteration) {
             for what_if in WhatIf::ALL {
                 let chosen: Vec<Stat> = stats
                     .iter()

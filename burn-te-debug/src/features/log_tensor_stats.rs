@@ -1,7 +1,7 @@
 //! LogTensorStats: high-precision statistics of a layer's tensors on a schedule.
 
-use super::{DebugTensor, Feature, Inspection, Namespace, Routing};
-use crate::config::{FeatureSpec, Need, SCHEDULE_KEYS, Schedule};
+use super::{DebugTensor, Feature, Inspection, Namespace, Routing, Scheduled};
+use crate::config::{FeatureSpec, Need, SCHEDULE_KEYS};
 use crate::error::{ConfigError, ConfigErrorKind, DebugError};
 use crate::stats::{BlockwiseRange, Stat, StatRequest};
 use crate::tensor::TensorName;
@@ -11,7 +11,7 @@ use crate::tensor::TensorName;
 /// `LogTensorStats`; also the base namespace's). Micro-batches of a step merge exactly; empty tensors are skipped.
 pub struct LogTensorStats {
     name: String,
-    entries: Vec<(TensorName, Schedule, Vec<Stat>)>,
+    entries: Scheduled<Vec<Stat>>,
 }
 
 /// Parses a `stats` list against `known`, naming an unknown stat. An entry is a name, or for
@@ -156,7 +156,10 @@ impl LogTensorStats {
             Namespace::TransformerEngine => "LogTensorStats".to_string(),
             Namespace::Base => "base.LogTensorStats".to_string(),
         };
-        Ok(Box::new(LogTensorStats { name, entries }))
+        Ok(Box::new(LogTensorStats {
+            name,
+            entries: Scheduled(entries),
+        }))
     }
 }
 
@@ -171,8 +174,7 @@ impl Feature for LogTensorStats {
         tensor: TensorName,
         iteration: u64,
     ) -> Option<Routing> {
-        let schedules = self.entries.iter().filter(|e| e.0 == tensor);
-        Schedule::routing(schedules.map(|(_, schedule, _)| schedule), iteration)
+        self.entries.routing(tensor, iteration)
     }
 
     fn inspect_tensor(
@@ -183,11 +185,7 @@ impl Feature for LogTensorStats {
         iteration: u64,
         out: &mut Inspection,
     ) -> Result<(), DebugError> {
-        for (_, _, stats) in self
-            .entries
-            .iter()
-            .filter(|(t, schedule, _)| *t == tensor && schedule.runs_at(iteration))
-        {
+        for stats in self.entries.due(tensor, iteration) {
             out.request_stats(StatRequest {
                 quantization: None,
                 prefix: String::new(),

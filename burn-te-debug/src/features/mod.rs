@@ -24,6 +24,7 @@ pub use per_tensor_scaling::PerTensorScaling;
 pub(crate) use registry::build_feature;
 pub use registry::{FeatureFactory, Namespace, register_feature};
 
+use crate::config::Schedule;
 use crate::dump::TensorDump;
 use crate::error::DebugError;
 use crate::stats::StatRequest;
@@ -258,6 +259,26 @@ pub trait Feature: Send + Sync {
         _out: &mut Inspection,
     ) -> Result<(), DebugError> {
         Ok(())
+    }
+}
+
+/// A feature's per-tensor schedules and what it does at each (the shape of the logging and dump features'
+/// config): the routing answer of a tensor and the entries due at an iteration.
+pub struct Scheduled<T>(pub Vec<(TensorName, Schedule, T)>);
+
+impl<T> Scheduled<T> {
+    /// Whether `tensor` is due at `iteration`, and its next due iteration (`None`: no entry for it).
+    pub fn routing(&self, tensor: TensorName, iteration: u64) -> Option<Routing> {
+        let schedules = self.0.iter().filter(|e| e.0 == tensor);
+        Schedule::routing(schedules.map(|(_, schedule, _)| schedule), iteration)
+    }
+
+    /// The entries of `tensor` due at `iteration`.
+    pub fn due(&self, tensor: TensorName, iteration: u64) -> impl Iterator<Item = &T> {
+        self.0
+            .iter()
+            .filter(move |(t, schedule, _)| *t == tensor && schedule.runs_at(iteration))
+            .map(|(_, _, what)| what)
     }
 }
 

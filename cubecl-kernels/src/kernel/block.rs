@@ -7,16 +7,21 @@ use super::fp8::{decode_fp8, encode_fp8};
 use super::reduce::abs_bits;
 use crate::{BlockScaleRule, Fp8Format};
 
-/// `amax[block] = max |x|` over each block (f32 bits, atomically; NaN propagates). One unit per
+/// `amax[block] = max |x|` over each block (f32 bits, atomically; NaN propagates) and, with `with_min`,
+/// `amin[block] = min nonzero |x|` (`amin` must start at `u32::MAX`, which an all-zero block keeps). One unit per
 /// `(row, block column)` segment of at most `block_cols` elements; `amax` must start at zero.
+// The comptime branch stays apart from the runtime test: it is resolved when the kernel is expanded.
+#[allow(clippy::collapsible_if)]
 #[cube(launch_unchecked)]
 pub fn block_amax_kernel<F: Float>(
     input: &Array<F>,
     amax: &mut Array<Atomic<u32>>,
+    amin: &mut Array<Atomic<u32>>,
     rows: u32,
     cols: u32,
     block_rows: u32,
     block_cols: u32,
+    #[comptime] with_min: bool,
 ) {
     let blocks_per_row = cols.div_ceil(block_cols);
     let segment = ABSOLUTE_POS as u32;
@@ -26,6 +31,7 @@ pub fn block_amax_kernel<F: Float>(
         let start = block_col * block_cols;
         let end = select(start + block_cols > cols, cols, start + block_cols);
         let mut local = 0u32;
+        let mut local_min = 0xffff_ffffu32;
         for col in start..end {
             let magnitude = abs_bits(u32::reinterpret(f32::cast_from(
                 input[(row * cols + col) as usize],
@@ -33,8 +39,17 @@ pub fn block_amax_kernel<F: Float>(
             if magnitude > local {
                 local = magnitude;
             }
+            if comptime!(with_min) {
+                if magnitude != 0 && magnitude < local_min {
+                    local_min = magnitude;
+                }
+            }
         }
-        amax[((row / block_rows) * blocks_per_row + block_col) as usize].fetch_max(local);
+        let block = ((row / block_rows) * blocks_per_row + block_col) as usize;
+        amax[block].fetch_max(local);
+        if comptime!(with_min) {
+            amin[block].fetch_min(local_min);
+        }
     }
 }
 

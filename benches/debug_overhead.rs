@@ -1,0 +1,101 @@
+//! What the debug decorator costs: a TransformerLayer FP8 training step under `Autodiff<Debug<Te<Wgpu>>>` vs the
+//! same step under `Autodiff<Te<Wgpu>>`, in one run (wgpu; lavapipe on CPU-only machines):
+//! - no debug session, a session without config, a config that matches no layer: target ≤ 1 % (the layers take the
+//!   plain path and are not asked again until a feature may run);
+//! - LogTensorStats (all eight stats) of all six tensors of every layer at every step: the cost of the statistics
+//!   kernels and the one read per step.
+//!
+//! Each step ends with `burn_te_debug::step()` where a session runs, and a device sync. Read the ratios.
+
+use burn::backend::Autodiff;
+use burn::backend::wgpu::WgpuDevice;
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use burn::tensor::backend::AutodiffBackend;
+use burn_te::backends::Wgpu;
+use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
+use burn_te::{DelayedScaling, Te, TeBackend, fp8_autocast};
+use burn_te_debug::{Debug, DebugOptions};
+use criterion::{Criterion, criterion_group, criterion_main};
+
+const NO_MATCH: &str = "no_layer:\n  enabled: True\n  layers:\n    layer_name_regex_pattern: 'no_such_layer'\n  transformer_engine:\n    LogTensorStats:\n      enabled: True\n      stats: [min, max, mean, std, l1_norm, l2_norm, cur_amax, dynamic_range]\n      tensors: [activation, weight, gradient, output, wgrad, dgrad]\n";
+
+/// One FP8 step: forward, MSE loss, backward, `step()` when a session runs, device sync.
+fn train_step<B: AutodiffBackend + TeBackend>(
+    layer: &TransformerLayer<B>,
+    x: &Tensor<B, 3>,
+    target: &Tensor<B, 3>,
+    debug_step: bool,
+) {
+    let y = fp8_autocast(true, DelayedScaling::default(), || {
+        layer.forward(x.clone(), None)
+    })
+    .expect("valid recipe");
+    drop((y - target.clone()).square().mean().backward());
+    if debug_step {
+        burn_te_debug::step().expect("debug step");
+    }
+    B::sync(&x.device()).expect("sync");
+}
+
+fn inputs<B: Backend>(device: &B::Device) -> (TransformerLayer<B>, Tensor<B, 3>, Tensor<B, 3>) {
+    let layer = TransformerLayerConfig::new(256, 1024, 4)
+        .with_name(Some("layer".into()))
+        .init::<B>(device);
+    let x = Tensor::random([32, 8, 256], Distribution::Normal(0.0, 1.0), device);
+    let target = Tensor::random([32, 8, 256], Distribution::Normal(0.0, 1.0), device);
+    (layer, x, target)
+}
+
+fn debug_overhead(c: &mut Criterion) {
+    type Plain = Autodiff<Te<Wgpu>>;
+    type Debugged = Autodiff<Debug<Te<Wgpu>>>;
+    let device = WgpuDevice::default();
+    let dir = std::env::temp_dir().join(format!("burn-te-debug-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let no_match = dir.join("no_match.yaml");
+    std::fs::write(&no_match, NO_MATCH).expect("config");
+    let all_layers = dir.join("all_layers.yaml");
+    std::fs::write(&all_layers, NO_MATCH.replace("'no_such_layer'", "'.*'")).expect("config");
+
+    let (plain, x, target) = inputs::<Plain>(&device);
+    let (debugged, dx, dtarget) = inputs::<Debugged>(&device);
+    let mut group =
+        c.benchmark_group("debug_overhead transformer_layer h256 ffn1024 tokens256 fp8 step");
+    group.sample_size(20);
+    group.bench_function("Autodiff<Te<Wgpu>>", |b| {
+        b.iter(|| train_step(&plain, &x, &target, false))
+    });
+    group.bench_function("Debug, no session", |b| {
+        b.iter(|| train_step(&debugged, &dx, &dtarget, false))
+    });
+    let sessions = [
+        (
+            "Debug, session without config",
+            DebugOptions::without_config(),
+        ),
+        (
+            "Debug, config matching no layer",
+            DebugOptions::new(&no_match),
+        ),
+        (
+            "Debug, LogTensorStats 8 stats x 6 tensors x all layers, freq 1",
+            DebugOptions::new(&all_layers),
+        ),
+    ];
+    for (name, options) in sessions {
+        burn_te_debug::initialize(options.log_dir(&dir)).expect("initialize");
+        group.bench_function(name, |b| {
+            b.iter(|| train_step(&debugged, &dx, &dtarget, true))
+        });
+        burn_te_debug::end().expect("end");
+    }
+    // The baseline again: the two baseline runs bracket the noise of this machine.
+    group.bench_function("Autodiff<Te<Wgpu>> (again)", |b| {
+        b.iter(|| train_step(&plain, &x, &target, false))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, debug_overhead);
+criterion_main!(benches);
