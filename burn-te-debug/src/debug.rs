@@ -17,7 +17,7 @@ use burn::tensor::ops::FloatTensor;
 use burn_te::backend::TeBackend;
 use burn_te::fp8_gemm::{self, CurrentScalingOverrides};
 use burn_te::{
-    Decorator, Fp8Format, Gemm, GemmSite, Recipe, ScaleBlock, Scaling, TensorRole,
+    BlockScaleRule, Decorator, Fp8Format, Gemm, GemmSite, Recipe, ScaleBlock, Scaling, TensorRole,
     plain_linear_backward, plain_linear_forward,
 };
 
@@ -131,6 +131,17 @@ impl<B: TeBackend> DebugTensor for SiteTensor<B> {
     ) -> Result<Box<dyn DebugTensor>, DebugError> {
         let tensor = B::fp8_fake_quant(self.tensor.clone(), format, margin)?;
         Ok(Box::new(self.with(tensor)))
+    }
+
+    fn fake_quant_blocks(
+        &self,
+        format: Fp8Format,
+        block: ScaleBlock,
+        rule: BlockScaleRule,
+    ) -> Result<Box<dyn DebugTensor>, DebugError> {
+        let quantized =
+            B::fp8_quantize(self.tensor.clone(), format, Scaling::Block { block, rule })?;
+        Ok(Box::new(self.with(B::fp8_dequantize(quantized)?)))
     }
 
     fn launch_max_block_dynamic_range(

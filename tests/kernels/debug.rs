@@ -718,3 +718,83 @@ fn debug_on_wgpu_dumps_tensors_logs_blockwise_ranges_and_exact_underflows() {
     );
     assert!(stats.contains("iteration=000010") && !stats.contains("iteration=000005"));
 }
+
+#[test]
+fn fake_quant_mxfp8_quantizes_32_value_blocks_along_k() {
+    use burn_te_kernels::block::host_block_quantize;
+    use burn_te_kernels::{BlockScaleRule, Fp8Format, ScaleBlock};
+    let _guard = SESSION.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = temp_dir("mxfp8");
+    let config = dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        "fq:\n  enabled: True\n  layers:\n    layer_name_regex_pattern: 'fq'\n  transformer_engine:\n    FakeQuant:\n      enabled: True\n      gemms_struct:\n        - gemm: fprop\n          tensors_struct:\n            - tensor: activation\n              quant_format: MXFP8E4M3\n",
+    )
+    .unwrap();
+    burn_te_debug::initialize(DebugOptions::new(&config).log_dir(&dir)).unwrap();
+    let device = Default::default();
+    let layer = LinearConfig::new(64, 8)
+        .with_name(Some("fq".into()))
+        .init::<B>(&device);
+    let (rows, cols) = (4, 64);
+    // Magnitudes spanning 2^-12..2^6 so 32-value blocks get different E8M0 scales.
+    let values: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 37 % 19) as f32 - 9.0) * 1.37 * 2f32.powi((i / 16) as i32 % 18 - 12))
+        .collect();
+    let x = Tensor::<B, 2>::from_data(
+        burn::tensor::TensorData::new(values.clone(), [rows, cols]),
+        &device,
+    );
+    let y = fp8_autocast(true, DelayedScaling::default(), || layer.forward(x))
+        .unwrap()
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap();
+    burn_te_debug::end().unwrap();
+
+    // Reference: MXFP8 E4M3 blocks of 1×32 along K (the activation's columns) from the host quantizer, then the
+    // high-precision GEMM in f64.
+    let (codes, scale_inv) = host_block_quantize(
+        &values,
+        rows,
+        cols,
+        ScaleBlock::new(1, 32),
+        BlockScaleRule::E8m0,
+        Fp8Format::E4M3,
+    )
+    .unwrap();
+    let dq: Vec<f64> = codes
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| f64::from(Fp8Format::E4M3.decode(c)) * f64::from(scale_inv[i / 32]))
+        .collect();
+    let w = layer.weight.val().into_data().to_vec::<f32>().unwrap();
+    let b = layer
+        .bias
+        .as_ref()
+        .map(|b| b.val().into_data().to_vec::<f32>().unwrap())
+        .unwrap_or(vec![0.0; 8]);
+    let mut changed = 0.0f64;
+    for r in 0..rows {
+        for o in 0..8 {
+            let dot = |v: &dyn Fn(usize) -> f64| {
+                (0..cols)
+                    .map(|k| v(r * cols + k) * f64::from(w[k * 8 + o]))
+                    .sum::<f64>()
+                    + f64::from(b[o])
+            };
+            let expected = dot(&|i| dq[i]);
+            let plain = dot(&|i| f64::from(values[i]));
+            let got = f64::from(y[r * 8 + o]);
+            assert!(
+                (got - expected).abs() <= 1e-5 * expected.abs().max(1.0),
+                "[{r},{o}]: {got} vs {expected}"
+            );
+            changed = changed.max((expected - plain).abs());
+        }
+    }
+    assert!(
+        changed > 1e-3,
+        "the fake quantization must change the output"
+    );
+}

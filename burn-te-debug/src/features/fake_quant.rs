@@ -1,16 +1,35 @@
 //! FakeQuant: chosen GEMM inputs quantized and dequantized, and the GEMM run in high precision.
 
-use burn_te::{Fp8Format, Gemm};
+use burn_te::recipe::MX_BLOCK;
+use burn_te::{BlockScaleRule, Fp8Format, Gemm, ScaleBlock};
 
 use super::{DebugTensor, Feature, Modified, Routing};
 use crate::config::{FeatureSpec, Need};
 use crate::error::{ConfigError, ConfigErrorKind, DebugError};
 use crate::tensor::TensorName;
 
-/// Quantize-dequantizes the chosen (gemm, tensor) inputs to `quant_format` (`FP8E4M3` or `FP8E5M2`) with a
-/// per-tensor current scale and `margin` (default 0), and runs those GEMMs in high precision.
+/// Quantize-dequantizes the chosen (gemm, tensor) inputs to `quant_format` and runs those GEMMs in high precision:
+/// `FP8E4M3` / `FP8E5M2` with a per-tensor current scale and `margin` (default 0); `MXFP8E4M3` / `MXFP8E5M2` with
+/// one E8M0 scale per 32 values along the GEMM's reduction dimension, as the MXFP8 recipe quantizes (margin does not
+/// apply).
 pub struct FakeQuant {
-    entries: Vec<(Gemm, TensorName, Fp8Format, f32)>,
+    entries: Vec<(Gemm, TensorName, QuantFormat, f32)>,
+}
+
+/// A FakeQuant format: FP8 with a per-tensor scale, or MXFP8 (32-value blocks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct QuantFormat {
+    format: Fp8Format,
+    mx: bool,
+}
+
+/// Whether `tensor`, as an input of `gemm`, is reduced along its stored columns (Burn's weight is `[in, out]`).
+fn k_along_cols(gemm: Gemm, tensor: TensorName) -> bool {
+    match gemm {
+        Gemm::Fprop => tensor != TensorName::Weight,
+        Gemm::Dgrad => true,
+        Gemm::Wgrad => false,
+    }
 }
 
 impl FakeQuant {
@@ -25,14 +44,18 @@ impl FakeQuant {
             )?
             .into_iter()
             .map(|item| {
+                let quant = |format, mx| QuantFormat { format, mx };
                 let format = match item.str("quant_format")? {
-                    Some("FP8E4M3") => Fp8Format::E4M3,
-                    Some("FP8E5M2") => Fp8Format::E5M2,
+                    Some("FP8E4M3") => quant(Fp8Format::E4M3, false),
+                    Some("FP8E5M2") => quant(Fp8Format::E5M2, false),
+                    Some("MXFP8E4M3") => quant(Fp8Format::E4M3, true),
+                    Some("MXFP8E5M2") => quant(Fp8Format::E5M2, true),
                     Some(other) => {
                         return Err(item.error(
                             Some("quant_format"),
                             ConfigErrorKind::InvalidValue(format!(
-                                "quant_format \"{other}\" is not supported (FP8E4M3 or FP8E5M2)"
+                                "quant_format \"{other}\" is not supported (FP8E4M3, FP8E5M2, MXFP8E4M3 or \
+                                 MXFP8E5M2)"
                             )),
                         ));
                     }
@@ -54,7 +77,7 @@ impl FakeQuant {
         Ok(Box::new(FakeQuant { entries }))
     }
 
-    fn entry(&self, gemm: Gemm, tensor: TensorName) -> Option<(Fp8Format, f32)> {
+    fn entry(&self, gemm: Gemm, tensor: TensorName) -> Option<(QuantFormat, f32)> {
         self.entries
             .iter()
             .find(|e| e.0 == gemm && e.1 == tensor)
@@ -87,13 +110,30 @@ impl Feature for FakeQuant {
 
     fn modify_tensor(
         &self,
-        _layer: &str,
+        layer: &str,
         gemm: Gemm,
         tensor: TensorName,
         x: &dyn DebugTensor,
         _iteration: u64,
     ) -> Result<Modified, DebugError> {
-        let (format, margin) = self.entry(gemm, tensor).unwrap_or((Fp8Format::E4M3, 0.0));
-        Ok(Modified::HighPrecision(x.fake_quant(format, margin)?))
+        let Some((quant, margin)) = self.entry(gemm, tensor) else {
+            return Err(DebugError::Feature {
+                layer: layer.into(),
+                feature: self.name().into(),
+                tensor: format!("{tensor} (gemm {})", gemm.name()),
+                reason: "not configured for this tensor".into(),
+            });
+        };
+        let modified = if quant.mx {
+            let block = if k_along_cols(gemm, tensor) {
+                ScaleBlock::new(1, MX_BLOCK)
+            } else {
+                ScaleBlock::new(MX_BLOCK, 1)
+            };
+            x.fake_quant_blocks(quant.format, block, BlockScaleRule::E8m0)?
+        } else {
+            x.fake_quant(quant.format, margin)?
+        };
+        Ok(Modified::HighPrecision(modified))
     }
 }

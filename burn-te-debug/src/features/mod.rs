@@ -12,7 +12,7 @@ mod registry;
 
 use std::any::Any;
 
-use burn_te::{Fp8Format, Gemm, Recipe, ScaleBlock, StatsReading, TensorRole};
+use burn_te::{BlockScaleRule, Fp8Format, Gemm, Recipe, ScaleBlock, StatsReading, TensorRole};
 
 pub use disable_fp8_gemm::DisableFp8Gemm;
 pub use disable_fp8_layer::DisableFp8Layer;
@@ -125,6 +125,13 @@ pub trait DebugTensor: Send {
         &self,
         format: Fp8Format,
         margin: f32,
+    ) -> Result<Box<dyn DebugTensor>, DebugError>;
+    /// Quantize-dequantize with one scale per `block` from the block's amax by `rule` (e.g. MXFP8's 1×32 E8M0).
+    fn fake_quant_blocks(
+        &self,
+        format: Fp8Format,
+        block: ScaleBlock,
+        rule: BlockScaleRule,
     ) -> Result<Box<dyn DebugTensor>, DebugError>;
     /// The values, row-major (reads the device: a sync point).
     fn to_vec(&self) -> Result<Vec<f32>, DebugError>;
