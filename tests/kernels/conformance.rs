@@ -338,29 +338,34 @@ fn quantize_tensors_device() {
     }
 }
 
-/// The copy under tests/data must stay identical to the project's shared conformance set when it is present.
+/// The copies under tests/data (FP8 vectors, TE's test configs) must stay identical to the project's shared
+/// conformance set when it is present, file for file.
 #[test]
-fn vendored_vectors_match_shared() {
-    let shared = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/conformance/fp8");
-    if !shared.is_dir() {
-        eprintln!(
-            "note: {} not present; using the vendored copy only",
-            shared.display()
-        );
-        return;
-    }
-    for name in [
-        "e4m3_decode.tsv",
-        "e5m2_decode.tsv",
-        "encode.tsv",
-        "scale.tsv",
-        "quantize.json",
-    ] {
-        let ours = std::fs::read(conformance_file(name)).unwrap();
-        let theirs = std::fs::read(shared.join(name)).unwrap();
-        assert!(
-            ours == theirs,
-            "tests/data/fp8/{name} differs from shared/conformance/fp8/{name}"
-        );
+fn vendored_conformance_files_match_shared() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for dir in ["fp8", "te-configs"] {
+        let shared = root.join("../shared/conformance").join(dir);
+        if !shared.is_dir() {
+            eprintln!(
+                "note: {} not present; using the vendored copy only",
+                shared.display()
+            );
+            continue;
+        }
+        let mut names: Vec<_> = std::fs::read_dir(&shared)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        assert!(!names.is_empty(), "{} is empty", shared.display());
+        for name in names {
+            let ours = std::fs::read(root.join("tests/data").join(dir).join(&name))
+                .unwrap_or_else(|e| panic!("tests/data/{dir}/{name:?} missing: {e}"));
+            let theirs = std::fs::read(shared.join(&name)).unwrap();
+            assert!(
+                ours == theirs,
+                "tests/data/{dir}/{name:?} differs from shared/conformance/{dir}/{name:?}"
+            );
+        }
     }
 }

@@ -15,10 +15,8 @@ use burn_te_debug::features::{
 use burn_te_debug::stats::StatValue;
 use burn_te_debug::{ConfigErrorKind, Debug, DebugError, DebugOptions, StatLogger, TensorName};
 
-const CONFIGS: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../shared/conformance/te-configs"
-);
+/// TE's test configs (a verbatim copy of `shared/conformance/te-configs` kept in the repository).
+const CONFIGS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/te-configs");
 
 /// The debug session is global: tests that use it run one at a time.
 static SESSION: Mutex<()> = Mutex::new(());
