@@ -38,6 +38,25 @@ impl ScaleBlock {
         (index / cols / self.rows) * cols.div_ceil(self.cols) + (index % cols) / self.cols
     }
 
+    /// Checks the block and that a host `[rows, cols]` tensor has `rows * cols` values; returns the block grid.
+    pub(crate) fn check_host(
+        &self,
+        what: &'static str,
+        input: &[f32],
+        rows: usize,
+        cols: usize,
+    ) -> Result<(usize, usize), KernelError> {
+        self.check()?;
+        if input.len() != rows * cols {
+            return Err(KernelError::LengthMismatch {
+                what,
+                expected: rows * cols,
+                actual: input.len(),
+            });
+        }
+        Ok(self.grid(rows, cols))
+    }
+
     pub(crate) fn check(&self) -> Result<(), KernelError> {
         if self.rows == 0 || self.cols == 0 {
             return Err(KernelError::InvalidArgument {
@@ -199,15 +218,7 @@ pub fn host_block_quantize(
     rule: BlockScaleRule,
     format: Fp8Format,
 ) -> Result<(Vec<u8>, Vec<f32>), KernelError> {
-    block.check()?;
-    if input.len() != rows * cols {
-        return Err(KernelError::LengthMismatch {
-            what: "block_quantize input",
-            expected: rows * cols,
-            actual: input.len(),
-        });
-    }
-    let (grid_rows, grid_cols) = block.grid(rows, cols);
+    let (grid_rows, grid_cols) = block.check_host("block_quantize input", input, rows, cols)?;
     let mut amax = vec![0u32; grid_rows * grid_cols];
     for (index, x) in input.iter().enumerate() {
         let slot = block.slot(index, cols);

@@ -67,15 +67,8 @@ pub fn host_max_block_dynamic_range(
     cols: usize,
     block: ScaleBlock,
 ) -> Result<f64, KernelError> {
-    block.check()?;
-    if input.len() != rows * cols {
-        return Err(KernelError::LengthMismatch {
-            what: "max_block_dynamic_range input",
-            expected: rows * cols,
-            actual: input.len(),
-        });
-    }
-    let (grid_rows, grid_cols) = block.grid(rows, cols);
+    let (grid_rows, grid_cols) =
+        block.check_host("max_block_dynamic_range input", input, rows, cols)?;
     // max that propagates NaN, as the kernel's bit-wise max does.
     let nan_max = |a: f64, b: f64| {
         if a.is_nan() || b.is_nan() {
