@@ -3,7 +3,7 @@
 use burn_te::recipe::MX_BLOCK;
 use burn_te::{BlockScaleRule, Fp8Format, Gemm, ScaleBlock};
 
-use super::{DebugTensor, Feature, Modified, Routing};
+use super::{DebugTensor, Feature, Modified, PerGemmTensor, Routing};
 use crate::config::{FeatureSpec, Need};
 use crate::error::{ConfigError, ConfigErrorKind, DebugError};
 use crate::tensor::TensorName;
@@ -13,7 +13,7 @@ use crate::tensor::TensorName;
 /// one E8M0 scale per 32 values along the GEMM's reduction dimension, as the MXFP8 recipe quantizes (margin does not
 /// apply).
 pub struct FakeQuant {
-    entries: Vec<(Gemm, TensorName, QuantFormat, f32)>,
+    entries: PerGemmTensor<(QuantFormat, f32)>,
 }
 
 /// A FakeQuant format: FP8 with a per-tensor scale, or MXFP8 (32-value blocks).
@@ -69,19 +69,13 @@ impl FakeQuant {
                 Ok((
                     item.gemm.expect("required"),
                     item.tensor.expect("required"),
-                    format,
-                    margin,
+                    (format, margin),
                 ))
             })
             .collect::<Result<_, ConfigError>>()?;
-        Ok(Box::new(FakeQuant { entries }))
-    }
-
-    fn entry(&self, gemm: Gemm, tensor: TensorName) -> Option<(QuantFormat, f32)> {
-        self.entries
-            .iter()
-            .find(|e| e.0 == gemm && e.1 == tensor)
-            .map(|e| (e.2, e.3))
+        Ok(Box::new(FakeQuant {
+            entries: PerGemmTensor(entries),
+        }))
     }
 }
 
@@ -92,6 +86,7 @@ impl Feature for FakeQuant {
 
     fn fp8_gemm_enabled(&self, _layer: &str, gemm: Gemm, iteration: u64) -> Option<Routing> {
         self.entries
+            .0
             .iter()
             .any(|e| e.0 == gemm)
             .then(|| Routing::always(false, iteration))
@@ -104,8 +99,7 @@ impl Feature for FakeQuant {
         tensor: TensorName,
         iteration: u64,
     ) -> Option<Routing> {
-        self.entry(gemm, tensor)
-            .map(|_| Routing::always(true, iteration))
+        self.entries.modify_routing(gemm, tensor, iteration)
     }
 
     fn modify_tensor(
@@ -116,14 +110,7 @@ impl Feature for FakeQuant {
         x: &dyn DebugTensor,
         _iteration: u64,
     ) -> Result<Modified, DebugError> {
-        let Some((quant, margin)) = self.entry(gemm, tensor) else {
-            return Err(DebugError::Feature {
-                layer: layer.into(),
-                feature: self.name().into(),
-                tensor: format!("{tensor} (gemm {})", gemm.name()),
-                reason: "not configured for this tensor".into(),
-            });
-        };
+        let &(quant, margin) = self.entries.setting(self.name(), layer, gemm, tensor)?;
         let modified = if quant.mx {
             let block = if k_along_cols(gemm, tensor) {
                 ScaleBlock::new(1, MX_BLOCK)

@@ -289,6 +289,46 @@ impl<T> Scheduled<T> {
     }
 }
 
+/// A modifying feature's per-(gemm, tensor) settings (the shape of PerTensorScaling's and FakeQuant's config).
+pub struct PerGemmTensor<T>(pub Vec<(Gemm, TensorName, T)>);
+
+impl<T> PerGemmTensor<T> {
+    /// The setting of `tensor` as an input of `gemm`, if configured.
+    pub fn get(&self, gemm: Gemm, tensor: TensorName) -> Option<&T> {
+        self.0
+            .iter()
+            .find(|(g, t, _)| *g == gemm && *t == tensor)
+            .map(|(_, _, setting)| setting)
+    }
+
+    /// `modify_tensor_enabled`'s answer: on at every iteration for a configured (gemm, tensor).
+    pub fn modify_routing(
+        &self,
+        gemm: Gemm,
+        tensor: TensorName,
+        iteration: u64,
+    ) -> Option<Routing> {
+        self.get(gemm, tensor)
+            .map(|_| Routing::always(true, iteration))
+    }
+
+    /// The setting `modify_tensor` was called for; an error naming the feature if it is not configured.
+    pub fn setting(
+        &self,
+        feature: &str,
+        layer: &str,
+        gemm: Gemm,
+        tensor: TensorName,
+    ) -> Result<&T, DebugError> {
+        self.get(gemm, tensor).ok_or_else(|| DebugError::Feature {
+            layer: layer.into(),
+            feature: feature.into(),
+            tensor: format!("{tensor} (gemm {})", gemm.name()),
+            reason: "not configured for this tensor".into(),
+        })
+    }
+}
+
 /// Combines routing answers as TE does: any enabled, smallest next iteration; `None` if nobody answered.
 pub fn merge_routing(answers: impl IntoIterator<Item = Routing>) -> Option<Routing> {
     answers.into_iter().fold(None, |acc, r| {

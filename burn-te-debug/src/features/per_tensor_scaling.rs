@@ -2,7 +2,7 @@
 
 use burn_te::Gemm;
 
-use super::{DebugTensor, Feature, Modified, Routing};
+use super::{DebugTensor, Feature, Modified, PerGemmTensor, Routing};
 use crate::config::{FeatureSpec, Need};
 use crate::error::{ConfigError, DebugError};
 use crate::tensor::TensorName;
@@ -10,7 +10,7 @@ use crate::tensor::TensorName;
 /// Replaces the recipe's scaling of the chosen (gemm, tensor) inputs with current scaling
 /// (`fp8_max / amax / 2^margin`, margin default 0).
 pub struct PerTensorScaling {
-    entries: Vec<(Gemm, TensorName, f32)>,
+    entries: PerGemmTensor<f32>,
 }
 
 impl PerTensorScaling {
@@ -33,14 +33,9 @@ impl PerTensorScaling {
                 ))
             })
             .collect::<Result<_, ConfigError>>()?;
-        Ok(Box::new(PerTensorScaling { entries }))
-    }
-
-    fn margin(&self, gemm: Gemm, tensor: TensorName) -> Option<f32> {
-        self.entries
-            .iter()
-            .find(|(g, t, _)| *g == gemm && *t == tensor)
-            .map(|e| e.2)
+        Ok(Box::new(PerTensorScaling {
+            entries: PerGemmTensor(entries),
+        }))
     }
 }
 
@@ -56,20 +51,18 @@ impl Feature for PerTensorScaling {
         tensor: TensorName,
         iteration: u64,
     ) -> Option<Routing> {
-        self.margin(gemm, tensor)
-            .map(|_| Routing::always(true, iteration))
+        self.entries.modify_routing(gemm, tensor, iteration)
     }
 
     fn modify_tensor(
         &self,
-        _layer: &str,
+        layer: &str,
         gemm: Gemm,
         tensor: TensorName,
         _x: &dyn DebugTensor,
         _iteration: u64,
     ) -> Result<Modified, DebugError> {
-        Ok(Modified::CurrentScaling {
-            margin: self.margin(gemm, tensor).unwrap_or(0.0),
-        })
+        let margin = *self.entries.setting(self.name(), layer, gemm, tensor)?;
+        Ok(Modified::CurrentScaling { margin })
     }
 }
