@@ -118,6 +118,10 @@ impl<B: TeBackend> DebugTensor for SiteTensor<B> {
                 };
                 B::fp8_stats_launch(self.tensor.clone(), Some((format, scaling)))?
             }
+            Some((format, StatsScaling::Block { block, rule })) => B::fp8_stats_launch(
+                self.tensor.clone(),
+                Some((format, Scaling::Block { block, rule })),
+            )?,
         };
         Ok(PendingStats(Box::new(move || {
             Ok(B::fp8_stats_read(pending)?)
@@ -163,9 +167,8 @@ impl<B: TeBackend> DebugTensor for SiteTensor<B> {
         let (Some(recipe), Some(role)) = (&self.recipe, self.role) else {
             return Ok(None);
         };
-        // The orientation of the tensor's first GEMM: the activation reduces along its columns at fprop, the
-        // weight ([in, out]) and the gradient (at wgrad) along their rows.
-        let k_along_cols = role == TensorRole::Activation;
+        // TE dumps the rowwise quantization.
+        let k_along_cols = role.rowwise_k_along_cols();
         let quantized = fp8_gemm::quantize_operand::<B>(
             self.tensor.clone(),
             recipe,

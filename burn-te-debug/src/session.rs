@@ -508,11 +508,14 @@ impl Session {
         for dump in std::mem::take(&mut inspection.dumps) {
             self.write_dump(&layer, tensor, dump);
         }
-        // One launch per stat-name prefix (a quantized launch also gives the high-precision stats, so an unprefixed
+        // One launch per stat-name prefix and suffix (a quantized launch also gives the high-precision stats, so an unprefixed
         // LogTensorStats and LogFp8TensorStats share one); a weight only at its first feed of the step.
         let mut merged: Vec<StatRequest> = Vec::new();
         for request in inspection.requests {
-            match merged.iter_mut().find(|r| r.prefix == request.prefix) {
+            match merged
+                .iter_mut()
+                .find(|r| r.prefix == request.prefix && r.suffix == request.suffix)
+            {
                 Some(existing) => {
                     if existing.quantization.is_none() {
                         existing.quantization = request.quantization;
@@ -527,7 +530,7 @@ impl Session {
             }
         }
         for request in merged {
-            if tensor == TensorName::Weight && self.buffers.has(&layer, tensor, &request.prefix) {
+            if tensor == TensorName::Weight && self.buffers.has(&layer, tensor, &request) {
                 continue;
             }
             if let Err(err) = self.launch(&layer, tensor, &request, x) {

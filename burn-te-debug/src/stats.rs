@@ -132,8 +132,8 @@ impl Stat {
         }
     }
 
-    /// The stat's value from merged statistics and the range of `scale_inv` used (None: empty or undefined).
-    pub fn value(self, stats: &Fp8Stats, scale_inv: Option<(f64, f64)>) -> Option<f64> {
+    /// The stat's value from merged statistics (None: empty or undefined).
+    pub fn value(self, stats: &Fp8Stats) -> Option<f64> {
         let t = &stats.tensor;
         let percent = |count: u64| (t.numel > 0).then(|| 100.0 * count as f64 / t.numel as f64);
         match self {
@@ -147,8 +147,9 @@ impl Stat {
             Stat::DynamicRange => t.dynamic_range(),
             Stat::Underflows => percent(stats.underflow_count),
             Stat::Overflows => percent(stats.overflow_count),
-            Stat::ScaleInvMin => scale_inv.map(|s| s.0),
-            Stat::ScaleInvMax => scale_inv.map(|s| s.1),
+            // Zero scale_inv entries (padding in TE's layouts) would be ignored; none arise here.
+            Stat::ScaleInvMin => Some(stats.scale_inv_min).filter(|s| s.is_finite()),
+            Stat::ScaleInvMax => Some(stats.scale_inv_max).filter(|s| s.is_finite()),
             Stat::Mse => (t.numel > 0).then(|| stats.squared_error_sum / t.numel as f64),
             // Computed by its own kernel (see `StatBuffers::add_value`).
             Stat::MaxBlockwiseDynamicRange(_) => None,
@@ -163,6 +164,8 @@ pub struct StatRequest {
     pub quantization: Option<(Fp8Format, StatsScaling)>,
     /// Prefix of the logged stat names (e.g. `fp8_current_scaling_`; empty for none).
     pub prefix: String,
+    /// Suffix of the logged stat names (`_columnwise` for the other orientation's blocks; empty for none).
+    pub suffix: String,
     /// The stats to log.
     pub stats: Vec<Stat>,
 }
@@ -178,7 +181,8 @@ struct Buffer {
 /// The stat buffers of one step.
 #[derive(Default)]
 pub(crate) struct StatBuffers {
-    buffers: BTreeMap<(String, TensorName, String), Buffer>,
+    /// Keyed by (layer, tensor, prefix, suffix).
+    buffers: BTreeMap<(String, TensorName, String, String), Buffer>,
     scalars: Vec<(String, f64)>,
 }
 
@@ -198,16 +202,29 @@ pub struct StatValue {
 }
 
 impl StatBuffers {
-    /// Whether a weight's stats of this source were already taken this step.
-    pub(crate) fn has(&self, layer: &str, tensor: TensorName, prefix: &str) -> bool {
+    /// Whether a weight's stats of this request's source were already taken this step.
+    pub(crate) fn has(&self, layer: &str, tensor: TensorName, request: &StatRequest) -> bool {
         self.buffers
-            .contains_key(&(layer.to_string(), tensor, prefix.to_string()))
+            .contains_key(&Self::key(layer, tensor, request))
+    }
+
+    fn key(
+        layer: &str,
+        tensor: TensorName,
+        request: &StatRequest,
+    ) -> (String, TensorName, String, String) {
+        (
+            layer.to_string(),
+            tensor,
+            request.prefix.clone(),
+            request.suffix.clone(),
+        )
     }
 
     fn buffer(&mut self, layer: &str, tensor: TensorName, request: &StatRequest) -> &mut Buffer {
         let buffer = self
             .buffers
-            .entry((layer.to_string(), tensor, request.prefix.clone()))
+            .entry(Self::key(layer, tensor, request))
             .or_default();
         for stat in &request.stats {
             if !buffer.stats.contains(stat) {
@@ -251,21 +268,11 @@ impl StatBuffers {
     pub(crate) fn flush(&mut self) -> (Vec<StatValue>, Vec<String>) {
         let mut values = Vec::new();
         let mut errors = Vec::new();
-        for ((layer, tensor, prefix), buffer) in std::mem::take(&mut self.buffers) {
+        for ((layer, tensor, prefix, suffix), buffer) in std::mem::take(&mut self.buffers) {
             let mut merged = Fp8Stats::EMPTY;
-            let mut scale_inv: Option<(f64, f64)> = None;
             for pending in buffer.pending {
                 match pending.read() {
-                    Ok(reading) => {
-                        merged = merged.merge(&reading.stats);
-                        // Zero scales (padding) are ignored, as TE users asked.
-                        if let Some(scale) = reading.scale.filter(|s| *s != 0.0) {
-                            let inv = 1.0 / scale as f64;
-                            scale_inv = Some(
-                                scale_inv.map_or((inv, inv), |(lo, hi)| (lo.min(inv), hi.max(inv))),
-                            );
-                        }
-                    }
+                    Ok(stats) => merged = merged.merge(&stats),
                     Err(err) => errors.push(format!("{layer}_{tensor}: {err}")),
                 }
             }
@@ -288,10 +295,10 @@ impl StatBuffers {
             for stat in buffer.stats {
                 let value = match stat {
                     Stat::MaxBlockwiseDynamicRange(_) => maxima.get(&stat).copied(),
-                    stat => stat.value(&merged, scale_inv),
+                    stat => stat.value(&merged),
                 };
                 if let Some(value) = value {
-                    let stat = format!("{prefix}{}", stat.label());
+                    let stat = format!("{prefix}{}{suffix}", stat.label());
                     values.push(StatValue {
                         name: format!("{layer}_{tensor}_{stat}"),
                         layer: layer.clone(),

@@ -14,7 +14,7 @@ use burn::tensor::ops::FloatTensor;
 use burn_te_kernels::{Fp8Format, Fp8Stats, ScaleBlock};
 
 use crate::TeError;
-use crate::backend::{Fp8HostData, Fp8Primitive, Scaling, StatsReading, TeBackend};
+use crate::backend::{Fp8HostData, Fp8Primitive, Scaling, TeBackend};
 use crate::recipe::Recipe;
 use crate::site::{Gemm, GemmSite};
 
@@ -118,7 +118,7 @@ impl<B: TeBackend, C: CheckpointStrategy> TeBackend for Autodiff<B, C> {
     ) -> Result<Self::PendingStats, TeError> {
         B::fp8_stats_launch(Self::inner(tensor), quantization)
     }
-    fn fp8_stats_read(pending: Self::PendingStats) -> Result<StatsReading, TeError> {
+    fn fp8_stats_read(pending: Self::PendingStats) -> Result<Fp8Stats, TeError> {
         B::fp8_stats_read(pending)
     }
     fn fp8_quantization_stats(

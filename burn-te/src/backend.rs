@@ -46,15 +46,6 @@ pub struct Fp8HostData {
     pub scale_inv: Vec<f32>,
 }
 
-/// Statistics read back by [`TeBackend::fp8_stats_read`].
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct StatsReading {
-    /// The statistics; the FP8 counts are zero when no quantization was asked for.
-    pub stats: Fp8Stats,
-    /// The scale of the quantization the statistics describe, if one was asked for.
-    pub scale: Option<f32>,
-}
-
 /// The FP8 quantized primitive of a [`TeBackend`].
 pub type Fp8Primitive<B> = Fp8Tensor<<B as TeBackend>::Fp8Data>;
 
@@ -144,13 +135,13 @@ pub trait TeBackend: Backend {
 
     /// Statistics of the tensor (one pass on the device, then one read).
     fn fp8_stats(tensor: FloatTensor<Self>) -> Result<TensorStats, TeError> {
-        Ok(Self::fp8_stats_read(Self::fp8_stats_launch(tensor, None)?)?
-            .stats
-            .tensor)
+        Ok(Self::fp8_stats_read(Self::fp8_stats_launch(tensor, None)?)?.tensor)
     }
 
     /// Launches the one-pass statistics of `tensor` without waiting for the device; with `quantization`, they also
-    /// count what quantizing with that per-tensor scaling gives (a delayed state's scale is used, not updated).
+    /// count what quantizing with that scaling gives: underflows, overflows, squared error and the range of the
+    /// `scale_inv` applied (a delayed state's scale is used, not updated; block scalings take one scale per block
+    /// of the tensor viewed as `[leading dims folded, last dim]`, as [`fp8_quantize`](Self::fp8_quantize) does).
     /// [`fp8_stats_read`](Self::fp8_stats_read) reads them later, so a debug step syncs once, not once per tensor.
     fn fp8_stats_launch(
         tensor: FloatTensor<Self>,
@@ -158,7 +149,7 @@ pub trait TeBackend: Backend {
     ) -> Result<Self::PendingStats, TeError>;
 
     /// Reads launched statistics back (waits for the device).
-    fn fp8_stats_read(pending: Self::PendingStats) -> Result<StatsReading, TeError>;
+    fn fp8_stats_read(pending: Self::PendingStats) -> Result<Fp8Stats, TeError>;
 
     /// Statistics plus the FP8 underflow/overflow counts and squared error of quantizing with `scale`.
     fn fp8_quantization_stats(
@@ -280,13 +271,6 @@ pub fn gemm_output_shape<D>(
     Ok(Shape::from(dims))
 }
 
-/// The error of asking per-tensor statistics for a block scaling.
-pub(crate) fn per_tensor_only() -> TeError {
-    TeError::InvalidRecipe(
-        "quantization statistics take a per-tensor (current or delayed) scaling".into(),
-    )
-}
-
 /// The FP8 ops of a [`TeBackend`] decorator whose primitives are its inner backend's: every op but the `te_linear`
 /// GEMMs forwards to `$inner`. Used inside `impl TeBackend for Decorator<B>` by `Te<B>` and the debug tools.
 #[doc(hidden)]
@@ -348,7 +332,7 @@ macro_rules! forward_fp8_ops {
         }
         fn fp8_stats_read(
             pending: Self::PendingStats,
-        ) -> Result<$crate::StatsReading, $crate::TeError> {
+        ) -> Result<$crate::Fp8Stats, $crate::TeError> {
             $inner::fp8_stats_read(pending)
         }
         fn fp8_quantization_stats(

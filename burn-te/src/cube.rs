@@ -13,7 +13,7 @@ use burn_te_kernels::ops::{self, Fp8Buffer, ScaleBuffers};
 use burn_te_kernels::{Fp8Format, Fp8Stats, KernelError, block};
 
 use crate::TeError;
-use crate::backend::{Fp8HostData, Fp8Primitive, Fp8Tensor, Scaling, StatsReading, TeBackend};
+use crate::backend::{Fp8HostData, Fp8Primitive, Fp8Tensor, Scaling, TeBackend};
 
 /// FP8 buffers on a CubeCL device.
 #[derive(Clone)]
@@ -35,11 +35,9 @@ pub struct CubeDelayedState<R: CubeRuntime> {
     client: ComputeClient<R>,
 }
 
-/// Statistics launched on a CubeCL device: the partial records and the scale they used, read at
-/// [`TeBackend::fp8_stats_read`].
+/// Statistics launched on a CubeCL device: the partial records, read at [`TeBackend::fp8_stats_read`].
 pub struct CubePendingStats<R: CubeRuntime> {
     readback: ops::StatsReadback,
-    scale: Option<Handle>,
     client: ComputeClient<R>,
 }
 
@@ -368,41 +366,36 @@ where
         let x = into_contiguous(tensor);
         let len = x.meta.shape().num_elements();
         let client = &x.client;
-        let Some((format, scaling)) = quantization else {
-            let readback = with_float!(x.dtype, "fp8_stats", T => Ok(ops::tensor_stats::<R, T>(client, &x.handle, len)?))?;
-            return Ok(CubePendingStats {
-                readback,
-                scale: None,
-                client: client.clone(),
-            });
-        };
-        let scale = match scaling {
-            Scaling::Current { margin } => {
-                let amax = with_float!(x.dtype, "fp8_stats", T => Ok(ops::amax::<R, T>(client, &x.handle, len)?))?;
-                let scales = ScaleBuffers::new(client, 1, 1.0);
-                ops::compute_scale(client, &amax, &scales, format, margin)?;
-                scales.scale
-            }
-            // A copy: a later quantization's update changes the state's buffer in place.
-            Scaling::Delayed { state, .. } => copy_scalar(client, &state.scales.scale)?,
-            Scaling::Block { .. } => return Err(crate::backend::per_tensor_only()),
-        };
-        let readback = with_float!(x.dtype, "fp8_stats", T => Ok(ops::fp8_tensor_stats::<R, T>(client, &x.handle, len, format, &scale)?))?;
+        let readback = with_float!(x.dtype, "fp8_stats", T => {
+            Ok(match quantization {
+                None => ops::tensor_stats::<R, T>(client, &x.handle, len)?,
+                Some((format, Scaling::Current { margin })) => {
+                    let amax = ops::amax::<R, T>(client, &x.handle, len)?;
+                    let scales = ScaleBuffers::new(client, 1, 1.0);
+                    ops::compute_scale(client, &amax, &scales, format, margin)?;
+                    ops::fp8_tensor_stats::<R, T>(client, &x.handle, len, format, &scales.scale)?
+                }
+                // The kernel reads the state's scale in stream order, before any later update of it.
+                Some((format, Scaling::Delayed { state, .. })) => {
+                    ops::fp8_tensor_stats::<R, T>(client, &x.handle, len, format, &state.scales.scale)?
+                }
+                Some((format, Scaling::Block { block, rule })) => {
+                    let (rows, cols) = rows_cols(x.meta.shape());
+                    block::block_tensor_stats::<R, T>(client, &x.handle, rows, cols, block, rule, format)?
+                }
+            })
+        })?;
         Ok(CubePendingStats {
             readback,
-            scale: Some(scale),
             client: client.clone(),
         })
     }
 
-    fn fp8_stats_read(pending: CubePendingStats<R>) -> Result<StatsReading, TeError> {
-        let client = &pending.client;
-        let stats = pending.readback.read_fp8(client).map_err(read_error)?;
-        let scale = match &pending.scale {
-            Some(handle) => Some(ops::read_scalar(client, handle)?),
-            None => None,
-        };
-        Ok(StatsReading { stats, scale })
+    fn fp8_stats_read(pending: CubePendingStats<R>) -> Result<Fp8Stats, TeError> {
+        pending
+            .readback
+            .read_fp8(&pending.client)
+            .map_err(read_error)
     }
 
     fn fp8_quantization_stats(

@@ -7,17 +7,14 @@ use burn::backend::NdArray;
 use burn::backend::ndarray::NdArrayDevice;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn::tensor::{Shape, TensorData};
-use burn_te_kernels::block::host_block_quantize;
+use burn_te_kernels::block::{host_block_quantize, host_block_tensor_stats};
 use burn_te_kernels::block_range::host_max_block_dynamic_range;
 use burn_te_kernels::{
     DelayedScalingHistory, Fp8Format, Fp8Stats, ScaleBlock, host, pow2_margin, scale_from_amax,
 };
 
 use crate::TeError;
-use crate::backend::{
-    Fp8HostData, Fp8Primitive, Fp8Tensor, Scaling, StatsReading, TeBackend, gemm_output_shape,
-    per_tensor_only,
-};
+use crate::backend::{Fp8HostData, Fp8Primitive, Fp8Tensor, Scaling, TeBackend, gemm_output_shape};
 use crate::cube::rows_cols;
 
 /// FP8 codes (one per byte) and `scale_inv` values on the host.
@@ -69,7 +66,7 @@ fn lock(state: &HostDelayedState) -> std::sync::MutexGuard<'_, DelayedScalingHis
 impl TeBackend for Host {
     type Fp8Data = HostFp8Data;
     type DelayedState = HostDelayedState;
-    type PendingStats = StatsReading;
+    type PendingStats = Fp8Stats;
 
     fn fp8_quantize(
         tensor: FloatTensor<Self>,
@@ -195,27 +192,27 @@ impl TeBackend for Host {
     fn fp8_stats_launch(
         tensor: FloatTensor<Self>,
         quantization: Option<(Fp8Format, Scaling<'_, HostDelayedState>)>,
-    ) -> Result<StatsReading, TeError> {
-        let (x, _) = values(tensor)?;
-        let Some((format, scaling)) = quantization else {
-            let stats = Fp8Stats {
+    ) -> Result<Fp8Stats, TeError> {
+        let (x, shape) = values(tensor)?;
+        Ok(match quantization {
+            None => Fp8Stats {
                 tensor: host::tensor_stats(&x),
                 ..Fp8Stats::EMPTY
-            };
-            return Ok(StatsReading { stats, scale: None });
-        };
-        let scale = match scaling {
-            Scaling::Current { margin } => current_scale(&x, format, margin)?,
-            Scaling::Delayed { state, .. } => lock(state).scale,
-            Scaling::Block { .. } => return Err(per_tensor_only()),
-        };
-        Ok(StatsReading {
-            stats: host::fp8_tensor_stats(&x, format, scale),
-            scale: Some(scale),
+            },
+            Some((format, Scaling::Current { margin })) => {
+                host::fp8_tensor_stats(&x, format, current_scale(&x, format, margin)?)
+            }
+            Some((format, Scaling::Delayed { state, .. })) => {
+                host::fp8_tensor_stats(&x, format, lock(state).scale)
+            }
+            Some((format, Scaling::Block { block, rule })) => {
+                let (rows, cols) = rows_cols(&shape);
+                host_block_tensor_stats(&x, rows, cols, block, rule, format)?
+            }
         })
     }
 
-    fn fp8_stats_read(pending: StatsReading) -> Result<StatsReading, TeError> {
+    fn fp8_stats_read(pending: Fp8Stats) -> Result<Fp8Stats, TeError> {
         Ok(pending)
     }
 

@@ -39,7 +39,7 @@ pub use autocast::{
     AutocastGuard, active_recipe, fp8_autocast, fp8_autocast_guard, is_fp8_enabled,
     plain_linear_backward, plain_linear_forward,
 };
-pub use backend::{Fp8HostData, Fp8Primitive, Fp8Tensor, Scaling, StatsReading, TeBackend};
+pub use backend::{Fp8HostData, Fp8Primitive, Fp8Tensor, Scaling, TeBackend};
 pub use burn_te_kernels::{
     AmaxComputeAlgo, BlockScaleRule, DelayedScalingHistory, Fp8Format, Fp8Stats, KernelError,
     ScaleBlock, TensorStats, pow2_margin, scale_from_amax,

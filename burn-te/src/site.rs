@@ -54,6 +54,14 @@ impl TensorRole {
             TensorRole::Gradient => "gradient",
         }
     }
+
+    /// Whether the tensor's rowwise use, as TE names it (blocks along the last dimension of TE's layout),
+    /// reduces along this crate's columns: the activation `[tokens, in]` at fprop and the gradient
+    /// `[tokens, out]` at dgrad do; the weight, stored `[in, out]` where TE stores `[out, in]`, reduces along its
+    /// rows at fprop. The columnwise use (activation and gradient at wgrad, weight at dgrad) is the other way.
+    pub fn rowwise_k_along_cols(self) -> bool {
+        self != TensorRole::Weight
+    }
 }
 
 /// Where a GEMM runs: the layer's name, its module type and which of its GEMMs.

@@ -9,8 +9,8 @@ use cubecl::server::Handle;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
 use crate::kernel::{block, reduce::CUBE_SIZE};
-use crate::ops::Fp8Buffer;
-use crate::{Fp8Format, KernelError};
+use crate::ops::{Fp8Buffer, StatsReadback, StatsScales, launch_stats};
+use crate::{Fp8Format, Fp8Stats, KernelError};
 
 /// The shape of the blocks that share one scale.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -133,8 +133,9 @@ pub struct BlockQuantized {
     pub block: ScaleBlock,
 }
 
-/// Quantizes a row-major `[rows, cols]` tensor with one scale per block, each from the block's own amax.
-pub fn block_quantize<R: Runtime, F: Float + CubeElement>(
+/// The block scales of a `[rows, cols]` tensor on the device: `(scale, scale_inv)` buffers, one value per block
+/// (row-major over the block grid), each from the block's own amax by `rule`.
+fn launch_block_scales<R: Runtime, F: Float + CubeElement>(
     client: &ComputeClient<R>,
     input: &Handle,
     rows: usize,
@@ -142,21 +143,17 @@ pub fn block_quantize<R: Runtime, F: Float + CubeElement>(
     block: ScaleBlock,
     rule: BlockScaleRule,
     format: Fp8Format,
-) -> Result<BlockQuantized, KernelError> {
+) -> Result<(Handle, Handle), KernelError> {
     block.check()?;
     let len = rows * cols;
     u32::try_from(len).map_err(|_| KernelError::TooLarge(len))?;
     crate::ops::check_size("block_quantize input", input, size_of::<F>(), len)?;
     let (grid_rows, grid_cols) = block.grid(rows, cols);
     let blocks = (grid_rows * grid_cols).max(1);
-    let words = len.div_ceil(4);
     let amax = client.create_from_slice(u32::as_bytes(&vec![0u32; blocks]));
     let scale = client.empty(blocks * 4);
     let scale_inv = client.empty(blocks * 4);
-    let codes = client.empty(words.max(1) * 4);
     if len > 0 {
-        let (rows32, cols32) = (rows as u32, cols as u32);
-        let (block_rows, block_cols) = (block.rows.min(rows) as u32, block.cols.min(cols) as u32);
         let cube_dim = CubeDim::new_1d(CUBE_SIZE);
         let segments = rows * grid_cols;
         unsafe {
@@ -168,10 +165,10 @@ pub fn block_quantize<R: Runtime, F: Float + CubeElement>(
                 ArrayArg::from_raw_parts(amax.clone(), blocks),
                 // No min: a placeholder (the same buffer may not be bound twice for writing).
                 ArrayArg::from_raw_parts(client.empty(4), 1),
-                rows32,
-                cols32,
-                block_rows,
-                block_cols,
+                rows as u32,
+                cols as u32,
+                block.rows.min(rows) as u32,
+                block.cols.min(cols) as u32,
                 false,
             );
             block::block_scale_kernel::launch_unchecked::<R>(
@@ -185,17 +182,41 @@ pub fn block_quantize<R: Runtime, F: Float + CubeElement>(
                 rule,
                 format,
             );
+        }
+    }
+    Ok((scale, scale_inv))
+}
+
+/// Quantizes a row-major `[rows, cols]` tensor with one scale per block, each from the block's own amax.
+pub fn block_quantize<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    input: &Handle,
+    rows: usize,
+    cols: usize,
+    block: ScaleBlock,
+    rule: BlockScaleRule,
+    format: Fp8Format,
+) -> Result<BlockQuantized, KernelError> {
+    let (scale, scale_inv) =
+        launch_block_scales::<R, F>(client, input, rows, cols, block, rule, format)?;
+    let len = rows * cols;
+    let words = len.div_ceil(4);
+    let codes = client.empty(words.max(1) * 4);
+    if len > 0 {
+        let cube_dim = CubeDim::new_1d(CUBE_SIZE);
+        let (grid_rows, grid_cols) = block.grid(rows, cols);
+        unsafe {
             block::block_quantize_kernel::launch_unchecked::<F, R>(
                 client,
                 calculate_cube_count_elemwise(client, words, cube_dim),
                 cube_dim,
                 ArrayArg::from_raw_parts(input.clone(), len),
-                ArrayArg::from_raw_parts(scale.clone(), blocks),
+                ArrayArg::from_raw_parts(scale, grid_rows * grid_cols),
                 ArrayArg::from_raw_parts(codes.clone(), words),
-                rows32,
-                cols32,
-                block_rows,
-                block_cols,
+                rows as u32,
+                cols as u32,
+                block.rows.min(rows) as u32,
+                block.cols.min(cols) as u32,
                 format,
             );
         }
@@ -209,6 +230,51 @@ pub fn block_quantize<R: Runtime, F: Float + CubeElement>(
     })
 }
 
+/// The statistics of a row-major `[rows, cols]` tensor and of its block quantization (what [`block_quantize`]
+/// would do to it: underflows, overflows, squared error, the range of the blocks' `scale_inv`), in one read of
+/// the tensor after the block scales; read with [`StatsReadback::read_fp8`](crate::ops::StatsReadback::read_fp8).
+pub fn block_tensor_stats<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    input: &Handle,
+    rows: usize,
+    cols: usize,
+    block: ScaleBlock,
+    rule: BlockScaleRule,
+    format: Fp8Format,
+) -> Result<StatsReadback, KernelError> {
+    let (scale, scale_inv) =
+        launch_block_scales::<R, F>(client, input, rows, cols, block, rule, format)?;
+    let scales = StatsScales::Blocks {
+        scale: &scale,
+        scale_inv: &scale_inv,
+        cols,
+        block,
+    };
+    launch_stats::<R, F>(client, input, rows * cols, Some((format, scales)))
+}
+
+/// Host reference of the block scales of [`block_quantize`]: `(scale, scale_inv)` per block, row-major over the
+/// block grid.
+pub fn host_block_scales(
+    input: &[f32],
+    rows: usize,
+    cols: usize,
+    block: ScaleBlock,
+    rule: BlockScaleRule,
+    format: Fp8Format,
+) -> Result<Vec<(f32, f32)>, KernelError> {
+    let (grid_rows, grid_cols) = block.check_host("block_quantize input", input, rows, cols)?;
+    let mut amax = vec![0u32; grid_rows * grid_cols];
+    for (index, x) in input.iter().enumerate() {
+        let slot = block.slot(index, cols);
+        amax[slot] = amax[slot].max(x.to_bits() & 0x7fff_ffff);
+    }
+    Ok(amax
+        .iter()
+        .map(|&bits| rule.scales(f32::from_bits(bits), format))
+        .collect())
+}
+
 /// Host reference of [`block_quantize`]: `(codes, scale_inv per block)`.
 pub fn host_block_quantize(
     input: &[f32],
@@ -218,25 +284,32 @@ pub fn host_block_quantize(
     rule: BlockScaleRule,
     format: Fp8Format,
 ) -> Result<(Vec<u8>, Vec<f32>), KernelError> {
-    let (grid_rows, grid_cols) = block.check_host("block_quantize input", input, rows, cols)?;
-    let mut amax = vec![0u32; grid_rows * grid_cols];
-    for (index, x) in input.iter().enumerate() {
-        let slot = block.slot(index, cols);
-        amax[slot] = amax[slot].max(x.to_bits() & 0x7fff_ffff);
-    }
-    let scales: Vec<(f32, f32)> = amax
-        .iter()
-        .map(|&bits| rule.scales(f32::from_bits(bits), format))
-        .collect();
+    let scales = host_block_scales(input, rows, cols, block, rule, format)?;
     let codes = input
         .iter()
         .enumerate()
-        .map(|(index, &x)| {
-            let slot = block.slot(index, cols);
-            format.encode(x * scales[slot].0)
-        })
+        .map(|(index, &x)| format.encode(x * scales[block.slot(index, cols)].0))
         .collect();
     Ok((codes, scales.iter().map(|s| s.1).collect()))
+}
+
+/// Host reference of [`block_tensor_stats`]: the statistics of a `[rows, cols]` tensor and of its block
+/// quantization.
+pub fn host_block_tensor_stats(
+    input: &[f32],
+    rows: usize,
+    cols: usize,
+    block: ScaleBlock,
+    rule: BlockScaleRule,
+    format: Fp8Format,
+) -> Result<Fp8Stats, KernelError> {
+    let scales = host_block_scales(input, rows, cols, block, rule, format)?;
+    let mut stats = Fp8Stats::EMPTY;
+    for (index, &x) in input.iter().enumerate() {
+        let (scale, scale_inv) = scales[block.slot(index, cols)];
+        stats.push(x, format.encode(x * scale), format, scale_inv);
+    }
+    Ok(stats)
 }
 
 /// Dequantizes a block-quantized `[rows, cols]` tensor: `decode(code) · scale_inv[block]`, as `F`.

@@ -9,7 +9,7 @@ use cubecl::server::Handle;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
 
 use crate::kernel::{amax, quantize, reduce::CUBE_SIZE, scale, stats};
-use crate::{AmaxComputeAlgo, Fp8Format, Fp8Stats, KernelError, TensorStats, scaling};
+use crate::{AmaxComputeAlgo, Fp8Format, Fp8Stats, KernelError, ScaleBlock, TensorStats, scaling};
 
 /// FP8 codes on a device, packed four per `u32` word (see [`crate::host::pack_codes`]).
 #[derive(Clone, Debug)]
@@ -340,11 +340,24 @@ pub struct StatsReadback {
     cubes: usize,
 }
 
-fn launch_stats<R: Runtime, F: Float + CubeElement>(
+/// The scales of a statistics launch's FP8 counts.
+pub(crate) enum StatsScales<'a> {
+    /// One scale (`scale_inv = 1 / scale`).
+    Tensor(&'a Handle),
+    /// One `(scale, scale_inv)` per block of the tensor viewed as `[len / cols, cols]`.
+    Blocks {
+        scale: &'a Handle,
+        scale_inv: &'a Handle,
+        cols: usize,
+        block: ScaleBlock,
+    },
+}
+
+pub(crate) fn launch_stats<R: Runtime, F: Float + CubeElement>(
     client: &ComputeClient<R>,
     input: &Handle,
     len: usize,
-    fp8: Option<(Fp8Format, &Handle)>,
+    fp8: Option<(Fp8Format, StatsScales<'_>)>,
 ) -> Result<StatsReadback, KernelError> {
     let len32 = check_len(len)?;
     check_size("statistics input", input, size_of::<F>(), len)?;
@@ -356,24 +369,64 @@ fn launch_stats<R: Runtime, F: Float + CubeElement>(
     }
     let cubes = reduction_cubes(len);
     let partials = client.empty(cubes * stats::STATS_SLOTS * 4);
-    let (format, scale, with_fp8) = match fp8 {
-        Some((format, scale)) => {
-            check_size("statistics scale", scale, 4, 1)?;
-            (format, scale.clone(), true)
-        }
-        None => (Fp8Format::E4M3, scalar_buffer(client, 1.0), false),
-    };
+    // Unused scale arguments get a placeholder (one buffer may not be bound twice).
+    let placeholder = || (scalar_buffer(client, 1.0), 1);
+    let (format, scale, scale_inv, with_fp8, blocked, (cols, block_rows, block_cols, grid_cols)) =
+        match fp8 {
+            Some((format, StatsScales::Tensor(scale))) => {
+                check_size("statistics scale", scale, 4, 1)?;
+                let scale = (scale.clone(), 1);
+                (format, scale, placeholder(), true, false, (1, 1, 1, 1))
+            }
+            Some((
+                format,
+                StatsScales::Blocks {
+                    scale,
+                    scale_inv,
+                    cols,
+                    block,
+                },
+            )) => {
+                block.check()?;
+                let (grid_rows, grid_cols) = block.grid(len / cols.max(1), cols);
+                let blocks = grid_rows * grid_cols;
+                check_size("statistics block scales", scale, 4, blocks)?;
+                check_size("statistics block scale_inv", scale_inv, 4, blocks)?;
+                let block_dims = (
+                    cols as u32,
+                    block.rows.min(len / cols) as u32,
+                    block.cols.min(cols) as u32,
+                    grid_cols as u32,
+                );
+                let (scale, scale_inv) = ((scale.clone(), blocks), (scale_inv.clone(), blocks));
+                (format, scale, scale_inv, true, true, block_dims)
+            }
+            None => (
+                Fp8Format::E4M3,
+                placeholder(),
+                placeholder(),
+                false,
+                false,
+                (1, 1, 1, 1),
+            ),
+        };
     unsafe {
         stats::stats_kernel::launch_unchecked::<F, R>(
             client,
             CubeCount::Static(cubes as u32, 1, 1),
             CubeDim::new_1d(CUBE_SIZE),
             ArrayArg::from_raw_parts(input.clone(), len),
-            ArrayArg::from_raw_parts(scale, 1),
+            ArrayArg::from_raw_parts(scale.0, scale.1),
+            ArrayArg::from_raw_parts(scale_inv.0, scale_inv.1),
             ArrayArg::from_raw_parts(partials.clone(), cubes * stats::STATS_SLOTS),
             len32,
             format.max(),
+            cols,
+            block_rows,
+            block_cols,
+            grid_cols,
             with_fp8,
+            blocked,
             format,
         );
     }
@@ -401,7 +454,12 @@ pub fn fp8_tensor_stats<R: Runtime, F: Float + CubeElement>(
     format: Fp8Format,
     scale: &Handle,
 ) -> Result<StatsReadback, KernelError> {
-    launch_stats::<R, F>(client, input, len, Some((format, scale)))
+    launch_stats::<R, F>(
+        client,
+        input,
+        len,
+        Some((format, StatsScales::Tensor(scale))),
+    )
 }
 
 impl StatsReadback {
@@ -463,5 +521,16 @@ fn partial_to_stats(words: &[u32]) -> Fp8Stats {
         underflow_count: count(slot::UNDERFLOW),
         overflow_count: count(slot::OVERFLOW),
         squared_error_sum: float(slot::SQUARED_ERROR),
+        // No element applied a scale: the identity of the merge.
+        scale_inv_min: if words[slot::SCALE_INV_MIN] == 0x7f80_0000 {
+            f64::INFINITY
+        } else {
+            float(slot::SCALE_INV_MIN)
+        },
+        scale_inv_max: if words[slot::SCALE_INV_MAX] == 0 {
+            f64::NEG_INFINITY
+        } else {
+            float(slot::SCALE_INV_MAX)
+        },
     }
 }

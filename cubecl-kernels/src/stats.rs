@@ -266,6 +266,11 @@ pub struct Fp8Stats {
     pub overflow_count: u64,
     /// Sum of `(x - dequantize(quantize(x)))²` over the finite elements.
     pub squared_error_sum: f64,
+    /// Smallest `scale_inv` the quantization applied (+inf for no elements): the tensor's one, or the smallest
+    /// over its blocks.
+    pub scale_inv_min: f64,
+    /// Largest `scale_inv` the quantization applied (-inf for no elements).
+    pub scale_inv_max: f64,
 }
 
 impl Fp8Stats {
@@ -275,12 +280,16 @@ impl Fp8Stats {
         underflow_count: 0,
         overflow_count: 0,
         squared_error_sum: 0.0,
+        scale_inv_min: f64::INFINITY,
+        scale_inv_max: f64::NEG_INFINITY,
     };
 
-    /// Adds one element quantized as `code` with `scale` in `format` (the host path; the kernels do the same).
-    pub fn push(&mut self, x: f32, code: u8, format: Fp8Format, scale: f32) {
+    /// Adds one element quantized as `code` with `scale` and `scale_inv` in `format` (the host path; the kernels
+    /// do the same).
+    pub fn push(&mut self, x: f32, code: u8, format: Fp8Format, scale_inv: f32) {
         self.tensor.push(x as f64);
-        let scale_inv = 1.0f32 / scale;
+        self.scale_inv_min = self.scale_inv_min.min(scale_inv as f64);
+        self.scale_inv_max = self.scale_inv_max.max(scale_inv as f64);
         if x != 0.0 && code & 0x7f == 0 {
             self.underflow_count += 1;
         }
@@ -300,6 +309,8 @@ impl Fp8Stats {
             underflow_count: self.underflow_count + other.underflow_count,
             overflow_count: self.overflow_count + other.overflow_count,
             squared_error_sum: self.squared_error_sum + other.squared_error_sum,
+            scale_inv_min: self.scale_inv_min.min(other.scale_inv_min),
+            scale_inv_max: self.scale_inv_max.max(other.scale_inv_max),
         }
     }
 

@@ -3,7 +3,7 @@
 
 use burn_te_kernels::block_range::{host_max_block_dynamic_range, max_block_dynamic_range};
 use burn_te_kernels::ops;
-use burn_te_kernels::{Fp8Format, Fp8Stats, ScaleBlock, TensorStats, host};
+use burn_te_kernels::{BlockScaleRule, Fp8Format, Fp8Stats, ScaleBlock, TensorStats, host};
 
 use crate::common::*;
 
@@ -400,4 +400,201 @@ fn max_block_dynamic_range_matches_te_and_a_tile_by_tile_reference() {
             .unwrap()
             .is_nan()
     );
+}
+
+/// Block quantization statistics written out block by block: each block's scale from its amax by f64 logarithms
+/// (Pow2: `2^⌊log2(fp8_max / amax)⌋`, the quotient rounded to f32 first as TE does; E8M0:
+/// `scale_inv = 2^⌈log2(amax / fp8_max)⌉`; an all-zero block takes 1), codes from the conformance-verified encoder.
+fn reference_block_fp8_stats(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    block: ScaleBlock,
+    rule: BlockScaleRule,
+    format: Fp8Format,
+) -> Fp8Stats {
+    let mut stats = Fp8Stats::EMPTY;
+    let mut squared_error = 0.0f64;
+    for r0 in (0..rows).step_by(block.rows) {
+        for c0 in (0..cols).step_by(block.cols) {
+            let indices: Vec<usize> = (r0..(r0 + block.rows).min(rows))
+                .flat_map(|r| (c0..(c0 + block.cols).min(cols)).map(move |c| r * cols + c))
+                .collect();
+            let amax = indices.iter().map(|&i| x[i].abs()).fold(0f32, f32::max);
+            let (scale, scale_inv) = if amax == 0.0 {
+                (1.0f64, 1.0f64)
+            } else {
+                match rule {
+                    BlockScaleRule::Pow2 => {
+                        let quotient = f64::from(format.max() / amax);
+                        let scale = quotient.log2().floor().exp2();
+                        (scale, 1.0 / scale)
+                    }
+                    BlockScaleRule::E8m0 => {
+                        let scale_inv = (f64::from(amax) / f64::from(format.max()))
+                            .log2()
+                            .ceil()
+                            .exp2();
+                        (1.0 / scale_inv, scale_inv)
+                    }
+                }
+            };
+            stats.scale_inv_min = stats.scale_inv_min.min(scale_inv);
+            stats.scale_inv_max = stats.scale_inv_max.max(scale_inv);
+            for &i in &indices {
+                let v = x[i];
+                stats.tensor.push(f64::from(v));
+                let code = format.encode(v * scale as f32);
+                if v != 0.0 && code & 0x7f == 0 {
+                    stats.underflow_count += 1;
+                }
+                if f64::from(v.abs()) > f64::from(format.max()) * scale_inv {
+                    stats.overflow_count += 1;
+                }
+                let error = f64::from(v) - f64::from(format.decode(code)) * scale_inv;
+                squared_error += error * error;
+            }
+        }
+    }
+    stats.squared_error_sum = squared_error;
+    stats
+}
+
+#[test]
+fn block_quantization_stats_match_a_block_by_block_reference() {
+    use burn_te_kernels::block::{block_tensor_stats, host_block_tensor_stats};
+    let client = client();
+    // Rows spanning 2^-10 .. 2^9 (so blocks get different scales), -0.0 and values that underflow at their
+    // block's scale, an all-zero block, and edges that leave partial blocks for every block shape.
+    let (rows, cols) = (150, 200);
+    let mut x = Rng::new(11).normal(rows * cols, 0.0, 1.0);
+    for (i, v) in x.iter_mut().enumerate() {
+        let row = i / cols;
+        *v *= 2f32.powi((row % 20) as i32 - 10);
+        if row >= 128 {
+            *v *= 2f32.powi(-8);
+        }
+        if i % 11 == 0 {
+            *v = -0.0;
+        }
+        if i % 17 == 0 {
+            *v *= 1e-6;
+        }
+    }
+    for r in 0..2 {
+        x[r * cols..r * cols + 64].fill(0.0);
+    }
+    let input = upload(&x);
+    for (block, rule) in [
+        (ScaleBlock::new(1, 32), BlockScaleRule::E8m0),
+        (ScaleBlock::new(32, 1), BlockScaleRule::E8m0),
+        (ScaleBlock::new(1, 128), BlockScaleRule::Pow2),
+        (ScaleBlock::new(128, 128), BlockScaleRule::Pow2),
+    ] {
+        for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+            let label = format!("{}x{} {rule:?} {format:?}", block.rows, block.cols);
+            let expected = reference_block_fp8_stats(&x, rows, cols, block, rule, format);
+            assert!(
+                expected.underflow_count > 0,
+                "{label}: the data must underflow"
+            );
+            assert!(
+                expected.scale_inv_max / expected.scale_inv_min >= 8.0,
+                "{label}: the blocks must differ in scale"
+            );
+            let device = block_tensor_stats::<TestRuntime, f32>(
+                &client, &input, rows, cols, block, rule, format,
+            )
+            .unwrap()
+            .read_fp8(&client)
+            .unwrap();
+            let host = host_block_tensor_stats(&x, rows, cols, block, rule, format).unwrap();
+            for (path, stats) in [("device", device), ("host", host)] {
+                let label = format!("{label} ({path})");
+                assert_eq!(stats.tensor.numel, (rows * cols) as u64, "{label}: numel");
+                assert_eq!(
+                    stats.underflow_count, expected.underflow_count,
+                    "{label}: underflows"
+                );
+                assert_eq!(
+                    stats.overflow_count, 0,
+                    "{label}: block scales never overflow"
+                );
+                assert_eq!(
+                    stats.overflow_count, expected.overflow_count,
+                    "{label}: overflows"
+                );
+                assert_eq!(
+                    stats.scale_inv_min, expected.scale_inv_min,
+                    "{label}: scale_inv_min"
+                );
+                assert_eq!(
+                    stats.scale_inv_max, expected.scale_inv_max,
+                    "{label}: scale_inv_max"
+                );
+                assert_close(
+                    &format!("{label}: squared error"),
+                    stats.squared_error_sum,
+                    expected.squared_error_sum,
+                    REL,
+                    0.0,
+                );
+                assert_eq!(
+                    stats.tensor.nonzero_count, expected.tensor.nonzero_count,
+                    "{label}: nonzero"
+                );
+            }
+        }
+    }
+    // One block of the whole tensor is per-tensor quantization with a power-of-two scale: the same counts as the
+    // per-tensor statistics at that scale.
+    let whole = ScaleBlock::new(rows, cols);
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let scale = (f64::from(448.0 / amax)).log2().floor().exp2() as f32;
+    let per_tensor = host::fp8_tensor_stats(&x, Fp8Format::E4M3, scale);
+    let blocked = block_tensor_stats::<TestRuntime, f32>(
+        &client,
+        &input,
+        rows,
+        cols,
+        whole,
+        BlockScaleRule::Pow2,
+        Fp8Format::E4M3,
+    )
+    .unwrap()
+    .read_fp8(&client)
+    .unwrap();
+    assert_eq!(blocked.underflow_count, per_tensor.underflow_count);
+    assert_eq!(blocked.scale_inv_min, f64::from(1.0 / scale));
+    assert_eq!(per_tensor.scale_inv_max, f64::from(1.0 / scale));
+    // Non-finite values: NaN makes mse undefined, as for per-tensor stats; an empty tensor gives no scales.
+    let mut with_nan = x.clone();
+    with_nan[5] = f32::NAN;
+    let nan_input = upload(&with_nan);
+    let stats = block_tensor_stats::<TestRuntime, f32>(
+        &client,
+        &nan_input,
+        rows,
+        cols,
+        ScaleBlock::new(1, 32),
+        BlockScaleRule::E8m0,
+        Fp8Format::E4M3,
+    )
+    .unwrap()
+    .read_fp8(&client)
+    .unwrap();
+    assert!(stats.mse().unwrap().is_nan());
+    let empty = block_tensor_stats::<TestRuntime, f32>(
+        &client,
+        &upload(&[0.0]),
+        0,
+        64,
+        ScaleBlock::new(1, 32),
+        BlockScaleRule::E8m0,
+        Fp8Format::E4M3,
+    )
+    .unwrap()
+    .read_fp8(&client)
+    .unwrap();
+    assert_eq!(empty, Fp8Stats::EMPTY);
 }

@@ -1,6 +1,6 @@
 //! LogFp8TensorStats: what quantizing a tensor to FP8 does to it — underflows, overflows, scales, error.
 
-use burn_te::{Fp8Format, TensorRole};
+use burn_te::{Fp8Format, Recipe, TensorRole};
 
 use super::log_tensor_stats::parse_stats;
 use super::{DebugTensor, Feature, Inspection, Routing, Scheduled, StatsScaling};
@@ -18,27 +18,82 @@ enum WhatIf {
     Delayed,
     /// `fp8_current_scaling_`: a per-tensor current scale.
     Current,
+    /// `mxfp8_`: MXFP8BlockScaling's E8M0 scale per 32 values along the GEMM's reduction dimension.
+    Mxfp8,
+    /// `fp8_block_scaling_`: Float8BlockScaling's power-of-two scales (1×128 tiles, 128×128 weight blocks).
+    BlockScaling,
 }
 
 impl WhatIf {
-    const ALL: [WhatIf; 3] = [WhatIf::Actual, WhatIf::Delayed, WhatIf::Current];
+    const ALL: [WhatIf; 5] = [
+        WhatIf::Actual,
+        WhatIf::Delayed,
+        WhatIf::Current,
+        WhatIf::Mxfp8,
+        WhatIf::BlockScaling,
+    ];
 
     fn prefix(self) -> &'static str {
         match self {
             WhatIf::Actual => "",
             WhatIf::Delayed => "fp8_delayed_scaling_",
             WhatIf::Current => "fp8_current_scaling_",
+            WhatIf::Mxfp8 => "mxfp8_",
+            WhatIf::BlockScaling => "fp8_block_scaling_",
+        }
+    }
+
+    /// Whether the stat may take the `_columnwise` suffix (per-tensor scales have one orientation only; the GEMM's
+    /// own recipe is known at run time).
+    fn has_orientations(self) -> bool {
+        matches!(self, WhatIf::Actual | WhatIf::Mxfp8 | WhatIf::BlockScaling)
+    }
+
+    /// The recipe whose blocks a block what-if takes.
+    fn block_recipe(self) -> Option<Recipe> {
+        match self {
+            WhatIf::Mxfp8 => Some(Recipe::Mxfp8(Default::default())),
+            WhatIf::BlockScaling => Some(Recipe::Block(Default::default())),
+            _ => None,
         }
     }
 }
 
-/// Logs `[<recipe>_]<stat>` for stat ∈ underflows%, overflows%, scale_inv_min, scale_inv_max, mse, of the chosen
-/// GEMM inputs (TE's `LogFp8TensorStats`). Without a prefix the stat describes the GEMM's own quantization; with
-/// `fp8_current_scaling_` or `fp8_delayed_scaling_` it describes that per-tensor recipe (what-if). The block
-/// recipes' prefixes (`mxfp8_`, `fp8_block_scaling_`) are rejected at config time: their per-block statistics are not
-/// implemented yet.
+/// `_columnwise`: the stat of the tensor's other orientation (its blocks transposed).
+const COLUMNWISE: &str = "_columnwise";
+
+/// One configured stat: its recipe, the stat, and whether it is the columnwise one.
+type Fp8StatName = (WhatIf, Stat, bool);
+
+fn parse_name(name: &str) -> Option<Fp8StatName> {
+    let (name, columnwise) = match name.strip_suffix(COLUMNWISE) {
+        Some(rest) => (rest, true),
+        None => (name, false),
+    };
+    // The longest matching prefix: "" matches everything.
+    WhatIf::ALL.into_iter().rev().find_map(|what_if| {
+        let rest = name.strip_prefix(what_if.prefix())?;
+        let stat = Stat::FP8.into_iter().find(|s| s.name() == rest)?;
+        (!columnwise || what_if.has_orientations()).then_some((what_if, stat, columnwise))
+    })
+}
+
+/// Logs `[<recipe>_]<stat>[_columnwise]` for stat ∈ underflows%, overflows%, scale_inv_min, scale_inv_max, mse, of
+/// the chosen GEMM inputs (TE's `LogFp8TensorStats`).
+///
+/// Without a prefix the stat describes the GEMM's own quantization. With a recipe prefix it describes quantizing
+/// the high-precision tensor with that recipe (what-if): `fp8_current_scaling_` (per-tensor current scale),
+/// `fp8_delayed_scaling_` (the layer's delayed-scaling scale; needs a DelayedScaling scope), `mxfp8_` (E8M0 scale
+/// per 32 values) and `fp8_block_scaling_` (power-of-two scales per 1×128 tile, 128×128 for weights: the blocks
+/// Float8BlockScaling gives the tensor; TE's what-if takes 128×128 for every tensor). The format is the one the
+/// scope's recipe gives the tensor (HYBRID's when there is no scope).
+///
+/// Block scales run along the GEMM's reduction dimension, which differs between a tensor's two GEMMs: the stat
+/// describes the tensor's rowwise use as TE names it (activation at fprop, weight at fprop, gradient at dgrad),
+/// and `_columnwise` the other (activation and gradient at wgrad, weight at dgrad). `scale_inv_min`/`max` range
+/// over the blocks.
 pub struct LogFp8TensorStats {
-    entries: Scheduled<Vec<(WhatIf, Stat)>>,
+    entries: Scheduled<Vec<Fp8StatName>>,
 }
 
 impl LogFp8TensorStats {
@@ -48,28 +103,26 @@ impl LogFp8TensorStats {
         let known: Vec<String> = WhatIf::ALL
             .iter()
             .flat_map(|w| {
-                Stat::FP8
-                    .iter()
-                    .map(move |s| format!("{}{}", w.prefix(), s.name()))
+                let suffixes: &[&str] = if w.has_orientations() {
+                    &["", COLUMNWISE]
+                } else {
+                    &[""]
+                };
+                Stat::FP8.iter().flat_map(move |s| {
+                    suffixes
+                        .iter()
+                        .map(move |suffix| format!("{}{}{suffix}", w.prefix(), s.name()))
+                })
             })
             .collect();
-        let parse = |name: &str| {
-            WhatIf::ALL.into_iter().find_map(|w| {
-                let rest = name.strip_prefix(w.prefix())?;
-                Stat::FP8
-                    .into_iter()
-                    .find(|s| s.name() == rest)
-                    .map(|s| (w, s))
-            })
-        };
         let entries = spec
             .items(Need::No, Need::Required, &TensorName::INPUTS, Some(&keys))?
             .into_iter()
             .map(|item| {
-                let stats = parse_stats(&item, &known, |name| parse(name).map(|(_, s)| s))?;
+                let stats = parse_stats(&item, &known, |name| parse_name(name).map(|(_, s, _)| s))?;
                 let stats = stats
                     .into_iter()
-                    .map(|(name, _)| parse(&name).expect("parsed above"))
+                    .map(|(name, _)| parse_name(&name).expect("parsed above"))
                     .collect();
                 Ok((
                     item.tensor.expect("tensors are required"),
@@ -115,56 +168,71 @@ impl Feature for LogFp8TensorStats {
         out: &mut Inspection,
     ) -> Result<(), DebugError> {
         let recipe = x.recipe();
-        let format = match (&recipe, tensor.role()) {
-            (Some(recipe), Some(role)) => recipe.format().for_role(role),
-            _ => hybrid_format(tensor),
+        let Some(role) = tensor.role() else {
+            return Ok(()); // The config admits GEMM inputs only.
         };
-        let delayed = matches!(recipe, Some(burn_te::Recipe::Delayed(_)));
-        let block = matches!(
-            recipe,
-            Some(burn_te::Recipe::Block(_) | burn_te::Recipe::Mxfp8(_))
-        );
+        let format = match &recipe {
+            Some(recipe) => recipe.format().for_role(role),
+            None => hybrid_format(tensor),
+        };
+        let delayed = matches!(recipe, Some(Recipe::Delayed(_)));
+        let mut requests: Vec<StatRequest> = Vec::new();
         for stats in self.entries.due(tensor, iteration) {
-            for what_if in WhatIf::ALL {
-                let chosen: Vec<Stat> = stats
-                    .iter()
-                    .filter(|(w, _)| *w == what_if)
-                    .map(|(_, s)| *s)
-                    .collect();
-                if chosen.is_empty() {
-                    continue;
-                }
+            for &(what_if, stat, columnwise) in stats {
+                let block_recipe = match what_if {
+                    WhatIf::Actual => recipe.clone(),
+                    other => other.block_recipe(),
+                };
+                let k_along_cols = role.rowwise_k_along_cols() != columnwise;
+                let block = block_recipe.and_then(|r| r.block(role, k_along_cols));
+                let skip = |why: &str| {
+                    tracing::warn!("{layer}: LogFp8TensorStats: {tensor}: {why}");
+                };
                 let scaling = match what_if {
-                    WhatIf::Actual if block => {
-                        tracing::warn!(
-                            "{layer}: LogFp8TensorStats: per-block statistics of the {} recipe are not implemented; \
-                             use fp8_current_scaling_ or fp8_delayed_scaling_ what-if stats",
-                            recipe.as_ref().map_or("", |r| r.name())
+                    _ if block.is_some() => {
+                        let (block, rule) = block.expect("checked");
+                        StatsScaling::Block { block, rule }
+                    }
+                    WhatIf::Actual if recipe.is_none() => {
+                        skip(
+                            "not quantized (no FP8 scope); use a recipe prefix (e.g. fp8_current_scaling_) for \
+                             what-if stats",
                         );
                         continue;
                     }
-                    WhatIf::Actual if recipe.is_none() => {
-                        tracing::warn!(
-                            "{layer}: LogFp8TensorStats: {tensor} is not quantized (no FP8 scope); use a recipe \
-                             prefix (e.g. fp8_current_scaling_) for what-if stats"
-                        );
+                    _ if columnwise => {
+                        skip(&format!(
+                            "{}{COLUMNWISE} needs a block recipe (per-tensor scales have one orientation)",
+                            stat.name()
+                        ));
                         continue;
                     }
                     WhatIf::Actual | WhatIf::Delayed if delayed => StatsScaling::Delayed,
                     WhatIf::Delayed => {
-                        tracing::warn!(
-                            "{layer}: LogFp8TensorStats: fp8_delayed_scaling_ stats need a DelayedScaling recipe"
-                        );
+                        skip("fp8_delayed_scaling_ stats need a DelayedScaling recipe");
                         continue;
                     }
-                    WhatIf::Actual | WhatIf::Current => StatsScaling::Current { margin: 0.0 },
+                    _ => StatsScaling::Current { margin: 0.0 },
                 };
-                out.request_stats(StatRequest {
-                    quantization: Some((format, scaling)),
-                    prefix: what_if.prefix().to_string(),
-                    stats: chosen,
-                });
+                let prefix = what_if.prefix();
+                let suffix = if columnwise { COLUMNWISE } else { "" };
+                match requests
+                    .iter_mut()
+                    .find(|r| r.prefix == prefix && r.suffix == suffix)
+                {
+                    Some(request) if request.stats.contains(&stat) => {}
+                    Some(request) => request.stats.push(stat),
+                    None => requests.push(StatRequest {
+                        quantization: Some((format, scaling)),
+                        prefix: prefix.to_string(),
+                        suffix: suffix.to_string(),
+                        stats: vec![stat],
+                    }),
+                }
             }
+        }
+        for request in requests {
+            out.request_stats(request);
         }
         Ok(())
     }

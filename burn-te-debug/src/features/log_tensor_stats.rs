@@ -189,6 +189,7 @@ impl Feature for LogTensorStats {
             out.request_stats(StatRequest {
                 quantization: None,
                 prefix: String::new(),
+                suffix: String::new(),
                 stats: stats.clone(),
             });
         }

@@ -12,7 +12,7 @@ mod registry;
 
 use std::any::Any;
 
-use burn_te::{BlockScaleRule, Fp8Format, Gemm, Recipe, ScaleBlock, StatsReading, TensorRole};
+use burn_te::{BlockScaleRule, Fp8Format, Fp8Stats, Gemm, Recipe, ScaleBlock, TensorRole};
 
 pub use disable_fp8_gemm::DisableFp8Gemm;
 pub use disable_fp8_layer::DisableFp8Layer;
@@ -61,7 +61,7 @@ pub enum Modified {
     },
 }
 
-/// Per-tensor scaling of a quantization-statistics request.
+/// The scaling of a quantization-statistics request.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum StatsScaling {
     /// Current scaling with `margin`.
@@ -71,14 +71,21 @@ pub enum StatsScaling {
     },
     /// The layer's delayed-scaling history for this tensor (its scale before this step's update).
     Delayed,
+    /// One scale per block of the tensor viewed as `[leading dims folded, last dim]`, from the block's amax.
+    Block {
+        /// The block shape.
+        block: ScaleBlock,
+        /// Power-of-two (Float8BlockScaling) or E8M0 (MXFP8) scales.
+        rule: BlockScaleRule,
+    },
 }
 
 /// Statistics launched on the device, read at `step()`.
-pub struct PendingStats(pub(crate) Box<dyn FnOnce() -> Result<StatsReading, DebugError> + Send>);
+pub struct PendingStats(pub(crate) Box<dyn FnOnce() -> Result<Fp8Stats, DebugError> + Send>);
 
 impl PendingStats {
     /// Reads the statistics back (waits for the device).
-    pub fn read(self) -> Result<StatsReading, DebugError> {
+    pub fn read(self) -> Result<Fp8Stats, DebugError> {
         (self.0)()
     }
 }

@@ -48,9 +48,10 @@ pub fn tensor_stats(input: &[f32]) -> TensorStats {
 
 /// Statistics of the tensor and of its quantization with `scale` in `format`, in one pass.
 pub fn fp8_tensor_stats(input: &[f32], format: Fp8Format, scale: f32) -> Fp8Stats {
+    let scale_inv = 1.0f32 / scale;
     let mut stats = Fp8Stats::EMPTY;
     for &x in input {
-        stats.push(x, format.encode(x * scale), format, scale);
+        stats.push(x, format.encode(x * scale), format, scale_inv);
     }
     stats
 }

@@ -5,6 +5,9 @@
 //! elements, shifted by the tensor's first element so that a large common offset does not eat the f32 precision of
 //! the running mean); the cube merges its units' records in shared memory (Chan's parallel formula) and writes one partial
 //! record of [`STATS_SLOTS`] words per cube. The host merges the partials in f64 (`crate::StatsReadback`).
+//!
+//! The FP8 counts take one scale for the tensor, or (`blocked`) one scale per block of the tensor viewed as
+//! row-major `[rows, cols]`, with the block layout of `crate::ScaleBlock`.
 
 use cubecl::prelude::*;
 
@@ -13,7 +16,7 @@ use super::reduce::CUBE_SIZE;
 use crate::Fp8Format;
 
 /// Words per partial record.
-pub const STATS_SLOTS: usize = 16;
+pub const STATS_SLOTS: usize = 17;
 
 /// Word offsets in a partial record. Counts are u32, the others f32 bits.
 pub mod slot {
@@ -47,27 +50,39 @@ pub mod slot {
     pub const SQUARED_ERROR: usize = 13;
     /// The shift `K` subtracted before the moments: `MEAN` is the mean of `x - K`.
     pub const SHIFT: usize = 14;
+    /// FP8: bits of the smallest `scale_inv` applied to an element (+inf bits if none).
+    pub const SCALE_INV_MIN: usize = 15;
+    /// FP8: bits of the largest `scale_inv` applied to an element (0 if none).
+    pub const SCALE_INV_MAX: usize = 16;
 }
 
 const INF_BITS: u32 = 0x7f80_0000;
 
 /// Writes one partial record per cube into `partials` (`CUBE_COUNT * STATS_SLOTS` words). With `with_fp8`, codes
-/// are `encode(x * scale[0])` in `format` and the FP8 slots are filled; otherwise they are zero.
+/// are `encode(x * scale)` in `format` and the FP8 slots are filled; otherwise they are zero. The scale is
+/// `scale[0]` (and `scale_inv = 1 / scale[0]`), or with `blocked` the element's block's `scale[b]` and
+/// `scale_inv[b]`: `b` is the block of the element in the tensor viewed as `[len / cols, cols]` with
+/// `block_rows × block_cols` blocks, `grid_cols` per block row (`crate::ScaleBlock::slot`).
 #[cube(launch_unchecked)]
 pub fn stats_kernel<F: Float>(
     input: &Array<F>,
     scale: &Array<f32>,
+    scale_inv: &Array<f32>,
     partials: &mut Array<u32>,
     len: u32,
     fp8_max: f32,
+    cols: u32,
+    block_rows: u32,
+    block_cols: u32,
+    grid_cols: u32,
     #[comptime] with_fp8: bool,
+    #[comptime] blocked: bool,
     #[comptime] format: Fp8Format,
 ) {
     let len = len as usize;
     let stride = CUBE_COUNT * comptime!(CUBE_SIZE as usize);
-    let scale = scale[0];
-    let scale_inv = 1.0f32 / scale;
-    let overflow_threshold = fp8_max * scale_inv;
+    let tensor_scale = scale[0];
+    let tensor_scale_inv = 1.0f32 / tensor_scale;
     let first = f32::cast_from(input[0]);
     let shift = select(
         (u32::reinterpret(first) & 0x7fff_ffff) < INF_BITS,
@@ -89,6 +104,8 @@ pub fn stats_kernel<F: Float>(
     let mut underflow = 0u32;
     let mut overflow = 0u32;
     let mut squared_error = 0.0f32;
+    let mut scale_inv_min = INF_BITS.runtime();
+    let mut scale_inv_max = 0u32.runtime();
 
     let mut index = ABSOLUTE_POS;
     while index < len {
@@ -125,7 +142,25 @@ pub fn stats_kernel<F: Float>(
             }
         }
         if comptime!(with_fp8) {
-            let code = encode_fp8(u32::reinterpret(x * scale), format);
+            let mut element_scale = tensor_scale;
+            let mut inv = tensor_scale_inv;
+            if comptime!(blocked) {
+                let row = index as u32 / cols;
+                let col = index as u32 % cols;
+                let block = ((row / block_rows) * grid_cols + col / block_cols) as usize;
+                element_scale = scale[block];
+                inv = scale_inv[block];
+            }
+            // Scales are positive: their bits order as they do.
+            let inv_bits = u32::reinterpret(inv);
+            if inv_bits < scale_inv_min {
+                scale_inv_min = inv_bits;
+            }
+            if inv_bits > scale_inv_max {
+                scale_inv_max = inv_bits;
+            }
+            let overflow_threshold = fp8_max * inv;
+            let code = encode_fp8(u32::reinterpret(x * element_scale), format);
             if abs != 0 && (code & 0x7f) == 0 {
                 underflow += 1;
             }
@@ -134,7 +169,7 @@ pub fn stats_kernel<F: Float>(
                     overflow += 1;
                 }
                 if abs < INF_BITS {
-                    let error = x - decode_fp8(code, format) * scale_inv;
+                    let error = x - decode_fp8(code, format) * inv;
                     squared_error += error * error;
                 }
             }
@@ -170,10 +205,14 @@ pub fn stats_kernel<F: Float>(
     let mut s_underflow = SharedMemory::<u32>::new(size);
     let mut s_overflow = SharedMemory::<u32>::new(size);
     let mut s_squared_error = SharedMemory::<f32>::new(size);
+    let mut s_scale_inv_min = SharedMemory::<u32>::new(size);
+    let mut s_scale_inv_max = SharedMemory::<u32>::new(size);
     if comptime!(with_fp8) {
         s_underflow[unit] = underflow;
         s_overflow[unit] = overflow;
         s_squared_error[unit] = squared_error;
+        s_scale_inv_min[unit] = scale_inv_min;
+        s_scale_inv_max[unit] = scale_inv_max;
     }
     sync_cube();
 
@@ -215,6 +254,12 @@ pub fn stats_kernel<F: Float>(
                 s_underflow[unit] = s_underflow[unit] + s_underflow[other];
                 s_overflow[unit] = s_overflow[unit] + s_overflow[other];
                 s_squared_error[unit] = s_squared_error[unit] + s_squared_error[other];
+                if s_scale_inv_min[other] < s_scale_inv_min[unit] {
+                    s_scale_inv_min[unit] = s_scale_inv_min[other];
+                }
+                if s_scale_inv_max[other] > s_scale_inv_max[unit] {
+                    s_scale_inv_max[unit] = s_scale_inv_max[other];
+                }
             }
         }
         sync_cube();
@@ -237,15 +282,20 @@ pub fn stats_kernel<F: Float>(
         let mut underflow_total = 0u32;
         let mut overflow_total = 0u32;
         let mut squared_error_total = 0.0f32;
+        let mut scale_inv_min_total = INF_BITS.runtime();
+        let mut scale_inv_max_total = 0u32.runtime();
         if comptime!(with_fp8) {
             underflow_total = s_underflow[0];
             overflow_total = s_overflow[0];
             squared_error_total = s_squared_error[0];
+            scale_inv_min_total = s_scale_inv_min[0];
+            scale_inv_max_total = s_scale_inv_max[0];
         }
         partials[base + slot::UNDERFLOW] = underflow_total;
         partials[base + slot::OVERFLOW] = overflow_total;
         partials[base + slot::SQUARED_ERROR] = u32::reinterpret(squared_error_total);
         partials[base + slot::SHIFT] = u32::reinterpret(shift);
-        partials[base + 15] = 0u32;
+        partials[base + slot::SCALE_INV_MIN] = scale_inv_min_total;
+        partials[base + slot::SCALE_INV_MAX] = scale_inv_max_total;
     }
 }
