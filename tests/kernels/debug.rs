@@ -157,6 +157,15 @@ fn bad_configs_name_section_feature_key_and_line() {
         (err.location.key.as_deref(), err.location.line),
         (Some("stats"), Some(9))
     );
+    // A per-tensor scale has one orientation: no `_columnwise` for the per-tensor what-ifs (TE rejects it too).
+    let err = error_of(&format!(
+        "{SECTION}    LogFp8TensorStats:\n      enabled: True\n      tensors: [activation]\n      stats: [mxfp8_mse_columnwise, fp8_current_scaling_underflows%_columnwise]\n"
+    ));
+    assert!(
+        matches!(err.kind, ConfigErrorKind::UnknownStat { ref stat, ref known }
+            if stat == "fp8_current_scaling_underflows%_columnwise" && known.contains("mxfp8_mse_columnwise")),
+        "{err}"
+    );
 
     let err = error_of(&format!(
         "{SECTION}    DisableFP8GEMM:\n      enabled: True\n      gemms: [fprop, xgrad]\n"
@@ -795,4 +804,180 @@ fn fake_quant_mxfp8_quantizes_32_value_blocks_along_k() {
         changed > 1e-3,
         "the fake quantization must change the output"
     );
+}
+
+/// One layer's LogFp8TensorStats under MXFP8BlockScaling (iteration 0) and Float8CurrentScaling (iteration 1) on
+/// backend `BK`: the values logged by name and iteration, and the activation and weight.
+fn block_recipe_stats<BK: burn::tensor::backend::AutodiffBackend + burn_te::TeBackend>(
+    device: &BK::Device,
+    name: &str,
+) -> (Vec<(u64, StatValue)>, Vec<f32>, Vec<f32>) {
+    let dir = temp_dir(name);
+    let config = dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        r#"blocks:
+  enabled: True
+  layers:
+    layer_name_regex_pattern: 'fc0'
+  transformer_engine:
+    LogFp8TensorStats:
+      enabled: True
+      tensors: [activation, weight]
+      stats: [underflows%, scale_inv_min, scale_inv_max, mse, underflows%_columnwise, scale_inv_min_columnwise,
+              mxfp8_underflows%, mxfp8_mse_columnwise, fp8_block_scaling_underflows%, fp8_block_scaling_scale_inv_max,
+              fp8_current_scaling_underflows%]
+"#,
+    )
+    .unwrap();
+    let collect = Collect::default();
+    burn_te_debug::initialize(
+        DebugOptions::new(&config)
+            .log_dir(&dir)
+            .logger(collect.clone()),
+    )
+    .unwrap();
+    let mut layer = LinearConfig::new(192, 160)
+        .with_name(Some("fc0".into()))
+        .init::<BK>(device);
+    // A weight whose rows and columns differ in magnitude, so its two orientations' blocks differ.
+    let mut w = crate::common::Rng::new(22).normal(192 * 160, 0.0, 0.05);
+    for (i, v) in w.iter_mut().enumerate() {
+        *v *= 2f32.powi(((i / 160) % 8) as i32 - 4) * 2f32.powi(((i % 160) / 40) as i32 - 2);
+    }
+    layer.weight = burn::module::Param::from_tensor(Tensor::from_data(
+        burn::tensor::TensorData::new(w, [192, 160]),
+        device,
+    ));
+    // Rows and columns of different magnitudes (2^-12 .. 2^6), so blocks of either orientation differ in scale,
+    // and tiny entries that underflow their block.
+    let (rows, cols) = (48, 192);
+    let mut x = crate::common::Rng::new(21).normal(rows * cols, 0.0, 1.0);
+    for (i, v) in x.iter_mut().enumerate() {
+        *v *= 2f32.powi(((i / cols) % 10) as i32 - 6) * 2f32.powi(((i % cols) / 48) as i32 - 3);
+        if i % 7 == 0 {
+            *v *= 1e-5;
+        }
+    }
+    let run = |recipe: burn_te::Recipe| {
+        let input = Tensor::<BK, 2>::from_data(
+            burn::tensor::TensorData::new(x.clone(), [rows, cols]),
+            device,
+        );
+        let y = fp8_autocast(true, recipe, || layer.forward(input)).unwrap();
+        y.sum().backward();
+        burn_te_debug::step().unwrap();
+    };
+    run(burn_te::MXFP8BlockScaling::default().into());
+    run(burn_te::Float8CurrentScaling::default().into());
+    burn_te_debug::end().unwrap();
+    let weight = layer.weight.val().into_data().to_vec::<f32>().unwrap();
+    let logged = collect.0.lock().unwrap().clone();
+    (logged, x, weight)
+}
+
+#[test]
+fn log_fp8_tensor_stats_block_recipes_and_what_ifs_match_a_block_by_block_reference() {
+    use burn_te_kernels::{BlockScaleRule, Fp8Format, ScaleBlock};
+    let _guard = SESSION.lock().unwrap_or_else(|p| p.into_inner());
+    let reference = |v: &[f32], rows, cols, block, rule| {
+        crate::statistics::reference_block_fp8_stats(v, rows, cols, block, rule, Fp8Format::E4M3)
+    };
+    let (mx, pow2) = (BlockScaleRule::E8m0, BlockScaleRule::Pow2);
+    let runs = [
+        (
+            "wgpu",
+            block_recipe_stats::<W>(&crate::te::device(), "blocks-wgpu"),
+        ),
+        (
+            "ndarray",
+            block_recipe_stats::<B>(&Default::default(), "blocks-host"),
+        ),
+    ];
+    for (backend, (logged, x, w)) in runs {
+        let get = |name: &str, it: u64| {
+            logged
+                .iter()
+                .find(|(i, v)| *i == it && v.name == format!("fc0_{name}"))
+                .map(|(_, v)| v.value)
+        };
+        let expect = |name: &str, it: u64, expected: f64| {
+            let value =
+                get(name, it).unwrap_or_else(|| panic!("{backend}: {name} at {it} not logged"));
+            assert!(
+                (value - expected).abs() <= 1e-5 * expected.abs() + 1e-12,
+                "{backend}: {name} at {it}: {value} vs {expected}"
+            );
+        };
+        let percent = |s: &burn_te_kernels::Fp8Stats| {
+            100.0 * s.underflow_count as f64 / s.tensor.numel as f64
+        };
+        let mse = |s: &burn_te_kernels::Fp8Stats| s.squared_error_sum / s.tensor.numel as f64;
+        // The activation [48, 192]: rowwise (fprop) blocks run along its columns, columnwise (wgrad) along rows.
+        let (ar, ac) = (48, 192);
+        let mx_row = reference(&x, ar, ac, ScaleBlock::new(1, 32), mx);
+        let mx_col = reference(&x, ar, ac, ScaleBlock::new(32, 1), mx);
+        let tile = reference(&x, ar, ac, ScaleBlock::new(1, 128), pow2);
+        assert!(mx_row.underflow_count > 0 && mx_row.underflow_count != mx_col.underflow_count);
+        // Iteration 0, MXFP8BlockScaling: the unprefixed stats are the recipe's own blocks.
+        expect("activation_underflows%", 0, percent(&mx_row));
+        expect("activation_underflows%_columnwise", 0, percent(&mx_col));
+        expect("activation_scale_inv_min", 0, mx_row.scale_inv_min);
+        expect("activation_scale_inv_max", 0, mx_row.scale_inv_max);
+        expect(
+            "activation_scale_inv_min_columnwise",
+            0,
+            mx_col.scale_inv_min,
+        );
+        expect("activation_mse", 0, mse(&mx_row));
+        expect("activation_mxfp8_underflows%", 0, percent(&mx_row));
+        expect("activation_mxfp8_mse_columnwise", 0, mse(&mx_col));
+        expect(
+            "activation_fp8_block_scaling_underflows%",
+            0,
+            percent(&tile),
+        );
+        expect(
+            "activation_fp8_block_scaling_scale_inv_max",
+            0,
+            tile.scale_inv_max,
+        );
+        // The weight, stored [in 192, out 160]: rowwise (fprop) blocks run along its rows (K = in).
+        let (wr, wc) = (192, 160);
+        let w_row = reference(&w, wr, wc, ScaleBlock::new(32, 1), mx);
+        let w_col = reference(&w, wr, wc, ScaleBlock::new(1, 32), mx);
+        let w_block = reference(&w, wr, wc, ScaleBlock::new(128, 128), pow2);
+        assert!(w_row.scale_inv_min != w_col.scale_inv_min && mse(&w_row) != mse(&w_col));
+        expect("weight_scale_inv_min", 0, w_row.scale_inv_min);
+        expect("weight_scale_inv_min_columnwise", 0, w_col.scale_inv_min);
+        expect("weight_mse", 0, mse(&w_row));
+        expect(
+            "weight_fp8_block_scaling_scale_inv_max",
+            0,
+            w_block.scale_inv_max,
+        );
+        // Iteration 1, Float8CurrentScaling: the what-ifs give the same values; the unprefixed stats are the
+        // per-tensor ones, and a per-tensor scale has no columnwise orientation (skipped with a warning).
+        expect("activation_mxfp8_underflows%", 1, percent(&mx_row));
+        expect(
+            "activation_fp8_block_scaling_underflows%",
+            1,
+            percent(&tile),
+        );
+        let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let scale = 448.0 / amax;
+        let current = burn_te_kernels::host::fp8_tensor_stats(&x, Fp8Format::E4M3, scale);
+        expect("activation_underflows%", 1, percent(&current));
+        expect(
+            "activation_fp8_current_scaling_underflows%",
+            1,
+            percent(&current),
+        );
+        expect("activation_scale_inv_min", 1, f64::from(1.0 / scale));
+        assert!(
+            percent(&current) > percent(&mx_row),
+            "per-block scales must underflow less"
+        );
+        assert_eq!(get("activation_underflows%_columnwise", 1), None);
+    }
 }

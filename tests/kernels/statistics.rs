@@ -405,7 +405,7 @@ fn max_block_dynamic_range_matches_te_and_a_tile_by_tile_reference() {
 /// Block quantization statistics written out block by block: each block's scale from its amax by f64 logarithms
 /// (Pow2: `2^⌊log2(fp8_max / amax)⌋`, the quotient rounded to f32 first as TE does; E8M0:
 /// `scale_inv = 2^⌈log2(amax / fp8_max)⌉`; an all-zero block takes 1), codes from the conformance-verified encoder.
-fn reference_block_fp8_stats(
+pub fn reference_block_fp8_stats(
     x: &[f32],
     rows: usize,
     cols: usize,
