@@ -23,16 +23,21 @@ pub mod dump;
 mod error;
 pub mod features;
 mod log;
+mod run_config;
 mod session;
 pub mod stats;
 mod tensor;
+pub mod tensorboard;
+#[cfg(feature = "train")]
+pub mod train;
 
 pub use burn_te_kernels::{Fp8Stats, TensorStats};
 pub use debug::Debug;
 pub use error::{ConfigError, ConfigErrorKind, ConfigLocation, DebugError};
 pub use log::stat_message;
+pub use run_config::DebugConfig;
 pub use session::{
     DebugOptions, StatLogger, check_layers, end, initialize, initialize_training_step, iteration,
-    log_message, step,
+    log_message, stat_names, step,
 };
 pub use tensor::TensorName;

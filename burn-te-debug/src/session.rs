@@ -25,6 +25,7 @@ pub trait StatLogger: Send {
 pub struct DebugOptions {
     config_file: Option<PathBuf>,
     log_dir: PathBuf,
+    dump_dir: Option<PathBuf>,
     default_logging_enabled: bool,
     loggers: Vec<Box<dyn StatLogger>>,
     init_training_step: u64,
@@ -36,6 +37,7 @@ impl DebugOptions {
         DebugOptions {
             config_file: Some(config_file.into()),
             log_dir: PathBuf::from("."),
+            dump_dir: None,
             default_logging_enabled: true,
             loggers: Vec::new(),
             init_training_step: 0,
@@ -56,6 +58,12 @@ impl DebugOptions {
         self
     }
 
+    /// Where DumpTensors writes its `tensor_dumps/` (default: the log directory).
+    pub fn dump_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.dump_dir = Some(dir.into());
+        self
+    }
+
     /// Whether the log files are written (default: yes).
     pub fn default_logging(mut self, enabled: bool) -> Self {
         self.default_logging_enabled = enabled;
@@ -65,6 +73,12 @@ impl DebugOptions {
     /// Adds a stat logger.
     pub fn logger(mut self, logger: impl StatLogger + 'static) -> Self {
         self.loggers.push(Box::new(logger));
+        self
+    }
+
+    /// Adds a boxed stat logger.
+    pub fn boxed_logger(mut self, logger: Box<dyn StatLogger>) -> Self {
+        self.loggers.push(logger);
         self
     }
 
@@ -94,7 +108,8 @@ struct LayerState {
 pub(crate) struct Session {
     config: Option<Config>,
     iteration: u64,
-    log_dir: PathBuf,
+    /// Where `tensor_dumps/` goes.
+    dump_dir: PathBuf,
     /// Dumps written this step per (layer, tensor): micro-batches after the first get their own file.
     dump_feeds: BTreeMap<(Arc<str>, TensorName), usize>,
     logs: Option<LogFiles>,
@@ -175,7 +190,7 @@ pub fn initialize(options: DebugOptions) -> Result<(), DebugError> {
     *guard = Some(Session {
         config,
         iteration: options.init_training_step,
-        log_dir: options.log_dir,
+        dump_dir: options.dump_dir.unwrap_or(options.log_dir),
         dump_feeds: BTreeMap::new(),
         logs,
         loggers: options.loggers,
@@ -241,6 +256,35 @@ pub fn check_layers<'a>(layers: impl IntoIterator<Item = &'a str>) -> Result<(),
             }
         }
         Ok(())
+    })
+    .ok_or(DebugError::NotInitialized)?
+    .map_err(DebugError::from)
+}
+
+/// The stat names (`<layer>_<tensor>_<stat>`, as logged) the config's features log for these layers, in the order
+/// given: what a dashboard registers before training (see [`crate::train`]). Schedules are not considered: a name
+/// may be logged at some iterations only.
+pub fn stat_names<'a>(
+    layers: impl IntoIterator<Item = &'a str>,
+) -> Result<Vec<String>, DebugError> {
+    with_session(|s| -> Result<Vec<String>, ConfigError> {
+        let mut names = Vec::new();
+        let Some(config) = &s.config else {
+            return Ok(names);
+        };
+        for layer in layers {
+            if let Some(section) = config.section_for(layer, None)? {
+                for feature in &section.features {
+                    for (tensor, stat) in feature.logged_stats() {
+                        let name = format!("{layer}_{tensor}_{stat}");
+                        if !names.contains(&name) {
+                            names.push(name);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(names)
     })
     .ok_or(DebugError::NotInitialized)?
     .map_err(DebugError::from)
@@ -551,7 +595,7 @@ impl Session {
             return;
         }
         let path = dump_path(
-            &self.log_dir,
+            &self.dump_dir,
             0,
             self.iteration,
             layer,

@@ -19,7 +19,7 @@ use burn_te_debug::{ConfigErrorKind, Debug, DebugError, DebugOptions, StatLogger
 const CONFIGS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/te-configs");
 
 /// The debug session is global: tests that use it run one at a time.
-static SESSION: Mutex<()> = Mutex::new(());
+pub(crate) static SESSION: Mutex<()> = Mutex::new(());
 
 /// TE's test feature `TestDummyFeature`: takes tensors, gemms and `inspect_only_once`, does nothing.
 struct TestDummyFeature;
@@ -327,7 +327,7 @@ fn routing_answers_match_te_configs() {
 
 /// Collects each step's values.
 #[derive(Clone, Default)]
-struct Collect(std::sync::Arc<Mutex<Vec<(u64, StatValue)>>>);
+pub(crate) struct Collect(pub(crate) std::sync::Arc<Mutex<Vec<(u64, StatValue)>>>);
 impl StatLogger for Collect {
     fn log(&mut self, iteration: u64, values: &[StatValue]) {
         let mut all = self.0.lock().unwrap();
@@ -335,7 +335,7 @@ impl StatLogger for Collect {
     }
 }
 
-fn temp_dir(name: &str) -> PathBuf {
+pub(crate) fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("burn-te-debug-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();

@@ -4,6 +4,7 @@
 mod burn_data;
 mod common;
 mod conformance;
+mod dashboard;
 mod debug;
 mod decorator;
 mod elementwise;

@@ -150,6 +150,21 @@ impl Feature for LogFp8TensorStats {
         "LogFp8TensorStats"
     }
 
+    fn logged_stats(&self) -> Vec<(TensorName, String)> {
+        self.entries
+            .entries()
+            .flat_map(|(tensor, stats)| {
+                stats.iter().map(move |&(what_if, stat, columnwise)| {
+                    let suffix = if columnwise { COLUMNWISE } else { "" };
+                    (
+                        tensor,
+                        format!("{}{}{suffix}", what_if.prefix(), stat.name()),
+                    )
+                })
+            })
+            .collect()
+    }
+
     fn inspect_tensor_enabled(
         &self,
         _layer: &str,

@@ -168,6 +168,13 @@ impl Feature for LogTensorStats {
         &self.name
     }
 
+    fn logged_stats(&self) -> Vec<(TensorName, String)> {
+        self.entries
+            .entries()
+            .flat_map(|(tensor, stats)| stats.iter().map(move |stat| (tensor, stat.label())))
+            .collect()
+    }
+
     fn inspect_tensor_enabled(
         &self,
         _layer: &str,

@@ -196,6 +196,12 @@ pub trait Feature: Send + Sync {
     /// The feature's name in logs.
     fn name(&self) -> &str;
 
+    /// The stats this feature logs on the layers of its section, as `(tensor, stat name with prefix and suffix)`
+    /// (default: none); dashboards register them before training (see [`crate::stat_names`]).
+    fn logged_stats(&self) -> Vec<(TensorName, String)> {
+        Vec::new()
+    }
+
     /// Whether `gemm` of `layer` runs in FP8 (TE's default: yes).
     fn fp8_gemm_enabled(&self, _layer: &str, _gemm: Gemm, _iteration: u64) -> Option<Routing> {
         None
@@ -285,6 +291,11 @@ impl<T> Scheduled<T> {
     pub fn routing(&self, tensor: TensorName, iteration: u64) -> Option<Routing> {
         let schedules = self.0.iter().filter(|e| e.0 == tensor);
         Schedule::routing(schedules.map(|(_, schedule, _)| schedule), iteration)
+    }
+
+    /// Every entry with its tensor, whatever the schedule.
+    pub fn entries(&self) -> impl Iterator<Item = (TensorName, &T)> {
+        self.0.iter().map(|(tensor, _, what)| (*tensor, what))
     }
 
     /// The entries of `tensor` due at `iteration`.
