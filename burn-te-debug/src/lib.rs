@@ -38,6 +38,6 @@ pub use log::stat_message;
 pub use run_config::DebugConfig;
 pub use session::{
     DebugOptions, StatLogger, check_layers, end, initialize, initialize_training_step, iteration,
-    log_message, stat_names, step,
+    log_message, paused, stat_names, step,
 };
 pub use tensor::TensorName;

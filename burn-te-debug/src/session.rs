@@ -128,7 +128,27 @@ fn lock() -> MutexGuard<'static, Option<Session>> {
 
 /// Whether a session runs (a cheap check for the decorator's plain path).
 pub(crate) fn active() -> bool {
-    ACTIVE.load(Ordering::Acquire)
+    ACTIVE.load(Ordering::Acquire) && PAUSED.with(|p| p.get() == 0)
+}
+
+thread_local! {
+    /// Nesting depth of [`paused`] on this thread.
+    static PAUSED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `f` with the debug features off on this thread: its GEMMs take the plain path and feed no stats, dumps or
+/// features (e.g. a validation pass, whose activations would otherwise join the next training step's
+/// statistics as a micro-batch). Nestable; the features are back on when `f` returns or panics.
+pub fn paused<T>(f: impl FnOnce() -> T) -> T {
+    struct Resume;
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            PAUSED.with(|p| p.set(p.get() - 1));
+        }
+    }
+    PAUSED.with(|p| p.set(p.get() + 1));
+    let _resume = Resume;
+    f()
 }
 
 /// Runs `f` on the session, if one runs.

@@ -173,7 +173,7 @@ impl Metric for PrecisionStat {
             self.last = found;
         }
         let value = self.current();
-        SerializedEntry::new(format!("{value:.6}"), value.to_string())
+        SerializedEntry::new(display(value), value.to_string())
     }
 
     fn clear(&mut self) {}
@@ -186,6 +186,17 @@ impl Numeric for PrecisionStat {
 
     fn running_value(&self) -> NumericEntry {
         NumericEntry::Value(self.current())
+    }
+}
+
+/// Four decimals, or four significant digits in scientific notation for small or large magnitudes (underflow
+/// percentages and squared errors are often far below 1e-3).
+fn display(value: f64) -> String {
+    let magnitude = value.abs();
+    if magnitude == 0.0 || (1e-3..1e5).contains(&magnitude) || !value.is_finite() {
+        format!("{value:.4}")
+    } else {
+        format!("{value:.3e}")
     }
 }
 
