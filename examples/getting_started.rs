@@ -57,19 +57,6 @@ fn train<B: AutodiffBackend + TeBackend>(device: &B::Device) -> Result<Vec<f32>,
     Ok(losses)
 }
 
-/// Whether a CubeCL runtime has a usable device (creating its client panics when there is none).
-#[allow(dead_code)]
-fn probe<R: burn_te_kernels::cubecl::Runtime>(device: &R::Device) -> Option<String> {
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let name = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        R::name(&R::client(device)).to_string()
-    }))
-    .ok();
-    std::panic::set_hook(hook);
-    name
-}
-
 /// The config file: `--config <file>`, else the docs' config next to this example.
 fn config_file() -> std::path::PathBuf {
     let args: Vec<String> = std::env::args().collect();
@@ -97,7 +84,7 @@ fn run() -> Result<(), Error> {
     if !cpu_only {
         use burn_te_kernels::cubecl::cuda::{CudaDevice, CudaRuntime};
         let device = CudaDevice::new(0);
-        if let Some(name) = probe::<CudaRuntime>(&device) {
+        if let Some(name) = burn_te_suite::probe::<CudaRuntime>(&device) {
             println!("device: CUDA device 0 ({name}), backend Autodiff<Debug<Te<Cuda>>>");
             train::<Autodiff<Debug<Te<burn_te::backends::Cuda>>>>(&device)?;
             return Ok(());
@@ -108,7 +95,7 @@ fn run() -> Result<(), Error> {
     if !cpu_only {
         use burn_te_kernels::cubecl::wgpu::{WgpuDevice, WgpuRuntime};
         let device = WgpuDevice::default();
-        if let Some(name) = probe::<WgpuRuntime>(&device) {
+        if let Some(name) = burn_te_suite::probe::<WgpuRuntime>(&device) {
             println!("device: the default wgpu device ({name}), backend Autodiff<Debug<Te<Wgpu>>>");
             train::<Autodiff<Debug<Te<burn_te::backends::Wgpu>>>>(&device)?;
             return Ok(());

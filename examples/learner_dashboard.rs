@@ -240,19 +240,6 @@ fn arg(flag: &str) -> Option<String> {
     args.get(i + 1).cloned()
 }
 
-/// Whether a CubeCL runtime has a usable device (creating its client panics when there is none).
-#[allow(dead_code)]
-fn probe<R: burn_te_kernels::cubecl::Runtime>(device: &R::Device) -> Option<String> {
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let name = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        R::name(&R::client(device)).to_string()
-    }))
-    .ok();
-    std::panic::set_hook(hook);
-    name
-}
-
 fn main() -> Result<(), Error> {
     let epochs = arg("--epochs").map_or(Ok(3), |e| e.parse())?;
     let config_file = arg("--config").unwrap_or_else(|| {
@@ -277,7 +264,7 @@ fn main() -> Result<(), Error> {
     if !cpu_only {
         use burn_te_kernels::cubecl::cuda::{CudaDevice, CudaRuntime};
         let device = CudaDevice::new(0);
-        if let Some(name) = probe::<CudaRuntime>(&device) {
+        if let Some(name) = burn_te_suite::probe::<CudaRuntime>(&device) {
             println!("device: CUDA device 0 ({name})");
             train::<Autodiff<Debug<Te<burn_te::backends::Cuda>>>>(&device, epochs, &stats)?;
             done = true;
@@ -287,7 +274,7 @@ fn main() -> Result<(), Error> {
     if !cpu_only && !done {
         use burn_te_kernels::cubecl::wgpu::{WgpuDevice, WgpuRuntime};
         let device = WgpuDevice::default();
-        if let Some(name) = probe::<WgpuRuntime>(&device) {
+        if let Some(name) = burn_te_suite::probe::<WgpuRuntime>(&device) {
             println!("device: the default wgpu device ({name})");
             train::<Autodiff<Debug<Te<burn_te::backends::Wgpu>>>>(&device, epochs, &stats)?;
             done = true;
