@@ -1,9 +1,10 @@
 //! FP8 GEMM: `out[b] = dequant(A[b]) × dequant(B[b])` with f32 accumulation, tiled in shared memory.
 //!
-//! Each cube computes a `TILE_M × TILE_N` output tile with `16 × 16` units, each unit a `4 × 4` register block.
-//! The K loop stages `TILE_K`-deep slices of both operands in shared memory, decoding the FP8 codes and applying
-//! their scale (`scale_inv` of the operand's scale block) once per element as it is staged, so the inner loop is
-//! plain f32 FMAs. Operands are read through strides, which gives fprop (`X·W`), dgrad (`G·Wᵀ`) and wgrad (`Xᵀ·G`)
+//! Each cube computes a `TILE_M × TILE_N` output tile with `16 × 16` units, each unit a `4 × 4` register block of
+//! 4 consecutive rows and 4 consecutive columns. The K loop stages `TILE_K`-deep slices of both operands in shared
+//! memory as 4-wide vectors (4 consecutive rows of A, 4 consecutive columns of B at one depth), decoding the FP8
+//! codes and applying their scale (`scale_inv` of the operand's scale block) once per element as it is staged, so
+//! the inner loop is two vector loads and four vector FMAs per depth. Operands are read through strides, which gives fprop (`X·W`), dgrad (`G·Wᵀ`) and wgrad (`Xᵀ·G`)
 //! without transposed copies; out-of-range rows, columns and depths read as zero, so any shape works.
 
 use cubecl::prelude::*;
@@ -19,8 +20,13 @@ pub const TILE_N: u32 = 64;
 pub const TILE_K: u32 = 16;
 /// Units per cube along each output dimension (16 × 16 units, a 4 × 4 block each).
 pub const UNITS: u32 = 16;
-/// Elements of each operand one unit stages per K step (`TILE_K × 64` over `16 × 16` units).
+/// Elements of each operand one unit stages per K step (`TILE_K × 64` over `16 × 16` units): one 4-wide vector.
 const LOADS: u32 = TILE_K * TILE_M / (UNITS * UNITS);
+/// Vectors per depth of a staged slice (`TILE_M / 4` = `TILE_N / 4` = `UNITS`).
+const GROUPS: u32 = TILE_M / 4;
+
+/// Four f32 lanes: 4 consecutive rows (A) or columns (B) of a staged slice, or a unit's accumulator row.
+type Vec4 = Vector<f32, Const<4>>;
 
 /// Layout of the `params` array of [`fp8_gemm_kernel`] (all `u32`, offsets and strides in elements).
 pub mod param {
@@ -57,7 +63,6 @@ fn staging_bases(
     unit: u32,
     code_bases: &mut Array<u32>,
     scale_bases: &mut Array<u32>,
-    #[comptime] tile_outer: u32,
     #[comptime] strides: usize,
     #[comptime] scale_params: usize,
     #[comptime] outer_first: bool,
@@ -75,7 +80,7 @@ fn staging_bases(
     };
     #[unroll]
     for l in 0..LOADS {
-        let (outer, depth) = slot_position(l, unit, tile_outer, outer_first);
+        let (outer, depth) = slot_position(l, unit);
         code_bases[l as usize] =
             batch * params[strides] + (outer0 + outer) * outer_stride + depth * depth_stride;
         scale_bases[l as usize] =
@@ -83,32 +88,22 @@ fn staging_bases(
     }
 }
 
-/// `(outer, depth)` inside the stage of a unit's staging slot `l`. A (`outer_first`): consecutive units walk k,
-/// matching row-major activations; B: consecutive units walk n, matching row-major weights.
+/// `(outer, depth)` inside the stage of a unit's staging slot `l`: a unit stages the 4 lanes `l` of the vector of
+/// outer group `unit % GROUPS` at depth `unit / GROUPS`.
 #[cube]
-fn slot_position(
-    l: u32,
-    unit: u32,
-    #[comptime] tile_outer: u32,
-    #[comptime] outer_first: bool,
-) -> (u32, u32) {
-    let index = l * comptime!(UNITS * UNITS) + unit;
-    if comptime!(outer_first) {
-        (index / TILE_K, index % TILE_K)
-    } else {
-        (index % tile_outer, index / tile_outer)
-    }
+fn slot_position(l: u32, unit: u32) -> (u32, u32) {
+    ((unit % GROUPS) * 4 + l, unit / GROUPS)
 }
 
-/// Stages one `TILE_K`-deep slice of an operand into `tile` (depth-major, `tile[kk * tile_outer + outer]`),
-/// decoded and scaled; out-of-range elements stage as 0.
+/// Stages one `TILE_K`-deep slice of an operand into `tile` (depth-major vectors, lane `outer % 4` of
+/// `tile[kk * GROUPS + outer / 4]`), decoded and scaled; out-of-range elements stage as 0.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn stage(
     codes: &Array<u32>,
     scales: &Array<f32>,
     params: &Array<u32>,
-    tile: &mut SharedMemory<f32>,
+    tile: &mut SharedMemory<Vec4>,
     code_bases: &Array<u32>,
     scale_bases: &Array<u32>,
     unit: u32,
@@ -116,7 +111,6 @@ fn stage(
     outer_len: u32,
     k0: u32,
     k_len: u32,
-    #[comptime] tile_outer: u32,
     #[comptime] strides: usize,
     #[comptime] scale_params: usize,
     #[comptime] outer_first: bool,
@@ -135,17 +129,17 @@ fn stage(
     // Depth blocks are multiples of TILE_K or span all of K, so one stage lies in one depth block.
     let stage_code = k0 * depth_stride;
     let stage_scale = (k0 / depth_block) * depth_block_stride;
+    let mut vector = Vec4::new(0.0);
     #[unroll]
     for l in 0..LOADS {
-        let (outer, depth) = slot_position(l, unit, tile_outer, outer_first);
-        let mut value = 0.0f32;
+        let (outer, depth) = slot_position(l, unit);
         if outer0 + outer < outer_len && k0 + depth < k_len {
             let code = code_at(codes, code_bases[l as usize] + stage_code);
-            value =
+            vector[l as usize] =
                 decode_fp8(code, format) * scales[(scale_bases[l as usize] + stage_scale) as usize];
         }
-        tile[(depth * tile_outer + outer) as usize] = value;
     }
+    tile[unit as usize] = vector;
 }
 
 /// `out[b, m, n] = Σ_k dequant(A)[b, m, k] · dequant(B)[b, k, n]`, f32 accumulation, `out` contiguous
@@ -171,9 +165,9 @@ pub fn fp8_gemm_kernel<F: Float>(
     let ty = UNIT_POS_Y;
     let unit = ty * UNITS + tx;
 
-    // Staged slices, depth-major: a_tile[kk * TILE_M + mm], b_tile[kk * TILE_N + nn].
-    let mut a_tile = SharedMemory::<f32>::new(comptime!((TILE_K * TILE_M) as usize));
-    let mut b_tile = SharedMemory::<f32>::new(comptime!((TILE_K * TILE_N) as usize));
+    // Staged slices, depth-major vectors: a_tile[kk * GROUPS + mm / 4], b_tile[kk * GROUPS + nn / 4].
+    let mut a_tile = SharedMemory::<Vec4>::new(comptime!((TILE_K * GROUPS) as usize));
+    let mut b_tile = SharedMemory::<Vec4>::new(comptime!((TILE_K * GROUPS) as usize));
     let mut a_codes = Array::<u32>::new(comptime!(LOADS as usize));
     let mut a_scale_rows = Array::<u32>::new(comptime!(LOADS as usize));
     let mut b_codes = Array::<u32>::new(comptime!(LOADS as usize));
@@ -185,7 +179,6 @@ pub fn fp8_gemm_kernel<F: Float>(
         unit,
         &mut a_codes,
         &mut a_scale_rows,
-        TILE_M,
         param::A_STRIDES,
         param::A_SCALES,
         true,
@@ -197,15 +190,15 @@ pub fn fp8_gemm_kernel<F: Float>(
         unit,
         &mut b_codes,
         &mut b_scale_cols,
-        TILE_N,
         param::B_STRIDES,
         param::B_SCALES,
         false,
     );
-    let mut acc = Array::<f32>::new(16usize);
+    // Row i of the unit's 4 × 4 block.
+    let mut acc = Array::<Vec4>::new(4usize);
     #[unroll]
-    for i in 0..16u32 {
-        acc[i as usize] = 0.0;
+    for i in 0..4u32 {
+        acc[i as usize] = Vec4::new(0.0);
     }
 
     let mut k0 = 0u32;
@@ -222,7 +215,6 @@ pub fn fp8_gemm_kernel<F: Float>(
             m_len,
             k0,
             k_len,
-            TILE_M,
             param::A_STRIDES,
             param::A_SCALES,
             true,
@@ -240,7 +232,6 @@ pub fn fp8_gemm_kernel<F: Float>(
             n_len,
             k0,
             k_len,
-            TILE_N,
             param::B_STRIDES,
             param::B_SCALES,
             false,
@@ -250,20 +241,11 @@ pub fn fp8_gemm_kernel<F: Float>(
 
         #[unroll]
         for kk in 0..TILE_K {
-            let mut a_values = Array::<f32>::new(4usize);
-            let mut b_values = Array::<f32>::new(4usize);
+            let a_rows = a_tile[(kk * GROUPS + ty) as usize];
+            let b_cols = b_tile[(kk * GROUPS + tx) as usize];
             #[unroll]
             for i in 0..4u32 {
-                a_values[i as usize] = a_tile[(kk * TILE_M + ty + i * UNITS) as usize];
-                b_values[i as usize] = b_tile[(kk * TILE_N + tx + i * UNITS) as usize];
-            }
-            #[unroll]
-            for i in 0..4u32 {
-                #[unroll]
-                for j in 0..4u32 {
-                    let slot = (i * 4 + j) as usize;
-                    acc[slot] += a_values[i as usize] * b_values[j as usize];
-                }
+                acc[i as usize] += Vec4::new(a_rows[i as usize]) * b_cols;
             }
         }
         sync_cube();
@@ -273,13 +255,13 @@ pub fn fp8_gemm_kernel<F: Float>(
     let out_base = batch * m_len * n_len;
     #[unroll]
     for i in 0..4u32 {
-        let row = row0 + ty + i * UNITS;
+        let row = row0 + ty * 4 + i;
+        let values = acc[i as usize];
         #[unroll]
         for j in 0..4u32 {
-            let col = col0 + tx + j * UNITS;
+            let col = col0 + tx * 4 + j;
             if row < m_len && col < n_len {
-                out[(out_base + row * n_len + col) as usize] =
-                    F::cast_from(acc[(i * 4 + j) as usize]);
+                out[(out_base + row * n_len + col) as usize] = F::cast_from(values[j as usize]);
             }
         }
     }
