@@ -1,10 +1,10 @@
 //! FP8 GEMM: `out[b] = dequant(A[b]) × dequant(B[b])` with f32 accumulation, tiled in shared memory.
 //!
-//! Each cube computes a `TILE_M × TILE_N` output tile with `16 × 16` units, each unit a `4 × 4` register block of
-//! 4 consecutive rows and 4 consecutive columns. The K loop stages `TILE_K`-deep slices of both operands in shared
+//! Each cube computes a `TILE_M × TILE_N` output tile with `16 × 16` units, each unit an `8 × 8` register block:
+//! row groups `ty` and `ty + 16` (4 consecutive rows each) by column groups `tx` and `tx + 16`. The K loop stages `TILE_K`-deep slices of both operands in shared
 //! memory as 4-wide vectors (4 consecutive rows of A, 4 consecutive columns of B at one depth), decoding the FP8
 //! codes and applying their scale (`scale_inv` of the operand's scale block) once per element as it is staged, so
-//! the inner loop is two vector loads and four vector FMAs per depth. Operands are read through strides, which gives fprop (`X·W`), dgrad (`G·Wᵀ`) and wgrad (`Xᵀ·G`)
+//! the inner loop is four vector loads and sixteen vector FMAs per depth. Operands are read through strides, which gives fprop (`X·W`), dgrad (`G·Wᵀ`) and wgrad (`Xᵀ·G`)
 //! without transposed copies; out-of-range rows, columns and depths read as zero, so any shape works.
 
 use cubecl::prelude::*;
@@ -13,17 +13,19 @@ use super::fp8::decode_fp8;
 use crate::Fp8Format;
 
 /// Output rows per cube.
-pub const TILE_M: u32 = 64;
+pub const TILE_M: u32 = 128;
 /// Output columns per cube.
-pub const TILE_N: u32 = 64;
+pub const TILE_N: u32 = 128;
 /// Depth of one shared-memory stage. Scale blocks along K (32 for MXFP8, 128 for block scaling) are multiples of it.
 pub const TILE_K: u32 = 16;
-/// Units per cube along each output dimension (16 × 16 units, a 4 × 4 block each).
+/// Units per cube along each output dimension (16 × 16 units, an 8 × 8 block each).
 pub const UNITS: u32 = 16;
-/// Elements of each operand one unit stages per K step (`TILE_K × 64` over `16 × 16` units): one 4-wide vector.
+/// Elements of each operand one unit stages per K step (`TILE_K × 128` over `16 × 16` units): two 4-wide vectors.
 const LOADS: u32 = TILE_K * TILE_M / (UNITS * UNITS);
-/// Vectors per depth of a staged slice (`TILE_M / 4` = `TILE_N / 4` = `UNITS`).
+/// Vectors per depth of a staged slice (`TILE_M / 4` = `TILE_N / 4` = `2 × UNITS`).
 const GROUPS: u32 = TILE_M / 4;
+/// Vector groups per unit along each output dimension.
+const SPAN: u32 = GROUPS / UNITS;
 
 /// Four f32 lanes: 4 consecutive rows (A) or columns (B) of a staged slice, or a unit's accumulator row.
 type Vec4 = Vector<f32, Const<4>>;
@@ -88,11 +90,12 @@ fn staging_bases(
     }
 }
 
-/// `(outer, depth)` inside the stage of a unit's staging slot `l`: a unit stages the 4 lanes `l` of the vector of
-/// outer group `unit % GROUPS` at depth `unit / GROUPS`.
+/// `(outer, depth)` inside the stage of a unit's staging slot `l`: slots `4v .. 4v + 3` are the lanes of staged
+/// vector `unit + v · UNITS²`, which holds outer group `index % GROUPS` at depth `index / GROUPS`.
 #[cube]
 fn slot_position(l: u32, unit: u32) -> (u32, u32) {
-    ((unit % GROUPS) * 4 + l, unit / GROUPS)
+    let index = unit + (l / 4) * comptime!(UNITS * UNITS);
+    ((index % GROUPS) * 4 + l % 4, index / GROUPS)
 }
 
 /// Stages one `TILE_K`-deep slice of an operand into `tile` (depth-major vectors, lane `outer % 4` of
@@ -129,17 +132,21 @@ fn stage(
     // Depth blocks are multiples of TILE_K or span all of K, so one stage lies in one depth block.
     let stage_code = k0 * depth_stride;
     let stage_scale = (k0 / depth_block) * depth_block_stride;
-    let mut vector = Vec4::new(0.0);
     #[unroll]
-    for l in 0..LOADS {
-        let (outer, depth) = slot_position(l, unit);
-        if outer0 + outer < outer_len && k0 + depth < k_len {
-            let code = code_at(codes, code_bases[l as usize] + stage_code);
-            vector[l as usize] =
-                decode_fp8(code, format) * scales[(scale_bases[l as usize] + stage_scale) as usize];
+    for v in 0..comptime!(LOADS / 4) {
+        let mut vector = Vec4::new(0.0);
+        #[unroll]
+        for lane in 0..4u32 {
+            let l = v * 4 + lane;
+            let (outer, depth) = slot_position(l, unit);
+            if outer0 + outer < outer_len && k0 + depth < k_len {
+                let code = code_at(codes, code_bases[l as usize] + stage_code);
+                vector[lane as usize] = decode_fp8(code, format)
+                    * scales[(scale_bases[l as usize] + stage_scale) as usize];
+            }
         }
+        tile[(unit + v * comptime!(UNITS * UNITS)) as usize] = vector;
     }
-    tile[unit as usize] = vector;
 }
 
 /// `out[b, m, n] = Σ_k dequant(A)[b, m, k] · dequant(B)[b, k, n]`, f32 accumulation, `out` contiguous
@@ -194,10 +201,10 @@ pub fn fp8_gemm_kernel<F: Float>(
         param::B_SCALES,
         false,
     );
-    // Row i of the unit's 4 × 4 block.
-    let mut acc = Array::<Vec4>::new(4usize);
+    // acc[(r * 4 + i) * SPAN + c]: row i of row group `ty + r·UNITS`, column group `tx + c·UNITS`.
+    let mut acc = Array::<Vec4>::new(comptime!((SPAN * 4 * SPAN) as usize));
     #[unroll]
-    for i in 0..4u32 {
+    for i in 0..comptime!(SPAN * 4 * SPAN) {
         acc[i as usize] = Vec4::new(0.0);
     }
 
@@ -241,11 +248,22 @@ pub fn fp8_gemm_kernel<F: Float>(
 
         #[unroll]
         for kk in 0..TILE_K {
-            let a_rows = a_tile[(kk * GROUPS + ty) as usize];
-            let b_cols = b_tile[(kk * GROUPS + tx) as usize];
+            let mut b_cols = Array::<Vec4>::new(comptime!(SPAN as usize));
             #[unroll]
-            for i in 0..4u32 {
-                acc[i as usize] += Vec4::new(a_rows[i as usize]) * b_cols;
+            for c in 0..SPAN {
+                b_cols[c as usize] = b_tile[(kk * GROUPS + tx + c * UNITS) as usize];
+            }
+            #[unroll]
+            for r in 0..SPAN {
+                let a_rows = a_tile[(kk * GROUPS + ty + r * UNITS) as usize];
+                #[unroll]
+                for i in 0..4u32 {
+                    let a = Vec4::new(a_rows[i as usize]);
+                    #[unroll]
+                    for c in 0..SPAN {
+                        acc[((r * 4 + i) * SPAN + c) as usize] += a * b_cols[c as usize];
+                    }
+                }
             }
         }
         sync_cube();
@@ -254,14 +272,21 @@ pub fn fp8_gemm_kernel<F: Float>(
 
     let out_base = batch * m_len * n_len;
     #[unroll]
-    for i in 0..4u32 {
-        let row = row0 + ty * 4 + i;
-        let values = acc[i as usize];
+    for r in 0..SPAN {
         #[unroll]
-        for j in 0..4u32 {
-            let col = col0 + tx * 4 + j;
-            if row < m_len && col < n_len {
-                out[(out_base + row * n_len + col) as usize] = F::cast_from(values[j as usize]);
+        for i in 0..4u32 {
+            let row = row0 + (ty + r * UNITS) * 4 + i;
+            #[unroll]
+            for c in 0..SPAN {
+                let values = acc[((r * 4 + i) * SPAN + c) as usize];
+                #[unroll]
+                for j in 0..4u32 {
+                    let col = col0 + (tx + c * UNITS) * 4 + j;
+                    if row < m_len && col < n_len {
+                        out[(out_base + row * n_len + col) as usize] =
+                            F::cast_from(values[j as usize]);
+                    }
+                }
             }
         }
     }
