@@ -460,10 +460,28 @@ pub fn reference_block_fp8_stats(
     stats
 }
 
+/// The device's block quantization statistics of a `[rows, cols]` tensor.
+fn device_block_stats(
+    input: &[f32],
+    rows: usize,
+    cols: usize,
+    block: ScaleBlock,
+    rule: BlockScaleRule,
+    format: Fp8Format,
+) -> Fp8Stats {
+    let client = client();
+    let handle = upload(if input.is_empty() { &[0.0] } else { input });
+    burn_te_kernels::block::block_tensor_stats::<TestRuntime, f32>(
+        &client, &handle, rows, cols, block, rule, format,
+    )
+    .unwrap()
+    .read_fp8(&client)
+    .unwrap()
+}
+
 #[test]
 fn block_quantization_stats_match_a_block_by_block_reference() {
-    use burn_te_kernels::block::{block_tensor_stats, host_block_tensor_stats};
-    let client = client();
+    use burn_te_kernels::block::host_block_tensor_stats;
     // Rows spanning 2^-10 .. 2^9 (so blocks get different scales), -0.0 and values that underflow at their
     // block's scale, an all-zero block, and edges that leave partial blocks for every block shape.
     let (rows, cols) = (150, 200);
@@ -484,7 +502,6 @@ fn block_quantization_stats_match_a_block_by_block_reference() {
     for r in 0..2 {
         x[r * cols..r * cols + 64].fill(0.0);
     }
-    let input = upload(&x);
     for (block, rule) in [
         (ScaleBlock::new(1, 32), BlockScaleRule::E8m0),
         (ScaleBlock::new(32, 1), BlockScaleRule::E8m0),
@@ -502,12 +519,7 @@ fn block_quantization_stats_match_a_block_by_block_reference() {
                 expected.scale_inv_max / expected.scale_inv_min >= 8.0,
                 "{label}: the blocks must differ in scale"
             );
-            let device = block_tensor_stats::<TestRuntime, f32>(
-                &client, &input, rows, cols, block, rule, format,
-            )
-            .unwrap()
-            .read_fp8(&client)
-            .unwrap();
+            let device = device_block_stats(&x, rows, cols, block, rule, format);
             let host = host_block_tensor_stats(&x, rows, cols, block, rule, format).unwrap();
             for (path, stats) in [("device", device), ("host", host)] {
                 let label = format!("{label} ({path})");
@@ -552,49 +564,20 @@ fn block_quantization_stats_match_a_block_by_block_reference() {
     let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
     let scale = (f64::from(448.0 / amax)).log2().floor().exp2() as f32;
     let per_tensor = host::fp8_tensor_stats(&x, Fp8Format::E4M3, scale);
-    let blocked = block_tensor_stats::<TestRuntime, f32>(
-        &client,
-        &input,
-        rows,
-        cols,
-        whole,
-        BlockScaleRule::Pow2,
-        Fp8Format::E4M3,
-    )
-    .unwrap()
-    .read_fp8(&client)
-    .unwrap();
+    let blocked = device_block_stats(&x, rows, cols, whole, BlockScaleRule::Pow2, Fp8Format::E4M3);
     assert_eq!(blocked.underflow_count, per_tensor.underflow_count);
     assert_eq!(blocked.scale_inv_min, f64::from(1.0 / scale));
     assert_eq!(per_tensor.scale_inv_max, f64::from(1.0 / scale));
     // Non-finite values: NaN makes mse undefined, as for per-tensor stats; an empty tensor gives no scales.
     let mut with_nan = x.clone();
     with_nan[5] = f32::NAN;
-    let nan_input = upload(&with_nan);
-    let stats = block_tensor_stats::<TestRuntime, f32>(
-        &client,
-        &nan_input,
-        rows,
-        cols,
+    let e8m0 = (
         ScaleBlock::new(1, 32),
         BlockScaleRule::E8m0,
         Fp8Format::E4M3,
-    )
-    .unwrap()
-    .read_fp8(&client)
-    .unwrap();
+    );
+    let stats = device_block_stats(&with_nan, rows, cols, e8m0.0, e8m0.1, e8m0.2);
     assert!(stats.mse().unwrap().is_nan());
-    let empty = block_tensor_stats::<TestRuntime, f32>(
-        &client,
-        &upload(&[0.0]),
-        0,
-        64,
-        ScaleBlock::new(1, 32),
-        BlockScaleRule::E8m0,
-        Fp8Format::E4M3,
-    )
-    .unwrap()
-    .read_fp8(&client)
-    .unwrap();
+    let empty = device_block_stats(&[], 0, 64, e8m0.0, e8m0.1, e8m0.2);
     assert_eq!(empty, Fp8Stats::EMPTY);
 }
