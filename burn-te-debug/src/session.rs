@@ -572,8 +572,8 @@ impl Session {
         for dump in std::mem::take(&mut inspection.dumps) {
             self.write_dump(&layer, tensor, dump);
         }
-        // One launch per stat-name prefix and suffix (a quantized launch also gives the high-precision stats, so an unprefixed
-        // LogTensorStats and LogFp8TensorStats share one); a weight only at its first feed of the step.
+        // One launch per stat-name prefix and suffix (a quantized launch also gives the high-precision stats, so an
+        // unprefixed LogTensorStats and LogFp8TensorStats share one); a weight only at its first feed of the step.
         let mut merged: Vec<StatRequest> = Vec::new();
         for request in inspection.requests {
             match merged

@@ -191,7 +191,6 @@ impl Feature for LogFp8TensorStats {
             None => hybrid_format(tensor),
         };
         let delayed = matches!(recipe, Some(Recipe::Delayed(_)));
-        let mut requests: Vec<StatRequest> = Vec::new();
         for stats in self.entries.due(tensor, iteration) {
             for &(what_if, stat, columnwise) in stats {
                 let block_recipe = match what_if {
@@ -203,51 +202,37 @@ impl Feature for LogFp8TensorStats {
                 let skip = |why: &str| {
                     tracing::warn!("{layer}: LogFp8TensorStats: {tensor}: {why}");
                 };
-                let scaling = match what_if {
-                    _ if block.is_some() => {
-                        let (block, rule) = block.expect("checked");
-                        StatsScaling::Block { block, rule }
-                    }
-                    WhatIf::Actual if recipe.is_none() => {
+                let scaling = match (what_if, block) {
+                    (_, Some((block, rule))) => StatsScaling::Block { block, rule },
+                    (WhatIf::Actual, None) if recipe.is_none() => {
                         skip(
                             "not quantized (no FP8 scope); use a recipe prefix (e.g. fp8_current_scaling_) for \
                              what-if stats",
                         );
                         continue;
                     }
-                    _ if columnwise => {
+                    (_, None) if columnwise => {
                         skip(&format!(
                             "{}{COLUMNWISE} needs a block recipe (per-tensor scales have one orientation)",
                             stat.name()
                         ));
                         continue;
                     }
-                    WhatIf::Actual | WhatIf::Delayed if delayed => StatsScaling::Delayed,
-                    WhatIf::Delayed => {
+                    (WhatIf::Actual | WhatIf::Delayed, None) if delayed => StatsScaling::Delayed,
+                    (WhatIf::Delayed, None) => {
                         skip("fp8_delayed_scaling_ stats need a DelayedScaling recipe");
                         continue;
                     }
                     _ => StatsScaling::Current { margin: 0.0 },
                 };
-                let prefix = what_if.prefix();
-                let suffix = if columnwise { COLUMNWISE } else { "" };
-                match requests
-                    .iter_mut()
-                    .find(|r| r.prefix == prefix && r.suffix == suffix)
-                {
-                    Some(request) if request.stats.contains(&stat) => {}
-                    Some(request) => request.stats.push(stat),
-                    None => requests.push(StatRequest {
-                        quantization: Some((format, scaling)),
-                        prefix: prefix.to_string(),
-                        suffix: suffix.to_string(),
-                        stats: vec![stat],
-                    }),
-                }
+                // The session merges the requests of one prefix and suffix into one launch.
+                out.request_stats(StatRequest {
+                    quantization: Some((format, scaling)),
+                    prefix: what_if.prefix().to_string(),
+                    suffix: if columnwise { COLUMNWISE } else { "" }.to_string(),
+                    stats: vec![stat],
+                });
             }
-        }
-        for request in requests {
-            out.request_stats(request);
         }
         Ok(())
     }
