@@ -132,6 +132,12 @@ impl Stat {
         }
     }
 
+    /// The name it is logged under with a source's prefix and suffix (e.g. `mxfp8_underflows%_columnwise`); the
+    /// statistics log and [`crate::stat_names`] both take it from here.
+    pub fn logged_name(self, prefix: &str, suffix: &str) -> String {
+        format!("{prefix}{}{suffix}", self.label())
+    }
+
     /// The stat's value from merged statistics (None: empty or undefined).
     pub fn value(self, stats: &Fp8Stats) -> Option<f64> {
         let t = &stats.tensor;
@@ -298,7 +304,7 @@ impl StatBuffers {
                     stat => stat.value(&merged),
                 };
                 if let Some(value) = value {
-                    let stat = format!("{prefix}{}{suffix}", stat.label());
+                    let stat = stat.logged_name(&prefix, &suffix);
                     values.push(StatValue {
                         name: format!("{layer}_{tensor}_{stat}"),
                         layer: layer.clone(),

@@ -62,6 +62,11 @@ impl WhatIf {
 /// `_columnwise`: the stat of the tensor's other orientation (its blocks transposed).
 const COLUMNWISE: &str = "_columnwise";
 
+/// The name suffix of a stat's orientation.
+fn orientation_suffix(columnwise: bool) -> &'static str {
+    if columnwise { COLUMNWISE } else { "" }
+}
+
 /// One configured stat: its recipe, the stat, and whether it is the columnwise one.
 type Fp8StatName = (WhatIf, Stat, bool);
 
@@ -155,11 +160,8 @@ impl Feature for LogFp8TensorStats {
             .entries()
             .flat_map(|(tensor, stats)| {
                 stats.iter().map(move |&(what_if, stat, columnwise)| {
-                    let suffix = if columnwise { COLUMNWISE } else { "" };
-                    (
-                        tensor,
-                        format!("{}{}{suffix}", what_if.prefix(), stat.name()),
-                    )
+                    let suffix = orientation_suffix(columnwise);
+                    (tensor, stat.logged_name(what_if.prefix(), suffix))
                 })
             })
             .collect()
@@ -229,7 +231,7 @@ impl Feature for LogFp8TensorStats {
                 out.request_stats(StatRequest {
                     quantization: Some((format, scaling)),
                     prefix: what_if.prefix().to_string(),
-                    suffix: if columnwise { COLUMNWISE } else { "" }.to_string(),
+                    suffix: orientation_suffix(columnwise).to_string(),
                     stats: vec![stat],
                 });
             }

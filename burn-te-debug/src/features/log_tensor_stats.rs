@@ -171,7 +171,11 @@ impl Feature for LogTensorStats {
     fn logged_stats(&self) -> Vec<(TensorName, String)> {
         self.entries
             .entries()
-            .flat_map(|(tensor, stats)| stats.iter().map(move |stat| (tensor, stat.label())))
+            .flat_map(|(tensor, stats)| {
+                stats
+                    .iter()
+                    .map(move |stat| (tensor, stat.logged_name("", "")))
+            })
             .collect()
     }
 
