@@ -42,20 +42,17 @@ impl<B: TeBackend> Decorator for Debug<B> {
         weight: FloatTensor<B>,
         bias: Option<FloatTensor<B>>,
     ) -> FloatTensor<B> {
-        let (recipe, layer) = plain_linear_forward();
-        let site = GemmSite::new(layer, Gemm::Fprop);
+        let (recipe, site) = plain_linear_forward();
         <Self as TeBackend>::te_linear(x, weight, bias, &site, recipe.as_ref())
     }
 
     fn linear_x_backward(weight: FloatTensor<B>, output_grad: FloatTensor<B>) -> FloatTensor<B> {
-        let (recipe, layer) = plain_linear_backward(false);
-        let site = GemmSite::new(layer, Gemm::Dgrad);
+        let (recipe, site) = plain_linear_backward(Gemm::Dgrad);
         <Self as TeBackend>::te_linear_dgrad(weight, output_grad, &site, recipe.as_ref())
     }
 
     fn linear_weight_backward(x: FloatTensor<B>, output_grad: FloatTensor<B>) -> FloatTensor<B> {
-        let (recipe, layer) = plain_linear_backward(true);
-        let site = GemmSite::new(layer, Gemm::Wgrad);
+        let (recipe, site) = plain_linear_backward(Gemm::Wgrad);
         <Self as TeBackend>::te_linear_wgrad(x, output_grad, &site, recipe.as_ref())
     }
 }
@@ -103,18 +100,12 @@ impl<B: TeBackend> DebugTensor for SiteTensor<B> {
                     )
                     .into());
                 };
+                // The layer's state as the GEMM uses it at this iteration.
                 let device = B::float_device(&self.tensor);
-                let state = burn_te::scaling_state::delayed_state::<B>(
-                    &device,
-                    &self.site.layer,
-                    role,
-                    recipe.amax_history_len,
-                )?;
+                let state = fp8_gemm::delayed_state::<B>(&self.site, recipe, role, &device)?;
                 let scaling = Scaling::Delayed {
                     state: &state,
-                    algo: recipe.amax_compute_algo,
-                    margin: recipe.margin,
-                    update: false,
+                    record: false,
                 };
                 B::fp8_stats_launch(self.tensor.clone(), Some((format, scaling)))?
             }

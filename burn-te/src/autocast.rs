@@ -6,29 +6,53 @@
 //! that calls `backward()`, so the rule for the backward GEMMs is below.
 //!
 //! # Backward GEMMs
-//! - `te_linear` (the TE modules) records the recipe in the autograd graph: its dgrad and wgrad run with the
-//!   forward's recipe wherever `backward()` is called, as in TE.
-//! - A plain Burn `Linear` on `Te<B>` cannot carry state through Burn's autograd, so its dgrad and wgrad follow the
-//!   most recent plain linear forward of the thread: FP8 with that forward's recipe if it ran inside a scope, high
-//!   precision otherwise. Their delayed-scaling histories are keyed by the layers' order (see [`crate::te`]).
+//! - `te_linear` (the TE modules) records the recipe and the layer's FP8 state in the autograd graph: its dgrad
+//!   and wgrad run with the forward's recipe, state and generation wherever `backward()` is called, as in TE.
+//! - A plain Burn `Linear` on `Te<B>` cannot carry state through Burn's autograd. Plain linears are named
+//!   `linear0`, `linear1`, ... in call order from the outermost scope's entry; their states live in the scope's
+//!   [`Fp8LinearStates`] (the one given to [`fp8_autocast_with`], else the thread's default). Their backward GEMMs
+//!   are matched to the forwards in reverse call order: the `n`-th wgrad from the end belongs to the `n`-th linear
+//!   forward from the end, which holds for a chain of linears.
+//!
+//! # Generations
+//! Each outermost scope is a new *generation* (an iteration, in TE's terms): delayed-scaling states roll their
+//! amax history once per generation (see [`crate::fp8_state`]).
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::TeError;
+use crate::fp8_state::Fp8LinearStates;
 use crate::recipe::Recipe;
+use crate::site::{Gemm, GemmSite};
+
+/// The last generation handed out (process-wide, so generations only grow).
+static GENERATION: AtomicU64 = AtomicU64::new(0);
 
 #[derive(Debug)]
 struct Frame {
+    id: u64,
     recipe: Option<Recipe>,
+    linears: Fp8LinearStates,
+}
+
+/// A plain linear forward: its recipe (None: high precision) and fprop site.
+#[derive(Debug)]
+struct PlainForward {
+    recipe: Option<Recipe>,
+    site: GemmSite,
 }
 
 #[derive(Debug, Default)]
 struct State {
     frames: Vec<Frame>,
-    /// Plain linears run in FP8 since the outermost scope was entered (names `linear0`, `linear1`, ...).
-    forward_linears: usize,
-    /// Recipe of the latest plain linear forward (None: it ran in high precision).
-    backward_recipe: Option<Recipe>,
+    next_frame: u64,
+    /// The generation of the latest outermost scope on this thread.
+    generation: u64,
+    /// The thread's plain-linear states for scopes given none.
+    default_linears: Fp8LinearStates,
+    /// Plain linear forwards since the outermost scope was entered.
+    forwards: Vec<PlainForward>,
     /// Plain linear backward GEMM pairs seen since the latest forward.
     backward_linears: usize,
 }
@@ -37,18 +61,50 @@ thread_local! {
     static STATE: RefCell<State> = RefCell::new(State::default());
 }
 
-/// Ends an autocast scope when dropped. Not `Send`: a scope belongs to its thread.
+/// Ends an autocast scope when dropped (its own scope, even when guards drop out of order). Not `Send`: a scope
+/// belongs to its thread.
 #[derive(Debug)]
 pub struct AutocastGuard {
+    frame: u64,
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl Drop for AutocastGuard {
     fn drop(&mut self) {
         STATE.with(|s| {
-            s.borrow_mut().frames.pop();
+            let mut s = s.borrow_mut();
+            if let Some(at) = s.frames.iter().rposition(|f| f.id == self.frame) {
+                s.frames.remove(at);
+            }
         });
     }
+}
+
+fn push_frame(recipe: Option<Recipe>, linears: Option<&Fp8LinearStates>) -> AutocastGuard {
+    STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.frames.is_empty() {
+            s.forwards.clear();
+            s.backward_linears = 0;
+            s.generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
+        }
+        let linears = match (linears, s.frames.last()) {
+            (Some(given), _) => given.clone(),
+            (None, Some(outer)) => outer.linears.clone(),
+            (None, None) => s.default_linears.clone(),
+        };
+        let id = s.next_frame;
+        s.next_frame += 1;
+        s.frames.push(Frame {
+            id,
+            recipe,
+            linears,
+        });
+        AutocastGuard {
+            frame: id,
+            _not_send: std::marker::PhantomData,
+        }
+    })
 }
 
 /// Enters an autocast scope until the guard drops: with `enabled`, GEMMs run in FP8 with `recipe`; with
@@ -60,26 +116,24 @@ pub fn fp8_autocast_guard(
 ) -> Result<AutocastGuard, TeError> {
     let recipe = recipe.into();
     recipe.validate()?;
-    STATE.with(|s| {
-        let mut s = s.borrow_mut();
-        if s.frames.is_empty() {
-            s.forward_linears = 0;
-        }
-        s.frames.push(Frame {
-            recipe: enabled.then_some(recipe),
-        });
-    });
-    Ok(AutocastGuard {
-        _not_send: std::marker::PhantomData,
-    })
+    Ok(push_frame(enabled.then_some(recipe), None))
+}
+
+/// [`fp8_autocast_guard`] whose plain Burn linears keep their delayed-scaling states in `linears` (one per model;
+/// a module field, so it is saved with the model's record).
+pub fn fp8_autocast_guard_with(
+    linears: &Fp8LinearStates,
+    enabled: bool,
+    recipe: impl Into<Recipe>,
+) -> Result<AutocastGuard, TeError> {
+    let recipe = recipe.into();
+    recipe.validate()?;
+    Ok(push_frame(enabled.then_some(recipe), Some(linears)))
 }
 
 /// A high-precision scope until the guard drops (the attention core of the TE modules runs in one).
 pub(crate) fn high_precision_guard() -> AutocastGuard {
-    STATE.with(|s| s.borrow_mut().frames.push(Frame { recipe: None }));
-    AutocastGuard {
-        _not_send: std::marker::PhantomData,
-    }
+    push_frame(None, None)
 }
 
 /// Runs `f` inside an autocast scope (see [`fp8_autocast_guard`]) and returns its result.
@@ -92,6 +146,23 @@ pub fn fp8_autocast<T>(
     Ok(f())
 }
 
+/// [`fp8_autocast`] whose plain Burn linears keep their delayed-scaling states in `linears` (see
+/// [`fp8_autocast_guard_with`]).
+pub fn fp8_autocast_with<T>(
+    linears: &Fp8LinearStates,
+    enabled: bool,
+    recipe: impl Into<Recipe>,
+    f: impl FnOnce() -> T,
+) -> Result<T, TeError> {
+    let _guard = fp8_autocast_guard_with(linears, enabled, recipe)?;
+    Ok(f())
+}
+
+/// The generation of the current (or, outside any scope, the latest) outermost scope of this thread.
+pub fn generation() -> u64 {
+    STATE.with(|s| s.borrow().generation)
+}
+
 /// The recipe of the innermost scope of this thread, if it enables FP8.
 pub fn active_recipe() -> Option<Recipe> {
     STATE.with(|s| s.borrow().frames.last().and_then(|f| f.recipe.clone()))
@@ -102,31 +173,45 @@ pub fn is_fp8_enabled() -> bool {
     STATE.with(|s| s.borrow().frames.last().is_some_and(|f| f.recipe.is_some()))
 }
 
-/// Bookkeeping of a plain Burn linear's forward, for backend decorators: its recipe (if FP8) and its name by order
-/// in the scope (`linear0`, `linear1`, ...).
-pub fn plain_linear_forward() -> (Option<Recipe>, String) {
+/// Bookkeeping of a plain Burn linear's forward, for backend decorators: its recipe (if FP8) and its fprop site,
+/// named by order in the scope (`linear0`, `linear1`, ...) with its state from the scope's [`Fp8LinearStates`].
+pub fn plain_linear_forward() -> (Option<Recipe>, GemmSite) {
     STATE.with(|s| {
         let mut s = s.borrow_mut();
-        let recipe = s.frames.last().and_then(|f| f.recipe.clone());
-        let index = s.forward_linears;
-        if recipe.is_some() {
-            s.forward_linears += 1;
+        let s = &mut *s;
+        let frame = s.frames.last();
+        let recipe = frame.and_then(|f| f.recipe.clone());
+        if frame.is_none() {
+            s.forwards.clear();
         }
-        s.backward_recipe = recipe.clone();
+        let index = s.forwards.iter().filter(|f| f.recipe.is_some()).count();
+        let name = format!("linear{index}");
+        let site = GemmSite::new(name.as_str(), Gemm::Fprop);
+        let site = match (frame, &recipe) {
+            (Some(frame), Some(_)) => site.with_state(&frame.linears.layer(&name)),
+            _ => site,
+        };
+        s.forwards.push(PlainForward {
+            recipe: recipe.clone(),
+            site: site.clone(),
+        });
         s.backward_linears = 0;
-        (recipe, format!("linear{index}"))
+        (recipe, site)
     })
 }
 
-/// Bookkeeping of a plain linear backward GEMM: the recipe of the latest forward and the layer's name, counting
-/// layers backwards (`wgrad` closes a layer; a `dgrad` belongs to the layer whose `wgrad` follows).
-pub fn plain_linear_backward(closes_layer: bool) -> (Option<Recipe>, String) {
+/// Bookkeeping of a plain linear backward GEMM: the recipe and site (with `gemm`) of its forward, counting layers
+/// backwards (`wgrad` closes a layer; a `dgrad` belongs to the layer whose `wgrad` follows).
+pub fn plain_linear_backward(gemm: Gemm) -> (Option<Recipe>, GemmSite) {
     STATE.with(|s| {
         let mut s = s.borrow_mut();
-        let index = s.forward_linears.saturating_sub(1 + s.backward_linears);
-        if closes_layer {
+        let index = s.forwards.len().saturating_sub(1 + s.backward_linears);
+        if gemm == Gemm::Wgrad {
             s.backward_linears += 1;
         }
-        (s.backward_recipe.clone(), format!("linear{index}"))
+        match s.forwards.get(index) {
+            Some(forward) => (forward.recipe.clone(), forward.site.with_gemm(gemm)),
+            None => (None, GemmSite::new("linear0", gemm)),
+        }
     })
 }

@@ -137,6 +137,24 @@ impl<B: TeBackend, C: CheckpointStrategy> TeBackend for Autodiff<B, C> {
     fn fp8_delayed_state_read(state: &Self::DelayedState) -> Result<(Vec<f32>, f32), TeError> {
         B::fp8_delayed_state_read(state)
     }
+    fn fp8_delayed_state_load(
+        device: &Self::Device,
+        history: &[f32],
+        scale: f32,
+    ) -> Result<Self::DelayedState, TeError> {
+        B::fp8_delayed_state_load(device, history, scale)
+    }
+    fn fp8_delayed_state_len(state: &Self::DelayedState) -> usize {
+        B::fp8_delayed_state_len(state)
+    }
+    fn fp8_delayed_state_update(
+        state: &Self::DelayedState,
+        algo: burn_te_kernels::AmaxComputeAlgo,
+        format: Fp8Format,
+        margin: f32,
+    ) -> Result<(), TeError> {
+        B::fp8_delayed_state_update(state, algo, format, margin)
+    }
 
     fn te_linear(
         x: FloatTensor<Self>,

@@ -57,17 +57,14 @@ pub enum Scaling<'a, S> {
         /// TE's margin (the scale is divided by `2^margin`).
         margin: f32,
     },
-    /// Delayed scaling: quantize with the state's scale (from the amax history *before* this tensor), then
-    /// record this tensor's amax and, with `update`, advance the history and recompute the scale.
+    /// Delayed scaling: quantize with the state's scale (from the amax history before this iteration); with
+    /// `record`, also record this tensor's amax into the history's newest slot (the max of what is there).
+    /// [`TeBackend::fp8_delayed_state_update`] rolls the history and recomputes the scale.
     Delayed {
         /// The per-(layer, tensor) history and scale.
         state: &'a S,
-        /// How the history becomes one amax.
-        algo: AmaxComputeAlgo,
-        /// TE's margin.
-        margin: f32,
-        /// Record this tensor's amax and update the scale (false: only use the current scale).
-        update: bool,
+        /// Record this tensor's amax (false: only use the scale).
+        record: bool,
     },
     /// One scale per block of the tensor viewed as `[leading dims folded, last dim]`, from the block's amax.
     Block {
@@ -166,6 +163,26 @@ pub trait TeBackend: Backend {
 
     /// Reads a delayed-scaling state back: `(amax history, newest first, scale)`.
     fn fp8_delayed_state_read(state: &Self::DelayedState) -> Result<(Vec<f32>, f32), TeError>;
+
+    /// A delayed-scaling state holding `history` (newest first, at least one entry) and `scale` (a saved state).
+    fn fp8_delayed_state_load(
+        device: &Self::Device,
+        history: &[f32],
+        scale: f32,
+    ) -> Result<Self::DelayedState, TeError>;
+
+    /// The history length of a delayed-scaling state.
+    fn fp8_delayed_state_len(state: &Self::DelayedState) -> usize;
+
+    /// End of an iteration for one tensor (TE's amax-and-scale update): the amax from the window (`algo`), roll
+    /// the window (the newest slot becomes zero), `scale = fp8_max(format) / amax / 2^margin` (amax 0, inf or NaN
+    /// keeps the scale). On the device; nothing is read back.
+    fn fp8_delayed_state_update(
+        state: &Self::DelayedState,
+        algo: AmaxComputeAlgo,
+        format: Fp8Format,
+        margin: f32,
+    ) -> Result<(), TeError>;
 
     /// A linear layer's forward GEMM at `site`: `x [.., in] · weight [in, out] + bias` in FP8 with `recipe`, or in
     /// high precision with `None`. On autodiff backends its backward runs [`te_linear_dgrad`](Self::te_linear_dgrad)
@@ -352,6 +369,24 @@ macro_rules! forward_fp8_ops {
             state: &Self::DelayedState,
         ) -> Result<(Vec<f32>, f32), $crate::TeError> {
             $inner::fp8_delayed_state_read(state)
+        }
+        fn fp8_delayed_state_load(
+            device: &Self::Device,
+            history: &[f32],
+            scale: f32,
+        ) -> Result<Self::DelayedState, $crate::TeError> {
+            $inner::fp8_delayed_state_load(device, history, scale)
+        }
+        fn fp8_delayed_state_len(state: &Self::DelayedState) -> usize {
+            $inner::fp8_delayed_state_len(state)
+        }
+        fn fp8_delayed_state_update(
+            state: &Self::DelayedState,
+            algo: $crate::AmaxComputeAlgo,
+            format: $crate::Fp8Format,
+            margin: f32,
+        ) -> Result<(), $crate::TeError> {
+            $inner::fp8_delayed_state_update(state, algo, format, margin)
         }
     };
 }

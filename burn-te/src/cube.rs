@@ -126,14 +126,8 @@ fn quantize<R: CubeRuntime, F: Float + CubeElement>(
             let codes = ops::quantize::<R, F>(client, &x.handle, len, &scales.scale, format, None)?;
             Ok((codes, scales.scale_inv, None))
         }
-        Scaling::Delayed {
-            state,
-            algo,
-            margin,
-            update,
-        } => {
-            // The scale in use comes from the history before this tensor; copy it, as the update below changes
-            // the state's buffers in place.
+        Scaling::Delayed { state, record } => {
+            // The scale in use; copied, as a later update changes the state's buffers in place.
             let scale_inv = copy_scalar(client, &state.scales.scale_inv)?;
             let codes = ops::quantize::<R, F>(
                 client,
@@ -141,19 +135,8 @@ fn quantize<R: CubeRuntime, F: Float + CubeElement>(
                 len,
                 &state.scales.scale,
                 format,
-                update.then_some(&state.history),
+                record.then_some(&state.history),
             )?;
-            if update {
-                ops::delayed_scaling_update(
-                    client,
-                    &state.history,
-                    state.history_len,
-                    &state.scales,
-                    algo,
-                    format,
-                    margin,
-                )?;
-            }
             Ok((codes, scale_inv, None))
         }
         Scaling::Block { block, rule } => {
@@ -436,5 +419,45 @@ where
         let history = f32::from_bytes(&history)[..state.history_len].to_vec();
         let scale = ops::read_scalar(client, &state.scales.scale)?;
         Ok((history, scale))
+    }
+
+    fn fp8_delayed_state_load(
+        device: &R::Device,
+        history: &[f32],
+        scale: f32,
+    ) -> Result<CubeDelayedState<R>, TeError> {
+        if history.is_empty() {
+            return Err(TeError::InvalidRecipe(
+                "amax_history_len must be at least 1".into(),
+            ));
+        }
+        let client = R::client(device);
+        Ok(CubeDelayedState {
+            history: client.create_from_slice(f32::as_bytes(history)),
+            history_len: history.len(),
+            scales: ScaleBuffers::new(&client, 1, scale),
+            client,
+        })
+    }
+
+    fn fp8_delayed_state_len(state: &CubeDelayedState<R>) -> usize {
+        state.history_len
+    }
+
+    fn fp8_delayed_state_update(
+        state: &CubeDelayedState<R>,
+        algo: burn_te_kernels::AmaxComputeAlgo,
+        format: Fp8Format,
+        margin: f32,
+    ) -> Result<(), TeError> {
+        Ok(ops::delayed_scaling_update(
+            &state.client,
+            &state.history,
+            state.history_len,
+            &state.scales,
+            algo,
+            format,
+            margin,
+        )?)
     }
 }

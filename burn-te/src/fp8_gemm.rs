@@ -6,8 +6,7 @@ use burn::tensor::ops::FloatTensor;
 
 use crate::TeError;
 use crate::backend::{Fp8Primitive, Scaling, TeBackend};
-use crate::recipe::Recipe;
-use crate::scaling_state::delayed_state;
+use crate::recipe::{DelayedScaling, Recipe};
 use crate::site::{GemmSite, TensorRole};
 
 /// Returns the FP8 result, or on an error logs it and runs the high-precision op instead (Burn ops cannot fail).
@@ -28,16 +27,35 @@ pub fn or_high_precision<B: TeBackend>(
 /// [`Gemm::operands`]: crate::Gemm::operands
 pub type CurrentScalingOverrides = [Option<f32>; 2];
 
+/// The delayed-scaling state of `role` at `site` for a tensor on `device`: the layer's state from the site
+/// (rolled at the first use of a new generation, see [`crate::fp8_state`]). What the GEMM quantizes with, and what
+/// the debug tools read.
+pub fn delayed_state<B: TeBackend>(
+    site: &GemmSite,
+    recipe: &DelayedScaling,
+    role: TensorRole,
+    device: &B::Device,
+) -> Result<B::DelayedState, TeError> {
+    let meta = site.fp8.as_ref().ok_or_else(|| {
+        TeError::InvalidRecipe(format!(
+            "{site}: delayed scaling needs the layer's FP8 state, and this GEMM site has none \
+             (build it with GemmSite::with_state)"
+        ))
+    })?;
+    let format = recipe.fp8_format.for_role(role);
+    meta.delayed_state::<B>(role, recipe, format, device, site.generation)
+}
+
 /// Quantizes one GEMM operand stored as `[rows, cols]` for `role`: the recipe's format for the role, delayed
-/// (per layer and role), current or block scales. `k_along_cols`: the GEMM reduces along the stored columns.
-/// With delayed scaling, `update` records this tensor's amax and advances the history.
+/// (the layer's state from `site`), current or block scales. `k_along_cols`: the GEMM reduces along the stored
+/// columns. With delayed scaling, `record` records this tensor's amax into the layer's history.
 pub fn quantize_operand<B: TeBackend>(
     tensor: FloatTensor<B>,
     recipe: &Recipe,
     site: &GemmSite,
     role: TensorRole,
     k_along_cols: bool,
-    update: bool,
+    record: bool,
     current_margin: Option<f32>,
 ) -> Result<Fp8Primitive<B>, TeError> {
     let format = recipe.format().for_role(role);
@@ -47,14 +65,19 @@ pub fn quantize_operand<B: TeBackend>(
     match recipe {
         Recipe::Delayed(r) => {
             let device = B::float_device(&tensor);
-            let state = delayed_state::<B>(&device, &site.layer, role, r.amax_history_len)?;
-            let scaling = Scaling::Delayed {
-                state: &state,
-                algo: r.amax_compute_algo,
-                margin: r.margin,
-                update,
-            };
-            B::fp8_quantize(tensor, format, scaling)
+            let state = delayed_state::<B>(site, r, role, &device)?;
+            let quantized = B::fp8_quantize(
+                tensor,
+                format,
+                Scaling::Delayed {
+                    state: &state,
+                    record,
+                },
+            )?;
+            if let (true, Some(meta)) = (record, &site.fp8) {
+                meta.recorded(role);
+            }
+            Ok(quantized)
         }
         Recipe::Current(_) => B::fp8_quantize(tensor, format, Scaling::Current { margin: 0.0 }),
         Recipe::Block(_) | Recipe::Mxfp8(_) => {
@@ -165,14 +188,15 @@ pub fn linear_dgrad<B: TeBackend>(
         ));
     }
     let (g2, mut leading) = fold_rows::<B>(grad);
-    // The gradient's amax is recorded by wgrad, so both GEMMs use the scale from before this step.
+    // dgrad and wgrad both record the gradient's amax (the same tensor, so the max is the same): a frozen weight
+    // (no wgrad) or an input without a gradient (no dgrad) still updates the gradient's history.
     let qg = quantize_operand::<B>(
         g2,
         recipe,
         site,
         TensorRole::Gradient,
         true,
-        false,
+        true,
         overrides[0],
     )?;
     let qw = quantize_operand::<B>(

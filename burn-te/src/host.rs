@@ -80,18 +80,12 @@ impl TeBackend for Host {
                 let scale = current_scale(&x, format, margin)?;
                 (host::quantize(&x, scale, format), vec![1.0 / scale], None)
             }
-            Scaling::Delayed {
-                state,
-                algo,
-                margin,
-                update,
-            } => {
+            Scaling::Delayed { state, record } => {
                 let mut history = lock(state);
                 let (scale, scale_inv) = (history.scale, history.scale_inv);
                 let codes = host::quantize(&x, scale, format);
-                if update {
+                if record {
                     history.record(host::amax(&x));
-                    history.update(algo, format, pow2_margin(margin)?);
                 }
                 (codes, vec![scale_inv], None)
             }
@@ -236,6 +230,32 @@ impl TeBackend for Host {
     fn fp8_delayed_state_read(state: &HostDelayedState) -> Result<(Vec<f32>, f32), TeError> {
         let history = lock(state);
         Ok((history.history.clone(), history.scale))
+    }
+
+    fn fp8_delayed_state_load(
+        _device: &NdArrayDevice,
+        history: &[f32],
+        scale: f32,
+    ) -> Result<HostDelayedState, TeError> {
+        let mut state = DelayedScalingHistory::new(history.len())?;
+        state.history.copy_from_slice(history);
+        state.scale = scale;
+        state.scale_inv = 1.0 / scale;
+        Ok(Arc::new(Mutex::new(state)))
+    }
+
+    fn fp8_delayed_state_len(state: &HostDelayedState) -> usize {
+        lock(state).history.len()
+    }
+
+    fn fp8_delayed_state_update(
+        state: &HostDelayedState,
+        algo: burn_te_kernels::AmaxComputeAlgo,
+        format: Fp8Format,
+        margin: f32,
+    ) -> Result<(), TeError> {
+        lock(state).update(algo, format, pow2_margin(margin)?);
+        Ok(())
     }
 }
 

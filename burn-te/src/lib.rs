@@ -28,16 +28,16 @@ pub mod data;
 pub mod decorator;
 mod error;
 pub mod fp8_gemm;
+pub mod fp8_state;
 pub mod host;
 pub mod nn;
 pub mod recipe;
-pub mod scaling_state;
 pub mod site;
 mod te;
 
 pub use autocast::{
-    AutocastGuard, active_recipe, fp8_autocast, fp8_autocast_guard, is_fp8_enabled,
-    plain_linear_backward, plain_linear_forward,
+    AutocastGuard, active_recipe, fp8_autocast, fp8_autocast_guard, fp8_autocast_guard_with,
+    fp8_autocast_with, generation, is_fp8_enabled, plain_linear_backward, plain_linear_forward,
 };
 pub use backend::{Fp8HostData, Fp8Primitive, Fp8Tensor, Scaling, TeBackend};
 pub use burn_te_kernels::{
@@ -47,6 +47,7 @@ pub use burn_te_kernels::{
 pub use data::{fake_quant, quantize, tensor_stats};
 pub use decorator::Decorator;
 pub use error::TeError;
+pub use fp8_state::{DelayedStateView, Fp8LinearStates, Fp8Meta};
 pub use recipe::{
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MXFP8BlockScaling, Recipe,
 };

@@ -38,7 +38,8 @@ pub struct DelayedScaling {
     pub amax_history_len: usize,
     /// How the window becomes one amax (default `Max`).
     pub amax_compute_algo: AmaxComputeAlgo,
-    /// Reduce amaxes across data-parallel ranks (default true; one process here, so a no-op).
+    /// Reduce amaxes across data-parallel ranks (default true). burn-te runs delayed scaling in one process, where
+    /// there is nothing to reduce; the flag is kept for TE compatibility (see the README).
     pub reduce_amax: bool,
 }
 

@@ -3,6 +3,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::fp8_state::Fp8Meta;
+
 /// One of a layer's three GEMMs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Gemm {
@@ -64,8 +66,10 @@ impl TensorRole {
     }
 }
 
-/// Where a GEMM runs: the layer's name, its module type and which of its GEMMs.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// Where a GEMM runs: the layer's name, its module type, which of its GEMMs, and the layer's FP8 state with the
+/// iteration (generation) the GEMM belongs to. Everything that quantizes a GEMM's operands (the GEMM itself, the
+/// debug tools' statistics and dumps) takes the delayed-scaling state from here.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GemmSite {
     /// The layer's name (e.g. `decoder.1.fc1`).
     pub layer: Arc<str>,
@@ -73,15 +77,30 @@ pub struct GemmSite {
     pub kind: Option<&'static str>,
     /// Which GEMM.
     pub gemm: Gemm,
+    /// The layer's delayed-scaling state (`None`: the GEMM cannot run with delayed scaling).
+    pub fp8: Option<Fp8Meta>,
+    /// The autocast generation of the forward pass this GEMM belongs to (see [`crate::fp8_state`]).
+    pub generation: u64,
 }
 
 impl GemmSite {
-    /// The site of `gemm` in `layer`.
+    /// The site of `gemm` in `layer`, without FP8 state (give one with [`with_state`](Self::with_state)).
     pub fn new(layer: impl Into<Arc<str>>, gemm: Gemm) -> Self {
         Self {
             layer: layer.into(),
             kind: None,
             gemm,
+            fp8: None,
+            generation: 0,
+        }
+    }
+
+    /// The same site with the layer's FP8 state, for a GEMM of the current autocast generation.
+    pub fn with_state(self, fp8: &Fp8Meta) -> Self {
+        Self {
+            fp8: Some(fp8.clone()),
+            generation: crate::autocast::generation(),
+            ..self
         }
     }
 

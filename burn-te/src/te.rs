@@ -6,7 +6,8 @@
 //! `burn::nn::Linear` layers trains in FP8 by swapping `B` for `Te<B>`.
 //!
 //! Plain linears have no names; inside a scope they are called `linear0`, `linear1`, ... in call order, which keys
-//! their delayed-scaling histories. TE modules (`te_linear`) carry their own names.
+//! their delayed-scaling states in the scope's [`Fp8LinearStates`](crate::Fp8LinearStates). TE modules
+//! (`te_linear`) carry their own names and states.
 
 use core::marker::PhantomData;
 
@@ -15,6 +16,7 @@ use burn::tensor::ops::FloatTensor;
 use crate::backend::TeBackend;
 use crate::decorator::Decorator;
 use crate::site::{Gemm, GemmSite};
+
 use crate::{autocast, fp8_gemm};
 
 /// The FP8 backend decorator: `B` with FP8 GEMMs inside autocast scopes. Use as `Autodiff<Te<Wgpu>>`.
@@ -44,25 +46,20 @@ impl<B: TeBackend> Decorator for Te<B> {
         weight: FloatTensor<B>,
         bias: Option<FloatTensor<B>>,
     ) -> FloatTensor<B> {
-        let (recipe, layer) = autocast::plain_linear_forward();
+        let (recipe, site) = autocast::plain_linear_forward();
         match recipe {
             None => B::linear(x, weight, bias),
-            Some(recipe) => {
-                let site = GemmSite::new(layer, Gemm::Fprop);
-                B::te_linear(x, weight, bias, &site, Some(&recipe))
-            }
+            Some(recipe) => B::te_linear(x, weight, bias, &site, Some(&recipe)),
         }
     }
 
     fn linear_x_backward(weight: FloatTensor<B>, output_grad: FloatTensor<B>) -> FloatTensor<B> {
-        let (recipe, layer) = autocast::plain_linear_backward(false);
-        let site = GemmSite::new(layer, Gemm::Dgrad);
+        let (recipe, site) = autocast::plain_linear_backward(Gemm::Dgrad);
         B::te_linear_dgrad(weight, output_grad, &site, recipe.as_ref())
     }
 
     fn linear_weight_backward(x: FloatTensor<B>, output_grad: FloatTensor<B>) -> FloatTensor<B> {
-        let (recipe, layer) = autocast::plain_linear_backward(true);
-        let site = GemmSite::new(layer, Gemm::Wgrad);
+        let (recipe, site) = autocast::plain_linear_backward(Gemm::Wgrad);
         B::te_linear_wgrad(x, output_grad, &site, recipe.as_ref())
     }
 }

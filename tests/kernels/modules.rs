@@ -10,8 +10,9 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn_te::backends::Wgpu;
 use burn_te::nn::*;
-use burn_te::scaling_state::read_delayed_state;
-use burn_te::{DelayedScaling, Float8CurrentScaling, Te, TeError, TensorRole, fp8_autocast};
+use burn_te::{
+    DelayedScaling, Float8CurrentScaling, Fp8Format, Te, TeError, TensorRole, fp8_autocast,
+};
 
 use crate::common::Rng;
 use crate::te::{assert_within_except, device, tensor, values};
@@ -505,15 +506,31 @@ fn layer_names_explicit_inferred_and_generic() {
     // The GEMMs run at those sites: delayed scaling keeps one history per layer and role, keyed by the name.
     let x = input([3, 2, 32], 3, &device);
     fp8_autocast(true, DelayedScaling::default(), || layer.forward(x, None)).unwrap();
-    for name in [
-        "transformer_layer.self_attention.layernorm_qkv",
-        "transformer_layer.self_attention.proj",
-        "transformer_layer.layernorm_mlp.fc1",
-        "transformer_layer.layernorm_mlp.fc2",
+    let attention = &layer.self_attention;
+    for (name, meta) in [
+        (
+            "transformer_layer.self_attention.layernorm_qkv",
+            &attention.layernorm_qkv.as_ref().unwrap().fp8_meta,
+        ),
+        (
+            "transformer_layer.self_attention.proj",
+            &attention.proj.fp8_meta,
+        ),
+        (
+            "transformer_layer.layernorm_mlp.fc1",
+            &layer.layernorm_mlp.fc1.fp8_meta,
+        ),
+        (
+            "transformer_layer.layernorm_mlp.fc2",
+            &layer.layernorm_mlp.fc2.fp8_meta,
+        ),
     ] {
-        let (history, _) = read_delayed_state::<Wgpu>(&device, name, TensorRole::Activation)
+        let recipe = DelayedScaling::default();
+        let history = meta
+            .read(TensorRole::Activation, &recipe, Fp8Format::E4M3)
             .expect("read")
-            .unwrap_or_else(|| panic!("no delayed-scaling state for {name}"));
+            .unwrap_or_else(|| panic!("no delayed-scaling state for {name}"))
+            .history;
         assert!(
             history.iter().any(|&a| a > 0.0),
             "{name}: activation amax recorded"
@@ -664,15 +681,18 @@ fn two_layer_transformer_stack_trains_in_fp8() {
         losses[0],
         losses[29]
     );
-    // The delayed-scaling histories live under the inferred names.
+    // The delayed-scaling histories live in the layers (the gradient's too).
+    let fc2 = &model.layers[1].layernorm_mlp.fc2;
+    assert_eq!(fc2.name(), "stack.layers.1.layernorm_mlp.fc2");
     assert!(
-        read_delayed_state::<Wgpu>(
-            &device,
-            "stack.layers.1.layernorm_mlp.fc2",
-            TensorRole::Gradient
-        )
-        .unwrap()
-        .is_some()
+        fc2.fp8_meta
+            .read(
+                TensorRole::Gradient,
+                &DelayedScaling::default(),
+                Fp8Format::E5M2
+            )
+            .unwrap()
+            .is_some()
     );
 }
 

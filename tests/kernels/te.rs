@@ -13,8 +13,9 @@ use burn_te::backends::Wgpu;
 use burn_te::{
     AmaxComputeAlgo, DelayedScaling, DelayedScalingHistory, Float8BlockScaling,
     Float8CurrentScaling, Format, Fp8Format, MXFP8BlockScaling, Recipe, Scaling, Te, TeBackend,
-    TeError, TensorRole, fp8_autocast, pow2_margin,
+    TeError, TensorRole, fp8_autocast, fp8_autocast_with, pow2_margin,
 };
+use burn_te::Fp8LinearStates;
 
 use crate::common::*;
 
@@ -128,14 +129,14 @@ fn linear_fprop_dgrad_wgrad_within_te_tolerances() {
 
     for recipe in recipes() {
         type B = Autodiff<Dev>;
-        burn_te::scaling_state::reset_delayed_states();
-        // Delayed scaling starts from scale 1 (TE too): one warm-up iteration fills the amax histories, so the
-        // measured iteration uses scales from real amaxes.
+        // A fresh state per recipe. Delayed scaling starts from scale 1 (TE too): one warm-up iteration fills
+        // the amax histories, so the measured iteration uses scales from real amaxes.
+        let states = Fp8LinearStates::new();
         for attempt in 0..2 {
             let x_t = tensor::<B, 2>(x.clone(), [tokens, d_in], &device).require_grad();
             let w_t = tensor::<B, 2>(w.clone(), [d_in, d_out], &device).require_grad();
             let b_t = tensor::<B, 1>(b.clone(), [d_out], &device).require_grad();
-            let y = fp8_autocast(true, recipe.clone(), || {
+            let y = fp8_autocast_with(&states, true, recipe.clone(), || {
                 burn::tensor::module::linear(x_t.clone(), w_t.clone(), Some(b_t.clone()))
             })
             .unwrap();
@@ -233,9 +234,7 @@ fn delayed_scaling_20_steps_bit_exact_against_host() {
                 .collect();
             let scaling = Scaling::Delayed {
                 state: &state,
-                algo,
-                margin,
-                update: true,
+                record: true,
             };
             let q = Wgpu::fp8_quantize(
                 tensor::<Wgpu, 1>(x.clone(), [1000], &device)
@@ -262,6 +261,7 @@ fn delayed_scaling_20_steps_bit_exact_against_host() {
             );
             host.record(burn_te_kernels::host::amax(&x));
             host.update(algo, Fp8Format::E4M3, pow2_margin(margin).unwrap());
+            Wgpu::fp8_delayed_state_update(&state, algo, Fp8Format::E4M3, margin).unwrap();
             let (history, scale) = Wgpu::fp8_delayed_state_read(&state).unwrap();
             assert_eq!(
                 scale.to_bits(),
@@ -307,6 +307,7 @@ impl<B: Backend> Mlp<B> {
 fn train<B: burn::tensor::backend::AutodiffBackend>(
     device: &B::Device,
     recipe: Option<Recipe>,
+    states: &Fp8LinearStates,
 ) -> f32 {
     let dims = (32, 64, 8);
     let mut model = Mlp::<B>::new(device, dims);
@@ -326,7 +327,7 @@ fn train<B: burn::tensor::backend::AutodiffBackend>(
             (y - target.clone()).powi_scalar(2).mean()
         };
         let loss = match &recipe {
-            Some(recipe) => fp8_autocast(true, recipe.clone(), forward).unwrap(),
+            Some(recipe) => fp8_autocast_with(states, true, recipe.clone(), forward).unwrap(),
             None => forward(),
         };
         losses.push(values(loss.clone())[0]);
@@ -339,8 +340,7 @@ fn train<B: burn::tensor::backend::AutodiffBackend>(
 #[test]
 fn mlp_of_plain_linears_trains_in_fp8_within_10_percent_of_f32() {
     let device = device();
-    burn_te::scaling_state::reset_delayed_states();
-    let f32_loss = train::<Autodiff<Wgpu>>(&device, None);
+    let f32_loss = train::<Autodiff<Wgpu>>(&device, None, &Fp8LinearStates::new());
     let initial = {
         let model = Mlp::<Wgpu>::new(&device, (32, 64, 8));
         let x = tensor::<Wgpu, 2>(Rng::new(1000).normal(64 * 32, 0.0, 1.0), [64, 32], &device);
@@ -355,8 +355,13 @@ fn mlp_of_plain_linears_trains_in_fp8_within_10_percent_of_f32() {
         f32_loss < 0.5 * initial,
         "the f32 run must learn: {initial} -> {f32_loss}"
     );
+    let delayed_states = Fp8LinearStates::new();
     for recipe in recipes() {
-        let fp8_loss = train::<Autodiff<Dev>>(&device, Some(recipe.clone()));
+        let states = match recipe {
+            Recipe::Delayed(_) => delayed_states.clone(),
+            _ => Fp8LinearStates::new(),
+        };
+        let fp8_loss = train::<Autodiff<Dev>>(&device, Some(recipe.clone()), &states);
         let ratio = fp8_loss / f32_loss;
         eprintln!(
             "{}: final loss {fp8_loss} vs f32 {f32_loss} (ratio {ratio:.4})",
@@ -369,16 +374,21 @@ fn mlp_of_plain_linears_trains_in_fp8_within_10_percent_of_f32() {
         );
     }
     // The delayed-scaling histories of both layers' activations, weights and gradients advanced.
+    assert_eq!(delayed_states.names(), ["linear0", "linear1"]);
+    let recipe = DelayedScaling::default();
     for layer in ["linear0", "linear1"] {
         for role in [
             TensorRole::Activation,
             TensorRole::Weight,
             TensorRole::Gradient,
         ] {
-            let (history, scale) =
-                burn_te::scaling_state::read_delayed_state::<Wgpu>(&device, layer, role)
-                    .unwrap()
-                    .unwrap();
+            let format = recipe.fp8_format.for_role(role);
+            let view = delayed_states
+                .layer(layer)
+                .read(role, &recipe, format)
+                .unwrap()
+                .unwrap();
+            let (history, scale) = (view.history, view.scale);
             assert!(
                 history.iter().any(|&a| a > 0.0) && scale != 1.0,
                 "{layer} {role:?}: {scale}"
@@ -394,8 +404,7 @@ fn ndarray_host_path_matches_the_device() {
     let x = Rng::new(8).normal(40 * 70, 0.0, 2.0);
     let w = Rng::new(9).normal(70 * 30, 0.0, 0.2);
     for recipe in recipes() {
-        burn_te::scaling_state::reset_delayed_states();
-        let on_device = fp8_autocast(true, recipe.clone(), || {
+        let on_device = fp8_autocast_with(&Fp8LinearStates::new(), true, recipe.clone(), || {
             burn::tensor::module::linear(
                 tensor::<Dev, 2>(x.clone(), [40, 70], &device),
                 tensor::<Dev, 2>(w.clone(), [70, 30], &device),
@@ -403,7 +412,7 @@ fn ndarray_host_path_matches_the_device() {
             )
         })
         .unwrap();
-        let on_host = fp8_autocast(true, recipe.clone(), || {
+        let on_host = fp8_autocast_with(&Fp8LinearStates::new(), true, recipe.clone(), || {
             burn::tensor::module::linear(
                 tensor::<Te<NdArray>, 2>(x.clone(), [40, 70], &host_device),
                 tensor::<Te<NdArray>, 2>(w.clone(), [70, 30], &host_device),
@@ -508,7 +517,6 @@ fn bad_inputs_give_clear_errors_or_te_behaviour() {
 
     // Non-finite values (TE's behaviour): inf saturates to ±max, NaN stays NaN, and the inf/NaN amax keeps the
     // previous delayed scale.
-    burn_te::scaling_state::reset_delayed_states();
     let mut x = vec![1.0f32; 16];
     x[0] = f32::INFINITY;
     x[1] = f32::NAN;

@@ -8,7 +8,7 @@ use super::linear::{gemm_params, split_bias, te_gemm};
 use super::names::LayerName;
 use super::norm::{Norm, Normalization};
 use super::{ModuleOutput, or_panic};
-use crate::{TeBackend, TeError};
+use crate::{Fp8Meta, TeBackend, TeError};
 
 /// Config of [`LayerNormLinear`].
 #[derive(Config, Debug)]
@@ -54,6 +54,8 @@ pub struct LayerNormLinear<B: Backend> {
     pub bias: Option<Param<Tensor<B, 1>>>,
     return_bias: bool,
     return_layernorm_output: bool,
+    /// The delayed-scaling state of the layer's GEMMs (amax histories and scales), saved with the record.
+    pub fp8_meta: Fp8Meta,
     #[module(skip)]
     name: LayerName,
 }
@@ -91,6 +93,7 @@ impl LayerNormLinearConfig {
             bias,
             return_bias: self.return_bias,
             return_layernorm_output: self.return_layernorm_output,
+            fp8_meta: Fp8Meta::new(),
             name,
         }
     }
@@ -123,6 +126,7 @@ impl<B: TeBackend> LayerNormLinear<B> {
                 &self.weight,
                 added,
                 &self.name,
+                &self.fp8_meta,
                 "layernorm_linear",
             )?,
             bias: returned,

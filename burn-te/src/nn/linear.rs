@@ -7,7 +7,7 @@ use burn::tensor::TensorPrimitive;
 use super::names::LayerName;
 use super::{ModuleOutput, check_features, or_panic};
 use crate::site::{Gemm, GemmSite};
-use crate::{TeBackend, TeError, active_recipe};
+use crate::{Fp8Meta, TeBackend, TeError, active_recipe};
 
 /// Config of [`Linear`].
 #[derive(Config, Debug)]
@@ -38,6 +38,8 @@ pub struct Linear<B: Backend> {
     /// `[out_features]`.
     pub bias: Option<Param<Tensor<B, 1>>>,
     return_bias: bool,
+    /// The delayed-scaling state of the layer's GEMMs (amax histories and scales), saved with the record.
+    pub fp8_meta: Fp8Meta,
     #[module(skip)]
     name: LayerName,
 }
@@ -60,6 +62,7 @@ impl LinearConfig {
             weight,
             bias,
             return_bias: self.return_bias,
+            fp8_meta: Fp8Meta::new(),
             name,
         }
     }
@@ -84,18 +87,21 @@ pub(crate) fn gemm_params<B: Backend>(
 }
 
 /// `x [.., in] · weight [in, out] (+ bias)` through [`TeBackend::te_linear`] at the fprop site of `name`: FP8 with
-/// the autocast scope's recipe, high precision outside one. The forwarding code of every TE GEMM module.
+/// the autocast scope's recipe and the layer's `fp8_meta`, high precision outside one. The forwarding code of every TE GEMM module.
 pub(crate) fn te_gemm<B: TeBackend, const D: usize>(
     x: Tensor<B, D>,
     weight: &Param<Tensor<B, 2>>,
     bias: Option<Tensor<B, 1>>,
     name: &LayerName,
+    fp8_meta: &Fp8Meta,
     kind: &'static str,
 ) -> Result<Tensor<B, D>, TeError> {
     let [in_features, _] = weight.dims();
     let layer = name.resolve(weight);
     check_features(&layer, "input", &x, in_features)?;
-    let site = GemmSite::new(layer, Gemm::Fprop).of_kind(kind);
+    let site = GemmSite::new(layer, Gemm::Fprop)
+        .of_kind(kind)
+        .with_state(fp8_meta);
     let out = B::te_linear(
         x.into_primitive().tensor(),
         weight.val().into_primitive().tensor(),
@@ -139,7 +145,14 @@ impl<B: TeBackend> Linear<B> {
     ) -> Result<ModuleOutput<B, D>, TeError> {
         let (added, returned) = split_bias(&self.bias, self.return_bias);
         Ok(ModuleOutput {
-            output: te_gemm(x, &self.weight, added, &self.name, "linear")?,
+            output: te_gemm(
+                x,
+                &self.weight,
+                added,
+                &self.name,
+                &self.fp8_meta,
+                "linear",
+            )?,
             bias: returned,
             layernorm_output: None,
         })

@@ -1,0 +1,407 @@
+//! FP8 state owned by the model: the delayed-scaling states (amax history and scale per tensor role) of a layer,
+//! carried by the module and saved with its record, as TE keeps them in a module's `fp8_meta` / `_extra_state`.
+//!
+//! - [`Fp8Meta`]: the state of one GEMM layer (activation, weight, gradient). Every TE module with a GEMM holds
+//!   one; its [`GemmSite`](crate::GemmSite)s carry it to the GEMM ops, so the forward, the backward and the debug
+//!   tools all use the same state whatever the backend stack (`Te<B>`, `Debug<Te<B>>`, `Autodiff<..>`).
+//! - [`Fp8LinearStates`]: the states of a model's plain `burn::nn::Linear` layers, by their call-order names
+//!   (`linear0`, ...). Give one to [`fp8_autocast_with`](crate::fp8_autocast_with) per model; without one, a
+//!   thread's plain linears share the thread's default.
+//!
+//! # When a scale changes
+//! TE's rule: every use of a tensor in iteration `n` (its fprop, dgrad and wgrad) quantizes with the scale from
+//! the amax history *before* `n`. An iteration is an outermost autocast scope (a *generation*; the backward GEMMs
+//! carry their forward's). A GEMM that records an amax puts it into the history's newest slot (the max of what is
+//! there); the first use of the state in a later generation rolls the history and recomputes the scale. So the
+//! gradient's amax is recorded by whichever backward GEMM runs (dgrad for a frozen weight, wgrad for an input
+//! that needs no gradient), and the wgrad's activation uses the fprop's scale.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use burn::module::{
+    AutodiffModule, Content, Devices, Module, ModuleDisplay, ModuleDisplayDefault, ModuleMapper,
+    ModuleVisitor,
+};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn_te_kernels::{DelayedScalingHistory, Fp8Format, pow2_margin};
+
+use crate::TeError;
+use crate::backend::TeBackend;
+use crate::recipe::DelayedScaling;
+use crate::site::TensorRole;
+
+const ROLES: [TensorRole; 3] = [
+    TensorRole::Activation,
+    TensorRole::Weight,
+    TensorRole::Gradient,
+];
+
+fn slot_of(role: TensorRole) -> usize {
+    match role {
+        TensorRole::Activation => 0,
+        TensorRole::Weight => 1,
+        TensorRole::Gradient => 2,
+    }
+}
+
+/// A backend's delayed state, type-erased by its state type (the same for `B`, `Te<B>`, `Debug<B>` and
+/// `Autodiff<B>`), with the function that reads it back.
+struct DeviceState {
+    state: Box<dyn Any + Send + Sync>,
+    read: fn(&(dyn Any + Send + Sync)) -> Result<(Vec<f32>, f32), TeError>,
+}
+
+fn read_state<B: TeBackend>(state: &(dyn Any + Send + Sync)) -> Result<(Vec<f32>, f32), TeError> {
+    let state = state
+        .downcast_ref::<B::DelayedState>()
+        .ok_or_else(|| TeError::InvalidRecipe("FP8 state of another backend".into()))?;
+    B::fp8_delayed_state_read(state)
+}
+
+/// The delayed-scaling state of one tensor role.
+#[derive(Default)]
+struct RoleState {
+    /// On a device, once used.
+    device: Option<DeviceState>,
+    /// `(history, scale)` from a record (or another device), moved to the device at the next use.
+    host: Option<(Vec<f32>, f32)>,
+    /// An amax was recorded since the history last rolled.
+    pending: bool,
+    /// The generation of the latest use.
+    generation: Option<u64>,
+}
+
+impl RoleState {
+    /// `(history, scale)` as stored: on the device, or from a record.
+    fn stored(&self) -> Result<Option<(Vec<f32>, f32)>, TeError> {
+        match (&self.device, &self.host) {
+            (Some(device), _) => (device.read)(device.state.as_ref()).map(Some),
+            (None, Some(host)) => Ok(Some(host.clone())),
+            (None, None) => Ok(None),
+        }
+    }
+}
+
+/// The delayed-scaling state of one GEMM layer: an amax history and a scale for its activation, weight and
+/// gradient, on the device of the layer's tensors. Clones share the state (a cloned model keeps training the
+/// same histories); [`load_record`](Module::load_record) gives a new one.
+#[derive(Clone, Default)]
+pub struct Fp8Meta {
+    roles: Arc<Mutex<[RoleState; 3]>>,
+}
+
+/// What [`Fp8Meta::read`] returns: one role's state as the next iteration will use it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DelayedStateView {
+    /// The amax history, newest first (`history[0]` receives the next iteration's amax).
+    pub history: Vec<f32>,
+    /// The scale the next iteration quantizes with.
+    pub scale: f32,
+}
+
+/// One role of an [`Fp8Meta`] in a record: `(role, history as stored, scale, amax recorded since the last roll)`.
+pub type RoleRecord = (String, Vec<f32>, f32, bool);
+
+impl Fp8Meta {
+    /// An empty state: each role starts (history of zeros, scale 1) at its first FP8 GEMM.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, [RoleState; 3]> {
+        self.roles
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The device state of `role` for a GEMM of `generation` under `recipe`, the tensor quantized to `format`:
+    /// created on first use (from a loaded record if there is one), rolled (history and scale updated) at the
+    /// first use in a new generation if an amax was recorded since the last roll.
+    pub fn delayed_state<B: TeBackend>(
+        &self,
+        role: TensorRole,
+        recipe: &DelayedScaling,
+        format: Fp8Format,
+        device: &B::Device,
+        generation: u64,
+    ) -> Result<B::DelayedState, TeError> {
+        let mut roles = self.lock();
+        let slot = &mut roles[slot_of(role)];
+        let len = recipe.amax_history_len;
+        let current = match &slot.device {
+            Some(stored) => match stored.state.downcast_ref::<B::DelayedState>() {
+                Some(state) if B::fp8_delayed_state_len(state) == len => Some(state.clone()),
+                // Another backend or history length: continue from its values.
+                _ => {
+                    slot.host = Some((stored.read)(stored.state.as_ref())?);
+                    slot.device = None;
+                    None
+                }
+            },
+            None => None,
+        };
+        let state = match current {
+            Some(state) => state,
+            None => {
+                let state = match slot.host.take() {
+                    Some((mut history, scale)) => {
+                        history.resize(len, 0.0);
+                        B::fp8_delayed_state_load(device, &history, scale)?
+                    }
+                    None => B::fp8_delayed_state(device, len)?,
+                };
+                slot.device = Some(DeviceState {
+                    state: Box::new(state.clone()),
+                    read: read_state::<B>,
+                });
+                state
+            }
+        };
+        if slot.pending && slot.generation.is_none_or(|g| g < generation) {
+            B::fp8_delayed_state_update(&state, recipe.amax_compute_algo, format, recipe.margin)?;
+            slot.pending = false;
+        }
+        slot.generation = Some(slot.generation.map_or(generation, |g| g.max(generation)));
+        Ok(state)
+    }
+
+    /// Notes that a GEMM recorded an amax of `role` into its history (rolled at the next generation's first use).
+    pub fn recorded(&self, role: TensorRole) {
+        self.lock()[slot_of(role)].pending = true;
+    }
+
+    /// `role`'s history and scale as the next iteration will use them (a pending amax rolled in on the host,
+    /// exactly as the device will), or `None` before its first FP8 GEMM. Reads the device (a sync point).
+    pub fn read(
+        &self,
+        role: TensorRole,
+        recipe: &DelayedScaling,
+        format: Fp8Format,
+    ) -> Result<Option<DelayedStateView>, TeError> {
+        let roles = self.lock();
+        let slot = &roles[slot_of(role)];
+        let Some((history, scale)) = slot.stored()? else {
+            return Ok(None);
+        };
+        let mut state = DelayedScalingHistory {
+            history,
+            scale,
+            scale_inv: 1.0 / scale,
+        };
+        if slot.pending {
+            state.update(
+                recipe.amax_compute_algo,
+                format,
+                pow2_margin(recipe.margin)?,
+            );
+        }
+        Ok(Some(DelayedStateView {
+            history: state.history,
+            scale: state.scale,
+        }))
+    }
+
+    /// The state as a record: one entry per role used so far (reads the device, a sync point).
+    pub fn to_record(&self) -> Result<Vec<RoleRecord>, TeError> {
+        let roles = self.lock();
+        let mut record = Vec::new();
+        for (role, slot) in ROLES.iter().zip(roles.iter()) {
+            if let Some((history, scale)) = slot.stored()? {
+                record.push((role.name().to_string(), history, scale, slot.pending));
+            }
+        }
+        Ok(record)
+    }
+
+    /// A state from a record written by [`to_record`](Self::to_record).
+    pub fn from_record(record: &[RoleRecord]) -> Result<Self, TeError> {
+        let meta = Self::new();
+        {
+            let mut roles = meta.lock();
+            for (name, history, scale, pending) in record {
+                let role = ROLES
+                    .into_iter()
+                    .find(|role| role.name() == name)
+                    .ok_or_else(|| {
+                        TeError::InvalidRecipe(format!(
+                            "FP8 state record: unknown tensor role `{name}` (expected activation, weight or gradient)"
+                        ))
+                    })?;
+                if history.is_empty() {
+                    return Err(TeError::InvalidRecipe(format!(
+                        "FP8 state record: empty amax history for `{name}`"
+                    )));
+                }
+                roles[slot_of(role)] = RoleState {
+                    host: Some((history.clone(), *scale)),
+                    pending: *pending,
+                    ..RoleState::default()
+                };
+            }
+        }
+        Ok(meta)
+    }
+
+    /// Moves every device state to the host; the next use creates it on the tensors' device.
+    fn to_host(&self) {
+        let mut roles = self.lock();
+        for slot in roles.iter_mut() {
+            if let Some(device) = slot.device.take() {
+                match (device.read)(device.state.as_ref()) {
+                    Ok(values) => slot.host = Some(values),
+                    Err(err) => {
+                        tracing::error!("FP8 state could not be read to move it: {err}");
+                        slot.device = Some(device);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl core::fmt::Debug for Fp8Meta {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let roles = self.lock();
+        let used: Vec<&str> = ROLES
+            .iter()
+            .zip(roles.iter())
+            .filter(|(_, s)| s.device.is_some() || s.host.is_some())
+            .map(|(role, _)| role.name())
+            .collect();
+        f.debug_struct("Fp8Meta").field("roles", &used).finish()
+    }
+}
+
+/// Two metas are equal when they are the same state.
+impl PartialEq for Fp8Meta {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.roles, &other.roles)
+    }
+}
+impl Eq for Fp8Meta {}
+
+/// Implements Burn's module traits for a state type `$ty` with `to_record`/`from_record`/`to_host`: no parameters,
+/// the state in the record.
+macro_rules! state_module {
+    ($ty:ty, $record:ty) => {
+        impl<B: Backend> Module<B> for $ty {
+            type Record = $record;
+
+            fn collect_devices(&self, devices: Devices<B>) -> Devices<B> {
+                devices
+            }
+            fn fork(self, _device: &B::Device) -> Self {
+                self.to_host();
+                self
+            }
+            fn to_device(self, _device: &B::Device) -> Self {
+                self.to_host();
+                self
+            }
+            fn visit<V: ModuleVisitor<B>>(&self, _visitor: &mut V) {}
+            fn map<M: ModuleMapper<B>>(self, _mapper: &mut M) -> Self {
+                self
+            }
+            /// Panics if the record is malformed (Burn's `load_record` cannot fail); records written by
+            /// `into_record` always load.
+            fn load_record(self, record: Self::Record) -> Self {
+                <$ty>::from_record(&record).unwrap_or_else(|err| panic!("{err}"))
+            }
+            /// Reads the state from the device; on a read error the record holds what could be read and the
+            /// error is logged.
+            fn into_record(self) -> Self::Record {
+                self.to_record().unwrap_or_else(|err| {
+                    tracing::error!("FP8 state not saved: {err}");
+                    Default::default()
+                })
+            }
+        }
+
+        impl<B: AutodiffBackend> AutodiffModule<B> for $ty {
+            type InnerModule = $ty;
+            fn valid(&self) -> Self::InnerModule {
+                self.clone()
+            }
+            fn from_inner(module: Self::InnerModule) -> Self {
+                module
+            }
+        }
+
+        impl ModuleDisplayDefault for $ty {
+            fn content(&self, content: Content) -> Option<Content> {
+                content.add_formatted(&format!("{self:?}")).optional()
+            }
+        }
+        impl ModuleDisplay for $ty {}
+    };
+}
+
+state_module!(Fp8Meta, Vec<RoleRecord>);
+
+/// The delayed-scaling states of a model's plain `burn::nn::Linear` layers, by their names in call order
+/// (`linear0`, `linear1`, ...). A module: put it in the model (`fp8: Fp8LinearStates`) so it is saved with the
+/// record, and give it to [`fp8_autocast_with`](crate::fp8_autocast_with). Clones share the states.
+#[derive(Clone, Default)]
+pub struct Fp8LinearStates {
+    layers: Arc<Mutex<BTreeMap<String, Fp8Meta>>>,
+}
+
+impl Fp8LinearStates {
+    /// No states yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Fp8Meta>> {
+        self.layers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The state of the plain linear `name`, created empty on first use.
+    pub fn layer(&self, name: &str) -> Fp8Meta {
+        self.lock().entry(name.to_string()).or_default().clone()
+    }
+
+    /// The names of the layers with a state.
+    pub fn names(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
+    /// Every layer's state as a record (reads the device).
+    pub fn to_record(&self) -> Result<Vec<(String, Vec<RoleRecord>)>, TeError> {
+        self.lock()
+            .iter()
+            .map(|(name, meta)| Ok((name.clone(), meta.to_record()?)))
+            .collect()
+    }
+
+    /// States from a record written by [`to_record`](Self::to_record).
+    pub fn from_record(record: &[(String, Vec<RoleRecord>)]) -> Result<Self, TeError> {
+        let layers = record
+            .iter()
+            .map(|(name, roles)| Ok((name.clone(), Fp8Meta::from_record(roles)?)))
+            .collect::<Result<BTreeMap<_, _>, TeError>>()?;
+        Ok(Self {
+            layers: Arc::new(Mutex::new(layers)),
+        })
+    }
+
+    fn to_host(&self) {
+        for meta in self.lock().values() {
+            meta.to_host();
+        }
+    }
+}
+
+impl core::fmt::Debug for Fp8LinearStates {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Fp8LinearStates")
+            .field("layers", &self.names())
+            .finish()
+    }
+}
+
+state_module!(Fp8LinearStates, Vec<(String, Vec<RoleRecord>)>);
