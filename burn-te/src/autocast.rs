@@ -10,7 +10,7 @@
 //!   and wgrad run with the forward's recipe, state and generation wherever `backward()` is called, as in TE.
 //! - A plain Burn `Linear` on `Te<B>` cannot carry state through Burn's autograd. Plain linears are named
 //!   `linear0`, `linear1`, ... in call order from the outermost scope's entry; their states live in the scope's
-//!   [`Fp8LinearStates`] (the one given to [`fp8_autocast_with`], else the thread's default). Their backward GEMMs
+//!   [`Fp8LinearStates`](crate::Fp8LinearStates) (the one given to [`fp8_autocast_with`], else the thread's default). Their backward GEMMs
 //!   are matched to the forwards in reverse call order: the `n`-th wgrad from the end belongs to the `n`-th linear
 //!   forward from the end, which holds for a chain of linears.
 //!
@@ -22,7 +22,7 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::TeError;
-use crate::fp8_state::Fp8LinearStates;
+use crate::fp8_state::PlainLinearStates;
 use crate::recipe::Recipe;
 use crate::site::{Gemm, GemmSite};
 
@@ -33,7 +33,7 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 struct Frame {
     id: u64,
     recipe: Option<Recipe>,
-    linears: Fp8LinearStates,
+    linears: PlainLinearStates,
 }
 
 /// A plain linear forward: its recipe (None: high precision) and fprop site.
@@ -50,7 +50,7 @@ struct State {
     /// The generation of the latest outermost scope on this thread.
     generation: u64,
     /// The thread's plain-linear states for scopes given none.
-    default_linears: Fp8LinearStates,
+    default_linears: PlainLinearStates,
     /// Plain linear forwards since the outermost scope was entered.
     forwards: Vec<PlainForward>,
     /// Plain linear backward GEMM pairs seen since the latest forward.
@@ -80,7 +80,7 @@ impl Drop for AutocastGuard {
     }
 }
 
-fn push_frame(recipe: Option<Recipe>, linears: Option<&Fp8LinearStates>) -> AutocastGuard {
+fn push_frame(recipe: Option<Recipe>, linears: Option<&PlainLinearStates>) -> AutocastGuard {
     STATE.with(|s| {
         let mut s = s.borrow_mut();
         if s.frames.is_empty() {
@@ -119,10 +119,10 @@ pub fn fp8_autocast_guard(
     Ok(push_frame(enabled.then_some(recipe), None))
 }
 
-/// [`fp8_autocast_guard`] whose plain Burn linears keep their delayed-scaling states in `linears` (one per model;
-/// a module field, so it is saved with the model's record).
+/// [`fp8_autocast_guard`] whose plain Burn linears keep their delayed-scaling states in `linears`: one per model,
+/// usually `&model.fp8` of a field `fp8: Fp8LinearStates<B>` (saved with the model's record).
 pub fn fp8_autocast_guard_with(
-    linears: &Fp8LinearStates,
+    linears: &PlainLinearStates,
     enabled: bool,
     recipe: impl Into<Recipe>,
 ) -> Result<AutocastGuard, TeError> {
@@ -149,7 +149,7 @@ pub fn fp8_autocast<T>(
 /// [`fp8_autocast`] whose plain Burn linears keep their delayed-scaling states in `linears` (see
 /// [`fp8_autocast_guard_with`]).
 pub fn fp8_autocast_with<T>(
-    linears: &Fp8LinearStates,
+    linears: &PlainLinearStates,
     enabled: bool,
     recipe: impl Into<Recipe>,
     f: impl FnOnce() -> T,
@@ -174,7 +174,7 @@ pub fn is_fp8_enabled() -> bool {
 }
 
 /// Bookkeeping of a plain Burn linear's forward, for backend decorators: its recipe (if FP8) and its fprop site,
-/// named by order in the scope (`linear0`, `linear1`, ...) with its state from the scope's [`Fp8LinearStates`].
+/// named by order in the scope (`linear0`, `linear1`, ...) with its state from the scope's [`PlainLinearStates`].
 pub fn plain_linear_forward() -> (Option<Recipe>, GemmSite) {
     STATE.with(|s| {
         let mut s = s.borrow_mut();
@@ -188,7 +188,7 @@ pub fn plain_linear_forward() -> (Option<Recipe>, GemmSite) {
         let name = format!("linear{index}");
         let site = GemmSite::new(name.as_str(), Gemm::Fprop);
         let site = match (frame, &recipe) {
-            (Some(frame), Some(_)) => site.with_state(&frame.linears.layer(&name)),
+            (Some(frame), Some(_)) => site.with_state_at(&frame.linears.layer(&name), s.generation),
             _ => site,
         };
         s.forwards.push(PlainForward {

@@ -17,6 +17,7 @@
 //! that needs no gradient), and the wgrad's activation uses the fprop's scale.
 
 use std::any::Any;
+use std::marker::PhantomData;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -86,13 +87,13 @@ impl RoleState {
 
 /// The delayed-scaling state of one GEMM layer: an amax history and a scale for its activation, weight and
 /// gradient, on the device of the layer's tensors. Clones share the state (a cloned model keeps training the
-/// same histories); [`load_record`](Module::load_record) gives a new one.
+/// same histories). The module field is [`Fp8Meta`]; [`GemmSite`](crate::GemmSite)s carry this.
 #[derive(Clone, Default)]
-pub struct Fp8Meta {
+pub struct LayerFp8State {
     roles: Arc<Mutex<[RoleState; 3]>>,
 }
 
-/// What [`Fp8Meta::read`] returns: one role's state as the next iteration will use it.
+/// What [`LayerFp8State::read`] returns: one role's state as the next iteration will use it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DelayedStateView {
     /// The amax history, newest first (`history[0]` receives the next iteration's amax).
@@ -101,10 +102,10 @@ pub struct DelayedStateView {
     pub scale: f32,
 }
 
-/// One role of an [`Fp8Meta`] in a record: `(role, history as stored, scale, amax recorded since the last roll)`.
+/// One role of a [`LayerFp8State`] in a record: `(role, history as stored, scale, amax recorded since the last roll)`.
 pub type RoleRecord = (String, Vec<f32>, f32, bool);
 
-impl Fp8Meta {
+impl LayerFp8State {
     /// An empty state: each role starts (history of zeros, scale 1) at its first FP8 GEMM.
     pub fn new() -> Self {
         Self::default()
@@ -261,7 +262,7 @@ impl Fp8Meta {
     }
 }
 
-impl core::fmt::Debug for Fp8Meta {
+impl core::fmt::Debug for LayerFp8State {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         let roles = self.lock();
         let used: Vec<&str> = ROLES
@@ -270,98 +271,153 @@ impl core::fmt::Debug for Fp8Meta {
             .filter(|(_, s)| s.device.is_some() || s.host.is_some())
             .map(|(role, _)| role.name())
             .collect();
-        f.debug_struct("Fp8Meta").field("roles", &used).finish()
+        f.debug_struct("LayerFp8State").field("roles", &used).finish()
     }
 }
 
 /// Two metas are equal when they are the same state.
-impl PartialEq for Fp8Meta {
+impl PartialEq for LayerFp8State {
     fn eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.roles, &other.roles)
     }
 }
-impl Eq for Fp8Meta {}
+impl Eq for LayerFp8State {}
 
-/// Implements Burn's module traits for a state type `$ty` with `to_record`/`from_record`/`to_host`: no parameters,
-/// the state in the record.
+/// A module field holding `$inner` (Burn persists only fields whose type names the backend): clones share the
+/// state, the state is in the record, moving to a device moves it through the host.
 macro_rules! state_module {
-    ($ty:ty, $record:ty) => {
-        impl<B: Backend> Module<B> for $ty {
+    ($(#[$doc:meta])* $ty:ident, $inner:ty, $record:ty) => {
+        $(#[$doc])*
+        pub struct $ty<B: Backend> {
+            state: $inner,
+            _backend: PhantomData<B>,
+        }
+
+        impl<B: Backend> $ty<B> {
+            /// An empty state.
+            pub fn new() -> Self {
+                Self::from_state(<$inner>::default())
+            }
+
+            fn from_state(state: $inner) -> Self {
+                Self {
+                    state,
+                    _backend: PhantomData,
+                }
+            }
+
+            /// The shared state (what autocast scopes and GEMM sites hold).
+            pub fn state(&self) -> &$inner {
+                &self.state
+            }
+        }
+
+        impl<B: Backend> Default for $ty<B> {
+            fn default() -> Self {
+                Self::new()
+            }
+        }
+
+        impl<B: Backend> Clone for $ty<B> {
+            fn clone(&self) -> Self {
+                Self::from_state(self.state.clone())
+            }
+        }
+
+        impl<B: Backend> core::ops::Deref for $ty<B> {
+            type Target = $inner;
+            fn deref(&self) -> &$inner {
+                &self.state
+            }
+        }
+
+        impl<B: Backend> core::fmt::Debug for $ty<B> {
+            fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                self.state.fmt(f)
+            }
+        }
+
+        impl<B: Backend> Module<B> for $ty<B> {
             type Record = $record;
 
             fn collect_devices(&self, devices: Devices<B>) -> Devices<B> {
                 devices
             }
             fn fork(self, _device: &B::Device) -> Self {
-                self.to_host();
+                self.state.to_host();
                 self
             }
             fn to_device(self, _device: &B::Device) -> Self {
-                self.to_host();
+                self.state.to_host();
                 self
             }
             fn visit<V: ModuleVisitor<B>>(&self, _visitor: &mut V) {}
             fn map<M: ModuleMapper<B>>(self, _mapper: &mut M) -> Self {
                 self
             }
-            /// Panics if the record is malformed (Burn's `load_record` cannot fail); records written by
-            /// `into_record` always load.
+            /// A new state from the record. Panics if the record is malformed (Burn's `load_record` cannot fail);
+            /// records written by `into_record` always load.
             fn load_record(self, record: Self::Record) -> Self {
-                <$ty>::from_record(&record).unwrap_or_else(|err| panic!("{err}"))
+                Self::from_state(<$inner>::from_record(&record).unwrap_or_else(|err| panic!("{err}")))
             }
-            /// Reads the state from the device; on a read error the record holds what could be read and the
-            /// error is logged.
+            /// Reads the state from the device; a read error is logged and leaves the state out of the record.
             fn into_record(self) -> Self::Record {
-                self.to_record().unwrap_or_else(|err| {
+                self.state.to_record().unwrap_or_else(|err| {
                     tracing::error!("FP8 state not saved: {err}");
                     Default::default()
                 })
             }
         }
 
-        impl<B: AutodiffBackend> AutodiffModule<B> for $ty {
-            type InnerModule = $ty;
+        impl<B: AutodiffBackend> AutodiffModule<B> for $ty<B> {
+            type InnerModule = $ty<B::InnerBackend>;
             fn valid(&self) -> Self::InnerModule {
-                self.clone()
+                $ty::from_state(self.state.clone())
             }
             fn from_inner(module: Self::InnerModule) -> Self {
-                module
+                Self::from_state(module.state)
             }
         }
 
-        impl ModuleDisplayDefault for $ty {
+        impl<B: Backend> ModuleDisplayDefault for $ty<B> {
             fn content(&self, content: Content) -> Option<Content> {
-                content.add_formatted(&format!("{self:?}")).optional()
+                content.add_formatted(&format!("{:?}", self.state)).optional()
             }
         }
-        impl ModuleDisplay for $ty {}
+        impl<B: Backend> ModuleDisplay for $ty<B> {}
     };
 }
 
-state_module!(Fp8Meta, Vec<RoleRecord>);
+state_module!(
+    /// The delayed-scaling state of a TE module's GEMM (TE's `fp8_meta`): a field of every module with a GEMM,
+    /// saved with its record. Derefs to the [`LayerFp8State`] its GEMM sites carry.
+    Fp8Meta,
+    LayerFp8State,
+    Vec<RoleRecord>
+);
 
-/// The delayed-scaling states of a model's plain `burn::nn::Linear` layers, by their names in call order
-/// (`linear0`, `linear1`, ...). A module: put it in the model (`fp8: Fp8LinearStates`) so it is saved with the
-/// record, and give it to [`fp8_autocast_with`](crate::fp8_autocast_with). Clones share the states.
+
+/// The delayed-scaling states of plain `burn::nn::Linear` layers, by their names in call order (`linear0`,
+/// `linear1`, ...): what an autocast scope uses. The module field is [`Fp8LinearStates`].
 #[derive(Clone, Default)]
-pub struct Fp8LinearStates {
-    layers: Arc<Mutex<BTreeMap<String, Fp8Meta>>>,
+pub struct PlainLinearStates {
+    layers: Arc<Mutex<BTreeMap<String, LayerFp8State>>>,
 }
 
-impl Fp8LinearStates {
+impl PlainLinearStates {
     /// No states yet.
     pub fn new() -> Self {
         Self::default()
     }
 
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Fp8Meta>> {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, LayerFp8State>> {
         self.layers
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The state of the plain linear `name`, created empty on first use.
-    pub fn layer(&self, name: &str) -> Fp8Meta {
+    pub fn layer(&self, name: &str) -> LayerFp8State {
         self.lock().entry(name.to_string()).or_default().clone()
     }
 
@@ -382,7 +438,7 @@ impl Fp8LinearStates {
     pub fn from_record(record: &[(String, Vec<RoleRecord>)]) -> Result<Self, TeError> {
         let layers = record
             .iter()
-            .map(|(name, roles)| Ok((name.clone(), Fp8Meta::from_record(roles)?)))
+            .map(|(name, roles)| Ok((name.clone(), LayerFp8State::from_record(roles)?)))
             .collect::<Result<BTreeMap<_, _>, TeError>>()?;
         Ok(Self {
             layers: Arc::new(Mutex::new(layers)),
@@ -396,12 +452,19 @@ impl Fp8LinearStates {
     }
 }
 
-impl core::fmt::Debug for Fp8LinearStates {
+impl core::fmt::Debug for PlainLinearStates {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Fp8LinearStates")
+        f.debug_struct("PlainLinearStates")
             .field("layers", &self.names())
             .finish()
     }
 }
 
-state_module!(Fp8LinearStates, Vec<(String, Vec<RoleRecord>)>);
+state_module!(
+    /// The delayed-scaling states of a model's plain `burn::nn::Linear` layers (`linear0`, ... in call order): put
+    /// one in the model (`fp8: Fp8LinearStates<B>`) so it is saved with the record, and give it to
+    /// [`fp8_autocast_with`](crate::fp8_autocast_with). Derefs to the [`PlainLinearStates`] scopes hold.
+    Fp8LinearStates,
+    PlainLinearStates,
+    Vec<(String, Vec<RoleRecord>)>
+);

@@ -47,7 +47,7 @@ pub use burn_te_kernels::{
 pub use data::{fake_quant, quantize, tensor_stats};
 pub use decorator::Decorator;
 pub use error::TeError;
-pub use fp8_state::{DelayedStateView, Fp8LinearStates, Fp8Meta};
+pub use fp8_state::{DelayedStateView, Fp8LinearStates, Fp8Meta, LayerFp8State, PlainLinearStates};
 pub use recipe::{
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MXFP8BlockScaling, Recipe,
 };

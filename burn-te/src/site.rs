@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::fp8_state::Fp8Meta;
+use crate::fp8_state::LayerFp8State;
 
 /// One of a layer's three GEMMs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -78,7 +78,7 @@ pub struct GemmSite {
     /// Which GEMM.
     pub gemm: Gemm,
     /// The layer's delayed-scaling state (`None`: the GEMM cannot run with delayed scaling).
-    pub fp8: Option<Fp8Meta>,
+    pub fp8: Option<LayerFp8State>,
     /// The autocast generation of the forward pass this GEMM belongs to (see [`crate::fp8_state`]).
     pub generation: u64,
 }
@@ -96,10 +96,15 @@ impl GemmSite {
     }
 
     /// The same site with the layer's FP8 state, for a GEMM of the current autocast generation.
-    pub fn with_state(self, fp8: &Fp8Meta) -> Self {
+    pub fn with_state(self, fp8: &LayerFp8State) -> Self {
+        self.with_state_at(fp8, crate::autocast::generation())
+    }
+
+    /// The same site with the layer's FP8 state, for a GEMM of `generation`.
+    pub fn with_state_at(self, fp8: &LayerFp8State, generation: u64) -> Self {
         Self {
             fp8: Some(fp8.clone()),
-            generation: crate::autocast::generation(),
+            generation,
             ..self
         }
     }

@@ -498,12 +498,12 @@ fn missing_config_warns_and_unwritable_log_dir_fails() {
 }
 
 /// A safetensors file read with nothing but its spec: `(key → (dtype, shape, bytes), metadata)`.
-type SafetensorsFile = (
+pub(crate) type SafetensorsFile = (
     std::collections::BTreeMap<String, (String, Vec<usize>, Vec<u8>)>,
     serde_json::Map<String, serde_json::Value>,
 );
 
-fn read_safetensors(path: &Path) -> SafetensorsFile {
+pub(crate) fn read_safetensors(path: &Path) -> SafetensorsFile {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header: serde_json::Map<String, serde_json::Value> =
@@ -533,7 +533,7 @@ fn read_safetensors(path: &Path) -> SafetensorsFile {
     (tensors, metadata)
 }
 
-fn f32s(bytes: &[u8]) -> Vec<f32> {
+pub(crate) fn f32s(bytes: &[u8]) -> Vec<f32> {
     bytes
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))

@@ -8,6 +8,7 @@ mod dashboard;
 mod debug;
 mod decorator;
 mod elementwise;
+mod fp8_state;
 mod gemm;
 mod modules;
 mod scaling;

@@ -15,7 +15,7 @@ use burn_te::{
     Float8CurrentScaling, Format, Fp8Format, MXFP8BlockScaling, Recipe, Scaling, Te, TeBackend,
     TeError, TensorRole, fp8_autocast, fp8_autocast_with, pow2_margin,
 };
-use burn_te::Fp8LinearStates;
+use burn_te::PlainLinearStates;
 
 use crate::common::*;
 
@@ -131,7 +131,7 @@ fn linear_fprop_dgrad_wgrad_within_te_tolerances() {
         type B = Autodiff<Dev>;
         // A fresh state per recipe. Delayed scaling starts from scale 1 (TE too): one warm-up iteration fills
         // the amax histories, so the measured iteration uses scales from real amaxes.
-        let states = Fp8LinearStates::new();
+        let states = PlainLinearStates::new();
         for attempt in 0..2 {
             let x_t = tensor::<B, 2>(x.clone(), [tokens, d_in], &device).require_grad();
             let w_t = tensor::<B, 2>(w.clone(), [d_in, d_out], &device).require_grad();
@@ -307,7 +307,7 @@ impl<B: Backend> Mlp<B> {
 fn train<B: burn::tensor::backend::AutodiffBackend>(
     device: &B::Device,
     recipe: Option<Recipe>,
-    states: &Fp8LinearStates,
+    states: &PlainLinearStates,
 ) -> f32 {
     let dims = (32, 64, 8);
     let mut model = Mlp::<B>::new(device, dims);
@@ -340,7 +340,7 @@ fn train<B: burn::tensor::backend::AutodiffBackend>(
 #[test]
 fn mlp_of_plain_linears_trains_in_fp8_within_10_percent_of_f32() {
     let device = device();
-    let f32_loss = train::<Autodiff<Wgpu>>(&device, None, &Fp8LinearStates::new());
+    let f32_loss = train::<Autodiff<Wgpu>>(&device, None, &PlainLinearStates::new());
     let initial = {
         let model = Mlp::<Wgpu>::new(&device, (32, 64, 8));
         let x = tensor::<Wgpu, 2>(Rng::new(1000).normal(64 * 32, 0.0, 1.0), [64, 32], &device);
@@ -355,11 +355,11 @@ fn mlp_of_plain_linears_trains_in_fp8_within_10_percent_of_f32() {
         f32_loss < 0.5 * initial,
         "the f32 run must learn: {initial} -> {f32_loss}"
     );
-    let delayed_states = Fp8LinearStates::new();
+    let delayed_states = PlainLinearStates::new();
     for recipe in recipes() {
         let states = match recipe {
             Recipe::Delayed(_) => delayed_states.clone(),
-            _ => Fp8LinearStates::new(),
+            _ => PlainLinearStates::new(),
         };
         let fp8_loss = train::<Autodiff<Dev>>(&device, Some(recipe.clone()), &states);
         let ratio = fp8_loss / f32_loss;
@@ -404,7 +404,7 @@ fn ndarray_host_path_matches_the_device() {
     let x = Rng::new(8).normal(40 * 70, 0.0, 2.0);
     let w = Rng::new(9).normal(70 * 30, 0.0, 0.2);
     for recipe in recipes() {
-        let on_device = fp8_autocast_with(&Fp8LinearStates::new(), true, recipe.clone(), || {
+        let on_device = fp8_autocast_with(&PlainLinearStates::new(), true, recipe.clone(), || {
             burn::tensor::module::linear(
                 tensor::<Dev, 2>(x.clone(), [40, 70], &device),
                 tensor::<Dev, 2>(w.clone(), [70, 30], &device),
@@ -412,7 +412,7 @@ fn ndarray_host_path_matches_the_device() {
             )
         })
         .unwrap();
-        let on_host = fp8_autocast_with(&Fp8LinearStates::new(), true, recipe.clone(), || {
+        let on_host = fp8_autocast_with(&PlainLinearStates::new(), true, recipe.clone(), || {
             burn::tensor::module::linear(
                 tensor::<Te<NdArray>, 2>(x.clone(), [40, 70], &host_device),
                 tensor::<Te<NdArray>, 2>(w.clone(), [70, 30], &host_device),

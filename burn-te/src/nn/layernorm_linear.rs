@@ -55,7 +55,7 @@ pub struct LayerNormLinear<B: Backend> {
     return_bias: bool,
     return_layernorm_output: bool,
     /// The delayed-scaling state of the layer's GEMMs (amax histories and scales), saved with the record.
-    pub fp8_meta: Fp8Meta,
+    pub fp8_meta: Fp8Meta<B>,
     #[module(skip)]
     name: LayerName,
 }

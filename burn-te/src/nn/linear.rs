@@ -39,7 +39,7 @@ pub struct Linear<B: Backend> {
     pub bias: Option<Param<Tensor<B, 1>>>,
     return_bias: bool,
     /// The delayed-scaling state of the layer's GEMMs (amax histories and scales), saved with the record.
-    pub fp8_meta: Fp8Meta,
+    pub fp8_meta: Fp8Meta<B>,
     #[module(skip)]
     name: LayerName,
 }
@@ -93,7 +93,7 @@ pub(crate) fn te_gemm<B: TeBackend, const D: usize>(
     weight: &Param<Tensor<B, 2>>,
     bias: Option<Tensor<B, 1>>,
     name: &LayerName,
-    fp8_meta: &Fp8Meta,
+    fp8_meta: &Fp8Meta<B>,
     kind: &'static str,
 ) -> Result<Tensor<B, D>, TeError> {
     let [in_features, _] = weight.dims();

@@ -1,0 +1,519 @@
+//! One truth for FP8 state: under DelayedScaling, the GEMMs' outputs and what the debug tools report (logged
+//! `scale_inv`, `underflows%`, dumped codes and `scale_inv`) follow an independent host re-computation of TE's
+//! rule at every iteration, on every backend stack; frozen layers; checkpoints; two models in one thread; autocast
+//! guards dropped out of order.
+
+use std::path::Path;
+
+use burn::module::{Module, Param};
+use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
+use burn::tensor::backend::AutodiffBackend;
+use burn_te::backends::Wgpu;
+use burn_te::nn::{Linear, LinearConfig};
+use burn_te::{
+    AmaxComputeAlgo, DelayedScaling, Fp8Format, PlainLinearStates, Te, TeBackend, TensorRole,
+    fp8_autocast, fp8_autocast_with,
+};
+use burn_te_debug::{Debug, DebugOptions};
+
+use crate::common::Rng;
+use crate::debug::{Collect, SESSION, f32s, read_safetensors, temp_dir};
+use crate::te::{device, tensor, values};
+
+const TOKENS: usize = 24;
+const D_IN: usize = 32;
+const D_OUT: usize = 16;
+const ITERATIONS: usize = 5;
+const ROLES: [TensorRole; 3] = [
+    TensorRole::Activation,
+    TensorRole::Weight,
+    TensorRole::Gradient,
+];
+
+/// The iterations' activations, weights and output gradients: amplitudes that rise and fall (so the `max` and
+/// `most_recent` windows differ), with small gradients that underflow E5M2 at scale 1.
+struct Data {
+    x: Vec<Vec<f32>>,
+    w: Vec<Vec<f32>>,
+    g: Vec<Vec<f32>>,
+}
+
+impl Data {
+    fn new(seed: u64) -> Self {
+        let amplitude = [1.0, 4.0, 0.5, 2.0, 0.25];
+        let make = |role: u64, len: usize, base: f64| {
+            (0..ITERATIONS)
+                .map(|n| Rng::new(seed + 10 * role + n as u64).normal(len, 0.0, base * amplitude[n]))
+                .collect()
+        };
+        Data {
+            x: make(0, TOKENS * D_IN, 1.0),
+            w: make(1, D_IN * D_OUT, 0.1),
+            g: make(2, TOKENS * D_OUT, 1e-5),
+        }
+    }
+
+    fn of(&self, role: TensorRole) -> &[Vec<f32>] {
+        match role {
+            TensorRole::Activation => &self.x,
+            TensorRole::Weight => &self.w,
+            TensorRole::Gradient => &self.g,
+        }
+    }
+}
+
+fn amax(values: &[f32]) -> f32 {
+    values.iter().fold(0f32, |a, v| a.max(v.abs()))
+}
+
+/// TE's delayed scale of `role` at iteration `n`, recomputed from the earlier iterations' amaxes independently of
+/// the code under test: `fp8_max / amax(window before n) / 2^margin` in f32 (1 at n = 0; an amax of 0 keeps the
+/// previous scale), the window being the last `amax_history_len` amaxes (`max`) or the newest (`most_recent`).
+fn expected_scale(data: &Data, role: TensorRole, n: usize, recipe: &DelayedScaling) -> f32 {
+    let format = recipe.fp8_format.for_role(role);
+    let amaxes: Vec<f32> = data.of(role).iter().map(|v| amax(v)).collect();
+    let mut scale = 1.0f32;
+    for k in 1..=n {
+        let window = &amaxes[k.saturating_sub(recipe.amax_history_len)..k];
+        let amax = match recipe.amax_compute_algo {
+            AmaxComputeAlgo::Max => window.iter().fold(0f32, |a, &v| a.max(v)),
+            AmaxComputeAlgo::MostRecent => window[window.len() - 1],
+        };
+        if amax > 0.0 {
+            scale = (format.max() / amax) / 2f32.powf(recipe.margin);
+        }
+    }
+    scale
+}
+
+/// The codes and dequantized values of `values` at `scale` (the conformance-verified encoder).
+fn quantized(values: &[f32], scale: f32, format: Fp8Format) -> (Vec<u8>, Vec<f32>) {
+    let codes: Vec<u8> = values.iter().map(|v| format.encode(v * scale)).collect();
+    let dequantized = codes.iter().map(|&c| format.decode(c) / scale).collect();
+    (codes, dequantized)
+}
+
+/// `a [m, k] · b [k, n]` in f64 with each output's Σ|terms| (for an accumulation-order tolerance).
+fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<(f64, f64)> {
+    let mut out = vec![(0.0, 0.0); m * n];
+    for i in 0..m {
+        for j in 0..n {
+            for p in 0..k {
+                let term = a[i * k + p] as f64 * b[p * n + j] as f64;
+                out[i * n + j].0 += term;
+                out[i * n + j].1 += term.abs();
+            }
+        }
+    }
+    out
+}
+
+fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    (0..cols * rows)
+        .map(|i| a[(i % rows) * cols + i / rows])
+        .collect()
+}
+
+/// `actual` equals the f64 reference up to f32 accumulation order.
+fn assert_gemm(what: &str, actual: &[f32], expected: &[(f64, f64)]) {
+    assert_eq!(actual.len(), expected.len(), "{what}: length");
+    for (i, (a, (e, magnitude))) in actual.iter().zip(expected).enumerate() {
+        let tolerance = 1e-5 * magnitude + 1e-30;
+        assert!(
+            (*a as f64 - e).abs() <= tolerance,
+            "{what}[{i}]: {a} vs {e} (±{tolerance})"
+        );
+    }
+}
+
+/// The dequantized operands of iteration `n` as the GEMMs must use them: every use of a tensor in the iteration
+/// (fprop, dgrad, wgrad) with the scale from the history before `n`.
+fn dequantized_operands(data: &Data, n: usize, recipe: &DelayedScaling) -> [Vec<f32>; 3] {
+    ROLES.map(|role| {
+        let scale = expected_scale(data, role, n, recipe);
+        quantized(&data.of(role)[n], scale, recipe.fp8_format.for_role(role)).1
+    })
+}
+
+fn layer<B: TeBackend>(device: &B::Device) -> Linear<B> {
+    LinearConfig::new(D_IN, D_OUT)
+        .with_bias(false)
+        .with_name(Some("fc".into()))
+        .init(device)
+}
+
+/// One training iteration on an autodiff stack: fprop in a DelayedScaling scope, backward of `sum(y ⊙ g)` (so the
+/// output gradient is exactly `g`). Returns `(y, dx, dw)` (dw `None` for a frozen weight).
+fn train_iteration<B: AutodiffBackend + TeBackend>(
+    layer: &Linear<B>,
+    data: &Data,
+    n: usize,
+    recipe: &DelayedScaling,
+    device: &B::Device,
+) -> (Vec<f32>, Vec<f32>, Option<Vec<f32>>) {
+    let x = tensor::<B, 2>(data.x[n].clone(), [TOKENS, D_IN], device).require_grad();
+    let y = fp8_autocast(true, recipe.clone(), || layer.forward(x.clone())).unwrap();
+    let g = tensor::<B, 2>(data.g[n].clone(), [TOKENS, D_OUT], device);
+    let grads = (y.clone() * g).sum().backward();
+    let dw = layer.weight.val().grad(&grads).map(values);
+    (values(y), values(x.grad(&grads).unwrap()), dw)
+}
+
+/// Checks the three GEMMs of iteration `n` against the host re-computation.
+fn check_gemms(
+    what: &str,
+    data: &Data,
+    n: usize,
+    recipe: &DelayedScaling,
+    (y, dx, dw): &(Vec<f32>, Vec<f32>, Option<Vec<f32>>),
+) {
+    let [x, w, g] = dequantized_operands(data, n, recipe);
+    assert_gemm(
+        &format!("{what} it {n} fprop"),
+        y,
+        &matmul(&x, &w, TOKENS, D_IN, D_OUT),
+    );
+    let wt = transpose(&w, D_IN, D_OUT);
+    assert_gemm(
+        &format!("{what} it {n} dgrad"),
+        dx,
+        &matmul(&g, &wt, TOKENS, D_OUT, D_IN),
+    );
+    if let Some(dw) = dw {
+        let xt = transpose(&x, TOKENS, D_IN);
+        assert_gemm(
+            &format!("{what} it {n} wgrad"),
+            dw,
+            &matmul(&xt, &g, D_IN, TOKENS, D_OUT),
+        );
+    }
+}
+
+fn set_weight<B: TeBackend>(layer: &mut Linear<B>, data: &Data, n: usize, device: &B::Device) {
+    let weight = tensor::<B, 2>(data.w[n].clone(), [D_IN, D_OUT], device);
+    layer.weight = Param::from_tensor(weight);
+}
+
+const CONFIG: &str = r#"fp8_state:
+  enabled: True
+  layers:
+    layer_name_regex_pattern: '^fc$'
+  transformer_engine:
+    LogFp8TensorStats:
+      enabled: True
+      stats: [underflows%, scale_inv_min, scale_inv_max]
+      tensors: [activation, weight, gradient]
+    DumpTensors:
+      enabled: True
+      tensors_struct:
+        - tensor: activation
+          quantized_tensor: True
+        - tensor: weight
+          quantized_tensor: True
+        - tensor: gradient
+          quantized_tensor: True
+"#;
+
+fn start_debug(dir: &Path) -> Collect {
+    let config = dir.join("config.yaml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let collect = Collect::default();
+    burn_te_debug::initialize(
+        DebugOptions::new(&config)
+            .log_dir(dir)
+            .logger(collect.clone()),
+    )
+    .unwrap();
+    collect
+}
+
+/// What the debug tools reported for `roles` at every iteration equals the host re-computation: `scale_inv_min`
+/// and `scale_inv_max` bit for bit, `underflows%` exactly, the dumps' codes and `scale_inv` bit for bit.
+fn check_reports(
+    what: &str,
+    dir: &Path,
+    collect: &Collect,
+    data: &Data,
+    recipe: &DelayedScaling,
+    roles: &[TensorRole],
+) {
+    let logged = collect.0.lock().unwrap().clone();
+    let get = |name: &str, it: usize| {
+        logged
+            .iter()
+            .find(|(i, v)| *i == it as u64 && v.name == name)
+            .map(|(_, v)| v.value)
+            .unwrap_or_else(|| panic!("{what}: {name} at {it} not logged"))
+    };
+    for n in 0..ITERATIONS {
+        for &role in roles {
+            let format = recipe.fp8_format.for_role(role);
+            let scale = expected_scale(data, role, n, recipe);
+            let values = &data.of(role)[n];
+            let (codes, _) = quantized(values, scale, format);
+            let scale_inv = 1.0 / scale;
+            let name = role.name();
+            for stat in ["scale_inv_min", "scale_inv_max"] {
+                let logged = get(&format!("fc_{name}_{stat}"), n) as f32;
+                assert_eq!(
+                    logged.to_bits(),
+                    scale_inv.to_bits(),
+                    "{what} it {n} {name} {stat}: {logged} vs {scale_inv}"
+                );
+            }
+            let underflows = values
+                .iter()
+                .zip(&codes)
+                .filter(|(v, c)| **v != 0.0 && **c & 0x7f == 0)
+                .count();
+            let expected = 100.0 * underflows as f64 / values.len() as f64;
+            let logged = get(&format!("fc_{name}_underflows%"), n);
+            assert!(
+                (logged - expected).abs() < 1e-9,
+                "{what} it {n} {name} underflows%: {logged} vs {expected}"
+            );
+            let file = dir.join(format!(
+                "tensor_dumps/rank_0/iter_{n:06}/fc_{name}.safetensors"
+            ));
+            let (dump, meta) = read_safetensors(&file);
+            assert_eq!(
+                dump["quantized"].2, codes,
+                "{what} it {n} {name}: dumped codes"
+            );
+            assert_eq!(
+                f32s(&dump["scale_inv"].2)[0].to_bits(),
+                scale_inv.to_bits(),
+                "{what} it {n} {name}: dumped scale_inv"
+            );
+            assert_eq!(meta["fp8_format"], format.name(), "{what}");
+        }
+    }
+}
+
+fn recipes() -> [DelayedScaling; 3] {
+    [
+        DelayedScaling::default(),
+        DelayedScaling {
+            margin: 1.0,
+            amax_compute_algo: AmaxComputeAlgo::MostRecent,
+            ..DelayedScaling::default()
+        },
+        // A window of two iterations: the amax of iteration 1 (the largest) leaves it at iteration 4.
+        DelayedScaling {
+            amax_history_len: 2,
+            ..DelayedScaling::default()
+        },
+    ]
+}
+
+/// Five DelayedScaling iterations under `Autodiff<Debug<Te<B>>>` with the debug tools on: every GEMM's output
+/// and every report follow the host re-computation.
+fn debug_autodiff_stack<S: AutodiffBackend + TeBackend>(
+    what: &str,
+    device: &S::Device,
+    recipe: &DelayedScaling,
+) {
+    let dir = temp_dir(&format!("fp8-state-{what}"));
+    let collect = start_debug(&dir);
+    let data = Data::new(1);
+    let mut fc = layer::<S>(device);
+    for n in 0..ITERATIONS {
+        set_weight(&mut fc, &data, n, device);
+        let out = train_iteration(&fc, &data, n, recipe, device);
+        check_gemms(what, &data, n, recipe, &out);
+        burn_te_debug::step().unwrap();
+    }
+    burn_te_debug::end().unwrap();
+    check_reports(what, &dir, &collect, &data, recipe, &ROLES);
+}
+
+#[test]
+fn debug_tools_report_the_scales_codes_and_counts_the_gemms_used() {
+    let _guard = SESSION.lock().unwrap_or_else(|p| p.into_inner());
+    let device = device();
+    for (i, recipe) in recipes().iter().enumerate() {
+        debug_autodiff_stack::<burn::backend::Autodiff<Debug<Te<Wgpu>>>>(
+            &format!("wgpu-{i}"),
+            &device,
+            recipe,
+        );
+    }
+    // The host path, with the sliding window.
+    debug_autodiff_stack::<burn::backend::Autodiff<Debug<Te<burn::backend::NdArray>>>>(
+        "ndarray",
+        &Default::default(),
+        &recipes()[2],
+    );
+
+    // Without autodiff: forward only, activation and weight.
+    let recipe = &recipes()[1];
+    let dir = temp_dir("fp8-state-forward");
+    let collect = start_debug(&dir);
+    let data = Data::new(1);
+    let mut fc = layer::<Debug<Te<Wgpu>>>(&device);
+    for n in 0..ITERATIONS {
+        set_weight(&mut fc, &data, n, &device);
+        let x = tensor::<Debug<Te<Wgpu>>, 2>(data.x[n].clone(), [TOKENS, D_IN], &device);
+        let y = fp8_autocast(true, recipe.clone(), || fc.forward(x)).unwrap();
+        let [x, w, _] = dequantized_operands(&data, n, recipe);
+        assert_gemm(
+            &format!("forward it {n}"),
+            &values(y),
+            &matmul(&x, &w, TOKENS, D_IN, D_OUT),
+        );
+        burn_te_debug::step().unwrap();
+    }
+    burn_te_debug::end().unwrap();
+    check_reports(
+        "forward",
+        &dir,
+        &collect,
+        &data,
+        recipe,
+        &[TensorRole::Activation, TensorRole::Weight],
+    );
+}
+
+#[test]
+fn te_stack_gemms_follow_the_delayed_scales_and_frozen_weights_update_the_gradient_history() {
+    let device = device();
+    let data = Data::new(2);
+    for recipe in recipes() {
+        for frozen in [false, true] {
+            let mut fc = layer::<burn::backend::Autodiff<Te<Wgpu>>>(&device);
+            for n in 0..ITERATIONS {
+                set_weight(&mut fc, &data, n, &device);
+                if frozen {
+                    fc = fc.no_grad();
+                }
+                let out = train_iteration(&fc, &data, n, &recipe, &device);
+                assert_eq!(out.2.is_none(), frozen);
+                // dgrad's gradient scale comes from the gradient amaxes of the earlier iterations, which only
+                // dgrad records when the weight is frozen.
+                check_gemms(&format!("frozen={frozen}"), &data, n, &recipe, &out);
+            }
+            // The state the next iteration would use.
+            for role in ROLES {
+                let view = fc
+                    .fp8_meta
+                    .read(role, &recipe, recipe.fp8_format.for_role(role))
+                    .unwrap()
+                    .unwrap();
+                let expected = expected_scale(&data, role, ITERATIONS, &recipe);
+                assert_eq!(
+                    view.scale.to_bits(),
+                    expected.to_bits(),
+                    "frozen={frozen} {role:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn fp8_state_is_saved_and_restored_with_the_model_record() {
+    type B = burn::backend::Autodiff<Te<Wgpu>>;
+    let device = device();
+    let data = Data::new(3);
+    let recipe = DelayedScaling {
+        amax_history_len: 4,
+        ..DelayedScaling::default()
+    };
+    let mut fc = layer::<B>(&device);
+    for n in 0..3 {
+        set_weight(&mut fc, &data, n, &device);
+        train_iteration(&fc, &data, n, &recipe, &device);
+    }
+    let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
+    let bytes = recorder.record(fc.clone().into_record(), ()).unwrap();
+
+    // A fresh process would start here: a new model, its record loaded.
+    let restored = layer::<B>(&device).load_record(recorder.load(bytes, &device).unwrap());
+    assert_ne!(
+        restored.fp8_meta.state(),
+        fc.fp8_meta.state(),
+        "the loaded state is its own"
+    );
+    for role in ROLES {
+        let format = recipe.fp8_format.for_role(role);
+        assert_eq!(
+            restored.fp8_meta.read(role, &recipe, format).unwrap(),
+            fc.fp8_meta.read(role, &recipe, format).unwrap(),
+            "{role:?}"
+        );
+    }
+    // Step 4 (and 5): bit-identical outputs and gradients, and they follow the host re-computation.
+    let (mut a, mut b) = (fc, restored);
+    for n in 3..ITERATIONS {
+        set_weight(&mut a, &data, n, &device);
+        set_weight(&mut b, &data, n, &device);
+        let out_a = train_iteration(&a, &data, n, &recipe, &device);
+        let out_b = train_iteration(&b, &data, n, &recipe, &device);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&out_a.0), bits(&out_b.0), "it {n} y");
+        assert_eq!(bits(&out_a.1), bits(&out_b.1), "it {n} dx");
+        assert_eq!(
+            bits(out_a.2.as_ref().unwrap()),
+            bits(out_b.2.as_ref().unwrap()),
+            "it {n} dw"
+        );
+        check_gemms("restored", &data, n, &recipe, &out_b);
+    }
+}
+
+#[test]
+fn two_models_in_one_thread_keep_their_own_histories() {
+    type B = Te<Wgpu>;
+    let device = device();
+    let recipe = DelayedScaling::default();
+    // Teacher and student: same layer name, different data.
+    let (teacher_data, student_data) = (Data::new(4), Data::new(5));
+    let (mut teacher, mut student) = (layer::<B>(&device), layer::<B>(&device));
+    for n in 0..3 {
+        for (fc, data) in [
+            (&mut teacher, &teacher_data),
+            (&mut student, &student_data),
+        ] {
+            set_weight(fc, data, n, &device);
+            let x = tensor::<B, 2>(data.x[n].clone(), [TOKENS, D_IN], &device);
+            let y = fp8_autocast(true, recipe.clone(), || fc.forward(x)).unwrap();
+            let [x, w, _] = dequantized_operands(data, n, &recipe);
+            assert_gemm(
+                &format!("model it {n}"),
+                &values(y),
+                &matmul(&x, &w, TOKENS, D_IN, D_OUT),
+            );
+        }
+    }
+    // Plain Burn linears: one PlainLinearStates per model.
+    let (a, b) = (PlainLinearStates::new(), PlainLinearStates::new());
+    let w = tensor::<B, 2>(vec![0.5; 4 * 2], [4, 2], &device);
+    for (states, amplitude) in [(&a, 2.0f32), (&b, 8.0)] {
+        let x = tensor::<B, 2>(vec![amplitude; 3 * 4], [3, 4], &device);
+        fp8_autocast_with(states, true, recipe.clone(), || {
+            burn::tensor::module::linear(x, w.clone(), None)
+        })
+        .unwrap();
+    }
+    for (states, amplitude) in [(&a, 2.0f32), (&b, 8.0)] {
+        let view = states
+            .layer("linear0")
+            .read(TensorRole::Activation, &recipe, Fp8Format::E4M3)
+            .unwrap()
+            .unwrap();
+        assert_eq!(view.scale, 448.0 / amplitude);
+    }
+}
+
+#[test]
+fn autocast_guards_dropped_out_of_order_end_their_own_scopes() {
+    let outer = burn_te::fp8_autocast_guard(true, DelayedScaling::default()).unwrap();
+    let inner =
+        burn_te::fp8_autocast_guard(true, burn_te::Float8CurrentScaling::default()).unwrap();
+    assert_eq!(burn_te::active_recipe().unwrap().name(), "fp8_current_scaling");
+    drop(outer);
+    // The inner scope is still the one in force.
+    assert_eq!(burn_te::active_recipe().unwrap().name(), "fp8_current_scaling");
+    drop(inner);
+    assert!(burn_te::active_recipe().is_none());
+}
