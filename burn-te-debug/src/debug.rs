@@ -254,12 +254,18 @@ fn debug_gemm<B: TeBackend>(
                         operands[slot] = modified.tensor;
                         high_precision = true;
                     }
-                    Err(_) => tracing::error!(
-                        "{site}: modify_tensor returned a tensor of another backend; ignored"
+                    Err(_) => burn_te::fallback::record(
+                        "debug feature error",
+                        format!(
+                            "{site}: modify_tensor returned a tensor of another backend; the {tensor} is used unmodified"
+                        ),
                     ),
                 }
             }
-            Some(Err(err)) => tracing::error!("{site}: {err}"),
+            Some(Err(err)) => burn_te::fallback::record(
+                "debug feature error",
+                format!("{site}: modify_tensor of {tensor} failed, the {tensor} is used unmodified: {err}"),
+            ),
             None => {}
         }
     }

@@ -184,6 +184,14 @@ pub enum DebugError {
     /// An FP8 op failed.
     #[error(transparent)]
     Te(#[from] TeError),
+    /// Statistics of the step could not be read back; the others were logged.
+    #[error("{} statistics of iteration {iteration} could not be read back (the others were logged): {}", errors.len(), errors.join("; "))]
+    StatsRead {
+        /// The iteration.
+        iteration: u64,
+        /// One message per failed read (`layer_tensor: error`).
+        errors: Vec<String>,
+    },
     /// Writing a log or dump file failed.
     #[error("cannot write {path}: {source}")]
     Write {

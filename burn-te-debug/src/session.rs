@@ -341,14 +341,27 @@ impl Session {
 
     fn flush(&mut self) -> Result<(), DebugError> {
         self.dump_feeds.clear();
+        // GEMMs that fell back to high precision this step (burn-te counts them; the user reads them here).
+        for message in burn_te::fallback::take_fallback_messages() {
+            let _ = self.main_log(&message);
+        }
         let (values, errors) = self.buffers.flush();
         for error in &errors {
             tracing::error!("{error}");
+            let _ = self.main_log(&format!("statistics not read back: {error}"));
         }
-        let mut result = Ok(());
+        let mut result = if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(DebugError::StatsRead {
+                iteration: self.iteration,
+                errors,
+            })
+        };
         if let Some(logs) = self.logs.as_mut() {
             for value in &values {
                 if let Err(err) = logs.stat(&stat_message(&value.name, self.iteration, value.value))
+                    && result.is_ok()
                 {
                     result = Err(err);
                 }

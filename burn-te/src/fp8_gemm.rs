@@ -9,14 +9,15 @@ use crate::backend::{Fp8Primitive, Scaling, TeBackend};
 use crate::recipe::{DelayedScaling, Recipe};
 use crate::site::{GemmSite, TensorRole};
 
-/// Returns the FP8 result, or on an error logs it and runs the high-precision op instead (Burn ops cannot fail).
+/// Returns the FP8 result, or on an error records the fallback (counted, logged, shown in the debug main log; see
+/// [`crate::fallback`]) and runs the high-precision op instead (Burn ops cannot fail).
 pub fn or_high_precision<B: TeBackend>(
     what: impl core::fmt::Display,
     fp8: Result<FloatTensor<B>, TeError>,
     high_precision: impl FnOnce() -> FloatTensor<B>,
 ) -> FloatTensor<B> {
     fp8.unwrap_or_else(|err| {
-        tracing::warn!("{what}: FP8 GEMM not possible, running in high precision: {err}");
+        crate::fallback::record_fallback(what, &err);
         high_precision()
     })
 }

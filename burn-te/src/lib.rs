@@ -27,6 +27,7 @@ pub mod cube;
 pub mod data;
 pub mod decorator;
 mod error;
+pub mod fallback;
 pub mod fp8_gemm;
 pub mod fp8_state;
 pub mod host;
@@ -47,6 +48,7 @@ pub use burn_te_kernels::{
 pub use data::{fake_quant, quantize, tensor_stats};
 pub use decorator::Decorator;
 pub use error::TeError;
+pub use fallback::fallback_counts;
 pub use fp8_state::{DelayedStateView, Fp8LinearStates, Fp8Meta, LayerFp8State, PlainLinearStates};
 pub use recipe::{
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MXFP8BlockScaling, Recipe,

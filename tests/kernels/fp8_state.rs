@@ -517,3 +517,39 @@ fn autocast_guards_dropped_out_of_order_end_their_own_scopes() {
     drop(inner);
     assert!(burn_te::active_recipe().is_none());
 }
+
+#[test]
+fn a_fallback_to_high_precision_is_counted_and_written_to_the_main_log() {
+    let _guard = SESSION.lock().unwrap_or_else(|p| p.into_inner());
+    type D = Debug<Te<Wgpu>>;
+    let device = device();
+    let dir = temp_dir("fp8-state-fallback");
+    burn_te_debug::initialize(DebugOptions::without_config().log_dir(&dir)).unwrap();
+    // A batch broadcast the FP8 GEMM does not take ([2, 3] against [2, 1]); Burn's matmul does.
+    let lhs = Rng::new(7).normal(2 * 3 * 4 * 8, 0.0, 1.0);
+    let rhs = Rng::new(8).normal(2 * 8 * 5, 0.0, 1.0);
+    let before = burn_te::fallback_counts().get("shape").copied().unwrap_or(0);
+    let y = fp8_autocast(true, DelayedScaling::default(), || {
+        tensor::<D, 4>(lhs.clone(), [2, 3, 4, 8], &device).matmul(tensor::<D, 4>(
+            rhs.clone(),
+            [2, 1, 8, 5],
+            &device,
+        ))
+    })
+    .unwrap();
+    let after = burn_te::fallback_counts().get("shape").copied().unwrap_or(0);
+    assert!(after > before, "counted: {before} -> {after}");
+    // It ran in high precision: bit for bit Burn's matmul.
+    let reference = tensor::<Wgpu, 4>(lhs, [2, 3, 4, 8], &device)
+        .matmul(tensor::<Wgpu, 4>(rhs, [2, 1, 8, 5], &device));
+    assert_eq!(values(y), values(reference));
+    burn_te_debug::step().unwrap();
+    burn_te_debug::end().unwrap();
+    let main =
+        std::fs::read_to_string(dir.join("nvdlfw_inspect_logs/nvdlfw_inspect_globalrank-0.log"))
+            .unwrap();
+    assert!(
+        main.contains("matmul: FP8 GEMM not possible, ran in high precision"),
+        "{main}"
+    );
+}
