@@ -147,6 +147,9 @@ pub enum DebugError {
     /// `initialize` while a session is running.
     #[error("the debug API is already initialized; call end() first")]
     AlreadyInitialized,
+    /// A debug API call from a feature's code that would change the session under it.
+    #[error("{0}() cannot be called from a feature's code (while the debug session runs it)")]
+    Reentrant(&'static str),
     /// A call that needs an initialized session.
     #[error("the debug API is not initialized; call initialize() first")]
     NotInitialized,

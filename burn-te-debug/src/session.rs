@@ -126,6 +126,30 @@ fn lock() -> MutexGuard<'static, Option<Session>> {
     SESSION.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// While this thread runs code on the session (a feature's code included): the iteration, and the messages that
+/// code logged, written to the main log when it returns. So a feature that calls [`iteration`] or [`log_message`]
+/// gets an answer instead of a deadlock on the session's lock.
+struct Held {
+    iteration: u64,
+    messages: Vec<String>,
+}
+
+thread_local! {
+    static HELD: std::cell::RefCell<Option<Held>> = const { std::cell::RefCell::new(None) };
+}
+
+fn held() -> bool {
+    HELD.with(|h| h.borrow().is_some())
+}
+
+/// The session's lock for a public entry point; an error (not a deadlock) when called from a feature's code.
+fn lock_entry(entry: &'static str) -> Result<MutexGuard<'static, Option<Session>>, DebugError> {
+    if held() {
+        return Err(DebugError::Reentrant(entry));
+    }
+    Ok(lock())
+}
+
 /// Whether a session runs (a cheap check for the decorator's plain path).
 pub(crate) fn active() -> bool {
     ACTIVE.load(Ordering::Acquire) && PAUSED.with(|p| p.get() == 0)
@@ -152,14 +176,39 @@ pub fn paused<T>(f: impl FnOnce() -> T) -> T {
 }
 
 /// Runs `f` on the session, if one runs.
+/// A call from code already running on the session (a feature calling back into the debug API) gets `None`.
 pub(crate) fn with_session<T>(f: impl FnOnce(&mut Session) -> T) -> Option<T> {
-    lock().as_mut().map(f)
+    if held() {
+        return None;
+    }
+    let mut guard = lock();
+    let session = guard.as_mut()?;
+    struct Release;
+    impl Drop for Release {
+        fn drop(&mut self) {
+            HELD.with(|h| h.borrow_mut().take());
+        }
+    }
+    HELD.with(|h| {
+        *h.borrow_mut() = Some(Held {
+            iteration: session.iteration,
+            messages: Vec::new(),
+        })
+    });
+    let release = Release;
+    let result = f(session);
+    let messages = HELD.with(|h| h.borrow_mut().as_mut().map(|h| std::mem::take(&mut h.messages)));
+    drop(release);
+    for message in messages.unwrap_or_default() {
+        let _ = session.main_log(&message);
+    }
+    Some(result)
 }
 
 /// Starts the debug session: reads the config (a missing file warns and runs with no features), creates the log
 /// files (an unwritable log dir is an error). A second `initialize` before [`end`] is an error.
 pub fn initialize(options: DebugOptions) -> Result<(), DebugError> {
-    let mut guard = lock();
+    let mut guard = lock_entry("initialize")?;
     if guard.is_some() {
         return Err(DebugError::AlreadyInitialized);
     }
@@ -225,7 +274,7 @@ pub fn initialize(options: DebugOptions) -> Result<(), DebugError> {
 /// Ends the iteration: reads the step's statistics from the device (one sync), writes them to the statistics log
 /// and the stat loggers, and advances the iteration.
 pub fn step() -> Result<(), DebugError> {
-    let mut guard = lock();
+    let mut guard = lock_entry("step")?;
     let session = guard.as_mut().ok_or(DebugError::NotInitialized)?;
     let result = session.flush();
     session.iteration += 1;
@@ -235,7 +284,7 @@ pub fn step() -> Result<(), DebugError> {
 /// Ends the session: logs what the current step has buffered, closes the files, forgets the config. `initialize`
 /// may be called again afterwards.
 pub fn end() -> Result<(), DebugError> {
-    let mut guard = lock();
+    let mut guard = lock_entry("end")?;
     let mut session = guard.take().ok_or(DebugError::NotInitialized)?;
     ACTIVE.store(false, Ordering::Release);
     session.flush()
@@ -243,7 +292,7 @@ pub fn end() -> Result<(), DebugError> {
 
 /// Sets the current iteration (e.g. when resuming from a checkpoint).
 pub fn initialize_training_step(iteration: u64) -> Result<(), DebugError> {
-    let mut guard = lock();
+    let mut guard = lock_entry("initialize_training_step")?;
     let session = guard.as_mut().ok_or(DebugError::NotInitialized)?;
     session.iteration = iteration;
     for layer in session.layers.values_mut() {
@@ -254,6 +303,9 @@ pub fn initialize_training_step(iteration: u64) -> Result<(), DebugError> {
 
 /// The current iteration, if a session runs.
 pub fn iteration() -> Option<u64> {
+    if let Some(iteration) = HELD.with(|h| h.borrow().as_ref().map(|h| h.iteration)) {
+        return Some(iteration);
+    }
     with_session(|s| s.iteration)
 }
 
@@ -263,6 +315,17 @@ pub fn log_message(message: &str, layer: Option<&str>) -> Result<(), DebugError>
         Some(layer) => format!("{layer}: {message}"),
         None => message.to_string(),
     };
+    // From a feature's code: written when the feature returns.
+    let queued = HELD.with(|h| match h.borrow_mut().as_mut() {
+        Some(held) => {
+            held.messages.push(message.clone());
+            true
+        }
+        None => false,
+    });
+    if queued {
+        return Ok(());
+    }
     with_session(|s| s.main_log(&message)).ok_or(DebugError::NotInitialized)?
 }
 

@@ -981,3 +981,77 @@ fn log_fp8_tensor_stats_block_recipes_and_what_ifs_match_a_block_by_block_refere
         assert_eq!(get("activation_underflows%_columnwise", 1), None);
     }
 }
+
+/// A custom feature that calls back into the debug API from its code.
+struct CallsBack {
+    seen: std::sync::Arc<Mutex<Vec<(u64, Option<u64>, bool)>>>,
+}
+impl Feature for CallsBack {
+    fn name(&self) -> &str {
+        "CallsBack"
+    }
+    fn inspect_tensor_enabled(&self, _: &str, tensor: TensorName, _: u64) -> Option<Routing> {
+        (tensor == TensorName::Activation).then_some(Routing {
+            enabled: true,
+            next: None,
+        })
+    }
+    fn inspect_tensor(
+        &self,
+        layer: &str,
+        _: TensorName,
+        _: &dyn DebugTensor,
+        iteration: u64,
+        _: &mut Inspection,
+    ) -> Result<(), DebugError> {
+        let current = burn_te_debug::iteration();
+        burn_te_debug::log_message(&format!("called back at {iteration}"), Some(layer))?;
+        let step_refused = matches!(burn_te_debug::step(), Err(DebugError::Reentrant("step")));
+        self.seen
+            .lock()
+            .unwrap()
+            .push((iteration, current, step_refused));
+        Ok(())
+    }
+}
+
+#[test]
+fn a_feature_calling_the_debug_api_does_not_deadlock() {
+    let _guard = SESSION.lock().unwrap_or_else(|p| p.into_inner());
+    let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
+    static ONCE: Once = Once::new();
+    let for_factory = seen.clone();
+    let factory_seen = std::sync::Mutex::new(Some(for_factory));
+    ONCE.call_once(|| {
+        let seen = factory_seen.lock().unwrap().take().unwrap();
+        register_feature(Namespace::TransformerEngine, "CallsBack", move |_| {
+            Ok(Box::new(CallsBack { seen: seen.clone() }))
+        })
+        .unwrap();
+    });
+    let dir = temp_dir("calls-back");
+    let config = dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        "calls_back:\n  enabled: True\n  layers:\n    layer_name_regex_pattern: 'cb'\n  transformer_engine:\n    CallsBack:\n      enabled: True\n",
+    )
+    .unwrap();
+    burn_te_debug::initialize(DebugOptions::new(&config).log_dir(&dir)).unwrap();
+    burn_te_debug::initialize_training_step(7).unwrap();
+    let device = Default::default();
+    let layer = LinearConfig::new(8, 4)
+        .with_name(Some("cb".into()))
+        .init::<B>(&device);
+    let x = Tensor::<B, 2>::random([3, 8], Distribution::Normal(0.0, 1.0), &device);
+    let y = fp8_autocast(true, DelayedScaling::default(), || layer.forward(x)).unwrap();
+    y.sum().backward();
+    burn_te_debug::step().unwrap();
+    burn_te_debug::end().unwrap();
+    // Called (at fprop): it saw the iteration, and step() was refused with an error instead of a deadlock.
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen, vec![(7, Some(7), true)]);
+    let main =
+        std::fs::read_to_string(dir.join("nvdlfw_inspect_logs/nvdlfw_inspect_globalrank-0.log"))
+            .unwrap();
+    assert!(main.contains("cb: called back at 7"), "{main}");
+}
