@@ -264,7 +264,9 @@ fn debug_gemm<B: TeBackend>(
             }
             Some(Err(err)) => burn_te::fallback::record(
                 "debug feature error",
-                format!("{site}: modify_tensor of {tensor} failed, the {tensor} is used unmodified: {err}"),
+                format!(
+                    "{site}: modify_tensor of {tensor} failed, the {tensor} is used unmodified: {err}"
+                ),
             ),
             None => {}
         }

@@ -197,7 +197,11 @@ pub(crate) fn with_session<T>(f: impl FnOnce(&mut Session) -> T) -> Option<T> {
     });
     let release = Release;
     let result = f(session);
-    let messages = HELD.with(|h| h.borrow_mut().as_mut().map(|h| std::mem::take(&mut h.messages)));
+    let messages = HELD.with(|h| {
+        h.borrow_mut()
+            .as_mut()
+            .map(|h| std::mem::take(&mut h.messages))
+    });
     drop(release);
     for message in messages.unwrap_or_default() {
         let _ = session.main_log(&message);

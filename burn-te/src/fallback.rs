@@ -40,7 +40,10 @@ fn reason(err: &TeError) -> String {
 
 /// Records that `what` (a GEMM site or op) ran in high precision instead of FP8 because of `err`.
 pub fn record_fallback(what: impl core::fmt::Display, err: &TeError) {
-    record(reason(err), format!("{what}: FP8 GEMM not possible, ran in high precision: {err}"));
+    record(
+        reason(err),
+        format!("{what}: FP8 GEMM not possible, ran in high precision: {err}"),
+    );
 }
 
 /// Records a fallback with a reason of the caller's (e.g. a debug feature's error).

@@ -17,8 +17,8 @@
 //! that needs no gradient), and the wgrad's activation uses the fprop's scale.
 
 use std::any::Any;
-use std::marker::PhantomData;
 use std::collections::BTreeMap;
+use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use burn::module::{
@@ -271,7 +271,9 @@ impl core::fmt::Debug for LayerFp8State {
             .filter(|(_, s)| s.device.is_some() || s.host.is_some())
             .map(|(role, _)| role.name())
             .collect();
-        f.debug_struct("LayerFp8State").field("roles", &used).finish()
+        f.debug_struct("LayerFp8State")
+            .field("roles", &used)
+            .finish()
     }
 }
 
@@ -395,7 +397,6 @@ state_module!(
     LayerFp8State,
     Vec<RoleRecord>
 );
-
 
 /// The delayed-scaling states of plain `burn::nn::Linear` layers, by their names in call order (`linear0`,
 /// `linear1`, ...): what an autocast scope uses. The module field is [`Fp8LinearStates`].

@@ -43,7 +43,9 @@ impl Data {
         let amplitude = [1.0, 4.0, 0.5, 2.0, 0.25];
         let make = |role: u64, len: usize, base: f64| {
             (0..ITERATIONS)
-                .map(|n| Rng::new(seed + 10 * role + n as u64).normal(len, 0.0, base * amplitude[n]))
+                .map(|n| {
+                    Rng::new(seed + 10 * role + n as u64).normal(len, 0.0, base * amplitude[n])
+                })
                 .collect()
         };
         Data {
@@ -470,10 +472,7 @@ fn two_models_in_one_thread_keep_their_own_histories() {
     let (teacher_data, student_data) = (Data::new(4), Data::new(5));
     let (mut teacher, mut student) = (layer::<B>(&device), layer::<B>(&device));
     for n in 0..3 {
-        for (fc, data) in [
-            (&mut teacher, &teacher_data),
-            (&mut student, &student_data),
-        ] {
+        for (fc, data) in [(&mut teacher, &teacher_data), (&mut student, &student_data)] {
             set_weight(fc, data, n, &device);
             let x = tensor::<B, 2>(data.x[n].clone(), [TOKENS, D_IN], &device);
             let y = fp8_autocast(true, recipe.clone(), || fc.forward(x)).unwrap();
@@ -510,10 +509,16 @@ fn autocast_guards_dropped_out_of_order_end_their_own_scopes() {
     let outer = burn_te::fp8_autocast_guard(true, DelayedScaling::default()).unwrap();
     let inner =
         burn_te::fp8_autocast_guard(true, burn_te::Float8CurrentScaling::default()).unwrap();
-    assert_eq!(burn_te::active_recipe().unwrap().name(), "fp8_current_scaling");
+    assert_eq!(
+        burn_te::active_recipe().unwrap().name(),
+        "fp8_current_scaling"
+    );
     drop(outer);
     // The inner scope is still the one in force.
-    assert_eq!(burn_te::active_recipe().unwrap().name(), "fp8_current_scaling");
+    assert_eq!(
+        burn_te::active_recipe().unwrap().name(),
+        "fp8_current_scaling"
+    );
     drop(inner);
     assert!(burn_te::active_recipe().is_none());
 }
@@ -528,7 +533,10 @@ fn a_fallback_to_high_precision_is_counted_and_written_to_the_main_log() {
     // A batch broadcast the FP8 GEMM does not take ([2, 3] against [2, 1]); Burn's matmul does.
     let lhs = Rng::new(7).normal(2 * 3 * 4 * 8, 0.0, 1.0);
     let rhs = Rng::new(8).normal(2 * 8 * 5, 0.0, 1.0);
-    let before = burn_te::fallback_counts().get("shape").copied().unwrap_or(0);
+    let before = burn_te::fallback_counts()
+        .get("shape")
+        .copied()
+        .unwrap_or(0);
     let y = fp8_autocast(true, DelayedScaling::default(), || {
         tensor::<D, 4>(lhs.clone(), [2, 3, 4, 8], &device).matmul(tensor::<D, 4>(
             rhs.clone(),
@@ -537,11 +545,17 @@ fn a_fallback_to_high_precision_is_counted_and_written_to_the_main_log() {
         ))
     })
     .unwrap();
-    let after = burn_te::fallback_counts().get("shape").copied().unwrap_or(0);
+    let after = burn_te::fallback_counts()
+        .get("shape")
+        .copied()
+        .unwrap_or(0);
     assert!(after > before, "counted: {before} -> {after}");
     // It ran in high precision: bit for bit Burn's matmul.
-    let reference = tensor::<Wgpu, 4>(lhs, [2, 3, 4, 8], &device)
-        .matmul(tensor::<Wgpu, 4>(rhs, [2, 1, 8, 5], &device));
+    let reference = tensor::<Wgpu, 4>(lhs, [2, 3, 4, 8], &device).matmul(tensor::<Wgpu, 4>(
+        rhs,
+        [2, 1, 8, 5],
+        &device,
+    ));
     assert_eq!(values(y), values(reference));
     burn_te_debug::step().unwrap();
     burn_te_debug::end().unwrap();

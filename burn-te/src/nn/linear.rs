@@ -145,14 +145,7 @@ impl<B: TeBackend> Linear<B> {
     ) -> Result<ModuleOutput<B, D>, TeError> {
         let (added, returned) = split_bias(&self.bias, self.return_bias);
         Ok(ModuleOutput {
-            output: te_gemm(
-                x,
-                &self.weight,
-                added,
-                &self.name,
-                &self.fp8_meta,
-                "linear",
-            )?,
+            output: te_gemm(x, &self.weight, added, &self.name, &self.fp8_meta, "linear")?,
             bias: returned,
             layernorm_output: None,
         })
