@@ -9,13 +9,13 @@ use burn::nn::Linear;
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
+use burn_te::PlainLinearStates;
 use burn_te::backends::Wgpu;
 use burn_te::{
     AmaxComputeAlgo, DelayedScaling, DelayedScalingHistory, Float8BlockScaling,
     Float8CurrentScaling, Format, Fp8Format, MXFP8BlockScaling, Recipe, Scaling, Te, TeBackend,
     TeError, TensorRole, fp8_autocast, fp8_autocast_with, pow2_margin,
 };
-use burn_te::PlainLinearStates;
 
 use crate::common::*;
 
