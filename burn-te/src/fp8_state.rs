@@ -47,14 +47,17 @@ fn slot_of(role: TensorRole) -> usize {
     }
 }
 
+/// A delayed state's `(history, scale)` read back, or why not.
+type StateValues = Result<(Vec<f32>, f32), TeError>;
+
 /// A backend's delayed state, type-erased by its state type (the same for `B`, `Te<B>`, `Debug<B>` and
 /// `Autodiff<B>`), with the function that reads it back.
 struct DeviceState {
     state: Box<dyn Any + Send + Sync>,
-    read: fn(&(dyn Any + Send + Sync)) -> Result<(Vec<f32>, f32), TeError>,
+    read: fn(&(dyn Any + Send + Sync)) -> StateValues,
 }
 
-fn read_state<B: TeBackend>(state: &(dyn Any + Send + Sync)) -> Result<(Vec<f32>, f32), TeError> {
+fn read_state<B: TeBackend>(state: &(dyn Any + Send + Sync)) -> StateValues {
     let state = state
         .downcast_ref::<B::DelayedState>()
         .ok_or_else(|| TeError::InvalidRecipe("FP8 state of another backend".into()))?;
