@@ -1,9 +1,11 @@
 //! The config file in Transformer Engine's YAML format: sections, layer selectors, features.
 
+mod depth;
 mod lines;
 mod schedule;
 mod selector;
 mod spec;
+mod yaml;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -65,12 +67,24 @@ impl Config {
             file: file.to_string(),
             ..ConfigLocation::default()
         };
-        let top: Value = serde_yaml_ng::from_str(&text).map_err(|err| ConfigError {
+        if let Some(line) = depth::flow_depth_exceeded(&text, depth::MAX_FLOW_DEPTH) {
+            return Err(ConfigError {
+                location: Box::new(ConfigLocation {
+                    line: Some(line),
+                    ..base.clone()
+                }),
+                kind: ConfigErrorKind::Syntax(format!(
+                    "flow collections ([...], {{...}}) nested more than {} levels deep",
+                    depth::MAX_FLOW_DEPTH
+                )),
+            });
+        }
+        let top: Value = yaml::from_str(&text).map_err(|err| ConfigError {
             location: Box::new(ConfigLocation {
                 line: err.location().map(|l| l.line()),
                 ..base.clone()
             }),
-            kind: ConfigErrorKind::Syntax(err.to_string()),
+            kind: ConfigErrorKind::Syntax(clip(err.to_string())),
         })?;
         let top = match top {
             Value::Mapping(map) => map,
@@ -79,7 +93,8 @@ impl Config {
                 return Err(ConfigError {
                     location: Box::new(base),
                     kind: ConfigErrorKind::InvalidValue(format!(
-                        "expected a mapping of sections, got {other:?}"
+                        "expected a mapping of sections, got {}",
+                        shown(&other)
                     )),
                 });
             }
@@ -92,7 +107,7 @@ impl Config {
             let name = name
                 .as_str()
                 .map(str::to_string)
-                .unwrap_or_else(|| format!("{name:?}"));
+                .unwrap_or_else(|| shown(name));
             config.section_names.push(name.clone());
             let parser = SectionParser {
                 text: text.clone(),
@@ -143,6 +158,56 @@ impl Config {
     }
 }
 
+/// How much of a value or a message an error quotes: a value may be an alias expansion up to 100 times the size of
+/// the file.
+const MAX_QUOTED: usize = 400;
+
+/// `value`'s `Debug` form, cut after [`MAX_QUOTED`] bytes (formatting stops there).
+pub(crate) fn shown(value: &impl std::fmt::Debug) -> String {
+    struct Bounded(String);
+    impl std::fmt::Write for Bounded {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            let room = MAX_QUOTED.saturating_sub(self.0.len());
+            if s.len() <= room {
+                self.0.push_str(s);
+                return Ok(());
+            }
+            let cut = (0..=room)
+                .rev()
+                .find(|&i| s.is_char_boundary(i))
+                .unwrap_or(0);
+            self.0.push_str(&s[..cut]);
+            Err(std::fmt::Error)
+        }
+    }
+    let mut out = Bounded(String::new());
+    if std::fmt::Write::write_fmt(&mut out, format_args!("{value:?}")).is_err() {
+        out.0.push_str(" ...");
+    }
+    out.0
+}
+
+/// `message` with its middle cut out when it is longer than 2 × [`MAX_QUOTED`] bytes (e.g. a regex error quoting
+/// a pattern of a megabyte): the start says what, the end where.
+pub(crate) fn clip(message: String) -> String {
+    if message.len() <= 2 * MAX_QUOTED {
+        return message;
+    }
+    let head = (0..=MAX_QUOTED)
+        .rev()
+        .find(|&i| message.is_char_boundary(i))
+        .unwrap_or(0);
+    let tail = (message.len() - MAX_QUOTED..message.len())
+        .find(|&i| message.is_char_boundary(i))
+        .unwrap_or(message.len());
+    format!(
+        "{} ... ({} bytes) ... {}",
+        &message[..head],
+        tail - head,
+        &message[tail..]
+    )
+}
+
 struct SectionParser {
     text: Arc<str>,
     location: ConfigLocation,
@@ -170,7 +235,8 @@ impl SectionParser {
                 &[path, &["enabled"]].concat(),
                 Some("enabled"),
                 ConfigErrorKind::InvalidValue(format!(
-                    "enabled: expected true or false, got {other:?}"
+                    "enabled: expected true or false, got {}",
+                    shown(other)
                 )),
             )),
             None => Err(self.error(

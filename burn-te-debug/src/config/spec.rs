@@ -8,6 +8,7 @@ use serde_yaml_ng::{Mapping, Value};
 
 use super::lines::find_line;
 use super::schedule::Schedule;
+use super::shown;
 use crate::error::{ConfigError, ConfigErrorKind, ConfigLocation};
 use crate::tensor::TensorName;
 
@@ -173,7 +174,7 @@ impl FeatureSpec {
         key.as_str().map(str::to_string).ok_or_else(|| {
             self.error(
                 None,
-                ConfigErrorKind::InvalidValue(format!("keys must be strings, got {key:?}")),
+                ConfigErrorKind::InvalidValue(format!("keys must be strings, got {}", shown(key))),
             )
         })
     }
@@ -184,20 +185,29 @@ impl FeatureSpec {
         }
         if let Some(list) = self.map.get("gemms_struct") {
             let items = self.struct_list(list, "gemms_struct")?;
+            let mut seen = Vec::new();
             return items
                 .into_iter()
                 .map(|map| {
                     let name = self.struct_name(&map, "gemm", "gemms_struct")?;
-                    Ok((Some(self.gemm(&name, "gemms_struct")?), Some(map)))
+                    let gemm = self.gemm(&name, "gemms_struct")?;
+                    self.once(&mut seen, gemm, &name, "gemms_struct")?;
+                    Ok((Some(gemm), Some(map)))
                 })
                 .collect();
         }
         match self.map.get("gemms") {
-            Some(value) => self
-                .names(value, "gemms")?
-                .iter()
-                .map(|name| Ok((Some(self.gemm(name, "gemms")?), None)))
-                .collect(),
+            Some(value) => {
+                let mut gemms = Vec::new();
+                for name in self.names(value, "gemms")? {
+                    let gemm = self.gemm(&name, "gemms")?;
+                    // A list is a set (as TE reads it): a repeated name adds nothing.
+                    if !gemms.contains(&gemm) {
+                        gemms.push(gemm);
+                    }
+                }
+                Ok(gemms.into_iter().map(|g| (Some(g), None)).collect())
+            }
             None if need == Need::Required => Err(self.error(
                 None,
                 ConfigErrorKind::MissingKey("gemms (or gemms_struct)".into()),
@@ -233,27 +243,58 @@ impl FeatureSpec {
                 })
         };
         if let Some(list) = scope.get("tensors_struct") {
+            let mut seen = Vec::new();
             return self
                 .struct_list(list, "tensors_struct")?
                 .into_iter()
                 .map(|map| {
                     let name = self.struct_name(&map, "tensor", "tensors_struct")?;
-                    Ok((Some(tensor(&name, "tensors_struct")?), Some(map)))
+                    let t = tensor(&name, "tensors_struct")?;
+                    self.once(&mut seen, t, &name, "tensors_struct")?;
+                    Ok((Some(t), Some(map)))
                 })
                 .collect();
         }
         match scope.get("tensors") {
-            Some(value) => self
-                .names(value, "tensors")?
-                .iter()
-                .map(|name| Ok((Some(tensor(name, "tensors")?), None)))
-                .collect(),
+            Some(value) => {
+                let mut tensors = Vec::new();
+                for name in self.names(value, "tensors")? {
+                    let t = tensor(&name, "tensors")?;
+                    // A list is a set (as TE reads it): a repeated name adds nothing.
+                    if !tensors.contains(&t) {
+                        tensors.push(t);
+                    }
+                }
+                Ok(tensors.into_iter().map(|t| (Some(t), None)).collect())
+            }
             None if need == Need::Required => Err(self.error(
                 None,
                 ConfigErrorKind::MissingKey("tensors (or tensors_struct)".into()),
             )),
             None => Ok(vec![(None, None)]),
         }
+    }
+
+    /// Fails if `item` is already in `seen` (a struct list names each GEMM or tensor once: two entries for one would
+    /// be two settings for it, and TE silently takes the first), else records it. This also keeps a feature's
+    /// expansion within 3 GEMMs × 6 tensors, whatever the list lengths (long lists of aliases included).
+    fn once<T: PartialEq>(
+        &self,
+        seen: &mut Vec<T>,
+        item: T,
+        name: &str,
+        key: &str,
+    ) -> Result<(), ConfigError> {
+        if seen.contains(&item) {
+            return Err(self.error(
+                Some(key),
+                ConfigErrorKind::InvalidValue(format!(
+                    "{key}: \"{name}\" is listed twice; give each one entry"
+                )),
+            ));
+        }
+        seen.push(item);
+        Ok(())
     }
 
     fn gemm(&self, name: &str, key: &str) -> Result<Gemm, ConfigError> {
@@ -313,7 +354,10 @@ impl Item {
     fn invalid(&self, key: &str, expected: &str, value: &Value) -> ConfigError {
         self.spec.error(
             Some(key),
-            ConfigErrorKind::InvalidValue(format!("{key}: expected {expected}, got {value:?}")),
+            ConfigErrorKind::InvalidValue(format!(
+                "{key}: expected {expected}, got {}",
+                shown(value)
+            )),
         )
     }
 
