@@ -15,7 +15,13 @@ fn expected_code(cell: &str) -> Option<u8> {
     (cell != "nan").then(|| u8::from_str_radix(cell, 16).expect("hex code"))
 }
 
-fn check_code(format: Fp8Format, input_bits: u32, actual: u8, expected: Option<u8>, path: &str) {
+pub(crate) fn check_code(
+    format: Fp8Format,
+    input_bits: u32,
+    actual: u8,
+    expected: Option<u8>,
+    path: &str,
+) {
     match expected {
         Some(code) => assert_eq!(
             actual, code,
@@ -84,7 +90,7 @@ fn decode_every_code_device() {
     }
 }
 
-fn encode_cases() -> Vec<(u32, Option<u8>, Option<u8>)> {
+pub(crate) fn encode_cases() -> Vec<(u32, Option<u8>, Option<u8>)> {
     let rows = tsv_rows("encode.tsv");
     assert_eq!(rows.len(), 21_526, "encode.tsv has every case");
     rows.iter()
@@ -338,18 +344,62 @@ fn quantize_tensors_device() {
     }
 }
 
-/// The copies under tests/data (FP8 vectors, TE's test configs) must stay identical to the project's shared
-/// conformance set when it is present, file for file.
+/// Prints `message` to stderr past the test harness's output capture (which takes `eprintln!`, not writes to the
+/// stderr handle), so that a check that did not run says so in every `cargo test` log.
+pub(crate) fn loud_note(message: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "\n*** NOTE: {message} ***\n");
+}
+
+/// The vendored copies under tests/data (FP8 vectors, TE's test configs) are checked two ways: always against the
+/// committed SHA-256 manifest `tests/data/SHA256SUMS` (every listed file present with its hash, every file listed;
+/// `cd tests/data && sha256sum -c SHA256SUMS` checks the same), and, when the project's shared conformance set is
+/// present (`../shared/conformance`), byte for byte against it, file for file.
 #[test]
-fn vendored_conformance_files_match_shared() {
+fn vendored_conformance_files_match_manifest_and_shared() {
+    use sha2::{Digest, Sha256};
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let data = root.join("tests/data");
+    let manifest = std::fs::read_to_string(data.join("SHA256SUMS")).expect("tests/data/SHA256SUMS");
+    let mut listed = Vec::new();
+    for line in manifest.lines().filter(|l| !l.trim().is_empty()) {
+        let (hash, name) = line
+            .split_once("  ")
+            .unwrap_or_else(|| panic!("SHA256SUMS: malformed line {line:?}"));
+        let bytes = std::fs::read(data.join(name))
+            .unwrap_or_else(|e| panic!("tests/data/{name} (listed in SHA256SUMS): {e}"));
+        let actual: String = Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            actual, hash,
+            "tests/data/{name} does not match its SHA-256 in tests/data/SHA256SUMS"
+        );
+        listed.push(name.to_string());
+    }
+    for dir in ["fp8", "te-configs"] {
+        for entry in std::fs::read_dir(data.join(dir)).unwrap() {
+            let name = format!("{dir}/{}", entry.unwrap().file_name().to_string_lossy());
+            assert!(
+                listed.contains(&name),
+                "tests/data/{name} is not listed in tests/data/SHA256SUMS"
+            );
+        }
+        assert!(
+            listed.iter().any(|n| n.starts_with(&format!("{dir}/"))),
+            "SHA256SUMS lists nothing under {dir}/"
+        );
+    }
+
     for dir in ["fp8", "te-configs"] {
         let shared = root.join("../shared/conformance").join(dir);
         if !shared.is_dir() {
-            eprintln!(
-                "note: {} not present; using the vendored copy only",
+            loud_note(&format!(
+                "{} is not present: the vendored tests/data/{dir} was checked against tests/data/SHA256SUMS only, \
+                 not against the shared conformance set",
                 shared.display()
-            );
+            ));
             continue;
         }
         let mut names: Vec<_> = std::fs::read_dir(&shared)
@@ -359,7 +409,7 @@ fn vendored_conformance_files_match_shared() {
         names.sort();
         assert!(!names.is_empty(), "{} is empty", shared.display());
         for name in names {
-            let ours = std::fs::read(root.join("tests/data").join(dir).join(&name))
+            let ours = std::fs::read(data.join(dir).join(&name))
                 .unwrap_or_else(|e| panic!("tests/data/{dir}/{name:?} missing: {e}"));
             let theirs = std::fs::read(shared.join(&name)).unwrap();
             assert!(

@@ -173,21 +173,95 @@ fn upload_or_empty(x: &[f32]) -> burn_te_kernels::cubecl::server::Handle {
     }
 }
 
+/// Quantizes `x` on the device through the f32 path.
+fn device_codes_f32(x: &[f32], scale: f32, format: Fp8Format) -> Vec<u8> {
+    let client = client();
+    let buffer = ops::quantize::<TestRuntime, f32>(
+        &client,
+        &upload(x),
+        x.len(),
+        &ops::scalar_buffer(&client, scale),
+        format,
+        None,
+    )
+    .unwrap();
+    host::unpack_codes(&download_words(&buffer.codes, x.len().div_ceil(4)), x.len())
+}
+
+/// f16 inputs quantize like their f32 value. Checked everywhere: an f16 widens to f32 exactly (every bit pattern),
+/// the conformance cases (encode.tsv) whose input is an f16 value give their expected codes through the host
+/// encoder and the device's f32 path, and this test's f16 values, widened, quantize on the device as on the host.
+/// Where the device stores f16, its f16 path is checked against the same host codes; where it cannot, the test
+/// says so loudly (not only in captured output).
 #[test]
 fn half_precision_inputs_quantize_like_their_f32_value() {
+    use crate::conformance::{check_code, encode_cases, loud_note};
     use burn_te_kernels::cubecl::ir::{ElemType, FloatKind, StorageType};
     let client = client();
-    let f16_type = StorageType::Scalar(ElemType::Float(FloatKind::F16));
-    if !client.properties().supports_type(f16_type) {
-        // Documented: f16 inputs need a runtime with f16 storage; f32 inputs are covered everywhere.
-        eprintln!("note: this device has no f16 storage; f16 path not exercised");
-        return;
+
+    for bits in 0..=u16::MAX {
+        let h = half::f16::from_bits(bits);
+        let back = half::f16::from_f32(h.to_f32());
+        assert!(
+            back.to_bits() == bits || (h.is_nan() && back.is_nan()),
+            "f16 {bits:04x} does not survive f32"
+        );
     }
+
+    let cases: Vec<(u32, Option<u8>, Option<u8>)> = encode_cases()
+        .into_iter()
+        .filter(|&(bits, ..)| half::f16::from_f32(f32::from_bits(bits)).to_f32().to_bits() == bits)
+        .collect();
+    assert!(
+        cases.len() > 400,
+        "only {} encode.tsv cases are f16 values",
+        cases.len()
+    );
+    let inputs: Vec<f32> = cases
+        .iter()
+        .map(|&(bits, ..)| f32::from_bits(bits))
+        .collect();
+    for format in Fp8Format::ALL {
+        let device = device_codes_f32(&inputs, 1.0, format);
+        for (i, &(bits, e4m3, e5m2)) in cases.iter().enumerate() {
+            let expected = if format == Fp8Format::E4M3 {
+                e4m3
+            } else {
+                e5m2
+            };
+            let x = f32::from_bits(bits);
+            check_code(format, bits, format.encode(x), expected, "host (f16 value)");
+            check_code(
+                format,
+                bits,
+                device[i],
+                expected,
+                "device f32 path (f16 value)",
+            );
+        }
+    }
+
     let x: Vec<half::f16> = mixed_values(1001, 5)
         .into_iter()
         .map(half::f16::from_f32)
         .collect();
     let x32: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+    for format in Fp8Format::ALL {
+        assert_eq!(
+            device_codes_f32(&x32, 2.0, format),
+            host::quantize(&x32, 2.0, format),
+            "{format}: f16 values through the f32 path"
+        );
+    }
+
+    let f16_type = StorageType::Scalar(ElemType::Float(FloatKind::F16));
+    if !client.properties().supports_type(f16_type) {
+        loud_note(
+            "this device has no f16 storage: the device's f16 input path was NOT run; checked instead: f16 -> f32 \
+             widening, the f16-valued conformance cases on the host and the device's f32 path",
+        );
+        return;
+    }
     let input = client.create_from_slice(half::f16::as_bytes(&x));
     for format in Fp8Format::ALL {
         let buffer = ops::quantize::<TestRuntime, half::f16>(
