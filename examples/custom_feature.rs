@@ -100,7 +100,11 @@ struct Mlp<B: Backend> {
     fc2: Linear<B>,
 }
 
-fn main() -> Result<(), Error> {
+fn main() {
+    burn_te_suite::exit_on_error(try_main());
+}
+
+fn try_main() -> Result<(), Error> {
     register_feature(
         Namespace::TransformerEngine,
         "PercentageGreaterThanThreshold",

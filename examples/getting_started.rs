@@ -70,7 +70,11 @@ fn config_file() -> std::path::PathBuf {
     }
 }
 
-fn main() -> Result<(), Error> {
+fn main() {
+    burn_te_suite::exit_on_error(try_main());
+}
+
+fn try_main() -> Result<(), Error> {
     burn_te_debug::initialize(DebugOptions::new(config_file()).log_dir("./log"))?;
     run()?;
     burn_te_debug::end()?;

@@ -240,7 +240,11 @@ fn arg(flag: &str) -> Option<String> {
     args.get(i + 1).cloned()
 }
 
-fn main() -> Result<(), Error> {
+fn main() {
+    burn_te_suite::exit_on_error(try_main());
+}
+
+fn try_main() -> Result<(), Error> {
     let epochs = arg("--epochs").map_or(Ok(3), |e| e.parse())?;
     let config_file = arg("--config").unwrap_or_else(|| {
         concat!(

@@ -120,7 +120,11 @@ fn synthetic_activation() -> Vec<f32> {
         .collect()
 }
 
-fn main() -> Result<(), KernelError> {
+fn main() {
+    burn_te_suite::exit_on_error(try_main());
+}
+
+fn try_main() -> Result<(), KernelError> {
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
         // wgpu's Vulkan loader complains without one; nothing else has started yet.
         let dir = std::env::temp_dir().join("burn-te-xdg-runtime");

@@ -12,3 +12,32 @@ pub fn probe<R: burn_te_kernels::cubecl::Runtime>(device: &R::Device) -> Option<
     std::panic::set_hook(hook);
     name
 }
+
+pub mod fuzz;
+
+/// The end of an example's `main`: on error, prints `error: <message>` and each cause not already part of the
+/// message (`caused by: ...`) to stderr and exits with status 1. (A `main` returning `Result` prints the error's
+/// `Debug` form instead: `Error: Config(ConfigError { location: ... })`.)
+pub fn exit_on_error<E: Into<Box<dyn std::error::Error>>>(result: Result<(), E>) {
+    if let Err(err) = result {
+        eprintln!("{}", error_report(&*err.into()));
+        std::process::exit(1);
+    }
+}
+
+/// `error: <message>`, then `  caused by: <source>` for each source in the chain whose text the message does not
+/// already include (thiserror messages often embed their source).
+pub fn error_report(err: &dyn std::error::Error) -> String {
+    let mut report = format!("error: {err}");
+    let mut shown = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !shown.contains(&text) {
+            report += &format!("\n  caused by: {text}");
+            shown += &text;
+        }
+        source = cause.source();
+    }
+    report
+}

@@ -3,6 +3,7 @@
 
 mod burn_data;
 mod common;
+mod config_fuzz;
 mod conformance;
 mod dashboard;
 mod debug;
