@@ -982,9 +982,12 @@ fn log_fp8_tensor_stats_block_recipes_and_what_ifs_match_a_block_by_block_refere
     }
 }
 
+/// What `CallsBack` saw: (iteration given, `iteration()`, `step()` refused).
+type Seen = std::sync::Arc<Mutex<Vec<(u64, Option<u64>, bool)>>>;
+
 /// A custom feature that calls back into the debug API from its code.
 struct CallsBack {
-    seen: std::sync::Arc<Mutex<Vec<(u64, Option<u64>, bool)>>>,
+    seen: Seen,
 }
 impl Feature for CallsBack {
     fn name(&self) -> &str {
