@@ -68,32 +68,29 @@ impl CountingAlloc {
         PEAK.fetch_max(live, Ordering::Relaxed);
         true
     }
-}
 
-// SAFETY: every call forwards to the system allocator with the same layout; the counters do not affect it.
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+    /// Counts `layout`'s bytes and allocates them with `allocate`, or fails (null) beyond the hard limit.
+    fn counted(layout: Layout, allocate: impl FnOnce() -> *mut u8) -> *mut u8 {
         COUNTING.store(true, Ordering::Relaxed);
         if !Self::add(layout.size()) {
             return std::ptr::null_mut();
         }
-        let ptr = unsafe { System.alloc(layout) };
+        let ptr = allocate();
         if ptr.is_null() {
             LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
         }
         ptr
     }
+}
+
+// SAFETY: every call forwards to the system allocator with the same layout; the counters do not affect it.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        Self::counted(layout, || unsafe { System.alloc(layout) })
+    }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        COUNTING.store(true, Ordering::Relaxed);
-        if !Self::add(layout.size()) {
-            return std::ptr::null_mut();
-        }
-        let ptr = unsafe { System.alloc_zeroed(layout) };
-        if ptr.is_null() {
-            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        }
-        ptr
+        Self::counted(layout, || unsafe { System.alloc_zeroed(layout) })
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {

@@ -114,9 +114,7 @@ pub fn fp8_autocast_guard(
     enabled: bool,
     recipe: impl Into<Recipe>,
 ) -> Result<AutocastGuard, TeError> {
-    let recipe = recipe.into();
-    recipe.validate()?;
-    Ok(push_frame(enabled.then_some(recipe), None))
+    enter(None, enabled, recipe.into())
 }
 
 /// [`fp8_autocast_guard`] whose plain Burn linears keep their delayed-scaling states in `linears`: one per model,
@@ -126,9 +124,17 @@ pub fn fp8_autocast_guard_with(
     enabled: bool,
     recipe: impl Into<Recipe>,
 ) -> Result<AutocastGuard, TeError> {
-    let recipe = recipe.into();
+    enter(Some(linears), enabled, recipe.into())
+}
+
+/// Validates the recipe (also of a disabled scope) and enters the scope.
+fn enter(
+    linears: Option<&PlainLinearStates>,
+    enabled: bool,
+    recipe: Recipe,
+) -> Result<AutocastGuard, TeError> {
     recipe.validate()?;
-    Ok(push_frame(enabled.then_some(recipe), Some(linears)))
+    Ok(push_frame(enabled.then_some(recipe), linears))
 }
 
 /// A high-precision scope until the guard drops (the attention core of the TE modules runs in one).

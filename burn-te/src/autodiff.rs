@@ -128,12 +128,6 @@ impl<B: TeBackend, C: CheckpointStrategy> TeBackend for Autodiff<B, C> {
     ) -> Result<Fp8Stats, TeError> {
         B::fp8_quantization_stats(Self::inner(tensor), format, scale)
     }
-    fn fp8_delayed_state(
-        device: &Self::Device,
-        history_len: usize,
-    ) -> Result<Self::DelayedState, TeError> {
-        B::fp8_delayed_state(device, history_len)
-    }
     fn fp8_delayed_state_read(state: &Self::DelayedState) -> Result<(Vec<f32>, f32), TeError> {
         B::fp8_delayed_state_read(state)
     }

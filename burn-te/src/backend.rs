@@ -159,7 +159,9 @@ pub trait TeBackend: Backend {
     fn fp8_delayed_state(
         device: &Self::Device,
         history_len: usize,
-    ) -> Result<Self::DelayedState, TeError>;
+    ) -> Result<Self::DelayedState, TeError> {
+        Self::fp8_delayed_state_load(device, &vec![0.0; history_len], 1.0)
+    }
 
     /// Reads a delayed-scaling state back: `(amax history, newest first, scale)`.
     fn fp8_delayed_state_read(state: &Self::DelayedState) -> Result<(Vec<f32>, f32), TeError>;
@@ -358,12 +360,6 @@ macro_rules! forward_fp8_ops {
             scale: f32,
         ) -> Result<$crate::Fp8Stats, $crate::TeError> {
             $inner::fp8_quantization_stats(tensor, format, scale)
-        }
-        fn fp8_delayed_state(
-            device: &Self::Device,
-            history_len: usize,
-        ) -> Result<Self::DelayedState, $crate::TeError> {
-            $inner::fp8_delayed_state(device, history_len)
         }
         fn fp8_delayed_state_read(
             state: &Self::DelayedState,

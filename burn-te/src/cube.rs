@@ -393,24 +393,6 @@ where
         readback.read_fp8(&x.client).map_err(read_error)
     }
 
-    fn fp8_delayed_state(
-        device: &R::Device,
-        history_len: usize,
-    ) -> Result<CubeDelayedState<R>, TeError> {
-        if history_len == 0 {
-            return Err(TeError::InvalidRecipe(
-                "amax_history_len must be at least 1".into(),
-            ));
-        }
-        let client = R::client(device);
-        Ok(CubeDelayedState {
-            history: client.create_from_slice(f32::as_bytes(&vec![0.0; history_len])),
-            history_len,
-            scales: ScaleBuffers::new(&client, 1, 1.0),
-            client,
-        })
-    }
-
     fn fp8_delayed_state_read(state: &CubeDelayedState<R>) -> Result<(Vec<f32>, f32), TeError> {
         let client = &state.client;
         let history = client

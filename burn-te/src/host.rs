@@ -218,15 +218,6 @@ impl TeBackend for Host {
         Ok(host::fp8_tensor_stats(&values(tensor)?.0, format, scale))
     }
 
-    fn fp8_delayed_state(
-        _device: &NdArrayDevice,
-        history_len: usize,
-    ) -> Result<HostDelayedState, TeError> {
-        Ok(Arc::new(Mutex::new(DelayedScalingHistory::new(
-            history_len,
-        )?)))
-    }
-
     fn fp8_delayed_state_read(state: &HostDelayedState) -> Result<(Vec<f32>, f32), TeError> {
         let history = lock(state);
         Ok((history.history.clone(), history.scale))

@@ -335,6 +335,12 @@ impl StatLogger for Collect {
     }
 }
 
+/// The debug main log written under `dir`.
+pub(crate) fn main_log(dir: &Path) -> String {
+    let path = dir.join("nvdlfw_inspect_logs/nvdlfw_inspect_globalrank-0.log");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 pub(crate) fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("burn-te-debug-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -433,9 +439,7 @@ stats:\n  enabled: True\n  layers:\n    layer_name_regex_pattern: 'fc0$'\n  tran
     assert!((0.0..=100.0).contains(&underflows));
     assert!(get("fc0_activation_fp8_current_scaling_mse").1 > 0.0);
 
-    let main =
-        std::fs::read_to_string(dir.join("nvdlfw_inspect_logs/nvdlfw_inspect_globalrank-0.log"))
-            .unwrap();
+    let main = main_log(&dir);
     assert!(
         main.contains("INFO - Loaded configs for dict_keys(['fc1_hp', 'stats'])."),
         "{main}"
@@ -479,9 +483,7 @@ fn missing_config_warns_and_unwritable_log_dir_fails() {
     burn_te_debug::initialize(DebugOptions::new(dir.join("nope.yaml")).log_dir(&dir)).unwrap();
     burn_te_debug::step().unwrap();
     burn_te_debug::end().unwrap();
-    let main =
-        std::fs::read_to_string(dir.join("nvdlfw_inspect_logs/nvdlfw_inspect_globalrank-0.log"))
-            .unwrap();
+    let main = main_log(&dir);
     assert!(
         main.contains("not found: running with no debug features"),
         "{main}"
@@ -705,9 +707,7 @@ fn debug_on_wgpu_dumps_tensors_logs_blockwise_ranges_and_exact_underflows() {
     );
     assert_eq!(empty["high_precision"].1, vec![0, cols]);
 
-    let main =
-        std::fs::read_to_string(dir.join("nvdlfw_inspect_logs/nvdlfw_inspect_globalrank-0.log"))
-            .unwrap();
+    let main = main_log(&dir);
     assert!(
         main.contains("INFO - blocks.0.fc0: resumed from checkpoint"),
         "{main}"
@@ -1053,8 +1053,6 @@ fn a_feature_calling_the_debug_api_does_not_deadlock() {
     // Called (at fprop): it saw the iteration, and step() was refused with an error instead of a deadlock.
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen, vec![(7, Some(7), true)]);
-    let main =
-        std::fs::read_to_string(dir.join("nvdlfw_inspect_logs/nvdlfw_inspect_globalrank-0.log"))
-            .unwrap();
+    let main = main_log(&dir);
     assert!(main.contains("cb: called back at 7"), "{main}");
 }

@@ -17,7 +17,7 @@ use burn_te::{
 use burn_te_debug::{Debug, DebugOptions};
 
 use crate::common::Rng;
-use crate::debug::{Collect, SESSION, f32s, read_safetensors, temp_dir};
+use crate::debug::{Collect, SESSION, f32s, main_log, read_safetensors, temp_dir};
 use crate::te::{device, tensor, values};
 
 const TOKENS: usize = 24;
@@ -559,9 +559,7 @@ fn a_fallback_to_high_precision_is_counted_and_written_to_the_main_log() {
     assert_eq!(values(y), values(reference));
     burn_te_debug::step().unwrap();
     burn_te_debug::end().unwrap();
-    let main =
-        std::fs::read_to_string(dir.join("nvdlfw_inspect_logs/nvdlfw_inspect_globalrank-0.log"))
-            .unwrap();
+    let main = main_log(&dir);
     assert!(
         main.contains("matmul: FP8 GEMM not possible, ran in high precision"),
         "{main}"
