@@ -1,8 +1,8 @@
 //! `Debug<B>`: the backend decorator that runs the config's features on every GEMM.
 //!
 //! It intercepts the three GEMMs of every layer: the TE modules' `te_linear` (fprop) and, under `Autodiff`, its
-//! dgrad and wgrad, each with its [`GemmSite`]; and plain Burn `linear`s, named `linear0`, `linear1`, ... in call
-//! order inside an autocast scope (as `Te<B>` names them). Plain `float_matmul` (e.g. attention's batched matmuls)
+//! dgrad and wgrad, each with its [`GemmSite`]; and plain Burn `linear`s, named `linear0`, `linear1`, ... by
+//! weight in call order inside an autocast scope (as `Te<B>` names them, see [`burn_te::plain_linear`]). Plain `float_matmul` (e.g. attention's batched matmuls)
 //! is not a layer GEMM and forwards unchanged. Every other op forwards to `B` through the forwarding written once
 //! for `Te<B>`. Use as `Autodiff<Debug<Te<B>>>`.
 //!
@@ -42,17 +42,17 @@ impl<B: TeBackend> Decorator for Debug<B> {
         weight: FloatTensor<B>,
         bias: Option<FloatTensor<B>>,
     ) -> FloatTensor<B> {
-        let (recipe, site) = plain_linear_forward();
+        let (recipe, site) = plain_linear_forward::<B>(&x, &weight);
         <Self as TeBackend>::te_linear(x, weight, bias, &site, recipe.as_ref())
     }
 
     fn linear_x_backward(weight: FloatTensor<B>, output_grad: FloatTensor<B>) -> FloatTensor<B> {
-        let (recipe, site) = plain_linear_backward(Gemm::Dgrad);
+        let (recipe, site) = plain_linear_backward::<B>(Gemm::Dgrad, &weight, &output_grad);
         <Self as TeBackend>::te_linear_dgrad(weight, output_grad, &site, recipe.as_ref())
     }
 
     fn linear_weight_backward(x: FloatTensor<B>, output_grad: FloatTensor<B>) -> FloatTensor<B> {
-        let (recipe, site) = plain_linear_backward(Gemm::Wgrad);
+        let (recipe, site) = plain_linear_backward::<B>(Gemm::Wgrad, &x, &output_grad);
         <Self as TeBackend>::te_linear_wgrad(x, output_grad, &site, recipe.as_ref())
     }
 }
@@ -213,8 +213,8 @@ fn output_of(gemm: Gemm) -> TensorName {
     }
 }
 
-/// One GEMM through the debug features: inspect the inputs, modify them, run the GEMM in FP8 or high precision
-/// (`run(operands, recipe, overrides)`), inspect the output.
+/// One GEMM through the debug features: inspect the inputs, modify them, inspect them as the GEMM quantizes them,
+/// run the GEMM in FP8 or high precision (`run(operands, recipe, overrides)`), inspect the output.
 fn debug_gemm<B: TeBackend>(
     site: &GemmSite,
     recipe: Option<&Recipe>,
@@ -224,7 +224,7 @@ fn debug_gemm<B: TeBackend>(
     if !session::active() {
         return run(operands, recipe, [None, None]);
     }
-    let Some(plan) = session::with_session(|s| s.plan(site, recipe.is_some())).flatten() else {
+    let Some(plan) = session::plan(site, recipe.is_some()) else {
         return run(operands, recipe, [None, None]);
     };
     let (lhs, rhs) = site.gemm.operands();
@@ -236,22 +236,24 @@ fn debug_gemm<B: TeBackend>(
     };
     let mut operands = operands;
     let mut overrides = [None, None];
+    let mut modified = [false, false];
     let mut high_precision = !plan.fp8 || recipe.is_none();
     for (slot, role) in [lhs, rhs].into_iter().enumerate() {
         let tensor = TensorName::from(role);
         let input = view(operands[slot].clone(), Some(role));
         if plan.inspect.contains(&tensor) {
-            session::with_session(|s| s.inspect(site, tensor, &input));
+            session::inspect(site, tensor, &input);
         }
         let Some(feature) = plan.modify[slot] else {
             continue;
         };
-        match session::with_session(|s| s.modify(site, feature, tensor, &input)) {
-            Some(Ok(Modified::CurrentScaling { margin })) => overrides[slot] = Some(margin),
-            Some(Ok(Modified::HighPrecision(modified))) => {
-                match modified.into_any().downcast::<SiteTensor<B>>() {
-                    Ok(modified) => {
-                        operands[slot] = modified.tensor;
+        match session::modify(site, feature, tensor, &input) {
+            Ok(Modified::CurrentScaling { margin }) => overrides[slot] = Some(margin),
+            Ok(Modified::HighPrecision(tensor_out)) => {
+                match tensor_out.into_any().downcast::<SiteTensor<B>>() {
+                    Ok(tensor_out) => {
+                        operands[slot] = tensor_out.tensor;
+                        modified[slot] = true;
                         high_precision = true;
                     }
                     Err(_) => burn_te::fallback::record(
@@ -262,26 +264,81 @@ fn debug_gemm<B: TeBackend>(
                     ),
                 }
             }
-            Some(Err(err)) => burn_te::fallback::record(
+            Err(err) => burn_te::fallback::record(
                 "debug feature error",
                 format!(
                     "{site}: modify_tensor of {tensor} failed, the {tensor} is used unmodified: {err}"
                 ),
             ),
-            None => {}
         }
     }
-    let output = run(
-        operands,
-        if high_precision { None } else { recipe },
-        overrides,
-    );
+    let fp8 = if high_precision { None } else { recipe };
+    for (slot, role) in [lhs, rhs].into_iter().enumerate() {
+        if plan.postquantize[slot] {
+            postquantize::<B>(
+                site,
+                fp8,
+                role,
+                &operands[slot],
+                overrides[slot],
+                modified[slot],
+            );
+        }
+    }
+    let output = run(operands, fp8, overrides);
     let out_name = output_of(site.gemm);
     if plan.inspect.contains(&out_name) {
         let output_view = view(output.clone(), None);
-        session::with_session(|s| s.inspect(site, out_name, &output_view));
+        session::inspect(site, out_name, &output_view);
     }
     output
+}
+
+/// TE's `inspect_tensor_postquantize`: the features see the operand as the GEMM quantizes it (dequantized: the
+/// values the FP8 GEMM multiplies), or as modified by `modify_tensor`; not called for an operand the GEMM takes in
+/// high precision unmodified (TE: "if none of the fp8 cast or modify_tensor is invoked").
+fn postquantize<B: TeBackend>(
+    site: &GemmSite,
+    fp8: Option<&Recipe>,
+    role: TensorRole,
+    operand: &FloatTensor<B>,
+    current_margin: Option<f32>,
+    modified: bool,
+) {
+    let tensor = TensorName::from(role);
+    let quantized = match fp8 {
+        _ if modified => Ok(operand.clone()),
+        None => return,
+        Some(recipe) => {
+            let shape = operand.shape();
+            fp8_gemm::quantize_operand::<B>(
+                operand.clone(),
+                recipe,
+                site,
+                role,
+                fp8_gemm::k_along_cols(site.gemm, role),
+                false,
+                current_margin,
+            )
+            .and_then(B::fp8_dequantize)
+            .map(|values| B::float_reshape(values, shape))
+        }
+    };
+    match quantized {
+        Ok(values) => {
+            let view = SiteTensor::<B> {
+                tensor: values,
+                site: site.clone(),
+                role: Some(role),
+                recipe: fp8.cloned(),
+            };
+            session::inspect_postquantize(site, tensor, &view);
+        }
+        Err(err) => burn_te::fallback::record(
+            "debug feature error",
+            format!("{site}: {tensor} not quantized for inspect_tensor_postquantize: {err}"),
+        ),
+    }
 }
 
 /// Runs an FP8 GEMM with per-operand current-scaling overrides, or the inner backend's own op without any.

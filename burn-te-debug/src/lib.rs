@@ -23,6 +23,7 @@ pub mod dump;
 mod error;
 pub mod features;
 mod log;
+mod routing;
 mod run_config;
 mod session;
 pub mod stats;

@@ -7,11 +7,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use burn_te::{Gemm, GemmSite};
 
-use crate::config::{Config, Section};
+use crate::config::Config;
 use crate::dump::{TensorDump, dump_path, write_dump};
 use crate::error::{ConfigError, DebugError};
-use crate::features::{DebugTensor, Inspection, Modified, Routing, merge_routing};
+use crate::features::{DebugTensor, Feature, Inspection, Modified};
 use crate::log::{LogFiles, stat_message};
+use crate::routing::{self, GemmPlan};
 use crate::stats::{Stat, StatBuffers, StatRequest, StatValue};
 use crate::tensor::TensorName;
 
@@ -89,15 +90,6 @@ impl DebugOptions {
     }
 }
 
-/// What the decorator does for one GEMM call.
-pub(crate) struct GemmPlan {
-    pub(crate) fp8: bool,
-    /// Per operand: the index of the feature that modifies it.
-    pub(crate) modify: [Option<usize>; 2],
-    /// The tensors inspected at this GEMM (inputs first).
-    pub(crate) inspect: Vec<TensorName>,
-}
-
 struct LayerState {
     section: Option<usize>,
     /// Per GEMM: the first iteration at which routing must be asked again.
@@ -106,7 +98,7 @@ struct LayerState {
 }
 
 pub(crate) struct Session {
-    config: Option<Config>,
+    config: Option<Arc<Config>>,
     iteration: u64,
     /// Where `tensor_dumps/` goes.
     dump_dir: PathBuf,
@@ -126,25 +118,30 @@ fn lock() -> MutexGuard<'static, Option<Session>> {
     SESSION.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// While this thread runs code on the session (a feature's code included): the iteration, and the messages that
-/// code logged, written to the main log when it returns. So a feature that calls [`iteration`] or [`log_message`]
-/// gets an answer instead of a deadlock on the session's lock.
-struct Held {
-    iteration: u64,
-    messages: Vec<String>,
-}
-
 thread_local! {
-    static HELD: std::cell::RefCell<Option<Held>> = const { std::cell::RefCell::new(None) };
+    /// Nesting depth of feature code running on this thread (see [`in_features`]).
+    static IN_FEATURES: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
-fn held() -> bool {
-    HELD.with(|h| h.borrow().is_some())
+/// Runs features' code (routing, inspection, modification): never under the session's lock, so a feature may call
+/// [`iteration`], [`log_message`] or any read of the session, from this thread or another. Only the calls that
+/// would change the session under the running GEMM (`step`, `end`, `initialize`, `initialize_training_step`) are
+/// refused with [`DebugError::Reentrant`].
+fn in_features<T>(f: impl FnOnce() -> T) -> T {
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            IN_FEATURES.with(|n| n.set(n.get() - 1));
+        }
+    }
+    IN_FEATURES.with(|n| n.set(n.get() + 1));
+    let _leave = Leave;
+    f()
 }
 
-/// The session's lock for a public entry point; an error (not a deadlock) when called from a feature's code.
+/// The session's lock for an entry point that changes the session; an error when called from a feature's code.
 fn lock_entry(entry: &'static str) -> Result<MutexGuard<'static, Option<Session>>, DebugError> {
-    if held() {
+    if IN_FEATURES.with(|n| n.get() > 0) {
         return Err(DebugError::Reentrant(entry));
     }
     Ok(lock())
@@ -175,38 +172,9 @@ pub fn paused<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
-/// Runs `f` on the session, if one runs.
-/// A call from code already running on the session (a feature calling back into the debug API) gets `None`.
+/// Runs `f` on the session under its lock, if one runs. `f` is the session's own code, never a feature's.
 pub(crate) fn with_session<T>(f: impl FnOnce(&mut Session) -> T) -> Option<T> {
-    if held() {
-        return None;
-    }
-    let mut guard = lock();
-    let session = guard.as_mut()?;
-    struct Release;
-    impl Drop for Release {
-        fn drop(&mut self) {
-            HELD.with(|h| h.borrow_mut().take());
-        }
-    }
-    HELD.with(|h| {
-        *h.borrow_mut() = Some(Held {
-            iteration: session.iteration,
-            messages: Vec::new(),
-        })
-    });
-    let release = Release;
-    let result = f(session);
-    let messages = HELD.with(|h| {
-        h.borrow_mut()
-            .as_mut()
-            .map(|h| std::mem::take(&mut h.messages))
-    });
-    drop(release);
-    for message in messages.unwrap_or_default() {
-        let _ = session.main_log(&message);
-    }
-    Some(result)
+    lock().as_mut().map(f)
 }
 
 /// Starts the debug session: reads the config (a missing file warns and runs with no features), creates the log
@@ -241,7 +209,7 @@ pub fn initialize(options: DebugOptions) -> Result<(), DebugError> {
                 "Loaded configs for dict_keys([{}]).",
                 names.join(", ")
             ));
-            Some(config)
+            Some(Arc::new(config))
         }
         Some(path) => {
             let warning = format!(
@@ -276,28 +244,35 @@ pub fn initialize(options: DebugOptions) -> Result<(), DebugError> {
 }
 
 /// Ends the iteration: reads the step's statistics from the device (one sync), writes them to the statistics log
-/// and the stat loggers, and advances the iteration.
+/// and the stat loggers, and advances the iteration. Without a session it does nothing, so a training loop written
+/// once runs with and without the debug tools.
 pub fn step() -> Result<(), DebugError> {
     let mut guard = lock_entry("step")?;
-    let session = guard.as_mut().ok_or(DebugError::NotInitialized)?;
+    let Some(session) = guard.as_mut() else {
+        return Ok(());
+    };
     let result = session.flush();
     session.iteration += 1;
     result
 }
 
 /// Ends the session: logs what the current step has buffered, closes the files, forgets the config. `initialize`
-/// may be called again afterwards.
+/// may be called again afterwards. Without a session it does nothing.
 pub fn end() -> Result<(), DebugError> {
     let mut guard = lock_entry("end")?;
-    let mut session = guard.take().ok_or(DebugError::NotInitialized)?;
+    let Some(mut session) = guard.take() else {
+        return Ok(());
+    };
     ACTIVE.store(false, Ordering::Release);
     session.flush()
 }
 
-/// Sets the current iteration (e.g. when resuming from a checkpoint).
+/// Sets the current iteration (e.g. when resuming from a checkpoint). Without a session it does nothing.
 pub fn initialize_training_step(iteration: u64) -> Result<(), DebugError> {
     let mut guard = lock_entry("initialize_training_step")?;
-    let session = guard.as_mut().ok_or(DebugError::NotInitialized)?;
+    let Some(session) = guard.as_mut() else {
+        return Ok(());
+    };
     session.iteration = iteration;
     for layer in session.layers.values_mut() {
         layer.skip_until.clear();
@@ -307,30 +282,23 @@ pub fn initialize_training_step(iteration: u64) -> Result<(), DebugError> {
 
 /// The current iteration, if a session runs.
 pub fn iteration() -> Option<u64> {
-    if let Some(iteration) = HELD.with(|h| h.borrow().as_ref().map(|h| h.iteration)) {
-        return Some(iteration);
-    }
     with_session(|s| s.iteration)
 }
 
-/// Writes `message` to the main log (prefixed with `layer: ` when given) and to `tracing`.
+/// Writes `message` to the main log (prefixed with `layer: ` when given) and to `tracing`; without a session, to
+/// `tracing` only.
 pub fn log_message(message: &str, layer: Option<&str>) -> Result<(), DebugError> {
     let message = match layer {
         Some(layer) => format!("{layer}: {message}"),
         None => message.to_string(),
     };
-    // From a feature's code: written when the feature returns.
-    let queued = HELD.with(|h| match h.borrow_mut().as_mut() {
-        Some(held) => {
-            held.messages.push(message.clone());
-            true
+    match with_session(|s| s.main_log(&message)) {
+        Some(result) => result,
+        None => {
+            tracing::info!(target: "burn_te_debug", "{message}");
+            Ok(())
         }
-        None => false,
-    });
-    if queued {
-        return Ok(());
     }
-    with_session(|s| s.main_log(&message)).ok_or(DebugError::NotInitialized)?
 }
 
 /// Checks the config against a model's layer names before training: a layer selected by two sections is an
@@ -375,20 +343,6 @@ pub fn stat_names<'a>(
     })
     .ok_or(DebugError::NotInitialized)?
     .map_err(DebugError::from)
-}
-
-/// The tensors inspected at a GEMM: each input at its first GEMM (activation and weight at fprop; the gradient at
-/// wgrad, which every trainable layer runs), and the GEMM's output.
-fn inspected_at(gemm: Gemm) -> &'static [TensorName] {
-    match gemm {
-        Gemm::Fprop => &[
-            TensorName::Activation,
-            TensorName::Weight,
-            TensorName::Output,
-        ],
-        Gemm::Dgrad => &[TensorName::Dgrad],
-        Gemm::Wgrad => &[TensorName::Gradient, TensorName::Wgrad],
-    }
 }
 
 impl Session {
@@ -441,12 +395,6 @@ impl Session {
         result
     }
 
-    fn section(&mut self, site: &GemmSite) -> Option<(usize, &Section)> {
-        let config = self.config.as_ref()?;
-        let state = self.layers.get(&site.layer)?;
-        state.section.map(|i| (i, &config.sections[i]))
-    }
-
     fn layer_state(&mut self, site: &GemmSite) -> &mut LayerState {
         if !self.layers.contains_key(&site.layer) {
             let section = match &self.config {
@@ -479,89 +427,42 @@ impl Session {
         self.layers.get_mut(&site.layer).expect("inserted above")
     }
 
-    /// The routing of one GEMM: whether it runs in FP8, which inputs are modified and which tensors inspected.
-    fn route(&mut self, site: &GemmSite) -> Result<(GemmPlan, Option<u64>), DebugError> {
-        let iteration = self.iteration;
-        let (layer, gemm) = (&*site.layer, site.gemm);
-        let Some((_, section)) = self.section(site) else {
-            let plan = GemmPlan {
-                fp8: true,
-                modify: [None, None],
-                inspect: Vec::new(),
-            };
-            return Ok((plan, None));
-        };
-        let mut answers = Vec::new();
-        let fp8 = merge_routing(
-            section
-                .features
-                .iter()
-                .filter_map(|f| f.fp8_gemm_enabled(layer, gemm, iteration)),
-        );
-        answers.extend(fp8);
-        let (lhs, rhs) = gemm.operands();
-        let mut modify = [None, None];
-        for (slot, role) in [lhs, rhs].into_iter().enumerate() {
-            let tensor = TensorName::from(role);
-            for (index, feature) in section.features.iter().enumerate() {
-                if let Some(routing) = feature.modify_tensor_enabled(layer, gemm, tensor, iteration)
-                {
-                    answers.push(routing);
-                    if routing.enabled {
-                        if let Some(first) = modify[slot] {
-                            let first: usize = first;
-                            return Err(DebugError::ConflictingModify {
-                                layer: layer.into(),
-                                gemm: gemm.name().into(),
-                                tensor: tensor.name().into(),
-                                first: section.features[first].name().into(),
-                                second: feature.name().into(),
-                            });
-                        }
-                        modify[slot] = Some(index);
-                    }
-                }
-            }
+    /// The layer's features as of now, for use without the lock.
+    fn layer_features(&mut self, site: &GemmSite) -> LayerFeatures {
+        let section = self.layer_state(site).section;
+        LayerFeatures {
+            config: self.config.clone(),
+            section,
+            iteration: self.iteration,
         }
-        let mut inspect = Vec::new();
-        for &tensor in inspected_at(gemm) {
-            let routing = merge_routing(
-                section
-                    .features
-                    .iter()
-                    .filter_map(|f| f.inspect_tensor_enabled(layer, tensor, iteration)),
-            );
-            if let Some(routing) = routing {
-                answers.push(routing);
-                if routing.enabled {
-                    inspect.push(tensor);
-                }
-            }
-        }
-        let plan = GemmPlan {
-            fp8: fp8.is_none_or(|r| r.enabled),
-            modify,
-            inspect,
-        };
-        let next = merge_routing(answers).and_then(|r| r.next);
-        Ok((plan, next))
     }
 
-    /// The plan of a GEMM call, or `None` for the plain path (no active feature until a later iteration).
-    pub(crate) fn plan(&mut self, site: &GemmSite, fp8_scope: bool) -> Option<GemmPlan> {
+    /// Whether the GEMM takes the plain path until a later iteration (its features said so).
+    fn skipping(&mut self, site: &GemmSite) -> bool {
         let iteration = self.iteration;
-        let state = self.layer_state(site);
-        if state
+        self.layer_state(site)
             .skip_until
             .get(&site.gemm)
             .is_some_and(|&until| iteration < until)
+    }
+
+    /// Logs the plan lines when they change, and keeps the plan if any feature acts (else skips the GEMM until the
+    /// next iteration at which one may).
+    fn settle_plan(
+        &mut self,
+        site: &GemmSite,
+        routed: Result<(GemmPlan, Option<u64>), DebugError>,
+        lines: Option<Vec<String>>,
+    ) -> Option<GemmPlan> {
+        if let Some(lines) = lines
+            && self.layer_state(site).plan_lines != lines
         {
-            return None;
+            for line in &lines {
+                let _ = self.main_log(line);
+            }
+            self.layer_state(site).plan_lines = lines;
         }
-        if site.gemm == Gemm::Fprop {
-            self.log_plan(site, fp8_scope);
-        }
-        let (plan, next) = match self.route(site) {
+        let (plan, next) = match routed {
             Ok(routed) => routed,
             Err(err) => {
                 let message = format!("{err}; the GEMM runs unmodified");
@@ -570,9 +471,7 @@ impl Session {
                 return None;
             }
         };
-        let active =
-            !plan.fp8 || plan.modify.iter().any(Option::is_some) || !plan.inspect.is_empty();
-        if active {
+        if plan.active() {
             Some(plan)
         } else {
             let until = next.unwrap_or(u64::MAX);
@@ -581,64 +480,15 @@ impl Session {
         }
     }
 
-    /// Logs the layer's per-tensor plan (FP8, high precision or modified) when it changes.
-    fn log_plan(&mut self, site: &GemmSite, fp8_scope: bool) {
-        let mut lines = Vec::new();
-        for (tensor, gemms) in [
-            (TensorName::Activation, [Gemm::Fprop, Gemm::Wgrad]),
-            (TensorName::Weight, [Gemm::Fprop, Gemm::Dgrad]),
-            (TensorName::Gradient, [Gemm::Dgrad, Gemm::Wgrad]),
-        ] {
-            for gemm in gemms {
-                let routed = self.route(&site.with_gemm(gemm)).ok();
-                let slot = usize::from(Some(gemm.operands().1) == tensor.role());
-                let how = match routed {
-                    Some((plan, _)) if plan.modify[slot].is_some() => "modify_tensor()",
-                    Some((plan, _)) if plan.fp8 && fp8_scope => "FP8 quantization",
-                    None if fp8_scope => "FP8 quantization",
-                    _ => "High precision",
-                };
-                lines.push(format!(
-                    "{}: Tensor: {tensor}, gemm {} - {how}",
-                    site.layer,
-                    gemm.name()
-                ));
-            }
-        }
-        if self.layer_state(site).plan_lines != lines {
-            for line in &lines {
-                let _ = self.main_log(line);
-            }
-            self.layer_state(site).plan_lines = lines;
-        }
-    }
-
-    /// Runs the inspecting features of `tensor` and buffers their statistics.
-    pub(crate) fn inspect(&mut self, site: &GemmSite, tensor: TensorName, x: &dyn DebugTensor) {
-        let iteration = self.iteration;
+    /// Takes what the inspecting features of `tensor` produced: logs their calls and errors, writes their
+    /// messages and dumps, launches their statistics (buffered until `step()`).
+    fn collect(&mut self, site: &GemmSite, tensor: TensorName, x: &dyn DebugTensor, ran: Ran) {
         let layer = site.layer.clone();
-        let Some((_, section)) = self.section(site) else {
-            return;
-        };
-        let mut inspection = Inspection::default();
-        let mut calls = Vec::new();
-        let mut errors = Vec::new();
-        for feature in &section.features {
-            if feature
-                .inspect_tensor_enabled(&layer, tensor, iteration)
-                .is_some_and(|r: Routing| r.enabled)
-            {
-                calls.push(format!(
-                    "{layer}: Feature={}, API=inspect_tensor: {tensor}",
-                    feature.name()
-                ));
-                if let Err(err) =
-                    feature.inspect_tensor(&layer, tensor, x, iteration, &mut inspection)
-                {
-                    errors.push(err.to_string());
-                }
-            }
-        }
+        let Ran {
+            mut inspection,
+            calls,
+            errors,
+        } = ran;
         for call in calls {
             self.log_once(call);
         }
@@ -747,28 +597,115 @@ impl Session {
         }
         Ok(())
     }
+}
 
-    /// Runs the feature at `index` of the layer's section on an input.
-    pub(crate) fn modify(
-        &mut self,
-        site: &GemmSite,
-        index: usize,
-        tensor: TensorName,
-        x: &dyn DebugTensor,
-    ) -> Result<Modified, DebugError> {
-        let iteration = self.iteration;
-        let Some((_, section)) = self.section(site) else {
-            return Err(DebugError::NotInitialized);
-        };
-        let feature = &section.features[index];
-        let call = format!(
-            "{}: Feature={}, API=modify_tensor: {tensor}, gemm {}",
-            site.layer,
-            feature.name(),
-            site.gemm.name()
-        );
-        let result = feature.modify_tensor(&site.layer, site.gemm, tensor, x, iteration);
-        self.log_once(call);
-        result
+/// A layer's features, taken from the session under its lock and run without it.
+pub(crate) struct LayerFeatures {
+    config: Option<Arc<Config>>,
+    section: Option<usize>,
+    iteration: u64,
+}
+
+impl LayerFeatures {
+    fn features(&self) -> &[Box<dyn Feature>] {
+        match (&self.config, self.section) {
+            (Some(config), Some(section)) => &config.sections[section].features,
+            _ => &[],
+        }
     }
+}
+
+/// What inspecting features produced, for [`Session::collect`].
+#[derive(Default)]
+struct Ran {
+    inspection: Inspection,
+    calls: Vec<String>,
+    errors: Vec<String>,
+}
+
+/// The plan of a GEMM call, or `None` for the plain path (no active feature until a later iteration).
+pub(crate) fn plan(site: &GemmSite, fp8_scope: bool) -> Option<GemmPlan> {
+    let layer = with_session(|s| (!s.skipping(site)).then(|| s.layer_features(site))).flatten()?;
+    let features = layer.features();
+    let (routed, lines) = in_features(|| {
+        let lines = (site.gemm == Gemm::Fprop)
+            .then(|| routing::plan_lines(features, site, fp8_scope, layer.iteration));
+        (routing::route(features, site, layer.iteration), lines)
+    });
+    with_session(|s| s.settle_plan(site, routed, lines)).flatten()
+}
+
+/// Runs the features that inspect `tensor` through `call` (`None`: the feature is not on for it), named `api` in
+/// the main log, then collects what they produced.
+fn run_inspection(
+    site: &GemmSite,
+    tensor: TensorName,
+    x: &dyn DebugTensor,
+    api: &str,
+    call: impl Fn(&dyn Feature, u64, &mut Inspection) -> Option<Result<(), DebugError>>,
+) {
+    let Some(layer) = with_session(|s| s.layer_features(site)) else {
+        return;
+    };
+    let mut ran = Ran::default();
+    in_features(|| {
+        for feature in layer.features() {
+            if let Some(result) = call(feature.as_ref(), layer.iteration, &mut ran.inspection) {
+                ran.calls.push(format!(
+                    "{}: Feature={}, API={api}: {tensor}",
+                    site.layer,
+                    feature.name()
+                ));
+                if let Err(err) = result {
+                    ran.errors.push(err.to_string());
+                }
+            }
+        }
+    });
+    with_session(|s| s.collect(site, tensor, x, ran));
+}
+
+/// Runs the features that inspect `tensor` in high precision (TE's `inspect_tensor`).
+pub(crate) fn inspect(site: &GemmSite, tensor: TensorName, x: &dyn DebugTensor) {
+    let layer = &*site.layer;
+    run_inspection(site, tensor, x, "inspect_tensor", |f, iteration, out| {
+        f.inspect_tensor_enabled(layer, tensor, iteration)
+            .is_some_and(|r| r.enabled)
+            .then(|| f.inspect_tensor(layer, tensor, x, iteration, out))
+    });
+}
+
+/// Runs the features that inspect `tensor` as its GEMM quantized it (TE's `inspect_tensor_postquantize`).
+pub(crate) fn inspect_postquantize(site: &GemmSite, tensor: TensorName, x: &dyn DebugTensor) {
+    let (layer, gemm) = (&*site.layer, site.gemm);
+    let api = format!("inspect_tensor_postquantize, gemm {}", gemm.name());
+    run_inspection(site, tensor, x, &api, |f, iteration, out| {
+        f.inspect_tensor_postquantize_enabled(layer, gemm, tensor, iteration)
+            .is_some_and(|r| r.enabled)
+            .then(|| f.inspect_tensor_postquantize(layer, gemm, tensor, x, iteration, out))
+    });
+}
+
+/// Runs the feature at `index` of the layer's section on an input (TE's `modify_tensor`).
+pub(crate) fn modify(
+    site: &GemmSite,
+    index: usize,
+    tensor: TensorName,
+    x: &dyn DebugTensor,
+) -> Result<Modified, DebugError> {
+    let layer = with_session(|s| s.layer_features(site)).ok_or(DebugError::NotInitialized)?;
+    let feature = layer
+        .features()
+        .get(index)
+        .ok_or(DebugError::NotInitialized)?;
+    let result =
+        in_features(|| feature.modify_tensor(&site.layer, site.gemm, tensor, x, layer.iteration));
+    let call = format!(
+        "{}: Feature={}, API=modify_tensor: {tensor}, gemm {}",
+        site.layer,
+        feature.name(),
+        site.gemm.name()
+    );
+    with_session(|s| s.log_once(call));
+    result
 }

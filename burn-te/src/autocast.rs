@@ -8,11 +8,10 @@
 //! # Backward GEMMs
 //! - `te_linear` (the TE modules) records the recipe and the layer's FP8 state in the autograd graph: its dgrad
 //!   and wgrad run with the forward's recipe, state and generation wherever `backward()` is called, as in TE.
-//! - A plain Burn `Linear` on `Te<B>` cannot carry state through Burn's autograd. Plain linears are named
-//!   `linear0`, `linear1`, ... in call order from the outermost scope's entry; their states live in the scope's
-//!   [`Fp8LinearStates`](crate::Fp8LinearStates) (the one given to [`fp8_autocast_with`], else the thread's default). Their backward GEMMs
-//!   are matched to the forwards in reverse call order: the `n`-th wgrad from the end belongs to the `n`-th linear
-//!   forward from the end, which holds for a chain of linears.
+//! - A plain Burn `Linear` on `Te<B>` cannot carry state through Burn's autograd: it is named by its weight and its
+//!   backward GEMMs find their forward by buffer identity (see [`crate::plain_linear`]); its state lives in the
+//!   scope's [`Fp8LinearStates`](crate::Fp8LinearStates) (the one given to [`fp8_autocast_with`], else the
+//!   thread's default).
 //!
 //! # Generations
 //! Each outermost scope is a new *generation* (an iteration, in TE's terms): delayed-scaling states roll their
@@ -24,7 +23,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::TeError;
 use crate::fp8_state::PlainLinearStates;
 use crate::recipe::Recipe;
-use crate::site::{Gemm, GemmSite};
 
 /// The last generation handed out (process-wide, so generations only grow).
 static GENERATION: AtomicU64 = AtomicU64::new(0);
@@ -36,13 +34,6 @@ struct Frame {
     linears: PlainLinearStates,
 }
 
-/// A plain linear forward: its recipe (None: high precision) and fprop site.
-#[derive(Debug)]
-struct PlainForward {
-    recipe: Option<Recipe>,
-    site: GemmSite,
-}
-
 #[derive(Debug, Default)]
 struct State {
     frames: Vec<Frame>,
@@ -51,10 +42,6 @@ struct State {
     generation: u64,
     /// The thread's plain-linear states for scopes given none.
     default_linears: PlainLinearStates,
-    /// Plain linear forwards since the outermost scope was entered.
-    forwards: Vec<PlainForward>,
-    /// Plain linear backward GEMM pairs seen since the latest forward.
-    backward_linears: usize,
 }
 
 thread_local! {
@@ -84,8 +71,6 @@ fn push_frame(recipe: Option<Recipe>, linears: Option<&PlainLinearStates>) -> Au
     STATE.with(|s| {
         let mut s = s.borrow_mut();
         if s.frames.is_empty() {
-            s.forwards.clear();
-            s.backward_linears = 0;
             s.generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
         }
         let linears = match (linears, s.frames.last()) {
@@ -179,45 +164,13 @@ pub fn is_fp8_enabled() -> bool {
     STATE.with(|s| s.borrow().frames.last().is_some_and(|f| f.recipe.is_some()))
 }
 
-/// Bookkeeping of a plain Burn linear's forward, for backend decorators: its recipe (if FP8) and its fprop site,
-/// named by order in the scope (`linear0`, `linear1`, ...) with its state from the scope's [`PlainLinearStates`].
-pub fn plain_linear_forward() -> (Option<Recipe>, GemmSite) {
+/// The innermost scope of this thread, for plain linears: its recipe (if FP8), its plain-linear states and the
+/// generation. `None` outside any scope.
+pub(crate) fn current_scope() -> Option<(Option<Recipe>, PlainLinearStates, u64)> {
     STATE.with(|s| {
-        let mut s = s.borrow_mut();
-        let s = &mut *s;
-        let frame = s.frames.last();
-        let recipe = frame.and_then(|f| f.recipe.clone());
-        if frame.is_none() {
-            s.forwards.clear();
-        }
-        let index = s.forwards.iter().filter(|f| f.recipe.is_some()).count();
-        let name = format!("linear{index}");
-        let site = GemmSite::new(name.as_str(), Gemm::Fprop);
-        let site = match (frame, &recipe) {
-            (Some(frame), Some(_)) => site.with_state_at(&frame.linears.layer(&name), s.generation),
-            _ => site,
-        };
-        s.forwards.push(PlainForward {
-            recipe: recipe.clone(),
-            site: site.clone(),
-        });
-        s.backward_linears = 0;
-        (recipe, site)
-    })
-}
-
-/// Bookkeeping of a plain linear backward GEMM: the recipe and site (with `gemm`) of its forward, counting layers
-/// backwards (`wgrad` closes a layer; a `dgrad` belongs to the layer whose `wgrad` follows).
-pub fn plain_linear_backward(gemm: Gemm) -> (Option<Recipe>, GemmSite) {
-    STATE.with(|s| {
-        let mut s = s.borrow_mut();
-        let index = s.forwards.len().saturating_sub(1 + s.backward_linears);
-        if gemm == Gemm::Wgrad {
-            s.backward_linears += 1;
-        }
-        match s.forwards.get(index) {
-            Some(forward) => (forward.recipe.clone(), forward.site.with_gemm(gemm)),
-            None => (None, GemmSite::new("linear0", gemm)),
-        }
+        let s = s.borrow();
+        s.frames
+            .last()
+            .map(|f| (f.recipe.clone(), f.linears.clone(), s.generation))
     })
 }

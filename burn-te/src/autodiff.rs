@@ -141,6 +141,9 @@ impl<B: TeBackend, C: CheckpointStrategy> TeBackend for Autodiff<B, C> {
     fn fp8_delayed_state_len(state: &Self::DelayedState) -> usize {
         B::fp8_delayed_state_len(state)
     }
+    fn buffer_id(tensor: &FloatTensor<Self>) -> Option<u64> {
+        B::buffer_id(&tensor.primitive)
+    }
     fn fp8_delayed_state_update(
         state: &Self::DelayedState,
         algo: burn_te_kernels::AmaxComputeAlgo,

@@ -186,6 +186,13 @@ pub trait TeBackend: Backend {
         margin: f32,
     ) -> Result<(), TeError>;
 
+    /// An identity of the tensor's device buffer: equal for clones of one tensor, different for tensors alive at
+    /// the same time; `None` where the backend cannot tell. The backward GEMMs of plain Burn linears find their
+    /// forward by it (see [`crate::autocast`]).
+    fn buffer_id(_tensor: &FloatTensor<Self>) -> Option<u64> {
+        None
+    }
+
     /// A linear layer's forward GEMM at `site`: `x [.., in] · weight [in, out] + bias` in FP8 with `recipe`, or in
     /// high precision with `None`. On autodiff backends its backward runs [`te_linear_dgrad`](Self::te_linear_dgrad)
     /// and [`te_linear_wgrad`](Self::te_linear_wgrad) with the same recipe.
@@ -375,6 +382,9 @@ macro_rules! forward_fp8_ops {
         }
         fn fp8_delayed_state_len(state: &Self::DelayedState) -> usize {
             $inner::fp8_delayed_state_len(state)
+        }
+        fn buffer_id(tensor: &$crate::__private::FloatTensor<Self>) -> Option<u64> {
+            $inner::buffer_id(tensor)
         }
         fn fp8_delayed_state_update(
             state: &Self::DelayedState,

@@ -164,6 +164,22 @@ pub(crate) fn rows_cols(shape: &Shape) -> (usize, usize) {
     }
 }
 
+/// The identity of a CubeCL buffer slice: the managed memory's id (a process-wide counter that CubeCL never
+/// reuses) and the slice's offsets. CubeCL 0.10 shows the id only through `Debug`
+/// (`ManagedMemoryId { value: N }`); the tests check that clones share it and distinct tensors do not.
+fn buffer_id(handle: &Handle) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let memory = format!("{:?}", handle.memory);
+    let digits = memory.split("value: ").nth(1)?;
+    let end = digits
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(digits.len());
+    let id: u64 = digits[..end].parse().ok()?;
+    let mut hasher = std::hash::DefaultHasher::new();
+    (id, handle.offset_start, handle.offset_end).hash(&mut hasher);
+    Some(hasher.finish())
+}
+
 fn read_error(err: KernelError) -> TeError {
     TeError::Kernel(err)
 }
@@ -424,6 +440,10 @@ where
 
     fn fp8_delayed_state_len(state: &CubeDelayedState<R>) -> usize {
         state.history_len
+    }
+
+    fn buffer_id(tensor: &CubeTensor<R>) -> Option<u64> {
+        buffer_id(&tensor.handle)
     }
 
     fn fp8_delayed_state_update(

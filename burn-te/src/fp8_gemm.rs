@@ -7,7 +7,7 @@ use burn::tensor::ops::FloatTensor;
 use crate::TeError;
 use crate::backend::{Fp8Primitive, Scaling, TeBackend};
 use crate::recipe::{DelayedScaling, Recipe};
-use crate::site::{GemmSite, TensorRole};
+use crate::site::{Gemm, GemmSite, TensorRole};
 
 /// Returns the FP8 result, or on an error records the fallback (counted, logged, shown in the debug main log; see
 /// [`crate::fallback`]) and runs the high-precision op instead (Burn ops cannot fail).
@@ -122,6 +122,16 @@ fn shape_error<B: TeBackend>(
     }
 }
 
+/// Whether `role`'s reduction dimension runs along its columns in `gemm` (how block recipes lay their blocks):
+/// the activation and gradient at fprop and dgrad, the weight at dgrad; not the weight at fprop nor either
+/// operand of wgrad.
+pub fn k_along_cols(gemm: Gemm, role: TensorRole) -> bool {
+    !matches!(
+        (gemm, role),
+        (Gemm::Fprop, TensorRole::Weight) | (Gemm::Wgrad, _)
+    )
+}
+
 /// fprop: `x [.., in] · weight [in, out] (+ bias [out])` in FP8.
 pub fn linear_fprop<B: TeBackend>(
     x: FloatTensor<B>,
@@ -146,7 +156,7 @@ pub fn linear_fprop<B: TeBackend>(
         recipe,
         site,
         TensorRole::Activation,
-        true,
+        k_along_cols(Gemm::Fprop, TensorRole::Activation),
         true,
         overrides[0],
     )?;
@@ -155,7 +165,7 @@ pub fn linear_fprop<B: TeBackend>(
         recipe,
         site,
         TensorRole::Weight,
-        false,
+        k_along_cols(Gemm::Fprop, TensorRole::Weight),
         true,
         overrides[1],
     )?;
@@ -196,7 +206,7 @@ pub fn linear_dgrad<B: TeBackend>(
         recipe,
         site,
         TensorRole::Gradient,
-        true,
+        k_along_cols(Gemm::Dgrad, TensorRole::Gradient),
         true,
         overrides[0],
     )?;
@@ -205,7 +215,7 @@ pub fn linear_dgrad<B: TeBackend>(
         recipe,
         site,
         TensorRole::Weight,
-        true,
+        k_along_cols(Gemm::Dgrad, TensorRole::Weight),
         false,
         overrides[1],
     )?;
@@ -239,7 +249,7 @@ pub fn linear_wgrad<B: TeBackend>(
         recipe,
         site,
         TensorRole::Activation,
-        false,
+        k_along_cols(Gemm::Wgrad, TensorRole::Activation),
         false,
         overrides[0],
     )?;
@@ -248,7 +258,7 @@ pub fn linear_wgrad<B: TeBackend>(
         recipe,
         site,
         TensorRole::Gradient,
-        false,
+        k_along_cols(Gemm::Wgrad, TensorRole::Gradient),
         true,
         overrides[1],
     )?;

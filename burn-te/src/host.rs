@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use burn::backend::NdArray;
-use burn::backend::ndarray::NdArrayDevice;
+use burn::backend::ndarray::{NdArrayDevice, NdArrayTensor};
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn::tensor::{Shape, TensorData};
 use burn_te_kernels::block::{host_block_quantize, host_block_tensor_stats};
@@ -237,6 +237,26 @@ impl TeBackend for Host {
 
     fn fp8_delayed_state_len(state: &HostDelayedState) -> usize {
         lock(state).history.len()
+    }
+
+    fn buffer_id(tensor: &FloatTensor<Self>) -> Option<u64> {
+        use std::hash::{Hash, Hasher};
+        // The address of the first element and the shape: shared by clones (copy-on-write arrays), distinct for
+        // live tensors.
+        let (address, shape) = match tensor {
+            NdArrayTensor::F32(storage) => (
+                storage.view().as_ptr() as usize,
+                storage.view().shape().to_vec(),
+            ),
+            NdArrayTensor::F64(storage) => (
+                storage.view().as_ptr() as usize,
+                storage.view().shape().to_vec(),
+            ),
+            _ => return None,
+        };
+        let mut hasher = std::hash::DefaultHasher::new();
+        (address, shape).hash(&mut hasher);
+        Some(hasher.finish())
     }
 
     fn fp8_delayed_state_update(

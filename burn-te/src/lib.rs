@@ -32,13 +32,14 @@ pub mod fp8_gemm;
 pub mod fp8_state;
 pub mod host;
 pub mod nn;
+pub mod plain_linear;
 pub mod recipe;
 pub mod site;
 mod te;
 
 pub use autocast::{
     AutocastGuard, active_recipe, fp8_autocast, fp8_autocast_guard, fp8_autocast_guard_with,
-    fp8_autocast_with, generation, is_fp8_enabled, plain_linear_backward, plain_linear_forward,
+    fp8_autocast_with, generation, is_fp8_enabled,
 };
 pub use backend::{Fp8HostData, Fp8Primitive, Fp8Tensor, Scaling, TeBackend};
 pub use burn_te_kernels::{
@@ -50,6 +51,7 @@ pub use decorator::Decorator;
 pub use error::TeError;
 pub use fallback::fallback_counts;
 pub use fp8_state::{DelayedStateView, Fp8LinearStates, Fp8Meta, LayerFp8State, PlainLinearStates};
+pub use plain_linear::{plain_linear_backward, plain_linear_forward};
 pub use recipe::{
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MXFP8BlockScaling, Recipe,
 };

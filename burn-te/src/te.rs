@@ -5,9 +5,9 @@
 //! they quantize their operands by the recipe and run the FP8 GEMM kernel. So a model of plain
 //! `burn::nn::Linear` layers trains in FP8 by swapping `B` for `Te<B>`.
 //!
-//! Plain linears have no names; inside a scope they are called `linear0`, `linear1`, ... in call order, which keys
-//! their delayed-scaling states in the scope's [`Fp8LinearStates`](crate::Fp8LinearStates). TE modules
-//! (`te_linear`) carry their own names and states.
+//! Plain linears have no names; inside a scope they are called `linear0`, `linear1`, ... by weight in call order,
+//! which keys their delayed-scaling states in the scope's [`Fp8LinearStates`](crate::Fp8LinearStates) (see
+//! [`crate::plain_linear`]). TE modules (`te_linear`) carry their own names and states.
 
 use core::marker::PhantomData;
 
@@ -17,6 +17,7 @@ use crate::backend::TeBackend;
 use crate::decorator::Decorator;
 use crate::site::{Gemm, GemmSite};
 
+use crate::plain_linear::{plain_linear_backward, plain_linear_forward};
 use crate::{autocast, fp8_gemm};
 
 /// The FP8 backend decorator: `B` with FP8 GEMMs inside autocast scopes. Use as `Autodiff<Te<Wgpu>>`.
@@ -46,7 +47,7 @@ impl<B: TeBackend> Decorator for Te<B> {
         weight: FloatTensor<B>,
         bias: Option<FloatTensor<B>>,
     ) -> FloatTensor<B> {
-        let (recipe, site) = autocast::plain_linear_forward();
+        let (recipe, site) = plain_linear_forward::<B>(&x, &weight);
         match recipe {
             None => B::linear(x, weight, bias),
             Some(recipe) => B::te_linear(x, weight, bias, &site, Some(&recipe)),
@@ -54,12 +55,12 @@ impl<B: TeBackend> Decorator for Te<B> {
     }
 
     fn linear_x_backward(weight: FloatTensor<B>, output_grad: FloatTensor<B>) -> FloatTensor<B> {
-        let (recipe, site) = autocast::plain_linear_backward(Gemm::Dgrad);
+        let (recipe, site) = plain_linear_backward::<B>(Gemm::Dgrad, &weight, &output_grad);
         B::te_linear_dgrad(weight, output_grad, &site, recipe.as_ref())
     }
 
     fn linear_weight_backward(x: FloatTensor<B>, output_grad: FloatTensor<B>) -> FloatTensor<B> {
-        let (recipe, site) = autocast::plain_linear_backward(Gemm::Wgrad);
+        let (recipe, site) = plain_linear_backward::<B>(Gemm::Wgrad, &x, &output_grad);
         B::te_linear_wgrad(x, output_grad, &site, recipe.as_ref())
     }
 }

@@ -493,8 +493,13 @@ fn missing_config_warns_and_unwritable_log_dir_fails() {
     let err = burn_te_debug::initialize(DebugOptions::without_config().log_dir(file.join("sub")))
         .unwrap_err();
     assert!(matches!(err, DebugError::LogDir { .. }), "{err}");
+    // Without a session the loop's calls do nothing: one training loop runs with and without the debug tools.
+    assert!(burn_te_debug::step().is_ok());
+    assert!(burn_te_debug::initialize_training_step(3).is_ok());
+    assert!(burn_te_debug::end().is_ok());
+    assert_eq!(burn_te_debug::iteration(), None);
     assert!(matches!(
-        burn_te_debug::step(),
+        burn_te_debug::check_layers(["fc"]),
         Err(DebugError::NotInitialized)
     ));
 }
@@ -1009,6 +1014,18 @@ impl Feature for CallsBack {
     ) -> Result<(), DebugError> {
         let current = burn_te_debug::iteration();
         burn_te_debug::log_message(&format!("called back at {iteration}"), Some(layer))?;
+        // From another thread (a worker pool inside the feature): features never run under the session's lock,
+        // so this returns instead of waiting forever.
+        let (send, receive) = std::sync::mpsc::channel();
+        let layer_name = layer.to_string();
+        std::thread::spawn(move || {
+            let result = burn_te_debug::log_message("from a worker thread", Some(&layer_name));
+            let _ = send.send((result.is_ok(), burn_te_debug::iteration()));
+        });
+        let worker = receive
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("a worker thread calling the debug API from a feature deadlocked");
+        assert_eq!(worker, (true, Some(iteration)));
         let step_refused = matches!(burn_te_debug::step(), Err(DebugError::Reentrant("step")));
         self.seen
             .lock()
@@ -1055,4 +1072,5 @@ fn a_feature_calling_the_debug_api_does_not_deadlock() {
     assert_eq!(seen, vec![(7, Some(7), true)]);
     let main = main_log(&dir);
     assert!(main.contains("cb: called back at 7"), "{main}");
+    assert!(main.contains("cb: from a worker thread"), "{main}");
 }

@@ -8,13 +8,17 @@ use std::path::Path;
 use burn::module::{Module, Param};
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
+use burn_te::Gemm;
 use burn_te::backends::Wgpu;
 use burn_te::nn::{Linear, LinearConfig};
 use burn_te::{
     AmaxComputeAlgo, DelayedScaling, Fp8Format, PlainLinearStates, Te, TeBackend, TensorRole,
     fp8_autocast, fp8_autocast_with,
 };
-use burn_te_debug::{Debug, DebugOptions};
+use burn_te_debug::features::{
+    DebugTensor, Feature, Inspection, Namespace, Routing, register_feature,
+};
+use burn_te_debug::{Debug, DebugError, DebugOptions, TensorName};
 
 use crate::common::Rng;
 use crate::debug::{Collect, SESSION, f32s, main_log, read_safetensors, temp_dir};
@@ -564,4 +568,127 @@ fn a_fallback_to_high_precision_is_counted_and_written_to_the_main_log() {
         main.contains("matmul: FP8 GEMM not possible, ran in high precision"),
         "{main}"
     );
+}
+
+/// What `RecordPostquantize` saw: (iteration, layer, gemm, tensor, values).
+type Postquantized = Vec<(u64, String, Gemm, TensorName, Vec<f32>)>;
+static POSTQUANTIZED: std::sync::Mutex<Postquantized> = std::sync::Mutex::new(Vec::new());
+
+/// A custom feature on TE's per-GEMM `inspect_tensor_postquantize` call: records what it is given.
+struct RecordPostquantize;
+impl Feature for RecordPostquantize {
+    fn name(&self) -> &str {
+        "RecordPostquantize"
+    }
+    fn inspect_tensor_postquantize_enabled(
+        &self,
+        _: &str,
+        _: Gemm,
+        _: TensorName,
+        _: u64,
+    ) -> Option<Routing> {
+        Some(Routing {
+            enabled: true,
+            next: None,
+        })
+    }
+    fn inspect_tensor_postquantize(
+        &self,
+        layer: &str,
+        gemm: Gemm,
+        tensor: TensorName,
+        x: &dyn DebugTensor,
+        iteration: u64,
+        _: &mut Inspection,
+    ) -> Result<(), DebugError> {
+        let values = x.to_vec()?;
+        POSTQUANTIZED
+            .lock()
+            .unwrap()
+            .push((iteration, layer.to_string(), gemm, tensor, values));
+        Ok(())
+    }
+}
+
+const POSTQUANTIZE_CONFIG: &str = r#"postquantize:
+  enabled: True
+  layers:
+    layer_name_regex_pattern: '^fc$'
+  transformer_engine:
+    RecordPostquantize:
+      enabled: True
+    DisableFP8GEMM:
+      enabled: True
+      gemms: [wgrad]
+"#;
+
+/// `inspect_tensor_postquantize` is given, at every GEMM, the operand exactly as that GEMM multiplies it: the
+/// values of the codes at the delayed scale recomputed on the host (`decode(code) · scale_inv`, bit for bit), for
+/// the weight at fprop and at dgrad alike; a GEMM in high precision (wgrad, disabled here) is not called (TE).
+fn postquantize_sees_the_gemms_operands<S: AutodiffBackend + TeBackend>(
+    what: &str,
+    device: &S::Device,
+) {
+    static REGISTER: std::sync::Once = std::sync::Once::new();
+    REGISTER.call_once(|| {
+        register_feature(Namespace::TransformerEngine, "RecordPostquantize", |_| {
+            Ok(Box::new(RecordPostquantize))
+        })
+        .unwrap();
+    });
+    POSTQUANTIZED.lock().unwrap().clear();
+    let dir = temp_dir(&format!("postquantize-{what}"));
+    let config = dir.join("config.yaml");
+    std::fs::write(&config, POSTQUANTIZE_CONFIG).unwrap();
+    burn_te_debug::initialize(DebugOptions::new(&config).log_dir(&dir)).unwrap();
+    let recipe = DelayedScaling::default();
+    let data = Data::new(3);
+    let mut fc = layer::<S>(device);
+    for n in 0..ITERATIONS {
+        set_weight(&mut fc, &data, n, device);
+        train_iteration(&fc, &data, n, &recipe, device);
+        burn_te_debug::step().unwrap();
+    }
+    burn_te_debug::end().unwrap();
+    let seen = POSTQUANTIZED.lock().unwrap().clone();
+    let operands = [
+        (Gemm::Fprop, TensorRole::Activation),
+        (Gemm::Fprop, TensorRole::Weight),
+        (Gemm::Dgrad, TensorRole::Gradient),
+        (Gemm::Dgrad, TensorRole::Weight),
+    ];
+    assert_eq!(seen.len(), ITERATIONS * operands.len(), "{what}: calls");
+    for n in 0..ITERATIONS {
+        for (gemm, role) in operands {
+            let tensor = TensorName::from(role);
+            let calls: Vec<_> = seen
+                .iter()
+                .filter(|(i, layer, g, t, _)| {
+                    *i == n as u64 && layer == "fc" && *g == gemm && *t == tensor
+                })
+                .collect();
+            assert_eq!(calls.len(), 1, "{what} it {n} {gemm:?} {tensor}: calls");
+            let format = recipe.fp8_format.for_role(role);
+            let scale = expected_scale(&data, role, n, &recipe);
+            let (codes, _) = quantized(&data.of(role)[n], scale, format);
+            let expected: Vec<u32> = codes
+                .iter()
+                .map(|&c| (format.decode(c) * (1.0 / scale)).to_bits())
+                .collect();
+            let actual: Vec<u32> = calls[0].4.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(actual, expected, "{what} it {n} {gemm:?} {tensor}");
+        }
+    }
+}
+
+#[test]
+fn inspect_tensor_postquantize_sees_what_each_gemm_multiplies() {
+    let _guard = SESSION.lock().unwrap_or_else(|p| p.into_inner());
+    postquantize_sees_the_gemms_operands::<burn::backend::Autodiff<Debug<Te<Wgpu>>>>(
+        "wgpu",
+        &device(),
+    );
+    postquantize_sees_the_gemms_operands::<
+        burn::backend::Autodiff<Debug<Te<burn::backend::NdArray>>>,
+    >("ndarray", &Default::default());
 }

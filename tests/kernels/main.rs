@@ -12,6 +12,7 @@ mod elementwise;
 mod fp8_state;
 mod gemm;
 mod modules;
+mod plain_linear;
 mod scaling;
 mod statistics;
 mod te;

@@ -176,8 +176,8 @@ impl Inspection {
         self.dumps.push(dump);
     }
 
-    /// Writes `message` to the main log, prefixed with the layer (TE's `debug_api.log_message`; a feature cannot
-    /// call [`crate::log_message`] while the session runs it).
+    /// Writes `message` to the main log, prefixed with the layer, after the feature returns (a feature may also
+    /// call [`crate::log_message`]: features never run under the session's lock).
     pub fn log_message(&mut self, message: impl Into<String>) {
         self.messages.push(message.into());
     }
@@ -258,6 +258,7 @@ pub trait Feature: Send + Sync {
     }
 
     /// Whether this feature inspects `tensor` after quantization for `gemm` (TE's older per-GEMM call; default: no).
+    /// Asked at every GEMM that takes the tensor as an input.
     fn inspect_tensor_postquantize_enabled(
         &self,
         _layer: &str,
@@ -268,7 +269,9 @@ pub trait Feature: Send + Sync {
         None
     }
 
-    /// Inspects `tensor` as quantized for `gemm` (a quantize-dequantize of it with the GEMM's format).
+    /// Inspects `tensor` as `gemm` quantized it: `x` holds the dequantized values the FP8 GEMM multiplies (its
+    /// recipe, scale, blocks and any `modify_tensor` current-scaling override), or the tensor a `modify_tensor`
+    /// returned. Not called when the GEMM takes the tensor in high precision unmodified (as in TE).
     fn inspect_tensor_postquantize(
         &self,
         _layer: &str,

@@ -1,0 +1,221 @@
+//! Plain `burn::nn::Linear` layers keep their identity from forward to backward in a branching graph: a layer used
+//! twice, two layers fed the same input, a frozen layer, an input without a gradient. The reference is the same
+//! graph built from TE modules, whose GEMM sites travel with Burn's autograd node: outputs, gradients and the
+//! delayed-scaling states must be bit-identical at every iteration.
+
+use burn::module::Param;
+use burn::nn::LinearConfig as PlainConfig;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Tensor, TensorPrimitive};
+use burn_te::backends::Wgpu;
+use burn_te::nn::LinearConfig;
+use burn_te::{
+    DelayedScaling, Fp8Format, LayerFp8State, PlainLinearStates, Te, TeBackend, TensorRole,
+    fp8_autocast, fp8_autocast_with,
+};
+use burn_te_debug::Debug;
+
+use crate::common::Rng;
+use crate::te::{device, tensor, values};
+
+const TOKENS: usize = 12;
+const D: usize = 16;
+const ITERATIONS: usize = 4;
+
+/// The weights of `a`, `b`, `c` (magnitudes apart, so a GEMM matched to the wrong layer quantizes with another
+/// scale) and the iterations' inputs and loss weights.
+struct Data {
+    weights: [Vec<f32>; 3],
+    x: Vec<Vec<f32>>,
+    r: Vec<Vec<f32>>,
+}
+
+impl Data {
+    fn new() -> Data {
+        let weights = [(1, 1.0), (2, 0.05), (3, 3.0)]
+            .map(|(seed, std)| Rng::new(seed).normal(D * D, 0.0, std));
+        let amplitude = [1.0, 8.0, 0.25, 2.0];
+        let per_iteration = |seed: u64, std: f64| {
+            (0..ITERATIONS)
+                .map(|n| Rng::new(seed + n as u64).normal(TOKENS * D, 0.0, std * amplitude[n]))
+                .collect()
+        };
+        Data {
+            weights,
+            x: per_iteration(10, 1.0),
+            r: per_iteration(20, 0.01),
+        }
+    }
+}
+
+/// `z = b(2·b(h) + c(h))` with `h = a(x)`: `b` used twice, `b` and `c` fed the same `h` with different gradients,
+/// `c` frozen (no wgrad), `x` without a gradient (no dgrad for `a`). Returns `z` and the gradients.
+fn run<B: AutodiffBackend>(
+    linear: &dyn Fn(usize, Tensor<B, 2>) -> Tensor<B, 2>,
+    data: &Data,
+    n: usize,
+    device: &B::Device,
+) -> (Vec<f32>, B::Gradients) {
+    let x = tensor::<B, 2>(data.x[n].clone(), [TOKENS, D], device);
+    let h = linear(0, x);
+    let y = linear(1, h.clone()).mul_scalar(2.0) + linear(2, h);
+    let z = linear(1, y);
+    let r = tensor::<B, 2>(data.r[n].clone(), [TOKENS, D], device);
+    let grads = (z.clone() * r).sum().backward();
+    (values(z), grads)
+}
+
+/// Layer `i`'s weight as a parameter: `c` (i = 2) frozen.
+fn weight<B: AutodiffBackend>(data: &Data, i: usize, device: &B::Device) -> Param<Tensor<B, 2>> {
+    let w = tensor::<B, 2>(data.weights[i].clone(), [D, D], device);
+    Param::from_tensor(w).set_require_grad(i != 2)
+}
+
+/// The gradients of the trainable weights `a` and `b`.
+fn weight_grads<B: AutodiffBackend>(
+    weights: [&Param<Tensor<B, 2>>; 2],
+    grads: &B::Gradients,
+) -> Vec<Vec<f32>> {
+    weights
+        .iter()
+        .map(|w| values(w.val().grad(grads).expect("a trainable weight")))
+        .collect()
+}
+
+/// Every role's history and scale, bit for bit.
+fn state_bits(state: &LayerFp8State, recipe: &DelayedScaling) -> Vec<u32> {
+    [
+        TensorRole::Activation,
+        TensorRole::Weight,
+        TensorRole::Gradient,
+    ]
+    .into_iter()
+    .flat_map(|role| {
+        let format = recipe.fp8_format.for_role(role);
+        let view = state
+            .read(role, recipe, format)
+            .unwrap()
+            .expect("state used");
+        let mut bits: Vec<u32> = view.history.iter().map(|v| v.to_bits()).collect();
+        bits.push(view.scale.to_bits());
+        bits
+    })
+    .collect()
+}
+
+fn branching_graph_matches_te_modules<B: AutodiffBackend + TeBackend>(
+    what: &str,
+    device: &B::Device,
+) {
+    let data = Data::new();
+    let recipe = DelayedScaling::default();
+    // Plain Burn linears, their states in one PlainLinearStates.
+    let plain: Vec<burn::nn::Linear<B>> = (0..3)
+        .map(|i| {
+            let mut layer = PlainConfig::new(D, D).with_bias(false).init::<B>(device);
+            layer.weight = weight(&data, i, device);
+            layer
+        })
+        .collect();
+    let states = PlainLinearStates::new();
+    // The reference: TE modules named as the plain linears are (by weight, in first-call order).
+    let te: Vec<burn_te::nn::Linear<B>> = (0..3)
+        .map(|i| {
+            let mut layer = LinearConfig::new(D, D)
+                .with_bias(false)
+                .with_name(Some(format!("linear{i}")))
+                .init::<B>(device);
+            layer.weight = weight(&data, i, device);
+            layer
+        })
+        .collect();
+    for n in 0..ITERATIONS {
+        let (plain_z, plain_grads) = fp8_autocast_with(&states, true, recipe.clone(), || {
+            run::<B>(&|i, x| plain[i].forward(x), &data, n, device)
+        })
+        .unwrap();
+        let (te_z, te_grads) = fp8_autocast(true, recipe.clone(), || {
+            run::<B>(&|i, x| te[i].forward(x), &data, n, device)
+        })
+        .unwrap();
+        let mut plain_out = vec![plain_z];
+        plain_out.extend(weight_grads::<B>(
+            [&plain[0].weight, &plain[1].weight],
+            &plain_grads,
+        ));
+        let mut te_out = vec![te_z];
+        te_out.extend(weight_grads::<B>([&te[0].weight, &te[1].weight], &te_grads));
+        for (k, name) in ["z", "da", "db"].iter().enumerate() {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&plain_out[k]),
+                bits(&te_out[k]),
+                "{what} it {n}: {name} of the plain linears differs from the TE modules'"
+            );
+        }
+        let mut names = states.names();
+        names.sort();
+        assert_eq!(
+            names,
+            ["linear0", "linear1", "linear2"],
+            "{what}: one state per weight"
+        );
+        for (i, layer) in te.iter().enumerate() {
+            assert_eq!(
+                state_bits(&states.layer(&format!("linear{i}")), &recipe),
+                state_bits(layer.fp8_meta.state(), &recipe),
+                "{what} it {n}: linear{i}'s FP8 state"
+            );
+        }
+    }
+    // The FP8 path ran (the states hold real scales, not the initial 1).
+    let view = states
+        .layer("linear2")
+        .read(TensorRole::Gradient, &recipe, Fp8Format::E5M2)
+        .unwrap()
+        .unwrap();
+    assert_ne!(
+        view.scale, 1.0,
+        "{what}: the frozen layer's gradient scale must update"
+    );
+}
+
+#[test]
+fn plain_linears_in_a_branching_graph_match_te_modules_wgpu() {
+    branching_graph_matches_te_modules::<burn::backend::Autodiff<Te<Wgpu>>>("te<wgpu>", &device());
+    branching_graph_matches_te_modules::<burn::backend::Autodiff<Debug<Te<Wgpu>>>>(
+        "debug<te<wgpu>>",
+        &device(),
+    );
+}
+
+#[test]
+fn plain_linears_in_a_branching_graph_match_te_modules_host() {
+    branching_graph_matches_te_modules::<burn::backend::Autodiff<Te<burn::backend::NdArray>>>(
+        "te<ndarray>",
+        &Default::default(),
+    );
+}
+
+/// The identity the backward GEMMs match by: shared by clones, distinct for live tensors.
+fn buffer_ids<B: TeBackend>(what: &str, device: &B::Device) {
+    let a = tensor::<B, 2>(vec![1.0; 12], [3, 4], device);
+    let b = tensor::<B, 2>(vec![1.0; 12], [3, 4], device);
+    let id = |t: &Tensor<B, 2>| {
+        let TensorPrimitive::Float(p) = t.clone().into_primitive() else {
+            unreachable!("a float tensor")
+        };
+        B::buffer_id(&p)
+    };
+    let (ia, ib) = (id(&a), id(&b));
+    assert!(ia.is_some(), "{what}: no buffer id");
+    assert_eq!(ia, id(&a.clone()), "{what}: a clone has its tensor's id");
+    assert_ne!(ia, ib, "{what}: two live tensors share an id");
+}
+
+#[test]
+fn buffer_ids_follow_clones_and_tell_tensors_apart() {
+    buffer_ids::<Wgpu>("wgpu", &device());
+    buffer_ids::<burn::backend::NdArray>("ndarray", &Default::default());
+    buffer_ids::<burn::backend::Autodiff<Te<Wgpu>>>("autodiff<te<wgpu>>", &device());
+}
