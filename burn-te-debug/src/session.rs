@@ -118,6 +118,21 @@ fn lock() -> MutexGuard<'static, Option<Session>> {
     SESSION.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+type Depth = std::thread::LocalKey<std::cell::Cell<u32>>;
+
+/// Runs `f` one level deeper in `depth` (this thread's nesting counter), back when `f` returns or panics.
+fn nested<T>(depth: &'static Depth, f: impl FnOnce() -> T) -> T {
+    struct Leave(&'static Depth);
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            self.0.with(|n| n.set(n.get() - 1));
+        }
+    }
+    depth.with(|n| n.set(n.get() + 1));
+    let _leave = Leave(depth);
+    f()
+}
+
 thread_local! {
     /// Nesting depth of feature code running on this thread (see [`in_features`]).
     static IN_FEATURES: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
@@ -128,15 +143,7 @@ thread_local! {
 /// would change the session under the running GEMM (`step`, `end`, `initialize`, `initialize_training_step`) are
 /// refused with [`DebugError::Reentrant`].
 fn in_features<T>(f: impl FnOnce() -> T) -> T {
-    struct Leave;
-    impl Drop for Leave {
-        fn drop(&mut self) {
-            IN_FEATURES.with(|n| n.set(n.get() - 1));
-        }
-    }
-    IN_FEATURES.with(|n| n.set(n.get() + 1));
-    let _leave = Leave;
-    f()
+    nested(&IN_FEATURES, f)
 }
 
 /// The session's lock for an entry point that changes the session; an error when called from a feature's code.
@@ -161,15 +168,7 @@ thread_local! {
 /// features (e.g. a validation pass, whose activations would otherwise join the next training step's
 /// statistics as a micro-batch). Nestable; the features are back on when `f` returns or panics.
 pub fn paused<T>(f: impl FnOnce() -> T) -> T {
-    struct Resume;
-    impl Drop for Resume {
-        fn drop(&mut self) {
-            PAUSED.with(|p| p.set(p.get() - 1));
-        }
-    }
-    PAUSED.with(|p| p.set(p.get() + 1));
-    let _resume = Resume;
-    f()
+    nested(&PAUSED, f)
 }
 
 /// Runs `f` on the session under its lock, if one runs. `f` is the session's own code, never a feature's.
