@@ -7,12 +7,12 @@
 //! |x| > 0.1 every 5 iterations, beside LogTensorStats' `min`.
 //!
 //! The model is a two-layer MLP of TE `Linear`s trained in FP8 for 11 iterations on the CPU host path
-//! (`Autodiff<Debug<Te<NdArray>>>`, so it runs anywhere; `Te<Wgpu>` and `Te<Cuda>` work the same). The stats go to
+//! (`Autodiff<Debug<Te<Flex>>>`, so it runs anywhere; `Te<Wgpu>` and `Te<Cuda>` work the same). The stats go to
 //! `./log/nvdlfw_inspect_statistics_logs/`, and are printed at the end.
 //!
 //! Run: `cargo run --example custom_feature`
 
-use burn::backend::{Autodiff, NdArray};
+use burn::backend::{Autodiff, Flex};
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::prelude::*;
 use burn::tensor::Distribution;
@@ -24,7 +24,7 @@ use burn_te_debug::features::{
 };
 use burn_te_debug::{ConfigError, Debug, DebugError, DebugOptions, TensorName};
 
-type B = Autodiff<Debug<Te<NdArray>>>;
+type B = Autodiff<Debug<Te<Flex>>>;
 type Error = Box<dyn std::error::Error>;
 
 /// Logs `<layer>_<tensor>_percentage_greater_than_threshold`: the fraction of entries with |x| > threshold.

@@ -3,7 +3,7 @@
 //! target, MSE loss, Adam with lr 1e-4, the forward pass in FP8 (TE's default recipe, delayed scaling, HYBRID).
 //!
 //! Device choice: CUDA (with `--features cuda` and a driver), else the default wgpu device (a GPU, or Mesa's
-//! lavapipe on CPU-only machines), else the CPU host path (`Autodiff<Te<NdArray>>`, FP8 emulated in plain Rust).
+//! lavapipe on CPU-only machines), else the CPU host path (`Autodiff<Te<Flex>>`: FP8 codes emulated in Rust, the GEMMs on burn-flex's SIMD matmul).
 //! `BURN_TE_DEVICE=cpu` goes straight to the host path.
 //!
 //! Debugging, as the docs' second part: the backend is wrapped in the debug decorator (`Autodiff<Debug<Te<_>>>`),
@@ -14,7 +14,7 @@
 //!
 //! Run: `cargo run --example getting_started` (add `--release` for a faster host path)
 
-use burn::backend::{Autodiff, NdArray};
+use burn::backend::{Autodiff, Flex};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::tensor::Distribution;
@@ -108,7 +108,7 @@ fn run() -> Result<(), Error> {
             "no wgpu device found (on a CPU-only Linux machine: apt-get install mesa-vulkan-drivers)"
         );
     }
-    println!("device: the CPU host path, backend Autodiff<Debug<Te<NdArray>>>");
-    train::<Autodiff<Debug<Te<NdArray>>>>(&Default::default())?;
+    println!("device: the CPU host path, backend Autodiff<Debug<Te<Flex>>>");
+    train::<Autodiff<Debug<Te<Flex>>>>(&Default::default())?;
     Ok(())
 }

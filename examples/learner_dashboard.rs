@@ -19,7 +19,7 @@
 //! Run: `cargo run --release --example learner_dashboard` (`--epochs <n>`, `--config <file>`; CUDA with
 //! `--features cuda`, else wgpu, else the CPU host path; `BURN_TE_DEVICE=cpu` forces the latter).
 
-use burn::backend::{Autodiff, NdArray};
+use burn::backend::{Autodiff, Flex};
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
@@ -286,7 +286,7 @@ fn try_main() -> Result<(), Error> {
     }
     if !done {
         println!("device: the CPU host path");
-        train::<Autodiff<Debug<Te<NdArray>>>>(&Default::default(), epochs, &stats)?;
+        train::<Autodiff<Debug<Te<Flex>>>>(&Default::default(), epochs, &stats)?;
     }
     burn_te_debug::end()?;
     debug.save(format!("{ARTIFACTS}/debug.json"))?;

@@ -156,6 +156,48 @@ fn encode_every_case_device() {
     }
 }
 
+/// Every encode case through a backend's `TeBackend` ops (quantize at scale 1, read the codes, dequantize): the
+/// codes bit for bit, and the dequantized value equals the decode table's value of the expected code.
+fn encode_every_case_te_backend<B: burn_te::TeBackend>(what: &str, device: &B::Device) {
+    use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+    let cases = encode_cases();
+    let inputs: Vec<f32> = cases.iter().map(|c| f32::from_bits(c.0)).collect();
+    for format in Fp8Format::ALL {
+        let decoded: std::collections::BTreeMap<u8, String> =
+            decode_cases(format).into_iter().collect();
+        let x = Tensor::<B, 1>::from_data(TensorData::new(inputs.clone(), [inputs.len()]), device);
+        let state = B::fp8_delayed_state_load(device, &[0.0], 1.0).unwrap();
+        let scaling = burn_te::Scaling::Delayed {
+            state: &state,
+            record: false,
+        };
+        let quantized = B::fp8_quantize(x.into_primitive().tensor(), format, scaling).unwrap();
+        let codes = B::fp8_read(&quantized).unwrap().codes;
+        let dequantized = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(
+            B::fp8_dequantize(quantized).unwrap(),
+        ))
+        .into_data()
+        .into_vec::<f32>()
+        .unwrap();
+        for (((bits, e4m3, e5m2), &code), value) in cases.iter().zip(&codes).zip(dequantized) {
+            let expected = if format == Fp8Format::E4M3 {
+                *e4m3
+            } else {
+                *e5m2
+            };
+            check_code(format, *bits, code, expected, what);
+            check_decoded(format, code, value, &decoded[&code], what);
+        }
+    }
+}
+
+#[test]
+fn encode_every_case_through_every_te_backend() {
+    encode_every_case_te_backend::<burn::backend::Flex>("flex", &Default::default());
+    encode_every_case_te_backend::<burn::backend::NdArray>("ndarray", &Default::default());
+    encode_every_case_te_backend::<burn_te::backends::Wgpu>("wgpu", &crate::te::device());
+}
+
 struct ScaleCase {
     format: Fp8Format,
     amax: f32,

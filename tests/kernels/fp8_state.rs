@@ -350,6 +350,11 @@ fn debug_tools_report_the_scales_codes_and_counts_the_gemms_used() {
         &Default::default(),
         &recipes()[2],
     );
+    debug_autodiff_stack::<burn::backend::Autodiff<Debug<Te<burn::backend::Flex>>>>(
+        "flex",
+        &Default::default(),
+        &recipes()[1],
+    );
 
     // Without autodiff: forward only, activation and weight.
     let recipe = &recipes()[1];

@@ -195,6 +195,10 @@ fn plain_linears_in_a_branching_graph_match_te_modules_host() {
         "te<ndarray>",
         &Default::default(),
     );
+    branching_graph_matches_te_modules::<burn::backend::Autodiff<Te<burn::backend::Flex>>>(
+        "te<flex>",
+        &Default::default(),
+    );
 }
 
 /// The identity the backward GEMMs match by: shared by clones, distinct for live tensors.
@@ -217,5 +221,6 @@ fn buffer_ids<B: TeBackend>(what: &str, device: &B::Device) {
 fn buffer_ids_follow_clones_and_tell_tensors_apart() {
     buffer_ids::<Wgpu>("wgpu", &device());
     buffer_ids::<burn::backend::NdArray>("ndarray", &Default::default());
+    buffer_ids::<burn::backend::Flex>("flex", &Default::default());
     buffer_ids::<burn::backend::Autodiff<Te<Wgpu>>>("autodiff<te<wgpu>>", &device());
 }

@@ -1,6 +1,6 @@
 //! The `Te<B>` decorator, recipes, autocast and autodiff on Burn tensors: FP8 vs f32 within TE's tolerances,
 //! delayed scaling bit-exact against the host, a 2-layer MLP of plain `burn::nn::Linear` trained in FP8, the
-//! NdArray host path, and bad inputs.
+//! host paths (Flex, NdArray), and bad inputs.
 
 use burn::backend::wgpu::WgpuDevice;
 use burn::backend::{Autodiff, NdArray};
@@ -397,12 +397,22 @@ fn mlp_of_plain_linears_trains_in_fp8_within_10_percent_of_f32() {
     }
 }
 
-#[test]
-fn ndarray_host_path_matches_the_device() {
+/// A CPU backend's host path computes what the device computes: the same codes and scales, the GEMM's f32
+/// accumulation order aside (a linear under every recipe, and a batched matmul with a broadcast batch).
+fn host_path_matches_the_device<H: TeBackend>(what: &str) {
     let device = device();
     let host_device = Default::default();
     let x = Rng::new(8).normal(40 * 70, 0.0, 2.0);
     let w = Rng::new(9).normal(70 * 30, 0.0, 0.2);
+    let close = |recipe: &str, on_device: Vec<f32>, on_host: Vec<f32>| {
+        assert_eq!(on_device.len(), on_host.len(), "{what} {recipe}");
+        for (a, b) in on_device.iter().zip(on_host) {
+            assert!(
+                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                "{what} {recipe}: {a} vs {b}"
+            );
+        }
+    };
     for recipe in recipes() {
         let on_device = fp8_autocast_with(&PlainLinearStates::new(), true, recipe.clone(), || {
             burn::tensor::module::linear(
@@ -414,21 +424,38 @@ fn ndarray_host_path_matches_the_device() {
         .unwrap();
         let on_host = fp8_autocast_with(&PlainLinearStates::new(), true, recipe.clone(), || {
             burn::tensor::module::linear(
-                tensor::<Te<NdArray>, 2>(x.clone(), [40, 70], &host_device),
-                tensor::<Te<NdArray>, 2>(w.clone(), [70, 30], &host_device),
+                tensor::<Te<H>, 2>(x.clone(), [40, 70], &host_device),
+                tensor::<Te<H>, 2>(w.clone(), [70, 30], &host_device),
                 None,
             )
         })
         .unwrap();
-        // Same codes and scales; only the f32 accumulation order may differ.
-        for (a, b) in values(on_device).iter().zip(values(on_host)) {
-            assert!(
-                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                "{}: {a} vs {b}",
-                recipe.name()
-            );
-        }
+        close(recipe.name(), values(on_device), values(on_host));
+        // `[2, 20, 70] · [1, 70, 30]`: the batch of one broadcasts.
+        let on_device = fp8_autocast(true, recipe.clone(), || {
+            tensor::<Dev, 3>(x.clone(), [2, 20, 70], &device).matmul(tensor::<Dev, 3>(
+                w.clone(),
+                [1, 70, 30],
+                &device,
+            ))
+        })
+        .unwrap();
+        let on_host = fp8_autocast(true, recipe.clone(), || {
+            tensor::<Te<H>, 3>(x.clone(), [2, 20, 70], &host_device).matmul(tensor::<Te<H>, 3>(
+                w.clone(),
+                [1, 70, 30],
+                &host_device,
+            ))
+        })
+        .unwrap();
+        close(recipe.name(), values(on_device), values(on_host));
     }
+}
+
+#[test]
+fn host_paths_match_the_device() {
+    host_path_matches_the_device::<burn::backend::Flex>("flex");
+    host_path_matches_the_device::<NdArray>("ndarray");
 }
 
 #[test]
