@@ -1,0 +1,103 @@
+//! The CPU host path on burn-flex, as ratios against Flex's own f32 in one run (issue "Speed where users run"):
+//! - the FP8 GEMM (pre-quantized E4M3 operands: dequantize + Flex's matmul) vs Flex's f32 matmul at 1024³
+//!   (target ≥ 0.8× its speed), and quantize + GEMM end to end;
+//! - a TransformerLayer FP8 training step on `Autodiff<Te<Flex>>` vs the same step in f32 on `Autodiff<Flex>`
+//!   (target ≤ 1.25×), at hidden 256, 512 and 1024 (FFN 4×hidden, 256 tokens), so the growth with size shows.
+
+use burn::backend::{Autodiff, Flex};
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use burn::tensor::backend::AutodiffBackend;
+use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
+use burn_te::{DelayedScaling, Fp8Format, Scaling, Te, TeBackend, fp8_autocast};
+use criterion::{Criterion, criterion_group, criterion_main};
+
+fn input(rows: usize, cols: usize) -> Tensor<Flex, 2> {
+    let values: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 250.0)
+        .collect();
+    Tensor::from_data(TensorData::new(values, [rows, cols]), &Default::default())
+}
+
+fn quantize(t: &Tensor<Flex, 2>) -> burn_te::Fp8Primitive<Flex> {
+    Flex::fp8_quantize(
+        t.clone().into_primitive().tensor(),
+        Fp8Format::E4M3,
+        Scaling::Current { margin: 0.0 },
+    )
+    .expect("quantize")
+}
+
+fn gemm(c: &mut Criterion) {
+    let n = 1024;
+    let mut group = c.benchmark_group(format!("flex gemm {n}x{n}x{n}"));
+    group.sample_size(10);
+    let (a, b) = (input(n, n), input(n, n));
+    let (qa, qb) = (quantize(&a), quantize(&b));
+    group.bench_function("flex f32 matmul", |bench| {
+        bench.iter(|| a.clone().matmul(b.clone()).into_data())
+    });
+    group.bench_function("fp8 gemm (pre-quantized)", |bench| {
+        bench.iter(|| {
+            let out = Flex::fp8_gemm(qa.clone(), false, qb.clone(), false).expect("gemm");
+            Tensor::<Flex, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(out))
+                .into_data()
+        })
+    });
+    group.bench_function("quantize + fp8 gemm", |bench| {
+        bench.iter(|| {
+            let out = Flex::fp8_gemm(quantize(&a), false, quantize(&b), false).expect("gemm");
+            Tensor::<Flex, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(out))
+                .into_data()
+        })
+    });
+    group.finish();
+}
+
+/// One training step: forward (in an FP8 scope with `fp8`), MSE loss, backward.
+fn train_step<B: AutodiffBackend + TeBackend>(
+    layer: &TransformerLayer<B>,
+    x: &Tensor<B, 3>,
+    target: &Tensor<B, 3>,
+    fp8: bool,
+) {
+    let y = fp8_autocast(fp8, DelayedScaling::default(), || {
+        layer.forward(x.clone(), None)
+    })
+    .expect("valid recipe");
+    drop((y - target.clone()).square().mean().backward());
+}
+
+fn inputs<B: Backend>(hidden: usize) -> (TransformerLayer<B>, Tensor<B, 3>, Tensor<B, 3>) {
+    let device = Default::default();
+    let layer = TransformerLayerConfig::new(hidden, 4 * hidden, 4)
+        .with_name(Some("layer".into()))
+        .init::<B>(&device);
+    let x = Tensor::random([32, 8, hidden], Distribution::Normal(0.0, 1.0), &device);
+    let target = Tensor::random([32, 8, hidden], Distribution::Normal(0.0, 1.0), &device);
+    (layer, x, target)
+}
+
+fn transformer_layer(c: &mut Criterion) {
+    type F32 = Autodiff<Flex>;
+    type Fp8 = Autodiff<Te<Flex>>;
+    for hidden in [256, 512, 1024] {
+        let mut group = c.benchmark_group(format!(
+            "flex transformer_layer h{hidden} ffn{} tokens256 step",
+            4 * hidden
+        ));
+        group.sample_size(10);
+        let (layer, x, target) = inputs::<F32>(hidden);
+        let (fp8_layer, fp8_x, fp8_target) = inputs::<Fp8>(hidden);
+        group.bench_function("f32 Autodiff<Flex>", |b| {
+            b.iter(|| train_step(&layer, &x, &target, false))
+        });
+        group.bench_function("fp8 Autodiff<Te<Flex>>", |b| {
+            b.iter(|| train_step(&fp8_layer, &fp8_x, &fp8_target, true))
+        });
+        group.finish();
+    }
+}
+
+criterion_group!(benches, gemm, transformer_layer);
+criterion_main!(benches);
