@@ -203,4 +203,21 @@ pub enum DebugError {
         /// Why.
         source: std::io::Error,
     },
+    /// A log file could not be written during a step (returned by that `step()`, once, whatever the number of
+    /// lines; again at each later step at which a write fails, not once they succeed). Training is not affected:
+    /// the stats still went to `tracing` and the stat loggers, and the lines already in the file stay.
+    #[error(
+        "cannot write {path}: {source}; {lines} log line(s) of iteration {iteration} not written (training goes \
+         on; the file keeps what it had and is appended to again once it can be)"
+    )]
+    LogWrite {
+        /// The log file.
+        path: PathBuf,
+        /// The iteration whose step reports it.
+        iteration: u64,
+        /// Lines not written since the previous step.
+        lines: usize,
+        /// The first write's error.
+        source: std::io::Error,
+    },
 }

@@ -1,6 +1,6 @@
 //! The log files of nvdlfw-inspect: the main log and the statistics log, one per rank.
 
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -8,18 +8,31 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::error::DebugError;
 
 /// The two log files of a session.
+///
+/// A file is opened for appending at each write (the main log's line, a step's statistics) and closed again, so a
+/// directory that is removed, replaced or made unwritable mid-run is noticed (a kept-open file would go on writing
+/// into a file nobody can see), and the lines already in the file are never touched after `initialize` created
+/// it. A failed write does not stop anything: it is counted, and the next `step()` reports it once
+/// ([`LogFiles::take_failure`]).
 pub(crate) struct LogFiles {
-    main: (PathBuf, File),
-    stats: (PathBuf, File),
+    main: LogFile,
+    stats: LogFile,
 }
 
-fn open(dir: &Path, rank: usize) -> Result<(PathBuf, File), DebugError> {
+/// One log file: its path, and the writes that failed since the last step.
+struct LogFile {
+    path: PathBuf,
+    /// Lines not written since the last [`LogFiles::take_failure`], with the first error.
+    failed: Option<(usize, std::io::Error)>,
+}
+
+fn create(dir: &Path, rank: usize) -> Result<LogFile, DebugError> {
     std::fs::create_dir_all(dir).map_err(|source| DebugError::LogDir {
         path: dir.to_path_buf(),
         source,
     })?;
     let path = dir.join(format!("nvdlfw_inspect_globalrank-{rank}.log"));
-    let file = OpenOptions::new()
+    OpenOptions::new()
         .create(true)
         .write(true)
         .truncate(true)
@@ -28,7 +41,7 @@ fn open(dir: &Path, rank: usize) -> Result<(PathBuf, File), DebugError> {
             path: path.clone(),
             source,
         })?;
-    Ok((path, file))
+    Ok(LogFile { path, failed: None })
 }
 
 /// `YYYY-MM-DD HH:MM:SS,mmm` in UTC, as Python's logging writes `asctime`.
@@ -64,35 +77,76 @@ pub fn stat_message(name: &str, iteration: u64, value: f64) -> String {
     )
 }
 
-impl LogFiles {
-    /// Creates `<log_dir>/nvdlfw_inspect_logs/` and `<log_dir>/nvdlfw_inspect_statistics_logs/` with rank 0's files.
-    pub(crate) fn create(log_dir: &Path) -> Result<LogFiles, DebugError> {
-        Ok(LogFiles {
-            main: open(&log_dir.join("nvdlfw_inspect_logs"), 0)?,
-            stats: open(&log_dir.join("nvdlfw_inspect_statistics_logs"), 0)?,
+impl LogFile {
+    /// Appends `messages` as log lines in one write; a failure is counted for the next step's report and returned.
+    fn append<S: AsRef<str>>(&mut self, messages: &[S]) -> Result<(), DebugError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let stamp = timestamp();
+        let text: String = messages
+            .iter()
+            .map(|m| format!("{stamp} - INFO - {}\n", m.as_ref()))
+            .collect();
+        // Append only: never create the directory again, never truncate (a file removed by log rotation is
+        // created anew in its directory).
+        let written = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+            .and_then(|mut file| file.write_all(text.as_bytes()));
+        written.map_err(|source| {
+            let copy = std::io::Error::new(source.kind(), source.to_string());
+            match &mut self.failed {
+                Some((lines, _)) => *lines += messages.len(),
+                None => self.failed = Some((messages.len(), source)),
+            }
+            DebugError::Write {
+                path: self.path.clone(),
+                source: copy,
+            }
         })
     }
+}
 
-    fn write(file: &mut (PathBuf, File), message: &str) -> Result<(), DebugError> {
-        writeln!(file.1, "{} - INFO - {message}", timestamp()).map_err(|source| DebugError::Write {
-            path: file.0.clone(),
-            source,
+impl LogFiles {
+    /// Creates `<log_dir>/nvdlfw_inspect_logs/` and `<log_dir>/nvdlfw_inspect_statistics_logs/` with rank 0's
+    /// (empty) files.
+    pub(crate) fn create(log_dir: &Path) -> Result<LogFiles, DebugError> {
+        Ok(LogFiles {
+            main: create(&log_dir.join("nvdlfw_inspect_logs"), 0)?,
+            stats: create(&log_dir.join("nvdlfw_inspect_statistics_logs"), 0)?,
         })
     }
 
     /// A line of the main log.
     pub(crate) fn main(&mut self, message: &str) -> Result<(), DebugError> {
-        Self::write(&mut self.main, message)
+        self.main.append(&[message])
     }
 
-    /// A line of the statistics log.
-    pub(crate) fn stat(&mut self, message: &str) -> Result<(), DebugError> {
-        Self::write(&mut self.stats, message)
+    /// A step's lines of the statistics log, in one write.
+    pub(crate) fn stats(&mut self, messages: &[String]) -> Result<(), DebugError> {
+        self.stats.append(messages)
     }
 
-    /// Flushes both files.
-    pub(crate) fn flush(&mut self) {
-        let _ = self.main.1.flush();
-        let _ = self.stats.1.flush();
+    /// The writes that failed since the last call, as one error for the step that ends at `iteration`: the
+    /// statistics log's if it failed, else the main log's (the other's failure goes to `tracing`).
+    pub(crate) fn take_failure(&mut self, iteration: u64) -> Option<DebugError> {
+        let mut failures = [&mut self.stats, &mut self.main]
+            .into_iter()
+            .filter_map(|file| {
+                let (lines, source) = file.failed.take()?;
+                Some(DebugError::LogWrite {
+                    path: file.path.clone(),
+                    iteration,
+                    lines,
+                    source,
+                })
+            });
+        let first = failures.next();
+        for other in failures {
+            tracing::error!(target: "burn_te_debug", "{other}");
+        }
+        first
     }
 }

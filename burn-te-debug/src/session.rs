@@ -379,14 +379,19 @@ impl Session {
             })
         };
         if let Some(logs) = self.logs.as_mut() {
-            for value in &values {
-                if let Err(err) = logs.stat(&stat_message(&value.name, self.iteration, value.value))
-                    && result.is_ok()
-                {
+            let lines: Vec<String> = values
+                .iter()
+                .map(|value| stat_message(&value.name, self.iteration, value.value))
+                .collect();
+            // A failure is counted in `logs` and reported once below.
+            let _ = logs.stats(&lines);
+            if let Some(err) = logs.take_failure(self.iteration) {
+                tracing::error!(target: "burn_te_debug", "{err}");
+                let _ = logs.main(&err.to_string());
+                if result.is_ok() {
                     result = Err(err);
                 }
             }
-            logs.flush();
         }
         for logger in &mut self.loggers {
             logger.log(self.iteration, &values);

@@ -138,10 +138,10 @@ impl Stat {
         format!("{prefix}{}{suffix}", self.label())
     }
 
-    /// The stat's value from merged statistics (None: empty or undefined).
+    /// The stat's value from merged statistics (None: empty or undefined), by the README's NaN rule (each stat's
+    /// formula in IEEE arithmetic, as PyTorch evaluates it: a NaN element makes `mse` NaN, an infinite one inf).
     pub fn value(self, stats: &Fp8Stats) -> Option<f64> {
         let t = &stats.tensor;
-        let percent = |count: u64| (t.numel > 0).then(|| 100.0 * count as f64 / t.numel as f64);
         match self {
             Stat::Min => t.min(),
             Stat::Max => t.max(),
@@ -151,12 +151,12 @@ impl Stat {
             Stat::L2Norm => t.l2_norm(),
             Stat::CurAmax => t.amax(),
             Stat::DynamicRange => t.dynamic_range(),
-            Stat::Underflows => percent(stats.underflow_count),
-            Stat::Overflows => percent(stats.overflow_count),
+            Stat::Underflows => stats.underflows_percent(),
+            Stat::Overflows => stats.overflows_percent(),
             // Zero scale_inv entries (padding in TE's layouts) would be ignored; none arise here.
             Stat::ScaleInvMin => Some(stats.scale_inv_min).filter(|s| s.is_finite()),
             Stat::ScaleInvMax => Some(stats.scale_inv_max).filter(|s| s.is_finite()),
-            Stat::Mse => (t.numel > 0).then(|| stats.squared_error_sum / t.numel as f64),
+            Stat::Mse => stats.mse(),
             // Computed by its own kernel (see `StatBuffers::add_value`).
             Stat::MaxBlockwiseDynamicRange(_) => None,
         }

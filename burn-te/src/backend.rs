@@ -204,7 +204,7 @@ pub trait TeBackend: Backend {
         recipe: Option<&Recipe>,
     ) -> FloatTensor<Self> {
         match recipe {
-            None => Self::linear(x, weight, bias),
+            None => plain_linear::<Self>(x, weight, bias),
             Some(recipe) => crate::fp8_gemm::or_high_precision::<Self>(
                 site,
                 crate::fp8_gemm::linear_fprop::<Self>(
@@ -215,7 +215,7 @@ pub trait TeBackend: Backend {
                     recipe,
                     [None, None],
                 ),
-                || Self::linear(x, weight, bias),
+                || plain_linear::<Self>(x, weight, bias),
             ),
         }
     }
@@ -228,7 +228,7 @@ pub trait TeBackend: Backend {
         recipe: Option<&Recipe>,
     ) -> FloatTensor<Self> {
         match recipe {
-            None => Self::linear_x_backward(weight, grad),
+            None => plain_linear_x_backward::<Self>(weight, grad),
             Some(recipe) => crate::fp8_gemm::or_high_precision::<Self>(
                 site,
                 crate::fp8_gemm::linear_dgrad::<Self>(
@@ -238,7 +238,7 @@ pub trait TeBackend: Backend {
                     recipe,
                     [None, None],
                 ),
-                || Self::linear_x_backward(weight, grad),
+                || plain_linear_x_backward::<Self>(weight, grad),
             ),
         }
     }
@@ -251,7 +251,7 @@ pub trait TeBackend: Backend {
         recipe: Option<&Recipe>,
     ) -> FloatTensor<Self> {
         match recipe {
-            None => Self::linear_weight_backward(x, grad),
+            None => plain_linear_weight_backward::<Self>(x, grad),
             Some(recipe) => crate::fp8_gemm::or_high_precision::<Self>(
                 site,
                 crate::fp8_gemm::linear_wgrad::<Self>(
@@ -261,10 +261,85 @@ pub trait TeBackend: Backend {
                     recipe,
                     [None, None],
                 ),
-                || Self::linear_weight_backward(x, grad),
+                || plain_linear_weight_backward::<Self>(x, grad),
             ),
         }
     }
+}
+
+/// The zeros a GEMM with a zero-sized dimension gives (`out` elements; `None` when neither operand is empty):
+/// answered here because Burn's ndarray matmul divides by zero on an empty operand. An empty batch gives an empty
+/// output, and a weight gradient over no tokens is a zero matrix.
+fn zero_sized_gemm<B: Backend>(
+    lhs: &FloatTensor<B>,
+    rhs: &FloatTensor<B>,
+    out: Vec<usize>,
+) -> Option<FloatTensor<B>> {
+    use burn::tensor::TensorMetadata;
+    if lhs.shape().num_elements() > 0 && rhs.shape().num_elements() > 0 {
+        return None;
+    }
+    let dtype = lhs.dtype().into();
+    Some(B::float_zeros(
+        Shape::from(out),
+        &B::float_device(lhs),
+        dtype,
+    ))
+}
+
+/// The last dimension of a tensor (0 for a scalar).
+fn last_dim<B: Backend>(tensor: &FloatTensor<B>) -> usize {
+    use burn::tensor::TensorMetadata;
+    tensor.shape().as_slice().last().copied().unwrap_or(0)
+}
+
+/// `x · weight + bias` in high precision (the inner backend's `linear`; zero-sized operands answered here).
+pub(crate) fn plain_linear<B: Backend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+) -> FloatTensor<B> {
+    use burn::tensor::TensorMetadata;
+    let mut out = x.shape().as_slice().to_vec();
+    if let Some(last) = out.last_mut() {
+        *last = last_dim::<B>(&weight);
+    }
+    match zero_sized_gemm::<B>(&x, &weight, out.clone()) {
+        // No reduction (in_features 0) but tokens: the output is the bias.
+        Some(zeros) => match bias {
+            Some(bias) if out.iter().product::<usize>() > 0 => {
+                let mut shape = vec![1; out.len()];
+                if let Some(last) = shape.last_mut() {
+                    *last = last_dim::<B>(&bias);
+                }
+                B::float_add(zeros, B::float_reshape(bias, Shape::from(shape)))
+            }
+            _ => zeros,
+        },
+        None => B::linear(x, weight, bias),
+    }
+}
+
+/// `grad · weightᵀ` in high precision (zero-sized operands answered here).
+pub(crate) fn plain_linear_x_backward<B: Backend>(
+    weight: FloatTensor<B>,
+    grad: FloatTensor<B>,
+) -> FloatTensor<B> {
+    use burn::tensor::TensorMetadata;
+    let mut out = grad.shape().as_slice().to_vec();
+    if let Some(last) = out.last_mut() {
+        *last = weight.shape().as_slice().first().copied().unwrap_or(0);
+    }
+    zero_sized_gemm::<B>(&grad, &weight, out).unwrap_or_else(|| B::linear_x_backward(weight, grad))
+}
+
+/// `xᵀ · grad` summed over the leading dimensions, in high precision (zero-sized operands answered here).
+pub(crate) fn plain_linear_weight_backward<B: Backend>(
+    x: FloatTensor<B>,
+    grad: FloatTensor<B>,
+) -> FloatTensor<B> {
+    let out = vec![last_dim::<B>(&x), last_dim::<B>(&grad)];
+    zero_sized_gemm::<B>(&x, &grad, out).unwrap_or_else(|| B::linear_weight_backward(x, grad))
 }
 
 /// The output shape of [`TeBackend::fp8_gemm`]: the batch dimensions of the batched operand, then `[M, N]`.

@@ -241,12 +241,15 @@ impl TensorStats {
         })
     }
 
-    /// `log2(max nonzero |x|) - log2(min nonzero |x|)` (TE's `dynamic_range`); 0 when no element is nonzero.
+    /// `log2(max nonzero |x|) - log2(min nonzero |x|)` (TE's `dynamic_range`); 0 when no element is nonzero. With
+    /// an infinity the top is inf: the range is inf, or inf - inf = NaN when every nonzero element is infinite (as
+    /// PyTorch evaluates TE's formula).
     pub fn dynamic_range(&self) -> Option<f64> {
         self.defined(if self.has_nan() {
             f64::NAN
         } else if self.has_inf() {
-            f64::INFINITY
+            // min_nonzero_abs is over the finite elements: +inf when there is none, giving NaN.
+            f64::INFINITY - self.min_nonzero_abs.log2()
         } else if self.min_nonzero_abs.is_finite() {
             self.amax().unwrap_or(0.0).log2() - self.min_nonzero_abs.log2()
         } else {

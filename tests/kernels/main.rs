@@ -1,6 +1,7 @@
 //! Kernel tests: bit-exact FP8 conformance (ml_dtypes vectors), statistics against f64 references, scaling rules,
 //! on the host path and on every CubeCL runtime compiled in (wgpu always; CUDA with `--features cuda`).
 
+mod bad_tensors;
 mod burn_data;
 mod common;
 mod config_fuzz;
