@@ -204,7 +204,7 @@ pub trait TeBackend: Backend {
         recipe: Option<&Recipe>,
     ) -> FloatTensor<Self> {
         match recipe {
-            None => plain_linear::<Self>(x, weight, bias),
+            None => high_precision_linear::<Self>(x, weight, bias),
             Some(recipe) => crate::fp8_gemm::or_high_precision::<Self>(
                 site,
                 crate::fp8_gemm::linear_fprop::<Self>(
@@ -215,7 +215,7 @@ pub trait TeBackend: Backend {
                     recipe,
                     [None, None],
                 ),
-                || plain_linear::<Self>(x, weight, bias),
+                || high_precision_linear::<Self>(x, weight, bias),
             ),
         }
     }
@@ -228,7 +228,7 @@ pub trait TeBackend: Backend {
         recipe: Option<&Recipe>,
     ) -> FloatTensor<Self> {
         match recipe {
-            None => plain_linear_x_backward::<Self>(weight, grad),
+            None => high_precision_dgrad::<Self>(weight, grad),
             Some(recipe) => crate::fp8_gemm::or_high_precision::<Self>(
                 site,
                 crate::fp8_gemm::linear_dgrad::<Self>(
@@ -238,7 +238,7 @@ pub trait TeBackend: Backend {
                     recipe,
                     [None, None],
                 ),
-                || plain_linear_x_backward::<Self>(weight, grad),
+                || high_precision_dgrad::<Self>(weight, grad),
             ),
         }
     }
@@ -251,7 +251,7 @@ pub trait TeBackend: Backend {
         recipe: Option<&Recipe>,
     ) -> FloatTensor<Self> {
         match recipe {
-            None => plain_linear_weight_backward::<Self>(x, grad),
+            None => high_precision_wgrad::<Self>(x, grad),
             Some(recipe) => crate::fp8_gemm::or_high_precision::<Self>(
                 site,
                 crate::fp8_gemm::linear_wgrad::<Self>(
@@ -261,7 +261,7 @@ pub trait TeBackend: Backend {
                     recipe,
                     [None, None],
                 ),
-                || plain_linear_weight_backward::<Self>(x, grad),
+                || high_precision_wgrad::<Self>(x, grad),
             ),
         }
     }
@@ -270,7 +270,7 @@ pub trait TeBackend: Backend {
 /// The zeros a GEMM with a zero-sized dimension gives (`out` elements; `None` when neither operand is empty):
 /// answered here because Burn's ndarray matmul divides by zero on an empty operand. An empty batch gives an empty
 /// output, and a weight gradient over no tokens is a zero matrix.
-fn zero_sized_gemm<B: Backend>(
+pub(crate) fn zero_sized_gemm<B: Backend>(
     lhs: &FloatTensor<B>,
     rhs: &FloatTensor<B>,
     out: Vec<usize>,
@@ -294,7 +294,7 @@ fn last_dim<B: Backend>(tensor: &FloatTensor<B>) -> usize {
 }
 
 /// `x · weight + bias` in high precision (the inner backend's `linear`; zero-sized operands answered here).
-pub(crate) fn plain_linear<B: Backend>(
+pub(crate) fn high_precision_linear<B: Backend>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     bias: Option<FloatTensor<B>>,
@@ -321,7 +321,7 @@ pub(crate) fn plain_linear<B: Backend>(
 }
 
 /// `grad · weightᵀ` in high precision (zero-sized operands answered here).
-pub(crate) fn plain_linear_x_backward<B: Backend>(
+pub(crate) fn high_precision_dgrad<B: Backend>(
     weight: FloatTensor<B>,
     grad: FloatTensor<B>,
 ) -> FloatTensor<B> {
@@ -334,7 +334,7 @@ pub(crate) fn plain_linear_x_backward<B: Backend>(
 }
 
 /// `xᵀ · grad` summed over the leading dimensions, in high precision (zero-sized operands answered here).
-pub(crate) fn plain_linear_weight_backward<B: Backend>(
+pub(crate) fn high_precision_wgrad<B: Backend>(
     x: FloatTensor<B>,
     grad: FloatTensor<B>,
 ) -> FloatTensor<B> {

@@ -321,6 +321,9 @@ fn host_gemm<B: Backend>(
         }
     };
     let (a, b) = (operand(&lhs, lhs_t), operand(&rhs, rhs_t));
+    if let Some(zeros) = crate::backend::zero_sized_gemm::<B>(&a, &b, shape.as_slice().to_vec()) {
+        return Ok(zeros);
+    }
     Ok(B::float_reshape(B::float_matmul(a, b), shape))
 }
 
