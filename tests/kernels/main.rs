@@ -10,6 +10,7 @@ mod dashboard;
 mod debug;
 mod decorator;
 mod elementwise;
+mod feature_effects;
 mod fp8_state;
 mod gemm;
 mod modules;
