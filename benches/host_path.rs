@@ -40,15 +40,13 @@ fn gemm(c: &mut Criterion) {
     group.bench_function("fp8 gemm (pre-quantized)", |bench| {
         bench.iter(|| {
             let out = Flex::fp8_gemm(qa.clone(), false, qb.clone(), false).expect("gemm");
-            Tensor::<Flex, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(out))
-                .into_data()
+            Tensor::<Flex, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(out)).into_data()
         })
     });
     group.bench_function("quantize + fp8 gemm", |bench| {
         bench.iter(|| {
             let out = Flex::fp8_gemm(quantize(&a), false, quantize(&b), false).expect("gemm");
-            Tensor::<Flex, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(out))
-                .into_data()
+            Tensor::<Flex, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(out)).into_data()
         })
     });
     group.finish();
