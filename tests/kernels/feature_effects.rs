@@ -201,7 +201,8 @@ fn host_gemm(gemm: Gemm, lhs: &[f32], rhs: &[f32]) -> HostGemm {
 /// Relative bound on a device FP8 GEMM against the f64 sum: the kernels accumulate in f32 over k in the same order
 /// as the host (one accumulator per output), but a device compiler may contract `acc + a·b` into a fused
 /// multiply-add (one rounding instead of two), so the device result is only within f32 accumulation error
-/// (`≤ k·2^-24·Σ|terms|`, k ≤ 64) of the exact sum. The host GEMM rounds exactly as [`host_gemm`]'s f32 sum.
+/// (`≤ k·2^-24·Σ|terms|`, k ≤ 64) of the exact sum. The host path's GEMM is the CPU backend's blocked matmul, with
+/// its own summation order: the same bound.
 const DEVICE_BOUND: f64 = 1e-5;
 
 fn outside_bound(got: &[f32], reference: &HostGemm) -> Option<String> {
@@ -212,12 +213,10 @@ fn outside_bound(got: &[f32], reference: &HostGemm) -> Option<String> {
     })
 }
 
-/// `got` is the FP8 GEMM `reference`: bit for bit on the host (`exact`), within [`DEVICE_BOUND`] on a device.
-fn assert_fp8_gemm(what: &str, got: &[f32], reference: &HostGemm, exact: bool) {
+/// `got` is the FP8 GEMM `reference`, within [`DEVICE_BOUND`].
+fn assert_fp8_gemm(what: &str, got: &[f32], reference: &HostGemm) {
     assert_eq!(got.len(), reference.f32.len(), "{what}: length");
-    if exact {
-        assert_bits(what, got, &reference.f32);
-    } else if let Some(failure) = outside_bound(got, reference) {
+    if let Some(failure) = outside_bound(got, reference) {
         panic!("{what}: not the host FP8 GEMM: {failure}");
     }
 }
@@ -455,10 +454,10 @@ fn fp8_reference(
 }
 
 /// PerTensorScaling on stack `S`: each GEMM equals the host FP8 GEMM of its operands quantized with the current
-/// scale and the configured margin (bit for bit on the host, within f32 accumulation rounding on a device); the
+/// scale and the configured margin (within f32 accumulation rounding: each backend sums in its own order); the
 /// unmodified layer's FP8 GEMM equals the recipe's reference and is outside that comparison, and so would be the
 /// GEMM with the margins ignored.
-fn check_per_tensor<S: AutodiffBackend + TeBackend>(what: &str, exact: bool, device: &S::Device) {
+fn check_per_tensor<S: AutodiffBackend + TeBackend>(what: &str, device: &S::Device) {
     let ops = Operands::new();
     let names = ["fx_fp8", "fx_pts"];
     let runs = run_session::<S>(
@@ -475,18 +474,8 @@ fn check_per_tensor<S: AutodiffBackend + TeBackend>(what: &str, exact: bool, dev
             let reference = fp8_reference(&ops, gemm, n, per_tensor_margin);
             let recipe_only = fp8_reference(&ops, gemm, n, |_, _| None);
             let margin_0 = fp8_reference(&ops, gemm, n, |g, t| per_tensor_margin(g, t).map(|_| 0));
-            assert_fp8_gemm(
-                &format!("{at} PerTensorScaling"),
-                pts.of(gemm),
-                &reference,
-                exact,
-            );
-            assert_fp8_gemm(
-                &format!("{at} unmodified FP8"),
-                fp8.of(gemm),
-                &recipe_only,
-                exact,
-            );
+            assert_fp8_gemm(&format!("{at} PerTensorScaling"), pts.of(gemm), &reference);
+            assert_fp8_gemm(&format!("{at} unmodified FP8"), fp8.of(gemm), &recipe_only);
             assert_not_fp8_gemm(
                 &format!("{at} unmodified FP8 vs PerTensorScaling"),
                 fp8.of(gemm),
@@ -504,8 +493,9 @@ fn check_per_tensor<S: AutodiffBackend + TeBackend>(what: &str, exact: bool, dev
 #[test]
 fn per_tensor_scaling_quantizes_with_the_current_scale_and_margin() {
     let _guard = SESSION.lock().unwrap_or_else(|p| p.into_inner());
-    check_per_tensor::<WgpuStack>("wgpu", false, &device());
-    check_per_tensor::<HostStack>("ndarray", true, &Default::default());
+    check_per_tensor::<WgpuStack>("wgpu", &device());
+    // The host GEMM is the backend's blocked f32 matmul: its own summation order, so the same bound.
+    check_per_tensor::<HostStack>("ndarray", &Default::default());
 }
 
 /// FakeQuant: fprop's activation (FP8E4M3; the weight stays high precision), dgrad's gradient (FP8E5M2, margin 2)
