@@ -43,6 +43,20 @@ fn gemm(c: &mut Criterion) {
             Tensor::<Flex, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(out)).into_data()
         })
     });
+    let (da, db) = (
+        Tensor::<Flex, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(
+            Flex::fp8_dequantize(qa.clone()).expect("dequantize"),
+        )),
+        Tensor::<Flex, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(
+            Flex::fp8_dequantize(qb.clone()).expect("dequantize"),
+        )),
+    );
+    group.bench_function("f32 matmul of the dequantized operands", |bench| {
+        bench.iter(|| da.clone().matmul(db.clone()).into_data())
+    });
+    group.bench_function("dequantize one operand", |bench| {
+        bench.iter(|| Flex::fp8_dequantize(qa.clone()).expect("dequantize"))
+    });
     group.bench_function("quantize + fp8 gemm", |bench| {
         bench.iter(|| {
             let out = Flex::fp8_gemm(quantize(&a), false, quantize(&b), false).expect("gemm");
@@ -97,5 +111,33 @@ fn transformer_layer(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, gemm, transformer_layer);
+/// Burn's f32 `linear` forward + backward on Flex with a `[32, 8, h]` input against the same rows folded to
+/// `[256, h]` (what the FP8 path does): how much of the f32 step is the rank-3 linear.
+fn linear_rank(c: &mut Criterion) {
+    type F32 = Autodiff<Flex>;
+    let device = Default::default();
+    let hidden = 512;
+    let mut group = c.benchmark_group(format!("flex f32 linear h{hidden}->{} fwd+bwd", 4 * hidden));
+    group.sample_size(10);
+    let weight = Tensor::<F32, 2>::random([hidden, 4 * hidden], Distribution::Default, &device)
+        .require_grad();
+    let x3 =
+        Tensor::<F32, 3>::random([32, 8, hidden], Distribution::Default, &device).require_grad();
+    let x2 = Tensor::<F32, 2>::random([256, hidden], Distribution::Default, &device).require_grad();
+    group.bench_function("input [32, 8, h]", |b| {
+        b.iter(|| {
+            let y = burn::tensor::module::linear(x3.clone(), weight.clone(), None);
+            drop(y.sum().backward())
+        })
+    });
+    group.bench_function("input [256, h]", |b| {
+        b.iter(|| {
+            let y = burn::tensor::module::linear(x2.clone(), weight.clone(), None);
+            drop(y.sum().backward())
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, gemm, linear_rank, transformer_layer);
 criterion_main!(benches);

@@ -311,11 +311,19 @@ fn host_gemm<B: Backend>(
 ) -> Result<FloatTensor<B>, TeError> {
     let shape = gemm_output_shape(&lhs, lhs_t, &rhs, rhs_t)?;
     let device = lhs.data.device.clone();
+    // Unbatched GEMMs (every linear's) as rank-2 matmuls: the backends' fastest path.
+    let batched = lhs.matrix_dims().0 > 1 || rhs.matrix_dims().0 > 1;
     let operand = |x: &Fp8Tensor<HostFp8Data<B::Device>>, transposed: bool| {
         let (batch, rows, cols) = x.matrix_dims();
-        let matrix = host_tensor::<B>(dequantized(x), Shape::new([batch, rows, cols]), &device);
+        let dims = if batched {
+            vec![batch, rows, cols]
+        } else {
+            vec![rows, cols]
+        };
+        let matrix = host_tensor::<B>(dequantized(x), Shape::from(dims), &device);
+        let last = if batched { 2 } else { 1 };
         if transposed {
-            B::float_swap_dims(matrix, 1, 2)
+            B::float_swap_dims(matrix, last - 1, last)
         } else {
             matrix
         }
