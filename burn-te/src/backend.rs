@@ -316,7 +316,20 @@ pub(crate) fn high_precision_linear<B: Backend>(
             }
             _ => zeros,
         },
-        None => B::linear(x, weight, bias),
+        None => B::float_reshape(B::linear(rows::<B>(x), weight, bias), Shape::from(out)),
+    }
+}
+
+/// `[.., d]` folded to `[rows, d]`: the backends' matmul is fastest on rank 2 (Flex's rank-3 `linear` with its
+/// backward takes 13× the time of the same rows folded, `benches/host_path.rs`). Rank ≤ 2 is left as is.
+fn rows<B: Backend>(tensor: FloatTensor<B>) -> FloatTensor<B> {
+    use burn::tensor::TensorMetadata;
+    let dims = tensor.shape().as_slice().to_vec();
+    match dims.split_last() {
+        Some((&last, leading)) if leading.len() > 1 => {
+            B::float_reshape(tensor, Shape::new([leading.iter().product(), last]))
+        }
+        _ => tensor,
     }
 }
 
@@ -330,7 +343,12 @@ pub(crate) fn high_precision_dgrad<B: Backend>(
     if let Some(last) = out.last_mut() {
         *last = weight.shape().as_slice().first().copied().unwrap_or(0);
     }
-    zero_sized_gemm::<B>(&grad, &weight, out).unwrap_or_else(|| B::linear_x_backward(weight, grad))
+    zero_sized_gemm::<B>(&grad, &weight, out.clone()).unwrap_or_else(|| {
+        B::float_reshape(
+            B::linear_x_backward(weight, rows::<B>(grad)),
+            Shape::from(out),
+        )
+    })
 }
 
 /// `xᵀ · grad` summed over the leading dimensions, in high precision (zero-sized operands answered here).
@@ -339,7 +357,8 @@ pub(crate) fn high_precision_wgrad<B: Backend>(
     grad: FloatTensor<B>,
 ) -> FloatTensor<B> {
     let out = vec![last_dim::<B>(&x), last_dim::<B>(&grad)];
-    zero_sized_gemm::<B>(&x, &grad, out).unwrap_or_else(|| B::linear_weight_backward(x, grad))
+    zero_sized_gemm::<B>(&x, &grad, out)
+        .unwrap_or_else(|| B::linear_weight_backward(rows::<B>(x), rows::<B>(grad)))
 }
 
 /// The output shape of [`TeBackend::fp8_gemm`]: the batch dimensions of the batched operand, then `[M, N]`.
