@@ -20,10 +20,10 @@ use burn_te::{
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Fp8Format, MXFP8BlockScaling, Recipe,
     Te, TeBackend, TensorRole, fp8_autocast,
 };
-use burn_te_debug::{Debug, DebugError, DebugOptions};
+use burn_te_debug::{Debug, DebugError};
 
 use crate::common::Rng;
-use crate::debug::{Collect, SESSION, f32s, main_log, read_safetensors, temp_dir};
+use crate::debug::{SESSION, f32s, main_log, read_safetensors, start_session};
 use crate::te::{tensor, values};
 
 type W = Autodiff<Debug<Te<Wgpu>>>;
@@ -535,16 +535,7 @@ fn stats_and_dumps<S: AutodiffBackend + TeBackend>(
     device: &S::Device,
     stack: &str,
 ) -> (usize, usize) {
-    let dir = temp_dir(&format!("bad-stats-{stack}"));
-    let config = dir.join("config.yaml");
-    std::fs::write(&config, stats_config()).unwrap();
-    let collect = Collect::default();
-    burn_te_debug::initialize(
-        DebugOptions::new(&config)
-            .log_dir(&dir)
-            .logger(collect.clone()),
-    )
-    .unwrap();
+    let (dir, collect) = start_session(&format!("bad-stats-{stack}"), &stats_config());
     let mut seen = Vec::new();
     for (it, (recipe_name, recipe)) in recipes().into_iter().enumerate() {
         for (k, kind) in KINDS.iter().enumerate() {
@@ -768,10 +759,7 @@ fn modifying_features<S: AutodiffBackend + TeBackend>(
     device: &S::Device,
     stack: &str,
 ) -> (usize, usize) {
-    let dir = temp_dir(&format!("bad-modify-{stack}"));
-    let config = dir.join("config.yaml");
-    std::fs::write(&config, MODIFY_CONFIG).unwrap();
-    burn_te_debug::initialize(DebugOptions::new(&config).log_dir(&dir)).unwrap();
+    let (dir, _) = start_session(&format!("bad-modify-{stack}"), MODIFY_CONFIG);
     let e4m3 = Fp8Format::E4M3;
     let (mut cases, mut checked) = (0, 0);
     for (k, kind) in KINDS.iter().enumerate() {
@@ -903,20 +891,10 @@ fn bad_tensors_go_through_every_feature_with_the_right_values() {
 #[test]
 fn a_log_dir_that_becomes_unwritable_reports_one_error_per_step_and_training_continues() {
     let _guard = SESSION.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = temp_dir("unwritable");
-    let config = dir.join("config.yaml");
-    std::fs::write(
-        &config,
+    let (dir, collect) = start_session(
+        "unwritable",
         "stats:\n  enabled: True\n  layers:\n    layer_name_regex_pattern: '^fc$'\n  transformer_engine:\n    LogTensorStats:\n      enabled: True\n      stats: [min, max, mean]\n      tensors: [activation, weight]\n",
-    )
-    .unwrap();
-    let collect = Collect::default();
-    burn_te_debug::initialize(
-        DebugOptions::new(&config)
-            .log_dir(&dir)
-            .logger(collect.clone()),
-    )
-    .unwrap();
+    );
     let device = Default::default();
     let (rows, cols) = (4, 8);
     let w = Rng::new(1).normal(cols * cols, 0.0, 0.5);

@@ -348,6 +348,21 @@ pub(crate) fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// A debug session on the YAML `config`, logging into a fresh temp dir `name` (returned), its stats also collected.
+pub(crate) fn start_session(name: &str, config: &str) -> (PathBuf, Collect) {
+    let dir = temp_dir(name);
+    let path = dir.join("config.yaml");
+    std::fs::write(&path, config).unwrap();
+    let collect = Collect::default();
+    burn_te_debug::initialize(
+        DebugOptions::new(&path)
+            .log_dir(&dir)
+            .logger(collect.clone()),
+    )
+    .unwrap();
+    (dir, collect)
+}
+
 fn f64_stats(values: &[f32]) -> (f64, f64, f64, f64, f64) {
     let v: Vec<f64> = values.iter().map(|&x| x as f64).collect();
     let n = v.len() as f64;

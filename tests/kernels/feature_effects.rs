@@ -21,10 +21,10 @@ use burn_te::nn::{Linear, LinearConfig};
 use burn_te::{
     DelayedScaling, Float8CurrentScaling, Fp8Format, Gemm, Recipe, Te, TeBackend, fp8_autocast,
 };
-use burn_te_debug::{Debug, DebugOptions};
+use burn_te_debug::Debug;
 
 use crate::common::Rng;
-use crate::debug::{SESSION, main_log, temp_dir};
+use crate::debug::{SESSION, main_log, start_session};
 use crate::te::{device, tensor, values};
 
 type WgpuStack = Autodiff<Debug<Te<Wgpu>>>;
@@ -264,10 +264,7 @@ fn run_session<S: AutodiffBackend + TeBackend>(
     ops: &Operands,
     device: &S::Device,
 ) -> Vec<Vec<Gemms>> {
-    let dir = temp_dir(&format!("feature-effects-{what}"));
-    let path = dir.join("config.yaml");
-    std::fs::write(&path, config).unwrap();
-    burn_te_debug::initialize(DebugOptions::new(&path).log_dir(&dir)).unwrap();
+    let (dir, _) = start_session(&format!("feature-effects-{what}"), config);
     let layers: Vec<Linear<S>> = names
         .iter()
         .map(|name| {

@@ -21,7 +21,7 @@ use burn_te_debug::features::{
 use burn_te_debug::{Debug, DebugError, DebugOptions, TensorName};
 
 use crate::common::Rng;
-use crate::debug::{Collect, SESSION, f32s, main_log, read_safetensors, temp_dir};
+use crate::debug::{Collect, SESSION, f32s, main_log, read_safetensors, start_session, temp_dir};
 use crate::te::{device, tensor, values};
 
 const TOKENS: usize = 24;
@@ -220,19 +220,6 @@ const CONFIG: &str = r#"fp8_state:
           quantized_tensor: True
 "#;
 
-fn start_debug(dir: &Path) -> Collect {
-    let config = dir.join("config.yaml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let collect = Collect::default();
-    burn_te_debug::initialize(
-        DebugOptions::new(&config)
-            .log_dir(dir)
-            .logger(collect.clone()),
-    )
-    .unwrap();
-    collect
-}
-
 /// What the debug tools reported for `roles` at every iteration equals the host re-computation: `scale_inv_min`
 /// and `scale_inv_max` bit for bit, `underflows%` exactly, the dumps' codes and `scale_inv` bit for bit.
 fn check_reports(
@@ -319,8 +306,7 @@ fn debug_autodiff_stack<S: AutodiffBackend + TeBackend>(
     device: &S::Device,
     recipe: &DelayedScaling,
 ) {
-    let dir = temp_dir(&format!("fp8-state-{what}"));
-    let collect = start_debug(&dir);
+    let (dir, collect) = start_session(&format!("fp8-state-{what}"), CONFIG);
     let data = Data::new(1);
     let mut fc = layer::<S>(device);
     for n in 0..ITERATIONS {
@@ -358,8 +344,7 @@ fn debug_tools_report_the_scales_codes_and_counts_the_gemms_used() {
 
     // Without autodiff: forward only, activation and weight.
     let recipe = &recipes()[1];
-    let dir = temp_dir("fp8-state-forward");
-    let collect = start_debug(&dir);
+    let (dir, collect) = start_session("fp8-state-forward", CONFIG);
     let data = Data::new(1);
     let mut fc = layer::<Debug<Te<Wgpu>>>(&device);
     for n in 0..ITERATIONS {
@@ -642,10 +627,7 @@ fn postquantize_sees_the_gemms_operands<S: AutodiffBackend + TeBackend>(
         .unwrap();
     });
     POSTQUANTIZED.lock().unwrap().clear();
-    let dir = temp_dir(&format!("postquantize-{what}"));
-    let config = dir.join("config.yaml");
-    std::fs::write(&config, POSTQUANTIZE_CONFIG).unwrap();
-    burn_te_debug::initialize(DebugOptions::new(&config).log_dir(&dir)).unwrap();
+    start_session(&format!("postquantize-{what}"), POSTQUANTIZE_CONFIG);
     let recipe = DelayedScaling::default();
     let data = Data::new(3);
     let mut fc = layer::<S>(device);
