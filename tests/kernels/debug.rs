@@ -1073,13 +1073,21 @@ fn a_feature_calling_the_debug_api_does_not_deadlock() {
     .unwrap();
     burn_te_debug::initialize(DebugOptions::new(&config).log_dir(&dir)).unwrap();
     burn_te_debug::initialize_training_step(7).unwrap();
-    let device = Default::default();
-    let layer = LinearConfig::new(8, 4)
-        .with_name(Some("cb".into()))
-        .init::<B>(&device);
-    let x = Tensor::<B, 2>::random([3, 8], Distribution::Normal(0.0, 1.0), &device);
-    let y = fp8_autocast(true, DelayedScaling::default(), || layer.forward(x)).unwrap();
-    y.sum().backward();
+    // The training step on its own thread, awaited with a deadline: a deadlock fails the test instead of hanging it.
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let device = Default::default();
+        let layer = LinearConfig::new(8, 4)
+            .with_name(Some("cb".into()))
+            .init::<B>(&device);
+        let x = Tensor::<B, 2>::random([3, 8], Distribution::Normal(0.0, 1.0), &device);
+        let y = fp8_autocast(true, DelayedScaling::default(), || layer.forward(x)).unwrap();
+        y.sum().backward();
+        let _ = done.send(());
+    });
+    finished
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("a feature calling the debug API deadlocked the training step");
     burn_te_debug::step().unwrap();
     burn_te_debug::end().unwrap();
     // Called (at fprop): it saw the iteration, and step() was refused with an error instead of a deadlock.
