@@ -9,7 +9,7 @@ use burn_te::{Gemm, GemmSite};
 
 use crate::config::Config;
 use crate::dump::{TensorDump, dump_path, write_dump};
-use crate::error::{ConfigError, DebugError};
+use crate::error::DebugError;
 use crate::features::{DebugTensor, Feature, Inspection, Modified};
 use crate::log::{LogFiles, stat_message};
 use crate::routing::{self, GemmPlan};
@@ -300,19 +300,20 @@ pub fn log_message(message: &str, layer: Option<&str>) -> Result<(), DebugError>
     }
 }
 
+/// The session's config, taken under the lock for use without it (`None`: a session without a config).
+fn session_config() -> Result<Option<Arc<Config>>, DebugError> {
+    with_session(|s| s.config.clone()).ok_or(DebugError::NotInitialized)
+}
+
 /// Checks the config against a model's layer names before training: a layer selected by two sections is an
 /// error (TE: "multiple debug configs targeting the same layer").
 pub fn check_layers<'a>(layers: impl IntoIterator<Item = &'a str>) -> Result<(), DebugError> {
-    with_session(|s| -> Result<(), ConfigError> {
-        if let Some(config) = &s.config {
-            for layer in layers {
-                config.section_for(layer, None)?;
-            }
+    if let Some(config) = session_config()? {
+        for layer in layers {
+            config.section_for(layer, None)?;
         }
-        Ok(())
-    })
-    .ok_or(DebugError::NotInitialized)?
-    .map_err(DebugError::from)
+    }
+    Ok(())
 }
 
 /// The stat names (`<layer>_<tensor>_<stat>`, as logged) the config's features log for these layers, in the order
@@ -321,27 +322,23 @@ pub fn check_layers<'a>(layers: impl IntoIterator<Item = &'a str>) -> Result<(),
 pub fn stat_names<'a>(
     layers: impl IntoIterator<Item = &'a str>,
 ) -> Result<Vec<String>, DebugError> {
-    with_session(|s| -> Result<Vec<String>, ConfigError> {
-        let mut names = Vec::new();
-        let Some(config) = &s.config else {
-            return Ok(names);
-        };
-        for layer in layers {
-            if let Some(section) = config.section_for(layer, None)? {
-                for feature in &section.features {
-                    for (tensor, stat) in feature.logged_stats() {
-                        let name = format!("{layer}_{tensor}_{stat}");
-                        if !names.contains(&name) {
-                            names.push(name);
-                        }
+    let mut names = Vec::new();
+    let Some(config) = session_config()? else {
+        return Ok(names);
+    };
+    for layer in layers {
+        if let Some(section) = config.section_for(layer, None)? {
+            for feature in &section.features {
+                for (tensor, stat) in in_features(|| feature.logged_stats()) {
+                    let name = format!("{layer}_{tensor}_{stat}");
+                    if !names.contains(&name) {
+                        names.push(name);
                     }
                 }
             }
         }
-        Ok(names)
-    })
-    .ok_or(DebugError::NotInitialized)?
-    .map_err(DebugError::from)
+    }
+    Ok(names)
 }
 
 impl Session {
