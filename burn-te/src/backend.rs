@@ -7,6 +7,7 @@ use burn_te_kernels::{
     AmaxComputeAlgo, BlockScaleRule, Fp8Format, Fp8Stats, ScaleBlock, TensorStats,
 };
 
+use crate::fp8_gemm::fold_rows;
 use crate::site::GemmSite;
 use crate::{Recipe, TeError};
 
@@ -293,7 +294,8 @@ fn last_dim<B: Backend>(tensor: &FloatTensor<B>) -> usize {
     tensor.shape().as_slice().last().copied().unwrap_or(0)
 }
 
-/// `x · weight + bias` in high precision (the inner backend's `linear`; zero-sized operands answered here).
+/// `x · weight + bias` in high precision (the inner backend's `linear` on rows folded to rank 2: Flex's rank-3
+/// `linear` with its backward takes 13× the time, `benches/host_path.rs`; zero-sized operands answered here).
 pub(crate) fn high_precision_linear<B: Backend>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
@@ -316,20 +318,10 @@ pub(crate) fn high_precision_linear<B: Backend>(
             }
             _ => zeros,
         },
-        None => B::float_reshape(B::linear(rows::<B>(x), weight, bias), Shape::from(out)),
-    }
-}
-
-/// `[.., d]` folded to `[rows, d]`: the backends' matmul is fastest on rank 2 (Flex's rank-3 `linear` with its
-/// backward takes 13× the time of the same rows folded, `benches/host_path.rs`). Rank ≤ 2 is left as is.
-fn rows<B: Backend>(tensor: FloatTensor<B>) -> FloatTensor<B> {
-    use burn::tensor::TensorMetadata;
-    let dims = tensor.shape().as_slice().to_vec();
-    match dims.split_last() {
-        Some((&last, leading)) if leading.len() > 1 => {
-            B::float_reshape(tensor, Shape::new([leading.iter().product(), last]))
-        }
-        _ => tensor,
+        None => B::float_reshape(
+            B::linear(fold_rows::<B>(x).0, weight, bias),
+            Shape::from(out),
+        ),
     }
 }
 
@@ -345,7 +337,7 @@ pub(crate) fn high_precision_dgrad<B: Backend>(
     }
     zero_sized_gemm::<B>(&grad, &weight, out.clone()).unwrap_or_else(|| {
         B::float_reshape(
-            B::linear_x_backward(weight, rows::<B>(grad)),
+            B::linear_x_backward(weight, fold_rows::<B>(grad).0),
             Shape::from(out),
         )
     })
@@ -358,7 +350,7 @@ pub(crate) fn high_precision_wgrad<B: Backend>(
 ) -> FloatTensor<B> {
     let out = vec![last_dim::<B>(&x), last_dim::<B>(&grad)];
     zero_sized_gemm::<B>(&x, &grad, out)
-        .unwrap_or_else(|| B::linear_weight_backward(rows::<B>(x), rows::<B>(grad)))
+        .unwrap_or_else(|| B::linear_weight_backward(fold_rows::<B>(x).0, fold_rows::<B>(grad).0))
 }
 
 /// The output shape of [`TeBackend::fp8_gemm`]: the batch dimensions of the batched operand, then `[M, N]`.

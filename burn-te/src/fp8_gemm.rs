@@ -2,6 +2,7 @@
 //! recipe and its role. Generic over any [`TeBackend`]; the decorators and autodiff call these.
 
 use burn::tensor::Shape;
+use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
 use crate::TeError;
@@ -90,12 +91,13 @@ pub fn quantize_operand<B: TeBackend>(
     }
 }
 
-fn dims<B: TeBackend>(tensor: &FloatTensor<B>) -> Vec<usize> {
+fn dims<B: Backend>(tensor: &FloatTensor<B>) -> Vec<usize> {
     use burn::tensor::TensorMetadata;
     tensor.shape().as_slice().to_vec()
 }
 
-fn fold_rows<B: TeBackend>(tensor: FloatTensor<B>) -> (FloatTensor<B>, Vec<usize>) {
+/// `[.., d]` folded to `[rows, d]` (a scalar to `[1, 1]`), with the leading dimensions to unfold the result.
+pub(crate) fn fold_rows<B: Backend>(tensor: FloatTensor<B>) -> (FloatTensor<B>, Vec<usize>) {
     let shape = dims::<B>(&tensor);
     let (last, leading) = shape
         .split_last()
