@@ -37,7 +37,28 @@ pub struct HostFp8Data<D> {
 /// A delayed-scaling state on the host.
 pub type HostDelayedState = Arc<Mutex<DelayedScalingHistory>>;
 
-fn values<B: Backend>(tensor: FloatTensor<B>) -> Result<(Vec<f32>, Shape), TeError> {
+/// A tensor's f32 values on the host: a Flex tensor's own buffer when it holds contiguous f32 (no copy), else a
+/// copy read through the backend.
+enum HostValues {
+    Copied(Vec<f32>),
+    #[cfg(feature = "flex")]
+    Flex(FlexTensor),
+}
+
+impl std::ops::Deref for HostValues {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        match self {
+            HostValues::Copied(values) => values,
+            #[cfg(feature = "flex")]
+            HostValues::Flex(tensor) => tensor.as_slice::<f32>().unwrap_or_default(),
+        }
+    }
+}
+
+/// The values and shape of any backend's tensor, copied out through `into_data`.
+fn values<B: Backend>(tensor: FloatTensor<B>) -> Result<(HostValues, Shape), TeError> {
     let data = burn_te_kernels::cubecl::future::block_on(B::float_into_data(tensor))
         .map_err(|err| TeError::Read(format!("{err:?}")))?;
     let shape = data.shape.clone();
@@ -45,7 +66,22 @@ fn values<B: Backend>(tensor: FloatTensor<B>) -> Result<(Vec<f32>, Shape), TeErr
         .convert::<f32>()
         .into_vec::<f32>()
         .map_err(|err| TeError::Read(format!("{err:?}")))?;
-    Ok((values, shape))
+    Ok((HostValues::Copied(values), shape))
+}
+
+/// A Flex tensor's values in place when it is f32 (made contiguous first if it is a strided view).
+#[cfg(feature = "flex")]
+fn flex_values(tensor: FlexTensor) -> Result<(HostValues, Shape), TeError> {
+    if tensor.dtype() != burn::tensor::DType::F32 {
+        return values::<Flex>(tensor);
+    }
+    let tensor = if tensor.as_slice::<f32>().is_some() {
+        tensor
+    } else {
+        tensor.to_contiguous()
+    };
+    let shape = tensor.layout().shape().clone();
+    Ok((HostValues::Flex(tensor), shape))
 }
 
 fn host_tensor<B: Backend>(values: Vec<f32>, shape: Shape, device: &B::Device) -> FloatTensor<B> {
@@ -68,9 +104,10 @@ fn lock(state: &HostDelayedState) -> std::sync::MutexGuard<'_, DelayedScalingHis
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// `TeBackend` for a CPU backend `$backend` on the host path; `$buffer_id` tells its tensors' buffers apart.
+/// `TeBackend` for a CPU backend `$backend` on the host path; `$values` reads its tensors, `$buffer_id` tells
+/// their buffers apart.
 macro_rules! host_te_backend {
-    ($backend:ty, $buffer_id:path) => {
+    ($backend:ty, $values:path, $buffer_id:path) => {
         impl TeBackend for $backend {
             type Fp8Data = HostFp8Data<<$backend as BackendTypes>::Device>;
             type DelayedState = HostDelayedState;
@@ -82,7 +119,7 @@ macro_rules! host_te_backend {
                 scaling: Scaling<'_, HostDelayedState>,
             ) -> Result<Fp8Primitive<Self>, TeError> {
                 let device = <$backend>::float_device(&tensor);
-                let (x, shape) = values::<$backend>(tensor)?;
+                let (x, shape) = $values(tensor)?;
                 let (codes, scale_inv, block) = match scaling {
                     Scaling::Current { margin } => {
                         let scale = current_scale(&x, format, margin)?;
@@ -91,10 +128,13 @@ macro_rules! host_te_backend {
                     Scaling::Delayed { state, record } => {
                         let mut history = lock(state);
                         let (scale, scale_inv) = (history.scale, history.scale_inv);
-                        let codes = host::quantize(&x, scale, format);
-                        if record {
-                            history.record(host::amax(&x));
-                        }
+                        let codes = if record {
+                            let (codes, amax) = host::quantize_with_amax(&x, scale, format);
+                            history.record(amax);
+                            codes
+                        } else {
+                            host::quantize(&x, scale, format)
+                        };
                         (codes, vec![scale_inv], None)
                     }
                     Scaling::Block { block, rule } => {
@@ -143,7 +183,7 @@ macro_rules! host_te_backend {
 
             fn fp8_amax(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, TeError> {
                 let device = <$backend>::float_device(&tensor);
-                let (x, _) = values::<$backend>(tensor)?;
+                let (x, _) = $values(tensor)?;
                 Ok(host_tensor::<$backend>(
                     vec![host::amax(&x)],
                     Shape::new([1]),
@@ -156,7 +196,7 @@ macro_rules! host_te_backend {
                 block: ScaleBlock,
             ) -> Result<FloatTensor<Self>, TeError> {
                 let device = <$backend>::float_device(&tensor);
-                let (x, shape) = values::<$backend>(tensor)?;
+                let (x, shape) = $values(tensor)?;
                 let (rows, cols) = rows_cols(&shape);
                 let range = host_max_block_dynamic_range(&x, rows, cols, block)?;
                 Ok(host_tensor::<$backend>(
@@ -172,7 +212,7 @@ macro_rules! host_te_backend {
                 margin: f32,
             ) -> Result<FloatTensor<Self>, TeError> {
                 let device = <$backend>::float_device(&tensor);
-                let (x, shape) = values::<$backend>(tensor)?;
+                let (x, shape) = $values(tensor)?;
                 let scale = current_scale(&x, format, margin)?;
                 Ok(host_tensor::<$backend>(
                     host::fake_quant(&x, scale, format),
@@ -185,7 +225,7 @@ macro_rules! host_te_backend {
                 tensor: FloatTensor<Self>,
                 quantization: Option<(Fp8Format, Scaling<'_, HostDelayedState>)>,
             ) -> Result<Fp8Stats, TeError> {
-                let (x, shape) = values::<$backend>(tensor)?;
+                let (x, shape) = $values(tensor)?;
                 Ok(match quantization {
                     None => Fp8Stats {
                         tensor: host::tensor_stats(&x),
@@ -213,11 +253,7 @@ macro_rules! host_te_backend {
                 format: Fp8Format,
                 scale: f32,
             ) -> Result<Fp8Stats, TeError> {
-                Ok(host::fp8_tensor_stats(
-                    &values::<$backend>(tensor)?.0,
-                    format,
-                    scale,
-                ))
+                Ok(host::fp8_tensor_stats(&$values(tensor)?.0, format, scale))
             }
 
             fn fp8_delayed_state_read(
@@ -260,9 +296,9 @@ macro_rules! host_te_backend {
     };
 }
 
-host_te_backend!(NdArray, ndarray_buffer_id);
+host_te_backend!(NdArray, values::<NdArray>, ndarray_buffer_id);
 #[cfg(feature = "flex")]
-host_te_backend!(Flex, flex_buffer_id);
+host_te_backend!(Flex, flex_values, flex_buffer_id);
 
 /// The address of the first element and the shape: shared by clones (copy-on-write arrays), distinct for live
 /// tensors.
@@ -301,8 +337,20 @@ fn hash_of(value: &impl std::hash::Hash) -> u64 {
     hasher.finish()
 }
 
-/// The FP8 GEMM on the host: both operands dequantized (`decode(code) · scale_inv`, per tensor or per block), then
-/// the backend's f32 matmul (batched; a batch of one broadcasts), transposed operands as strided views.
+/// Work (`m·n·k`) from which one GEMM is split across rayon's threads (burn-flex's threshold).
+const PARALLEL_GEMM: usize = 192 * 192 * 192;
+
+/// Scratch buffers kept for the decoded operands are dropped after a GEMM when larger than this (elements).
+const KEPT_SCRATCH: usize = 1 << 24;
+
+thread_local! {
+    /// The decoded operands of this thread's last host GEMM, reused so each GEMM does not fault in fresh pages.
+    static SCRATCH: std::cell::RefCell<[Vec<f32>; 2]> = const { std::cell::RefCell::new([Vec::new(), Vec::new()]) };
+}
+
+/// The FP8 GEMM on the host: both operands decoded to f32 (`decode(code) · scale_inv`, per tensor or per block),
+/// then the `gemm` crate (burn-flex's matmul) with f32 accumulation; transposed operands read through strides, a
+/// batch of one broadcast against the other operand's batch.
 fn host_gemm<B: Backend>(
     lhs: Fp8Tensor<HostFp8Data<B::Device>>,
     lhs_t: bool,
@@ -310,46 +358,164 @@ fn host_gemm<B: Backend>(
     rhs_t: bool,
 ) -> Result<FloatTensor<B>, TeError> {
     let shape = gemm_output_shape(&lhs, lhs_t, &rhs, rhs_t)?;
-    let device = lhs.data.device.clone();
-    // Unbatched GEMMs (every linear's) as rank-2 matmuls: the backends' fastest path.
-    let batched = lhs.matrix_dims().0 > 1 || rhs.matrix_dims().0 > 1;
-    let operand = |x: &Fp8Tensor<HostFp8Data<B::Device>>, transposed: bool| {
-        let (batch, rows, cols) = x.matrix_dims();
-        let dims = if batched {
-            vec![batch, rows, cols]
-        } else {
-            vec![rows, cols]
-        };
-        let matrix = host_tensor::<B>(dequantized(x), Shape::from(dims), &device);
-        let last = if batched { 2 } else { 1 };
-        if transposed {
-            B::float_swap_dims(matrix, last - 1, last)
-        } else {
-            matrix
-        }
-    };
-    let (a, b) = (operand(&lhs, lhs_t), operand(&rhs, rhs_t));
-    if let Some(zeros) = crate::backend::zero_sized_gemm::<B>(&a, &b, shape.as_slice().to_vec()) {
-        return Ok(zeros);
+    let (lb, lr, lc) = lhs.matrix_dims();
+    let (rb, rr, rc) = rhs.matrix_dims();
+    let (m, k) = if lhs_t { (lc, lr) } else { (lr, lc) };
+    let n = if rhs_t { rr } else { rc };
+    let batch = lb.max(rb);
+    let mut out = vec![0f32; batch * m * n];
+    if !out.is_empty() && k > 0 {
+        with_decoded(&lhs, &rhs, |a, b| {
+            let gemm = GemmOperands {
+                m,
+                n,
+                k,
+                lhs: operand(a, lr, lc, lhs_t, lb > 1),
+                rhs: operand(b, rr, rc, rhs_t, rb > 1),
+            };
+            gemm.run(&mut out);
+        });
     }
-    Ok(B::float_reshape(B::float_matmul(a, b), shape))
+    Ok(host_tensor::<B>(out, shape, &lhs.data.device))
+}
+
+/// One decoded operand: its values, (row, column) strides of the GEMM's view of it, and the stride between
+/// batch matrices (0 when one matrix serves every batch).
+struct Operand<'a> {
+    values: &'a [f32],
+    row_stride: isize,
+    col_stride: isize,
+    batch_stride: usize,
+}
+
+/// A `[rows, cols]` row-major matrix (per batch) read as is or transposed.
+fn operand(
+    values: &[f32],
+    rows: usize,
+    cols: usize,
+    transposed: bool,
+    batched: bool,
+) -> Operand<'_> {
+    let (row_stride, col_stride) = if transposed {
+        (1, cols as isize)
+    } else {
+        (cols as isize, 1)
+    };
+    Operand {
+        values,
+        row_stride,
+        col_stride,
+        batch_stride: if batched { rows * cols } else { 0 },
+    }
+}
+
+struct GemmOperands<'a> {
+    m: usize,
+    n: usize,
+    k: usize,
+    lhs: Operand<'a>,
+    rhs: Operand<'a>,
+}
+
+impl GemmOperands<'_> {
+    /// `out[b] = lhs[b] · rhs[b]` for every batch: large matrices split across threads, small ones one batch per
+    /// thread.
+    fn run(&self, out: &mut [f32]) {
+        use rayon::prelude::*;
+        let per_matrix = self.m * self.n;
+        let large = self.m * self.n * self.k >= PARALLEL_GEMM;
+        let batches = out.len() / per_matrix;
+        if large || batches == 1 {
+            let parallelism = if large {
+                gemm::Parallelism::Rayon(0)
+            } else {
+                gemm::Parallelism::None
+            };
+            for (b, dst) in out.chunks_mut(per_matrix).enumerate() {
+                self.one(b, dst, parallelism);
+            }
+        } else {
+            out.par_chunks_mut(per_matrix)
+                .enumerate()
+                .for_each(|(b, dst)| self.one(b, dst, gemm::Parallelism::None));
+        }
+    }
+
+    fn one(&self, batch: usize, dst: &mut [f32], parallelism: gemm::Parallelism) {
+        let (a, b) = (
+            &self.lhs.values[batch * self.lhs.batch_stride..],
+            &self.rhs.values[batch * self.rhs.batch_stride..],
+        );
+        // SAFETY: `dst` holds `m × n` elements written at row stride `n`; `a` and `b` hold every element their
+        // strides reach (`m × k` and `k × n` from their batch offsets, checked by `gemm_output_shape`'s dims).
+        unsafe {
+            gemm::gemm(
+                self.m,
+                self.n,
+                self.k,
+                dst.as_mut_ptr(),
+                1,
+                self.n as isize,
+                false,
+                a.as_ptr(),
+                self.lhs.col_stride,
+                self.lhs.row_stride,
+                b.as_ptr(),
+                self.rhs.col_stride,
+                self.rhs.row_stride,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                parallelism,
+            );
+        }
+    }
+}
+
+/// Runs `f` on both operands decoded to f32, in this thread's scratch buffers (fresh ones if they are in use, as
+/// when a rayon worker runs a second GEMM while waiting on the first).
+fn with_decoded<D, R>(
+    lhs: &Fp8Tensor<HostFp8Data<D>>,
+    rhs: &Fp8Tensor<HostFp8Data<D>>,
+    f: impl FnOnce(&[f32], &[f32]) -> R,
+) -> R {
+    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut buffers) => {
+            let [a, b] = &mut *buffers;
+            decode_into(lhs, a);
+            decode_into(rhs, b);
+            let result = f(a, b);
+            for buffer in buffers.iter_mut() {
+                if buffer.capacity() > KEPT_SCRATCH {
+                    *buffer = Vec::new();
+                }
+            }
+            result
+        }
+        Err(_) => f(&dequantized(lhs), &dequantized(rhs)),
+    })
 }
 
 /// `decode(code) · scale_inv` of every element (per tensor or per block).
 fn dequantized<D>(tensor: &Fp8Tensor<HostFp8Data<D>>) -> Vec<f32> {
+    let mut values = Vec::new();
+    decode_into(tensor, &mut values);
+    values
+}
+
+/// [`dequantized`] into `values`, resized to the tensor (only grown elements are initialised before decoding).
+fn decode_into<D>(tensor: &Fp8Tensor<HostFp8Data<D>>, values: &mut Vec<f32>) {
     let data = &tensor.data;
+    values.resize(data.codes.len(), 0.0);
     match tensor.block {
-        None => host::dequantize(&data.codes, data.scale_inv[0], tensor.format),
+        None => host::dequantize_into(&data.codes, data.scale_inv[0], tensor.format, values),
         Some(block) => {
             let (_, cols) = rows_cols(&tensor.shape);
-            data.codes
-                .iter()
-                .enumerate()
-                .map(|(i, &code)| {
-                    let slot = block.slot(i, cols);
-                    tensor.format.decode(code) * data.scale_inv[slot]
-                })
-                .collect()
+            for (i, (value, &code)) in values.iter_mut().zip(data.codes.iter()).enumerate() {
+                *value = tensor.format.decode(code) * data.scale_inv[block.slot(i, cols)];
+            }
         }
     }
 }

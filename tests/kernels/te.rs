@@ -9,6 +9,7 @@ use burn::nn::Linear;
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
+use burn::tensor::backend::AutodiffBackend;
 use burn_te::PlainLinearStates;
 use burn_te::backends::Wgpu;
 use burn_te::{
@@ -399,56 +400,88 @@ fn mlp_of_plain_linears_trains_in_fp8_within_10_percent_of_f32() {
 
 /// A CPU backend's host path computes what the device computes: the same codes and scales, the GEMM's f32
 /// accumulation order aside (a linear under every recipe, and a batched matmul with a broadcast batch).
+/// A linear layer's output and its input and weight gradients (`y·g` summed) in FP8 under `recipe`.
+fn linear_and_grads<B: AutodiffBackend>(
+    recipe: &Recipe,
+    (x, w, g): (&[f32], &[f32], &[f32]),
+    [m, k, n]: [usize; 3],
+    device: &B::Device,
+) -> [Vec<f32>; 3] {
+    let x = tensor::<B, 2>(x.to_vec(), [m, k], device).require_grad();
+    let w = tensor::<B, 2>(w.to_vec(), [k, n], device).require_grad();
+    let y = fp8_autocast_with(&PlainLinearStates::new(), true, recipe.clone(), || {
+        burn::tensor::module::linear(x.clone(), w.clone(), None)
+    })
+    .unwrap();
+    let grads = (y.clone() * tensor::<B, 2>(g.to_vec(), [m, n], device))
+        .sum()
+        .backward();
+    [
+        values(y),
+        values(x.grad(&grads).unwrap()),
+        values(w.grad(&grads).unwrap()),
+    ]
+}
+
+/// `lhs · rhs` in FP8 under `recipe`, batched with the given shapes.
+fn fp8_matmul<B: Backend>(
+    recipe: &Recipe,
+    (lhs, rhs): (&[f32], &[f32]),
+    (lhs_shape, rhs_shape): ([usize; 3], [usize; 3]),
+    device: &B::Device,
+) -> Vec<f32> {
+    let (l, r) = (
+        lhs_shape.iter().product::<usize>(),
+        rhs_shape.iter().product::<usize>(),
+    );
+    values(
+        fp8_autocast(true, recipe.clone(), || {
+            tensor::<B, 3>(lhs[..l].to_vec(), lhs_shape, device).matmul(tensor::<B, 3>(
+                rhs[..r].to_vec(),
+                rhs_shape,
+                device,
+            ))
+        })
+        .unwrap(),
+    )
+}
+
 fn host_path_matches_the_device<H: TeBackend>(what: &str) {
     let device = device();
     let host_device = Default::default();
-    let x = Rng::new(8).normal(40 * 70, 0.0, 2.0);
-    let w = Rng::new(9).normal(70 * 30, 0.0, 0.2);
-    let close = |recipe: &str, on_device: Vec<f32>, on_host: Vec<f32>| {
-        assert_eq!(on_device.len(), on_host.len(), "{what} {recipe}");
+    let x = Rng::new(8).normal(40 * 128, 0.0, 2.0);
+    let w = Rng::new(9).normal(128 * 30 * 2, 0.0, 0.2);
+    let g = Rng::new(10).normal(40 * 30, 0.0, 1.0);
+    let close = |case: String, on_device: Vec<f32>, on_host: Vec<f32>| {
+        assert_eq!(on_device.len(), on_host.len(), "{what} {case}");
         for (a, b) in on_device.iter().zip(on_host) {
             assert!(
                 (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                "{what} {recipe}: {a} vs {b}"
+                "{what} {case}: {a} vs {b}"
             );
         }
     };
     for recipe in recipes() {
-        let on_device = fp8_autocast_with(&PlainLinearStates::new(), true, recipe.clone(), || {
-            burn::tensor::module::linear(
-                tensor::<Dev, 2>(x.clone(), [40, 70], &device),
-                tensor::<Dev, 2>(w.clone(), [70, 30], &device),
-                None,
-            )
-        })
-        .unwrap();
-        let on_host = fp8_autocast_with(&PlainLinearStates::new(), true, recipe.clone(), || {
-            burn::tensor::module::linear(
-                tensor::<Te<H>, 2>(x.clone(), [40, 70], &host_device),
-                tensor::<Te<H>, 2>(w.clone(), [70, 30], &host_device),
-                None,
-            )
-        })
-        .unwrap();
-        close(recipe.name(), values(on_device), values(on_host));
-        // `[2, 20, 70] · [1, 70, 30]`: the batch of one broadcasts.
-        let on_device = fp8_autocast(true, recipe.clone(), || {
-            tensor::<Dev, 3>(x.clone(), [2, 20, 70], &device).matmul(tensor::<Dev, 3>(
-                w.clone(),
-                [1, 70, 30],
-                &device,
-            ))
-        })
-        .unwrap();
-        let on_host = fp8_autocast(true, recipe.clone(), || {
-            tensor::<Te<H>, 3>(x.clone(), [2, 20, 70], &host_device).matmul(tensor::<Te<H>, 3>(
-                w.clone(),
-                [1, 70, 30],
-                &host_device,
-            ))
-        })
-        .unwrap();
-        close(recipe.name(), values(on_device), values(on_host));
+        let name = recipe.name();
+        // fprop, and dgrad and wgrad (their operands read transposed).
+        let operands = (&x[..40 * 70], &w[..70 * 30], &g[..]);
+        let on_device = linear_and_grads::<Autodiff<Dev>>(&recipe, operands, [40, 70, 30], &device);
+        let on_host =
+            linear_and_grads::<Autodiff<Te<H>>>(&recipe, operands, [40, 70, 30], &host_device);
+        for ((what, d), h) in ["y", "dx", "dw"].iter().zip(on_device).zip(on_host) {
+            close(format!("{name} linear {what}"), d, h);
+        }
+        // Batched: a batch of one broadcasts on either side; equal batches. (A batched operand's scale blocks
+        // along K must not straddle its matrices, so K = 128.)
+        for shapes in [
+            ([2, 20, 70], [1, 70, 30]),
+            ([1, 40, 128], [2, 128, 30]),
+            ([2, 20, 128], [2, 128, 30]),
+        ] {
+            let on_device = fp8_matmul::<Dev>(&recipe, (&x, &w), shapes, &device);
+            let on_host = fp8_matmul::<Te<H>>(&recipe, (&x, &w), shapes, &host_device);
+            close(format!("{name} matmul {shapes:?}"), on_device, on_host);
+        }
     }
 }
 

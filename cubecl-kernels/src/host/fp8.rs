@@ -5,32 +5,40 @@ use crate::Fp8Format;
 
 impl Fp8Format {
     /// Encodes an f32 as an FP8 code: round to nearest-even, saturate to ±max (±inf included), NaN → NaN.
+    ///
+    /// Both roundings are computed and one is selected (no branches), so loops over it vectorize.
+    #[inline(always)]
     pub fn encode(self, x: f32) -> u8 {
+        let (m, bias) = (self.mantissa_bits(), self.exponent_bias());
         let bits = x.to_bits();
         let sign = (bits >> 24) & 0x80;
         let abs = bits & 0x7fff_ffff;
-        if abs > 0x7f80_0000 {
-            return (sign | self.nan_code()) as u8;
-        }
-        let (m, bias) = (self.mantissa_bits(), self.exponent_bias());
         let exponent = abs >> 23;
+        // In the format's normal range: the f32 mantissa rounded to `m` bits, the exponent rebiased.
+        let shift = 23 - m;
+        let normal = ((abs + ((1 << (shift - 1)) - 1) + ((abs >> shift) & 1)) >> shift)
+            .wrapping_sub((127 - bias) << m);
+        // Below it: the format's subnormals, the full mantissa shifted right by the exponent difference.
+        let mantissa = (abs & 0x7f_ffff) | if exponent == 0 { 0 } else { 0x80_0000 };
+        let sub_shift = (151 - bias - m)
+            .saturating_sub(exponent.max(1))
+            .clamp(1, 31);
+        let quotient = mantissa >> sub_shift;
+        let remainder = mantissa & ((1 << sub_shift) - 1);
+        let half = 1 << (sub_shift - 1);
+        let round_up = (remainder > half) | ((remainder == half) & (quotient & 1 == 1));
+        let subnormal = quotient + u32::from(round_up);
         let rounded = if exponent >= 128 - bias {
-            let shift = 23 - m;
-            let biased = abs + ((1 << (shift - 1)) - 1) + ((abs >> shift) & 1);
-            (biased >> shift) - ((127 - bias) << m)
+            normal
         } else {
-            let (mantissa, effective_exponent) = if exponent == 0 {
-                (abs & 0x7f_ffff, 1)
-            } else {
-                ((abs & 0x7f_ffff) | 0x80_0000, exponent)
-            };
-            let shift = (151 - bias - m - effective_exponent).min(31);
-            let quotient = mantissa >> shift;
-            let remainder = mantissa & ((1 << shift) - 1);
-            let half = 1 << (shift - 1);
-            quotient + u32::from(remainder > half || (remainder == half && quotient & 1 == 1))
+            subnormal
         };
-        (sign | rounded.min(self.max_code())) as u8
+        let magnitude = if abs > 0x7f80_0000 {
+            self.nan_code()
+        } else {
+            rounded.min(self.max_code())
+        };
+        (sign | magnitude) as u8
     }
 
     /// Decodes an FP8 code to its exact f32 value.

@@ -3,17 +3,97 @@
 
 mod fp8;
 
+use rayon::prelude::*;
+
 use crate::{Fp8Format, Fp8Stats, TensorStats};
+
+/// Elements per parallel chunk: smaller tensors run on the calling thread.
+const CHUNK: usize = 1 << 15;
+
+/// Runs `kernel` over matching chunks of `input` and `output` on rayon's pool (on the calling thread when the
+/// tensor is small), combining the chunks' results with `combine`.
+fn chunked<I: Sync, O: Send, R: Send + Default>(
+    input: &[I],
+    output: &mut [O],
+    kernel: impl Fn(&[I], &mut [O]) -> R + Sync,
+    combine: impl Fn(R, R) -> R + Sync + Send,
+) -> R {
+    if input.len() <= CHUNK {
+        return kernel(input, output);
+    }
+    input
+        .par_chunks(CHUNK)
+        .zip(output.par_chunks_mut(CHUNK))
+        .map(|(i, o)| kernel(i, o))
+        .reduce(R::default, combine)
+}
 
 /// `code = encode(f32(x) * scale)` for every element.
 pub fn quantize(input: &[f32], scale: f32, format: Fp8Format) -> Vec<u8> {
-    input.iter().map(|&x| format.encode(x * scale)).collect()
+    let mut codes = vec![0u8; input.len()];
+    chunked(
+        input,
+        &mut codes,
+        |x, c| {
+            encode_scaled(x, scale, format, c);
+        },
+        |(), ()| (),
+    );
+    codes
+}
+
+/// [`quantize`] and [`amax`] of the input in one pass (delayed scaling records the amax it quantizes).
+pub fn quantize_with_amax(input: &[f32], scale: f32, format: Fp8Format) -> (Vec<u8>, f32) {
+    let mut codes = vec![0u8; input.len()];
+    let bits = chunked(
+        input,
+        &mut codes,
+        |x, c| {
+            encode_scaled(x, scale, format, c);
+            amax_bits(x)
+        },
+        u32::max,
+    );
+    (codes, f32::from_bits(bits))
+}
+
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+fn encode_scaled(input: &[f32], scale: f32, format: Fp8Format, codes: &mut [u8]) {
+    // One loop per format, so the format's constants fold into it.
+    match format {
+        Fp8Format::E4M3 => {
+            for (c, &x) in codes.iter_mut().zip(input) {
+                *c = Fp8Format::E4M3.encode(x * scale);
+            }
+        }
+        Fp8Format::E5M2 => {
+            for (c, &x) in codes.iter_mut().zip(input) {
+                *c = Fp8Format::E5M2.encode(x * scale);
+            }
+        }
+    }
 }
 
 /// `x = decode(code) * scale_inv` for every code (through a table of the 256 products: the same values).
 pub fn dequantize(codes: &[u8], scale_inv: f32, format: Fp8Format) -> Vec<f32> {
+    let mut values = vec![0f32; codes.len()];
+    dequantize_into(codes, scale_inv, format, &mut values);
+    values
+}
+
+/// [`dequantize`] into `values` (`values.len() == codes.len()`).
+pub fn dequantize_into(codes: &[u8], scale_inv: f32, format: Fp8Format, values: &mut [f32]) {
     let table: [f32; 256] = core::array::from_fn(|c| format.decode(c as u8) * scale_inv);
-    codes.iter().map(|&c| table[usize::from(c)]).collect()
+    chunked(
+        codes,
+        values,
+        |c, v| {
+            for (v, &c) in v.iter_mut().zip(c) {
+                *v = table[usize::from(c)];
+            }
+        },
+        |(), ()| (),
+    );
 }
 
 /// Quantize then dequantize with `scale_inv = 1 / scale`.
@@ -27,12 +107,23 @@ pub fn fake_quant(input: &[f32], scale: f32, format: Fp8Format) -> Vec<f32> {
 
 /// max |x| over the tensor (0 for an empty one); NaN if any element is NaN, as in Transformer Engine.
 pub fn amax(input: &[f32]) -> f32 {
-    let bits = input
-        .iter()
-        .map(|x| x.to_bits() & 0x7fff_ffff)
-        .max()
-        .unwrap_or(0);
+    let bits = if input.len() <= CHUNK {
+        amax_bits(input)
+    } else {
+        input
+            .par_chunks(CHUNK)
+            .map(amax_bits)
+            .reduce(|| 0, u32::max)
+    };
     f32::from_bits(bits)
+}
+
+/// The largest `|x|` as bits (NaN's bits are above infinity's, so a NaN wins).
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+fn amax_bits(input: &[f32]) -> u32 {
+    input
+        .iter()
+        .fold(0, |max, x| max.max(x.to_bits() & 0x7fff_ffff))
 }
 
 /// Statistics of the tensor in one pass.
