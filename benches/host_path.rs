@@ -2,7 +2,8 @@
 //! - the FP8 GEMM (pre-quantized E4M3 operands: dequantize + Flex's matmul) vs Flex's f32 matmul at 1024³
 //!   (target ≥ 0.8× its speed), and quantize + GEMM end to end;
 //! - a TransformerLayer FP8 training step on `Autodiff<Te<Flex>>` vs the same step in f32 on `Autodiff<Flex>`
-//!   (target ≤ 1.25×), at hidden 256, 512 and 1024 (FFN 4×hidden, 256 tokens), so the growth with size shows.
+//!   (target ≤ 1.25×), at hidden 256, 512, 1024 and 2048 (FFN 4×hidden, 256 tokens), so the growth with size
+//!   shows.
 
 use burn::backend::{Autodiff, Flex};
 use burn::prelude::*;
@@ -93,7 +94,7 @@ fn inputs<B: Backend>(hidden: usize) -> (TransformerLayer<B>, Tensor<B, 3>, Tens
 fn transformer_layer(c: &mut Criterion) {
     type F32 = Autodiff<Flex>;
     type Fp8 = Autodiff<Te<Flex>>;
-    for hidden in [256, 512, 1024] {
+    for hidden in [256, 512, 1024, 2048] {
         let mut group = c.benchmark_group(format!(
             "flex transformer_layer h{hidden} ffn{} tokens256 step",
             4 * hidden

@@ -330,7 +330,7 @@ fn flex_buffer_id(tensor: &FlexTensor) -> Option<u64> {
     )))
 }
 
-fn hash_of(value: &impl std::hash::Hash) -> u64 {
+pub(crate) fn hash_of(value: &impl std::hash::Hash) -> u64 {
     use std::hash::Hasher;
     let mut hasher = std::hash::DefaultHasher::new();
     value.hash(&mut hasher);

@@ -30,6 +30,8 @@ mod error;
 pub mod fallback;
 pub mod fp8_gemm;
 pub mod fp8_state;
+#[cfg(feature = "fusion")]
+mod fusion;
 pub mod host;
 pub mod nn;
 pub mod plain_linear;
@@ -63,7 +65,9 @@ pub mod __private {
     pub use burn::tensor::ops::FloatTensor;
 }
 
-/// CubeCL backends without Burn's fusion (`Te` implements [`TeBackend`] on `CubeBackend` directly).
+/// CubeCL backends without Burn's fusion (`Te` implements [`TeBackend`] on `CubeBackend` directly). With the
+/// `fusion` feature (default), Burn's own `burn::backend::Wgpu` / `Cuda` (`Fusion<CubeBackend<..>>`) work as `Te`'s
+/// inner backend too, keeping Burn's fused kernels for every op but the FP8 ones.
 pub mod backends {
     /// Burn's wgpu backend without fusion: `CubeBackend<WgpuRuntime, f32, i32, u32>`.
     #[cfg(feature = "wgpu")]

@@ -330,6 +330,12 @@ fn debug_tools_report_the_scales_codes_and_counts_the_gemms_used() {
             recipe,
         );
     }
+    // Burn's fused wgpu backend (`burn::backend::Wgpu` with the `fusion` feature).
+    debug_autodiff_stack::<burn::backend::Autodiff<Debug<Te<burn::backend::Wgpu>>>>(
+        "wgpu-fusion",
+        &device,
+        &recipes()[0],
+    );
     // The host path, with the sliding window.
     debug_autodiff_stack::<burn::backend::Autodiff<Debug<Te<burn::backend::NdArray>>>>(
         "ndarray",

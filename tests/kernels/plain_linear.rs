@@ -187,6 +187,11 @@ fn plain_linears_in_a_branching_graph_match_te_modules_wgpu() {
         "debug<te<wgpu>>",
         &device(),
     );
+    // Burn's fused wgpu backend (`burn::backend::Wgpu` with the `fusion` feature).
+    branching_graph_matches_te_modules::<burn::backend::Autodiff<Te<burn::backend::Wgpu>>>(
+        "te<fusion<wgpu>>",
+        &device(),
+    );
 }
 
 #[test]
@@ -222,5 +227,6 @@ fn buffer_ids_follow_clones_and_tell_tensors_apart() {
     buffer_ids::<Wgpu>("wgpu", &device());
     buffer_ids::<burn::backend::NdArray>("ndarray", &Default::default());
     buffer_ids::<burn::backend::Flex>("flex", &Default::default());
+    buffer_ids::<burn::backend::Wgpu>("fusion<wgpu>", &device());
     buffer_ids::<burn::backend::Autodiff<Te<Wgpu>>>("autodiff<te<wgpu>>", &device());
 }
