@@ -141,6 +141,10 @@ fn cases() -> Vec<(String, Vec<f32>)> {
         "normal(1000, 0.01) x 100000".into(),
         rng.normal(100_000, 1000.0, 0.01),
     ));
+    // A first element far from the rest: the moments must not lean on it as their only shift.
+    let mut offset = vec![0.0f32];
+    offset.extend(rng.normal(100_000, 1000.0, 0.01));
+    cases.push(("0 then normal(1000, 0.01) x 100000".into(), offset));
     cases
 }
 

@@ -1,10 +1,12 @@
 //! One-pass statistics: a single read of a tensor yields everything LogTensorStats needs, and with an FP8 format
 //! and scale also the underflow/overflow counts and the squared quantization error of LogFp8TensorStats.
 //!
-//! Each unit walks the tensor with a grid stride and keeps a running record (Welford for mean and M2 of the finite
-//! elements, shifted by the tensor's first element so that a large common offset does not eat the f32 precision of
-//! the running mean); the cube merges its units' records in shared memory (Chan's parallel formula) and writes one partial
-//! record of [`STATS_SLOTS`] words per cube. The host merges the partials in f64 (`crate::StatsReadback`).
+//! Each unit walks the tensor with a grid stride and keeps a running record: counts, extremes and sums updated
+//! without branches on the data, and the mean and M2 of the finite elements (relative to the tensor's first element,
+//! so that a large common offset does not eat the f32 precision of the mean) from runs of [`STATS_RUN`] elements,
+//! each summed around its own first element and folded in with Chan's parallel formula — no division per element.
+//! The cube merges its units' records in shared memory (Chan's formula again) and writes one partial record of
+//! [`STATS_SLOTS`] words per cube. The host merges the partials in f64 (`crate::StatsReadback`).
 //!
 //! The FP8 counts take one scale for the tensor, or (`blocked`) one scale per block of the tensor viewed as
 //! row-major `[rows, cols]`, with the block layout of `crate::ScaleBlock`.
@@ -58,6 +60,41 @@ pub mod slot {
 
 const INF_BITS: u32 = 0x7f80_0000;
 
+/// Elements per unit between two folds of the running moments.
+const STATS_RUN: u32 = 32;
+
+/// Folds a run (`n` finite elements, sums of `y = x - run_shift` and `y²`; `offset = run_shift - shift`) into a
+/// running `(count, mean, m2)` of `x - shift` (Chan's parallel formula).
+#[cube]
+fn fold_run(
+    count: &mut u32,
+    mean: &mut f32,
+    m2: &mut f32,
+    n: u32,
+    sum: f32,
+    sum_sq: f32,
+    offset: f32,
+) {
+    if n > 0 {
+        let n_b = f32::cast_from(n);
+        let run_mean = sum / n_b;
+        let run_m2 = sum_sq - sum * run_mean;
+        let run_m2 = select(run_m2 > 0.0f32, run_m2, 0.0f32);
+        let mean_b = offset + run_mean;
+        if *count == 0 {
+            *mean = mean_b;
+            *m2 = run_m2;
+        } else {
+            let n_a = f32::cast_from(*count);
+            let total = n_a + n_b;
+            let delta = mean_b - *mean;
+            *mean += delta * (n_b / total);
+            *m2 += run_m2 + delta * delta * (n_a * n_b / total);
+        }
+        *count += n;
+    }
+}
+
 /// Writes one partial record per cube into `partials` (`CUBE_COUNT * STATS_SLOTS` words). With `with_fp8`, codes
 /// are `encode(x * scale)` in `format` and the FP8 slots are filled; otherwise they are zero. The scale is
 /// `scale[0]` (and `scale_inv = 1 / scale[0]`), or with `blocked` the element's block's `scale[b]` and
@@ -106,40 +143,55 @@ pub fn stats_kernel<F: Float>(
     let mut squared_error = 0.0f32;
     let mut scale_inv_min = INF_BITS.runtime();
     let mut scale_inv_max = 0u32.runtime();
+    // The moments go by runs of RUN elements per unit: sums of `x - run_shift` and its square (the run's first
+    // element as its shift, so the run's own spread is what is summed), folded into the unit's (count, mean, m2)
+    // with Chan's formula at the end of each run: no division per element, and no branch on the data.
+    let mut run = 0u32;
+    let mut run_shift = 0.0f32;
+    let mut run_count = 0u32;
+    let mut run_sum = 0.0f32;
+    let mut run_sum_sq = 0.0f32;
 
     let mut index = ABSOLUTE_POS;
     while index < len {
         let x = f32::cast_from(input[index]);
         let bits = u32::reinterpret(x);
         let abs = bits & 0x7fff_ffff;
-        if abs != 0 {
-            nonzero += 1;
+        let finite = abs < INF_BITS;
+        nonzero += u32::cast_from(abs != 0);
+        nan += u32::cast_from(abs > INF_BITS);
+        pos_inf += u32::cast_from(bits == INF_BITS);
+        neg_inf += u32::cast_from(bits == (INF_BITS | 0x8000_0000));
+        if run == 0 {
+            run_shift = select(finite, x, 0.0f32);
         }
-        if abs > INF_BITS {
-            nan += 1;
-        } else if abs == INF_BITS {
-            if bits == INF_BITS {
-                pos_inf += 1;
-            } else {
-                neg_inf += 1;
-            }
-        } else {
-            count += 1;
-            let y = x - shift;
-            let delta = y - mean;
-            mean += delta / f32::cast_from(count);
-            m2 += delta * (y - mean);
-            let magnitude = f32::reinterpret(abs);
-            l1 += magnitude;
-            if x < min {
-                min = x;
-            }
-            if x > max {
-                max = x;
-            }
-            if abs != 0 && abs < min_nonzero_abs {
-                min_nonzero_abs = abs;
-            }
+        let y = select(finite, x - run_shift, 0.0f32);
+        run_count += u32::cast_from(finite);
+        run_sum += y;
+        run_sum_sq += y * y;
+        l1 += select(finite, f32::reinterpret(abs), 0.0f32);
+        let low = select(finite, x, f32::reinterpret(0x7f7f_ffffu32));
+        min = select(low < min, low, min);
+        let high = select(finite, x, f32::reinterpret(0xff7f_ffffu32));
+        max = select(high > max, high, max);
+        // Nonzero and finite: `abs - 1` (wrapping) below `INF_BITS - 1`.
+        let nonzero_abs = select(abs - 1 < INF_BITS - 1, abs, INF_BITS);
+        min_nonzero_abs = select(nonzero_abs < min_nonzero_abs, nonzero_abs, min_nonzero_abs);
+        run += 1;
+        if run == STATS_RUN {
+            fold_run(
+                &mut count,
+                &mut mean,
+                &mut m2,
+                run_count,
+                run_sum,
+                run_sum_sq,
+                run_shift - shift,
+            );
+            run = 0;
+            run_count = 0;
+            run_sum = 0.0;
+            run_sum_sq = 0.0;
         }
         if comptime!(with_fp8) {
             let mut element_scale = tensor_scale;
@@ -176,6 +228,15 @@ pub fn stats_kernel<F: Float>(
         }
         index += stride;
     }
+    fold_run(
+        &mut count,
+        &mut mean,
+        &mut m2,
+        run_count,
+        run_sum,
+        run_sum_sq,
+        run_shift - shift,
+    );
 
     // Merge the units' records in shared memory.
     let unit = UNIT_POS as usize;
