@@ -90,7 +90,8 @@ fn run() -> Result<(), Error> {
         let device = CudaDevice::new(0);
         if let Some(name) = burn_te_suite::probe::<CudaRuntime>(&device) {
             println!("device: CUDA device 0 ({name}), backend Autodiff<Debug<Te<Cuda>>>");
-            train::<Autodiff<Debug<Te<burn_te::backends::Cuda>>>>(&device)?;
+            // Burn's own CUDA backend: fused with the default `fusion` feature.
+            train::<Autodiff<Debug<Te<burn::backend::Cuda>>>>(&device)?;
             return Ok(());
         }
         println!("no CUDA device usable; trying wgpu");
@@ -101,7 +102,8 @@ fn run() -> Result<(), Error> {
         let device = WgpuDevice::default();
         if let Some(name) = burn_te_suite::probe::<WgpuRuntime>(&device) {
             println!("device: the default wgpu device ({name}), backend Autodiff<Debug<Te<Wgpu>>>");
-            train::<Autodiff<Debug<Te<burn_te::backends::Wgpu>>>>(&device)?;
+            // Burn's own wgpu backend: fused with the default `fusion` feature.
+            train::<Autodiff<Debug<Te<burn::backend::Wgpu>>>>(&device)?;
             return Ok(());
         }
         println!(
