@@ -472,6 +472,15 @@ def method_lines(trait, method, hooks, ambiguous, level):
     # A future is returned as it is: a future of a rebranded type is refused above.
     suffix = ".rebrand()" if method.ret and not is_future and rebranded(method.ret) else ""
 
+    # The ops (not `Backend`'s own methods) tell the decorator they start, with their float tensor arguments, and
+    # those with a float output that they finished (`Decorator::op_started` / `op_finished`).
+    # Queries that take only references (`float_device(&tensor)`) are not ops.
+    query = bool(method.params) and all(tokens[:1] == ["&"] for _, tokens in method.params)
+    observed = trait.name not in ("Backend", "BackendTypes") and not query
+    float_type = ["FloatTensor", "<", param, ">"]
+    float_inputs = [name for (_, tokens), name in zip(method.params, renamed) if tokens == float_type]
+    float_output = method.ret == float_type
+
     # Signature: on one line when it fits, else one parameter per line (rustfmt's layout).
     generics = [render(part) for part in split_top_level(ty(method.generics))]
     params = [f"{name}: {render(ty(tokens))}" for (_, tokens), name in zip(method.params, renamed)]
@@ -498,6 +507,17 @@ def method_lines(trait, method, hooks, ambiguous, level):
     else:
         lines[-1] += " {"
     body = pad + INDENT
+    if observed:
+        refs = ", ".join(f"&{name}" for name in float_inputs)
+        started = f'<Self as Decorator>::op_started("{method.name}", &[{refs}])'
+        if float_output:
+            lines.append(f"{body}let __inputs = {started};")
+            lines.append(f"{body}let __output = {call}{suffix};")
+            lines.append(f'{body}<Self as Decorator>::op_finished("{method.name}", __inputs, &__output);')
+            lines.append(f"{body}__output")
+            lines.append(f"{pad}}}")
+            return lines
+        lines.append(f"{body}{started};")
     if len(f"{body}{call}{suffix}") <= LINE_WIDTH:
         lines.append(f"{body}{call}{suffix}")
     else:

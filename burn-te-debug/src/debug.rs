@@ -341,19 +341,24 @@ fn postquantize<B: TeBackend>(
     }
 }
 
-/// Runs an FP8 GEMM with per-operand current-scaling overrides, or the inner backend's own op without any.
+/// Runs an FP8 GEMM with per-operand current-scaling overrides (observed by the diagnostics as `Te<B>` observes
+/// its GEMMs), or the inner backend's own op without any.
 fn with_overrides<B: TeBackend>(
     site: &GemmSite,
     recipe: Option<&Recipe>,
     overrides: CurrentScalingOverrides,
-    fp8: impl FnOnce(&Recipe) -> Result<FloatTensor<B>, burn_te::TeError>,
-    plain: impl FnOnce(Option<&Recipe>) -> FloatTensor<B>,
+    operands: [FloatTensor<B>; 2],
+    fp8: impl FnOnce(&Recipe, [FloatTensor<B>; 2]) -> Result<FloatTensor<B>, burn_te::TeError>,
+    plain: impl FnOnce(Option<&Recipe>, [FloatTensor<B>; 2]) -> FloatTensor<B>,
 ) -> FloatTensor<B> {
     match recipe {
         Some(recipe) if overrides.iter().any(Option::is_some) => {
-            fp8_gemm::or_high_precision::<B>(site, fp8(recipe), || plain(None))
+            burn_te::diagnostics::observe_gemm::<B>(site, Some(recipe), operands, |operands| {
+                let result = fp8(recipe, operands.clone());
+                fp8_gemm::or_high_precision::<B>(site, result, || plain(None, operands))
+            })
         }
-        recipe => plain(recipe),
+        recipe => plain(recipe, operands),
     }
 }
 
@@ -372,17 +377,9 @@ impl<B: TeBackend> TeBackend for Debug<B> {
                 site,
                 recipe,
                 overrides,
-                |r| {
-                    fp8_gemm::linear_fprop::<B>(
-                        x.clone(),
-                        w.clone(),
-                        bias.clone(),
-                        site,
-                        r,
-                        overrides,
-                    )
-                },
-                |r| B::te_linear(x.clone(), w.clone(), bias.clone(), site, r),
+                [x, w],
+                |r, [x, w]| fp8_gemm::linear_fprop::<B>(x, w, bias.clone(), site, r, overrides),
+                |r, [x, w]| B::te_linear(x, w, bias.clone(), site, r),
             )
         })
     }
@@ -398,8 +395,9 @@ impl<B: TeBackend> TeBackend for Debug<B> {
                 site,
                 recipe,
                 overrides,
-                |r| fp8_gemm::linear_dgrad::<B>(w.clone(), g.clone(), site, r, overrides),
-                |r| B::te_linear_dgrad(w.clone(), g.clone(), site, r),
+                [g, w],
+                |r, [g, w]| fp8_gemm::linear_dgrad::<B>(w, g, site, r, overrides),
+                |r, [g, w]| B::te_linear_dgrad(w, g, site, r),
             )
         })
     }
@@ -415,8 +413,9 @@ impl<B: TeBackend> TeBackend for Debug<B> {
                 site,
                 recipe,
                 overrides,
-                |r| fp8_gemm::linear_wgrad::<B>(x.clone(), g.clone(), site, r, overrides),
-                |r| B::te_linear_wgrad(x.clone(), g.clone(), site, r),
+                [x, g],
+                |r, [x, g]| fp8_gemm::linear_wgrad::<B>(x, g, site, r, overrides),
+                |r, [x, g]| B::te_linear_wgrad(x, g, site, r),
             )
         })
     }

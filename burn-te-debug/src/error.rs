@@ -128,6 +128,9 @@ pub enum DebugError {
     /// A bad config file.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The diagnostics' step failed (e.g. stopped at a non-finite value, or a snapshot not written).
+    #[error(transparent)]
+    Diagnostics(#[from] burn_te::diagnostics::DiagnosticsError),
     /// The config file could not be read.
     #[error("cannot read config file {path}: {source}")]
     ReadConfig {

@@ -251,8 +251,14 @@ pub fn step() -> Result<(), DebugError> {
         return Ok(());
     };
     let result = session.flush();
+    let iteration = session.iteration;
     session.iteration += 1;
-    result
+    drop(guard);
+    burn_te::diagnostics::set_iteration(iteration);
+    // The diagnostics' step (closures, non-finite origin, snapshots) at the same sync.
+    let diagnostics = burn_te::diagnostics::step();
+    result?;
+    diagnostics.map_err(DebugError::from)
 }
 
 /// Ends the session: logs what the current step has buffered, closes the files, forgets the config. `initialize`
@@ -651,6 +657,13 @@ fn run_inspection(
     let mut ran = Ran::default();
     in_features(|| {
         for feature in layer.features() {
+            let span = tracing::info_span!(
+                "debug_feature",
+                label = %format_args!("{}:{}", feature.name(), api),
+                layer = %site.layer,
+                tensor = %tensor
+            );
+            let _entered = span.enter();
             if let Some(result) = call(feature.as_ref(), layer.iteration, &mut ran.inspection) {
                 ran.calls.push(format!(
                     "{}: Feature={}, API={api}: {tensor}",
@@ -699,8 +712,15 @@ pub(crate) fn modify(
         .features()
         .get(index)
         .ok_or(DebugError::NotInitialized)?;
-    let result =
-        in_features(|| feature.modify_tensor(&site.layer, site.gemm, tensor, x, layer.iteration));
+    let span = tracing::info_span!(
+        "debug_feature",
+        label = %format_args!("{}:modify_tensor", feature.name()),
+        layer = %site.layer,
+        tensor = %tensor
+    );
+    let result = span.in_scope(|| {
+        in_features(|| feature.modify_tensor(&site.layer, site.gemm, tensor, x, layer.iteration))
+    });
     let call = format!(
         "{}: Feature={}, API=modify_tensor: {tensor}, gemm {}",
         site.layer,

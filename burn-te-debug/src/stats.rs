@@ -29,6 +29,10 @@ pub enum Stat {
     CurAmax,
     /// log2(max nonzero |x|) − log2(min nonzero |x|).
     DynamicRange,
+    /// NaN elements (beyond TE: the counts the statistics kernel computes anyway).
+    NanCount,
+    /// ±inf elements (beyond TE).
+    InfCount,
     /// % of nonzero elements quantized to ±0.
     Underflows,
     /// % of elements beyond the format's range at the scale used.
@@ -75,7 +79,7 @@ impl BlockwiseRange {
 
 impl Stat {
     /// The high-precision stats (LogTensorStats).
-    pub const TENSOR: [Stat; 8] = [
+    pub const TENSOR: [Stat; 10] = [
         Stat::Min,
         Stat::Max,
         Stat::Mean,
@@ -84,6 +88,8 @@ impl Stat {
         Stat::L2Norm,
         Stat::CurAmax,
         Stat::DynamicRange,
+        Stat::NanCount,
+        Stat::InfCount,
     ];
     /// The quantization stats (LogFp8TensorStats).
     pub const FP8: [Stat; 5] = [
@@ -111,6 +117,8 @@ impl Stat {
             Stat::ScaleInvMax => "scale_inv_max",
             Stat::Mse => "mse",
             Stat::MaxBlockwiseDynamicRange(_) => "max_blockwise_dynamic_range",
+            Stat::NanCount => "nan_count",
+            Stat::InfCount => "inf_count",
         }
     }
 
@@ -151,6 +159,8 @@ impl Stat {
             Stat::L2Norm => t.l2_norm(),
             Stat::CurAmax => t.amax(),
             Stat::DynamicRange => t.dynamic_range(),
+            Stat::NanCount => Some(t.nan_count as f64),
+            Stat::InfCount => Some((t.pos_inf_count + t.neg_inf_count) as f64),
             Stat::Underflows => stats.underflows_percent(),
             Stat::Overflows => stats.overflows_percent(),
             // Zero scale_inv entries (padding in TE's layouts) would be ignored; none arise here.

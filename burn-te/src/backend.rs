@@ -205,7 +205,10 @@ pub trait TeBackend: Backend {
         recipe: Option<&Recipe>,
     ) -> FloatTensor<Self> {
         match recipe {
-            None => high_precision_linear::<Self>(x, weight, bias),
+            None => {
+                count_high_precision();
+                high_precision_linear::<Self>(x, weight, bias)
+            }
             Some(recipe) => crate::fp8_gemm::or_high_precision::<Self>(
                 site,
                 crate::fp8_gemm::linear_fprop::<Self>(
@@ -229,7 +232,10 @@ pub trait TeBackend: Backend {
         recipe: Option<&Recipe>,
     ) -> FloatTensor<Self> {
         match recipe {
-            None => high_precision_dgrad::<Self>(weight, grad),
+            None => {
+                count_high_precision();
+                high_precision_dgrad::<Self>(weight, grad)
+            }
             Some(recipe) => crate::fp8_gemm::or_high_precision::<Self>(
                 site,
                 crate::fp8_gemm::linear_dgrad::<Self>(
@@ -252,7 +258,10 @@ pub trait TeBackend: Backend {
         recipe: Option<&Recipe>,
     ) -> FloatTensor<Self> {
         match recipe {
-            None => high_precision_wgrad::<Self>(x, grad),
+            None => {
+                count_high_precision();
+                high_precision_wgrad::<Self>(x, grad)
+            }
             Some(recipe) => crate::fp8_gemm::or_high_precision::<Self>(
                 site,
                 crate::fp8_gemm::linear_wgrad::<Self>(
@@ -266,6 +275,11 @@ pub trait TeBackend: Backend {
             ),
         }
     }
+}
+
+/// Counts a layer GEMM run in high precision by choice (no recipe).
+fn count_high_precision() {
+    crate::diagnostics::increment_counter(crate::diagnostics::names::GEMM_HIGH_PRECISION, 1);
 }
 
 /// The zeros a GEMM with a zero-sized dimension gives (`out` elements; `None` when neither operand is empty):

@@ -200,6 +200,7 @@ where
         format: Fp8Format,
         scaling: Scaling<'_, CubeDelayedState<R>>,
     ) -> Result<Fp8Primitive<Self>, TeError> {
+        crate::diagnostics::count_launch(crate::diagnostics::names::QUANTIZE_LAUNCHES);
         let x = into_contiguous(tensor);
         let (codes, scale_inv, block) =
             with_float!(x.dtype, "fp8_quantize", T => quantize::<R, T>(&x, format, scaling))?;
@@ -268,6 +269,7 @@ where
         rhs: Fp8Primitive<Self>,
         rhs_t: bool,
     ) -> Result<CubeTensor<R>, TeError> {
+        crate::diagnostics::count_launch(crate::diagnostics::names::FP8_GEMM_LAUNCHES);
         let shape = crate::backend::gemm_output_shape(&lhs, lhs_t, &rhs, rhs_t)?;
         let operand = |q: &Fp8Primitive<Self>, transposed: bool| {
             let (batch, rows, cols) = q.matrix_dims();
@@ -315,6 +317,7 @@ where
     }
 
     fn fp8_amax(tensor: CubeTensor<R>) -> Result<CubeTensor<R>, TeError> {
+        crate::diagnostics::count_launch(crate::diagnostics::names::AMAX_LAUNCHES);
         let x = into_contiguous(tensor);
         let len = x.meta.shape().num_elements();
         let handle = with_float!(x.dtype, "fp8_amax", T => Ok(ops::amax::<R, T>(&x.client, &x.handle, len)?))?;
@@ -346,6 +349,7 @@ where
         format: Fp8Format,
         margin: f32,
     ) -> Result<CubeTensor<R>, TeError> {
+        crate::diagnostics::count_launch(crate::diagnostics::names::QUANTIZE_LAUNCHES);
         let x = into_contiguous(tensor);
         let len = x.meta.shape().num_elements();
         let client = &x.client;
@@ -362,6 +366,7 @@ where
         tensor: CubeTensor<R>,
         quantization: Option<(Fp8Format, Scaling<'_, CubeDelayedState<R>>)>,
     ) -> Result<CubePendingStats<R>, TeError> {
+        crate::diagnostics::count_launch(crate::diagnostics::names::STATS_LAUNCHES);
         let x = into_contiguous(tensor);
         let len = x.meta.shape().num_elements();
         let client = &x.client;
@@ -402,6 +407,7 @@ where
         format: Fp8Format,
         scale: f32,
     ) -> Result<Fp8Stats, TeError> {
+        crate::diagnostics::count_launch(crate::diagnostics::names::STATS_LAUNCHES);
         let x = into_contiguous(tensor);
         let len = x.meta.shape().num_elements();
         let scale = ops::scalar_buffer(&x.client, scale);

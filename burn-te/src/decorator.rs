@@ -9,10 +9,12 @@
 //! [`forward`](self::forward) (`python3 tools/gen_forwarding.py`; rerun it after a Burn upgrade or after adding an
 //! op to [`Decorator`]: every op declared in `Decorator` is routed through it).
 
-use burn::tensor::backend::{Backend, BackendTypes};
+use burn::tensor::TensorData;
+use burn::tensor::backend::{Backend, BackendTypes, ExecutionError};
 use burn::tensor::ops::{
-    DeformConv2dBackward, FloatTensor, FloatTensorOps, MaxPool1dBackward, MaxPool1dWithIndices,
-    MaxPool2dBackward, MaxPool2dWithIndices, ModuleOps,
+    BoolTensor, BoolTensorOps, DeformConv2dBackward, FloatTensor, FloatTensorOps, IntTensor,
+    IntTensorOps, MaxPool1dBackward, MaxPool1dWithIndices, MaxPool2dBackward, MaxPool2dWithIndices,
+    ModuleOps,
 };
 use burn::tensor::quantization::QuantizationParametersPrimitive;
 use burn::tensor::{TensorPrimitive, TransactionPrimitive};
@@ -64,6 +66,73 @@ pub trait Decorator: Clone + Default + core::fmt::Debug + Send + Sync + 'static 
         output_grad: FloatTensor<Self::Inner>,
     ) -> FloatTensor<Self::Inner> {
         Self::Inner::linear_weight_backward(x, output_grad)
+    }
+
+    /// Reads a float tensor to the host; forwards by default. `Te<B>` counts the read, its bytes and its time.
+    fn float_into_data(
+        tensor: FloatTensor<Self::Inner>,
+    ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
+        Self::Inner::float_into_data(tensor)
+    }
+
+    /// Reads an int tensor to the host; forwards by default.
+    fn int_into_data(
+        tensor: IntTensor<Self::Inner>,
+    ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
+        Self::Inner::int_into_data(tensor)
+    }
+
+    /// Reads a bool tensor to the host; forwards by default.
+    fn bool_into_data(
+        tensor: BoolTensor<Self::Inner>,
+    ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
+        Self::Inner::bool_into_data(tensor)
+    }
+
+    /// Writes host data to a float tensor; forwards by default. `Te<B>` counts the write and its bytes.
+    fn float_from_data(
+        data: TensorData,
+        device: &<Self::Inner as BackendTypes>::Device,
+    ) -> FloatTensor<Self::Inner> {
+        Self::Inner::float_from_data(data, device)
+    }
+
+    /// Writes host data to an int tensor; forwards by default.
+    fn int_from_data(
+        data: TensorData,
+        device: &<Self::Inner as BackendTypes>::Device,
+    ) -> IntTensor<Self::Inner> {
+        Self::Inner::int_from_data(data, device)
+    }
+
+    /// Writes host data to a bool tensor; forwards by default.
+    fn bool_from_data(
+        data: TensorData,
+        device: &<Self::Inner as BackendTypes>::Device,
+    ) -> BoolTensor<Self::Inner> {
+        Self::Inner::bool_from_data(data, device)
+    }
+
+    /// Called by the forwarding before every op of the ops traits (not `Backend`'s own methods), with the op's
+    /// name and its float tensor arguments. What it returns reaches [`op_finished`](Self::op_finished) for the ops
+    /// with a float output. Does nothing by default; `Te<B>` counts the op and, in eager debug mode, keeps the
+    /// inputs (see [`crate::diagnostics`]).
+    #[inline(always)]
+    fn op_started(
+        _op: &'static str,
+        _inputs: &[&FloatTensor<Self::Inner>],
+    ) -> Option<Vec<FloatTensor<Self::Inner>>> {
+        None
+    }
+
+    /// Called by the forwarding after every op with a float output. Does nothing by default; `Te<B>` checks the
+    /// output in eager debug mode.
+    #[inline(always)]
+    fn op_finished(
+        _op: &'static str,
+        _inputs: Option<Vec<FloatTensor<Self::Inner>>>,
+        _output: &FloatTensor<Self::Inner>,
+    ) {
     }
 }
 

@@ -40,8 +40,13 @@ fn reason(err: &TeError) -> String {
 
 /// Records that `what` (a GEMM site or op) ran in high precision instead of FP8 because of `err`.
 pub fn record_fallback(what: impl core::fmt::Display, err: &TeError) {
+    let reason = reason(err);
+    crate::diagnostics::increment_counter(
+        &format!("{}({reason})", crate::diagnostics::names::GEMM_FALLBACK),
+        1,
+    );
     record(
-        reason(err),
+        reason,
         format!("{what}: FP8 GEMM not possible, ran in high precision: {err}"),
     );
 }

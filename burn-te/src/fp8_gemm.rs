@@ -17,10 +17,16 @@ pub fn or_high_precision<B: TeBackend>(
     fp8: Result<FloatTensor<B>, TeError>,
     high_precision: impl FnOnce() -> FloatTensor<B>,
 ) -> FloatTensor<B> {
-    fp8.unwrap_or_else(|err| {
-        crate::fallback::record_fallback(what, &err);
-        high_precision()
-    })
+    match fp8 {
+        Ok(output) => {
+            crate::diagnostics::increment_counter(crate::diagnostics::names::GEMM_FP8, 1);
+            output
+        }
+        Err(err) => {
+            crate::fallback::record_fallback(what, &err);
+            high_precision()
+        }
+    }
 }
 
 /// Per-operand replacements of the recipe's scaling, `[lhs, rhs]` in the order of [`Gemm::operands`]: `Some(margin)`

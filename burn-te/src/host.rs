@@ -118,6 +118,7 @@ macro_rules! host_te_backend {
                 format: Fp8Format,
                 scaling: Scaling<'_, HostDelayedState>,
             ) -> Result<Fp8Primitive<Self>, TeError> {
+                crate::diagnostics::count_launch(crate::diagnostics::names::QUANTIZE_LAUNCHES);
                 let device = <$backend>::float_device(&tensor);
                 let (x, shape) = $values(tensor)?;
                 let (codes, scale_inv, block) = match scaling {
@@ -178,10 +179,12 @@ macro_rules! host_te_backend {
                 rhs: Fp8Primitive<Self>,
                 rhs_t: bool,
             ) -> Result<FloatTensor<Self>, TeError> {
+                crate::diagnostics::count_launch(crate::diagnostics::names::FP8_GEMM_LAUNCHES);
                 host_gemm::<$backend>(lhs, lhs_t, rhs, rhs_t)
             }
 
             fn fp8_amax(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, TeError> {
+                crate::diagnostics::count_launch(crate::diagnostics::names::AMAX_LAUNCHES);
                 let device = <$backend>::float_device(&tensor);
                 let (x, _) = $values(tensor)?;
                 Ok(host_tensor::<$backend>(
@@ -211,6 +214,7 @@ macro_rules! host_te_backend {
                 format: Fp8Format,
                 margin: f32,
             ) -> Result<FloatTensor<Self>, TeError> {
+                crate::diagnostics::count_launch(crate::diagnostics::names::QUANTIZE_LAUNCHES);
                 let device = <$backend>::float_device(&tensor);
                 let (x, shape) = $values(tensor)?;
                 let scale = current_scale(&x, format, margin)?;
@@ -225,6 +229,7 @@ macro_rules! host_te_backend {
                 tensor: FloatTensor<Self>,
                 quantization: Option<(Fp8Format, Scaling<'_, HostDelayedState>)>,
             ) -> Result<Fp8Stats, TeError> {
+                crate::diagnostics::count_launch(crate::diagnostics::names::STATS_LAUNCHES);
                 let (x, shape) = $values(tensor)?;
                 Ok(match quantization {
                     None => Fp8Stats {
@@ -253,6 +258,7 @@ macro_rules! host_te_backend {
                 format: Fp8Format,
                 scale: f32,
             ) -> Result<Fp8Stats, TeError> {
+                crate::diagnostics::count_launch(crate::diagnostics::names::STATS_LAUNCHES);
                 Ok(host::fp8_tensor_stats(&$values(tensor)?.0, format, scale))
             }
 

@@ -26,6 +26,7 @@ pub mod backend;
 pub mod cube;
 pub mod data;
 pub mod decorator;
+pub mod diagnostics;
 mod error;
 pub mod fallback;
 pub mod fp8_gemm;

@@ -5,16 +5,22 @@
 //! they quantize their operands by the recipe and run the FP8 GEMM kernel. So a model of plain
 //! `burn::nn::Linear` layers trains in FP8 by swapping `B` for `Te<B>`.
 //!
+//! `Te<B>` also carries the [diagnostics](crate::diagnostics): it counts every op, transfer and GEMM, checks ops in
+//! eager debug mode, and traces and tracks the layer GEMMs.
+//!
 //! Plain linears have no names; inside a scope they are called `linear0`, `linear1`, ... by weight in call order,
 //! which keys their delayed-scaling states in the scope's [`Fp8LinearStates`](crate::Fp8LinearStates) (see
 //! [`crate::plain_linear`]). TE modules (`te_linear`) carry their own names and states.
 
 use core::marker::PhantomData;
 
-use burn::tensor::ops::FloatTensor;
+use burn::tensor::TensorData;
+use burn::tensor::backend::ExecutionError;
+use burn::tensor::ops::{BoolTensor, FloatTensor, IntTensor};
 
 use crate::backend::TeBackend;
 use crate::decorator::Decorator;
+use crate::diagnostics;
 use crate::site::{Gemm, GemmSite};
 
 use crate::plain_linear::{plain_linear_backward, plain_linear_forward};
@@ -50,18 +56,64 @@ impl<B: TeBackend> Decorator for Te<B> {
         let (recipe, site) = plain_linear_forward::<B>(&x, &weight);
         match recipe {
             None => B::linear(x, weight, bias),
-            Some(recipe) => B::te_linear(x, weight, bias, &site, Some(&recipe)),
+            Some(recipe) => Self::te_linear(x, weight, bias, &site, Some(&recipe)),
         }
     }
 
     fn linear_x_backward(weight: FloatTensor<B>, output_grad: FloatTensor<B>) -> FloatTensor<B> {
         let (recipe, site) = plain_linear_backward::<B>(Gemm::Dgrad, &weight, &output_grad);
-        B::te_linear_dgrad(weight, output_grad, &site, recipe.as_ref())
+        Self::te_linear_dgrad(weight, output_grad, &site, recipe.as_ref())
     }
 
     fn linear_weight_backward(x: FloatTensor<B>, output_grad: FloatTensor<B>) -> FloatTensor<B> {
         let (recipe, site) = plain_linear_backward::<B>(Gemm::Wgrad, &x, &output_grad);
-        B::te_linear_wgrad(x, output_grad, &site, recipe.as_ref())
+        Self::te_linear_wgrad(x, output_grad, &site, recipe.as_ref())
+    }
+
+    fn float_into_data(
+        tensor: FloatTensor<B>,
+    ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
+        let bytes = diagnostics::tensor_bytes(&tensor);
+        diagnostics::count_transfer_from_device(bytes, B::float_into_data(tensor))
+    }
+
+    fn int_into_data(
+        tensor: IntTensor<B>,
+    ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
+        let bytes = diagnostics::tensor_bytes(&tensor);
+        diagnostics::count_transfer_from_device(bytes, B::int_into_data(tensor))
+    }
+
+    fn bool_into_data(
+        tensor: BoolTensor<B>,
+    ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
+        let bytes = diagnostics::tensor_bytes(&tensor);
+        diagnostics::count_transfer_from_device(bytes, B::bool_into_data(tensor))
+    }
+
+    fn float_from_data(data: TensorData, device: &B::Device) -> FloatTensor<B> {
+        diagnostics::count_transfer_to_device(data.bytes.len() as u64);
+        B::float_from_data(data, device)
+    }
+
+    fn int_from_data(data: TensorData, device: &B::Device) -> IntTensor<B> {
+        diagnostics::count_transfer_to_device(data.bytes.len() as u64);
+        B::int_from_data(data, device)
+    }
+
+    fn bool_from_data(data: TensorData, device: &B::Device) -> BoolTensor<B> {
+        diagnostics::count_transfer_to_device(data.bytes.len() as u64);
+        B::bool_from_data(data, device)
+    }
+
+    #[inline]
+    fn op_started(op: &'static str, inputs: &[&FloatTensor<B>]) -> Option<Vec<FloatTensor<B>>> {
+        diagnostics::op_started::<B>(op, inputs)
+    }
+
+    #[inline]
+    fn op_finished(op: &'static str, inputs: Option<Vec<FloatTensor<B>>>, output: &FloatTensor<B>) {
+        diagnostics::op_finished::<B>(op, inputs, output)
     }
 }
 
@@ -77,7 +129,9 @@ impl<B: TeBackend> TeBackend for Te<B> {
         site: &GemmSite,
         recipe: Option<&crate::Recipe>,
     ) -> FloatTensor<Self> {
-        B::te_linear(x, weight, bias, site, recipe)
+        diagnostics::observe_gemm::<B>(site, recipe, [x, weight], |[x, weight]| {
+            B::te_linear(x, weight, bias, site, recipe)
+        })
     }
     fn te_linear_dgrad(
         weight: FloatTensor<Self>,
@@ -85,7 +139,9 @@ impl<B: TeBackend> TeBackend for Te<B> {
         site: &GemmSite,
         recipe: Option<&crate::Recipe>,
     ) -> FloatTensor<Self> {
-        B::te_linear_dgrad(weight, grad, site, recipe)
+        diagnostics::observe_gemm::<B>(site, recipe, [grad, weight], |[grad, weight]| {
+            B::te_linear_dgrad(weight, grad, site, recipe)
+        })
     }
     fn te_linear_wgrad(
         x: FloatTensor<Self>,
@@ -93,6 +149,8 @@ impl<B: TeBackend> TeBackend for Te<B> {
         site: &GemmSite,
         recipe: Option<&crate::Recipe>,
     ) -> FloatTensor<Self> {
-        B::te_linear_wgrad(x, grad, site, recipe)
+        diagnostics::observe_gemm::<B>(site, recipe, [x, grad], |[x, grad]| {
+            B::te_linear_wgrad(x, grad, site, recipe)
+        })
     }
 }

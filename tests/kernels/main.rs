@@ -9,6 +9,7 @@ mod conformance;
 mod dashboard;
 mod debug;
 mod decorator;
+mod diagnostics;
 mod elementwise;
 mod feature_effects;
 mod fp8_state;

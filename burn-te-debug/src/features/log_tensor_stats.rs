@@ -6,7 +6,8 @@ use crate::error::{ConfigError, ConfigErrorKind, DebugError};
 use crate::stats::{BlockwiseRange, Stat, StatRequest};
 use crate::tensor::TensorName;
 
-/// Logs min, max, mean, std, l1_norm, l2_norm, cur_amax, dynamic_range, max_blockwise_dynamic_range of the
+/// Logs min, max, mean, std, l1_norm, l2_norm, cur_amax, dynamic_range, max_blockwise_dynamic_range (TE's) and
+/// nan_count, inf_count (ours) of the
 /// chosen tensors (TE's
 /// `LogTensorStats`; also the base namespace's). Micro-batches of a step merge exactly; empty tensors are skipped.
 pub struct LogTensorStats {

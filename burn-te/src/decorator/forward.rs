@@ -39,7 +39,7 @@ pub mod prelude {
 /// backend's), `Backend` and every ops trait for `Te<B>`:
 /// 428 methods, the 218 with a default body included, so that an inner backend's faster versions
 /// of default ops are kept. The ops that `Decorator` declares
-/// (`float_matmul`, `linear`, `linear_weight_backward`, `linear_x_backward`, `name`) go through the decorator; every other op is `B::op(args)`.
+/// (`bool_from_data`, `bool_into_data`, `float_from_data`, `float_into_data`, `float_matmul`, `int_from_data`, `int_into_data`, `linear`, `linear_weight_backward`, `linear_x_backward`, `name`) go through the decorator; every other op is `B::op(args)`.
 ///
 /// ```ignore
 /// #[derive(Clone, Default, Debug)]
@@ -145,7 +145,10 @@ macro_rules! forward_backend {
                         data: TensorData,
                         device: &Device<Self>,
                     ) -> FloatTensor<Self> {
-                        B::float_from_data(data, device)
+                        let __inputs = <Self as Decorator>::op_started("float_from_data", &[]);
+                        let __output = <Self as Decorator>::float_from_data(data, device);
+                        <Self as Decorator>::op_finished("float_from_data", __inputs, &__output);
+                        __output
                     }
 
                     fn float_random(
@@ -154,7 +157,10 @@ macro_rules! forward_backend {
                         device: &Device<Self>,
                         dtype: FloatDType,
                     ) -> FloatTensor<Self> {
-                        B::float_random(shape, distribution, device, dtype)
+                        let __inputs = <Self as Decorator>::op_started("float_random", &[]);
+                        let __output = B::float_random(shape, distribution, device, dtype);
+                        <Self as Decorator>::op_finished("float_random", __inputs, &__output);
+                        __output
                     }
 
                     fn float_zeros(
@@ -162,7 +168,10 @@ macro_rules! forward_backend {
                         device: &Device<Self>,
                         dtype: FloatDType,
                     ) -> FloatTensor<Self> {
-                        B::float_zeros(shape, device, dtype)
+                        let __inputs = <Self as Decorator>::op_started("float_zeros", &[]);
+                        let __output = B::float_zeros(shape, device, dtype);
+                        <Self as Decorator>::op_finished("float_zeros", __inputs, &__output);
+                        __output
                     }
 
                     fn float_ones(
@@ -170,7 +179,10 @@ macro_rules! forward_backend {
                         device: &Device<Self>,
                         dtype: FloatDType,
                     ) -> FloatTensor<Self> {
-                        B::float_ones(shape, device, dtype)
+                        let __inputs = <Self as Decorator>::op_started("float_ones", &[]);
+                        let __output = B::float_ones(shape, device, dtype);
+                        <Self as Decorator>::op_finished("float_ones", __inputs, &__output);
+                        __output
                     }
 
                     fn float_full(
@@ -179,13 +191,17 @@ macro_rules! forward_backend {
                         device: &Device<Self>,
                         dtype: FloatDType,
                     ) -> FloatTensor<Self> {
-                        B::float_full(shape, fill_value, device, dtype)
+                        let __inputs = <Self as Decorator>::op_started("float_full", &[]);
+                        let __output = B::float_full(shape, fill_value, device, dtype);
+                        <Self as Decorator>::op_finished("float_full", __inputs, &__output);
+                        __output
                     }
 
                     fn float_into_data(
                         tensor: FloatTensor<Self>,
                     ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
-                        B::float_into_data(tensor)
+                        <Self as Decorator>::op_started("float_into_data", &[&tensor]);
+                        <Self as Decorator>::float_into_data(tensor)
                     }
 
                     fn float_device(tensor: &FloatTensor<Self>) -> Device<Self> {
@@ -196,13 +212,17 @@ macro_rules! forward_backend {
                         tensor: FloatTensor<Self>,
                         device: &Device<Self>,
                     ) -> FloatTensor<Self> {
-                        B::float_to_device(tensor, device)
+                        let __inputs = <Self as Decorator>::op_started("float_to_device", &[&tensor]);
+                        let __output = B::float_to_device(tensor, device);
+                        <Self as Decorator>::op_finished("float_to_device", __inputs, &__output);
+                        __output
                     }
 
                     fn float_into_int(
                         tensor: FloatTensor<Self>,
                         out_dtype: IntDType,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("float_into_int", &[&tensor]);
                         B::float_into_int(tensor, out_dtype)
                     }
 
@@ -211,7 +231,10 @@ macro_rules! forward_backend {
                         device: &Device<Self>,
                         dtype: FloatDType,
                     ) -> FloatTensor<Self> {
-                        B::float_empty(shape, device, dtype)
+                        let __inputs = <Self as Decorator>::op_started("float_empty", &[]);
+                        let __output = B::float_empty(shape, device, dtype);
+                        <Self as Decorator>::op_finished("float_empty", __inputs, &__output);
+                        __output
                     }
 
                     fn float_repeat_dim(
@@ -219,32 +242,47 @@ macro_rules! forward_backend {
                         dim: usize,
                         times: usize,
                     ) -> FloatTensor<Self> {
-                        B::float_repeat_dim(tensor, dim, times)
+                        let __inputs = <Self as Decorator>::op_started("float_repeat_dim", &[&tensor]);
+                        let __output = B::float_repeat_dim(tensor, dim, times);
+                        <Self as Decorator>::op_finished("float_repeat_dim", __inputs, &__output);
+                        __output
                     }
 
                     fn float_add(
                         lhs: FloatTensor<Self>,
                         rhs: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::float_add(lhs, rhs)
+                        let __inputs = <Self as Decorator>::op_started("float_add", &[&lhs, &rhs]);
+                        let __output = B::float_add(lhs, rhs);
+                        <Self as Decorator>::op_finished("float_add", __inputs, &__output);
+                        __output
                     }
 
                     fn float_add_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self> {
-                        B::float_add_scalar(lhs, rhs)
+                        let __inputs = <Self as Decorator>::op_started("float_add_scalar", &[&lhs]);
+                        let __output = B::float_add_scalar(lhs, rhs);
+                        <Self as Decorator>::op_finished("float_add_scalar", __inputs, &__output);
+                        __output
                     }
 
                     fn float_clamp_min(
                         tensor: FloatTensor<Self>,
                         min: Scalar,
                     ) -> FloatTensor<Self> {
-                        B::float_clamp_min(tensor, min)
+                        let __inputs = <Self as Decorator>::op_started("float_clamp_min", &[&tensor]);
+                        let __output = B::float_clamp_min(tensor, min);
+                        <Self as Decorator>::op_finished("float_clamp_min", __inputs, &__output);
+                        __output
                     }
 
                     fn float_clamp_max(
                         tensor: FloatTensor<Self>,
                         max: Scalar,
                     ) -> FloatTensor<Self> {
-                        B::float_clamp_max(tensor, max)
+                        let __inputs = <Self as Decorator>::op_started("float_clamp_max", &[&tensor]);
+                        let __output = B::float_clamp_max(tensor, max);
+                        <Self as Decorator>::op_finished("float_clamp_max", __inputs, &__output);
+                        __output
                     }
 
                     fn float_clamp(
@@ -252,61 +290,91 @@ macro_rules! forward_backend {
                         min: Scalar,
                         max: Scalar,
                     ) -> FloatTensor<Self> {
-                        B::float_clamp(tensor, min, max)
+                        let __inputs = <Self as Decorator>::op_started("float_clamp", &[&tensor]);
+                        let __output = B::float_clamp(tensor, min, max);
+                        <Self as Decorator>::op_finished("float_clamp", __inputs, &__output);
+                        __output
                     }
 
                     fn float_sub(
                         lhs: FloatTensor<Self>,
                         rhs: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::float_sub(lhs, rhs)
+                        let __inputs = <Self as Decorator>::op_started("float_sub", &[&lhs, &rhs]);
+                        let __output = B::float_sub(lhs, rhs);
+                        <Self as Decorator>::op_finished("float_sub", __inputs, &__output);
+                        __output
                     }
 
                     fn float_sub_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self> {
-                        B::float_sub_scalar(lhs, rhs)
+                        let __inputs = <Self as Decorator>::op_started("float_sub_scalar", &[&lhs]);
+                        let __output = B::float_sub_scalar(lhs, rhs);
+                        <Self as Decorator>::op_finished("float_sub_scalar", __inputs, &__output);
+                        __output
                     }
 
                     fn float_mul(
                         lhs: FloatTensor<Self>,
                         rhs: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::float_mul(lhs, rhs)
+                        let __inputs = <Self as Decorator>::op_started("float_mul", &[&lhs, &rhs]);
+                        let __output = B::float_mul(lhs, rhs);
+                        <Self as Decorator>::op_finished("float_mul", __inputs, &__output);
+                        __output
                     }
 
                     fn float_mul_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self> {
-                        B::float_mul_scalar(lhs, rhs)
+                        let __inputs = <Self as Decorator>::op_started("float_mul_scalar", &[&lhs]);
+                        let __output = B::float_mul_scalar(lhs, rhs);
+                        <Self as Decorator>::op_finished("float_mul_scalar", __inputs, &__output);
+                        __output
                     }
 
                     fn float_div(
                         lhs: FloatTensor<Self>,
                         rhs: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::float_div(lhs, rhs)
+                        let __inputs = <Self as Decorator>::op_started("float_div", &[&lhs, &rhs]);
+                        let __output = B::float_div(lhs, rhs);
+                        <Self as Decorator>::op_finished("float_div", __inputs, &__output);
+                        __output
                     }
 
                     fn float_div_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self> {
-                        B::float_div_scalar(lhs, rhs)
+                        let __inputs = <Self as Decorator>::op_started("float_div_scalar", &[&lhs]);
+                        let __output = B::float_div_scalar(lhs, rhs);
+                        <Self as Decorator>::op_finished("float_div_scalar", __inputs, &__output);
+                        __output
                     }
 
                     fn float_remainder(
                         lhs: FloatTensor<Self>,
                         rhs: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::float_remainder(lhs, rhs)
+                        let __inputs = <Self as Decorator>::op_started("float_remainder", &[&lhs, &rhs]);
+                        let __output = B::float_remainder(lhs, rhs);
+                        <Self as Decorator>::op_finished("float_remainder", __inputs, &__output);
+                        __output
                     }
 
                     fn float_remainder_scalar(
                         lhs: FloatTensor<Self>,
                         rhs: Scalar,
                     ) -> FloatTensor<Self> {
-                        B::float_remainder_scalar(lhs, rhs)
+                        let __inputs = <Self as Decorator>::op_started("float_remainder_scalar", &[&lhs]);
+                        let __output = B::float_remainder_scalar(lhs, rhs);
+                        <Self as Decorator>::op_finished("float_remainder_scalar", __inputs, &__output);
+                        __output
                     }
 
                     fn float_matmul(
                         lhs: FloatTensor<Self>,
                         rhs: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        <Self as Decorator>::float_matmul(lhs, rhs)
+                        let __inputs = <Self as Decorator>::op_started("float_matmul", &[&lhs, &rhs]);
+                        let __output = <Self as Decorator>::float_matmul(lhs, rhs);
+                        <Self as Decorator>::op_finished("float_matmul", __inputs, &__output);
+                        __output
                     }
 
                     fn float_cross(
@@ -314,19 +382,31 @@ macro_rules! forward_backend {
                         rhs: FloatTensor<Self>,
                         dim: usize,
                     ) -> FloatTensor<Self> {
-                        B::float_cross(lhs, rhs, dim)
+                        let __inputs = <Self as Decorator>::op_started("float_cross", &[&lhs, &rhs]);
+                        let __output = B::float_cross(lhs, rhs, dim);
+                        <Self as Decorator>::op_finished("float_cross", __inputs, &__output);
+                        __output
                     }
 
                     fn float_neg(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_neg(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_neg", &[&tensor]);
+                        let __output = B::float_neg(tensor);
+                        <Self as Decorator>::op_finished("float_neg", __inputs, &__output);
+                        __output
                     }
 
                     fn float_recip(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_recip(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_recip", &[&tensor]);
+                        let __output = B::float_recip(tensor);
+                        <Self as Decorator>::op_finished("float_recip", __inputs, &__output);
+                        __output
                     }
 
                     fn float_transpose(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_transpose(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_transpose", &[&tensor]);
+                        let __output = B::float_transpose(tensor);
+                        <Self as Decorator>::op_finished("float_transpose", __inputs, &__output);
+                        __output
                     }
 
                     fn float_swap_dims(
@@ -334,22 +414,34 @@ macro_rules! forward_backend {
                         dim1: usize,
                         dim2: usize,
                     ) -> FloatTensor<Self> {
-                        B::float_swap_dims(tensor, dim1, dim2)
+                        let __inputs = <Self as Decorator>::op_started("float_swap_dims", &[&tensor]);
+                        let __output = B::float_swap_dims(tensor, dim1, dim2);
+                        <Self as Decorator>::op_finished("float_swap_dims", __inputs, &__output);
+                        __output
                     }
 
                     fn float_permute(
                         tensor: FloatTensor<Self>,
                         axes: &[usize],
                     ) -> FloatTensor<Self> {
-                        B::float_permute(tensor, axes)
+                        let __inputs = <Self as Decorator>::op_started("float_permute", &[&tensor]);
+                        let __output = B::float_permute(tensor, axes);
+                        <Self as Decorator>::op_finished("float_permute", __inputs, &__output);
+                        __output
                     }
 
                     fn float_flip(tensor: FloatTensor<Self>, axes: &[usize]) -> FloatTensor<Self> {
-                        B::float_flip(tensor, axes)
+                        let __inputs = <Self as Decorator>::op_started("float_flip", &[&tensor]);
+                        let __output = B::float_flip(tensor, axes);
+                        <Self as Decorator>::op_finished("float_flip", __inputs, &__output);
+                        __output
                     }
 
                     fn float_reshape(tensor: FloatTensor<Self>, shape: Shape) -> FloatTensor<Self> {
-                        B::float_reshape(tensor, shape)
+                        let __inputs = <Self as Decorator>::op_started("float_reshape", &[&tensor]);
+                        let __output = B::float_reshape(tensor, shape);
+                        <Self as Decorator>::op_finished("float_reshape", __inputs, &__output);
+                        __output
                     }
 
                     fn float_gather(
@@ -357,7 +449,10 @@ macro_rules! forward_backend {
                         tensor: FloatTensor<Self>,
                         indices: IntTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::float_gather(dim, tensor, indices)
+                        let __inputs = <Self as Decorator>::op_started("float_gather", &[&tensor]);
+                        let __output = B::float_gather(dim, tensor, indices);
+                        <Self as Decorator>::op_finished("float_gather", __inputs, &__output);
+                        __output
                     }
 
                     fn float_scatter_add(
@@ -366,7 +461,10 @@ macro_rules! forward_backend {
                         indices: IntTensor<Self>,
                         value: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::float_scatter_add(dim, tensor, indices, value)
+                        let __inputs = <Self as Decorator>::op_started("float_scatter_add", &[&tensor, &value]);
+                        let __output = B::float_scatter_add(dim, tensor, indices, value);
+                        <Self as Decorator>::op_finished("float_scatter_add", __inputs, &__output);
+                        __output
                     }
 
                     fn float_scatter_nd(
@@ -375,14 +473,20 @@ macro_rules! forward_backend {
                         values: FloatTensor<Self>,
                         reduction: IndexingUpdateOp,
                     ) -> FloatTensor<Self> {
-                        B::float_scatter_nd(data, indices, values, reduction)
+                        let __inputs = <Self as Decorator>::op_started("float_scatter_nd", &[&data, &values]);
+                        let __output = B::float_scatter_nd(data, indices, values, reduction);
+                        <Self as Decorator>::op_finished("float_scatter_nd", __inputs, &__output);
+                        __output
                     }
 
                     fn float_gather_nd(
                         data: FloatTensor<Self>,
                         indices: IntTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::float_gather_nd(data, indices)
+                        let __inputs = <Self as Decorator>::op_started("float_gather_nd", &[&data]);
+                        let __output = B::float_gather_nd(data, indices);
+                        <Self as Decorator>::op_finished("float_gather_nd", __inputs, &__output);
+                        __output
                     }
 
                     fn float_select(
@@ -390,7 +494,10 @@ macro_rules! forward_backend {
                         dim: usize,
                         indices: IntTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::float_select(tensor, dim, indices)
+                        let __inputs = <Self as Decorator>::op_started("float_select", &[&tensor]);
+                        let __output = B::float_select(tensor, dim, indices);
+                        <Self as Decorator>::op_finished("float_select", __inputs, &__output);
+                        __output
                     }
 
                     fn float_select_add(
@@ -399,14 +506,20 @@ macro_rules! forward_backend {
                         indices: IntTensor<Self>,
                         value: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::float_select_add(tensor, dim, indices, value)
+                        let __inputs = <Self as Decorator>::op_started("float_select_add", &[&tensor, &value]);
+                        let __output = B::float_select_add(tensor, dim, indices, value);
+                        <Self as Decorator>::op_finished("float_select_add", __inputs, &__output);
+                        __output
                     }
 
                     fn float_slice(
                         tensor: FloatTensor<Self>,
                         slices: &[Slice],
                     ) -> FloatTensor<Self> {
-                        B::float_slice(tensor, slices)
+                        let __inputs = <Self as Decorator>::op_started("float_slice", &[&tensor]);
+                        let __output = B::float_slice(tensor, slices);
+                        <Self as Decorator>::op_finished("float_slice", __inputs, &__output);
+                        __output
                     }
 
                     fn float_slice_assign(
@@ -414,7 +527,10 @@ macro_rules! forward_backend {
                         slices: &[Slice],
                         value: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::float_slice_assign(tensor, slices, value)
+                        let __inputs = <Self as Decorator>::op_started("float_slice_assign", &[&tensor, &value]);
+                        let __output = B::float_slice_assign(tensor, slices, value);
+                        <Self as Decorator>::op_finished("float_slice_assign", __inputs, &__output);
+                        __output
                     }
 
                     fn float_mask_where(
@@ -422,7 +538,10 @@ macro_rules! forward_backend {
                         mask: BoolTensor<Self>,
                         value: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::float_mask_where(tensor, mask, value)
+                        let __inputs = <Self as Decorator>::op_started("float_mask_where", &[&tensor, &value]);
+                        let __output = B::float_mask_where(tensor, mask, value);
+                        <Self as Decorator>::op_finished("float_mask_where", __inputs, &__output);
+                        __output
                     }
 
                     fn float_mask_fill(
@@ -430,7 +549,10 @@ macro_rules! forward_backend {
                         mask: BoolTensor<Self>,
                         value: Scalar,
                     ) -> FloatTensor<Self> {
-                        B::float_mask_fill(tensor, mask, value)
+                        let __inputs = <Self as Decorator>::op_started("float_mask_fill", &[&tensor]);
+                        let __output = B::float_mask_fill(tensor, mask, value);
+                        <Self as Decorator>::op_finished("float_mask_fill", __inputs, &__output);
+                        __output
                     }
 
                     fn float_equal(
@@ -438,6 +560,7 @@ macro_rules! forward_backend {
                         rhs: FloatTensor<Self>,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("float_equal", &[&lhs, &rhs]);
                         B::float_equal(lhs, rhs, out_dtype)
                     }
 
@@ -446,6 +569,7 @@ macro_rules! forward_backend {
                         rhs: FloatTensor<Self>,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("float_not_equal", &[&lhs, &rhs]);
                         B::float_not_equal(lhs, rhs, out_dtype)
                     }
 
@@ -454,6 +578,7 @@ macro_rules! forward_backend {
                         rhs: Scalar,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("float_equal_elem", &[&lhs]);
                         B::float_equal_elem(lhs, rhs, out_dtype)
                     }
 
@@ -462,6 +587,7 @@ macro_rules! forward_backend {
                         rhs: Scalar,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("float_not_equal_elem", &[&lhs]);
                         B::float_not_equal_elem(lhs, rhs, out_dtype)
                     }
 
@@ -470,6 +596,7 @@ macro_rules! forward_backend {
                         rhs: FloatTensor<Self>,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("float_greater", &[&lhs, &rhs]);
                         B::float_greater(lhs, rhs, out_dtype)
                     }
 
@@ -478,6 +605,7 @@ macro_rules! forward_backend {
                         rhs: Scalar,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("float_greater_elem", &[&lhs]);
                         B::float_greater_elem(lhs, rhs, out_dtype)
                     }
 
@@ -486,6 +614,7 @@ macro_rules! forward_backend {
                         rhs: FloatTensor<Self>,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("float_greater_equal", &[&lhs, &rhs]);
                         B::float_greater_equal(lhs, rhs, out_dtype)
                     }
 
@@ -494,6 +623,7 @@ macro_rules! forward_backend {
                         rhs: Scalar,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("float_greater_equal_elem", &[&lhs]);
                         B::float_greater_equal_elem(lhs, rhs, out_dtype)
                     }
 
@@ -502,6 +632,7 @@ macro_rules! forward_backend {
                         rhs: FloatTensor<Self>,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("float_lower", &[&lhs, &rhs]);
                         B::float_lower(lhs, rhs, out_dtype)
                     }
 
@@ -510,6 +641,7 @@ macro_rules! forward_backend {
                         rhs: Scalar,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("float_lower_elem", &[&lhs]);
                         B::float_lower_elem(lhs, rhs, out_dtype)
                     }
 
@@ -518,6 +650,7 @@ macro_rules! forward_backend {
                         rhs: FloatTensor<Self>,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("float_lower_equal", &[&lhs, &rhs]);
                         B::float_lower_equal(lhs, rhs, out_dtype)
                     }
 
@@ -526,18 +659,25 @@ macro_rules! forward_backend {
                         rhs: Scalar,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("float_lower_equal_elem", &[&lhs]);
                         B::float_lower_equal_elem(lhs, rhs, out_dtype)
                     }
 
                     fn float_detach(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_detach(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_detach", &[&tensor]);
+                        let __output = B::float_detach(tensor);
+                        <Self as Decorator>::op_finished("float_detach", __inputs, &__output);
+                        __output
                     }
 
                     fn float_set_require_grad(
                         tensor: FloatTensor<Self>,
                         require_grad: bool,
                     ) -> FloatTensor<Self> {
-                        B::float_set_require_grad(tensor, require_grad)
+                        let __inputs = <Self as Decorator>::op_started("float_set_require_grad", &[&tensor]);
+                        let __output = B::float_set_require_grad(tensor, require_grad);
+                        <Self as Decorator>::op_finished("float_set_require_grad", __inputs, &__output);
+                        __output
                     }
 
                     fn float_is_require_grad(tensor: &FloatTensor<Self>) -> bool {
@@ -545,188 +685,311 @@ macro_rules! forward_backend {
                     }
 
                     fn float_sum(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_sum(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_sum", &[&tensor]);
+                        let __output = B::float_sum(tensor);
+                        <Self as Decorator>::op_finished("float_sum", __inputs, &__output);
+                        __output
                     }
 
                     fn float_sum_dim(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-                        B::float_sum_dim(tensor, dim)
+                        let __inputs = <Self as Decorator>::op_started("float_sum_dim", &[&tensor]);
+                        let __output = B::float_sum_dim(tensor, dim);
+                        <Self as Decorator>::op_finished("float_sum_dim", __inputs, &__output);
+                        __output
                     }
 
                     fn float_prod(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_prod(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_prod", &[&tensor]);
+                        let __output = B::float_prod(tensor);
+                        <Self as Decorator>::op_finished("float_prod", __inputs, &__output);
+                        __output
                     }
 
                     fn float_prod_dim(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-                        B::float_prod_dim(tensor, dim)
+                        let __inputs = <Self as Decorator>::op_started("float_prod_dim", &[&tensor]);
+                        let __output = B::float_prod_dim(tensor, dim);
+                        <Self as Decorator>::op_finished("float_prod_dim", __inputs, &__output);
+                        __output
                     }
 
                     fn float_mean(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_mean(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_mean", &[&tensor]);
+                        let __output = B::float_mean(tensor);
+                        <Self as Decorator>::op_finished("float_mean", __inputs, &__output);
+                        __output
                     }
 
                     fn float_mean_dim(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-                        B::float_mean_dim(tensor, dim)
+                        let __inputs = <Self as Decorator>::op_started("float_mean_dim", &[&tensor]);
+                        let __output = B::float_mean_dim(tensor, dim);
+                        <Self as Decorator>::op_finished("float_mean_dim", __inputs, &__output);
+                        __output
                     }
 
                     fn float_cumsum(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-                        B::float_cumsum(tensor, dim)
+                        let __inputs = <Self as Decorator>::op_started("float_cumsum", &[&tensor]);
+                        let __output = B::float_cumsum(tensor, dim);
+                        <Self as Decorator>::op_finished("float_cumsum", __inputs, &__output);
+                        __output
                     }
 
                     fn float_cumprod(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-                        B::float_cumprod(tensor, dim)
+                        let __inputs = <Self as Decorator>::op_started("float_cumprod", &[&tensor]);
+                        let __output = B::float_cumprod(tensor, dim);
+                        <Self as Decorator>::op_finished("float_cumprod", __inputs, &__output);
+                        __output
                     }
 
                     fn float_cummin(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-                        B::float_cummin(tensor, dim)
+                        let __inputs = <Self as Decorator>::op_started("float_cummin", &[&tensor]);
+                        let __output = B::float_cummin(tensor, dim);
+                        <Self as Decorator>::op_finished("float_cummin", __inputs, &__output);
+                        __output
                     }
 
                     fn float_cummax(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-                        B::float_cummax(tensor, dim)
+                        let __inputs = <Self as Decorator>::op_started("float_cummax", &[&tensor]);
+                        let __output = B::float_cummax(tensor, dim);
+                        <Self as Decorator>::op_finished("float_cummax", __inputs, &__output);
+                        __output
                     }
 
                     fn float_cast(
                         tensor: FloatTensor<Self>,
                         dtype: FloatDType,
                     ) -> FloatTensor<Self> {
-                        B::float_cast(tensor, dtype)
+                        let __inputs = <Self as Decorator>::op_started("float_cast", &[&tensor]);
+                        let __output = B::float_cast(tensor, dtype);
+                        <Self as Decorator>::op_finished("float_cast", __inputs, &__output);
+                        __output
                     }
 
                     fn float_exp(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_exp(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_exp", &[&tensor]);
+                        let __output = B::float_exp(tensor);
+                        <Self as Decorator>::op_finished("float_exp", __inputs, &__output);
+                        __output
                     }
 
                     fn float_log(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_log(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_log", &[&tensor]);
+                        let __output = B::float_log(tensor);
+                        <Self as Decorator>::op_finished("float_log", __inputs, &__output);
+                        __output
                     }
 
                     fn float_log1p(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_log1p(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_log1p", &[&tensor]);
+                        let __output = B::float_log1p(tensor);
+                        <Self as Decorator>::op_finished("float_log1p", __inputs, &__output);
+                        __output
                     }
 
                     fn float_powf(
                         lhs: FloatTensor<Self>,
                         rhs: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::float_powf(lhs, rhs)
+                        let __inputs = <Self as Decorator>::op_started("float_powf", &[&lhs, &rhs]);
+                        let __output = B::float_powf(lhs, rhs);
+                        <Self as Decorator>::op_finished("float_powf", __inputs, &__output);
+                        __output
                     }
 
                     fn float_powi(
                         lhs: FloatTensor<Self>,
                         rhs: IntTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::float_powi(lhs, rhs)
+                        let __inputs = <Self as Decorator>::op_started("float_powi", &[&lhs]);
+                        let __output = B::float_powi(lhs, rhs);
+                        <Self as Decorator>::op_finished("float_powi", __inputs, &__output);
+                        __output
                     }
 
                     fn float_powi_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self> {
-                        B::float_powi_scalar(lhs, rhs)
+                        let __inputs = <Self as Decorator>::op_started("float_powi_scalar", &[&lhs]);
+                        let __output = B::float_powi_scalar(lhs, rhs);
+                        <Self as Decorator>::op_finished("float_powi_scalar", __inputs, &__output);
+                        __output
                     }
 
                     fn float_powi_scalar_impl(
                         lhs: FloatTensor<Self>,
                         rhs: Scalar,
                     ) -> FloatTensor<Self> {
-                        B::float_powi_scalar_impl(lhs, rhs)
+                        let __inputs = <Self as Decorator>::op_started("float_powi_scalar_impl", &[&lhs]);
+                        let __output = B::float_powi_scalar_impl(lhs, rhs);
+                        <Self as Decorator>::op_finished("float_powi_scalar_impl", __inputs, &__output);
+                        __output
                     }
 
                     fn float_powf_scalar(
                         tensor: FloatTensor<Self>,
                         value: Scalar,
                     ) -> FloatTensor<Self> {
-                        B::float_powf_scalar(tensor, value)
+                        let __inputs = <Self as Decorator>::op_started("float_powf_scalar", &[&tensor]);
+                        let __output = B::float_powf_scalar(tensor, value);
+                        <Self as Decorator>::op_finished("float_powf_scalar", __inputs, &__output);
+                        __output
                     }
 
                     fn float_powf_scalar_impl(
                         tensor: FloatTensor<Self>,
                         value: Scalar,
                     ) -> FloatTensor<Self> {
-                        B::float_powf_scalar_impl(tensor, value)
+                        let __inputs = <Self as Decorator>::op_started("float_powf_scalar_impl", &[&tensor]);
+                        let __output = B::float_powf_scalar_impl(tensor, value);
+                        <Self as Decorator>::op_finished("float_powf_scalar_impl", __inputs, &__output);
+                        __output
                     }
 
                     fn float_sqrt(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_sqrt(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_sqrt", &[&tensor]);
+                        let __output = B::float_sqrt(tensor);
+                        <Self as Decorator>::op_finished("float_sqrt", __inputs, &__output);
+                        __output
                     }
 
                     fn float_abs(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_abs(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_abs", &[&tensor]);
+                        let __output = B::float_abs(tensor);
+                        <Self as Decorator>::op_finished("float_abs", __inputs, &__output);
+                        __output
                     }
 
                     fn float_cos(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_cos(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_cos", &[&tensor]);
+                        let __output = B::float_cos(tensor);
+                        <Self as Decorator>::op_finished("float_cos", __inputs, &__output);
+                        __output
                     }
 
                     fn float_sin(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_sin(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_sin", &[&tensor]);
+                        let __output = B::float_sin(tensor);
+                        <Self as Decorator>::op_finished("float_sin", __inputs, &__output);
+                        __output
                     }
 
                     fn float_tan(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_tan(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_tan", &[&tensor]);
+                        let __output = B::float_tan(tensor);
+                        <Self as Decorator>::op_finished("float_tan", __inputs, &__output);
+                        __output
                     }
 
                     fn float_cosh(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_cosh(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_cosh", &[&tensor]);
+                        let __output = B::float_cosh(tensor);
+                        <Self as Decorator>::op_finished("float_cosh", __inputs, &__output);
+                        __output
                     }
 
                     fn float_sinh(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_sinh(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_sinh", &[&tensor]);
+                        let __output = B::float_sinh(tensor);
+                        <Self as Decorator>::op_finished("float_sinh", __inputs, &__output);
+                        __output
                     }
 
                     fn float_tanh(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_tanh(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_tanh", &[&tensor]);
+                        let __output = B::float_tanh(tensor);
+                        <Self as Decorator>::op_finished("float_tanh", __inputs, &__output);
+                        __output
                     }
 
                     fn float_acos(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_acos(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_acos", &[&tensor]);
+                        let __output = B::float_acos(tensor);
+                        <Self as Decorator>::op_finished("float_acos", __inputs, &__output);
+                        __output
                     }
 
                     fn float_acosh(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_acosh(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_acosh", &[&tensor]);
+                        let __output = B::float_acosh(tensor);
+                        <Self as Decorator>::op_finished("float_acosh", __inputs, &__output);
+                        __output
                     }
 
                     fn float_asin(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_asin(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_asin", &[&tensor]);
+                        let __output = B::float_asin(tensor);
+                        <Self as Decorator>::op_finished("float_asin", __inputs, &__output);
+                        __output
                     }
 
                     fn float_asinh(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_asinh(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_asinh", &[&tensor]);
+                        let __output = B::float_asinh(tensor);
+                        <Self as Decorator>::op_finished("float_asinh", __inputs, &__output);
+                        __output
                     }
 
                     fn float_atan(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_atan(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_atan", &[&tensor]);
+                        let __output = B::float_atan(tensor);
+                        <Self as Decorator>::op_finished("float_atan", __inputs, &__output);
+                        __output
                     }
 
                     fn float_atanh(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_atanh(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_atanh", &[&tensor]);
+                        let __output = B::float_atanh(tensor);
+                        <Self as Decorator>::op_finished("float_atanh", __inputs, &__output);
+                        __output
                     }
 
                     fn float_atan2(
                         lhs: FloatTensor<Self>,
                         rhs: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::float_atan2(lhs, rhs)
+                        let __inputs = <Self as Decorator>::op_started("float_atan2", &[&lhs, &rhs]);
+                        let __output = B::float_atan2(lhs, rhs);
+                        <Self as Decorator>::op_finished("float_atan2", __inputs, &__output);
+                        __output
                     }
 
                     fn float_round(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_round(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_round", &[&tensor]);
+                        let __output = B::float_round(tensor);
+                        <Self as Decorator>::op_finished("float_round", __inputs, &__output);
+                        __output
                     }
 
                     fn float_floor(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_floor(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_floor", &[&tensor]);
+                        let __output = B::float_floor(tensor);
+                        <Self as Decorator>::op_finished("float_floor", __inputs, &__output);
+                        __output
                     }
 
                     fn float_ceil(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_ceil(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_ceil", &[&tensor]);
+                        let __output = B::float_ceil(tensor);
+                        <Self as Decorator>::op_finished("float_ceil", __inputs, &__output);
+                        __output
                     }
 
                     fn float_trunc(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_trunc(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_trunc", &[&tensor]);
+                        let __output = B::float_trunc(tensor);
+                        <Self as Decorator>::op_finished("float_trunc", __inputs, &__output);
+                        __output
                     }
 
                     fn float_erf(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_erf(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_erf", &[&tensor]);
+                        let __output = B::float_erf(tensor);
+                        <Self as Decorator>::op_finished("float_erf", __inputs, &__output);
+                        __output
                     }
 
                     fn float_cat(tensors: Vec<FloatTensor<Self>>, dim: usize) -> FloatTensor<Self> {
-                        B::float_cat(tensors, dim)
+                        let __inputs = <Self as Decorator>::op_started("float_cat", &[]);
+                        let __output = B::float_cat(tensors, dim);
+                        <Self as Decorator>::op_finished("float_cat", __inputs, &__output);
+                        __output
                     }
 
                     fn float_argmax(
@@ -734,6 +997,7 @@ macro_rules! forward_backend {
                         dim: usize,
                         out_dtype: IntDType,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("float_argmax", &[&tensor]);
                         B::float_argmax(tensor, dim, out_dtype)
                     }
 
@@ -743,6 +1007,7 @@ macro_rules! forward_backend {
                         k: usize,
                         out_dtype: IntDType,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("float_argtopk", &[&tensor]);
                         B::float_argtopk(tensor, dim, k, out_dtype)
                     }
 
@@ -751,7 +1016,10 @@ macro_rules! forward_backend {
                         dim: usize,
                         k: usize,
                     ) -> FloatTensor<Self> {
-                        B::float_topk(tensor, dim, k)
+                        let __inputs = <Self as Decorator>::op_started("float_topk", &[&tensor]);
+                        let __output = B::float_topk(tensor, dim, k);
+                        <Self as Decorator>::op_finished("float_topk", __inputs, &__output);
+                        __output
                     }
 
                     fn float_argmin(
@@ -759,15 +1027,22 @@ macro_rules! forward_backend {
                         dim: usize,
                         out_dtype: IntDType,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("float_argmin", &[&tensor]);
                         B::float_argmin(tensor, dim, out_dtype)
                     }
 
                     fn float_max(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_max(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_max", &[&tensor]);
+                        let __output = B::float_max(tensor);
+                        <Self as Decorator>::op_finished("float_max", __inputs, &__output);
+                        __output
                     }
 
                     fn float_max_dim(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-                        B::float_max_dim(tensor, dim)
+                        let __inputs = <Self as Decorator>::op_started("float_max_dim", &[&tensor]);
+                        let __output = B::float_max_dim(tensor, dim);
+                        <Self as Decorator>::op_finished("float_max_dim", __inputs, &__output);
+                        __output
                     }
 
                     fn float_max_dim_with_indices(
@@ -775,15 +1050,22 @@ macro_rules! forward_backend {
                         dim: usize,
                         indices_dtype: IntDType,
                     ) -> (FloatTensor<Self>, IntTensor<Self>) {
+                        <Self as Decorator>::op_started("float_max_dim_with_indices", &[&tensor]);
                         B::float_max_dim_with_indices(tensor, dim, indices_dtype)
                     }
 
                     fn float_min(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_min(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_min", &[&tensor]);
+                        let __output = B::float_min(tensor);
+                        <Self as Decorator>::op_finished("float_min", __inputs, &__output);
+                        __output
                     }
 
                     fn float_min_dim(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-                        B::float_min_dim(tensor, dim)
+                        let __inputs = <Self as Decorator>::op_started("float_min_dim", &[&tensor]);
+                        let __output = B::float_min_dim(tensor, dim);
+                        <Self as Decorator>::op_finished("float_min_dim", __inputs, &__output);
+                        __output
                     }
 
                     fn float_min_dim_with_indices(
@@ -791,24 +1073,32 @@ macro_rules! forward_backend {
                         dim: usize,
                         indices_dtype: IntDType,
                     ) -> (FloatTensor<Self>, IntTensor<Self>) {
+                        <Self as Decorator>::op_started("float_min_dim_with_indices", &[&tensor]);
                         B::float_min_dim_with_indices(tensor, dim, indices_dtype)
                     }
 
                     fn float_max_abs(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_max_abs(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_max_abs", &[&tensor]);
+                        let __output = B::float_max_abs(tensor);
+                        <Self as Decorator>::op_finished("float_max_abs", __inputs, &__output);
+                        __output
                     }
 
                     fn float_max_abs_dim(
                         tensor: FloatTensor<Self>,
                         dim: usize,
                     ) -> FloatTensor<Self> {
-                        B::float_max_abs_dim(tensor, dim)
+                        let __inputs = <Self as Decorator>::op_started("float_max_abs_dim", &[&tensor]);
+                        let __output = B::float_max_abs_dim(tensor, dim);
+                        <Self as Decorator>::op_finished("float_max_abs_dim", __inputs, &__output);
+                        __output
                     }
 
                     fn float_any(
                         tensor: FloatTensor<Self>,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("float_any", &[&tensor]);
                         B::float_any(tensor, out_dtype)
                     }
 
@@ -817,6 +1107,7 @@ macro_rules! forward_backend {
                         dim: usize,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("float_any_dim", &[&tensor]);
                         B::float_any_dim(tensor, dim, out_dtype)
                     }
 
@@ -824,6 +1115,7 @@ macro_rules! forward_backend {
                         tensor: FloatTensor<Self>,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("float_all", &[&tensor]);
                         B::float_all(tensor, out_dtype)
                     }
 
@@ -832,15 +1124,22 @@ macro_rules! forward_backend {
                         dim: usize,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("float_all_dim", &[&tensor]);
                         B::float_all_dim(tensor, dim, out_dtype)
                     }
 
                     fn float_sign(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::float_sign(tensor)
+                        let __inputs = <Self as Decorator>::op_started("float_sign", &[&tensor]);
+                        let __output = B::float_sign(tensor);
+                        <Self as Decorator>::op_finished("float_sign", __inputs, &__output);
+                        __output
                     }
 
                     fn float_expand(tensor: FloatTensor<Self>, shape: Shape) -> FloatTensor<Self> {
-                        B::float_expand(tensor, shape)
+                        let __inputs = <Self as Decorator>::op_started("float_expand", &[&tensor]);
+                        let __output = B::float_expand(tensor, shape);
+                        <Self as Decorator>::op_finished("float_expand", __inputs, &__output);
+                        __output
                     }
 
                     fn float_sort(
@@ -848,7 +1147,10 @@ macro_rules! forward_backend {
                         dim: usize,
                         descending: bool,
                     ) -> FloatTensor<Self> {
-                        B::float_sort(tensor, dim, descending)
+                        let __inputs = <Self as Decorator>::op_started("float_sort", &[&tensor]);
+                        let __output = B::float_sort(tensor, dim, descending);
+                        <Self as Decorator>::op_finished("float_sort", __inputs, &__output);
+                        __output
                     }
 
                     fn float_sort_with_indices(
@@ -857,6 +1159,7 @@ macro_rules! forward_backend {
                         descending: bool,
                         indices_dtype: IntDType,
                     ) -> (FloatTensor<Self>, IntTensor<Self>) {
+                        <Self as Decorator>::op_started("float_sort_with_indices", &[&tensor]);
                         B::float_sort_with_indices(tensor, dim, descending, indices_dtype)
                     }
 
@@ -866,6 +1169,7 @@ macro_rules! forward_backend {
                         descending: bool,
                         out_dtype: IntDType,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("float_argsort", &[&tensor]);
                         B::float_argsort(tensor, dim, descending, out_dtype)
                     }
 
@@ -874,7 +1178,10 @@ macro_rules! forward_backend {
                         grid: FloatTensor<Self>,
                         options: GridSampleOptions,
                     ) -> FloatTensor<Self> {
-                        B::float_grid_sample_2d(tensor, grid, options)
+                        let __inputs = <Self as Decorator>::op_started("float_grid_sample_2d", &[&tensor, &grid]);
+                        let __output = B::float_grid_sample_2d(tensor, grid, options);
+                        <Self as Decorator>::op_finished("float_grid_sample_2d", __inputs, &__output);
+                        __output
                     }
 
                     fn float_unfold(
@@ -883,13 +1190,17 @@ macro_rules! forward_backend {
                         size: usize,
                         step: usize,
                     ) -> FloatTensor<Self> {
-                        B::float_unfold(tensor, dim, size, step)
+                        let __inputs = <Self as Decorator>::op_started("float_unfold", &[&tensor]);
+                        let __output = B::float_unfold(tensor, dim, size, step);
+                        <Self as Decorator>::op_finished("float_unfold", __inputs, &__output);
+                        __output
                     }
 
                     fn float_is_nan(
                         tensor: FloatTensor<Self>,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("float_is_nan", &[&tensor]);
                         B::float_is_nan(tensor, out_dtype)
                     }
 
@@ -897,6 +1208,7 @@ macro_rules! forward_backend {
                         tensor: FloatTensor<Self>,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("float_is_inf", &[&tensor]);
                         B::float_is_inf(tensor, out_dtype)
                     }
                 }
@@ -910,17 +1222,20 @@ macro_rules! forward_backend {
                         device: &Device<Self>,
                         dtype: IntDType,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_empty", &[]);
                         B::int_empty(shape, device, dtype)
                     }
 
                     fn int_into_data(
                         tensor: IntTensor<Self>,
                     ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
-                        B::int_into_data(tensor)
+                        <Self as Decorator>::op_started("int_into_data", &[]);
+                        <Self as Decorator>::int_into_data(tensor)
                     }
 
                     fn int_from_data(data: TensorData, device: &Device<Self>) -> IntTensor<Self> {
-                        B::int_from_data(data, device)
+                        <Self as Decorator>::op_started("int_from_data", &[]);
+                        <Self as Decorator>::int_from_data(data, device)
                     }
 
                     fn int_device(tensor: &IntTensor<Self>) -> Device<Self> {
@@ -931,14 +1246,17 @@ macro_rules! forward_backend {
                         tensor: IntTensor<Self>,
                         device: &Device<Self>,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_to_device", &[]);
                         B::int_to_device(tensor, device)
                     }
 
                     fn int_reshape(tensor: IntTensor<Self>, shape: Shape) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_reshape", &[]);
                         B::int_reshape(tensor, shape)
                     }
 
                     fn int_slice(tensor: IntTensor<Self>, slices: &[Slice]) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_slice", &[]);
                         B::int_slice(tensor, slices)
                     }
 
@@ -947,6 +1265,7 @@ macro_rules! forward_backend {
                         slices: &[Slice],
                         value: IntTensor<Self>,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_slice_assign", &[]);
                         B::int_slice_assign(tensor, slices, value)
                     }
 
@@ -954,7 +1273,10 @@ macro_rules! forward_backend {
                         tensor: IntTensor<Self>,
                         out_dtype: FloatDType,
                     ) -> FloatTensor<Self> {
-                        B::int_into_float(tensor, out_dtype)
+                        let __inputs = <Self as Decorator>::op_started("int_into_float", &[]);
+                        let __output = B::int_into_float(tensor, out_dtype);
+                        <Self as Decorator>::op_finished("int_into_float", __inputs, &__output);
+                        __output
                     }
 
                     fn int_mask_where(
@@ -962,6 +1284,7 @@ macro_rules! forward_backend {
                         mask: BoolTensor<Self>,
                         value: IntTensor<Self>,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_mask_where", &[]);
                         B::int_mask_where(tensor, mask, value)
                     }
 
@@ -970,6 +1293,7 @@ macro_rules! forward_backend {
                         mask: BoolTensor<Self>,
                         value: Scalar,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_mask_fill", &[]);
                         B::int_mask_fill(tensor, mask, value)
                     }
 
@@ -978,6 +1302,7 @@ macro_rules! forward_backend {
                         tensor: IntTensor<Self>,
                         indices: IntTensor<Self>,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_gather", &[]);
                         B::int_gather(dim, tensor, indices)
                     }
 
@@ -987,6 +1312,7 @@ macro_rules! forward_backend {
                         indices: IntTensor<Self>,
                         value: IntTensor<Self>,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_scatter_add", &[]);
                         B::int_scatter_add(dim, tensor, indices, value)
                     }
 
@@ -996,6 +1322,7 @@ macro_rules! forward_backend {
                         values: IntTensor<Self>,
                         reduction: IndexingUpdateOp,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_scatter_nd", &[]);
                         B::int_scatter_nd(data, indices, values, reduction)
                     }
 
@@ -1003,6 +1330,7 @@ macro_rules! forward_backend {
                         data: IntTensor<Self>,
                         indices: IntTensor<Self>,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_gather_nd", &[]);
                         B::int_gather_nd(data, indices)
                     }
 
@@ -1011,6 +1339,7 @@ macro_rules! forward_backend {
                         dim: usize,
                         indices: IntTensor<Self>,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_select", &[]);
                         B::int_select(tensor, dim, indices)
                     }
 
@@ -1020,6 +1349,7 @@ macro_rules! forward_backend {
                         indices: IntTensor<Self>,
                         value: IntTensor<Self>,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_select_add", &[]);
                         B::int_select_add(tensor, dim, indices, value)
                     }
 
@@ -1028,10 +1358,12 @@ macro_rules! forward_backend {
                         dim: usize,
                         times: usize,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_repeat_dim", &[]);
                         B::int_repeat_dim(tensor, dim, times)
                     }
 
                     fn int_cat(tensors: Vec<IntTensor<Self>>, dim: usize) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_cat", &[]);
                         B::int_cat(tensors, dim)
                     }
 
@@ -1040,6 +1372,7 @@ macro_rules! forward_backend {
                         rhs: IntTensor<Self>,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("int_equal", &[]);
                         B::int_equal(lhs, rhs, out_dtype)
                     }
 
@@ -1048,6 +1381,7 @@ macro_rules! forward_backend {
                         rhs: IntTensor<Self>,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("int_not_equal", &[]);
                         B::int_not_equal(lhs, rhs, out_dtype)
                     }
 
@@ -1056,6 +1390,7 @@ macro_rules! forward_backend {
                         rhs: Scalar,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("int_equal_elem", &[]);
                         B::int_equal_elem(lhs, rhs, out_dtype)
                     }
 
@@ -1064,6 +1399,7 @@ macro_rules! forward_backend {
                         rhs: Scalar,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("int_not_equal_elem", &[]);
                         B::int_not_equal_elem(lhs, rhs, out_dtype)
                     }
 
@@ -1072,6 +1408,7 @@ macro_rules! forward_backend {
                         rhs: IntTensor<Self>,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("int_greater", &[]);
                         B::int_greater(lhs, rhs, out_dtype)
                     }
 
@@ -1080,6 +1417,7 @@ macro_rules! forward_backend {
                         rhs: Scalar,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("int_greater_elem", &[]);
                         B::int_greater_elem(lhs, rhs, out_dtype)
                     }
 
@@ -1088,6 +1426,7 @@ macro_rules! forward_backend {
                         rhs: IntTensor<Self>,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("int_greater_equal", &[]);
                         B::int_greater_equal(lhs, rhs, out_dtype)
                     }
 
@@ -1096,6 +1435,7 @@ macro_rules! forward_backend {
                         rhs: Scalar,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("int_greater_equal_elem", &[]);
                         B::int_greater_equal_elem(lhs, rhs, out_dtype)
                     }
 
@@ -1104,6 +1444,7 @@ macro_rules! forward_backend {
                         rhs: IntTensor<Self>,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("int_lower", &[]);
                         B::int_lower(lhs, rhs, out_dtype)
                     }
 
@@ -1112,6 +1453,7 @@ macro_rules! forward_backend {
                         rhs: Scalar,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("int_lower_elem", &[]);
                         B::int_lower_elem(lhs, rhs, out_dtype)
                     }
 
@@ -1120,6 +1462,7 @@ macro_rules! forward_backend {
                         rhs: IntTensor<Self>,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("int_lower_equal", &[]);
                         B::int_lower_equal(lhs, rhs, out_dtype)
                     }
 
@@ -1128,34 +1471,42 @@ macro_rules! forward_backend {
                         rhs: Scalar,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("int_lower_equal_elem", &[]);
                         B::int_lower_equal_elem(lhs, rhs, out_dtype)
                     }
 
                     fn int_add(lhs: IntTensor<Self>, rhs: IntTensor<Self>) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_add", &[]);
                         B::int_add(lhs, rhs)
                     }
 
                     fn int_add_scalar(lhs: IntTensor<Self>, rhs: Scalar) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_add_scalar", &[]);
                         B::int_add_scalar(lhs, rhs)
                     }
 
                     fn int_powi(lhs: IntTensor<Self>, rhs: IntTensor<Self>) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_powi", &[]);
                         B::int_powi(lhs, rhs)
                     }
 
                     fn int_powi_scalar(lhs: IntTensor<Self>, rhs: Scalar) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_powi_scalar", &[]);
                         B::int_powi_scalar(lhs, rhs)
                     }
 
                     fn int_powi_scalar_impl(lhs: IntTensor<Self>, rhs: Scalar) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_powi_scalar_impl", &[]);
                         B::int_powi_scalar_impl(lhs, rhs)
                     }
 
                     fn int_clamp_min(tensor: IntTensor<Self>, min: Scalar) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_clamp_min", &[]);
                         B::int_clamp_min(tensor, min)
                     }
 
                     fn int_clamp_max(tensor: IntTensor<Self>, max: Scalar) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_clamp_max", &[]);
                         B::int_clamp_max(tensor, max)
                     }
 
@@ -1164,30 +1515,37 @@ macro_rules! forward_backend {
                         min: Scalar,
                         max: Scalar,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_clamp", &[]);
                         B::int_clamp(tensor, min, max)
                     }
 
                     fn int_sub(lhs: IntTensor<Self>, rhs: IntTensor<Self>) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_sub", &[]);
                         B::int_sub(lhs, rhs)
                     }
 
                     fn int_sub_scalar(lhs: IntTensor<Self>, rhs: Scalar) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_sub_scalar", &[]);
                         B::int_sub_scalar(lhs, rhs)
                     }
 
                     fn int_mul(lhs: IntTensor<Self>, rhs: IntTensor<Self>) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_mul", &[]);
                         B::int_mul(lhs, rhs)
                     }
 
                     fn int_mul_scalar(lhs: IntTensor<Self>, rhs: Scalar) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_mul_scalar", &[]);
                         B::int_mul_scalar(lhs, rhs)
                     }
 
                     fn int_div(lhs: IntTensor<Self>, rhs: IntTensor<Self>) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_div", &[]);
                         B::int_div(lhs, rhs)
                     }
 
                     fn int_div_scalar(lhs: IntTensor<Self>, rhs: Scalar) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_div_scalar", &[]);
                         B::int_div_scalar(lhs, rhs)
                     }
 
@@ -1195,18 +1553,22 @@ macro_rules! forward_backend {
                         lhs: IntTensor<Self>,
                         rhs: IntTensor<Self>,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_remainder", &[]);
                         B::int_remainder(lhs, rhs)
                     }
 
                     fn int_remainder_scalar(lhs: IntTensor<Self>, rhs: Scalar) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_remainder_scalar", &[]);
                         B::int_remainder_scalar(lhs, rhs)
                     }
 
                     fn int_matmul(lhs: IntTensor<Self>, rhs: IntTensor<Self>) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_matmul", &[]);
                         B::int_matmul(lhs, rhs)
                     }
 
                     fn int_neg(tensor: IntTensor<Self>) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_neg", &[]);
                         B::int_neg(tensor)
                     }
 
@@ -1215,6 +1577,7 @@ macro_rules! forward_backend {
                         device: &Device<Self>,
                         dtype: IntDType,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_zeros", &[]);
                         B::int_zeros(shape, device, dtype)
                     }
 
@@ -1223,6 +1586,7 @@ macro_rules! forward_backend {
                         device: &Device<Self>,
                         dtype: IntDType,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_ones", &[]);
                         B::int_ones(shape, device, dtype)
                     }
 
@@ -1232,50 +1596,62 @@ macro_rules! forward_backend {
                         device: &Device<Self>,
                         dtype: IntDType,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_full", &[]);
                         B::int_full(shape, fill_value, device, dtype)
                     }
 
                     fn int_sum(tensor: IntTensor<Self>) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_sum", &[]);
                         B::int_sum(tensor)
                     }
 
                     fn int_sum_dim(tensor: IntTensor<Self>, dim: usize) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_sum_dim", &[]);
                         B::int_sum_dim(tensor, dim)
                     }
 
                     fn int_prod(tensor: IntTensor<Self>) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_prod", &[]);
                         B::int_prod(tensor)
                     }
 
                     fn int_prod_dim(tensor: IntTensor<Self>, dim: usize) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_prod_dim", &[]);
                         B::int_prod_dim(tensor, dim)
                     }
 
                     fn int_mean(tensor: IntTensor<Self>) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_mean", &[]);
                         B::int_mean(tensor)
                     }
 
                     fn int_mean_dim(tensor: IntTensor<Self>, dim: usize) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_mean_dim", &[]);
                         B::int_mean_dim(tensor, dim)
                     }
 
                     fn int_cumsum(tensor: IntTensor<Self>, dim: usize) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_cumsum", &[]);
                         B::int_cumsum(tensor, dim)
                     }
 
                     fn int_cumprod(tensor: IntTensor<Self>, dim: usize) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_cumprod", &[]);
                         B::int_cumprod(tensor, dim)
                     }
 
                     fn int_cummin(tensor: IntTensor<Self>, dim: usize) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_cummin", &[]);
                         B::int_cummin(tensor, dim)
                     }
 
                     fn int_cummax(tensor: IntTensor<Self>, dim: usize) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_cummax", &[]);
                         B::int_cummax(tensor, dim)
                     }
 
                     fn int_argmax(tensor: IntTensor<Self>, dim: usize) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_argmax", &[]);
                         B::int_argmax(tensor, dim)
                     }
 
@@ -1284,22 +1660,27 @@ macro_rules! forward_backend {
                         dim: usize,
                         k: usize,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_argtopk", &[]);
                         B::int_argtopk(tensor, dim, k)
                     }
 
                     fn int_topk(tensor: IntTensor<Self>, dim: usize, k: usize) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_topk", &[]);
                         B::int_topk(tensor, dim, k)
                     }
 
                     fn int_argmin(tensor: IntTensor<Self>, dim: usize) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_argmin", &[]);
                         B::int_argmin(tensor, dim)
                     }
 
                     fn int_max(tensor: IntTensor<Self>) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_max", &[]);
                         B::int_max(tensor)
                     }
 
                     fn int_max_dim(tensor: IntTensor<Self>, dim: usize) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_max_dim", &[]);
                         B::int_max_dim(tensor, dim)
                     }
 
@@ -1307,22 +1688,27 @@ macro_rules! forward_backend {
                         tensor: IntTensor<Self>,
                         dim: usize,
                     ) -> (IntTensor<Self>, IntTensor<Self>) {
+                        <Self as Decorator>::op_started("int_max_dim_with_indices", &[]);
                         B::int_max_dim_with_indices(tensor, dim)
                     }
 
                     fn int_max_abs(tensor: IntTensor<Self>) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_max_abs", &[]);
                         B::int_max_abs(tensor)
                     }
 
                     fn int_max_abs_dim(tensor: IntTensor<Self>, dim: usize) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_max_abs_dim", &[]);
                         B::int_max_abs_dim(tensor, dim)
                     }
 
                     fn int_min(tensor: IntTensor<Self>) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_min", &[]);
                         B::int_min(tensor)
                     }
 
                     fn int_min_dim(tensor: IntTensor<Self>, dim: usize) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_min_dim", &[]);
                         B::int_min_dim(tensor, dim)
                     }
 
@@ -1330,14 +1716,17 @@ macro_rules! forward_backend {
                         tensor: IntTensor<Self>,
                         dim: usize,
                     ) -> (IntTensor<Self>, IntTensor<Self>) {
+                        <Self as Decorator>::op_started("int_min_dim_with_indices", &[]);
                         B::int_min_dim_with_indices(tensor, dim)
                     }
 
                     fn int_abs(tensor: IntTensor<Self>) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_abs", &[]);
                         B::int_abs(tensor)
                     }
 
                     fn int_transpose(tensor: IntTensor<Self>) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_transpose", &[]);
                         B::int_transpose(tensor)
                     }
 
@@ -1346,14 +1735,17 @@ macro_rules! forward_backend {
                         dim1: usize,
                         dim2: usize,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_swap_dims", &[]);
                         B::int_swap_dims(tensor, dim1, dim2)
                     }
 
                     fn int_permute(tensor: IntTensor<Self>, axes: &[usize]) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_permute", &[]);
                         B::int_permute(tensor, axes)
                     }
 
                     fn int_flip(tensor: IntTensor<Self>, axes: &[usize]) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_flip", &[]);
                         B::int_flip(tensor, axes)
                     }
 
@@ -1363,6 +1755,7 @@ macro_rules! forward_backend {
                         device: &Device<Self>,
                         dtype: IntDType,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_random", &[]);
                         B::int_random(shape, distribution, device, dtype)
                     }
 
@@ -1372,6 +1765,7 @@ macro_rules! forward_backend {
                         device: &Device<Self>,
                         dtype: IntDType,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_arange_step", &[]);
                         B::int_arange_step(range, step, device, dtype)
                     }
 
@@ -1380,10 +1774,12 @@ macro_rules! forward_backend {
                         device: &Device<Self>,
                         dtype: IntDType,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_arange", &[]);
                         B::int_arange(range, device, dtype)
                     }
 
                     fn int_any(tensor: IntTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("int_any", &[]);
                         B::int_any(tensor, out_dtype)
                     }
 
@@ -1392,10 +1788,12 @@ macro_rules! forward_backend {
                         dim: usize,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("int_any_dim", &[]);
                         B::int_any_dim(tensor, dim, out_dtype)
                     }
 
                     fn int_all(tensor: IntTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("int_all", &[]);
                         B::int_all(tensor, out_dtype)
                     }
 
@@ -1404,14 +1802,17 @@ macro_rules! forward_backend {
                         dim: usize,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("int_all_dim", &[]);
                         B::int_all_dim(tensor, dim, out_dtype)
                     }
 
                     fn int_sign(tensor: IntTensor<Self>) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_sign", &[]);
                         B::int_sign(tensor)
                     }
 
                     fn int_expand(tensor: IntTensor<Self>, shape: Shape) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_expand", &[]);
                         B::int_expand(tensor, shape)
                     }
 
@@ -1420,6 +1821,7 @@ macro_rules! forward_backend {
                         dim: usize,
                         descending: bool,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_sort", &[]);
                         B::int_sort(tensor, dim, descending)
                     }
 
@@ -1428,6 +1830,7 @@ macro_rules! forward_backend {
                         dim: usize,
                         descending: bool,
                     ) -> (IntTensor<Self>, IntTensor<Self>) {
+                        <Self as Decorator>::op_started("int_sort_with_indices", &[]);
                         B::int_sort_with_indices(tensor, dim, descending)
                     }
 
@@ -1436,34 +1839,42 @@ macro_rules! forward_backend {
                         dim: usize,
                         descending: bool,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_argsort", &[]);
                         B::int_argsort(tensor, dim, descending)
                     }
 
                     fn bitwise_and(lhs: IntTensor<Self>, rhs: IntTensor<Self>) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("bitwise_and", &[]);
                         B::bitwise_and(lhs, rhs)
                     }
 
                     fn bitwise_and_scalar(lhs: IntTensor<Self>, rhs: Scalar) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("bitwise_and_scalar", &[]);
                         B::bitwise_and_scalar(lhs, rhs)
                     }
 
                     fn bitwise_or(lhs: IntTensor<Self>, rhs: IntTensor<Self>) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("bitwise_or", &[]);
                         B::bitwise_or(lhs, rhs)
                     }
 
                     fn bitwise_or_scalar(lhs: IntTensor<Self>, rhs: Scalar) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("bitwise_or_scalar", &[]);
                         B::bitwise_or_scalar(lhs, rhs)
                     }
 
                     fn bitwise_xor(lhs: IntTensor<Self>, rhs: IntTensor<Self>) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("bitwise_xor", &[]);
                         B::bitwise_xor(lhs, rhs)
                     }
 
                     fn bitwise_xor_scalar(lhs: IntTensor<Self>, rhs: Scalar) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("bitwise_xor_scalar", &[]);
                         B::bitwise_xor_scalar(lhs, rhs)
                     }
 
                     fn bitwise_not(tensor: IntTensor<Self>) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("bitwise_not", &[]);
                         B::bitwise_not(tensor)
                     }
 
@@ -1471,6 +1882,7 @@ macro_rules! forward_backend {
                         lhs: IntTensor<Self>,
                         rhs: IntTensor<Self>,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("bitwise_left_shift", &[]);
                         B::bitwise_left_shift(lhs, rhs)
                     }
 
@@ -1478,6 +1890,7 @@ macro_rules! forward_backend {
                         lhs: IntTensor<Self>,
                         rhs: Scalar,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("bitwise_left_shift_scalar", &[]);
                         B::bitwise_left_shift_scalar(lhs, rhs)
                     }
 
@@ -1485,6 +1898,7 @@ macro_rules! forward_backend {
                         lhs: IntTensor<Self>,
                         rhs: IntTensor<Self>,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("bitwise_right_shift", &[]);
                         B::bitwise_right_shift(lhs, rhs)
                     }
 
@@ -1492,10 +1906,12 @@ macro_rules! forward_backend {
                         lhs: IntTensor<Self>,
                         rhs: Scalar,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("bitwise_right_shift_scalar", &[]);
                         B::bitwise_right_shift_scalar(lhs, rhs)
                     }
 
                     fn int_cast(tensor: IntTensor<Self>, dtype: IntDType) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_cast", &[]);
                         B::int_cast(tensor, dtype)
                     }
 
@@ -1505,6 +1921,7 @@ macro_rules! forward_backend {
                         size: usize,
                         step: usize,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("int_unfold", &[]);
                         B::int_unfold(tensor, dim, size, step)
                     }
                 }
@@ -1518,6 +1935,7 @@ macro_rules! forward_backend {
                         device: &Device<Self>,
                         dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_empty", &[]);
                         B::bool_empty(shape, device, dtype)
                     }
 
@@ -1526,6 +1944,7 @@ macro_rules! forward_backend {
                         device: &Device<Self>,
                         dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_zeros", &[]);
                         B::bool_zeros(shape, device, dtype)
                     }
 
@@ -1534,23 +1953,27 @@ macro_rules! forward_backend {
                         device: &Device<Self>,
                         dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_ones", &[]);
                         B::bool_ones(shape, device, dtype)
                     }
 
                     fn bool_into_data(
                         tensor: BoolTensor<Self>,
                     ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
-                        B::bool_into_data(tensor)
+                        <Self as Decorator>::op_started("bool_into_data", &[]);
+                        <Self as Decorator>::bool_into_data(tensor)
                     }
 
                     fn bool_from_data(data: TensorData, device: &Device<Self>) -> BoolTensor<Self> {
-                        B::bool_from_data(data, device)
+                        <Self as Decorator>::op_started("bool_from_data", &[]);
+                        <Self as Decorator>::bool_from_data(data, device)
                     }
 
                     fn bool_into_int(
                         tensor: BoolTensor<Self>,
                         out_dtype: IntDType,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("bool_into_int", &[]);
                         B::bool_into_int(tensor, out_dtype)
                     }
 
@@ -1558,7 +1981,10 @@ macro_rules! forward_backend {
                         tensor: BoolTensor<Self>,
                         out_dtype: FloatDType,
                     ) -> FloatTensor<Self> {
-                        B::bool_into_float(tensor, out_dtype)
+                        let __inputs = <Self as Decorator>::op_started("bool_into_float", &[]);
+                        let __output = B::bool_into_float(tensor, out_dtype);
+                        <Self as Decorator>::op_finished("bool_into_float", __inputs, &__output);
+                        __output
                     }
 
                     fn bool_device(tensor: &BoolTensor<Self>) -> Device<Self> {
@@ -1569,14 +1995,17 @@ macro_rules! forward_backend {
                         tensor: BoolTensor<Self>,
                         device: &Device<Self>,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_to_device", &[]);
                         B::bool_to_device(tensor, device)
                     }
 
                     fn bool_reshape(tensor: BoolTensor<Self>, shape: Shape) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_reshape", &[]);
                         B::bool_reshape(tensor, shape)
                     }
 
                     fn bool_slice(tensor: BoolTensor<Self>, slices: &[Slice]) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_slice", &[]);
                         B::bool_slice(tensor, slices)
                     }
 
@@ -1585,6 +2014,7 @@ macro_rules! forward_backend {
                         slices: &[Slice],
                         value: BoolTensor<Self>,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_slice_assign", &[]);
                         B::bool_slice_assign(tensor, slices, value)
                     }
 
@@ -1593,6 +2023,7 @@ macro_rules! forward_backend {
                         mask: BoolTensor<Self>,
                         value: BoolTensor<Self>,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_mask_where", &[]);
                         B::bool_mask_where(tensor, mask, value)
                     }
 
@@ -1601,6 +2032,7 @@ macro_rules! forward_backend {
                         mask: BoolTensor<Self>,
                         value: Scalar,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_mask_fill", &[]);
                         B::bool_mask_fill(tensor, mask, value)
                     }
 
@@ -1609,6 +2041,7 @@ macro_rules! forward_backend {
                         tensor: BoolTensor<Self>,
                         indices: IntTensor<Self>,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_gather", &[]);
                         B::bool_gather(dim, tensor, indices)
                     }
 
@@ -1618,6 +2051,7 @@ macro_rules! forward_backend {
                         indices: IntTensor<Self>,
                         value: BoolTensor<Self>,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_scatter_or", &[]);
                         B::bool_scatter_or(dim, tensor, indices, value)
                     }
 
@@ -1626,6 +2060,7 @@ macro_rules! forward_backend {
                         dim: usize,
                         indices: IntTensor<Self>,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_select", &[]);
                         B::bool_select(tensor, dim, indices)
                     }
 
@@ -1635,6 +2070,7 @@ macro_rules! forward_backend {
                         indices: IntTensor<Self>,
                         value: BoolTensor<Self>,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_select_or", &[]);
                         B::bool_select_or(tensor, dim, indices, value)
                     }
 
@@ -1643,10 +2079,12 @@ macro_rules! forward_backend {
                         dim: usize,
                         times: usize,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_repeat_dim", &[]);
                         B::bool_repeat_dim(tensor, dim, times)
                     }
 
                     fn bool_cat(tensors: Vec<BoolTensor<Self>>, dim: usize) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_cat", &[]);
                         B::bool_cat(tensors, dim)
                     }
 
@@ -1654,6 +2092,7 @@ macro_rules! forward_backend {
                         lhs: BoolTensor<Self>,
                         rhs: BoolTensor<Self>,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_equal", &[]);
                         B::bool_equal(lhs, rhs)
                     }
 
@@ -1661,34 +2100,42 @@ macro_rules! forward_backend {
                         lhs: BoolTensor<Self>,
                         rhs: BoolTensor<Self>,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_not_equal", &[]);
                         B::bool_not_equal(lhs, rhs)
                     }
 
                     fn bool_equal_elem(lhs: BoolTensor<Self>, rhs: Scalar) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_equal_elem", &[]);
                         B::bool_equal_elem(lhs, rhs)
                     }
 
                     fn bool_not_equal_elem(lhs: BoolTensor<Self>, rhs: Scalar) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_not_equal_elem", &[]);
                         B::bool_not_equal_elem(lhs, rhs)
                     }
 
                     fn bool_not(tensor: BoolTensor<Self>) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_not", &[]);
                         B::bool_not(tensor)
                     }
 
                     fn bool_and(lhs: BoolTensor<Self>, rhs: BoolTensor<Self>) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_and", &[]);
                         B::bool_and(lhs, rhs)
                     }
 
                     fn bool_or(lhs: BoolTensor<Self>, rhs: BoolTensor<Self>) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_or", &[]);
                         B::bool_or(lhs, rhs)
                     }
 
                     fn bool_xor(lhs: BoolTensor<Self>, rhs: BoolTensor<Self>) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_xor", &[]);
                         B::bool_xor(lhs, rhs)
                     }
 
                     fn bool_transpose(tensor: BoolTensor<Self>) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_transpose", &[]);
                         B::bool_transpose(tensor)
                     }
 
@@ -1697,30 +2144,37 @@ macro_rules! forward_backend {
                         dim1: usize,
                         dim2: usize,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_swap_dims", &[]);
                         B::bool_swap_dims(tensor, dim1, dim2)
                     }
 
                     fn bool_permute(tensor: BoolTensor<Self>, axes: &[usize]) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_permute", &[]);
                         B::bool_permute(tensor, axes)
                     }
 
                     fn bool_flip(tensor: BoolTensor<Self>, axes: &[usize]) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_flip", &[]);
                         B::bool_flip(tensor, axes)
                     }
 
                     fn bool_any(tensor: BoolTensor<Self>) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_any", &[]);
                         B::bool_any(tensor)
                     }
 
                     fn bool_any_dim(tensor: BoolTensor<Self>, dim: usize) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_any_dim", &[]);
                         B::bool_any_dim(tensor, dim)
                     }
 
                     fn bool_all(tensor: BoolTensor<Self>) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_all", &[]);
                         B::bool_all(tensor)
                     }
 
                     fn bool_all_dim(tensor: BoolTensor<Self>, dim: usize) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_all_dim", &[]);
                         B::bool_all_dim(tensor, dim)
                     }
 
@@ -1728,10 +2182,12 @@ macro_rules! forward_backend {
                         tensor: BoolTensor<Self>,
                         out_dtype: IntDType,
                     ) -> impl Future<Output = IntTensor<Self>> + 'static + Send {
+                        <Self as Decorator>::op_started("bool_argwhere", &[]);
                         B::bool_argwhere(tensor, out_dtype)
                     }
 
                     fn bool_expand(tensor: BoolTensor<Self>, shape: Shape) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_expand", &[]);
                         B::bool_expand(tensor, shape)
                     }
 
@@ -1741,6 +2197,7 @@ macro_rules! forward_backend {
                         size: usize,
                         step: usize,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("bool_unfold", &[]);
                         B::bool_unfold(tensor, dim, size, step)
                     }
                 }
@@ -1753,6 +2210,7 @@ macro_rules! forward_backend {
                         data: TensorData,
                         device: &Device<Self>,
                     ) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_from_data", &[]);
                         B::q_from_data(data, device)
                     }
 
@@ -1761,6 +2219,7 @@ macro_rules! forward_backend {
                         scheme: &QuantScheme,
                         qparams: QuantizationParametersPrimitive<Self>,
                     ) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("quantize", &[&tensor]);
                         B::quantize(tensor, scheme, qparams.rebrand())
                     }
 
@@ -1768,6 +2227,7 @@ macro_rules! forward_backend {
                         tensor: FloatTensor<Self>,
                         scheme: &QuantScheme,
                     ) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("quantize_dynamic", &[&tensor]);
                         B::quantize_dynamic(tensor, scheme)
                     }
 
@@ -1775,7 +2235,10 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         dtype: FloatDType,
                     ) -> FloatTensor<Self> {
-                        B::dequantize(tensor, dtype)
+                        let __inputs = <Self as Decorator>::op_started("dequantize", &[]);
+                        let __output = B::dequantize(tensor, dtype);
+                        <Self as Decorator>::op_finished("dequantize", __inputs, &__output);
+                        __output
                     }
 
                     fn q_device(tensor: &QuantizedTensor<Self>) -> Device<Self> {
@@ -1786,6 +2249,7 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         device: &Device<Self>,
                     ) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_to_device", &[]);
                         B::q_to_device(tensor, device)
                     }
 
@@ -1793,16 +2257,19 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         shape: Shape,
                     ) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_reshape", &[]);
                         B::q_reshape(tensor, shape)
                     }
 
                     fn q_into_data(
                         tensor: QuantizedTensor<Self>,
                     ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
+                        <Self as Decorator>::op_started("q_into_data", &[]);
                         B::q_into_data(tensor)
                     }
 
                     fn q_detach(tensor: QuantizedTensor<Self>) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_detach", &[]);
                         B::q_detach(tensor)
                     }
 
@@ -1810,6 +2277,7 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         require_grad: bool,
                     ) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_set_require_grad", &[]);
                         B::q_set_require_grad(tensor, require_grad)
                     }
 
@@ -1821,10 +2289,12 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         shape: Shape,
                     ) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_expand", &[]);
                         B::q_expand(tensor, shape)
                     }
 
                     fn q_transpose(tensor: QuantizedTensor<Self>) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_transpose", &[]);
                         B::q_transpose(tensor)
                     }
 
@@ -1833,6 +2303,7 @@ macro_rules! forward_backend {
                         dim1: usize,
                         dim2: usize,
                     ) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_swap_dims", &[]);
                         B::q_swap_dims(tensor, dim1, dim2)
                     }
 
@@ -1840,6 +2311,7 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         axes: &[usize],
                     ) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_permute", &[]);
                         B::q_permute(tensor, axes)
                     }
 
@@ -1847,6 +2319,7 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         axes: &[usize],
                     ) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_flip", &[]);
                         B::q_flip(tensor, axes)
                     }
 
@@ -1855,6 +2328,7 @@ macro_rules! forward_backend {
                         dim: usize,
                         indices: IntTensor<Self>,
                     ) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_select", &[]);
                         B::q_select(tensor, dim, indices)
                     }
 
@@ -1862,6 +2336,7 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         slices: &[Slice],
                     ) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_slice", &[]);
                         B::q_slice(tensor, slices)
                     }
 
@@ -1870,6 +2345,7 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         indices: IntTensor<Self>,
                     ) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_gather", &[]);
                         B::q_gather(dim, tensor, indices)
                     }
 
@@ -1878,6 +2354,7 @@ macro_rules! forward_backend {
                         dim: usize,
                         times: usize,
                     ) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_repeat_dim", &[]);
                         B::q_repeat_dim(tensor, dim, times)
                     }
 
@@ -1885,6 +2362,7 @@ macro_rules! forward_backend {
                         lhs: QuantizedTensor<Self>,
                         rhs: QuantizedTensor<Self>,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_add", &[]);
                         B::q_add(lhs, rhs).rebrand()
                     }
 
@@ -1892,6 +2370,7 @@ macro_rules! forward_backend {
                         lhs: QuantizedTensor<Self>,
                         rhs: Scalar,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_add_scalar", &[]);
                         B::q_add_scalar(lhs, rhs).rebrand()
                     }
 
@@ -1899,6 +2378,7 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         min: Scalar,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_clamp_min", &[]);
                         B::q_clamp_min(tensor, min).rebrand()
                     }
 
@@ -1906,6 +2386,7 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         max: Scalar,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_clamp_max", &[]);
                         B::q_clamp_max(tensor, max).rebrand()
                     }
 
@@ -1914,6 +2395,7 @@ macro_rules! forward_backend {
                         min: Scalar,
                         max: Scalar,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_clamp", &[]);
                         B::q_clamp(tensor, min, max).rebrand()
                     }
 
@@ -1921,6 +2403,7 @@ macro_rules! forward_backend {
                         lhs: QuantizedTensor<Self>,
                         rhs: QuantizedTensor<Self>,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_sub", &[]);
                         B::q_sub(lhs, rhs).rebrand()
                     }
 
@@ -1928,6 +2411,7 @@ macro_rules! forward_backend {
                         lhs: QuantizedTensor<Self>,
                         rhs: Scalar,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_sub_scalar", &[]);
                         B::q_sub_scalar(lhs, rhs).rebrand()
                     }
 
@@ -1935,6 +2419,7 @@ macro_rules! forward_backend {
                         lhs: QuantizedTensor<Self>,
                         rhs: QuantizedTensor<Self>,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_mul", &[]);
                         B::q_mul(lhs, rhs).rebrand()
                     }
 
@@ -1942,6 +2427,7 @@ macro_rules! forward_backend {
                         lhs: QuantizedTensor<Self>,
                         rhs: Scalar,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_mul_scalar", &[]);
                         B::q_mul_scalar(lhs, rhs).rebrand()
                     }
 
@@ -1949,6 +2435,7 @@ macro_rules! forward_backend {
                         lhs: QuantizedTensor<Self>,
                         rhs: QuantizedTensor<Self>,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_div", &[]);
                         B::q_div(lhs, rhs).rebrand()
                     }
 
@@ -1956,6 +2443,7 @@ macro_rules! forward_backend {
                         lhs: QuantizedTensor<Self>,
                         rhs: Scalar,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_div_scalar", &[]);
                         B::q_div_scalar(lhs, rhs).rebrand()
                     }
 
@@ -1963,18 +2451,22 @@ macro_rules! forward_backend {
                         lhs: TensorPrimitive<Self>,
                         rhs: TensorPrimitive<Self>,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_matmul", &[]);
                         B::q_matmul(lhs.rebrand(), rhs.rebrand()).rebrand()
                     }
 
                     fn q_neg(tensor: QuantizedTensor<Self>) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_neg", &[]);
                         B::q_neg(tensor).rebrand()
                     }
 
                     fn q_recip(tensor: QuantizedTensor<Self>) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_recip", &[]);
                         B::q_recip(tensor).rebrand()
                     }
 
                     fn q_sum(tensor: QuantizedTensor<Self>) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_sum", &[]);
                         B::q_sum(tensor).rebrand()
                     }
 
@@ -1982,10 +2474,12 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         dim: usize,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_sum_dim", &[]);
                         B::q_sum_dim(tensor, dim).rebrand()
                     }
 
                     fn q_prod(tensor: QuantizedTensor<Self>) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_prod", &[]);
                         B::q_prod(tensor).rebrand()
                     }
 
@@ -1993,10 +2487,12 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         dim: usize,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_prod_dim", &[]);
                         B::q_prod_dim(tensor, dim).rebrand()
                     }
 
                     fn q_mean(tensor: QuantizedTensor<Self>) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_mean", &[]);
                         B::q_mean(tensor).rebrand()
                     }
 
@@ -2004,6 +2500,7 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         dim: usize,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_mean_dim", &[]);
                         B::q_mean_dim(tensor, dim).rebrand()
                     }
 
@@ -2011,6 +2508,7 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         dim: usize,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_cumsum", &[]);
                         B::q_cumsum(tensor, dim).rebrand()
                     }
 
@@ -2018,6 +2516,7 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         dim: usize,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_cumprod", &[]);
                         B::q_cumprod(tensor, dim).rebrand()
                     }
 
@@ -2025,6 +2524,7 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         dim: usize,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_cummin", &[]);
                         B::q_cummin(tensor, dim).rebrand()
                     }
 
@@ -2032,18 +2532,22 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         dim: usize,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_cummax", &[]);
                         B::q_cummax(tensor, dim).rebrand()
                     }
 
                     fn q_exp(tensor: QuantizedTensor<Self>) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_exp", &[]);
                         B::q_exp(tensor).rebrand()
                     }
 
                     fn q_log(tensor: QuantizedTensor<Self>) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_log", &[]);
                         B::q_log(tensor).rebrand()
                     }
 
                     fn q_log1p(tensor: QuantizedTensor<Self>) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_log1p", &[]);
                         B::q_log1p(tensor).rebrand()
                     }
 
@@ -2051,6 +2555,7 @@ macro_rules! forward_backend {
                         lhs: QuantizedTensor<Self>,
                         rhs: QuantizedTensor<Self>,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_powf", &[]);
                         B::q_powf(lhs, rhs).rebrand()
                     }
 
@@ -2058,6 +2563,7 @@ macro_rules! forward_backend {
                         lhs: QuantizedTensor<Self>,
                         rhs: IntTensor<Self>,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_powi", &[]);
                         B::q_powi(lhs, rhs).rebrand()
                     }
 
@@ -2065,6 +2571,7 @@ macro_rules! forward_backend {
                         lhs: QuantizedTensor<Self>,
                         rhs: Scalar,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_powi_scalar", &[]);
                         B::q_powi_scalar(lhs, rhs).rebrand()
                     }
 
@@ -2072,42 +2579,52 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         value: Scalar,
                     ) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_powf_scalar", &[]);
                         B::q_powf_scalar(tensor, value).rebrand()
                     }
 
                     fn q_sqrt(tensor: QuantizedTensor<Self>) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_sqrt", &[]);
                         B::q_sqrt(tensor).rebrand()
                     }
 
                     fn q_abs(tensor: QuantizedTensor<Self>) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_abs", &[]);
                         B::q_abs(tensor)
                     }
 
                     fn q_cos(tensor: QuantizedTensor<Self>) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_cos", &[]);
                         B::q_cos(tensor).rebrand()
                     }
 
                     fn q_sin(tensor: QuantizedTensor<Self>) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_sin", &[]);
                         B::q_sin(tensor).rebrand()
                     }
 
                     fn q_tan(tensor: QuantizedTensor<Self>) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_tan", &[]);
                         B::q_tan(tensor).rebrand()
                     }
 
                     fn q_cosh(tensor: QuantizedTensor<Self>) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_cosh", &[]);
                         B::q_cosh(tensor).rebrand()
                     }
 
                     fn q_sinh(tensor: QuantizedTensor<Self>) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_sinh", &[]);
                         B::q_sinh(tensor).rebrand()
                     }
 
                     fn q_tanh(tensor: QuantizedTensor<Self>) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_tanh", &[]);
                         B::q_tanh(tensor).rebrand()
                     }
 
                     fn q_erf(tensor: QuantizedTensor<Self>) -> TensorPrimitive<Self> {
+                        <Self as Decorator>::op_started("q_erf", &[]);
                         B::q_erf(tensor).rebrand()
                     }
 
@@ -2115,6 +2632,7 @@ macro_rules! forward_backend {
                         tensors: Vec<QuantizedTensor<Self>>,
                         dim: usize,
                     ) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_cat", &[]);
                         B::q_cat(tensors, dim)
                     }
 
@@ -2123,6 +2641,7 @@ macro_rules! forward_backend {
                         dim: usize,
                         out_dtype: IntDType,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("q_argmax", &[]);
                         B::q_argmax(tensor, dim, out_dtype)
                     }
 
@@ -2132,6 +2651,7 @@ macro_rules! forward_backend {
                         k: usize,
                         out_dtype: IntDType,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("q_argtopk", &[]);
                         B::q_argtopk(tensor, dim, k, out_dtype)
                     }
 
@@ -2140,6 +2660,7 @@ macro_rules! forward_backend {
                         dim: usize,
                         k: usize,
                     ) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_topk", &[]);
                         B::q_topk(tensor, dim, k)
                     }
 
@@ -2148,10 +2669,12 @@ macro_rules! forward_backend {
                         dim: usize,
                         out_dtype: IntDType,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("q_argmin", &[]);
                         B::q_argmin(tensor, dim, out_dtype)
                     }
 
                     fn q_max(tensor: QuantizedTensor<Self>) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_max", &[]);
                         B::q_max(tensor)
                     }
 
@@ -2159,6 +2682,7 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         dim: usize,
                     ) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_max_dim", &[]);
                         B::q_max_dim(tensor, dim)
                     }
 
@@ -2167,10 +2691,12 @@ macro_rules! forward_backend {
                         dim: usize,
                         out_dtype: IntDType,
                     ) -> (QuantizedTensor<Self>, IntTensor<Self>) {
+                        <Self as Decorator>::op_started("q_max_dim_with_indices", &[]);
                         B::q_max_dim_with_indices(tensor, dim, out_dtype)
                     }
 
                     fn q_min(tensor: QuantizedTensor<Self>) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_min", &[]);
                         B::q_min(tensor)
                     }
 
@@ -2178,6 +2704,7 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         dim: usize,
                     ) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_min_dim", &[]);
                         B::q_min_dim(tensor, dim)
                     }
 
@@ -2186,10 +2713,12 @@ macro_rules! forward_backend {
                         dim: usize,
                         out_dtype: IntDType,
                     ) -> (QuantizedTensor<Self>, IntTensor<Self>) {
+                        <Self as Decorator>::op_started("q_min_dim_with_indices", &[]);
                         B::q_min_dim_with_indices(tensor, dim, out_dtype)
                     }
 
                     fn q_max_abs(tensor: QuantizedTensor<Self>) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_max_abs", &[]);
                         B::q_max_abs(tensor)
                     }
 
@@ -2197,6 +2726,7 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         dim: usize,
                     ) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_max_abs_dim", &[]);
                         B::q_max_abs_dim(tensor, dim)
                     }
 
@@ -2204,6 +2734,7 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("q_any", &[]);
                         B::q_any(tensor, out_dtype)
                     }
 
@@ -2212,6 +2743,7 @@ macro_rules! forward_backend {
                         dim: usize,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("q_any_dim", &[]);
                         B::q_any_dim(tensor, dim, out_dtype)
                     }
 
@@ -2219,6 +2751,7 @@ macro_rules! forward_backend {
                         tensor: QuantizedTensor<Self>,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("q_all", &[]);
                         B::q_all(tensor, out_dtype)
                     }
 
@@ -2227,6 +2760,7 @@ macro_rules! forward_backend {
                         dim: usize,
                         out_dtype: BoolDType,
                     ) -> BoolTensor<Self> {
+                        <Self as Decorator>::op_started("q_all_dim", &[]);
                         B::q_all_dim(tensor, dim, out_dtype)
                     }
 
@@ -2235,6 +2769,7 @@ macro_rules! forward_backend {
                         dim: usize,
                         descending: bool,
                     ) -> QuantizedTensor<Self> {
+                        <Self as Decorator>::op_started("q_sort", &[]);
                         B::q_sort(tensor, dim, descending)
                     }
 
@@ -2244,6 +2779,7 @@ macro_rules! forward_backend {
                         descending: bool,
                         out_dtype: IntDType,
                     ) -> (QuantizedTensor<Self>, IntTensor<Self>) {
+                        <Self as Decorator>::op_started("q_sort_with_indices", &[]);
                         B::q_sort_with_indices(tensor, dim, descending, out_dtype)
                     }
 
@@ -2253,6 +2789,7 @@ macro_rules! forward_backend {
                         descending: bool,
                         out_dtype: IntDType,
                     ) -> IntTensor<Self> {
+                        <Self as Decorator>::op_started("q_argsort", &[]);
                         B::q_argsort(tensor, dim, descending, out_dtype)
                     }
                 }
@@ -2265,7 +2802,10 @@ macro_rules! forward_backend {
                         weights: FloatTensor<Self>,
                         indices: IntTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::embedding(weights, indices)
+                        let __inputs = <Self as Decorator>::op_started("embedding", &[&weights]);
+                        let __output = B::embedding(weights, indices);
+                        <Self as Decorator>::op_finished("embedding", __inputs, &__output);
+                        __output
                     }
 
                     fn embedding_backward(
@@ -2273,7 +2813,10 @@ macro_rules! forward_backend {
                         output_grad: FloatTensor<Self>,
                         indices: IntTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::embedding_backward(weights, output_grad, indices)
+                        let __inputs = <Self as Decorator>::op_started("embedding_backward", &[&weights, &output_grad]);
+                        let __output = B::embedding_backward(weights, output_grad, indices);
+                        <Self as Decorator>::op_finished("embedding_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn linear(
@@ -2281,25 +2824,37 @@ macro_rules! forward_backend {
                         weight: FloatTensor<Self>,
                         bias: Option<FloatTensor<Self>>,
                     ) -> FloatTensor<Self> {
-                        <Self as Decorator>::linear(x, weight, bias)
+                        let __inputs = <Self as Decorator>::op_started("linear", &[&x, &weight]);
+                        let __output = <Self as Decorator>::linear(x, weight, bias);
+                        <Self as Decorator>::op_finished("linear", __inputs, &__output);
+                        __output
                     }
 
                     fn linear_x_backward(
                         weight: FloatTensor<Self>,
                         output_grad: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        <Self as Decorator>::linear_x_backward(weight, output_grad)
+                        let __inputs = <Self as Decorator>::op_started("linear_x_backward", &[&weight, &output_grad]);
+                        let __output = <Self as Decorator>::linear_x_backward(weight, output_grad);
+                        <Self as Decorator>::op_finished("linear_x_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn linear_weight_backward(
                         x: FloatTensor<Self>,
                         output_grad: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        <Self as Decorator>::linear_weight_backward(x, output_grad)
+                        let __inputs = <Self as Decorator>::op_started("linear_weight_backward", &[&x, &output_grad]);
+                        let __output = <Self as Decorator>::linear_weight_backward(x, output_grad);
+                        <Self as Decorator>::op_finished("linear_weight_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn linear_bias_backward(output_grad: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::linear_bias_backward(output_grad)
+                        let __inputs = <Self as Decorator>::op_started("linear_bias_backward", &[&output_grad]);
+                        let __output = B::linear_bias_backward(output_grad);
+                        <Self as Decorator>::op_finished("linear_bias_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn conv1d(
@@ -2308,7 +2863,10 @@ macro_rules! forward_backend {
                         bias: Option<FloatTensor<Self>>,
                         options: ConvOptions<1>,
                     ) -> FloatTensor<Self> {
-                        B::conv1d(x, weight, bias, options)
+                        let __inputs = <Self as Decorator>::op_started("conv1d", &[&x, &weight]);
+                        let __output = B::conv1d(x, weight, bias, options);
+                        <Self as Decorator>::op_finished("conv1d", __inputs, &__output);
+                        __output
                     }
 
                     fn conv1d_x_backward(
@@ -2317,7 +2875,10 @@ macro_rules! forward_backend {
                         output_grad: FloatTensor<Self>,
                         options: ConvOptions<1>,
                     ) -> FloatTensor<Self> {
-                        B::conv1d_x_backward(x, weight, output_grad, options)
+                        let __inputs = <Self as Decorator>::op_started("conv1d_x_backward", &[&x, &weight, &output_grad]);
+                        let __output = B::conv1d_x_backward(x, weight, output_grad, options);
+                        <Self as Decorator>::op_finished("conv1d_x_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn conv1d_weight_backward(
@@ -2326,7 +2887,10 @@ macro_rules! forward_backend {
                         output_grad: FloatTensor<Self>,
                         options: ConvOptions<1>,
                     ) -> FloatTensor<Self> {
-                        B::conv1d_weight_backward(x, weight, output_grad, options)
+                        let __inputs = <Self as Decorator>::op_started("conv1d_weight_backward", &[&x, &weight, &output_grad]);
+                        let __output = B::conv1d_weight_backward(x, weight, output_grad, options);
+                        <Self as Decorator>::op_finished("conv1d_weight_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn conv1d_bias_backward(
@@ -2334,7 +2898,10 @@ macro_rules! forward_backend {
                         bias: FloatTensor<Self>,
                         output_grad: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::conv1d_bias_backward(x, bias, output_grad)
+                        let __inputs = <Self as Decorator>::op_started("conv1d_bias_backward", &[&x, &bias, &output_grad]);
+                        let __output = B::conv1d_bias_backward(x, bias, output_grad);
+                        <Self as Decorator>::op_finished("conv1d_bias_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn conv2d(
@@ -2343,7 +2910,10 @@ macro_rules! forward_backend {
                         bias: Option<FloatTensor<Self>>,
                         options: ConvOptions<2>,
                     ) -> FloatTensor<Self> {
-                        B::conv2d(x, weight, bias, options)
+                        let __inputs = <Self as Decorator>::op_started("conv2d", &[&x, &weight]);
+                        let __output = B::conv2d(x, weight, bias, options);
+                        <Self as Decorator>::op_finished("conv2d", __inputs, &__output);
+                        __output
                     }
 
                     fn conv2d_x_backward(
@@ -2352,7 +2922,10 @@ macro_rules! forward_backend {
                         output_grad: FloatTensor<Self>,
                         options: ConvOptions<2>,
                     ) -> FloatTensor<Self> {
-                        B::conv2d_x_backward(x, weight, output_grad, options)
+                        let __inputs = <Self as Decorator>::op_started("conv2d_x_backward", &[&x, &weight, &output_grad]);
+                        let __output = B::conv2d_x_backward(x, weight, output_grad, options);
+                        <Self as Decorator>::op_finished("conv2d_x_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn conv2d_weight_backward(
@@ -2361,7 +2934,10 @@ macro_rules! forward_backend {
                         output_grad: FloatTensor<Self>,
                         options: ConvOptions<2>,
                     ) -> FloatTensor<Self> {
-                        B::conv2d_weight_backward(x, weight, output_grad, options)
+                        let __inputs = <Self as Decorator>::op_started("conv2d_weight_backward", &[&x, &weight, &output_grad]);
+                        let __output = B::conv2d_weight_backward(x, weight, output_grad, options);
+                        <Self as Decorator>::op_finished("conv2d_weight_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn conv2d_bias_backward(
@@ -2369,7 +2945,10 @@ macro_rules! forward_backend {
                         bias: FloatTensor<Self>,
                         output_grad: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::conv2d_bias_backward(x, bias, output_grad)
+                        let __inputs = <Self as Decorator>::op_started("conv2d_bias_backward", &[&x, &bias, &output_grad]);
+                        let __output = B::conv2d_bias_backward(x, bias, output_grad);
+                        <Self as Decorator>::op_finished("conv2d_bias_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn deform_conv2d(
@@ -2380,7 +2959,10 @@ macro_rules! forward_backend {
                         bias: Option<FloatTensor<Self>>,
                         options: DeformConvOptions<2>,
                     ) -> FloatTensor<Self> {
-                        B::deform_conv2d(x, offset, weight, mask, bias, options)
+                        let __inputs = <Self as Decorator>::op_started("deform_conv2d", &[&x, &offset, &weight]);
+                        let __output = B::deform_conv2d(x, offset, weight, mask, bias, options);
+                        <Self as Decorator>::op_finished("deform_conv2d", __inputs, &__output);
+                        __output
                     }
 
                     fn deform_conv2d_backward(
@@ -2392,6 +2974,7 @@ macro_rules! forward_backend {
                         output_grad: FloatTensor<Self>,
                         options: DeformConvOptions<2>,
                     ) -> DeformConv2dBackward<Self> {
+                        <Self as Decorator>::op_started("deform_conv2d_backward", &[&x, &offset, &weight, &output_grad]);
                         B::deform_conv2d_backward(
                             x,
                             offset,
@@ -2410,7 +2993,10 @@ macro_rules! forward_backend {
                         bias: Option<FloatTensor<Self>>,
                         options: ConvOptions<3>,
                     ) -> FloatTensor<Self> {
-                        B::conv3d(x, weight, bias, options)
+                        let __inputs = <Self as Decorator>::op_started("conv3d", &[&x, &weight]);
+                        let __output = B::conv3d(x, weight, bias, options);
+                        <Self as Decorator>::op_finished("conv3d", __inputs, &__output);
+                        __output
                     }
 
                     fn conv3d_x_backward(
@@ -2419,7 +3005,10 @@ macro_rules! forward_backend {
                         output_grad: FloatTensor<Self>,
                         options: ConvOptions<3>,
                     ) -> FloatTensor<Self> {
-                        B::conv3d_x_backward(x, weight, output_grad, options)
+                        let __inputs = <Self as Decorator>::op_started("conv3d_x_backward", &[&x, &weight, &output_grad]);
+                        let __output = B::conv3d_x_backward(x, weight, output_grad, options);
+                        <Self as Decorator>::op_finished("conv3d_x_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn conv3d_weight_backward(
@@ -2428,7 +3017,10 @@ macro_rules! forward_backend {
                         output_grad: FloatTensor<Self>,
                         options: ConvOptions<3>,
                     ) -> FloatTensor<Self> {
-                        B::conv3d_weight_backward(x, weight, output_grad, options)
+                        let __inputs = <Self as Decorator>::op_started("conv3d_weight_backward", &[&x, &weight, &output_grad]);
+                        let __output = B::conv3d_weight_backward(x, weight, output_grad, options);
+                        <Self as Decorator>::op_finished("conv3d_weight_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn conv3d_bias_backward(
@@ -2436,7 +3028,10 @@ macro_rules! forward_backend {
                         bias: FloatTensor<Self>,
                         output_grad: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::conv3d_bias_backward(x, bias, output_grad)
+                        let __inputs = <Self as Decorator>::op_started("conv3d_bias_backward", &[&x, &bias, &output_grad]);
+                        let __output = B::conv3d_bias_backward(x, bias, output_grad);
+                        <Self as Decorator>::op_finished("conv3d_bias_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn conv_transpose1d(
@@ -2445,7 +3040,10 @@ macro_rules! forward_backend {
                         bias: Option<FloatTensor<Self>>,
                         options: ConvTransposeOptions<1>,
                     ) -> FloatTensor<Self> {
-                        B::conv_transpose1d(x, weight, bias, options)
+                        let __inputs = <Self as Decorator>::op_started("conv_transpose1d", &[&x, &weight]);
+                        let __output = B::conv_transpose1d(x, weight, bias, options);
+                        <Self as Decorator>::op_finished("conv_transpose1d", __inputs, &__output);
+                        __output
                     }
 
                     fn conv_transpose1d_x_backward(
@@ -2453,7 +3051,10 @@ macro_rules! forward_backend {
                         output_grad: FloatTensor<Self>,
                         options: ConvTransposeOptions<1>,
                     ) -> FloatTensor<Self> {
-                        B::conv_transpose1d_x_backward(weight, output_grad, options)
+                        let __inputs = <Self as Decorator>::op_started("conv_transpose1d_x_backward", &[&weight, &output_grad]);
+                        let __output = B::conv_transpose1d_x_backward(weight, output_grad, options);
+                        <Self as Decorator>::op_finished("conv_transpose1d_x_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn conv_transpose1d_weight_backward(
@@ -2462,7 +3063,10 @@ macro_rules! forward_backend {
                         output_grad: FloatTensor<Self>,
                         options: ConvTransposeOptions<1>,
                     ) -> FloatTensor<Self> {
-                        B::conv_transpose1d_weight_backward(x, weight, output_grad, options)
+                        let __inputs = <Self as Decorator>::op_started("conv_transpose1d_weight_backward", &[&x, &weight, &output_grad]);
+                        let __output = B::conv_transpose1d_weight_backward(x, weight, output_grad, options);
+                        <Self as Decorator>::op_finished("conv_transpose1d_weight_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn conv_transpose1d_bias_backward(
@@ -2470,7 +3074,10 @@ macro_rules! forward_backend {
                         bias: FloatTensor<Self>,
                         output_grad: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::conv_transpose1d_bias_backward(x, bias, output_grad)
+                        let __inputs = <Self as Decorator>::op_started("conv_transpose1d_bias_backward", &[&x, &bias, &output_grad]);
+                        let __output = B::conv_transpose1d_bias_backward(x, bias, output_grad);
+                        <Self as Decorator>::op_finished("conv_transpose1d_bias_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn conv_transpose2d(
@@ -2479,7 +3086,10 @@ macro_rules! forward_backend {
                         bias: Option<FloatTensor<Self>>,
                         options: ConvTransposeOptions<2>,
                     ) -> FloatTensor<Self> {
-                        B::conv_transpose2d(x, weight, bias, options)
+                        let __inputs = <Self as Decorator>::op_started("conv_transpose2d", &[&x, &weight]);
+                        let __output = B::conv_transpose2d(x, weight, bias, options);
+                        <Self as Decorator>::op_finished("conv_transpose2d", __inputs, &__output);
+                        __output
                     }
 
                     fn conv_transpose2d_x_backward(
@@ -2487,7 +3097,10 @@ macro_rules! forward_backend {
                         output_grad: FloatTensor<Self>,
                         options: ConvTransposeOptions<2>,
                     ) -> FloatTensor<Self> {
-                        B::conv_transpose2d_x_backward(weight, output_grad, options)
+                        let __inputs = <Self as Decorator>::op_started("conv_transpose2d_x_backward", &[&weight, &output_grad]);
+                        let __output = B::conv_transpose2d_x_backward(weight, output_grad, options);
+                        <Self as Decorator>::op_finished("conv_transpose2d_x_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn conv_transpose2d_weight_backward(
@@ -2496,7 +3109,10 @@ macro_rules! forward_backend {
                         output_grad: FloatTensor<Self>,
                         options: ConvTransposeOptions<2>,
                     ) -> FloatTensor<Self> {
-                        B::conv_transpose2d_weight_backward(x, weight, output_grad, options)
+                        let __inputs = <Self as Decorator>::op_started("conv_transpose2d_weight_backward", &[&x, &weight, &output_grad]);
+                        let __output = B::conv_transpose2d_weight_backward(x, weight, output_grad, options);
+                        <Self as Decorator>::op_finished("conv_transpose2d_weight_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn conv_transpose2d_bias_backward(
@@ -2504,7 +3120,10 @@ macro_rules! forward_backend {
                         bias: FloatTensor<Self>,
                         output_grad: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::conv_transpose2d_bias_backward(x, bias, output_grad)
+                        let __inputs = <Self as Decorator>::op_started("conv_transpose2d_bias_backward", &[&x, &bias, &output_grad]);
+                        let __output = B::conv_transpose2d_bias_backward(x, bias, output_grad);
+                        <Self as Decorator>::op_finished("conv_transpose2d_bias_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn conv_transpose3d(
@@ -2513,7 +3132,10 @@ macro_rules! forward_backend {
                         bias: Option<FloatTensor<Self>>,
                         options: ConvTransposeOptions<3>,
                     ) -> FloatTensor<Self> {
-                        B::conv_transpose3d(x, weight, bias, options)
+                        let __inputs = <Self as Decorator>::op_started("conv_transpose3d", &[&x, &weight]);
+                        let __output = B::conv_transpose3d(x, weight, bias, options);
+                        <Self as Decorator>::op_finished("conv_transpose3d", __inputs, &__output);
+                        __output
                     }
 
                     fn conv_transpose3d_x_backward(
@@ -2521,7 +3143,10 @@ macro_rules! forward_backend {
                         output_grad: FloatTensor<Self>,
                         options: ConvTransposeOptions<3>,
                     ) -> FloatTensor<Self> {
-                        B::conv_transpose3d_x_backward(weight, output_grad, options)
+                        let __inputs = <Self as Decorator>::op_started("conv_transpose3d_x_backward", &[&weight, &output_grad]);
+                        let __output = B::conv_transpose3d_x_backward(weight, output_grad, options);
+                        <Self as Decorator>::op_finished("conv_transpose3d_x_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn conv_transpose3d_weight_backward(
@@ -2530,7 +3155,10 @@ macro_rules! forward_backend {
                         output_grad: FloatTensor<Self>,
                         options: ConvTransposeOptions<3>,
                     ) -> FloatTensor<Self> {
-                        B::conv_transpose3d_weight_backward(x, weight, output_grad, options)
+                        let __inputs = <Self as Decorator>::op_started("conv_transpose3d_weight_backward", &[&x, &weight, &output_grad]);
+                        let __output = B::conv_transpose3d_weight_backward(x, weight, output_grad, options);
+                        <Self as Decorator>::op_finished("conv_transpose3d_weight_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn conv_transpose3d_bias_backward(
@@ -2538,7 +3166,10 @@ macro_rules! forward_backend {
                         bias: FloatTensor<Self>,
                         output_grad: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::conv_transpose3d_bias_backward(x, bias, output_grad)
+                        let __inputs = <Self as Decorator>::op_started("conv_transpose3d_bias_backward", &[&x, &bias, &output_grad]);
+                        let __output = B::conv_transpose3d_bias_backward(x, bias, output_grad);
+                        <Self as Decorator>::op_finished("conv_transpose3d_bias_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn unfold4d(
@@ -2546,7 +3177,10 @@ macro_rules! forward_backend {
                         kernel_size: [usize; 2],
                         options: UnfoldOptions,
                     ) -> FloatTensor<Self> {
-                        B::unfold4d(x, kernel_size, options)
+                        let __inputs = <Self as Decorator>::op_started("unfold4d", &[&x]);
+                        let __output = B::unfold4d(x, kernel_size, options);
+                        <Self as Decorator>::op_finished("unfold4d", __inputs, &__output);
+                        __output
                     }
 
                     fn avg_pool1d(
@@ -2557,7 +3191,10 @@ macro_rules! forward_backend {
                         count_include_pad: bool,
                         ceil_mode: bool,
                     ) -> FloatTensor<Self> {
-                        B::avg_pool1d(x, kernel_size, stride, padding, count_include_pad, ceil_mode)
+                        let __inputs = <Self as Decorator>::op_started("avg_pool1d", &[&x]);
+                        let __output = B::avg_pool1d(x, kernel_size, stride, padding, count_include_pad, ceil_mode);
+                        <Self as Decorator>::op_finished("avg_pool1d", __inputs, &__output);
+                        __output
                     }
 
                     fn avg_pool1d_backward(
@@ -2569,15 +3206,10 @@ macro_rules! forward_backend {
                         count_include_pad: bool,
                         ceil_mode: bool,
                     ) -> FloatTensor<Self> {
-                        B::avg_pool1d_backward(
-                            x,
-                            grad,
-                            kernel_size,
-                            stride,
-                            padding,
-                            count_include_pad,
-                            ceil_mode,
-                        )
+                        let __inputs = <Self as Decorator>::op_started("avg_pool1d_backward", &[&x, &grad]);
+                        let __output = B::avg_pool1d_backward(x, grad, kernel_size, stride, padding, count_include_pad, ceil_mode);
+                        <Self as Decorator>::op_finished("avg_pool1d_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn avg_pool2d(
@@ -2588,7 +3220,10 @@ macro_rules! forward_backend {
                         count_include_pad: bool,
                         ceil_mode: bool,
                     ) -> FloatTensor<Self> {
-                        B::avg_pool2d(x, kernel_size, stride, padding, count_include_pad, ceil_mode)
+                        let __inputs = <Self as Decorator>::op_started("avg_pool2d", &[&x]);
+                        let __output = B::avg_pool2d(x, kernel_size, stride, padding, count_include_pad, ceil_mode);
+                        <Self as Decorator>::op_finished("avg_pool2d", __inputs, &__output);
+                        __output
                     }
 
                     fn avg_pool2d_backward(
@@ -2600,43 +3235,50 @@ macro_rules! forward_backend {
                         count_include_pad: bool,
                         ceil_mode: bool,
                     ) -> FloatTensor<Self> {
-                        B::avg_pool2d_backward(
-                            x,
-                            grad,
-                            kernel_size,
-                            stride,
-                            padding,
-                            count_include_pad,
-                            ceil_mode,
-                        )
+                        let __inputs = <Self as Decorator>::op_started("avg_pool2d_backward", &[&x, &grad]);
+                        let __output = B::avg_pool2d_backward(x, grad, kernel_size, stride, padding, count_include_pad, ceil_mode);
+                        <Self as Decorator>::op_finished("avg_pool2d_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn adaptive_avg_pool2d(
                         x: FloatTensor<Self>,
                         output_size: [usize; 2],
                     ) -> FloatTensor<Self> {
-                        B::adaptive_avg_pool2d(x, output_size)
+                        let __inputs = <Self as Decorator>::op_started("adaptive_avg_pool2d", &[&x]);
+                        let __output = B::adaptive_avg_pool2d(x, output_size);
+                        <Self as Decorator>::op_finished("adaptive_avg_pool2d", __inputs, &__output);
+                        __output
                     }
 
                     fn adaptive_avg_pool2d_backward(
                         x: FloatTensor<Self>,
                         grad: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::adaptive_avg_pool2d_backward(x, grad)
+                        let __inputs = <Self as Decorator>::op_started("adaptive_avg_pool2d_backward", &[&x, &grad]);
+                        let __output = B::adaptive_avg_pool2d_backward(x, grad);
+                        <Self as Decorator>::op_finished("adaptive_avg_pool2d_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn adaptive_avg_pool1d(
                         x: FloatTensor<Self>,
                         output_size: usize,
                     ) -> FloatTensor<Self> {
-                        B::adaptive_avg_pool1d(x, output_size)
+                        let __inputs = <Self as Decorator>::op_started("adaptive_avg_pool1d", &[&x]);
+                        let __output = B::adaptive_avg_pool1d(x, output_size);
+                        <Self as Decorator>::op_finished("adaptive_avg_pool1d", __inputs, &__output);
+                        __output
                     }
 
                     fn adaptive_avg_pool1d_backward(
                         x: FloatTensor<Self>,
                         grad: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::adaptive_avg_pool1d_backward(x, grad)
+                        let __inputs = <Self as Decorator>::op_started("adaptive_avg_pool1d_backward", &[&x, &grad]);
+                        let __output = B::adaptive_avg_pool1d_backward(x, grad);
+                        <Self as Decorator>::op_finished("adaptive_avg_pool1d_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn max_pool1d(
@@ -2647,7 +3289,10 @@ macro_rules! forward_backend {
                         dilation: usize,
                         ceil_mode: bool,
                     ) -> FloatTensor<Self> {
-                        B::max_pool1d(x, kernel_size, stride, padding, dilation, ceil_mode)
+                        let __inputs = <Self as Decorator>::op_started("max_pool1d", &[&x]);
+                        let __output = B::max_pool1d(x, kernel_size, stride, padding, dilation, ceil_mode);
+                        <Self as Decorator>::op_finished("max_pool1d", __inputs, &__output);
+                        __output
                     }
 
                     fn max_pool1d_with_indices(
@@ -2658,6 +3303,7 @@ macro_rules! forward_backend {
                         dilation: usize,
                         ceil_mode: bool,
                     ) -> MaxPool1dWithIndices<Self> {
+                        <Self as Decorator>::op_started("max_pool1d_with_indices", &[&x]);
                         B::max_pool1d_with_indices(
                             x,
                             kernel_size,
@@ -2679,6 +3325,7 @@ macro_rules! forward_backend {
                         output_grad: FloatTensor<Self>,
                         indices: IntTensor<Self>,
                     ) -> MaxPool1dBackward<Self> {
+                        <Self as Decorator>::op_started("max_pool1d_with_indices_backward", &[&x, &output_grad]);
                         B::max_pool1d_with_indices_backward(
                             x,
                             kernel_size,
@@ -2700,7 +3347,10 @@ macro_rules! forward_backend {
                         dilation: [usize; 2],
                         ceil_mode: bool,
                     ) -> FloatTensor<Self> {
-                        B::max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode)
+                        let __inputs = <Self as Decorator>::op_started("max_pool2d", &[&x]);
+                        let __output = B::max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode);
+                        <Self as Decorator>::op_finished("max_pool2d", __inputs, &__output);
+                        __output
                     }
 
                     fn max_pool2d_with_indices(
@@ -2711,6 +3361,7 @@ macro_rules! forward_backend {
                         dilation: [usize; 2],
                         ceil_mode: bool,
                     ) -> MaxPool2dWithIndices<Self> {
+                        <Self as Decorator>::op_started("max_pool2d_with_indices", &[&x]);
                         B::max_pool2d_with_indices(
                             x,
                             kernel_size,
@@ -2732,6 +3383,7 @@ macro_rules! forward_backend {
                         output_grad: FloatTensor<Self>,
                         indices: IntTensor<Self>,
                     ) -> MaxPool2dBackward<Self> {
+                        <Self as Decorator>::op_started("max_pool2d_with_indices_backward", &[&x, &output_grad]);
                         B::max_pool2d_with_indices_backward(
                             x,
                             kernel_size,
@@ -2750,7 +3402,10 @@ macro_rules! forward_backend {
                         output_size: [usize; 2],
                         options: InterpolateOptions,
                     ) -> FloatTensor<Self> {
-                        B::interpolate(x, output_size, options)
+                        let __inputs = <Self as Decorator>::op_started("interpolate", &[&x]);
+                        let __output = B::interpolate(x, output_size, options);
+                        <Self as Decorator>::op_finished("interpolate", __inputs, &__output);
+                        __output
                     }
 
                     fn interpolate_backward(
@@ -2759,7 +3414,10 @@ macro_rules! forward_backend {
                         output_size: [usize; 2],
                         options: InterpolateOptions,
                     ) -> FloatTensor<Self> {
-                        B::interpolate_backward(x, grad, output_size, options)
+                        let __inputs = <Self as Decorator>::op_started("interpolate_backward", &[&x, &grad]);
+                        let __output = B::interpolate_backward(x, grad, output_size, options);
+                        <Self as Decorator>::op_finished("interpolate_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn attention(
@@ -2770,7 +3428,10 @@ macro_rules! forward_backend {
                         attn_bias: Option<FloatTensor<Self>>,
                         options: AttentionModuleOptions,
                     ) -> FloatTensor<Self> {
-                        B::attention(query, key, value, mask, attn_bias, options)
+                        let __inputs = <Self as Decorator>::op_started("attention", &[&query, &key, &value]);
+                        let __output = B::attention(query, key, value, mask, attn_bias, options);
+                        <Self as Decorator>::op_finished("attention", __inputs, &__output);
+                        __output
                     }
 
                     fn layer_norm(
@@ -2779,7 +3440,10 @@ macro_rules! forward_backend {
                         beta: Option<FloatTensor<Self>>,
                         epsilon: f64,
                     ) -> FloatTensor<Self> {
-                        B::layer_norm(tensor, gamma, beta, epsilon)
+                        let __inputs = <Self as Decorator>::op_started("layer_norm", &[&tensor, &gamma]);
+                        let __output = B::layer_norm(tensor, gamma, beta, epsilon);
+                        <Self as Decorator>::op_finished("layer_norm", __inputs, &__output);
+                        __output
                     }
 
                     fn ctc_loss(
@@ -2789,10 +3453,14 @@ macro_rules! forward_backend {
                         target_lengths: IntTensor<Self>,
                         blank: usize,
                     ) -> FloatTensor<Self> {
-                        B::ctc_loss(log_probs, targets, input_lengths, target_lengths, blank)
+                        let __inputs = <Self as Decorator>::op_started("ctc_loss", &[&log_probs]);
+                        let __output = B::ctc_loss(log_probs, targets, input_lengths, target_lengths, blank);
+                        <Self as Decorator>::op_finished("ctc_loss", __inputs, &__output);
+                        __output
                     }
 
                     fn has_ctc_loss_backward() -> bool {
+                        <Self as Decorator>::op_started("has_ctc_loss_backward", &[]);
                         B::has_ctc_loss_backward()
                     }
 
@@ -2804,14 +3472,10 @@ macro_rules! forward_backend {
                         grad_loss: FloatTensor<Self>,
                         blank: usize,
                     ) -> FloatTensor<Self> {
-                        B::ctc_loss_backward(
-                            log_probs,
-                            targets,
-                            input_lengths,
-                            target_lengths,
-                            grad_loss,
-                            blank,
-                        )
+                        let __inputs = <Self as Decorator>::op_started("ctc_loss_backward", &[&log_probs, &grad_loss]);
+                        let __output = B::ctc_loss_backward(log_probs, targets, input_lengths, target_lengths, grad_loss, blank);
+                        <Self as Decorator>::op_finished("ctc_loss_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn rfft(
@@ -2819,6 +3483,7 @@ macro_rules! forward_backend {
                         dim: usize,
                         n: Option<usize>,
                     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+                        <Self as Decorator>::op_started("rfft", &[&signal]);
                         B::rfft(signal, dim, n)
                     }
 
@@ -2828,7 +3493,10 @@ macro_rules! forward_backend {
                         dim: usize,
                         n: Option<usize>,
                     ) -> FloatTensor<Self> {
-                        B::irfft(spectrum_re, spectrum_im, dim, n)
+                        let __inputs = <Self as Decorator>::op_started("irfft", &[&spectrum_re, &spectrum_im]);
+                        let __output = B::irfft(spectrum_re, spectrum_im, dim, n);
+                        <Self as Decorator>::op_finished("irfft", __inputs, &__output);
+                        __output
                     }
                 }
 
@@ -2840,47 +3508,71 @@ macro_rules! forward_backend {
                         tensor: FloatTensor<Self>,
                         negative_slope: Scalar,
                     ) -> FloatTensor<Self> {
-                        B::leaky_relu(tensor, negative_slope)
+                        let __inputs = <Self as Decorator>::op_started("leaky_relu", &[&tensor]);
+                        let __output = B::leaky_relu(tensor, negative_slope);
+                        <Self as Decorator>::op_finished("leaky_relu", __inputs, &__output);
+                        __output
                     }
 
                     fn relu(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::relu(tensor)
+                        let __inputs = <Self as Decorator>::op_started("relu", &[&tensor]);
+                        let __output = B::relu(tensor);
+                        <Self as Decorator>::op_finished("relu", __inputs, &__output);
+                        __output
                     }
 
                     fn relu_backward(
                         output: FloatTensor<Self>,
                         grad: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::relu_backward(output, grad)
+                        let __inputs = <Self as Decorator>::op_started("relu_backward", &[&output, &grad]);
+                        let __output = B::relu_backward(output, grad);
+                        <Self as Decorator>::op_finished("relu_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn gelu(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::gelu(tensor)
+                        let __inputs = <Self as Decorator>::op_started("gelu", &[&tensor]);
+                        let __output = B::gelu(tensor);
+                        <Self as Decorator>::op_finished("gelu", __inputs, &__output);
+                        __output
                     }
 
                     fn prelu(
                         tensor: FloatTensor<Self>,
                         alpha: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::prelu(tensor, alpha)
+                        let __inputs = <Self as Decorator>::op_started("prelu", &[&tensor, &alpha]);
+                        let __output = B::prelu(tensor, alpha);
+                        <Self as Decorator>::op_finished("prelu", __inputs, &__output);
+                        __output
                     }
 
                     fn gelu_backward(
                         x: FloatTensor<Self>,
                         grad: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::gelu_backward(x, grad)
+                        let __inputs = <Self as Decorator>::op_started("gelu_backward", &[&x, &grad]);
+                        let __output = B::gelu_backward(x, grad);
+                        <Self as Decorator>::op_finished("gelu_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn sigmoid(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::sigmoid(tensor)
+                        let __inputs = <Self as Decorator>::op_started("sigmoid", &[&tensor]);
+                        let __output = B::sigmoid(tensor);
+                        <Self as Decorator>::op_finished("sigmoid", __inputs, &__output);
+                        __output
                     }
 
                     fn sigmoid_backward(
                         output: FloatTensor<Self>,
                         grad: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::sigmoid_backward(output, grad)
+                        let __inputs = <Self as Decorator>::op_started("sigmoid_backward", &[&output, &grad]);
+                        let __output = B::sigmoid_backward(output, grad);
+                        <Self as Decorator>::op_finished("sigmoid_backward", __inputs, &__output);
+                        __output
                     }
 
                     fn hard_sigmoid(
@@ -2888,30 +3580,48 @@ macro_rules! forward_backend {
                         alpha: Scalar,
                         beta: Scalar,
                     ) -> FloatTensor<Self> {
-                        B::hard_sigmoid(tensor, alpha, beta)
+                        let __inputs = <Self as Decorator>::op_started("hard_sigmoid", &[&tensor]);
+                        let __output = B::hard_sigmoid(tensor, alpha, beta);
+                        <Self as Decorator>::op_finished("hard_sigmoid", __inputs, &__output);
+                        __output
                     }
 
                     fn log_sigmoid(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-                        B::log_sigmoid(tensor)
+                        let __inputs = <Self as Decorator>::op_started("log_sigmoid", &[&tensor]);
+                        let __output = B::log_sigmoid(tensor);
+                        <Self as Decorator>::op_finished("log_sigmoid", __inputs, &__output);
+                        __output
                     }
 
                     fn softmax(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-                        B::softmax(tensor, dim)
+                        let __inputs = <Self as Decorator>::op_started("softmax", &[&tensor]);
+                        let __output = B::softmax(tensor, dim);
+                        <Self as Decorator>::op_finished("softmax", __inputs, &__output);
+                        __output
                     }
 
                     fn log_softmax(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-                        B::log_softmax(tensor, dim)
+                        let __inputs = <Self as Decorator>::op_started("log_softmax", &[&tensor]);
+                        let __output = B::log_softmax(tensor, dim);
+                        <Self as Decorator>::op_finished("log_softmax", __inputs, &__output);
+                        __output
                     }
 
                     fn softmin(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-                        B::softmin(tensor, dim)
+                        let __inputs = <Self as Decorator>::op_started("softmin", &[&tensor]);
+                        let __output = B::softmin(tensor, dim);
+                        <Self as Decorator>::op_finished("softmin", __inputs, &__output);
+                        __output
                     }
 
                     fn log_sigmoid_backward(
                         x: FloatTensor<Self>,
                         grad: FloatTensor<Self>,
                     ) -> FloatTensor<Self> {
-                        B::log_sigmoid_backward(x, grad)
+                        let __inputs = <Self as Decorator>::op_started("log_sigmoid_backward", &[&x, &grad]);
+                        let __output = B::log_sigmoid_backward(x, grad);
+                        <Self as Decorator>::op_finished("log_sigmoid_backward", __inputs, &__output);
+                        __output
                     }
                 }
 
@@ -2922,6 +3632,7 @@ macro_rules! forward_backend {
                     fn tr_execute(
                         transaction: TransactionPrimitive<Self>,
                     ) -> impl Future<Output = Result<TransactionPrimitiveData, ExecutionError>> + Send {
+                        <Self as Decorator>::op_started("tr_execute", &[]);
                         B::tr_execute(transaction.rebrand())
                     }
                 }

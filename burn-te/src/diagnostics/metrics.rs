@@ -1,0 +1,406 @@
+//! Counters and metrics in the layout of torch-xla's `torch_xla.debug.metrics`.
+//!
+//! A *counter* is a number that only grows (ops issued by name, GEMMs by precision, kernel launches, transfers); a
+//! *metric* keeps samples (step time, read-back time, transfer sizes, GEMM execute time) and reports their count,
+//! sum, rates and percentiles. [`metrics_report`] prints both as torch-xla does:
+//!
+//! ```text
+//! Metric: StepTime
+//!   TotalSamples: 3
+//!   Accumulator: 186ms062.970us
+//!   ValueRate: 549ms937.108us / second
+//!   Rate: 10.8372 / second
+//!   Percentiles: 1%=…; 5%=…; 10%=…; 20%=…; 50%=…; 80%=…; 90%=…; 95%=…; 99%=…
+//! Counter: burn::float_add
+//!   Value: 7
+//! ```
+//!
+//! Each thread records into its own registry (a data-parallel peer's thread can read its own counts with
+//! [`thread_counter_value`]); the report sums all threads. Recording is a lock of an uncontended mutex and a
+//! hash-map update, cheap enough to leave on (`benches/
+//! debug_overhead.rs` measures it); [`DiagnosticsConfig::counters`](super::DiagnosticsConfig) turns it off.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How a metric's values print.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetricUnit {
+    /// Nanoseconds, printed as torch-xla prints durations (`186ms062.970us`).
+    Time,
+    /// Bytes, printed in binary units (`4.00MB`).
+    Bytes,
+    /// Plain numbers (`9.00`).
+    Number,
+}
+
+/// The samples of one metric, as [`metric_data`] returns them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MetricData {
+    /// How the values print.
+    pub unit: MetricUnit,
+    /// Samples recorded since the last [`clear_all`] (all of them, including those no longer kept).
+    pub total_samples: u64,
+    /// The sum of all samples (nanoseconds for [`MetricUnit::Time`]).
+    pub accumulator: f64,
+    /// The most recent samples (at most [`KEPT_SAMPLES`]), oldest first: when each was recorded and its value.
+    pub samples: Vec<(Instant, f64)>,
+}
+
+/// How many recent samples a metric keeps for its rates and percentiles (torch-xla keeps 1024).
+pub const KEPT_SAMPLES: usize = 1024;
+
+/// The percentiles the report prints.
+pub const PERCENTILES: [f64; 9] = [1.0, 5.0, 10.0, 20.0, 50.0, 80.0, 90.0, 95.0, 99.0];
+
+#[derive(Default)]
+struct Registry {
+    /// Ops as the decorator sees them, by their static name (no allocation on the hot path).
+    ops: HashMap<&'static str, u64>,
+    counters: HashMap<String, u64>,
+    metrics: HashMap<String, MetricData>,
+}
+
+impl Registry {
+    /// Adds `other`'s counts and samples into `self` (samples merged in time order, the newest kept).
+    fn merge(&mut self, other: &Registry) {
+        for (op, value) in &other.ops {
+            *self.ops.entry(op).or_insert(0) += value;
+        }
+        for (name, value) in &other.counters {
+            *self.counters.entry(name.clone()).or_insert(0) += value;
+        }
+        for (name, data) in &other.metrics {
+            match self.metrics.get_mut(name) {
+                None => {
+                    self.metrics.insert(name.clone(), data.clone());
+                }
+                Some(metric) => {
+                    metric.total_samples += data.total_samples;
+                    metric.accumulator += data.accumulator;
+                    metric.samples.extend(data.samples.iter().copied());
+                    metric.samples.sort_by_key(|(at, _)| *at);
+                    let excess = metric.samples.len().saturating_sub(KEPT_SAMPLES);
+                    metric.samples.drain(..excess);
+                }
+            }
+        }
+    }
+
+    fn counter(&self, name: &str) -> Option<u64> {
+        match name.strip_prefix(OP_PREFIX) {
+            Some(op) if self.ops.contains_key(op) => self.ops.get(op).copied(),
+            _ => self.counters.get(name).copied(),
+        }
+    }
+}
+
+type Shared = Arc<Mutex<Registry>>;
+
+static ENABLED: AtomicBool = AtomicBool::new(true);
+/// Every thread's registry (kept after the thread ends, so its counts stay in the report).
+static THREADS: Mutex<Vec<Shared>> = Mutex::new(Vec::new());
+
+thread_local! {
+    /// This thread's registry: recording locks only it (uncontended), the report sums all.
+    static LOCAL: Shared = {
+        let registry = Shared::default();
+        THREADS.lock().unwrap_or_else(|p| p.into_inner()).push(registry.clone());
+        registry
+    };
+}
+
+fn with_local<T>(f: impl FnOnce(&mut Registry) -> T) -> T {
+    LOCAL.with(|r| f(&mut r.lock().unwrap_or_else(|p| p.into_inner())))
+}
+
+/// All threads' counts and samples, merged.
+fn merged() -> Registry {
+    let threads: Vec<Shared> = THREADS.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let mut all = Registry::default();
+    for registry in threads {
+        all.merge(&registry.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+    all
+}
+
+/// Whether counters and metrics record (on by default).
+#[inline]
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+pub(crate) fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// The prefix of the counters of ops as the decorator sees them (`burn::float_add`), the analogue of torch-xla's
+/// `xla::addmm`.
+pub const OP_PREFIX: &str = "burn::";
+
+/// Counts one op issued through `Te<B>`.
+#[inline]
+pub(crate) fn count_op(op: &'static str) {
+    if enabled() {
+        with_local(|r| *r.ops.entry(op).or_insert(0) += 1);
+    }
+}
+
+/// Adds `by` to the counter `name`.
+pub fn increment_counter(name: &str, by: u64) {
+    if !enabled() {
+        return;
+    }
+    with_local(|r| match r.counters.get_mut(name) {
+        Some(value) => *value += by,
+        None => {
+            r.counters.insert(name.to_string(), by);
+        }
+    });
+}
+
+/// Records one sample of the metric `name`.
+pub fn record_metric(name: &str, unit: MetricUnit, value: f64) {
+    if !enabled() {
+        return;
+    }
+    let now = Instant::now();
+    with_local(|r| {
+        let metric = r
+            .metrics
+            .entry(name.to_string())
+            .or_insert_with(|| MetricData {
+                unit,
+                total_samples: 0,
+                accumulator: 0.0,
+                samples: Vec::new(),
+            });
+        metric.total_samples += 1;
+        metric.accumulator += value;
+        if metric.samples.len() == KEPT_SAMPLES {
+            metric.samples.remove(0);
+        }
+        metric.samples.push((now, value));
+    });
+}
+
+/// Records a duration sample of the metric `name`.
+pub fn record_time(name: &str, duration: Duration) {
+    record_metric(name, MetricUnit::Time, duration.as_nanos() as f64);
+}
+
+/// The names of the counters with a value, sorted (ops as `burn::<op>`).
+pub fn counter_names() -> Vec<String> {
+    let all = merged();
+    let mut names: Vec<String> = all
+        .ops
+        .keys()
+        .map(|op| format!("{OP_PREFIX}{op}"))
+        .chain(all.counters.keys().cloned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The value of the counter `name` over all threads (`None` if it never counted).
+pub fn counter_value(name: &str) -> Option<u64> {
+    merged().counter(name)
+}
+
+/// The value of the counter `name` on this thread only (e.g. one data-parallel peer's thread).
+pub fn thread_counter_value(name: &str) -> Option<u64> {
+    with_local(|r| r.counter(name))
+}
+
+/// The names of the metrics with samples, sorted.
+pub fn metric_names() -> Vec<String> {
+    let mut names: Vec<String> = merged().metrics.keys().cloned().collect();
+    names.sort();
+    names
+}
+
+/// The samples of the metric `name` over all threads (`None` if it has none).
+pub fn metric_data(name: &str) -> Option<MetricData> {
+    merged().metrics.get(name).cloned()
+}
+
+/// The samples of the metric `name` recorded on this thread.
+pub fn thread_metric_data(name: &str) -> Option<MetricData> {
+    with_local(|r| r.metrics.get(name).cloned())
+}
+
+/// Forgets every counter and metric, of every thread.
+pub fn clear_all() {
+    let threads: Vec<Shared> = THREADS.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for registry in threads {
+        *registry.lock().unwrap_or_else(|p| p.into_inner()) = Registry::default();
+    }
+}
+
+/// The value at percentile `p` (0–100) of `sorted` by the nearest-rank rule: the smallest value with at least
+/// `p`% of the samples at or below it (`None` for no samples).
+pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+/// A duration in nanoseconds as torch-xla prints it: the units from the largest nonzero one down, each but the
+/// first zero-padded (`09s969ms486.408us`, `186ms062.970us`, `108.403us`).
+pub fn format_time(nanos: f64) -> String {
+    let total = nanos.max(0.0).round() as u128;
+    const UNITS: [(&str, u128, usize); 5] = [
+        ("d", 86_400_000_000_000, 2),
+        ("h", 3_600_000_000_000, 2),
+        ("m", 60_000_000_000, 2),
+        ("s", 1_000_000_000, 2),
+        ("ms", 1_000_000, 3),
+    ];
+    let mut out = String::new();
+    let mut rest = total;
+    for (suffix, scale, width) in UNITS {
+        let value = rest / scale;
+        if value > 0 || !out.is_empty() {
+            let _ = write!(out, "{value:0width$}{suffix}");
+            rest %= scale;
+        }
+    }
+    let _ = write!(out, "{:03}.{:03}us", rest / 1000, rest % 1000);
+    out
+}
+
+/// Bytes in binary units with two decimals (`512.00B`, `4.00MB`), as torch-xla prints sizes.
+pub fn format_bytes(bytes: f64) -> String {
+    const UNITS: [&str; 6] = ["B", "KB", "MB", "GB", "TB", "PB"];
+    let mut value = bytes;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.2}{}", UNITS[unit])
+}
+
+/// A value in a metric's unit.
+fn format_value(unit: MetricUnit, value: f64) -> String {
+    match unit {
+        MetricUnit::Time => format_time(value),
+        MetricUnit::Bytes => format_bytes(value),
+        MetricUnit::Number => format!("{value:.2}"),
+    }
+}
+
+/// A rate with six significant digits, as C++ streams print doubles (`108.372`, `0.665369`).
+fn format_rate(value: f64) -> String {
+    if value == 0.0 || !value.is_finite() {
+        return format!("{value}");
+    }
+    let digits = 6 - 1 - value.abs().log10().floor() as i32;
+    let text = format!("{:.*}", digits.max(0) as usize, value);
+    if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        text
+    }
+}
+
+/// One metric's block of the report.
+fn metric_block(out: &mut String, name: &str, data: &MetricData) {
+    let _ = writeln!(out, "Metric: {name}");
+    let _ = writeln!(out, "  TotalSamples: {}", data.total_samples);
+    let _ = writeln!(
+        out,
+        "  Accumulator: {}",
+        format_value(data.unit, data.accumulator)
+    );
+    if let (Some(first), Some(last)) = (data.samples.first(), data.samples.last()) {
+        let window = last.0.duration_since(first.0).as_secs_f64();
+        if data.samples.len() > 1 && window > 0.0 {
+            let sum: f64 = data.samples.iter().map(|(_, v)| v).sum();
+            let _ = writeln!(
+                out,
+                "  ValueRate: {} / second",
+                format_value(data.unit, sum / window)
+            );
+            let _ = writeln!(
+                out,
+                "  Rate: {} / second",
+                format_rate(data.samples.len() as f64 / window)
+            );
+        }
+    }
+    let mut sorted: Vec<f64> = data.samples.iter().map(|(_, v)| *v).collect();
+    sorted.sort_by(f64::total_cmp);
+    let percentiles: Vec<String> = PERCENTILES
+        .iter()
+        .filter_map(|&p| {
+            percentile(&sorted, p).map(|v| format!("{p}%={}", format_value(data.unit, v)))
+        })
+        .collect();
+    if !percentiles.is_empty() {
+        let _ = writeln!(out, "  Percentiles: {}", percentiles.join("; "));
+    }
+}
+
+fn counter_block(out: &mut String, name: &str, value: u64) {
+    let _ = writeln!(out, "Counter: {name}\n  Value: {value}");
+}
+
+/// The metrics named `keep` (all of them for `None`) and the counters whose name passes `keep_counter`, as text.
+fn report(keep: Option<&[&str]>, keep_counter: impl Fn(&str) -> bool) -> String {
+    let all = merged();
+    let (metrics, counters) = (|r: &Registry| {
+        let mut metrics: Vec<(String, MetricData)> = r
+            .metrics
+            .iter()
+            .filter(|(name, _)| keep.is_none_or(|keep| keep.contains(&name.as_str())))
+            .map(|(n, d)| (n.clone(), d.clone()))
+            .collect();
+        metrics.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut counters: Vec<(String, u64)> = r
+            .ops
+            .iter()
+            .map(|(op, v)| (format!("{OP_PREFIX}{op}"), *v))
+            .chain(r.counters.iter().map(|(n, v)| (n.clone(), *v)))
+            .filter(|(name, _)| keep_counter(name))
+            .collect();
+        counters.sort();
+        (metrics, counters)
+    })(&all);
+    let mut out = String::new();
+    for (name, data) in &metrics {
+        metric_block(&mut out, name, data);
+    }
+    for (name, value) in counters {
+        counter_block(&mut out, &name, value);
+    }
+    out
+}
+
+/// Every metric and counter in torch-xla's layout: `Metric:` blocks (sorted by name), then `Counter:` blocks.
+pub fn metrics_report() -> String {
+    report(None, |_| true)
+}
+
+/// The metrics and counters that answer "is the step healthy": step, read-back and GEMM times, GEMMs by precision,
+/// fallbacks, non-finite values and transfers (torch-xla's `short_metrics_report`).
+pub fn short_metrics_report() -> String {
+    report(
+        Some(&[
+            super::names::STEP_TIME,
+            super::names::READ_BACK_TIME,
+            super::names::GEMM_EXECUTE_TIME,
+        ]),
+        |name| {
+            name.starts_with("Gemm")
+                || name.starts_with("NonFinite")
+                || name.starts_with("DeviceToHost")
+                || name.starts_with("HostToDevice")
+        },
+    )
+}

@@ -1,0 +1,147 @@
+//! The hooks `Te<B>` calls: every op (counted, checked in eager mode), every layer GEMM (span, execute time,
+//! non-finite tracking, snapshots) and every transfer (count, bytes, read-back time).
+
+use core::future::Future;
+use std::cell::Cell;
+use std::time::Instant;
+
+use burn::tensor::TensorMetadata;
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+
+use super::{eager, flags, metrics, names, nonfinite, read_env, snapshot};
+use crate::backend::TeBackend;
+use crate::recipe::Recipe;
+use crate::site::GemmSite;
+
+thread_local! {
+    /// Set by a layer GEMM that checked its own output (with its site), so that the op that issued it (Burn's
+    /// `linear`) does not check it again; cleared when the next op starts.
+    static GEMM_CHECKED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// `Te<B>`'s [`Decorator::op_started`](crate::Decorator::op_started): counts the op; in eager mode, keeps its float
+/// inputs for a snapshot of the op if its output is not finite.
+#[inline]
+pub fn op_started<B: Backend>(
+    op: &'static str,
+    inputs: &[&FloatTensor<B>],
+) -> Option<Vec<FloatTensor<B>>> {
+    metrics::count_op(op);
+    read_env();
+    if !flags().eager {
+        return None;
+    }
+    GEMM_CHECKED.with(|c| c.set(false));
+    Some(inputs.iter().map(|t| (*t).clone()).collect())
+}
+
+/// `Te<B>`'s [`Decorator::op_finished`](crate::Decorator::op_finished): in eager mode, syncs and checks the output.
+#[inline]
+pub fn op_finished<B: TeBackend>(
+    op: &'static str,
+    inputs: Option<Vec<FloatTensor<B>>>,
+    output: &FloatTensor<B>,
+) {
+    if !flags().eager || GEMM_CHECKED.with(|c| c.replace(false)) {
+        return;
+    }
+    eager::check::<B>(op, None, inputs.unwrap_or_default(), output);
+}
+
+/// Runs one layer GEMM at `site` (`run` issues it) under a `gemm` trace span: with `device_time` or in eager mode,
+/// synced before and after to record `GemmExecuteTime`; with non-finite tracking, its operands and output get a
+/// statistics pass read at [`step`](super::step); in eager mode its output is checked; held for a snapshot when
+/// snapshots want it.
+pub fn observe_gemm<B: TeBackend>(
+    site: &GemmSite,
+    recipe: Option<&Recipe>,
+    operands: [FloatTensor<B>; 2],
+    run: impl FnOnce([FloatTensor<B>; 2]) -> FloatTensor<B>,
+) -> FloatTensor<B> {
+    read_env();
+    let span =
+        tracing::info_span!("gemm", label = %site, layer = %site.layer, gemm = %site.gemm.name());
+    let _entered = span.enter();
+    let eager = flags().eager;
+    let timed = eager || flags().device_time;
+    let track = flags().track_non_finite;
+    let snapshots = flags().snapshots;
+    let (lhs_role, rhs_role) = site.gemm.operands();
+    if track {
+        nonfinite::launch::<B>(site, Some(lhs_role), &operands[0]);
+        nonfinite::launch::<B>(site, Some(rhs_role), &operands[1]);
+    }
+    // Clones only when something needs the operands after the GEMM (a clone keeps a buffer from being reused).
+    let kept = (eager || snapshots).then(|| operands.clone());
+    let device = timed.then(|| B::float_device(&operands[0]));
+    let start = device.as_ref().map(|device| {
+        let _ = B::sync(device);
+        Instant::now()
+    });
+    let output = run(operands);
+    if let (Some(device), Some(start)) = (device, start) {
+        let synced = B::sync(&device);
+        metrics::record_time(names::GEMM_EXECUTE_TIME, start.elapsed());
+        if let Err(err) = synced {
+            eager::device_error(&format!("{site}"), Some(site), &format!("{err:?}"));
+        }
+    }
+    if track {
+        nonfinite::launch::<B>(site, None, &output);
+    }
+    if let Some(operands) = kept {
+        if snapshots {
+            let held = [(lhs_role, &operands[0]), (rhs_role, &operands[1])];
+            snapshot::hold::<B>(site, held, &output, recipe);
+        }
+        if eager {
+            eager::check::<B>("te_linear", Some(site), operands.to_vec(), &output);
+            GEMM_CHECKED.with(|c| c.set(true));
+        }
+    }
+    output
+}
+
+/// The bytes a tensor holds.
+pub fn tensor_bytes(tensor: &impl TensorMetadata) -> u64 {
+    (tensor.shape().num_elements() * tensor.dtype().size()) as u64
+}
+
+/// Counts a device→host read of `bytes` and times it (from its first poll to its data).
+pub fn count_transfer_from_device<F: Future + Send>(
+    bytes: u64,
+    read: F,
+) -> impl Future<Output = F::Output> + Send {
+    let on = metrics::enabled();
+    if on {
+        metrics::increment_counter(names::DEVICE_TO_HOST_READS, 1);
+        metrics::increment_counter(names::DEVICE_TO_HOST_BYTES, bytes);
+        metrics::record_metric(
+            names::TRANSFER_FROM_DEVICE_SIZE,
+            metrics::MetricUnit::Bytes,
+            bytes as f64,
+        );
+    }
+    async move {
+        let start = Instant::now();
+        let data = read.await;
+        if on {
+            metrics::record_time(names::READ_BACK_TIME, start.elapsed());
+        }
+        data
+    }
+}
+
+/// Counts a host→device write of `bytes`.
+pub fn count_transfer_to_device(bytes: u64) {
+    if metrics::enabled() {
+        metrics::increment_counter(names::HOST_TO_DEVICE_WRITES, 1);
+        metrics::increment_counter(names::HOST_TO_DEVICE_BYTES, bytes);
+        metrics::record_metric(
+            names::TRANSFER_TO_DEVICE_SIZE,
+            metrics::MetricUnit::Bytes,
+            bytes as f64,
+        );
+    }
+}
