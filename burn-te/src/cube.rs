@@ -219,10 +219,12 @@ where
             }
         };
         let read = |handle: &Handle| -> Result<Vec<u8>, TeError> {
-            Ok(client
-                .read_one(handle.clone())
-                .map_err(KernelError::from)?
-                .to_vec())
+            crate::diagnostics::timed_read(handle.size() as usize, || {
+                Ok(client
+                    .read_one(handle.clone())
+                    .map_err(KernelError::from)?
+                    .to_vec())
+            })
         };
         let mut codes = read(&tensor.data.codes)?;
         codes.truncate(len);
@@ -396,10 +398,12 @@ where
     }
 
     fn fp8_stats_read(pending: CubePendingStats<R>) -> Result<Fp8Stats, TeError> {
-        pending
-            .readback
-            .read_fp8(&pending.client)
-            .map_err(read_error)
+        crate::diagnostics::timed_read(pending.readback.bytes(), || {
+            pending
+                .readback
+                .read_fp8(&pending.client)
+                .map_err(read_error)
+        })
     }
 
     fn fp8_quantization_stats(
@@ -412,14 +416,17 @@ where
         let len = x.meta.shape().num_elements();
         let scale = ops::scalar_buffer(&x.client, scale);
         let readback = with_float!(x.dtype, "fp8_quantization_stats", T => Ok(ops::fp8_tensor_stats::<R, T>(&x.client, &x.handle, len, format, &scale)?))?;
-        readback.read_fp8(&x.client).map_err(read_error)
+        crate::diagnostics::timed_read(readback.bytes(), || {
+            readback.read_fp8(&x.client).map_err(read_error)
+        })
     }
 
     fn fp8_delayed_state_read(state: &CubeDelayedState<R>) -> Result<(Vec<f32>, f32), TeError> {
         let client = &state.client;
-        let history = client
-            .read_one(state.history.clone())
-            .map_err(KernelError::from)?;
+        let history = crate::diagnostics::timed_read(state.history_len * 4, || {
+            client.read_one(state.history.clone())
+        })
+        .map_err(KernelError::from)?;
         let history = f32::from_bytes(&history)[..state.history_len].to_vec();
         let scale = ops::read_scalar(client, &state.scales.scale)?;
         Ok((history, scale))

@@ -14,7 +14,7 @@ use burn::tensor::backend::{Backend, BackendTypes, ExecutionError};
 use burn::tensor::ops::{
     BoolTensor, BoolTensorOps, DeformConv2dBackward, FloatTensor, FloatTensorOps, IntTensor,
     IntTensorOps, MaxPool1dBackward, MaxPool1dWithIndices, MaxPool2dBackward, MaxPool2dWithIndices,
-    ModuleOps,
+    ModuleOps, TransactionOps, TransactionPrimitiveData,
 };
 use burn::tensor::quantization::QuantizationParametersPrimitive;
 use burn::tensor::{TensorPrimitive, TransactionPrimitive};
@@ -87,6 +87,14 @@ pub trait Decorator: Clone + Default + core::fmt::Debug + Send + Sync + 'static 
         tensor: BoolTensor<Self::Inner>,
     ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
         Self::Inner::bool_into_data(tensor)
+    }
+
+    /// Reads a transaction's tensors to the host in one go; forwards by default. `Te<B>` counts the read, its bytes
+    /// and its time.
+    fn tr_execute(
+        transaction: TransactionPrimitive<Self::Inner>,
+    ) -> impl Future<Output = Result<TransactionPrimitiveData, ExecutionError>> + Send {
+        Self::Inner::tr_execute(transaction)
     }
 
     /// Writes host data to a float tensor; forwards by default. `Te<B>` counts the write and its bytes.

@@ -14,9 +14,9 @@
 
 use core::marker::PhantomData;
 
-use burn::tensor::TensorData;
 use burn::tensor::backend::ExecutionError;
-use burn::tensor::ops::{BoolTensor, FloatTensor, IntTensor};
+use burn::tensor::ops::{BoolTensor, FloatTensor, IntTensor, TransactionPrimitiveData};
+use burn::tensor::{TensorData, TransactionPrimitive};
 
 use crate::backend::TeBackend;
 use crate::decorator::Decorator;
@@ -89,6 +89,19 @@ impl<B: TeBackend> Decorator for Te<B> {
     ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
         let bytes = diagnostics::tensor_bytes(&tensor);
         diagnostics::count_transfer_from_device(bytes, B::bool_into_data(tensor))
+    }
+
+    fn tr_execute(
+        transaction: TransactionPrimitive<B>,
+    ) -> impl Future<Output = Result<TransactionPrimitiveData, ExecutionError>> + Send {
+        let floats = transaction
+            .read_floats
+            .iter()
+            .map(diagnostics::tensor_bytes);
+        let ints = transaction.read_ints.iter().map(diagnostics::tensor_bytes);
+        let bools = transaction.read_bools.iter().map(diagnostics::tensor_bytes);
+        let bytes = floats.chain(ints).chain(bools).sum();
+        diagnostics::count_transfer_from_device(bytes, B::tr_execute(transaction))
     }
 
     fn float_from_data(data: TensorData, device: &B::Device) -> FloatTensor<B> {

@@ -464,6 +464,13 @@ pub fn fp8_tensor_stats<R: Runtime, F: Float + CubeElement>(
 
 impl StatsReadback {
     /// Reads the partials back (waits for the device) and merges them in f64.
+    /// The bytes [`read_fp8`](Self::read_fp8) reads back: the per-cube partial statistics.
+    pub fn bytes(&self) -> usize {
+        self.partials
+            .as_ref()
+            .map_or(0, |_| self.cubes * stats::STATS_SLOTS * 4)
+    }
+
     pub fn read_fp8<R: Runtime>(&self, client: &ComputeClient<R>) -> Result<Fp8Stats, KernelError> {
         let Some(handle) = &self.partials else {
             return Ok(Fp8Stats::EMPTY);

@@ -223,6 +223,10 @@ fn step_closures_read_at_the_step_and_not_before() {
     let seen: Arc<Mutex<Vec<Vec<f32>>>> = Arc::default();
     let sink = seen.clone();
     let reads = count("burn::tr_execute") + count("burn::float_into_data");
+    let transfers = (
+        count(names::DEVICE_TO_HOST_READS),
+        count(names::DEVICE_TO_HOST_BYTES),
+    );
     diagnostics::add_step_closure(vec![x, y], move |data| {
         let values = data
             .into_iter()
@@ -240,8 +244,10 @@ fn step_closures_read_at_the_step_and_not_before() {
     let seen = seen.lock().unwrap();
     assert_eq!(seen[0], v);
     assert_eq!(seen[1], v.iter().map(|x| x * 2.0).collect::<Vec<_>>());
-    // One transaction per closure, read at the step.
+    // One transaction per closure, read at the step, counted with its bytes.
     assert_eq!(count("burn::tr_execute") - reads, 2);
+    assert_eq!(count(names::DEVICE_TO_HOST_READS) - transfers.0, 2);
+    assert_eq!(count(names::DEVICE_TO_HOST_BYTES) - transfers.1, (12 + 12 + 2) * 4);
 }
 
 /// Two named TE linears, `fc1` then `fc2`, forward and backward inside autocast.

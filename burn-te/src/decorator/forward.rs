@@ -39,7 +39,7 @@ pub mod prelude {
 /// backend's), `Backend` and every ops trait for `Te<B>`:
 /// 428 methods, the 218 with a default body included, so that an inner backend's faster versions
 /// of default ops are kept. The ops that `Decorator` declares
-/// (`bool_from_data`, `bool_into_data`, `float_from_data`, `float_into_data`, `float_matmul`, `int_from_data`, `int_into_data`, `linear`, `linear_weight_backward`, `linear_x_backward`, `name`) go through the decorator; every other op is `B::op(args)`.
+/// (`bool_from_data`, `bool_into_data`, `float_from_data`, `float_into_data`, `float_matmul`, `int_from_data`, `int_into_data`, `linear`, `linear_weight_backward`, `linear_x_backward`, `name`, `tr_execute`) go through the decorator; every other op is `B::op(args)`.
 ///
 /// ```ignore
 /// #[derive(Clone, Default, Debug)]
@@ -3633,7 +3633,7 @@ macro_rules! forward_backend {
                         transaction: TransactionPrimitive<Self>,
                     ) -> impl Future<Output = Result<TransactionPrimitiveData, ExecutionError>> + Send {
                         <Self as Decorator>::op_started("tr_execute", &[]);
-                        B::tr_execute(transaction.rebrand())
+                        <Self as Decorator>::tr_execute(transaction.rebrand())
                     }
                 }
             };

@@ -56,6 +56,8 @@ pub use observe::{
     tensor_bytes,
 };
 
+pub(crate) use observe::timed_read;
+
 /// Counts one kernel launch (or host pass) of the FP8 ops.
 #[inline]
 pub(crate) fn count_launch(name: &str) {

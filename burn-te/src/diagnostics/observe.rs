@@ -115,13 +115,7 @@ pub fn count_transfer_from_device<F: Future + Send>(
 ) -> impl Future<Output = F::Output> + Send {
     let on = metrics::enabled();
     if on {
-        metrics::increment_counter(names::DEVICE_TO_HOST_READS, 1);
-        metrics::increment_counter(names::DEVICE_TO_HOST_BYTES, bytes);
-        metrics::record_metric(
-            names::TRANSFER_FROM_DEVICE_SIZE,
-            metrics::MetricUnit::Bytes,
-            bytes as f64,
-        );
+        count_read(bytes);
     }
     async move {
         let start = Instant::now();
@@ -144,4 +138,26 @@ pub fn count_transfer_to_device(bytes: u64) {
             bytes as f64,
         );
     }
+}
+
+/// Counts and times a blocking device→host read of `bytes` by the FP8 ops (codes, statistics, amax histories).
+pub(crate) fn timed_read<T>(bytes: usize, read: impl FnOnce() -> T) -> T {
+    if !metrics::enabled() {
+        return read();
+    }
+    count_read(bytes as u64);
+    let start = Instant::now();
+    let data = read();
+    metrics::record_time(names::READ_BACK_TIME, start.elapsed());
+    data
+}
+
+fn count_read(bytes: u64) {
+    metrics::increment_counter(names::DEVICE_TO_HOST_READS, 1);
+    metrics::increment_counter(names::DEVICE_TO_HOST_BYTES, bytes);
+    metrics::record_metric(
+        names::TRANSFER_FROM_DEVICE_SIZE,
+        metrics::MetricUnit::Bytes,
+        bytes as f64,
+    );
 }
