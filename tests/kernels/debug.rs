@@ -1097,3 +1097,77 @@ fn a_feature_calling_the_debug_api_does_not_deadlock() {
     assert!(main.contains("cb: called back at 7"), "{main}");
     assert!(main.contains("cb: from a worker thread"), "{main}");
 }
+
+/// `nan_count` and `inf_count` (beyond TE) in LogTensorStats: the statistics kernel's counts, on the host path and
+/// on wgpu, merged over two micro-batches.
+fn nan_and_inf_counts<D: burn::tensor::backend::AutodiffBackend + burn_te::TeBackend>(
+    device: &D::Device,
+    stack: &str,
+) {
+    let dir = temp_dir(&format!("nan-counts-{stack}"));
+    let config = dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        "counts:\n  enabled: True\n  layers:\n    layer_name_regex_pattern: 'fc0$'\n  transformer_engine:\n    LogTensorStats:\n      enabled: True\n      stats: [nan_count, inf_count, max]\n      tensors: [activation]\n",
+    )
+    .unwrap();
+    let collect = Collect::default();
+    burn_te_debug::initialize(
+        DebugOptions::new(&config)
+            .log_dir(&dir)
+            .logger(collect.clone()),
+    )
+    .unwrap();
+    let fc0 = LinearConfig::new(8, 4)
+        .with_name(Some("fc0".into()))
+        .init::<D>(device);
+    // 2 + 1 NaN, 3 + 0 +inf, 1 + 2 -inf over the two micro-batches; the finite max is 5.
+    let batches = [
+        vec![
+            f32::NAN,
+            f32::NAN,
+            f32::INFINITY,
+            f32::INFINITY,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            5.0,
+            1.0,
+        ],
+        vec![
+            f32::NAN,
+            f32::NEG_INFINITY,
+            f32::NEG_INFINITY,
+            0.5,
+            0.0,
+            -1.0,
+            2.0,
+            3.0,
+        ],
+    ];
+    for batch in batches {
+        let x = crate::te::tensor::<D, 2>(batch, [1, 8], device);
+        let _ = fp8_autocast(true, DelayedScaling::default(), || fc0.forward(x)).unwrap();
+    }
+    burn_te_debug::step().unwrap();
+    burn_te_debug::end().unwrap();
+    let values = collect.0.lock().unwrap().clone();
+    let get = |name: &str| {
+        values
+            .iter()
+            .find(|(_, v)| v.name == name)
+            .map(|(_, v)| v.value)
+            .unwrap_or_else(|| panic!("{stack}: {name} not logged: {values:?}"))
+    };
+    assert_eq!(get("fc0_activation_nan_count"), 3.0, "{stack}");
+    assert_eq!(get("fc0_activation_inf_count"), 6.0, "{stack}");
+}
+
+#[test]
+fn log_tensor_stats_counts_nan_and_inf_on_the_host_and_wgpu() {
+    let _guard = SESSION.lock().unwrap_or_else(|p| p.into_inner());
+    nan_and_inf_counts::<B>(&Default::default(), "ndarray");
+    nan_and_inf_counts::<Autodiff<Debug<Te<burn_te::backends::Wgpu>>>>(
+        &crate::te::device(),
+        "wgpu",
+    );
+}

@@ -247,7 +247,10 @@ fn step_closures_read_at_the_step_and_not_before() {
     // One transaction per closure, read at the step, counted with its bytes.
     assert_eq!(count("burn::tr_execute") - reads, 2);
     assert_eq!(count(names::DEVICE_TO_HOST_READS) - transfers.0, 2);
-    assert_eq!(count(names::DEVICE_TO_HOST_BYTES) - transfers.1, (12 + 12 + 2) * 4);
+    assert_eq!(
+        count(names::DEVICE_TO_HOST_BYTES) - transfers.1,
+        (12 + 12 + 2) * 4
+    );
 }
 
 /// Two named TE linears, `fc1` then `fc2`, forward and backward inside autocast.
