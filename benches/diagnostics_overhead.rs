@@ -1,0 +1,100 @@
+//! What the diagnostics cost: a TransformerLayer FP8 training step (h256, ffn 1024, 256 tokens) on the host path
+//! (`Autodiff<Te<Flex>>`, the steadiest timing here) and on wgpu, in one run, with:
+//! - `Autodiff<Bare<B>>`: a decorator without the diagnostics hooks (what `Te<B>` was before them) — the baseline;
+//! - every diagnostic off (counters off): target within 1 %;
+//! - counters on (the default): target within 3 %;
+//! - counters and first non-finite origin tracking on: target within 5 %.
+//!
+//! Each step ends with `diagnostics::step()` and a device sync. Read the ratios against the baseline.
+
+use burn::backend::{Autodiff, Flex};
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use burn::tensor::backend::AutodiffBackend;
+use burn_te::diagnostics::{self, DiagnosticsConfig};
+use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
+use burn_te::{DelayedScaling, Te, TeBackend, fp8_autocast};
+use criterion::{Criterion, criterion_group, criterion_main};
+
+/// `Te<B>` without the diagnostics: the decorator hooks keep their empty defaults, the FP8 ops forward, and the TE
+/// modules' GEMMs run `TeBackend`'s default (FP8) path at this level.
+#[derive(Clone, Copy, Default, Debug)]
+struct Bare<B>(core::marker::PhantomData<B>);
+
+impl<B: TeBackend> burn_te::Decorator for Bare<B> {
+    type Inner = B;
+    fn name(device: &B::Device) -> String {
+        format!("bare<{}>", B::name(device))
+    }
+}
+
+burn_te::forward_backend!(Bare);
+
+impl<B: TeBackend> TeBackend for Bare<B> {
+    burn_te::forward_fp8_ops!(B);
+}
+
+fn train_step<B: AutodiffBackend + TeBackend>(
+    layer: &TransformerLayer<B>,
+    x: &Tensor<B, 3>,
+    target: &Tensor<B, 3>,
+) {
+    let y = fp8_autocast(true, DelayedScaling::default(), || {
+        layer.forward(x.clone(), None)
+    })
+    .expect("valid recipe");
+    drop((y - target.clone()).square().mean().backward());
+    diagnostics::step().expect("diagnostics step");
+    B::sync(&x.device()).expect("sync");
+}
+
+fn inputs<B: Backend>(device: &B::Device) -> (TransformerLayer<B>, Tensor<B, 3>, Tensor<B, 3>) {
+    B::seed(device, 0);
+    let layer = TransformerLayerConfig::new(256, 1024, 4)
+        .with_name(Some("layer".into()))
+        .init::<B>(device);
+    let x = Tensor::random([32, 8, 256], Distribution::Normal(0.0, 1.0), device);
+    let target = Tensor::random([32, 8, 256], Distribution::Normal(0.0, 1.0), device);
+    (layer, x, target)
+}
+
+fn overhead<I: TeBackend>(c: &mut Criterion, device: &I::Device, name: &str) {
+    let (bare, bx, btarget) = inputs::<Autodiff<Bare<I>>>(device);
+    let (te, x, target) = inputs::<Autodiff<Te<I>>>(device);
+    let mut group = c.benchmark_group(format!(
+        "diagnostics_overhead {name} transformer_layer h256 ffn1024 tokens256 fp8 step"
+    ));
+    group.sample_size(20);
+    let settings = [
+        (
+            "Te, diagnostics off",
+            DiagnosticsConfig::new().with_counters(false),
+        ),
+        ("Te, counters", DiagnosticsConfig::new()),
+        (
+            "Te, counters + non-finite origin",
+            DiagnosticsConfig::new().with_track_non_finite(true),
+        ),
+    ];
+    // Interleaved rounds: the baseline before each setting, so drift hits both.
+    for (label, config) in settings {
+        diagnostics::configure(DiagnosticsConfig::new().with_counters(false)).expect("config");
+        group.bench_function(
+            format!("Autodiff<Bare<{name}>> (baseline, before {label})"),
+            |b| b.iter(|| train_step(&bare, &bx, &btarget)),
+        );
+        diagnostics::configure(config).expect("config");
+        group.bench_function(label, |b| b.iter(|| train_step(&te, &x, &target)));
+    }
+    diagnostics::configure(DiagnosticsConfig::new()).expect("config");
+    group.finish();
+}
+
+fn diagnostics_overhead(c: &mut Criterion) {
+    overhead::<Flex>(c, &Default::default(), "Flex");
+    #[cfg(feature = "wgpu")]
+    overhead::<burn_te::backends::Wgpu>(c, &Default::default(), "Wgpu");
+}
+
+criterion_group!(benches, diagnostics_overhead);
+criterion_main!(benches);
