@@ -118,6 +118,9 @@ impl<B: TeBackend, C: CheckpointStrategy> TeBackend for Autodiff<B, C> {
     ) -> Result<Self::PendingStats, TeError> {
         B::fp8_stats_launch(Self::inner(tensor), quantization)
     }
+    fn fp8_non_finite_launch(tensor: FloatTensor<Self>) -> Result<Self::PendingStats, TeError> {
+        B::fp8_non_finite_launch(Self::inner(tensor))
+    }
     fn fp8_stats_read(pending: Self::PendingStats) -> Result<Fp8Stats, TeError> {
         B::fp8_stats_read(pending)
     }

@@ -149,6 +149,13 @@ pub trait TeBackend: Backend {
     /// Reads launched statistics back (waits for the device).
     fn fp8_stats_read(pending: Self::PendingStats) -> Result<Fp8Stats, TeError>;
 
+    /// Launches a count of the tensor's NaN, +inf and -inf elements (the diagnostics' non-finite tracking), read
+    /// with [`fp8_stats_read`](Self::fp8_stats_read): only `numel` and the NaN/inf counts of its `tensor` stats are
+    /// meaningful. The full statistics by default; the host path counts only.
+    fn fp8_non_finite_launch(tensor: FloatTensor<Self>) -> Result<Self::PendingStats, TeError> {
+        Self::fp8_stats_launch(tensor, None)
+    }
+
     /// Statistics plus the FP8 underflow/overflow counts and squared error of quantizing with `scale`.
     fn fp8_quantization_stats(
         tensor: FloatTensor<Self>,
@@ -455,6 +462,11 @@ macro_rules! forward_fp8_ops {
             quantization: Option<($crate::Fp8Format, $crate::Scaling<'_, Self::DelayedState>)>,
         ) -> Result<Self::PendingStats, $crate::TeError> {
             $inner::fp8_stats_launch(tensor, quantization)
+        }
+        fn fp8_non_finite_launch(
+            tensor: $crate::__private::FloatTensor<Self>,
+        ) -> Result<Self::PendingStats, $crate::TeError> {
+            $inner::fp8_non_finite_launch(tensor)
         }
         fn fp8_stats_read(
             pending: Self::PendingStats,

@@ -99,6 +99,9 @@ impl<B: FusionBackend + TeBackend> TeBackend for Fusion<B> {
     ) -> Result<Self::PendingStats, TeError> {
         B::fp8_stats_launch(resolved::<B>(tensor), quantization)
     }
+    fn fp8_non_finite_launch(tensor: FloatTensor<Self>) -> Result<Self::PendingStats, TeError> {
+        B::fp8_non_finite_launch(resolved::<B>(tensor))
+    }
 
     fn fp8_stats_read(pending: Self::PendingStats) -> Result<Fp8Stats, TeError> {
         B::fp8_stats_read(pending)

@@ -225,6 +225,14 @@ macro_rules! host_te_backend {
                 ))
             }
 
+            fn fp8_non_finite_launch(tensor: FloatTensor<Self>) -> Result<Fp8Stats, TeError> {
+                let (x, _) = $values(tensor)?;
+                Ok(Fp8Stats {
+                    tensor: host::non_finite_counts(&x),
+                    ..Fp8Stats::EMPTY
+                })
+            }
+
             fn fp8_stats_launch(
                 tensor: FloatTensor<Self>,
                 quantization: Option<(Fp8Format, Scaling<'_, HostDelayedState>)>,

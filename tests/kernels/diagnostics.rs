@@ -640,3 +640,48 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+#[test]
+fn host_non_finite_counts_equal_the_full_statistics() {
+    use burn_te_kernels::host;
+    // Longer than one parallel chunk, with NaNs (of both signs and payloads), infinities and finite extremes.
+    let mut rng = Rng::new(21);
+    let mut v = rng.normal(100_003, 0.0, 1.0);
+    let specials = [
+        f32::NAN,
+        -f32::NAN,
+        f32::from_bits(0x7fc0_0001),
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+        -f32::MAX,
+        0.0,
+        -0.0,
+    ];
+    for k in 0..v.len() {
+        if rng.uniform() < 0.01 {
+            v[k] = specials[k % specials.len()];
+        }
+    }
+    for data in [&v[..], &v[..1000], &[][..]] {
+        let fast = host::non_finite_counts(data);
+        let full = host::tensor_stats(data);
+        assert_eq!(
+            (
+                fast.numel,
+                fast.nan_count,
+                fast.pos_inf_count,
+                fast.neg_inf_count,
+                fast.finite_count
+            ),
+            (
+                full.numel,
+                full.nan_count,
+                full.pos_inf_count,
+                full.neg_inf_count,
+                full.finite_count
+            )
+        );
+    }
+    assert!(host::tensor_stats(&v).nan_count > 100);
+}

@@ -116,7 +116,7 @@ pub(crate) fn launch<B: TeBackend>(
 ) {
     let tensor_kind = role.map_or(OriginTensor::Output, OriginTensor::Input);
     let shape = tensor.shape().as_slice().to_vec();
-    let pending = match B::fp8_stats_launch(tensor.clone(), None) {
+    let pending = match B::fp8_non_finite_launch(tensor.clone()) {
         Ok(pending) => pending,
         Err(err) => {
             metrics::increment_counter("NonFiniteCheckErrors", 1);

@@ -126,6 +126,44 @@ fn amax_bits(input: &[f32]) -> u32 {
         .fold(0, |max, x| max.max(x.to_bits() & 0x7fff_ffff))
 }
 
+/// The tensor's NaN, +inf and -inf counts (and its element count) as statistics whose other fields are those of no
+/// finite element: the cheap check of the diagnostics' non-finite tracking, in parallel chunks.
+pub fn non_finite_counts(input: &[f32]) -> TensorStats {
+    let [nan, pos_inf, neg_inf] = if input.len() <= CHUNK {
+        non_finite_chunk(input)
+    } else {
+        input
+            .par_chunks(CHUNK)
+            .map(non_finite_chunk)
+            .reduce(|| [0; 3], |a, b| [a[0] + b[0], a[1] + b[1], a[2] + b[2]])
+    };
+    let numel = input.len() as u64;
+    TensorStats {
+        numel,
+        finite_count: numel - nan - pos_inf - neg_inf,
+        nonzero_count: nan + pos_inf + neg_inf,
+        nan_count: nan,
+        pos_inf_count: pos_inf,
+        neg_inf_count: neg_inf,
+        ..TensorStats::EMPTY
+    }
+}
+
+/// NaN, +inf, -inf counts of a chunk, by the bits (no branch per element).
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+fn non_finite_chunk(input: &[f32]) -> [u64; 3] {
+    let (mut nan, mut pos, mut neg) = (0u32, 0u32, 0u32);
+    for x in input {
+        let bits = x.to_bits();
+        let magnitude = bits & 0x7fff_ffff;
+        nan += u32::from(magnitude > 0x7f80_0000);
+        let inf = u32::from(magnitude == 0x7f80_0000);
+        neg += inf & (bits >> 31);
+        pos += inf & !(bits >> 31);
+    }
+    [u64::from(nan), u64::from(pos), u64::from(neg)]
+}
+
 /// Statistics of the tensor in one pass.
 pub fn tensor_stats(input: &[f32]) -> TensorStats {
     let mut stats = TensorStats::EMPTY;
