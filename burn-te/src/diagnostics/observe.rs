@@ -130,12 +130,10 @@ pub fn count_transfer_from_device<F: Future + Send>(
 /// Counts a host→device write of `bytes`.
 pub fn count_transfer_to_device(bytes: u64) {
     if metrics::enabled() {
-        metrics::increment_counter(names::HOST_TO_DEVICE_WRITES, 1);
-        metrics::increment_counter(names::HOST_TO_DEVICE_BYTES, bytes);
-        metrics::record_metric(
+        count_transfer(
+            [names::HOST_TO_DEVICE_WRITES, names::HOST_TO_DEVICE_BYTES],
             names::TRANSFER_TO_DEVICE_SIZE,
-            metrics::MetricUnit::Bytes,
-            bytes as f64,
+            bytes,
         );
     }
 }
@@ -153,11 +151,16 @@ pub(crate) fn timed_read<T>(bytes: usize, read: impl FnOnce() -> T) -> T {
 }
 
 fn count_read(bytes: u64) {
-    metrics::increment_counter(names::DEVICE_TO_HOST_READS, 1);
-    metrics::increment_counter(names::DEVICE_TO_HOST_BYTES, bytes);
-    metrics::record_metric(
+    count_transfer(
+        [names::DEVICE_TO_HOST_READS, names::DEVICE_TO_HOST_BYTES],
         names::TRANSFER_FROM_DEVICE_SIZE,
-        metrics::MetricUnit::Bytes,
-        bytes as f64,
+        bytes,
     );
+}
+
+/// One transfer: its count and bytes counters, and a sample of its size metric.
+fn count_transfer([count, total]: [&str; 2], size: &str, bytes: u64) {
+    metrics::increment_counter(count, 1);
+    metrics::increment_counter(total, bytes);
+    metrics::record_metric(size, metrics::MetricUnit::Bytes, bytes as f64);
 }
