@@ -97,7 +97,7 @@ fn try_main() -> Result<(), Error> {
     diagnostics::configure(
         DiagnosticsConfig::new()
             .with_track_non_finite(true)
-            .with_snapshot(Some(SnapshotConfig::new().with_dir(snapshots.clone()))),
+            .with_snapshot(Some(SnapshotConfig::new().with_dir(snapshots))),
     )?;
     if diagnostics::eager_mode() {
         println!("eager debug mode: every op is synced and checked");
@@ -110,10 +110,9 @@ fn try_main() -> Result<(), Error> {
     match diagnostics::first_non_finite() {
         Some(origin) => {
             println!("first non-finite value: {origin}");
-            let dir = std::path::Path::new(&snapshots)
-                .join(format!("rank_{}", diagnostics::rank()))
-                .join(format!("iteration_{}", origin.iteration));
-            println!("snapshot of that step: {}", dir.display());
+            if let Some(dir) = diagnostics::snapshot_dir(origin.iteration) {
+                println!("snapshot of that step: {}", dir.display());
+            }
         }
         None => println!("no non-finite value"),
     }

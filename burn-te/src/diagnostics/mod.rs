@@ -162,9 +162,6 @@ pub enum DiagnosticsError {
     /// A tensor could not be read back.
     #[error("reading a tensor back: {0}")]
     Read(String),
-    /// The trace could not start.
-    #[error("trace: {0}")]
-    Trace(String),
 }
 
 /// The effective settings, read on the hot path without a lock.

@@ -257,9 +257,7 @@ fn write_entries(
     why: &str,
     entries: Vec<Entry>,
 ) -> Result<(), DiagnosticsError> {
-    let dir = Path::new(&state.config.dir)
-        .join(format!("rank_{}", rank()))
-        .join(format!("iteration_{iteration}"));
+    let dir = iteration_dir(&state.config, iteration);
     let io = |path: &Path, e: &dyn std::fmt::Display| DiagnosticsError::Io {
         path: path.display().to_string(),
         message: e.to_string(),
@@ -433,9 +431,12 @@ pub(crate) fn write_failure<B: TeBackend>(
 
 /// Where the snapshots of `iteration` go on this rank (`None` without snapshots).
 pub fn snapshot_dir(iteration: u64) -> Option<PathBuf> {
-    lock().as_ref().map(|s| {
-        Path::new(&s.config.dir)
-            .join(format!("rank_{}", rank()))
-            .join(format!("iteration_{iteration}"))
-    })
+    lock().as_ref().map(|s| iteration_dir(&s.config, iteration))
+}
+
+/// `<dir>/rank_<r>/iteration_<i>`.
+fn iteration_dir(config: &SnapshotConfig, iteration: u64) -> PathBuf {
+    Path::new(&config.dir)
+        .join(format!("rank_{}", rank()))
+        .join(format!("iteration_{iteration}"))
 }
