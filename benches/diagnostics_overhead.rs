@@ -5,7 +5,8 @@
 //! - counters on (the default): target within 3 %;
 //! - counters and first non-finite origin tracking on: target within 5 %.
 //!
-//! Each step ends with `diagnostics::step()` and a device sync. Read the ratios against the baseline.
+//! Each step ends with `diagnostics::step()` and a device sync. Every measured `Te` step is paired with a baseline
+//! step (their order alternates, so the machine's drift hits both), and the bench prints the median per-pair ratio.
 
 use burn::backend::{Autodiff, Flex};
 use burn::prelude::*;
@@ -15,6 +16,8 @@ use burn_te::diagnostics::{self, DiagnosticsConfig};
 use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
 use burn_te::{DelayedScaling, Te, TeBackend, fp8_autocast};
 use criterion::{Criterion, criterion_group, criterion_main};
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
 
 /// `Te<B>` without the diagnostics: the decorator hooks keep their empty defaults, the FP8 ops forward, and the TE
 /// modules' GEMMs run `TeBackend`'s default (FP8) path at this level.
@@ -64,7 +67,7 @@ fn overhead<I: TeBackend>(c: &mut Criterion, device: &I::Device, name: &str) {
     let mut group = c.benchmark_group(format!(
         "diagnostics_overhead {name} transformer_layer h256 ffn1024 tokens256 fp8 step"
     ));
-    group.sample_size(20);
+    group.sample_size(50);
     let settings = [
         (
             "Te, diagnostics off",
@@ -76,18 +79,63 @@ fn overhead<I: TeBackend>(c: &mut Criterion, device: &I::Device, name: &str) {
             DiagnosticsConfig::new().with_track_non_finite(true),
         ),
     ];
-    // Interleaved rounds: the baseline before each setting, so drift hits both.
+    let mut summary = Vec::new();
     for (label, config) in settings {
-        diagnostics::configure(DiagnosticsConfig::new().with_counters(false)).expect("config");
-        group.bench_function(
-            format!("Autodiff<Bare<{name}>> (baseline, before {label})"),
-            |b| b.iter(|| train_step(&bare, &bx, &btarget)),
-        );
         diagnostics::configure(config).expect("config");
-        group.bench_function(label, |b| b.iter(|| train_step(&te, &x, &target)));
+        // Paired steps: each measured `Te` step runs next to a baseline step (their order alternates), so the
+        // machine's drift hits both alike; every pair's time ratio is kept beside criterion's samples.
+        let ratios = RefCell::new(Vec::new());
+        group.bench_function(format!("{label} (paired with baseline steps)"), |b| {
+            b.iter_custom(|iters| {
+                let mut measured = Duration::ZERO;
+                for i in 0..iters {
+                    let (te_time, base_time) = if i % 2 == 0 {
+                        let base = timed(|| train_step(&bare, &bx, &btarget));
+                        (timed(|| train_step(&te, &x, &target)), base)
+                    } else {
+                        let te_time = timed(|| train_step(&te, &x, &target));
+                        (te_time, timed(|| train_step(&bare, &bx, &btarget)))
+                    };
+                    measured += te_time;
+                    ratios
+                        .borrow_mut()
+                        .push(te_time.as_secs_f64() / base_time.as_secs_f64());
+                }
+                measured
+            })
+        });
+        summary.push((label, ratios.into_inner()));
     }
     diagnostics::configure(DiagnosticsConfig::new()).expect("config");
     group.finish();
+    for (label, ratios) in summary {
+        println!(
+            "{name}: {label} / Autodiff<Bare<{name}>>: {}",
+            ratio_summary(ratios)
+        );
+    }
+}
+
+fn timed(step: impl FnOnce()) -> Duration {
+    let start = Instant::now();
+    step();
+    start.elapsed()
+}
+
+/// Median of the per-pair time ratios with the 25th and 75th percentiles.
+fn ratio_summary(mut ratios: Vec<f64>) -> String {
+    if ratios.is_empty() {
+        return "not run".into();
+    }
+    ratios.sort_by(f64::total_cmp);
+    let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize];
+    format!(
+        "median ratio {:.4} (quartiles {:.4}..{:.4}, {} pairs)",
+        at(0.5),
+        at(0.25),
+        at(0.75),
+        ratios.len()
+    )
 }
 
 fn diagnostics_overhead(c: &mut Criterion) {

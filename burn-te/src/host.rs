@@ -43,6 +43,9 @@ enum HostValues {
     Copied(Vec<f32>),
     #[cfg(feature = "flex")]
     Flex(FlexTensor),
+    /// The elements `start..end` of a Flex tensor's storage, in storage order (a permuted view's values).
+    #[cfg(feature = "flex")]
+    FlexStorage(FlexTensor, std::ops::Range<usize>),
 }
 
 impl std::ops::Deref for HostValues {
@@ -53,6 +56,8 @@ impl std::ops::Deref for HostValues {
             HostValues::Copied(values) => values,
             #[cfg(feature = "flex")]
             HostValues::Flex(tensor) => tensor.as_slice::<f32>().unwrap_or_default(),
+            #[cfg(feature = "flex")]
+            HostValues::FlexStorage(tensor, range) => &tensor.storage::<f32>()[range.clone()],
         }
     }
 }
@@ -84,6 +89,46 @@ fn flex_values(tensor: FlexTensor) -> Result<(HostValues, Shape), TeError> {
     Ok((HostValues::Flex(tensor), shape))
 }
 
+/// A Flex tensor's values in any order, for what does not depend on it (counts, amax): a permuted view (e.g. a
+/// transposed operand) whose elements fill a dense range of its storage is read in storage order, without the copy
+/// that [`flex_values`] makes.
+#[cfg(feature = "flex")]
+fn flex_unordered_values(tensor: FlexTensor) -> Result<(HostValues, Shape), TeError> {
+    let layout = tensor.layout();
+    let range = (tensor.dtype() == burn::tensor::DType::F32)
+        .then(|| dense_permutation(layout))
+        .flatten()
+        .filter(|range| range.end <= tensor.storage::<f32>().len());
+    match range {
+        Some(range) => {
+            let shape = layout.shape().clone();
+            Ok((HostValues::FlexStorage(tensor, range), shape))
+        }
+        None => flex_values(tensor),
+    }
+}
+
+/// The storage range a view covers when its elements are a permutation of that range: positive strides that,
+/// sorted, are the running products of the sizes.
+#[cfg(feature = "flex")]
+fn dense_permutation(layout: &burn::backend::flex::Layout) -> Option<std::ops::Range<usize>> {
+    let shape = layout.shape();
+    let mut dims: Vec<(isize, usize)> = (0..shape.num_dims())
+        .filter(|&d| shape[d] > 1)
+        .map(|d| (layout.strides()[d], shape[d]))
+        .collect();
+    dims.sort_unstable();
+    let mut expected = 1usize;
+    for (stride, size) in dims {
+        if stride != expected as isize {
+            return None;
+        }
+        expected *= size;
+    }
+    let start = layout.start_offset();
+    Some(start..start + layout.num_elements())
+}
+
 fn host_tensor<B: Backend>(values: Vec<f32>, shape: Shape, device: &B::Device) -> FloatTensor<B> {
     B::float_from_data(TensorData::new(values, shape.as_slice().to_vec()), device)
 }
@@ -104,10 +149,10 @@ fn lock(state: &HostDelayedState) -> std::sync::MutexGuard<'_, DelayedScalingHis
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// `TeBackend` for a CPU backend `$backend` on the host path; `$values` reads its tensors, `$buffer_id` tells
-/// their buffers apart.
+/// `TeBackend` for a CPU backend `$backend` on the host path; `$values` reads its tensors (`$unordered_values` where
+/// the order does not matter), `$buffer_id` tells their buffers apart.
 macro_rules! host_te_backend {
-    ($backend:ty, $values:path, $buffer_id:path) => {
+    ($backend:ty, $values:path, $unordered_values:path, $buffer_id:path) => {
         impl TeBackend for $backend {
             type Fp8Data = HostFp8Data<<$backend as BackendTypes>::Device>;
             type DelayedState = HostDelayedState;
@@ -186,7 +231,7 @@ macro_rules! host_te_backend {
             fn fp8_amax(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, TeError> {
                 crate::diagnostics::count_launch(crate::diagnostics::names::AMAX_LAUNCHES);
                 let device = <$backend>::float_device(&tensor);
-                let (x, _) = $values(tensor)?;
+                let (x, _) = $unordered_values(tensor)?;
                 Ok(host_tensor::<$backend>(
                     vec![host::amax(&x)],
                     Shape::new([1]),
@@ -226,7 +271,7 @@ macro_rules! host_te_backend {
             }
 
             fn fp8_non_finite_launch(tensor: FloatTensor<Self>) -> Result<Fp8Stats, TeError> {
-                let (x, _) = $values(tensor)?;
+                let (x, _) = $unordered_values(tensor)?;
                 Ok(Fp8Stats {
                     tensor: host::non_finite_counts(&x),
                     ..Fp8Stats::EMPTY
@@ -310,9 +355,14 @@ macro_rules! host_te_backend {
     };
 }
 
-host_te_backend!(NdArray, values::<NdArray>, ndarray_buffer_id);
+host_te_backend!(
+    NdArray,
+    values::<NdArray>,
+    values::<NdArray>,
+    ndarray_buffer_id
+);
 #[cfg(feature = "flex")]
-host_te_backend!(Flex, flex_values, flex_buffer_id);
+host_te_backend!(Flex, flex_values, flex_unordered_values, flex_buffer_id);
 
 /// The address of the first element and the shape: shared by clones (copy-on-write arrays), distinct for live
 /// tensors.

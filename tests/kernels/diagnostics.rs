@@ -685,3 +685,63 @@ fn host_non_finite_counts_equal_the_full_statistics() {
     }
     assert!(host::tensor_stats(&v).nan_count > 100);
 }
+
+/// The host path counts and takes the amax of a Flex view in storage order when the view is a permutation of its
+/// storage (no copy), and of the view's own elements otherwise: equal, for every view, to the counts and amax of
+/// the view's values read back.
+#[test]
+fn flex_views_count_and_take_the_amax_of_their_own_elements() {
+    let mut rng = Rng::new(5);
+    let mut v = rng.normal(6 * 10 * 16, 0.0, 3.0);
+    let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -1e30];
+    for (k, special) in [(7, 0), (200, 1), (201, 2), (333, 1), (901, 3), (959, 0)] {
+        v[k] = specials[special];
+    }
+    let device = Default::default();
+    let full = Tensor::<Flex, 3>::from_data(TensorData::new(v, [6, 10, 16]), &device);
+    let views = [
+        ("contiguous", full.clone()),
+        ("transposed", full.clone().swap_dims(1, 2)),
+        ("permuted", full.clone().permute([2, 0, 1])),
+        ("narrowed", full.clone().narrow(1, 2, 5)),
+        (
+            "narrowed transposed",
+            full.clone().narrow(2, 3, 9).swap_dims(0, 2),
+        ),
+    ];
+    for (name, view) in views {
+        let values: Vec<f32> = view.to_data().to_vec().unwrap();
+        let nan = values.iter().filter(|x| x.is_nan()).count() as u64;
+        let pos = values.iter().filter(|&&x| x == f32::INFINITY).count() as u64;
+        let neg = values.iter().filter(|&&x| x == f32::NEG_INFINITY).count() as u64;
+        // TE's amax: the largest magnitude, NaN winning (compared on the magnitude bits).
+        let amax = f32::from_bits(
+            values
+                .iter()
+                .map(|x| x.to_bits() & 0x7fff_ffff)
+                .max()
+                .unwrap(),
+        );
+        let counts =
+            <Flex as TeBackend>::fp8_non_finite_launch(view.clone().into_primitive().tensor())
+                .unwrap()
+                .tensor;
+        assert_eq!(
+            (
+                counts.numel,
+                counts.nan_count,
+                counts.pos_inf_count,
+                counts.neg_inf_count
+            ),
+            (values.len() as u64, nan, pos, neg),
+            "{name}"
+        );
+        let taken = <Flex as TeBackend>::fp8_amax(view.into_primitive().tensor()).unwrap();
+        let taken: Vec<f32> =
+            Tensor::<Flex, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(taken))
+                .to_data()
+                .to_vec()
+                .unwrap();
+        assert_eq!(taken[0].to_bits(), amax.to_bits(), "{name}");
+    }
+}
