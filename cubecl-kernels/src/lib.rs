@@ -23,6 +23,7 @@ mod format;
 pub mod gemm;
 pub mod host;
 pub mod kernel;
+pub mod nvfp4;
 pub mod ops;
 mod scaling;
 mod stats;

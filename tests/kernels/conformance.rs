@@ -420,7 +420,7 @@ fn vendored_conformance_files_match_manifest_and_shared() {
         );
         listed.push(name.to_string());
     }
-    for dir in ["fp8", "te-configs"] {
+    for dir in ["fp8", "nvfp4", "te-configs"] {
         for entry in std::fs::read_dir(data.join(dir)).unwrap() {
             let name = format!("{dir}/{}", entry.unwrap().file_name().to_string_lossy());
             assert!(
@@ -434,7 +434,7 @@ fn vendored_conformance_files_match_manifest_and_shared() {
         );
     }
 
-    for dir in ["fp8", "te-configs"] {
+    for dir in ["fp8", "nvfp4", "te-configs"] {
         let shared = root.join("../shared/conformance").join(dir);
         if !shared.is_dir() {
             loud_note(&format!(

@@ -15,6 +15,7 @@ mod feature_effects;
 mod fp8_state;
 mod gemm;
 mod modules;
+mod nvfp4;
 mod plain_linear;
 mod scaling;
 mod statistics;

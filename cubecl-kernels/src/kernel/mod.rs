@@ -5,6 +5,7 @@ pub mod block;
 pub mod block_range;
 pub mod fp8;
 pub mod gemm;
+pub mod nvfp4;
 pub mod quantize;
 pub mod reduce;
 pub mod scale;
