@@ -60,16 +60,20 @@ impl Nvfp4Tile {
 pub fn encode_e2m1(x: f32) -> u8 {
     let bits = x.to_bits();
     let abs = bits & 0x7fff_ffff;
-    let code = match abs {
-        ..=0x3e80_0000 => 0,
-        ..0x3f40_0000 => 1,
-        ..=0x3fa0_0000 => 2,
-        ..0x3fe0_0000 => 3,
-        ..=0x4020_0000 => 4,
-        ..0x4060_0000 => 5,
-        ..=0x40a0_0000 => 6,
-        _ => 7,
-    };
+    // The upper bound of each code's range, and whether the bound (a tie) rounds to it (its mantissa is even).
+    const BOUNDS: [(u32, bool); 7] = [
+        (0x3e80_0000, true),  // 0.25 → 0
+        (0x3f40_0000, false), // 0.75 → 1.0
+        (0x3fa0_0000, true),  // 1.25 → 1.0
+        (0x3fe0_0000, false), // 1.75 → 2.0
+        (0x4020_0000, true),  // 2.5 → 2.0
+        (0x4060_0000, false), // 3.5 → 4.0
+        (0x40a0_0000, true),  // 5.0 → 4.0
+    ];
+    let code = BOUNDS
+        .iter()
+        .position(|&(bound, tie_down)| abs < bound || (tie_down && abs == bound))
+        .unwrap_or(7) as u32;
     let sign = if abs > 0x7f80_0000 {
         0
     } else {

@@ -127,7 +127,7 @@ fn sr_step(a: f32) -> f32 {
 /// 8 random bits for element `index` under `seed`: a counter-based hash (reproducible, no state).
 #[cube]
 pub fn random_bits(seed: u32, index: u32) -> u32 {
-    let mut x = index * 0x9e37_79b9u32 ^ seed;
+    let mut x = (index * 0x9e37_79b9u32) ^ seed;
     x ^= x >> 16;
     x *= 0x7feb_352du32;
     x ^= x >> 15;
