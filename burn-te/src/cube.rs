@@ -8,7 +8,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
 use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::cubecl::server::Handle;
-use burn_te_kernels::gemm::{GemmOperand, fp8_gemm};
+use burn_te_kernels::gemm::{GemmOperand, OperandCodes, fp8_gemm};
 use burn_te_kernels::ops::{self, Fp8Buffer, ScaleBuffers};
 use burn_te_kernels::{Fp8Format, Fp8Stats, KernelError, block};
 
@@ -290,7 +290,7 @@ where
         let (a_codes, a_batch, a_rows, a_cols, _) = operand(&lhs, lhs_t);
         let (b_codes, b_batch, b_rows, b_cols, _) = operand(&rhs, rhs_t);
         let a = GemmOperand {
-            codes: &a_codes,
+            codes: OperandCodes::Fp8(&a_codes),
             scale_inv: &lhs.data.scale_inv,
             batch: a_batch,
             rows: a_rows,
@@ -299,7 +299,7 @@ where
             transposed: lhs_t,
         };
         let b = GemmOperand {
-            codes: &b_codes,
+            codes: OperandCodes::Fp8(&b_codes),
             scale_inv: &rhs.data.scale_inv,
             batch: b_batch,
             rows: b_rows,

@@ -7,16 +7,62 @@ use cubecl::{CubeCount, CubeDim};
 
 use crate::KernelError;
 use crate::block::ScaleBlock;
-use crate::kernel::gemm::{TILE_K, TILE_M, TILE_N, UNITS, fp8_gemm_kernel, param};
+use crate::kernel::gemm::{CodeFormat, TILE_K, TILE_M, TILE_N, UNITS, fp8_gemm_kernel, param};
 use crate::ops::{Fp8Buffer, check_size};
+
+/// The codes of a GEMM operand.
+#[derive(Clone, Copy, Debug)]
+pub enum OperandCodes<'a> {
+    /// FP8 codes, four per word; the operand's scales are `scale_inv`.
+    Fp8(&'a Fp8Buffer),
+    /// NVFP4's E2M1 codes, eight per word ([`crate::nvfp4::Nvfp4Buffer::codes`]); the operand's scales are the
+    /// blocks' dequantization factors ([`crate::nvfp4::nvfp4_block_factors`]).
+    E2m1 {
+        /// The packed codes.
+        codes: &'a Handle,
+        /// Number of elements.
+        len: usize,
+    },
+}
+
+impl OperandCodes<'_> {
+    fn handle(&self) -> &Handle {
+        match self {
+            OperandCodes::Fp8(buffer) => &buffer.codes,
+            OperandCodes::E2m1 { codes, .. } => codes,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            OperandCodes::Fp8(buffer) => buffer.len,
+            OperandCodes::E2m1 { len, .. } => *len,
+        }
+    }
+
+    fn words(&self) -> usize {
+        match self {
+            OperandCodes::Fp8(buffer) => buffer.len.div_ceil(4),
+            OperandCodes::E2m1 { len, .. } => len.div_ceil(8),
+        }
+    }
+
+    fn element(&self) -> CodeFormat {
+        match self {
+            OperandCodes::Fp8(buffer) => CodeFormat::Fp8(buffer.format),
+            OperandCodes::E2m1 { .. } => CodeFormat::E2m1,
+        }
+    }
+}
 
 /// One operand of [`fp8_gemm`]: a quantized `[batch, rows, cols]` tensor as stored (row-major), how it is used
 /// (as is or transposed) and its scales.
 #[derive(Clone, Copy, Debug)]
 pub struct GemmOperand<'a> {
     /// The codes, `batch * rows * cols` of them.
-    pub codes: &'a Fp8Buffer,
-    /// `scale_inv`: one value, or one per block (row-major over each matrix's block grid).
+    pub codes: OperandCodes<'a>,
+    /// What multiplies a decoded code: `scale_inv` (FP8) or the dequantization factor (NVFP4); one value, or one
+    /// per block (row-major over each matrix's block grid).
     pub scale_inv: &'a Handle,
     /// Matrices in the batch; 1 broadcasts against the other operand's batch.
     pub batch: usize,
@@ -126,14 +172,14 @@ impl GemmOperand<'_> {
 
     fn check(&self, what: &'static str) -> Result<(), KernelError> {
         let len = self.batch * self.rows * self.cols;
-        if self.codes.len != len {
+        if self.codes.len() != len {
             return Err(KernelError::LengthMismatch {
                 what,
                 expected: len,
-                actual: self.codes.len,
+                actual: self.codes.len(),
             });
         }
-        check_size(what, &self.codes.codes, 4, len.div_ceil(4))?;
+        check_size(what, self.codes.handle(), 4, self.codes.words())?;
         check_size(what, self.scale_inv, 4, self.scale_count())
     }
 }
@@ -199,14 +245,14 @@ pub fn fp8_gemm<R: Runtime, F: Float + CubeElement>(
             client,
             cube_count,
             CubeDim::new_2d(UNITS, UNITS),
-            ArrayArg::from_raw_parts(a.codes.codes.clone(), a.codes.len.div_ceil(4)),
+            ArrayArg::from_raw_parts(a.codes.handle().clone(), a.codes.words()),
             ArrayArg::from_raw_parts(a.scale_inv.clone(), a.scale_count()),
-            ArrayArg::from_raw_parts(b.codes.codes.clone(), b.codes.len.div_ceil(4)),
+            ArrayArg::from_raw_parts(b.codes.handle().clone(), b.codes.words()),
             ArrayArg::from_raw_parts(b.scale_inv.clone(), b.scale_count()),
             ArrayArg::from_raw_parts(params, param::LEN),
             ArrayArg::from_raw_parts(output.clone(), out_len),
-            a.codes.format,
-            b.codes.format,
+            a.codes.element(),
+            b.codes.element(),
         );
     }
     Ok(output)

@@ -343,6 +343,59 @@ pub fn nvfp4_dequantize<R: Runtime, F: Float + CubeElement>(
     Ok(output)
 }
 
+/// Each block's dequantization factor `(float(s) · amax) · (1/2688)` (f32, row-major over the block grid): the
+/// scales of an NVFP4 operand of [`crate::gemm::fp8_gemm`], which then multiplies each decoded E2M1 code by its
+/// block's factor as it stages it — the values of [`nvfp4_dequantize`] exactly.
+pub fn nvfp4_block_factors<R: Runtime>(
+    client: &ComputeClient<R>,
+    tensor: &Nvfp4Buffer,
+) -> Result<Handle, KernelError> {
+    let blocks = tensor.blocks();
+    let blocks32 = u32::try_from(blocks).map_err(|_| KernelError::TooLarge(blocks))?;
+    check_size("nvfp4 scales", &tensor.scales, 4, blocks.div_ceil(4))?;
+    check_size("nvfp4 amax", &tensor.amax, 4, 1)?;
+    let factors = client.empty(blocks.max(1) * 4);
+    if blocks > 0 {
+        let cube_dim = CubeDim::new_1d(CUBE_SIZE);
+        unsafe {
+            kernel::nvfp4_block_factors_kernel::launch_unchecked::<R>(
+                client,
+                calculate_cube_count_elemwise(client, blocks, cube_dim),
+                cube_dim,
+                ArrayArg::from_raw_parts(tensor.scales.clone(), blocks.div_ceil(4)),
+                ArrayArg::from_raw_parts(tensor.amax.clone(), 1),
+                ArrayArg::from_raw_parts(factors.clone(), blocks),
+                blocks32,
+                0,
+            );
+        }
+    }
+    Ok(factors)
+}
+
+impl Nvfp4Buffer {
+    /// This tensor as a GEMM operand (`factors` from [`nvfp4_block_factors`]), used as is or transposed. Its
+    /// blocks must lie along the GEMM's K: 1×16 blocks of an operand whose K runs along its columns, or 16×16 tiles.
+    pub fn gemm_operand<'a>(
+        &'a self,
+        factors: &'a Handle,
+        transposed: bool,
+    ) -> crate::gemm::GemmOperand<'a> {
+        crate::gemm::GemmOperand {
+            codes: crate::gemm::OperandCodes::E2m1 {
+                codes: &self.codes,
+                len: self.rows * self.cols,
+            },
+            scale_inv: factors,
+            batch: 1,
+            rows: self.rows,
+            cols: self.cols,
+            block: Some(self.tile.block()),
+            transposed,
+        }
+    }
+}
+
 /// The random Hadamard transform of a tensor whose last dimension (`cols`) is a multiple of 16: every 16-element
 /// chunk of a row times `M = diag(s) · H16 · 1/4`, rounded to bf16 (returned as f32).
 pub fn rht<R: Runtime, F: Float + CubeElement>(

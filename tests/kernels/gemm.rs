@@ -4,7 +4,7 @@
 use burn_te_kernels::block::{self, BlockQuantized};
 use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::cubecl::server::Handle;
-use burn_te_kernels::gemm::{GemmOperand, fp8_gemm};
+use burn_te_kernels::gemm::{GemmOperand, OperandCodes, fp8_gemm};
 use burn_te_kernels::ops::Fp8Buffer;
 use burn_te_kernels::{BlockScaleRule, Fp8Format, KernelError, ScaleBlock, host};
 
@@ -86,7 +86,7 @@ impl Operand {
 
     fn gemm(&self, transposed: bool) -> GemmOperand<'_> {
         GemmOperand {
-            codes: &self.codes,
+            codes: OperandCodes::Fp8(&self.codes),
             scale_inv: &self.scale_inv,
             batch: self.batch,
             rows: self.rows,

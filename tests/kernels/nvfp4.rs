@@ -5,6 +5,7 @@
 //! values of the random bits), unbiasedness and reproducibility.
 
 use burn_te_kernels::cubecl::prelude::*;
+use burn_te_kernels::cubecl::server::Handle;
 use burn_te_kernels::host::nvfp4::{self as host_nvfp4, HostNvfp4};
 use burn_te_kernels::nvfp4::{
     self, Nvfp4Buffer, Nvfp4Rounding, Nvfp4Tile, RHT_SIGN_MASK, decode_e2m1, encode_e2m1,
@@ -547,4 +548,124 @@ fn nvfp4_bad_inputs_give_clear_errors() {
         )
         .is_err()
     );
+}
+
+/// `a` (`[m, k]` as used) times `b` (`[k, n]` as used) in f64, from row-major stored matrices.
+fn matmul_f64(
+    a: &[f32],
+    a_cols: usize,
+    a_t: bool,
+    b: &[f32],
+    b_cols: usize,
+    b_t: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let at = |i: usize, p: usize| {
+        f64::from(if a_t {
+            a[p * a_cols + i]
+        } else {
+            a[i * a_cols + p]
+        })
+    };
+    let bt = |p: usize, j: usize| {
+        f64::from(if b_t {
+            b[j * b_cols + p]
+        } else {
+            b[p * b_cols + j]
+        })
+    };
+    let mut out = vec![0.0; m * n];
+    let mut magnitude = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            for p in 0..k {
+                out[i * n + j] += at(i, p) * bt(p, j);
+                magnitude[i * n + j] += (at(i, p) * bt(p, j)).abs();
+            }
+        }
+    }
+    (out, magnitude)
+}
+
+/// The GEMM with NVFP4 operands (E2M1 codes decoded with their blocks' factors as they are staged) equals the f64
+/// product of the dequantized operands, up to f32 accumulation: fprop `X·Wᵀ` (1×16 activation blocks, 16×16 weight
+/// tiles) and wgrad `Xᵀ·G` from columnwise (transposed) 1×16 quantizations; blocks across K are rejected.
+#[test]
+fn gemm_with_nvfp4_operands_equals_the_product_of_the_dequantized_operands() {
+    let client = client();
+    let mut rng = Rng::new(17);
+    let quantize = |x: &[f32], rows: usize, cols: usize, tile: Nvfp4Tile| {
+        let input = upload(x);
+        let amax = ops::amax::<TestRuntime, f32>(&client, &input, x.len()).unwrap();
+        let buffer = nvfp4::nvfp4_quantize::<TestRuntime, f32>(
+            &client,
+            &input,
+            rows,
+            cols,
+            tile,
+            &amax,
+            Nvfp4Rounding::Nearest,
+        )
+        .unwrap();
+        let dequantized = host_nvfp4::dequantize(&read_back(&buffer));
+        let factors = nvfp4::nvfp4_block_factors(&client, &buffer).unwrap();
+        (buffer, factors, dequantized)
+    };
+    let check = |out: &Handle, expected: (Vec<f64>, Vec<f64>), what: &str| {
+        let out = download(out, expected.0.len());
+        for (i, ((y, e), mag)) in out.iter().zip(&expected.0).zip(&expected.1).enumerate() {
+            assert!(
+                (f64::from(*y) - e).abs() <= 1e-6 * mag + 1e-30,
+                "{what}[{i}]: {y} vs {e}"
+            );
+        }
+    };
+    // fprop: X [37, 64] (1×16 along K), W [24, 64] (16×16 tiles) used transposed.
+    let (m, k, n) = (37, 64, 24);
+    let x = rng.normal(m * k, 0.0, 1.0);
+    let w = rng.normal(n * k, 0.0, 0.05);
+    let (xq, xf, xd) = quantize(&x, m, k, Nvfp4Tile::Row1x16);
+    let (wq, wf, wd) = quantize(&w, n, k, Nvfp4Tile::Tile16x16);
+    let out = burn_te_kernels::gemm::fp8_gemm::<TestRuntime, f32>(
+        &client,
+        &xq.gemm_operand(&xf, false),
+        &wq.gemm_operand(&wf, true),
+    )
+    .unwrap();
+    check(
+        &out,
+        matmul_f64(&xd, k, false, &wd, k, true, m, k, n),
+        "fprop",
+    );
+
+    // wgrad: Xᵀ·G over the 48 tokens, each operand quantized columnwise ([features, tokens], 1×16 along tokens).
+    let (tokens, features, outputs) = (48, 20, 33);
+    let xt = rng.normal(features * tokens, 0.0, 1.0);
+    let gt = rng.normal(outputs * tokens, 0.0, 1e-3);
+    let (xq, xf, xd) = quantize(&xt, features, tokens, Nvfp4Tile::Row1x16);
+    let (gq, gf, gd) = quantize(&gt, outputs, tokens, Nvfp4Tile::Row1x16);
+    let out = burn_te_kernels::gemm::fp8_gemm::<TestRuntime, f32>(
+        &client,
+        &xq.gemm_operand(&xf, false),
+        &gq.gemm_operand(&gf, true),
+    )
+    .unwrap();
+    check(
+        &out,
+        matmul_f64(
+            &xd, tokens, false, &gd, tokens, true, features, tokens, outputs,
+        ),
+        "wgrad",
+    );
+
+    // 1×16 blocks across K (the stored rows are K) cannot be staged one scale per stage: a clear error.
+    let err = burn_te_kernels::gemm::fp8_gemm::<TestRuntime, f32>(
+        &client,
+        &xq.gemm_operand(&xf, true),
+        &xq.gemm_operand(&xf, false),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("along K"), "{err}");
 }

@@ -1,4 +1,5 @@
-//! FP8 GEMM: `out[b] = dequant(A[b]) × dequant(B[b])` with f32 accumulation, tiled in shared memory.
+//! FP8 GEMM: `out[b] = dequant(A[b]) × dequant(B[b])` with f32 accumulation, tiled in shared memory. The operands
+//! are FP8 codes (per-tensor or per-block `scale_inv`) or NVFP4's E2M1 codes (per-block dequantization factors).
 //!
 //! Each cube computes a `TILE_M × TILE_N` output tile with `16 × 16` units, each unit an `8 × 8` register block:
 //! row groups `ty` and `ty + 16` (4 consecutive rows each) by column groups `tx` and `tx + 16`. The K loop stages `TILE_K`-deep slices of both operands in shared
@@ -10,7 +11,27 @@
 use cubecl::prelude::*;
 
 use super::fp8::decode_fp8;
+use super::nvfp4::decode_e2m1;
 use crate::Fp8Format;
+
+/// The element codes of a GEMM operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CodeFormat {
+    /// FP8 codes, four per `u32` word.
+    Fp8(Fp8Format),
+    /// NVFP4's E2M1 codes, eight per word (the scales are the blocks' dequantization factors).
+    E2m1,
+}
+
+impl CodeFormat {
+    /// The FP8 format (E4M3 for E2M1, where it is not used).
+    pub const fn fp8(self) -> Fp8Format {
+        match self {
+            CodeFormat::Fp8(format) => format,
+            CodeFormat::E2m1 => Fp8Format::E4M3,
+        }
+    }
+}
 
 /// Output rows per cube.
 pub const TILE_M: u32 = 128;
@@ -47,10 +68,24 @@ pub mod param {
     pub const LEN: usize = 19;
 }
 
-/// The FP8 code at element `offset` of a packed code array.
+/// The code at element `offset` of a packed code array (bytes for FP8, nibbles for E2M1).
 #[cube]
-fn code_at(codes: &Array<u32>, offset: u32) -> u32 {
-    (codes[(offset / 4) as usize] >> ((offset % 4) * 8)) & 0xff
+fn code_at(codes: &Array<u32>, offset: u32, #[comptime] element: CodeFormat) -> u32 {
+    if comptime!(element == CodeFormat::E2m1) {
+        (codes[(offset / 8) as usize] >> ((offset % 8) * 4)) & 0xf
+    } else {
+        (codes[(offset / 4) as usize] >> ((offset % 4) * 8)) & 0xff
+    }
+}
+
+/// The value of a code.
+#[cube]
+fn decode(code: u32, #[comptime] element: CodeFormat) -> f32 {
+    if comptime!(element == CodeFormat::E2m1) {
+        decode_e2m1(code)
+    } else {
+        decode_fp8(code, comptime!(element.fp8()))
+    }
 }
 
 /// Where one unit stages its elements of one operand: for each of its `LOADS` slots, the code offset and the
@@ -117,7 +152,7 @@ fn stage(
     #[comptime] strides: usize,
     #[comptime] scale_params: usize,
     #[comptime] outer_first: bool,
-    #[comptime] format: Fp8Format,
+    #[comptime] element: CodeFormat,
 ) {
     let depth_stride = if comptime!(outer_first) {
         params[strides + 2]
@@ -140,8 +175,8 @@ fn stage(
             let l = v * 4 + lane;
             let (outer, depth) = slot_position(l, unit);
             if outer0 + outer < outer_len && k0 + depth < k_len {
-                let code = code_at(codes, code_bases[l as usize] + stage_code);
-                vector[lane as usize] = decode_fp8(code, format)
+                let code = code_at(codes, code_bases[l as usize] + stage_code, element);
+                vector[lane as usize] = decode(code, element)
                     * scales[(scale_bases[l as usize] + stage_scale) as usize];
             }
         }
@@ -159,8 +194,8 @@ pub fn fp8_gemm_kernel<F: Float>(
     b_scales: &Array<f32>,
     params: &Array<u32>,
     out: &mut Array<F>,
-    #[comptime] a_format: Fp8Format,
-    #[comptime] b_format: Fp8Format,
+    #[comptime] a_format: CodeFormat,
+    #[comptime] b_format: CodeFormat,
 ) {
     let m_len = params[param::M];
     let n_len = params[param::N];

@@ -262,6 +262,22 @@ pub fn nvfp4_dequantize_kernel<F: Float>(
     }
 }
 
+/// Each block's dequantization factor `(float(s) · amax) · (1/2688)`, one unit per block: what the GEMM multiplies
+/// a decoded E2M1 code by as it stages it.
+#[cube(launch_unchecked)]
+pub fn nvfp4_block_factors_kernel(
+    scales: &Array<u32>,
+    amax: &Array<f32>,
+    factors: &mut Array<f32>,
+    blocks: u32,
+    zero: u32,
+) {
+    let block = ABSOLUTE_POS as u32;
+    if block < blocks {
+        factors[block as usize] = dequantize_factor(scale_code(scales, block), amax[0], zero);
+    }
+}
+
 /// Rounds f32 bits to the nearest bf16 (ties to even), kept as f32; NaN stays NaN.
 #[cube]
 pub fn round_to_bf16(bits: u32) -> f32 {
