@@ -3,6 +3,8 @@
 //! - `quantize` (E4M3, fused amax off) vs a plain f32 copy kernel with the same launch shape;
 //! - one-pass `stats` vs `amax` alone.
 //!
+//! - the GEMM with NVFP4 operands vs FP8 operands (512³, 1024³), and NVFP4 quantization.
+//!
 //! Sizes: 1M and 16M elements. Throughput is bytes moved (quantize 5 B/elem: 4 read + 1 written; copy 8 B/elem;
 //! stats and amax 4 B/elem read). Run: `cargo bench --bench kernels`.
 
@@ -10,6 +12,8 @@ use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::cubecl::server::Handle;
 use burn_te_kernels::cubecl::wgpu::{WgpuDevice, WgpuRuntime};
 use burn_te_kernels::cubecl::{CubeDim, calculate_cube_count_elemwise, future::block_on};
+use burn_te_kernels::gemm::{GemmOperand, OperandCodes, fp8_gemm};
+use burn_te_kernels::nvfp4::{self, Nvfp4Rounding, Nvfp4Tile};
 use burn_te_kernels::{Fp8Format, ops};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
@@ -106,5 +110,85 @@ fn bench_kernels(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench_kernels);
+/// The GEMM with NVFP4 operands (E2M1 codes, 1×16 activation blocks, 16×16 weight tiles) vs FP8 operands (E4M3,
+/// per-tensor scale) in the same tiled kernel, fprop-shaped `X·Wᵀ`; and the NVFP4 quantization of both operands.
+fn bench_nvfp4_gemm(c: &mut Criterion) {
+    let client = R::client(&WgpuDevice::default());
+    for (m, k, n) in [(512, 512, 512), (1024, 1024, 1024)] {
+        let values = |len: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 250.0)
+                .collect()
+        };
+        let x = client.create_from_slice(f32::as_bytes(&values(m * k)));
+        let w = client.create_from_slice(f32::as_bytes(&values(n * k)));
+        let one = ops::scalar_buffer(&client, 1.0);
+        let fp8 = |input: &Handle, len| {
+            ops::quantize::<R, f32>(&client, input, len, &one, Fp8Format::E4M3, None).unwrap()
+        };
+        let (x8, w8) = (fp8(&x, m * k), fp8(&w, n * k));
+        let nvfp4 = |input: &Handle, rows, cols, tile| {
+            let amax = ops::amax::<R, f32>(&client, input, rows * cols).unwrap();
+            nvfp4::nvfp4_quantize::<R, f32>(
+                &client,
+                input,
+                rows,
+                cols,
+                tile,
+                &amax,
+                Nvfp4Rounding::Nearest,
+            )
+            .unwrap()
+        };
+        let x4 = nvfp4(&x, m, k, Nvfp4Tile::Row1x16);
+        let w4 = nvfp4(&w, n, k, Nvfp4Tile::Tile16x16);
+        let (x4f, w4f) = (
+            nvfp4::nvfp4_block_factors(&client, &x4).unwrap(),
+            nvfp4::nvfp4_block_factors(&client, &w4).unwrap(),
+        );
+        let operand = |codes, rows, cols, transposed| GemmOperand {
+            codes: OperandCodes::Fp8(codes),
+            scale_inv: &one,
+            batch: 1,
+            rows,
+            cols,
+            block: None,
+            transposed,
+        };
+        let mut group = c.benchmark_group(format!("gemm operands {m}x{k}x{n}"));
+        group.sample_size(10);
+        group.bench_function("fp8 e4m3 operands", |b| {
+            b.iter(|| {
+                fp8_gemm::<R, f32>(
+                    &client,
+                    &operand(&x8, m, k, false),
+                    &operand(&w8, n, k, true),
+                )
+                .unwrap();
+                sync(&client);
+            })
+        });
+        group.bench_function("nvfp4 operands", |b| {
+            b.iter(|| {
+                fp8_gemm::<R, f32>(
+                    &client,
+                    &x4.gemm_operand(&x4f, false),
+                    &w4.gemm_operand(&w4f, true),
+                )
+                .unwrap();
+                sync(&client);
+            })
+        });
+        group.bench_function("nvfp4 quantize both operands", |b| {
+            b.iter(|| {
+                nvfp4(&x, m, k, Nvfp4Tile::Row1x16);
+                nvfp4(&w, n, k, Nvfp4Tile::Tile16x16);
+                sync(&client);
+            })
+        });
+        group.finish();
+    }
+}
+
+criterion_group!(benches, bench_kernels, bench_nvfp4_gemm);
 criterion_main!(benches);
