@@ -353,8 +353,8 @@ fn counter_block(out: &mut String, name: &str, value: u64) {
 
 /// The metrics named `keep` (all of them for `None`) and the counters whose name passes `keep_counter`, as text.
 fn report(keep: Option<&[&str]>, keep_counter: impl Fn(&str) -> bool) -> String {
-    let all = merged();
-    let (metrics, counters) = (|r: &Registry| {
+    let r = merged();
+    let (metrics, counters) = {
         let mut metrics: Vec<(String, MetricData)> = r
             .metrics
             .iter()
@@ -371,7 +371,7 @@ fn report(keep: Option<&[&str]>, keep_counter: impl Fn(&str) -> bool) -> String 
             .collect();
         counters.sort();
         (metrics, counters)
-    })(&all);
+    };
     let mut out = String::new();
     for (name, data) in &metrics {
         metric_block(&mut out, name, data);

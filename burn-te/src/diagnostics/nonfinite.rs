@@ -76,13 +76,16 @@ impl fmt::Display for NonFiniteOrigin {
     }
 }
 
+/// Reads a launched check back: `(NaN, +inf, -inf)` counts, or why it could not be read.
+type ReadCounts = Box<dyn FnOnce() -> Result<(u64, u64, u64), String>>;
+
 /// A launched check of one tensor.
 struct Pending {
     layer: String,
     gemm: Gemm,
     tensor: OriginTensor,
     shape: Vec<usize>,
-    read: Box<dyn FnOnce() -> Result<(u64, u64, u64), String>>,
+    read: ReadCounts,
 }
 
 #[derive(Default)]
