@@ -17,10 +17,9 @@
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
-use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
-use crate::kernel::{nvfp4 as kernel, reduce::CUBE_SIZE};
-use crate::ops::check_size;
+use crate::kernel::nvfp4 as kernel;
+use crate::ops::{check_len, check_size, elementwise_grid};
 use crate::{Fp8Format, KernelError, ScaleBlock};
 
 /// `448 · 6`: E4M3's largest value times E2M1's.
@@ -225,7 +224,7 @@ pub enum Nvfp4Rounding {
 
 fn geometry(rows: usize, cols: usize, tile: Nvfp4Tile) -> Result<[u32; 4], KernelError> {
     let len = rows * cols;
-    u32::try_from(len).map_err(|_| KernelError::TooLarge(len))?;
+    check_len(len)?;
     let block = tile.block();
     Ok([
         rows as u32,
@@ -259,16 +258,17 @@ pub fn nvfp4_quantize<R: Runtime, F: Float + CubeElement>(
     let scales = client.empty(scale_words.max(1) * 4);
     let codes = client.empty(code_words.max(1) * 4);
     if len > 0 {
-        let cube_dim = CubeDim::new_1d(CUBE_SIZE);
         let (stochastic, seed) = match rounding {
             Nvfp4Rounding::Nearest => (false, 0),
             Nvfp4Rounding::Stochastic { seed } => (true, seed),
         };
+        let scale_words_grid = elementwise_grid(client, scale_words);
+        let code_words_grid = elementwise_grid(client, code_words);
         unsafe {
             kernel::nvfp4_block_scale_kernel::launch_unchecked::<F, R>(
                 client,
-                calculate_cube_count_elemwise(client, scale_words, cube_dim),
-                cube_dim,
+                scale_words_grid.0,
+                scale_words_grid.1,
                 ArrayArg::from_raw_parts(input.clone(), len),
                 ArrayArg::from_raw_parts(amax.clone(), 1),
                 ArrayArg::from_raw_parts(scales.clone(), scale_words),
@@ -280,8 +280,8 @@ pub fn nvfp4_quantize<R: Runtime, F: Float + CubeElement>(
             );
             kernel::nvfp4_quantize_kernel::launch_unchecked::<F, R>(
                 client,
-                calculate_cube_count_elemwise(client, code_words, cube_dim),
-                cube_dim,
+                code_words_grid.0,
+                code_words_grid.1,
                 ArrayArg::from_raw_parts(input.clone(), len),
                 ArrayArg::from_raw_parts(amax.clone(), 1),
                 ArrayArg::from_raw_parts(scales.clone(), scale_words),
@@ -322,12 +322,12 @@ pub fn nvfp4_dequantize<R: Runtime, F: Float + CubeElement>(
     check_size("nvfp4 amax", &tensor.amax, 4, 1)?;
     let output = client.empty(len.max(1) * size_of::<F>());
     if len > 0 {
-        let cube_dim = CubeDim::new_1d(CUBE_SIZE);
+        let len_grid = elementwise_grid(client, len);
         unsafe {
             kernel::nvfp4_dequantize_kernel::launch_unchecked::<F, R>(
                 client,
-                calculate_cube_count_elemwise(client, len, cube_dim),
-                cube_dim,
+                len_grid.0,
+                len_grid.1,
                 ArrayArg::from_raw_parts(tensor.codes.clone(), len.div_ceil(8)),
                 ArrayArg::from_raw_parts(tensor.scales.clone(), tensor.blocks().div_ceil(4)),
                 ArrayArg::from_raw_parts(tensor.amax.clone(), 1),
@@ -351,17 +351,17 @@ pub fn nvfp4_block_factors<R: Runtime>(
     tensor: &Nvfp4Buffer,
 ) -> Result<Handle, KernelError> {
     let blocks = tensor.blocks();
-    let blocks32 = u32::try_from(blocks).map_err(|_| KernelError::TooLarge(blocks))?;
+    let blocks32 = check_len(blocks)?;
     check_size("nvfp4 scales", &tensor.scales, 4, blocks.div_ceil(4))?;
     check_size("nvfp4 amax", &tensor.amax, 4, 1)?;
     let factors = client.empty(blocks.max(1) * 4);
     if blocks > 0 {
-        let cube_dim = CubeDim::new_1d(CUBE_SIZE);
+        let blocks_grid = elementwise_grid(client, blocks);
         unsafe {
             kernel::nvfp4_block_factors_kernel::launch_unchecked::<R>(
                 client,
-                calculate_cube_count_elemwise(client, blocks, cube_dim),
-                cube_dim,
+                blocks_grid.0,
+                blocks_grid.1,
                 ArrayArg::from_raw_parts(tensor.scales.clone(), blocks.div_ceil(4)),
                 ArrayArg::from_raw_parts(tensor.amax.clone(), 1),
                 ArrayArg::from_raw_parts(factors.clone(), blocks),
@@ -407,16 +407,16 @@ pub fn rht<R: Runtime, F: Float + CubeElement>(
 ) -> Result<Handle, KernelError> {
     check_rht_cols(cols)?;
     let len = rows * cols;
-    let len32 = u32::try_from(len).map_err(|_| KernelError::TooLarge(len))?;
+    let len32 = check_len(len)?;
     check_size("rht input", input, size_of::<F>(), len)?;
     let output = client.empty(len.max(1) * 4);
     if len > 0 {
-        let cube_dim = CubeDim::new_1d(CUBE_SIZE);
+        let len_grid = elementwise_grid(client, len);
         unsafe {
             kernel::rht_kernel::launch_unchecked::<F, R>(
                 client,
-                calculate_cube_count_elemwise(client, len, cube_dim),
-                cube_dim,
+                len_grid.0,
+                len_grid.1,
                 ArrayArg::from_raw_parts(input.clone(), len),
                 ArrayArg::from_raw_parts(output.clone(), len),
                 len32,

@@ -22,7 +22,7 @@ pub struct Fp8Buffer {
     pub format: Fp8Format,
 }
 
-fn check_len(len: usize) -> Result<u32, KernelError> {
+pub(crate) fn check_len(len: usize) -> Result<u32, KernelError> {
     u32::try_from(len).map_err(|_| KernelError::TooLarge(len))
 }
 
@@ -43,7 +43,10 @@ pub(crate) fn check_size(
     Ok(())
 }
 
-fn elementwise_grid<R: Runtime>(client: &ComputeClient<R>, units: usize) -> (CubeCount, CubeDim) {
+pub(crate) fn elementwise_grid<R: Runtime>(
+    client: &ComputeClient<R>,
+    units: usize,
+) -> (CubeCount, CubeDim) {
     let cube_dim = CubeDim::new_1d(CUBE_SIZE);
     (
         calculate_cube_count_elemwise(client, units.max(1), cube_dim),
