@@ -169,12 +169,15 @@ impl<B: TeBackend> DebugTensor for SiteTensor<B> {
             false,
             None,
         )?;
+        let quantized = quantized.tensor;
         let host = B::fp8_read(&quantized)?;
         Ok(Some(Quantized {
+            shape: quantized.shape.as_slice().to_vec(),
             format: quantized.format,
             codes: host.codes,
             scale_inv: host.scale_inv,
             block: quantized.block,
+            nvfp4: host.nvfp4,
         }))
     }
 
@@ -320,8 +323,7 @@ fn postquantize<B: TeBackend>(
                 false,
                 current_margin,
             )
-            .and_then(B::fp8_dequantize)
-            .map(|values| B::float_reshape(values, shape))
+            .and_then(|quantized| quantized.dequantize(shape))
         }
     };
     match quantized {

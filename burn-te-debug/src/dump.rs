@@ -33,28 +33,62 @@ impl DumpEntry {
         }
     }
 
-    /// The FP8 codes (`quantized`: the raw bytes as `U8`, which every reader opens; the format is the file's
-    /// `fp8_format` metadata, e.g. numpy `codes.view(ml_dtypes.float8_e4m3fn)`, torch
-    /// `codes.view(torch.float8_e4m3fn)`) and their `scale_inv` values (`[n]` f32: one, or one per block,
-    /// row-major over the block grid).
-    pub fn quantized(shape: Vec<usize>, quantized: Quantized) -> [DumpEntry; 2] {
-        [
+    /// The codes and scales of a quantized tensor:
+    /// - FP8: `quantized` (the raw bytes as `U8`, which every reader opens; the format is the file's `fp8_format`
+    ///   metadata, e.g. numpy `codes.view(ml_dtypes.float8_e4m3fn)`, torch `codes.view(torch.float8_e4m3fn)`) and
+    ///   `scale_inv` (`[n]` f32: one, or one per block, row-major over the block grid);
+    /// - NVFP4: `quantized` packed as TE packs it (`[⌈n/2⌉]` bytes of the row-major codes, element `2k` in the low
+    ///   nibble of byte `k`), `block_scales` (the E4M3 codes over the block grid, `U8`), `global_amax` (`[1]` f32)
+    ///   and `scale_inv` (each block's dequantization factor `(e4m3(s) · amax) / 2688`, f32).
+    pub fn quantized(quantized: Quantized) -> Vec<DumpEntry> {
+        let f32_entry = |key: &str, shape: Vec<usize>, values: &[f32]| DumpEntry {
+            key: key.into(),
+            dtype: Dtype::F32,
+            shape,
+            bytes: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        };
+        let scale_inv = f32_entry(
+            "scale_inv",
+            vec![quantized.scale_inv.len()],
+            &quantized.scale_inv,
+        );
+        let Some(nvfp4) = quantized.nvfp4 else {
+            return vec![
+                DumpEntry {
+                    key: "quantized".into(),
+                    dtype: Dtype::U8,
+                    shape: quantized.shape,
+                    bytes: quantized.codes,
+                },
+                scale_inv,
+            ];
+        };
+        let mut packed = vec![0u8; quantized.codes.len().div_ceil(2)];
+        for (index, code) in quantized.codes.iter().enumerate() {
+            packed[index / 2] |= (code & 0xf) << (4 * (index % 2));
+        }
+        let grid = match (quantized.block, quantized.shape.split_last()) {
+            (Some(block), Some((&cols, leading))) => {
+                let (grid_rows, grid_cols) = block.grid(leading.iter().product(), cols);
+                vec![grid_rows, grid_cols]
+            }
+            _ => vec![nvfp4.block_scales.len()],
+        };
+        vec![
             DumpEntry {
                 key: "quantized".into(),
                 dtype: Dtype::U8,
-                shape,
-                bytes: quantized.codes,
+                shape: vec![packed.len()],
+                bytes: packed,
             },
             DumpEntry {
-                key: "scale_inv".into(),
-                dtype: Dtype::F32,
-                shape: vec![quantized.scale_inv.len()],
-                bytes: quantized
-                    .scale_inv
-                    .iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect(),
+                key: "block_scales".into(),
+                dtype: Dtype::U8,
+                shape: grid,
+                bytes: nvfp4.block_scales,
             },
+            f32_entry("global_amax", vec![1], &[nvfp4.global_amax]),
+            scale_inv,
         ]
     }
 }

@@ -3,6 +3,7 @@
 use burn::tensor::Shape;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
+use burn_te_kernels::nvfp4::{Nvfp4Rounding, Nvfp4Tile, decode_e2m1};
 use burn_te_kernels::{
     AmaxComputeAlgo, BlockScaleRule, Fp8Format, Fp8Stats, ScaleBlock, TensorStats,
 };
@@ -11,15 +12,49 @@ use crate::fp8_gemm::fold_rows;
 use crate::site::GemmSite;
 use crate::{Recipe, TeError};
 
-/// A tensor quantized to FP8: the backend's buffers (codes and `scale_inv`) and what they mean.
+/// The format of a quantized tensor's elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ElementFormat {
+    /// FP8 codes.
+    Fp8(Fp8Format),
+    /// NVFP4's E2M1 codes, scaled per block by an E4M3 scale and a global FP32 scale.
+    E2m1,
+}
+
+impl ElementFormat {
+    /// The value of a code (E2M1: its low four bits).
+    pub fn decode(self, code: u8) -> f32 {
+        match self {
+            ElementFormat::Fp8(format) => format.decode(code),
+            ElementFormat::E2m1 => decode_e2m1(code),
+        }
+    }
+
+    /// Lower-case name, as in file names and logs: `e4m3`, `e5m2` or `e2m1`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ElementFormat::Fp8(format) => format.name(),
+            ElementFormat::E2m1 => "e2m1",
+        }
+    }
+}
+
+impl From<Fp8Format> for ElementFormat {
+    fn from(format: Fp8Format) -> Self {
+        ElementFormat::Fp8(format)
+    }
+}
+
+/// A quantized tensor (FP8, or NVFP4's E2M1): the backend's buffers (codes and `scale_inv`) and what they mean.
 #[derive(Clone, Debug)]
 pub struct Fp8Tensor<D> {
-    /// The backend's buffers: the codes (row-major) and the `scale_inv` values.
+    /// The backend's buffers: the codes (row-major) and the `scale_inv` values (NVFP4: each block's dequantization
+    /// factor `(e4m3(s) · amax) / 2688`).
     pub data: D,
     /// The tensor's shape.
     pub shape: Shape,
-    /// The FP8 format of the codes.
-    pub format: Fp8Format,
+    /// The format of the codes.
+    pub format: ElementFormat,
     /// `None`: one scale for the tensor; `Some(block)`: one scale per block of the tensor viewed as
     /// `[leading dims folded, last dim]`.
     pub block: Option<ScaleBlock>,
@@ -41,10 +76,22 @@ impl<D> Fp8Tensor<D> {
 /// A quantized tensor's buffers on the host, read by [`TeBackend::fp8_read`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Fp8HostData {
-    /// The FP8 codes, one per element, row-major.
+    /// The codes, one per element (E2M1: one nibble per byte), row-major.
     pub codes: Vec<u8>,
-    /// `scale_inv`: one value, or one per block (row-major over the block grid).
+    /// `scale_inv`: one value, or one per block (row-major over the block grid); NVFP4: each block's
+    /// dequantization factor.
     pub scale_inv: Vec<f32>,
+    /// NVFP4's two-level scales (`None` for FP8).
+    pub nvfp4: Option<Nvfp4Scales>,
+}
+
+/// The scales of an NVFP4 tensor as TE stores them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Nvfp4Scales {
+    /// The E4M3 code of each block's decode scale, row-major over the block grid.
+    pub block_scales: Vec<u8>,
+    /// The global amax (TE stores it, not the global scale).
+    pub global_amax: f32,
 }
 
 /// The FP8 quantized primitive of a [`TeBackend`].
@@ -73,6 +120,18 @@ pub enum Scaling<'a, S> {
         block: ScaleBlock,
         /// Power-of-two (Float8BlockScaling) or E8M0 (MXFP8) scales.
         rule: BlockScaleRule,
+    },
+    /// NVFP4: E2M1 codes, one E4M3 scale per block and a global scale from the tensor's amax (after the RHT);
+    /// the `format` of the quantization must be E4M3 (the block scales' format). The blocks lie on the tensor
+    /// viewed as `[leading dims folded, last dim]`.
+    Nvfp4 {
+        /// 1×16 blocks or 16×16 tiles.
+        tile: Nvfp4Tile,
+        /// Nearest-even or stochastic rounding.
+        rounding: Nvfp4Rounding,
+        /// Quantize the random Hadamard transform of the tensor (16-element chunks of its last dimension, which
+        /// must be a multiple of 16) instead of the tensor.
+        rht: bool,
     },
 }
 

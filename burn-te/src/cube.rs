@@ -9,19 +9,24 @@ use burn_cubecl::{CubeBackend, CubeRuntime};
 use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::cubecl::server::Handle;
 use burn_te_kernels::gemm::{GemmOperand, OperandCodes, fp8_gemm};
+use burn_te_kernels::nvfp4::{self, Nvfp4Buffer, RHT_SIGN_MASK};
 use burn_te_kernels::ops::{self, Fp8Buffer, ScaleBuffers};
 use burn_te_kernels::{Fp8Format, Fp8Stats, KernelError, block};
 
 use crate::TeError;
-use crate::backend::{Fp8HostData, Fp8Primitive, Fp8Tensor, Scaling, TeBackend};
+use crate::backend::{
+    ElementFormat, Fp8HostData, Fp8Primitive, Fp8Tensor, Nvfp4Scales, Scaling, TeBackend,
+};
 
-/// FP8 buffers on a CubeCL device.
+/// FP8 (or NVFP4) buffers on a CubeCL device.
 #[derive(Clone)]
 pub struct CubeFp8Data<R: CubeRuntime> {
-    /// Codes, four per `u32` word, row-major.
+    /// Codes, four per `u32` word (E2M1: eight), row-major.
     pub codes: Handle,
-    /// `scale_inv`: one f32, or one per block.
+    /// `scale_inv`: one f32, or one per block (NVFP4: each block's dequantization factor).
     pub scale_inv: Handle,
+    /// NVFP4's E4M3 block scales and global amax.
+    pub nvfp4: Option<Nvfp4Buffer>,
     client: ComputeClient<R>,
     device: R::Device,
 }
@@ -92,22 +97,39 @@ fn float_output<R: CubeRuntime>(
     )
 }
 
-fn fp8_tensor<R: CubeRuntime>(
-    like: &CubeTensor<R>,
-    codes: Fp8Buffer,
+/// What a quantization produced: the codes, the `scale_inv` buffer and the layout.
+struct Quantized {
+    codes: Handle,
     scale_inv: Handle,
+    format: ElementFormat,
     block: Option<block::ScaleBlock>,
-) -> Fp8Tensor<CubeFp8Data<R>> {
-    Fp8Tensor {
-        data: CubeFp8Data {
+    nvfp4: Option<Nvfp4Buffer>,
+}
+
+impl Quantized {
+    fn fp8(codes: Fp8Buffer, scale_inv: Handle, block: Option<block::ScaleBlock>) -> Self {
+        Self {
             codes: codes.codes,
             scale_inv,
+            format: ElementFormat::Fp8(codes.format),
+            block,
+            nvfp4: None,
+        }
+    }
+}
+
+fn fp8_tensor<R: CubeRuntime>(like: &CubeTensor<R>, q: Quantized) -> Fp8Tensor<CubeFp8Data<R>> {
+    Fp8Tensor {
+        data: CubeFp8Data {
+            codes: q.codes,
+            scale_inv: q.scale_inv,
+            nvfp4: q.nvfp4,
             client: like.client.clone(),
             device: like.device.clone(),
         },
         shape: like.meta.shape().clone(),
-        format: codes.format,
-        block,
+        format: q.format,
+        block: q.block,
     }
 }
 
@@ -115,7 +137,7 @@ fn quantize<R: CubeRuntime, F: Float + CubeElement>(
     x: &CubeTensor<R>,
     format: Fp8Format,
     scaling: Scaling<'_, CubeDelayedState<R>>,
-) -> Result<(Fp8Buffer, Handle, Option<block::ScaleBlock>), TeError> {
+) -> Result<Quantized, TeError> {
     let client = &x.client;
     let len = x.meta.shape().num_elements();
     match scaling {
@@ -124,7 +146,7 @@ fn quantize<R: CubeRuntime, F: Float + CubeElement>(
             let scales = ScaleBuffers::new(client, 1, 1.0);
             ops::compute_scale(client, &amax, &scales, format, margin)?;
             let codes = ops::quantize::<R, F>(client, &x.handle, len, &scales.scale, format, None)?;
-            Ok((codes, scales.scale_inv, None))
+            Ok(Quantized::fp8(codes, scales.scale_inv, None))
         }
         Scaling::Delayed { state, record } => {
             // The scale in use; copied, as a later update changes the state's buffers in place.
@@ -137,14 +159,75 @@ fn quantize<R: CubeRuntime, F: Float + CubeElement>(
                 format,
                 record.then_some(&state.history),
             )?;
-            Ok((codes, scale_inv, None))
+            Ok(Quantized::fp8(codes, scale_inv, None))
         }
         Scaling::Block { block, rule } => {
             let (rows, cols) = rows_cols(x.meta.shape());
             let quantized =
                 block::block_quantize::<R, F>(client, &x.handle, rows, cols, block, rule, format)?;
-            Ok((quantized.codes, quantized.scale_inv, Some(block)))
+            Ok(Quantized::fp8(
+                quantized.codes,
+                quantized.scale_inv,
+                Some(block),
+            ))
         }
+        Scaling::Nvfp4 {
+            tile,
+            rounding,
+            rht,
+        } => {
+            crate::nvfp4::check_scale_format(format)?;
+            let (rows, cols) = rows_cols(x.meta.shape());
+            let buffer = if rht {
+                // The transform's output is f32 (bf16-rounded values); the global amax is the transformed one.
+                let transformed = nvfp4::rht::<R, F>(client, &x.handle, rows, cols, RHT_SIGN_MASK)?;
+                let amax = ops::amax::<R, f32>(client, &transformed, len)?;
+                nvfp4::nvfp4_quantize::<R, f32>(
+                    client,
+                    &transformed,
+                    rows,
+                    cols,
+                    tile,
+                    &amax,
+                    rounding,
+                )?
+            } else {
+                let amax = ops::amax::<R, F>(client, &x.handle, len)?;
+                nvfp4::nvfp4_quantize::<R, F>(client, &x.handle, rows, cols, tile, &amax, rounding)?
+            };
+            let factors = nvfp4::nvfp4_block_factors(client, &buffer)?;
+            Ok(Quantized {
+                codes: buffer.codes.clone(),
+                scale_inv: factors,
+                format: ElementFormat::E2m1,
+                block: Some(tile.block()),
+                nvfp4: Some(buffer),
+            })
+        }
+    }
+}
+
+/// A quantized tensor as a GEMM operand (`fp8`: its codes as an FP8 buffer; `None` for E2M1).
+fn gemm_operand<'a, R: CubeRuntime>(
+    q: &'a Fp8Tensor<CubeFp8Data<R>>,
+    fp8: Option<&'a Fp8Buffer>,
+    transposed: bool,
+) -> GemmOperand<'a> {
+    let (batch, rows, cols) = q.matrix_dims();
+    GemmOperand {
+        codes: match fp8 {
+            Some(buffer) => OperandCodes::Fp8(buffer),
+            None => OperandCodes::E2m1 {
+                codes: &q.data.codes,
+                len: q.shape.num_elements(),
+            },
+        },
+        scale_inv: &q.data.scale_inv,
+        batch,
+        rows,
+        cols,
+        block: q.block,
+        transposed,
     }
 }
 
@@ -202,9 +285,9 @@ where
     ) -> Result<Fp8Primitive<Self>, TeError> {
         crate::diagnostics::count_launch(crate::diagnostics::names::QUANTIZE_LAUNCHES);
         let x = into_contiguous(tensor);
-        let (codes, scale_inv, block) =
+        let quantized =
             with_float!(x.dtype, "fp8_quantize", T => quantize::<R, T>(&x, format, scaling))?;
-        Ok(fp8_tensor(&x, codes, scale_inv, block))
+        Ok(fp8_tensor(&x, quantized))
     }
 
     fn fp8_read(tensor: &Fp8Primitive<Self>) -> Result<Fp8HostData, TeError> {
@@ -227,24 +310,56 @@ where
             })
         };
         let mut codes = read(&tensor.data.codes)?;
+        if tensor.format == ElementFormat::E2m1 {
+            codes = codes
+                .iter()
+                .flat_map(|&byte| [byte & 0xf, byte >> 4])
+                .collect();
+        }
         codes.truncate(len);
         let scale_inv = read(&tensor.data.scale_inv)?;
         let scale_inv = f32::from_bytes(&scale_inv)[..scales].to_vec();
-        Ok(Fp8HostData { codes, scale_inv })
+        let nvfp4 = match &tensor.data.nvfp4 {
+            None => None,
+            Some(buffer) => {
+                let mut block_scales = read(&buffer.scales)?;
+                block_scales.truncate(scales);
+                let amax = read(&buffer.amax)?;
+                Some(Nvfp4Scales {
+                    block_scales,
+                    global_amax: f32::from_bytes(&amax)[0],
+                })
+            }
+        };
+        Ok(Fp8HostData {
+            codes,
+            scale_inv,
+            nvfp4,
+        })
     }
 
     fn fp8_dequantize(tensor: Fp8Primitive<Self>) -> Result<CubeTensor<R>, TeError> {
         let data = &tensor.data;
         let len = tensor.shape.num_elements();
+        let client = &data.client;
+        let (format, nvfp4) = match (tensor.format, &data.nvfp4) {
+            (ElementFormat::Fp8(format), _) => (format, None),
+            (ElementFormat::E2m1, Some(buffer)) => (Fp8Format::E4M3, Some(buffer)),
+            (ElementFormat::E2m1, None) => {
+                return Err(TeError::Read(
+                    "an E2M1 tensor without its NVFP4 scales".into(),
+                ));
+            }
+        };
         let buffer = Fp8Buffer {
             codes: data.codes.clone(),
             len,
-            format: tensor.format,
+            format,
         };
-        let client = &data.client;
-        let handle = match tensor.block {
-            None => ops::dequantize::<R, F>(client, &buffer, &data.scale_inv)?,
-            Some(block) => {
+        let handle = match (nvfp4, tensor.block) {
+            (Some(nvfp4), _) => nvfp4::nvfp4_dequantize::<R, F>(client, nvfp4)?,
+            (None, None) => ops::dequantize::<R, F>(client, &buffer, &data.scale_inv)?,
+            (None, Some(block)) => {
                 let (rows, cols) = rows_cols(&tensor.shape);
                 block::block_dequantize::<R, F>(
                     client,
@@ -273,40 +388,17 @@ where
     ) -> Result<CubeTensor<R>, TeError> {
         crate::diagnostics::count_launch(crate::diagnostics::names::FP8_GEMM_LAUNCHES);
         let shape = crate::backend::gemm_output_shape(&lhs, lhs_t, &rhs, rhs_t)?;
-        let operand = |q: &Fp8Primitive<Self>, transposed: bool| {
-            let (batch, rows, cols) = q.matrix_dims();
-            (
-                Fp8Buffer {
-                    codes: q.data.codes.clone(),
-                    len: q.shape.num_elements(),
-                    format: q.format,
-                },
-                batch,
-                rows,
-                cols,
-                transposed,
-            )
+        let fp8_codes = |q: &Fp8Primitive<Self>| match q.format {
+            ElementFormat::Fp8(format) => Some(Fp8Buffer {
+                codes: q.data.codes.clone(),
+                len: q.shape.num_elements(),
+                format,
+            }),
+            ElementFormat::E2m1 => None,
         };
-        let (a_codes, a_batch, a_rows, a_cols, _) = operand(&lhs, lhs_t);
-        let (b_codes, b_batch, b_rows, b_cols, _) = operand(&rhs, rhs_t);
-        let a = GemmOperand {
-            codes: OperandCodes::Fp8(&a_codes),
-            scale_inv: &lhs.data.scale_inv,
-            batch: a_batch,
-            rows: a_rows,
-            cols: a_cols,
-            block: lhs.block,
-            transposed: lhs_t,
-        };
-        let b = GemmOperand {
-            codes: OperandCodes::Fp8(&b_codes),
-            scale_inv: &rhs.data.scale_inv,
-            batch: b_batch,
-            rows: b_rows,
-            cols: b_cols,
-            block: rhs.block,
-            transposed: rhs_t,
-        };
+        let (lhs_fp8, rhs_fp8) = (fp8_codes(&lhs), fp8_codes(&rhs));
+        let a = gemm_operand(&lhs, lhs_fp8.as_ref(), lhs_t);
+        let b = gemm_operand(&rhs, rhs_fp8.as_ref(), rhs_t);
         let client = &lhs.data.client;
         let handle = fp8_gemm::<R, F>(client, &a, &b)?;
         Ok(CubeTensor::new_contiguous(
@@ -389,6 +481,7 @@ where
                     let (rows, cols) = rows_cols(x.meta.shape());
                     block::block_tensor_stats::<R, T>(client, &x.handle, rows, cols, block, rule, format)?
                 }
+                Some((_, Scaling::Nvfp4 { .. })) => return Err(crate::nvfp4::stats_unsupported()),
             })
         })?;
         Ok(CubePendingStats {

@@ -7,6 +7,7 @@ use burn::tensor::ops::FloatTensor;
 
 use crate::TeError;
 use crate::backend::{Fp8Primitive, Scaling, TeBackend};
+use crate::nvfp4::Nvfp4Plan;
 use crate::recipe::{DelayedScaling, Recipe};
 use crate::site::{Gemm, GemmSite, TensorRole};
 
@@ -54,9 +55,66 @@ pub fn delayed_state<B: TeBackend>(
     meta.delayed_state::<B>(role, recipe, format, device, site.generation)
 }
 
+/// A quantized GEMM operand: the tensor, and whether it holds the operand's transpose (NVFP4's columnwise copy, see
+/// [`crate::nvfp4`]), which the GEMM then reads transposed back.
+pub struct QuantizedOperand<B: TeBackend> {
+    /// The quantized tensor.
+    pub tensor: Fp8Primitive<B>,
+    /// It holds the operand's transpose (its rows padded with zeros to a multiple of 16 under the RHT).
+    pub transposed: bool,
+}
+
+impl<B: TeBackend> QuantizedOperand<B> {
+    fn stored(tensor: Fp8Primitive<B>) -> Self {
+        Self {
+            tensor,
+            transposed: false,
+        }
+    }
+
+    /// The values the GEMM multiplies, laid out as the operand (`shape`): dequantized, transposed back and cropped
+    /// where it holds a padded transpose (values under the RHT stay transformed).
+    pub fn dequantize(self, shape: Shape) -> Result<FloatTensor<B>, TeError> {
+        let values = B::fp8_dequantize(self.tensor)?;
+        if !self.transposed {
+            return Ok(B::float_reshape(values, shape));
+        }
+        let n = dims::<B>(&values).len();
+        let values = B::float_swap_dims(values, n - 2, n - 1);
+        let stored = dims::<B>(&values);
+        let wanted = shape.as_slice();
+        let values = if n >= 2 && wanted.len() == n && stored[n - 2] > wanted[n - 2] {
+            let ranges: Vec<burn::tensor::Slice> = wanted
+                .iter()
+                .map(|&d| burn::tensor::Slice::from(0..d))
+                .collect();
+            B::float_slice(values, &ranges)
+        } else {
+            values
+        };
+        Ok(B::float_reshape(values, shape))
+    }
+}
+
+/// `lhs · rhs` of two quantized operands, each used as is or transposed (`lhs_t`, `rhs_t`) as the operand it
+/// stands for.
+fn gemm<B: TeBackend>(
+    lhs: QuantizedOperand<B>,
+    lhs_t: bool,
+    rhs: QuantizedOperand<B>,
+    rhs_t: bool,
+) -> Result<FloatTensor<B>, TeError> {
+    B::fp8_gemm(
+        lhs.tensor,
+        lhs_t != lhs.transposed,
+        rhs.tensor,
+        rhs_t != rhs.transposed,
+    )
+}
+
 /// Quantizes one GEMM operand stored as `[rows, cols]` for `role`: the recipe's format for the role, delayed
-/// (the layer's state from `site`), current or block scales. `k_along_cols`: the GEMM reduces along the stored
-/// columns. With delayed scaling, `record` records this tensor's amax into the layer's history.
+/// (the layer's state from `site`), current, block or NVFP4 scales. `k_along_cols`: the GEMM reduces along the
+/// stored columns. With delayed scaling, `record` records this tensor's amax into the layer's history.
 pub fn quantize_operand<B: TeBackend>(
     tensor: FloatTensor<B>,
     recipe: &Recipe,
@@ -65,12 +123,13 @@ pub fn quantize_operand<B: TeBackend>(
     k_along_cols: bool,
     record: bool,
     current_margin: Option<f32>,
-) -> Result<Fp8Primitive<B>, TeError> {
+) -> Result<QuantizedOperand<B>, TeError> {
     let format = recipe.format().for_role(role);
     if let Some(margin) = current_margin {
-        return B::fp8_quantize(tensor, format, Scaling::Current { margin });
+        return B::fp8_quantize(tensor, format, Scaling::Current { margin })
+            .map(QuantizedOperand::stored);
     }
-    match recipe {
+    let quantized = match recipe {
         Recipe::Delayed(r) => {
             let device = B::float_device(&tensor);
             let state = delayed_state::<B>(site, r, role, &device)?;
@@ -85,16 +144,23 @@ pub fn quantize_operand<B: TeBackend>(
             if let (true, Some(meta)) = (record, &site.fp8) {
                 meta.recorded(role);
             }
-            Ok(quantized)
+            quantized
         }
-        Recipe::Current(_) => B::fp8_quantize(tensor, format, Scaling::Current { margin: 0.0 }),
+        Recipe::Current(_) => B::fp8_quantize(tensor, format, Scaling::Current { margin: 0.0 })?,
         Recipe::Block(_) | Recipe::Mxfp8(_) => {
             let (block, rule) = recipe
                 .block(role, k_along_cols)
                 .expect("block recipes have blocks");
-            B::fp8_quantize(tensor, format, Scaling::Block { block, rule })
+            B::fp8_quantize(tensor, format, Scaling::Block { block, rule })?
         }
-    }
+        Recipe::Nvfp4(r) => {
+            let wgrad = site.gemm == Gemm::Wgrad && !k_along_cols;
+            let plan = Nvfp4Plan::new(r, site, role, k_along_cols, wgrad);
+            let (tensor, transposed) = crate::nvfp4::quantize::<B>(tensor, plan)?;
+            return Ok(QuantizedOperand { tensor, transposed });
+        }
+    };
+    Ok(QuantizedOperand::stored(quantized))
 }
 
 fn dims<B: Backend>(tensor: &FloatTensor<B>) -> Vec<usize> {
@@ -177,7 +243,7 @@ pub fn linear_fprop<B: TeBackend>(
         true,
         overrides[1],
     )?;
-    let mut out = B::fp8_gemm(qx, false, qw, false)?;
+    let mut out = gemm::<B>(qx, false, qw, false)?;
     let out_features = w_dims[1];
     // An empty batch stays empty (Burn's broadcasting does not take a zero-length dimension against 1).
     let empty = leading.contains(&0);
@@ -227,7 +293,7 @@ pub fn linear_dgrad<B: TeBackend>(
         false,
         overrides[1],
     )?;
-    let out = B::fp8_gemm(qg, false, qw, true)?;
+    let out = gemm::<B>(qg, false, qw, true)?;
     leading.push(w_dims[0]);
     Ok(B::float_reshape(out, Shape::from(leading)))
 }
@@ -270,7 +336,7 @@ pub fn linear_wgrad<B: TeBackend>(
         true,
         overrides[1],
     )?;
-    B::fp8_gemm(qx, true, qg, false)
+    gemm::<B>(qx, true, qg, false)
 }
 
 /// A plain `lhs [.., M, K] · rhs [.., K, N]` in FP8: both operands E4M3 with per-tensor current scales (or the
@@ -293,26 +359,33 @@ pub fn matmul<B: TeBackend>(
             &rhs,
         ));
     }
-    let current = match recipe {
-        Recipe::Delayed(_) | Recipe::Current(_) => None,
-        Recipe::Block(_) | Recipe::Mxfp8(_) => Some(recipe),
-    };
-    let quantize = |t: FloatTensor<B>, role: TensorRole, k_along_cols: bool| match current {
-        None => B::fp8_quantize(
+    // Both operands E4M3 (no gradient is involved), each with blocks along K; no RHT (it is the wgrad's).
+    let quantize = |t: FloatTensor<B>, k_along_cols: bool| match recipe {
+        Recipe::Delayed(_) | Recipe::Current(_) => B::fp8_quantize(
             t,
             burn_te_kernels::Fp8Format::E4M3,
             Scaling::Current { margin: 0.0 },
-        ),
-        Some(recipe) => {
-            let (block, rule) = recipe.block(role, k_along_cols).expect("block recipe");
+        )
+        .map(QuantizedOperand::stored),
+        Recipe::Block(_) | Recipe::Mxfp8(_) => {
+            let (block, rule) = recipe
+                .block(TensorRole::Activation, k_along_cols)
+                .expect("block recipe");
             B::fp8_quantize(
                 t,
                 burn_te_kernels::Fp8Format::E4M3,
                 Scaling::Block { block, rule },
             )
+            .map(QuantizedOperand::stored)
+        }
+        Recipe::Nvfp4(r) => {
+            let site = GemmSite::new("matmul", Gemm::Fprop);
+            let plan = Nvfp4Plan::new(r, &site, TensorRole::Activation, k_along_cols, false);
+            let (tensor, transposed) = crate::nvfp4::quantize::<B>(t, plan)?;
+            Ok(QuantizedOperand { tensor, transposed })
         }
     };
-    let ql = quantize(lhs, TensorRole::Activation, true)?;
-    let qr = quantize(rhs, TensorRole::Activation, false)?;
-    B::fp8_gemm(ql, false, qr, false)
+    let ql = quantize(lhs, true)?;
+    let qr = quantize(rhs, false)?;
+    gemm::<B>(ql, false, qr, false)
 }

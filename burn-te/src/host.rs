@@ -21,16 +21,21 @@ use burn_te_kernels::{
 };
 
 use crate::TeError;
-use crate::backend::{Fp8HostData, Fp8Primitive, Fp8Tensor, Scaling, TeBackend, gemm_output_shape};
+use crate::backend::{
+    ElementFormat, Fp8HostData, Fp8Primitive, Fp8Tensor, Nvfp4Scales, Scaling, TeBackend,
+    gemm_output_shape,
+};
 use crate::cube::rows_cols;
 
-/// FP8 codes (one per byte) and `scale_inv` values on the host, on a CPU backend's device `D`.
+/// FP8 (or E2M1) codes, one per byte, and `scale_inv` values on the host, on a CPU backend's device `D`.
 #[derive(Clone, Debug)]
 pub struct HostFp8Data<D> {
     /// The codes, row-major.
     pub codes: Arc<Vec<u8>>,
-    /// One `scale_inv`, or one per block.
+    /// One `scale_inv`, or one per block (NVFP4: each block's dequantization factor).
     pub scale_inv: Arc<Vec<f32>>,
+    /// NVFP4's E4M3 block scales and global amax.
+    pub nvfp4: Option<Arc<Nvfp4Scales>>,
     device: D,
 }
 
@@ -167,6 +172,11 @@ macro_rules! host_te_backend {
                 let device = <$backend>::float_device(&tensor);
                 let (x, shape) = $values(tensor)?;
                 let (codes, scale_inv, block) = match scaling {
+                    Scaling::Nvfp4 {
+                        tile,
+                        rounding,
+                        rht,
+                    } => return nvfp4_quantize(&x, shape, format, (tile, rounding, rht), device),
                     Scaling::Current { margin } => {
                         let scale = current_scale(&x, format, margin)?;
                         (host::quantize(&x, scale, format), vec![1.0 / scale], None)
@@ -194,10 +204,11 @@ macro_rules! host_te_backend {
                     data: HostFp8Data {
                         codes: Arc::new(codes),
                         scale_inv: Arc::new(scale_inv),
+                        nvfp4: None,
                         device,
                     },
                     shape,
-                    format,
+                    format: format.into(),
                     block,
                 })
             }
@@ -206,6 +217,7 @@ macro_rules! host_te_backend {
                 Ok(Fp8HostData {
                     codes: tensor.data.codes.to_vec(),
                     scale_inv: tensor.data.scale_inv.to_vec(),
+                    nvfp4: tensor.data.nvfp4.as_deref().cloned(),
                 })
             }
 
@@ -298,6 +310,9 @@ macro_rules! host_te_backend {
                     Some((format, Scaling::Block { block, rule })) => {
                         let (rows, cols) = rows_cols(&shape);
                         host_block_tensor_stats(&x, rows, cols, block, rule, format)?
+                    }
+                    Some((_, Scaling::Nvfp4 { .. })) => {
+                        return Err(crate::nvfp4::stats_unsupported());
                     }
                 })
             }
@@ -399,6 +414,51 @@ pub(crate) fn hash_of(value: &impl std::hash::Hash) -> u64 {
     let mut hasher = std::hash::DefaultHasher::new();
     value.hash(&mut hasher);
     hasher.finish()
+}
+
+/// NVFP4 on the host ([`burn_te_kernels::host::nvfp4`], bit-identical to the kernels): the codes one per byte, each
+/// block's dequantization factor as its `scale_inv`.
+fn nvfp4_quantize<D>(
+    x: &[f32],
+    shape: Shape,
+    format: Fp8Format,
+    (tile, rounding, rht): (
+        burn_te_kernels::nvfp4::Nvfp4Tile,
+        burn_te_kernels::nvfp4::Nvfp4Rounding,
+        bool,
+    ),
+    device: D,
+) -> Result<Fp8Tensor<HostFp8Data<D>>, TeError> {
+    use burn_te_kernels::host::nvfp4;
+    crate::nvfp4::check_scale_format(format)?;
+    let (rows, cols) = rows_cols(&shape);
+    let transformed;
+    let input = if rht {
+        transformed = nvfp4::rht(x, cols, burn_te_kernels::nvfp4::RHT_SIGN_MASK)?;
+        &transformed[..]
+    } else {
+        x
+    };
+    let quantized = nvfp4::quantize(input, rows, cols, tile, None, rounding)?;
+    let factors = quantized
+        .scales
+        .iter()
+        .map(|&code| burn_te_kernels::nvfp4::dequantize_factor(code, quantized.amax))
+        .collect();
+    Ok(Fp8Tensor {
+        data: HostFp8Data {
+            codes: Arc::new(quantized.codes()),
+            scale_inv: Arc::new(factors),
+            nvfp4: Some(Arc::new(Nvfp4Scales {
+                block_scales: quantized.scales,
+                global_amax: quantized.amax,
+            })),
+            device,
+        },
+        shape,
+        format: ElementFormat::E2m1,
+        block: Some(tile.block()),
+    })
 }
 
 /// Work (`m·n·k`) from which one GEMM is split across rayon's threads (burn-flex's threshold).
@@ -573,9 +633,16 @@ fn dequantized<D>(tensor: &Fp8Tensor<HostFp8Data<D>>) -> Vec<f32> {
 fn decode_into<D>(tensor: &Fp8Tensor<HostFp8Data<D>>, values: &mut Vec<f32>) {
     let data = &tensor.data;
     values.resize(data.codes.len(), 0.0);
-    match tensor.block {
-        None => host::dequantize_into(&data.codes, data.scale_inv[0], tensor.format, values),
-        Some(block) => {
+    match (tensor.format, tensor.block) {
+        (ElementFormat::Fp8(format), None) => {
+            host::dequantize_into(&data.codes, data.scale_inv[0], format, values)
+        }
+        (ElementFormat::E2m1, None) => {
+            for (value, &code) in values.iter_mut().zip(data.codes.iter()) {
+                *value = ElementFormat::E2m1.decode(code) * data.scale_inv[0];
+            }
+        }
+        (_, Some(block)) => {
             let (_, cols) = rows_cols(&tensor.shape);
             for (i, (value, &code)) in values.iter_mut().zip(data.codes.iter()).enumerate() {
                 *value = tensor.format.decode(code) * data.scale_inv[block.slot(i, cols)];

@@ -35,6 +35,7 @@ pub mod fp8_state;
 mod fusion;
 pub mod host;
 pub mod nn;
+pub mod nvfp4;
 pub mod plain_linear;
 pub mod recipe;
 pub mod site;
@@ -44,7 +45,10 @@ pub use autocast::{
     AutocastGuard, active_recipe, fp8_autocast, fp8_autocast_guard, fp8_autocast_guard_with,
     fp8_autocast_with, generation, is_fp8_enabled,
 };
-pub use backend::{Fp8HostData, Fp8Primitive, Fp8Tensor, Scaling, TeBackend};
+pub use backend::{
+    ElementFormat, Fp8HostData, Fp8Primitive, Fp8Tensor, Nvfp4Scales, Scaling, TeBackend,
+};
+pub use burn_te_kernels::nvfp4::{Nvfp4Rounding, Nvfp4Tile};
 pub use burn_te_kernels::{
     AmaxComputeAlgo, BlockScaleRule, DelayedScalingHistory, Fp8Format, Fp8Stats, KernelError,
     ScaleBlock, TensorStats, pow2_margin, scale_from_amax,
@@ -56,7 +60,8 @@ pub use fallback::fallback_counts;
 pub use fp8_state::{DelayedStateView, Fp8LinearStates, Fp8Meta, LayerFp8State, PlainLinearStates};
 pub use plain_linear::{plain_linear_backward, plain_linear_forward};
 pub use recipe::{
-    DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MXFP8BlockScaling, Recipe,
+    DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MXFP8BlockScaling,
+    NVFP4BlockScaling, Recipe,
 };
 pub use site::{Gemm, GemmSite, TensorRole};
 pub use te::Te;

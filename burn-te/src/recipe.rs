@@ -94,7 +94,36 @@ impl Default for MXFP8BlockScaling {
     }
 }
 
-/// An FP8 recipe: how tensors are scaled and in which formats.
+/// NVFP4: E2M1 values with one E4M3 scale per 16 values along the GEMM's reduction dimension and an FP32 global
+/// scale per tensor (from its amax). Weights use 16×16 tiles, gradients stochastic rounding, and the two operands
+/// of the weight-gradient GEMM a random Hadamard transform along the tokens (they cancel in the product). TE needs
+/// Blackwell for it; here it is emulated on any device, bit-exact against TE's kernels.
+///
+/// TE reads the three switches from `NVTE_NVFP4_DISABLE_RHT`, `NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING` and
+/// `NVTE_NVFP4_DISABLE_2D_QUANTIZATION`; [`NVFP4BlockScaling::from_env`] does the same.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct NVFP4BlockScaling {
+    /// No random Hadamard transform on the weight-gradient GEMM's operands (default false).
+    pub disable_rht: bool,
+    /// Round gradients to nearest-even instead of stochastically (default false).
+    pub disable_stochastic_rounding: bool,
+    /// Quantize weights in 1×16 blocks along the reduction dimension instead of 16×16 tiles (default false).
+    pub disable_2d_quantization: bool,
+}
+
+impl NVFP4BlockScaling {
+    /// TE's defaults, with each switch set when its `NVTE_NVFP4_DISABLE_*` environment variable is `1` (as TE).
+    pub fn from_env() -> Self {
+        let set = |name: &str| std::env::var(name).is_ok_and(|value| value == "1");
+        Self {
+            disable_rht: set("NVTE_NVFP4_DISABLE_RHT"),
+            disable_stochastic_rounding: set("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING"),
+            disable_2d_quantization: set("NVTE_NVFP4_DISABLE_2D_QUANTIZATION"),
+        }
+    }
+}
+
+/// An FP8 (or FP4) recipe: how tensors are scaled and in which formats.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Recipe {
     /// [`DelayedScaling`].
@@ -105,6 +134,8 @@ pub enum Recipe {
     Block(Float8BlockScaling),
     /// [`MXFP8BlockScaling`].
     Mxfp8(MXFP8BlockScaling),
+    /// [`NVFP4BlockScaling`].
+    Nvfp4(NVFP4BlockScaling),
 }
 
 impl Default for Recipe {
@@ -134,6 +165,11 @@ impl From<MXFP8BlockScaling> for Recipe {
         Recipe::Mxfp8(recipe)
     }
 }
+impl From<NVFP4BlockScaling> for Recipe {
+    fn from(recipe: NVFP4BlockScaling) -> Self {
+        Recipe::Nvfp4(recipe)
+    }
+}
 
 /// Rows and columns of a Float8BlockScaling weight block.
 pub const WEIGHT_BLOCK: usize = 128;
@@ -143,13 +179,14 @@ pub const TILE: usize = 128;
 pub const MX_BLOCK: usize = 32;
 
 impl Recipe {
-    /// The recipe's formats.
+    /// The recipe's FP8 formats (NVFP4: E4M3, its block scales' format, as TE's `fp8_format`).
     pub fn format(&self) -> Format {
         match self {
             Recipe::Delayed(r) => r.fp8_format,
             Recipe::Current(r) => r.fp8_format,
             Recipe::Block(r) => r.fp8_format,
             Recipe::Mxfp8(r) => r.fp8_format,
+            Recipe::Nvfp4(_) => Format::E4M3,
         }
     }
 
@@ -160,6 +197,7 @@ impl Recipe {
             Recipe::Current(_) => "fp8_current_scaling",
             Recipe::Block(_) => "fp8_block_scaling",
             Recipe::Mxfp8(_) => "mxfp8",
+            Recipe::Nvfp4(_) => "nvfp4",
         }
     }
 
@@ -188,8 +226,8 @@ impl Recipe {
         Ok(())
     }
 
-    /// The scale block of an operand stored as `[rows, cols]`, given along which stored dimension the GEMM
-    /// reduces (`k_along_cols`); `None` for per-tensor recipes.
+    /// The scale block of an FP8 operand stored as `[rows, cols]`, given along which stored dimension the GEMM
+    /// reduces (`k_along_cols`); `None` for per-tensor recipes and NVFP4 (see [`crate::nvfp4`]).
     pub fn block(
         &self,
         role: TensorRole,
@@ -203,7 +241,7 @@ impl Recipe {
             }
         };
         match self {
-            Recipe::Delayed(_) | Recipe::Current(_) => None,
+            Recipe::Delayed(_) | Recipe::Current(_) | Recipe::Nvfp4(_) => None,
             Recipe::Block(_) if role == TensorRole::Weight => Some((
                 ScaleBlock::new(WEIGHT_BLOCK, WEIGHT_BLOCK),
                 BlockScaleRule::Pow2,

@@ -16,6 +16,7 @@ mod fp8_state;
 mod gemm;
 mod modules;
 mod nvfp4;
+mod nvfp4_recipe;
 mod plain_linear;
 mod scaling;
 mod statistics;

@@ -97,6 +97,13 @@ impl Feature for DumpTensors {
                 Some(quantized) => {
                     let meta = &mut dump.metadata;
                     meta.insert("fp8_format".into(), quantized.format.name().into());
+                    meta.insert(
+                        "shape".into(),
+                        format!("{:?}", quantized.shape),
+                    );
+                    if quantized.shape != x.shape() {
+                        meta.insert("layout".into(), "transposed".into());
+                    }
                     if let Some(recipe) = x.recipe() {
                         meta.insert("recipe".into(), recipe.name().into());
                     }
@@ -104,8 +111,7 @@ impl Feature for DumpTensors {
                         .block
                         .map_or("tensor".into(), |b| format!("{}x{}", b.rows, b.cols));
                     meta.insert("scale_block".into(), block);
-                    dump.entries
-                        .extend(DumpEntry::quantized(x.shape(), quantized));
+                    dump.entries.extend(DumpEntry::quantized(quantized));
                 }
                 None => out.log_message(format!(
                     "Feature={}: quantized_tensor is True but {tensor} is not quantized here (a GEMM output, or \

@@ -12,7 +12,10 @@ mod registry;
 
 use std::any::Any;
 
-use burn_te::{BlockScaleRule, Fp8Format, Fp8Stats, Gemm, Recipe, ScaleBlock, TensorRole};
+use burn_te::{
+    BlockScaleRule, ElementFormat, Fp8Format, Fp8Stats, Gemm, Nvfp4Scales, Recipe, ScaleBlock,
+    TensorRole,
+};
 
 pub use disable_fp8_gemm::DisableFp8Gemm;
 pub use disable_fp8_layer::DisableFp8Layer;
@@ -103,14 +106,20 @@ impl PendingValue {
 /// A tensor quantized as its GEMM quantizes it, on the host.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Quantized {
-    /// The FP8 format.
-    pub format: Fp8Format,
+    /// The shape as quantized: the tensor's, or its transpose's where the recipe quantizes the transpose (NVFP4's
+    /// 1×16 blocks of a weight, which this crate stores `[in, out]`, laid along `in` as TE lays them).
+    pub shape: Vec<usize>,
+    /// The element format.
+    pub format: ElementFormat,
     /// The codes, one per element, row-major.
     pub codes: Vec<u8>,
-    /// `scale_inv`: one, or one per block (row-major over the block grid).
+    /// `scale_inv`: one, or one per block (row-major over the block grid); NVFP4: each block's dequantization
+    /// factor.
     pub scale_inv: Vec<f32>,
     /// The scale block (None: one scale for the tensor).
     pub block: Option<ScaleBlock>,
+    /// NVFP4's E4M3 block scales and global amax.
+    pub nvfp4: Option<Nvfp4Scales>,
 }
 
 /// A tensor of a GEMM as features see it, whatever the backend: statistics and FP8 ops run on its device.

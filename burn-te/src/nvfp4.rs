@@ -1,0 +1,148 @@
+//! NVFP4 GEMM operands: how [`NVFP4BlockScaling`] quantizes each operand of a layer's GEMMs, as TE does
+//! (`recipe/__init__.py`'s `QParams`):
+//!
+//! | operand | blocks | RHT | rounding |
+//! | --- | --- | --- | --- |
+//! | activation | 1×16 along K | at wgrad | nearest |
+//! | weight | 16×16 tiles (1×16 along K with `disable_2d_quantization`) | never | nearest |
+//! | gradient | 1×16 along K | at wgrad | stochastic (nearest with `disable_stochastic_rounding`) |
+//!
+//! The quantizer lays 1×16 blocks along a tensor's last dimension, so an operand whose K runs along its rows is
+//! quantized as its transpose (TE's columnwise copy) and the GEMM reads it transposed back. The random Hadamard
+//! transform mixes 16 consecutive tokens of both wgrad operands; it cancels in their product. Where the token count
+//! is no multiple of 16, both operands are padded with zero tokens to the next multiple (which adds nothing to the
+//! product; TE refuses such shapes).
+
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Shape, TensorMetadata};
+use burn_te_kernels::Fp8Format;
+use burn_te_kernels::nvfp4::{BLOCK, Nvfp4Rounding, Nvfp4Tile};
+
+use crate::TeError;
+use crate::backend::{Fp8Primitive, Scaling, TeBackend};
+use crate::recipe::NVFP4BlockScaling;
+use crate::site::{GemmSite, TensorRole};
+
+/// How one GEMM operand is quantized to NVFP4.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Nvfp4Plan {
+    /// 1×16 blocks or 16×16 tiles.
+    pub tile: Nvfp4Tile,
+    /// Nearest-even or stochastic rounding.
+    pub rounding: Nvfp4Rounding,
+    /// Quantize the random Hadamard transform along K.
+    pub rht: bool,
+    /// Quantize the transpose (K runs along the operand's rows and the blocks are 1×16).
+    pub transpose: bool,
+}
+
+impl Nvfp4Plan {
+    /// The plan of `role`'s operand at `site`: `k_along_cols` says along which stored dimension the GEMM reduces,
+    /// `wgrad` whether the operand is one of the weight-gradient GEMM's two (the RHT's).
+    pub fn new(
+        recipe: &NVFP4BlockScaling,
+        site: &GemmSite,
+        role: TensorRole,
+        k_along_cols: bool,
+        wgrad: bool,
+    ) -> Self {
+        let tile = if role == TensorRole::Weight && !recipe.disable_2d_quantization {
+            Nvfp4Tile::Tile16x16
+        } else {
+            Nvfp4Tile::Row1x16
+        };
+        let rounding = if role == TensorRole::Gradient && !recipe.disable_stochastic_rounding {
+            Nvfp4Rounding::Stochastic {
+                seed: seed(site, role),
+            }
+        } else {
+            Nvfp4Rounding::Nearest
+        };
+        Self {
+            tile,
+            rounding,
+            rht: wgrad && role != TensorRole::Weight && !recipe.disable_rht,
+            transpose: !k_along_cols && tile == Nvfp4Tile::Row1x16,
+        }
+    }
+}
+
+/// The stochastic-rounding seed of a tensor: from its layer, GEMM, role and iteration, so a run is reproducible
+/// and every quantization draws other random bits (TE draws them from torch's generator).
+fn seed(site: &GemmSite, role: TensorRole) -> u32 {
+    let hash = crate::host::hash_of(&(&*site.layer, site.gemm, role, site.generation));
+    (hash ^ (hash >> 32)) as u32
+}
+
+/// Quantizes an operand `[.., rows, cols]` by `plan`. Returns the quantized tensor and whether it holds the
+/// operand's transpose (`[.., cols, rows]`, with the rows padded to a multiple of 16 for the RHT).
+pub fn quantize<B: TeBackend>(
+    tensor: FloatTensor<B>,
+    plan: Nvfp4Plan,
+) -> Result<(Fp8Primitive<B>, bool), TeError> {
+    let dims = tensor.shape().as_slice().to_vec();
+    let tensor = if plan.transpose {
+        let n = dims.len();
+        if n < 2 {
+            return Err(TeError::InvalidShape {
+                module: "nvfp4 operand".into(),
+                reason: "expected a matrix to quantize along its rows".into(),
+                shape: dims,
+            });
+        }
+        let padded = if plan.rht {
+            pad_rows::<B>(tensor, &dims)
+        } else {
+            tensor
+        };
+        B::float_swap_dims(padded, n - 2, n - 1)
+    } else {
+        tensor
+    };
+    let quantized = B::fp8_quantize(
+        tensor,
+        Fp8Format::E4M3,
+        Scaling::Nvfp4 {
+            tile: plan.tile,
+            rounding: plan.rounding,
+            rht: plan.rht,
+        },
+    )?;
+    Ok((quantized, plan.transpose))
+}
+
+/// `[.., rows, cols]` with zero rows appended up to a multiple of 16.
+fn pad_rows<B: TeBackend>(tensor: FloatTensor<B>, dims: &[usize]) -> FloatTensor<B> {
+    let n = dims.len();
+    let rows = dims[n - 2];
+    let padded = rows.next_multiple_of(BLOCK);
+    if padded == rows {
+        return tensor;
+    }
+    let mut zeros = dims.to_vec();
+    zeros[n - 2] = padded - rows;
+    let zeros = B::float_zeros(
+        Shape::from(zeros),
+        &B::float_device(&tensor),
+        tensor.dtype().into(),
+    );
+    B::float_cat(vec![tensor, zeros], n - 2)
+}
+
+/// NVFP4's block scales are E4M3: the only `format` a [`Scaling::Nvfp4`] quantization takes.
+pub(crate) fn check_scale_format(format: Fp8Format) -> Result<(), TeError> {
+    if format != Fp8Format::E4M3 {
+        return Err(TeError::InvalidRecipe(format!(
+            "nvfp4: the block scales are E4M3, got {format:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// The error of FP8 quantization statistics asked for an NVFP4 scaling.
+pub(crate) fn stats_unsupported() -> TeError {
+    TeError::InvalidRecipe(
+        "nvfp4: FP8 quantization statistics (underflows, overflows, mse) are not computed for NVFP4 scalings"
+            .into(),
+    )
+}
