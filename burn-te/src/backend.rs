@@ -197,7 +197,9 @@ pub trait TeBackend: Backend {
 
     /// Launches the one-pass statistics of `tensor` without waiting for the device; with `quantization`, they also
     /// count what quantizing with that scaling gives: underflows, overflows, squared error and the range of the
-    /// `scale_inv` applied (a delayed state's scale is used, not updated; block scalings take one scale per block
+    /// `scale_inv` applied (NVFP4: the blocks' dequantization factors, with round to nearest; under the RHT, the
+    /// statistics are those of the transformed tensor, whose squared error equals the operand's, the transform
+    /// being orthogonal) (a delayed state's scale is used, not updated; block scalings take one scale per block
     /// of the tensor viewed as `[leading dims folded, last dim]`, as [`fp8_quantize`](Self::fp8_quantize) does).
     /// [`fp8_stats_read`](Self::fp8_stats_read) reads them later, so a debug step syncs once, not once per tensor.
     fn fp8_stats_launch(

@@ -481,7 +481,18 @@ where
                     let (rows, cols) = rows_cols(x.meta.shape());
                     block::block_tensor_stats::<R, T>(client, &x.handle, rows, cols, block, rule, format)?
                 }
-                Some((_, Scaling::Nvfp4 { .. })) => return Err(crate::nvfp4::stats_unsupported()),
+                Some((format, Scaling::Nvfp4 { tile, rht, .. })) => {
+                    crate::nvfp4::check_scale_format(format)?;
+                    let (rows, cols) = rows_cols(x.meta.shape());
+                    if rht {
+                        let transformed = nvfp4::rht::<R, T>(client, &x.handle, rows, cols, RHT_SIGN_MASK)?;
+                        let amax = ops::amax::<R, f32>(client, &transformed, len)?;
+                        nvfp4::nvfp4_tensor_stats::<R, f32>(client, &transformed, rows, cols, tile, &amax)?
+                    } else {
+                        let amax = ops::amax::<R, T>(client, &x.handle, len)?;
+                        nvfp4::nvfp4_tensor_stats::<R, T>(client, &x.handle, rows, cols, tile, &amax)?
+                    }
+                }
             })
         })?;
         Ok(CubePendingStats {

@@ -311,8 +311,21 @@ macro_rules! host_te_backend {
                         let (rows, cols) = rows_cols(&shape);
                         host_block_tensor_stats(&x, rows, cols, block, rule, format)?
                     }
-                    Some((_, Scaling::Nvfp4 { .. })) => {
-                        return Err(crate::nvfp4::stats_unsupported());
+                    Some((format, Scaling::Nvfp4 { tile, rht, .. })) => {
+                        crate::nvfp4::check_scale_format(format)?;
+                        let (rows, cols) = rows_cols(&shape);
+                        let transformed;
+                        let input = if rht {
+                            transformed = burn_te_kernels::host::nvfp4::rht(
+                                &x,
+                                cols,
+                                burn_te_kernels::nvfp4::RHT_SIGN_MASK,
+                            )?;
+                            &transformed[..]
+                        } else {
+                            &x[..]
+                        };
+                        burn_te_kernels::host::nvfp4::tensor_stats(input, rows, cols, tile, None)?
                     }
                 })
             }

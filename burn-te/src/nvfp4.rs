@@ -138,11 +138,3 @@ pub(crate) fn check_scale_format(format: Fp8Format) -> Result<(), TeError> {
     }
     Ok(())
 }
-
-/// The error of FP8 quantization statistics asked for an NVFP4 scaling.
-pub(crate) fn stats_unsupported() -> TeError {
-    TeError::InvalidRecipe(
-        "nvfp4: FP8 quantization statistics (underflows, overflows, mse) are not computed for NVFP4 scalings"
-            .into(),
-    )
-}

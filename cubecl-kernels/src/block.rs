@@ -250,7 +250,12 @@ pub fn block_tensor_stats<R: Runtime, F: Float + CubeElement>(
         cols,
         block,
     };
-    launch_stats::<R, F>(client, input, rows * cols, Some((format, scales)))
+    launch_stats::<R, F>(
+        client,
+        input,
+        rows * cols,
+        Some((crate::kernel::code::CodeFormat::Fp8(format), scales)),
+    )
 }
 
 /// Host reference of the block scales of [`block_quantize`]: `(scale, scale_inv)` per block, row-major over the

@@ -251,33 +251,17 @@ pub fn nvfp4_quantize<R: Runtime, F: Float + CubeElement>(
     let len = rows * cols;
     check_size("nvfp4_quantize input", input, size_of::<F>(), len)?;
     check_size("nvfp4_quantize amax", amax, 4, 1)?;
-    let (grid_rows, grid_cols) = tile.block().grid(rows, cols);
-    let blocks = grid_rows * grid_cols;
-    let scale_words = blocks.div_ceil(4);
+    let scales = block_scales::<R, F>(client, input, rows, cols, tile, amax)?;
+    let scale_words = scales_words(rows, cols, tile);
     let code_words = len.div_ceil(8);
-    let scales = client.empty(scale_words.max(1) * 4);
     let codes = client.empty(code_words.max(1) * 4);
     if len > 0 {
         let (stochastic, seed) = match rounding {
             Nvfp4Rounding::Nearest => (false, 0),
             Nvfp4Rounding::Stochastic { seed } => (true, seed),
         };
-        let scale_words_grid = elementwise_grid(client, scale_words);
         let code_words_grid = elementwise_grid(client, code_words);
         unsafe {
-            kernel::nvfp4_block_scale_kernel::launch_unchecked::<F, R>(
-                client,
-                scale_words_grid.0,
-                scale_words_grid.1,
-                ArrayArg::from_raw_parts(input.clone(), len),
-                ArrayArg::from_raw_parts(amax.clone(), 1),
-                ArrayArg::from_raw_parts(scales.clone(), scale_words),
-                rows32,
-                cols32,
-                block_rows,
-                block_cols,
-                0,
-            );
             kernel::nvfp4_quantize_kernel::launch_unchecked::<F, R>(
                 client,
                 code_words_grid.0,
@@ -303,6 +287,109 @@ pub fn nvfp4_quantize<R: Runtime, F: Float + CubeElement>(
         cols,
         tile,
     })
+}
+
+/// Words of the E4M3 block scale codes of a `[rows, cols]` tensor (four per word).
+fn scales_words(rows: usize, cols: usize, tile: Nvfp4Tile) -> usize {
+    let (grid_rows, grid_cols) = tile.block().grid(rows, cols);
+    (grid_rows * grid_cols).div_ceil(4)
+}
+
+/// The E4M3 block scale codes of a `[rows, cols]` tensor under the global amax in `amax`, one unit per four blocks.
+fn block_scales<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    input: &Handle,
+    rows: usize,
+    cols: usize,
+    tile: Nvfp4Tile,
+    amax: &Handle,
+) -> Result<Handle, KernelError> {
+    let [rows32, cols32, block_rows, block_cols] = geometry(rows, cols, tile)?;
+    let len = rows * cols;
+    let scale_words = scales_words(rows, cols, tile);
+    let scales = client.empty(scale_words.max(1) * 4);
+    if len > 0 {
+        let grid = elementwise_grid(client, scale_words);
+        unsafe {
+            kernel::nvfp4_block_scale_kernel::launch_unchecked::<F, R>(
+                client,
+                grid.0,
+                grid.1,
+                ArrayArg::from_raw_parts(input.clone(), len),
+                ArrayArg::from_raw_parts(amax.clone(), 1),
+                ArrayArg::from_raw_parts(scales.clone(), scale_words),
+                rows32,
+                cols32,
+                block_rows,
+                block_cols,
+                0,
+            );
+        }
+    }
+    Ok(scales)
+}
+
+/// One-pass statistics of a row-major `[rows, cols]` tensor with what quantizing it to NVFP4 (round to nearest,
+/// global amax in `amax`) does to it: underflows (nonzero elements that dequantize to ±0: a ±0 code, or any code of
+/// a block whose E4M3 scale underflowed to 0, which TE's code-based count misses), overflows (`|x|` above 6 times
+/// the block's dequantization factor), the squared error, and the range of the blocks' dequantization factors (the
+/// `scale_inv` of [`crate::Fp8Stats`]); read with [`crate::ops::StatsReadback::read_fp8`]. Four launches: block
+/// scales, their encode multipliers, their dequantization factors, then the statistics in one read of the tensor.
+pub fn nvfp4_tensor_stats<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    input: &Handle,
+    rows: usize,
+    cols: usize,
+    tile: Nvfp4Tile,
+    amax: &Handle,
+) -> Result<crate::ops::StatsReadback, KernelError> {
+    check_size(
+        "nvfp4_tensor_stats input",
+        input,
+        size_of::<F>(),
+        rows * cols,
+    )?;
+    check_size("nvfp4_tensor_stats amax", amax, 4, 1)?;
+    let scales = block_scales::<R, F>(client, input, rows, cols, tile, amax)?;
+    let buffer = Nvfp4Buffer {
+        codes: scales.clone(),
+        scales,
+        amax: amax.clone(),
+        rows,
+        cols,
+        tile,
+    };
+    let blocks = buffer.blocks();
+    let factors = nvfp4_block_factors(client, &buffer)?;
+    let multipliers = client.empty(blocks.max(1) * 4);
+    if blocks > 0 {
+        let grid = elementwise_grid(client, blocks);
+        unsafe {
+            kernel::nvfp4_block_multipliers_kernel::launch_unchecked::<R>(
+                client,
+                grid.0,
+                grid.1,
+                ArrayArg::from_raw_parts(buffer.scales.clone(), blocks.div_ceil(4)),
+                ArrayArg::from_raw_parts(amax.clone(), 1),
+                ArrayArg::from_raw_parts(multipliers.clone(), blocks),
+                check_len(blocks)?,
+            );
+        }
+    }
+    crate::ops::launch_stats::<R, F>(
+        client,
+        input,
+        rows * cols,
+        Some((
+            crate::kernel::code::CodeFormat::E2m1,
+            crate::ops::StatsScales::Blocks {
+                scale: &multipliers,
+                scale_inv: &factors,
+                cols,
+                block: tile.block(),
+            },
+        )),
+    )
 }
 
 /// Dequantizes an NVFP4 tensor to `F`: `e2m1(code) · ((float(s) · amax) · (1/2688))`.

@@ -8,6 +8,7 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
 
+use crate::kernel::code::CodeFormat;
 use crate::kernel::{amax, quantize, reduce::CUBE_SIZE, scale, stats};
 use crate::{AmaxComputeAlgo, Fp8Format, Fp8Stats, KernelError, ScaleBlock, TensorStats, scaling};
 
@@ -360,7 +361,7 @@ pub(crate) fn launch_stats<R: Runtime, F: Float + CubeElement>(
     client: &ComputeClient<R>,
     input: &Handle,
     len: usize,
-    fp8: Option<(Fp8Format, StatsScales<'_>)>,
+    fp8: Option<(CodeFormat, StatsScales<'_>)>,
 ) -> Result<StatsReadback, KernelError> {
     let len32 = check_len(len)?;
     check_size("statistics input", input, size_of::<F>(), len)?;
@@ -405,7 +406,7 @@ pub(crate) fn launch_stats<R: Runtime, F: Float + CubeElement>(
                 (format, scale, scale_inv, true, true, block_dims)
             }
             None => (
-                Fp8Format::E4M3,
+                CodeFormat::Fp8(Fp8Format::E4M3),
                 placeholder(),
                 placeholder(),
                 false,
@@ -461,7 +462,7 @@ pub fn fp8_tensor_stats<R: Runtime, F: Float + CubeElement>(
         client,
         input,
         len,
-        Some((format, StatsScales::Tensor(scale))),
+        Some((CodeFormat::Fp8(format), StatsScales::Tensor(scale))),
     )
 }
 

@@ -258,3 +258,99 @@ fn nvfp4_stochastic_rounding_makes_the_dgrad_unbiased() {
         "the mean of {runs} stochastic roundings converges: {mean_distance} vs one {one}, nearest {rn_distance}"
     );
 }
+
+/// NVFP4 quantization statistics (`fp8_stats_launch` with `Scaling::Nvfp4`), on wgpu and Flex, against the f64
+/// recomputation of the test from the host quantization: underflows, overflows, squared error and the range of the
+/// blocks' dequantization factors, for 1×16 blocks and 16×16 tiles, with and without the RHT, on data whose
+/// blocks span 2^±12 (so small elements underflow, and the scales of the smallest blocks underflow to 0).
+fn check_stats<B: burn_te::TeBackend>(what: &str, device: &B::Device) {
+    use burn::tensor::TensorPrimitive;
+    let (rows, cols) = (48, 80);
+    let mut rng = Rng::new(41);
+    let x: Vec<f32> = rng
+        .normal(rows * cols, 0.0, 1.0)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v * 2f32.powi(((i / 16) % 25) as i32 - 12))
+        .collect();
+    for (tile, rht) in [
+        (Nvfp4Tile::Row1x16, false),
+        (Nvfp4Tile::Tile16x16, false),
+        (Nvfp4Tile::Row1x16, true),
+    ] {
+        let input = if rht {
+            host_nvfp4::rht(&x, cols, RHT_SIGN_MASK).unwrap()
+        } else {
+            x.clone()
+        };
+        let q =
+            host_nvfp4::quantize(&input, rows, cols, tile, None, Nvfp4Rounding::Nearest).unwrap();
+        let dq = host_nvfp4::dequantize(&q);
+        // Nonzero elements that dequantize to zero (a zero code, or a block whose E4M3 scale underflowed).
+        let underflows = (0..input.len())
+            .filter(|&i| input[i] != 0.0 && dq[i] == 0.0)
+            .count() as u64;
+        let squared_error: f64 = input
+            .iter()
+            .zip(&dq)
+            .map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2))
+            .sum();
+        let factors: Vec<f64> = q
+            .scales
+            .iter()
+            .map(|&s| f64::from(burn_te_kernels::nvfp4::dequantize_factor(s, q.amax)))
+            .collect();
+        let overflows = (0..input.len())
+            .filter(|&i| {
+                let f = factors[q.block_of(i)] as f32;
+                !input[i].is_nan() && input[i].abs() > 6.0 * f
+            })
+            .count() as u64;
+        let tensor = crate::te::tensor::<B, 2>(x.clone(), [rows, cols], device)
+            .into_primitive()
+            .tensor();
+        let stats = B::fp8_stats_read(
+            B::fp8_stats_launch(
+                tensor,
+                Some((
+                    burn_te::Fp8Format::E4M3,
+                    burn_te::Scaling::Nvfp4 {
+                        tile,
+                        rounding: Nvfp4Rounding::Nearest,
+                        rht,
+                    },
+                )),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let case = format!("{what} {tile:?} rht {rht}");
+        assert!(underflows > 0, "{case}: the data must underflow somewhere");
+        assert_eq!(stats.underflow_count, underflows, "{case}: underflows");
+        assert_eq!(stats.overflow_count, overflows, "{case}: overflows");
+        assert!(
+            (stats.squared_error_sum - squared_error).abs() <= 1e-4 * squared_error,
+            "{case}: squared error {} vs {squared_error}",
+            stats.squared_error_sum
+        );
+        let (min, max) = factors
+            .iter()
+            .fold((f64::INFINITY, 0f64), |(lo, hi), &f| (lo.min(f), hi.max(f)));
+        assert_eq!(
+            (stats.scale_inv_min, stats.scale_inv_max),
+            (min, max),
+            "{case}: factor range"
+        );
+        assert_eq!(stats.tensor.numel, (rows * cols) as u64, "{case}");
+        eprintln!(
+            "{case}: underflows {underflows}, overflows {overflows}, mse {:.3e}",
+            squared_error / input.len() as f64
+        );
+    }
+}
+
+#[test]
+fn nvfp4_quantization_stats_match_the_host_recomputation() {
+    check_stats::<Wgpu>("wgpu", &device());
+    check_stats::<Flex>("flex", &Default::default());
+}

@@ -133,3 +133,39 @@ pub fn rht(input: &[f32], cols: usize, sign_mask: u16) -> Result<Vec<f32>, Kerne
     }
     Ok(output)
 }
+
+/// The statistics of [`crate::nvfp4::nvfp4_tensor_stats`] on the host (global amax `amax`, `None`: the tensor's own).
+pub fn tensor_stats(
+    input: &[f32],
+    rows: usize,
+    cols: usize,
+    tile: Nvfp4Tile,
+    amax: Option<f32>,
+) -> Result<crate::Fp8Stats, KernelError> {
+    let quantized = quantize(input, rows, cols, tile, amax, Nvfp4Rounding::Nearest)?;
+    let factors: Vec<f32> = quantized
+        .scales
+        .iter()
+        .map(|&code| dequantize_factor(code, quantized.amax))
+        .collect();
+    let mut stats = crate::Fp8Stats::EMPTY;
+    for (index, &x) in input.iter().enumerate() {
+        let code = quantized.code(index);
+        let factor = factors[quantized.block_of(index)];
+        stats.tensor.push(f64::from(x));
+        stats.scale_inv_min = stats.scale_inv_min.min(f64::from(factor));
+        stats.scale_inv_max = stats.scale_inv_max.max(f64::from(factor));
+        // Dequantized to ±0: a ±0 code, or a block whose E4M3 scale underflowed to 0.
+        if x != 0.0 && (code & 0x7 == 0 || factor == 0.0) {
+            stats.underflow_count += 1;
+        }
+        if !x.is_nan() && x.abs() > crate::nvfp4::E2M1_MAX * factor {
+            stats.overflow_count += 1;
+        }
+        if x.is_finite() {
+            let error = x - decode_e2m1(code) * factor;
+            stats.squared_error_sum += f64::from(error * error);
+        }
+    }
+    Ok(stats)
+}

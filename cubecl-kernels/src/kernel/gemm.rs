@@ -10,28 +10,8 @@
 
 use cubecl::prelude::*;
 
-use super::fp8::decode_fp8;
-use super::nvfp4::decode_e2m1;
-use crate::Fp8Format;
-
-/// The element codes of a GEMM operand.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CodeFormat {
-    /// FP8 codes, four per `u32` word.
-    Fp8(Fp8Format),
-    /// NVFP4's E2M1 codes, eight per word (the scales are the blocks' dequantization factors).
-    E2m1,
-}
-
-impl CodeFormat {
-    /// The FP8 format (E4M3 for E2M1, where it is not used).
-    pub const fn fp8(self) -> Fp8Format {
-        match self {
-            CodeFormat::Fp8(format) => format,
-            CodeFormat::E2m1 => Fp8Format::E4M3,
-        }
-    }
-}
+pub use super::code::CodeFormat;
+use super::code::decode;
 
 /// Output rows per cube.
 pub const TILE_M: u32 = 128;
@@ -75,16 +55,6 @@ fn code_at(codes: &Array<u32>, offset: u32, #[comptime] element: CodeFormat) -> 
         (codes[(offset / 8) as usize] >> ((offset % 8) * 4)) & 0xf
     } else {
         (codes[(offset / 4) as usize] >> ((offset % 4) * 8)) & 0xff
-    }
-}
-
-/// The value of a code.
-#[cube]
-fn decode(code: u32, #[comptime] element: CodeFormat) -> f32 {
-    if comptime!(element == CodeFormat::E2m1) {
-        decode_e2m1(code)
-    } else {
-        decode_fp8(code, comptime!(element.fp8()))
     }
 }
 

@@ -3,6 +3,7 @@
 pub mod amax;
 pub mod block;
 pub mod block_range;
+pub mod code;
 pub mod fp8;
 pub mod gemm;
 pub mod nvfp4;

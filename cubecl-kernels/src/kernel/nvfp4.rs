@@ -278,6 +278,22 @@ pub fn nvfp4_block_factors_kernel(
     }
 }
 
+/// Each block's encode multiplier `min(1 / (float(s) · S_dec), FLT_MAX)`, one unit per block: what quantization
+/// multiplies the block's elements by before the E2M1 cast (as [`nvfp4_quantize_kernel`] computes it).
+#[cube(launch_unchecked)]
+pub fn nvfp4_block_multipliers_kernel(
+    scales: &Array<u32>,
+    amax: &Array<f32>,
+    multipliers: &mut Array<f32>,
+    blocks: u32,
+) {
+    let block = ABSOLUTE_POS as u32;
+    if block < blocks {
+        let decode_scale = 1.0f32 / global_encode_scale(amax[0]);
+        multipliers[block as usize] = block_encode_scale(scale_code(scales, block), decode_scale);
+    }
+}
+
 /// Rounds f32 bits to the nearest bf16 (ties to even), kept as f32; NaN stays NaN.
 #[cube]
 pub fn round_to_bf16(bits: u32) -> f32 {

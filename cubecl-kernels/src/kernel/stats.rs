@@ -13,9 +13,8 @@
 
 use cubecl::prelude::*;
 
-use super::fp8::{decode_fp8, encode_fp8};
+use super::code::{CodeFormat, decode, encode};
 use super::reduce::CUBE_SIZE;
-use crate::Fp8Format;
 
 /// Words per partial record.
 pub const STATS_SLOTS: usize = 17;
@@ -114,7 +113,7 @@ pub fn stats_kernel<F: Float>(
     grid_cols: u32,
     #[comptime] with_fp8: bool,
     #[comptime] blocked: bool,
-    #[comptime] format: Fp8Format,
+    #[comptime] element: CodeFormat,
 ) {
     let len = len as usize;
     let stride = CUBE_COUNT * comptime!(CUBE_SIZE as usize);
@@ -212,8 +211,10 @@ pub fn stats_kernel<F: Float>(
                 scale_inv_max = inv_bits;
             }
             let overflow_threshold = fp8_max * inv;
-            let code = encode_fp8(u32::reinterpret(x * element_scale), format);
-            if abs != 0 && (code & 0x7f) == 0 {
+            let code = encode(u32::reinterpret(x * element_scale), element);
+            // Nonzero and dequantized to ±0: a ±0 code, or a block whose scale is 0 (NVFP4: an E4M3 block scale
+            // that underflowed, where every code is ±6 yet dequantizes to ±0).
+            if abs != 0 && ((code & comptime!(element.magnitude_mask())) == 0 || inv == 0.0f32) {
                 underflow += 1;
             }
             if abs <= INF_BITS {
@@ -221,7 +222,7 @@ pub fn stats_kernel<F: Float>(
                     overflow += 1;
                 }
                 if abs < INF_BITS {
-                    let error = x - decode_fp8(code, format) * inv;
+                    let error = x - decode(code, element) * inv;
                     squared_error += error * error;
                 }
             }
