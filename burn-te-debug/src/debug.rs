@@ -113,6 +113,22 @@ impl<B: TeBackend> DebugTensor for SiteTensor<B> {
                 self.tensor.clone(),
                 Some((format, Scaling::Block { block, rule })),
             )?,
+            Some((_, StatsScaling::Nvfp4(plan))) => {
+                // Blocks along the rows: the statistics of the transpose (the same elements, blocked as the GEMM
+                // blocks them).
+                let (folded, _) = fp8_gemm::fold_rows::<B>(self.tensor.clone());
+                let tensor = if plan.transpose {
+                    B::float_swap_dims(folded, 0, 1)
+                } else {
+                    folded
+                };
+                let scaling = Scaling::Nvfp4 {
+                    tile: plan.tile,
+                    rounding: plan.rounding,
+                    rht: plan.rht,
+                };
+                B::fp8_stats_launch(tensor, Some((Fp8Format::E4M3, scaling)))?
+            }
         };
         Ok(PendingStats(Box::new(move || {
             Ok(B::fp8_stats_read(pending)?)

@@ -169,7 +169,7 @@ fn dims<B: Backend>(tensor: &FloatTensor<B>) -> Vec<usize> {
 }
 
 /// `[.., d]` folded to `[rows, d]` (a scalar to `[1, 1]`), with the leading dimensions to unfold the result.
-pub(crate) fn fold_rows<B: Backend>(tensor: FloatTensor<B>) -> (FloatTensor<B>, Vec<usize>) {
+pub fn fold_rows<B: Backend>(tensor: FloatTensor<B>) -> (FloatTensor<B>, Vec<usize>) {
     let shape = dims::<B>(&tensor);
     let (last, leading) = shape
         .split_last()

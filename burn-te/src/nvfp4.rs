@@ -46,21 +46,35 @@ impl Nvfp4Plan {
         k_along_cols: bool,
         wgrad: bool,
     ) -> Self {
+        let plan = Self::nearest(recipe, role, k_along_cols, wgrad);
+        if role == TensorRole::Gradient && !recipe.disable_stochastic_rounding {
+            Self {
+                rounding: Nvfp4Rounding::Stochastic {
+                    seed: seed(site, role),
+                },
+                ..plan
+            }
+        } else {
+            plan
+        }
+    }
+
+    /// [`new`](Self::new) with round to nearest for every role: the quantization the debug tools' NVFP4
+    /// statistics describe (the expected error, without stochastic rounding's noise).
+    pub fn nearest(
+        recipe: &NVFP4BlockScaling,
+        role: TensorRole,
+        k_along_cols: bool,
+        wgrad: bool,
+    ) -> Self {
         let tile = if role == TensorRole::Weight && !recipe.disable_2d_quantization {
             Nvfp4Tile::Tile16x16
         } else {
             Nvfp4Tile::Row1x16
         };
-        let rounding = if role == TensorRole::Gradient && !recipe.disable_stochastic_rounding {
-            Nvfp4Rounding::Stochastic {
-                seed: seed(site, role),
-            }
-        } else {
-            Nvfp4Rounding::Nearest
-        };
         Self {
             tile,
-            rounding,
+            rounding: Nvfp4Rounding::Nearest,
             rht: wgrad && role != TensorRole::Weight && !recipe.disable_rht,
             transpose: !k_along_cols && tile == Nvfp4Tile::Row1x16,
         }

@@ -259,12 +259,52 @@ fn nvfp4_stochastic_rounding_makes_the_dgrad_unbiased() {
     );
 }
 
+/// What quantizing a `[rows, cols]` tensor to NVFP4 (round to nearest, after the RHT with `rht`) does to it,
+/// recomputed in f64 from the host quantization.
+struct Reference {
+    /// Nonzero elements that dequantize to zero (a zero code, or a block whose E4M3 scale underflowed).
+    underflows: u64,
+    /// Elements above 6 times their block's dequantization factor.
+    overflows: u64,
+    squared_error: f64,
+    factor_min: f64,
+    factor_max: f64,
+}
+
+fn reference_stats(x: &[f32], rows: usize, cols: usize, tile: Nvfp4Tile, rht: bool) -> Reference {
+    let input = if rht {
+        host_nvfp4::rht(x, cols, RHT_SIGN_MASK).unwrap()
+    } else {
+        x.to_vec()
+    };
+    let q = host_nvfp4::quantize(&input, rows, cols, tile, None, Nvfp4Rounding::Nearest).unwrap();
+    let dq = host_nvfp4::dequantize(&q);
+    let factors: Vec<f64> = q
+        .scales
+        .iter()
+        .map(|&s| f64::from(burn_te_kernels::nvfp4::dequantize_factor(s, q.amax)))
+        .collect();
+    let n = input.len();
+    Reference {
+        underflows: (0..n).filter(|&i| input[i] != 0.0 && dq[i] == 0.0).count() as u64,
+        overflows: (0..n)
+            .filter(|&i| !input[i].is_nan() && input[i].abs() > 6.0 * factors[q.block_of(i)] as f32)
+            .count() as u64,
+        squared_error: input
+            .iter()
+            .zip(&dq)
+            .map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2))
+            .sum(),
+        factor_min: factors.iter().copied().fold(f64::INFINITY, f64::min),
+        factor_max: factors.iter().copied().fold(0.0, f64::max),
+    }
+}
+
 /// NVFP4 quantization statistics (`fp8_stats_launch` with `Scaling::Nvfp4`), on wgpu and Flex, against the f64
 /// recomputation of the test from the host quantization: underflows, overflows, squared error and the range of the
 /// blocks' dequantization factors, for 1×16 blocks and 16×16 tiles, with and without the RHT, on data whose
 /// blocks span 2^±12 (so small elements underflow, and the scales of the smallest blocks underflow to 0).
 fn check_stats<B: burn_te::TeBackend>(what: &str, device: &B::Device) {
-    use burn::tensor::TensorPrimitive;
     let (rows, cols) = (48, 80);
     let mut rng = Rng::new(41);
     let x: Vec<f32> = rng
@@ -278,34 +318,13 @@ fn check_stats<B: burn_te::TeBackend>(what: &str, device: &B::Device) {
         (Nvfp4Tile::Tile16x16, false),
         (Nvfp4Tile::Row1x16, true),
     ] {
-        let input = if rht {
-            host_nvfp4::rht(&x, cols, RHT_SIGN_MASK).unwrap()
-        } else {
-            x.clone()
-        };
-        let q =
-            host_nvfp4::quantize(&input, rows, cols, tile, None, Nvfp4Rounding::Nearest).unwrap();
-        let dq = host_nvfp4::dequantize(&q);
-        // Nonzero elements that dequantize to zero (a zero code, or a block whose E4M3 scale underflowed).
-        let underflows = (0..input.len())
-            .filter(|&i| input[i] != 0.0 && dq[i] == 0.0)
-            .count() as u64;
-        let squared_error: f64 = input
-            .iter()
-            .zip(&dq)
-            .map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2))
-            .sum();
-        let factors: Vec<f64> = q
-            .scales
-            .iter()
-            .map(|&s| f64::from(burn_te_kernels::nvfp4::dequantize_factor(s, q.amax)))
-            .collect();
-        let overflows = (0..input.len())
-            .filter(|&i| {
-                let f = factors[q.block_of(i)] as f32;
-                !input[i].is_nan() && input[i].abs() > 6.0 * f
-            })
-            .count() as u64;
+        let Reference {
+            underflows,
+            overflows,
+            squared_error,
+            factor_min: min,
+            factor_max: max,
+        } = reference_stats(&x, rows, cols, tile, rht);
         let tensor = crate::te::tensor::<B, 2>(x.clone(), [rows, cols], device)
             .into_primitive()
             .tensor();
@@ -333,9 +352,6 @@ fn check_stats<B: burn_te::TeBackend>(what: &str, device: &B::Device) {
             "{case}: squared error {} vs {squared_error}",
             stats.squared_error_sum
         );
-        let (min, max) = factors
-            .iter()
-            .fold((f64::INFINITY, 0f64), |(lo, hi), &f| (lo.min(f), hi.max(f)));
         assert_eq!(
             (stats.scale_inv_min, stats.scale_inv_max),
             (min, max),
@@ -344,7 +360,7 @@ fn check_stats<B: burn_te::TeBackend>(what: &str, device: &B::Device) {
         assert_eq!(stats.tensor.numel, (rows * cols) as u64, "{case}");
         eprintln!(
             "{case}: underflows {underflows}, overflows {overflows}, mse {:.3e}",
-            squared_error / input.len() as f64
+            squared_error / x.len() as f64
         );
     }
 }
@@ -353,4 +369,199 @@ fn check_stats<B: burn_te::TeBackend>(what: &str, device: &B::Device) {
 fn nvfp4_quantization_stats_match_the_host_recomputation() {
     check_stats::<Wgpu>("wgpu", &device());
     check_stats::<Flex>("flex", &Default::default());
+}
+
+/// One layer's debug tools under NVFP4BlockScaling (iteration 0) and DelayedScaling (iteration 1) on backend `BK`:
+/// LogNvfp4TensorStats of the three inputs, LogFp8TensorStats' `nvfp4_` what-if (columnwise: the wgrad's RHT) and
+/// its unprefixed stats, and DumpTensors' quantized activation and weight. Returns the logged values, the dump
+/// directory, and the layer's input, weight and output gradient.
+fn debug_tools_run<BK: AutodiffBackend + burn_te::TeBackend>(
+    device: &BK::Device,
+    name: &str,
+) -> (
+    Vec<(u64, burn_te_debug::stats::StatValue)>,
+    std::path::PathBuf,
+    [Vec<f32>; 3],
+) {
+    use burn::tensor::{Tensor, TensorData};
+    use burn_te::nn::LinearConfig;
+    let dir = crate::debug::temp_dir(name);
+    let config = dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        r#"nvfp4:
+  enabled: True
+  layers:
+    layer_name_regex_pattern: 'fc0'
+  transformer_engine:
+    LogNvfp4TensorStats:
+      enabled: True
+      tensors: [activation, weight, gradient]
+      stats: [underflows%, mse, scale_inv_min, scale_inv_max]
+    LogFp8TensorStats:
+      enabled: True
+      tensors: [activation]
+      stats: [underflows%, mse, nvfp4_underflows%_columnwise, nvfp4_mse_columnwise]
+    DumpTensors:
+      enabled: True
+      tensors_struct:
+        - tensor: activation
+          quantized_tensor: True
+        - tensor: weight
+          quantized_tensor: True
+"#,
+    )
+    .unwrap();
+    let collect = crate::debug::Collect::default();
+    burn_te_debug::initialize(
+        burn_te_debug::DebugOptions::new(&config)
+            .log_dir(&dir)
+            .logger(collect.clone()),
+    )
+    .unwrap();
+    let (t, d_in, d_out) = (32, 64, 48);
+    let mut layer = LinearConfig::new(d_in, d_out)
+        .with_bias(false)
+        .with_name(Some("fc0".into()))
+        .init::<BK>(device);
+    let w = Rng::new(51).normal(d_in * d_out, 0.0, 0.1);
+    layer.weight = burn::module::Param::from_tensor(Tensor::from_data(
+        TensorData::new(w.clone(), [d_in, d_out]),
+        device,
+    ));
+    // Magnitudes from 2^-14 to 2^5 by blocks of 16, so some blocks' E4M3 scales underflow.
+    let x: Vec<f32> = Rng::new(52)
+        .normal(t * d_in, 0.0, 1.0)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v * 2f32.powi(((i / 16) % 20) as i32 - 14))
+        .collect();
+    let g = Rng::new(53).normal(t * d_out, 0.0, 1.0);
+    let run = |recipe: burn_te::Recipe| {
+        let input = Tensor::<BK, 2>::from_data(TensorData::new(x.clone(), [t, d_in]), device);
+        let y = burn_te::fp8_autocast(true, recipe, || layer.forward(input)).unwrap();
+        (y * Tensor::<BK, 2>::from_data(TensorData::new(g.clone(), [t, d_out]), device))
+            .sum()
+            .backward();
+        burn_te_debug::step().unwrap();
+    };
+    run(NVFP4BlockScaling::default().into());
+    run(burn_te::DelayedScaling::default().into());
+    burn_te_debug::end().unwrap();
+    let logged = collect.0.lock().unwrap().clone();
+    (logged, dir, [x, w, g])
+}
+
+#[test]
+fn nvfp4_debug_tools_log_and_dump_what_the_recipe_quantizes() {
+    let _guard = crate::debug::SESSION
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    type DebugWgpu = Autodiff<burn_te_debug::Debug<Te<Wgpu>>>;
+    type DebugFlex = Autodiff<burn_te_debug::Debug<Te<Flex>>>;
+    let runs = [
+        (
+            "wgpu",
+            debug_tools_run::<DebugWgpu>(&device(), "nvfp4-debug-wgpu"),
+        ),
+        (
+            "flex",
+            debug_tools_run::<DebugFlex>(&Default::default(), "nvfp4-debug-flex"),
+        ),
+    ];
+    let (t, d_in, d_out) = (32, 64, 48);
+    for (backend, (logged, dir, [x, w, g])) in runs {
+        let expect = |name: &str, it: u64, expected: f64| {
+            let value = logged
+                .iter()
+                .find(|(i, v)| *i == it && v.name == format!("fc0_{name}"))
+                .map(|(_, v)| v.value)
+                .unwrap_or_else(|| panic!("{backend}: {name} at {it} not logged"));
+            assert!(
+                (value - expected).abs() <= 1e-5 * expected.abs() + 1e-12,
+                "{backend}: {name} at {it}: {value} vs {expected}"
+            );
+        };
+        let check = |tensor: &str, it: u64, r: &Reference, numel: usize, prefix: &str, suffix| {
+            let n = numel as f64;
+            expect(
+                &format!("{tensor}_{prefix}underflows%{suffix}"),
+                it,
+                100.0 * r.underflows as f64 / n,
+            );
+            expect(
+                &format!("{tensor}_{prefix}mse{suffix}"),
+                it,
+                r.squared_error / n,
+            );
+        };
+        // Rowwise: the activation and gradient in 1×16 blocks along their columns, the weight in 16×16 tiles.
+        let activation = reference_stats(&x, t, d_in, Nvfp4Tile::Row1x16, false);
+        let weight = reference_stats(&w, d_in, d_out, Nvfp4Tile::Tile16x16, false);
+        let gradient = reference_stats(&g, t, d_out, Nvfp4Tile::Row1x16, false);
+        assert!(
+            activation.underflows > 0,
+            "{backend}: the activation underflows"
+        );
+        // Columnwise (wgrad): the activation's transpose under the RHT.
+        let columnwise =
+            reference_stats(&transpose(&x, t, d_in), d_in, t, Nvfp4Tile::Row1x16, true);
+        for it in [0, 1] {
+            check("activation", it, &activation, t * d_in, "nvfp4_", "");
+            check("weight", it, &weight, d_in * d_out, "nvfp4_", "");
+            check("gradient", it, &gradient, t * d_out, "nvfp4_", "");
+            expect("activation_nvfp4_scale_inv_min", it, activation.factor_min);
+            expect("weight_nvfp4_scale_inv_max", it, weight.factor_max);
+            check(
+                "activation",
+                it,
+                &columnwise,
+                t * d_in,
+                "nvfp4_",
+                "_columnwise",
+            );
+        }
+        // Under the NVFP4 recipe the unprefixed stat is the recipe's own quantization.
+        check("activation", 0, &activation, t * d_in, "", "");
+
+        // The dumps, decoded as the README shows for numpy: unpack the nibbles, decode E2M1 and the E4M3 block
+        // scales, multiply by `(s · amax) · (1/2688)`: the host dequantization of the same quantization, bit for bit.
+        for (tensor, values, rows, cols, tile) in [
+            ("activation", &x, t, d_in, Nvfp4Tile::Row1x16),
+            ("weight", &w, d_in, d_out, Nvfp4Tile::Tile16x16),
+        ] {
+            let file = dir.join(format!(
+                "tensor_dumps/rank_0/iter_000000/fc0_{tensor}.safetensors"
+            ));
+            let (dump, meta) = crate::debug::read_safetensors(&file);
+            assert_eq!(meta["fp8_format"], "e2m1", "{backend} {tensor}");
+            let packed = &dump["quantized"].2;
+            let codes: Vec<u8> = packed.iter().flat_map(|b| [b & 0xf, b >> 4]).collect();
+            let scales = &dump["block_scales"];
+            let amax = crate::debug::f32s(&dump["global_amax"].2)[0];
+            let block = tile.block();
+            let grid_cols = cols.div_ceil(block.cols);
+            assert_eq!(scales.1, vec![rows.div_ceil(block.rows), grid_cols]);
+            let decoded: Vec<f32> = (0..rows * cols)
+                .map(|i| {
+                    let (r, c) = (i / cols, i % cols);
+                    let s = scales.2[(r / block.rows) * grid_cols + c / block.cols];
+                    let s = burn_te::Fp8Format::E4M3.decode(s);
+                    burn_te_kernels::nvfp4::decode_e2m1(codes[i])
+                        * ((s * amax) * f32::from_bits(burn_te_kernels::nvfp4::ONE_OVER_2688_BITS))
+                })
+                .collect();
+            let q = host_nvfp4::quantize(values, rows, cols, tile, None, Nvfp4Rounding::Nearest)
+                .unwrap();
+            let want = host_nvfp4::dequantize(&q);
+            assert_eq!(amax.to_bits(), q.amax.to_bits(), "{backend} {tensor}: amax");
+            assert!(
+                decoded
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{backend} {tensor}: dumped NVFP4 decodes to the host dequantization"
+            );
+        }
+    }
 }

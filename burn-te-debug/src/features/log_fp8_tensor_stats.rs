@@ -22,15 +22,18 @@ enum WhatIf {
     Mxfp8,
     /// `fp8_block_scaling_`: Float8BlockScaling's power-of-two scales (1×128 tiles, 128×128 weight blocks).
     BlockScaling,
+    /// `nvfp4_`: NVFP4BlockScaling's E2M1 values with an E4M3 scale per 16 (TE's LogFp8TensorStats rejects it).
+    Nvfp4,
 }
 
 impl WhatIf {
-    const ALL: [WhatIf; 5] = [
+    const ALL: [WhatIf; 6] = [
         WhatIf::Actual,
         WhatIf::Delayed,
         WhatIf::Current,
         WhatIf::Mxfp8,
         WhatIf::BlockScaling,
+        WhatIf::Nvfp4,
     ];
 
     fn prefix(self) -> &'static str {
@@ -40,13 +43,17 @@ impl WhatIf {
             WhatIf::Current => "fp8_current_scaling_",
             WhatIf::Mxfp8 => "mxfp8_",
             WhatIf::BlockScaling => "fp8_block_scaling_",
+            WhatIf::Nvfp4 => "nvfp4_",
         }
     }
 
     /// Whether the stat may take the `_columnwise` suffix (per-tensor scales have one orientation only; the GEMM's
     /// own recipe is known at run time).
     fn has_orientations(self) -> bool {
-        matches!(self, WhatIf::Actual | WhatIf::Mxfp8 | WhatIf::BlockScaling)
+        matches!(
+            self,
+            WhatIf::Actual | WhatIf::Mxfp8 | WhatIf::BlockScaling | WhatIf::Nvfp4
+        )
     }
 
     /// The recipe whose blocks a block what-if takes.
@@ -54,6 +61,7 @@ impl WhatIf {
         match self {
             WhatIf::Mxfp8 => Some(Recipe::Mxfp8(Default::default())),
             WhatIf::BlockScaling => Some(Recipe::Block(Default::default())),
+            WhatIf::Nvfp4 => Some(Recipe::Nvfp4(Default::default())),
             _ => None,
         }
     }
@@ -89,8 +97,10 @@ fn parse_name(name: &str) -> Option<Fp8StatName> {
 /// Without a prefix the stat describes the GEMM's own quantization. With a recipe prefix it describes quantizing
 /// the high-precision tensor with that recipe (what-if): `fp8_current_scaling_` (per-tensor current scale),
 /// `fp8_delayed_scaling_` (the layer's delayed-scaling scale; needs a DelayedScaling scope), `mxfp8_` (E8M0 scale
-/// per 32 values) and `fp8_block_scaling_` (power-of-two scales per 1×128 tile, 128×128 for weights: the blocks
-/// Float8BlockScaling gives the tensor; TE's what-if takes 128×128 for every tensor). The format is the one the
+/// per 32 values), `fp8_block_scaling_` (power-of-two scales per 1×128 tile, 128×128 for weights: the blocks
+/// Float8BlockScaling gives the tensor; TE's what-if takes 128×128 for every tensor) and `nvfp4_` (NVFP4 with TE's
+/// default blocks and RHT, round to nearest; `scale_inv_min`/`max` range over the blocks' dequantization factors;
+/// TE rejects this prefix). The format is the one the
 /// scope's recipe gives the tensor (HYBRID's when there is no scope).
 ///
 /// Block scales run along the GEMM's reduction dimension, which differs between a tensor's two GEMMs: the stat
@@ -200,10 +210,22 @@ impl Feature for LogFp8TensorStats {
                     other => other.block_recipe(),
                 };
                 let k_along_cols = role.rowwise_k_along_cols() != columnwise;
-                let block = block_recipe.and_then(|r| r.block(role, k_along_cols));
                 let skip = |why: &str| {
                     tracing::warn!("{layer}: LogFp8TensorStats: {tensor}: {why}");
                 };
+                if let Some(Recipe::Nvfp4(nvfp4)) = &block_recipe {
+                    // The columnwise use of an activation or gradient is the wgrad's, under the RHT.
+                    let plan =
+                        burn_te::nvfp4::Nvfp4Plan::nearest(nvfp4, role, k_along_cols, columnwise);
+                    out.request_stats(StatRequest {
+                        quantization: Some((Fp8Format::E4M3, StatsScaling::Nvfp4(plan))),
+                        prefix: what_if.prefix().to_string(),
+                        suffix: orientation_suffix(columnwise).to_string(),
+                        stats: vec![stat],
+                    });
+                    continue;
+                }
+                let block = block_recipe.and_then(|r| r.block(role, k_along_cols));
                 let scaling = match (what_if, block) {
                     (_, Some((block, rule))) => StatsScaling::Block { block, rule },
                     (WhatIf::Actual, None) if recipe.is_none() => {

@@ -6,6 +6,7 @@ mod disable_fp8_layer;
 mod dump_tensors;
 mod fake_quant;
 mod log_fp8_tensor_stats;
+mod log_nvfp4_tensor_stats;
 mod log_tensor_stats;
 mod per_tensor_scaling;
 mod registry;
@@ -22,6 +23,7 @@ pub use disable_fp8_layer::DisableFp8Layer;
 pub use dump_tensors::DumpTensors;
 pub use fake_quant::FakeQuant;
 pub use log_fp8_tensor_stats::LogFp8TensorStats;
+pub use log_nvfp4_tensor_stats::LogNvfp4TensorStats;
 pub use log_tensor_stats::LogTensorStats;
 pub use per_tensor_scaling::PerTensorScaling;
 pub(crate) use registry::build_feature;
@@ -81,6 +83,8 @@ pub enum StatsScaling {
         /// Power-of-two (Float8BlockScaling) or E8M0 (MXFP8) scales.
         rule: BlockScaleRule,
     },
+    /// NVFP4 as the plan quantizes the tensor (round to nearest).
+    Nvfp4(burn_te::nvfp4::Nvfp4Plan),
 }
 
 /// Statistics launched on the device, read at `step()`.

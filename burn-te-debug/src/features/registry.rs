@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 
 use super::{
     DisableFp8Gemm, DisableFp8Layer, DumpTensors, FakeQuant, Feature, LogFp8TensorStats,
-    LogTensorStats, PerTensorScaling,
+    LogNvfp4TensorStats, LogTensorStats, PerTensorScaling,
 };
 use crate::config::FeatureSpec;
 use crate::error::{ConfigError, ConfigErrorKind, DebugError};
@@ -64,6 +64,11 @@ fn registry() -> &'static Registry {
             te,
             "LogFp8TensorStats",
             Arc::new(LogFp8TensorStats::from_spec),
+        );
+        add(
+            te,
+            "LogNvfp4TensorStats",
+            Arc::new(LogNvfp4TensorStats::from_spec),
         );
         add(te, "DisableFP8GEMM", Arc::new(DisableFp8Gemm::from_spec));
         add(te, "DumpTensors", Arc::new(DumpTensors::from_spec));
