@@ -155,6 +155,17 @@ impl<B: TeBackend> DebugTensor for SiteTensor<B> {
         Ok(Box::new(self.with(B::fp8_dequantize(quantized)?)))
     }
 
+    fn fake_quant_nvfp4(
+        &self,
+        plan: burn_te::nvfp4::Nvfp4Plan,
+    ) -> Result<Box<dyn DebugTensor>, DebugError> {
+        let shape = self.tensor.shape();
+        let (folded, _) = fp8_gemm::fold_rows::<B>(self.tensor.clone());
+        let (tensor, transposed) = burn_te::nvfp4::quantize::<B>(folded, plan)?;
+        let values = fp8_gemm::QuantizedOperand::<B> { tensor, transposed }.dequantize(shape)?;
+        Ok(Box::new(self.with(values)))
+    }
+
     fn launch_max_block_dynamic_range(
         &self,
         block: ScaleBlock,

@@ -565,3 +565,83 @@ fn nvfp4_debug_tools_log_and_dump_what_the_recipe_quantizes() {
         }
     }
 }
+
+/// FakeQuant `NVFP4` on fprop's activation and weight (TE's FakeQuant has none): the GEMM runs in high precision on
+/// the NVFP4 values — the output equals the f64 product of the host's NVFP4 quantizations (1×16 blocks along K for
+/// the activation, 16×16 tiles for the weight), and differs from the unquantized product.
+#[test]
+fn fake_quant_nvfp4_feeds_the_gemm_nvfp4_values() {
+    use burn::tensor::{Tensor, TensorData};
+    use burn_te::nn::LinearConfig;
+    type DebugFlex = Autodiff<burn_te_debug::Debug<Te<Flex>>>;
+    type DebugWgpu = Autodiff<burn_te_debug::Debug<Te<Wgpu>>>;
+    let _guard = crate::debug::SESSION
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let (t, d_in, d_out) = (8, 64, 32);
+    let x = Rng::new(61).normal(t * d_in, 0.0, 1.0);
+    let w = Rng::new(62).normal(d_in * d_out, 0.0, 0.1);
+    let xq = dequantized(&x, t, d_in, Nvfp4Tile::Row1x16, false);
+    let wq = dequantized(&w, d_in, d_out, Nvfp4Tile::Tile16x16, false);
+    let want = matmul(&xq, &wq, t, d_in, d_out);
+    let plain = matmul(&x, &w, t, d_in, d_out);
+    fn run<BK: AutodiffBackend + burn_te::TeBackend>(
+        name: &str,
+        (x, w): (&[f32], &[f32]),
+        [t, d_in, d_out]: [usize; 3],
+        device: &BK::Device,
+    ) -> Vec<f32> {
+        let dir = crate::debug::temp_dir(name);
+        let config = dir.join("config.yaml");
+        std::fs::write(
+            &config,
+            "fq:\n  enabled: True\n  layers:\n    layer_name_regex_pattern: 'fq'\n  transformer_engine:\n    \
+             FakeQuant:\n      enabled: True\n      gemms_struct:\n        - gemm: fprop\n          \
+             tensors_struct:\n            - tensor: activation\n              quant_format: NVFP4\n            \
+             - tensor: weight\n              quant_format: NVFP4\n",
+        )
+        .unwrap();
+        burn_te_debug::initialize(burn_te_debug::DebugOptions::new(&config).log_dir(&dir)).unwrap();
+        let mut layer = LinearConfig::new(d_in, d_out)
+            .with_bias(false)
+            .with_name(Some("fq".into()))
+            .init::<BK>(device);
+        layer.weight = burn::module::Param::from_tensor(Tensor::from_data(
+            TensorData::new(w.to_vec(), [d_in, d_out]),
+            device,
+        ));
+        let input = Tensor::<BK, 2>::from_data(TensorData::new(x.to_vec(), [t, d_in]), device);
+        let y = burn_te::fp8_autocast(true, burn_te::DelayedScaling::default(), || {
+            layer.forward(input)
+        })
+        .unwrap();
+        burn_te_debug::end().unwrap();
+        values(y)
+    }
+    for (backend, got) in [
+        (
+            "wgpu",
+            run::<DebugWgpu>("fq-nvfp4-wgpu", (&x, &w), [t, d_in, d_out], &device()),
+        ),
+        (
+            "flex",
+            run::<DebugFlex>(
+                "fq-nvfp4-flex",
+                (&x, &w),
+                [t, d_in, d_out],
+                &Default::default(),
+            ),
+        ),
+    ] {
+        assert_equal_up_to_accumulation(&format!("{backend} FakeQuant NVFP4 y"), &got, &want);
+        let moved = got
+            .iter()
+            .zip(&plain)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            moved > 1e-2,
+            "{backend}: NVFP4 must change the output ({moved})"
+        );
+    }
+}

@@ -1,7 +1,8 @@
 //! FakeQuant: chosen GEMM inputs quantized and dequantized, and the GEMM run in high precision.
 
+use burn_te::nvfp4::Nvfp4Plan;
 use burn_te::recipe::MX_BLOCK;
-use burn_te::{BlockScaleRule, Fp8Format, Gemm, ScaleBlock};
+use burn_te::{BlockScaleRule, Fp8Format, Gemm, NVFP4BlockScaling, ScaleBlock};
 
 use super::{DebugTensor, Feature, Modified, PerGemmTensor, Routing};
 use crate::config::{FeatureSpec, Need};
@@ -11,16 +12,37 @@ use crate::tensor::TensorName;
 /// Quantize-dequantizes the chosen (gemm, tensor) inputs to `quant_format` and runs those GEMMs in high precision:
 /// `FP8E4M3` / `FP8E5M2` with a per-tensor current scale and `margin` (default 0); `MXFP8E4M3` / `MXFP8E5M2` with
 /// one E8M0 scale per 32 values along the GEMM's reduction dimension, as the MXFP8 recipe quantizes (margin does not
-/// apply).
+/// apply); `NVFP4` as NVFP4BlockScaling quantizes (TE's defaults: E2M1 with an E4M3 scale per 16 values along K,
+/// 16×16 tiles for weights; round to nearest and no RHT, which only cancels when both operands of a GEMM take it).
+/// TE's FakeQuant has no NVFP4.
+///
+/// ```yaml
+/// fake_quant_nvfp4:
+///   enabled: True
+///   layers:
+///     layer_name_regex_pattern: 'fc1'
+///   transformer_engine:
+///     FakeQuant:
+///       enabled: True
+///       gemms_struct:
+///         - gemm: fprop
+///           tensors_struct:
+///             - tensor: activation
+///               quant_format: NVFP4
+/// ```
 pub struct FakeQuant {
     entries: PerGemmTensor<(QuantFormat, f32)>,
 }
 
-/// A FakeQuant format: FP8 with a per-tensor scale, or MXFP8 (32-value blocks).
+/// A FakeQuant format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct QuantFormat {
-    format: Fp8Format,
-    mx: bool,
+enum QuantFormat {
+    /// FP8 with a per-tensor current scale.
+    Fp8(Fp8Format),
+    /// MXFP8: an E8M0 scale per 32 values along K.
+    Mxfp8(Fp8Format),
+    /// NVFP4 with TE's default blocks.
+    Nvfp4,
 }
 
 /// Whether `tensor`, as an input of `gemm`, is reduced along its stored columns (Burn's weight is `[in, out]`).
@@ -44,18 +66,18 @@ impl FakeQuant {
             )?
             .into_iter()
             .map(|item| {
-                let quant = |format, mx| QuantFormat { format, mx };
                 let format = match item.str("quant_format")? {
-                    Some("FP8E4M3") => quant(Fp8Format::E4M3, false),
-                    Some("FP8E5M2") => quant(Fp8Format::E5M2, false),
-                    Some("MXFP8E4M3") => quant(Fp8Format::E4M3, true),
-                    Some("MXFP8E5M2") => quant(Fp8Format::E5M2, true),
+                    Some("FP8E4M3") => QuantFormat::Fp8(Fp8Format::E4M3),
+                    Some("FP8E5M2") => QuantFormat::Fp8(Fp8Format::E5M2),
+                    Some("MXFP8E4M3") => QuantFormat::Mxfp8(Fp8Format::E4M3),
+                    Some("MXFP8E5M2") => QuantFormat::Mxfp8(Fp8Format::E5M2),
+                    Some("NVFP4") => QuantFormat::Nvfp4,
                     Some(other) => {
                         return Err(item.error(
                             Some("quant_format"),
                             ConfigErrorKind::InvalidValue(format!(
-                                "quant_format \"{other}\" is not supported (FP8E4M3, FP8E5M2, MXFP8E4M3 or \
-                                 MXFP8E5M2)"
+                                "quant_format \"{other}\" is not supported (FP8E4M3, FP8E5M2, MXFP8E4M3, \
+                                 MXFP8E5M2 or NVFP4)"
                             )),
                         ));
                     }
@@ -111,15 +133,26 @@ impl Feature for FakeQuant {
         _iteration: u64,
     ) -> Result<Modified, DebugError> {
         let &(quant, margin) = self.entries.setting(self.name(), layer, gemm, tensor)?;
-        let modified = if quant.mx {
-            let block = if k_along_cols(gemm, tensor) {
-                ScaleBlock::new(1, MX_BLOCK)
-            } else {
-                ScaleBlock::new(MX_BLOCK, 1)
-            };
-            x.fake_quant_blocks(quant.format, block, BlockScaleRule::E8m0)?
-        } else {
-            x.fake_quant(quant.format, margin)?
+        let modified = match quant {
+            QuantFormat::Mxfp8(format) => {
+                let block = if k_along_cols(gemm, tensor) {
+                    ScaleBlock::new(1, MX_BLOCK)
+                } else {
+                    ScaleBlock::new(MX_BLOCK, 1)
+                };
+                x.fake_quant_blocks(format, block, BlockScaleRule::E8m0)?
+            }
+            QuantFormat::Fp8(format) => x.fake_quant(format, margin)?,
+            QuantFormat::Nvfp4 => {
+                let role = tensor.role().expect("FakeQuant takes GEMM inputs");
+                let plan = Nvfp4Plan::nearest(
+                    &NVFP4BlockScaling::default(),
+                    role,
+                    k_along_cols(gemm, tensor),
+                    false,
+                );
+                x.fake_quant_nvfp4(plan)?
+            }
         };
         Ok(Modified::HighPrecision(modified))
     }

@@ -153,6 +153,12 @@ pub trait DebugTensor: Send {
         block: ScaleBlock,
         rule: BlockScaleRule,
     ) -> Result<Box<dyn DebugTensor>, DebugError>;
+    /// Quantize-dequantize to NVFP4 by `plan` (its blocks, transposition and rounding; the values come back in the
+    /// tensor's own layout).
+    fn fake_quant_nvfp4(
+        &self,
+        plan: burn_te::nvfp4::Nvfp4Plan,
+    ) -> Result<Box<dyn DebugTensor>, DebugError>;
     /// The values, row-major (reads the device: a sync point).
     fn to_vec(&self) -> Result<Vec<f32>, DebugError>;
     /// The tensor quantized with its GEMM's recipe, format and blocks (a delayed-scaling scale is used, not
