@@ -41,6 +41,9 @@ pub enum Stat {
     ScaleInvMin,
     /// Largest `scale_inv` used.
     ScaleInvMax,
+    /// Standard deviation of the `scale_inv` values over the blocks (beyond TE, TE#2801; NaN for one per-tensor
+    /// scale, as `torch.std` of one value).
+    ScaleInvStd,
     /// Mean squared quantization error.
     Mse,
     /// The largest dynamic range of one block of the tensor (what a block-scaled recipe must hold).
@@ -92,11 +95,12 @@ impl Stat {
         Stat::InfCount,
     ];
     /// The quantization stats (LogFp8TensorStats).
-    pub const FP8: [Stat; 5] = [
+    pub const FP8: [Stat; 6] = [
         Stat::Underflows,
         Stat::Overflows,
         Stat::ScaleInvMin,
         Stat::ScaleInvMax,
+        Stat::ScaleInvStd,
         Stat::Mse,
     ];
 
@@ -115,6 +119,7 @@ impl Stat {
             Stat::Overflows => "overflows%",
             Stat::ScaleInvMin => "scale_inv_min",
             Stat::ScaleInvMax => "scale_inv_max",
+            Stat::ScaleInvStd => "scale_inv_std",
             Stat::Mse => "mse",
             Stat::MaxBlockwiseDynamicRange(_) => "max_blockwise_dynamic_range",
             Stat::NanCount => "nan_count",
@@ -166,6 +171,7 @@ impl Stat {
             // Zero scale_inv entries (padding in TE's layouts) would be ignored; none arise here.
             Stat::ScaleInvMin => Some(stats.scale_inv_min).filter(|s| s.is_finite()),
             Stat::ScaleInvMax => Some(stats.scale_inv_max).filter(|s| s.is_finite()),
+            Stat::ScaleInvStd => stats.scale_inv_stats.std(),
             Stat::Mse => stats.mse(),
             // Computed by its own kernel (see `StatBuffers::add_value`).
             Stat::MaxBlockwiseDynamicRange(_) => None,

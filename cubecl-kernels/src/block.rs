@@ -314,7 +314,7 @@ pub fn host_block_tensor_stats(
         let (scale, scale_inv) = scales[block.slot(index, cols)];
         stats.push(x, format.encode(x * scale), format, scale_inv);
     }
-    Ok(stats)
+    Ok(stats.with_scale_invs(scales.iter().map(|&(_, scale_inv)| scale_inv)))
 }
 
 /// Dequantizes a block-quantized `[rows, cols]` tensor: `decode(code) · scale_inv[block]`, as `F`.

@@ -342,6 +342,19 @@ pub fn delayed_scaling_update<R: Runtime>(
 pub struct StatsReadback {
     partials: Option<Handle>,
     cubes: usize,
+    /// Where `scale_inv_stats` come from.
+    scale_invs: ScaleInvs,
+}
+
+/// The `scale_inv` values of a statistics launch, for [`Fp8Stats::scale_inv_stats`].
+#[derive(Clone, Debug)]
+enum ScaleInvs {
+    /// No quantization.
+    None,
+    /// One per-tensor scale: the one `scale_inv` the kernel saw (its min).
+    Tensor,
+    /// One per block: the f32 buffer and the number of blocks, read with the partials.
+    Blocks(Handle, usize),
 }
 
 /// The scales of a statistics launch's FP8 counts.
@@ -369,12 +382,29 @@ pub(crate) fn launch_stats<R: Runtime, F: Float + CubeElement>(
         return Ok(StatsReadback {
             partials: None,
             cubes: 0,
+            scale_invs: ScaleInvs::None,
         });
     }
     let cubes = reduction_cubes(len);
     let partials = client.empty(cubes * stats::STATS_SLOTS * 4);
     // Unused scale arguments get a placeholder (one buffer may not be bound twice).
     let placeholder = || (scalar_buffer(client, 1.0), 1);
+    let scale_invs = match &fp8 {
+        Some((
+            _,
+            StatsScales::Blocks {
+                scale_inv,
+                cols,
+                block,
+                ..
+            },
+        )) => {
+            let (grid_rows, grid_cols) = block.grid(len / cols.max(&1), *cols);
+            ScaleInvs::Blocks((*scale_inv).clone(), grid_rows * grid_cols)
+        }
+        Some((_, StatsScales::Tensor(_))) => ScaleInvs::Tensor,
+        None => ScaleInvs::None,
+    };
     let (format, scale, scale_inv, with_fp8, blocked, (cols, block_rows, block_cols, grid_cols)) =
         match fp8 {
             Some((format, StatsScales::Tensor(scale))) => {
@@ -437,6 +467,7 @@ pub(crate) fn launch_stats<R: Runtime, F: Float + CubeElement>(
     Ok(StatsReadback {
         partials: Some(partials),
         cubes,
+        scale_invs,
     })
 }
 
@@ -470,9 +501,13 @@ impl StatsReadback {
     /// Reads the partials back (waits for the device) and merges them in f64.
     /// The bytes [`read_fp8`](Self::read_fp8) reads back: the per-cube partial statistics.
     pub fn bytes(&self) -> usize {
+        let scale_invs = match &self.scale_invs {
+            ScaleInvs::Blocks(_, blocks) => blocks * 4,
+            _ => 0,
+        };
         self.partials
             .as_ref()
-            .map_or(0, |_| self.cubes * stats::STATS_SLOTS * 4)
+            .map_or(0, |_| self.cubes * stats::STATS_SLOTS * 4 + scale_invs)
     }
 
     pub fn read_fp8<R: Runtime>(&self, client: &ComputeClient<R>) -> Result<Fp8Stats, KernelError> {
@@ -481,11 +516,22 @@ impl StatsReadback {
         };
         let bytes = client.read_one(handle.clone())?;
         let words = u32::from_bytes(&bytes);
-        Ok(words
+        let stats = words
             .chunks_exact(stats::STATS_SLOTS)
             .take(self.cubes)
             .map(partial_to_stats)
-            .fold(Fp8Stats::EMPTY, |acc, partial| acc.merge(&partial)))
+            .fold(Fp8Stats::EMPTY, |acc, partial| acc.merge(&partial));
+        Ok(match &self.scale_invs {
+            ScaleInvs::None => stats,
+            ScaleInvs::Tensor => stats.with_scale_invs(
+                Some(stats.scale_inv_min as f32).filter(|_| stats.tensor.numel > 0),
+            ),
+            ScaleInvs::Blocks(scale_invs, blocks) => {
+                let bytes = client.read_one(scale_invs.clone())?;
+                let values = f32::from_bytes(&bytes)[..*blocks].to_vec();
+                stats.with_scale_invs(values)
+            }
+        })
     }
 
     /// Reads the high-precision statistics back (waits for the device).
@@ -543,5 +589,6 @@ fn partial_to_stats(words: &[u32]) -> Fp8Stats {
         } else {
             float(slot::SCALE_INV_MAX)
         },
+        scale_inv_stats: TensorStats::EMPTY,
     }
 }

@@ -274,6 +274,9 @@ pub struct Fp8Stats {
     pub scale_inv_min: f64,
     /// Largest `scale_inv` the quantization applied (-inf for no elements).
     pub scale_inv_max: f64,
+    /// Statistics of the `scale_inv` values themselves, one per block (one for a per-tensor scale): their std is
+    /// the debug tools' `scale_inv_std`. Merging keeps them exact across tensors and micro-batches.
+    pub scale_inv_stats: TensorStats,
 }
 
 impl Fp8Stats {
@@ -285,7 +288,20 @@ impl Fp8Stats {
         squared_error_sum: 0.0,
         scale_inv_min: f64::INFINITY,
         scale_inv_max: f64::NEG_INFINITY,
+        scale_inv_stats: TensorStats::EMPTY,
     };
+
+    /// The same statistics with `scale_inv_stats` over these `scale_inv` values (one per block, or the tensor's one).
+    pub fn with_scale_invs(self, scale_invs: impl IntoIterator<Item = f32>) -> Fp8Stats {
+        let mut scale_inv_stats = TensorStats::EMPTY;
+        for scale_inv in scale_invs {
+            scale_inv_stats.push(f64::from(scale_inv));
+        }
+        Fp8Stats {
+            scale_inv_stats,
+            ..self
+        }
+    }
 
     /// Adds one element quantized as `code` with `scale` and `scale_inv` in `format` (the host path; the kernels
     /// do the same).
@@ -314,6 +330,7 @@ impl Fp8Stats {
             squared_error_sum: self.squared_error_sum + other.squared_error_sum,
             scale_inv_min: self.scale_inv_min.min(other.scale_inv_min),
             scale_inv_max: self.scale_inv_max.max(other.scale_inv_max),
+            scale_inv_stats: self.scale_inv_stats.merge(&other.scale_inv_stats),
         }
     }
 

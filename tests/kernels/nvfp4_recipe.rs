@@ -269,6 +269,15 @@ struct Reference {
     squared_error: f64,
     factor_min: f64,
     factor_max: f64,
+    /// Unbiased std of the blocks' dequantization factors.
+    factor_std: f64,
+}
+
+/// Unbiased standard deviation, in f64.
+fn std(values: &[f64]) -> f64 {
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
 }
 
 fn reference_stats(x: &[f32], rows: usize, cols: usize, tile: Nvfp4Tile, rht: bool) -> Reference {
@@ -297,6 +306,7 @@ fn reference_stats(x: &[f32], rows: usize, cols: usize, tile: Nvfp4Tile, rht: bo
             .sum(),
         factor_min: factors.iter().copied().fold(f64::INFINITY, f64::min),
         factor_max: factors.iter().copied().fold(0.0, f64::max),
+        factor_std: std(&factors),
     }
 }
 
@@ -324,6 +334,7 @@ fn check_stats<B: burn_te::TeBackend>(what: &str, device: &B::Device) {
             squared_error,
             factor_min: min,
             factor_max: max,
+            factor_std,
         } = reference_stats(&x, rows, cols, tile, rht);
         let tensor = crate::te::tensor::<B, 2>(x.clone(), [rows, cols], device)
             .into_primitive()
@@ -356,6 +367,11 @@ fn check_stats<B: burn_te::TeBackend>(what: &str, device: &B::Device) {
             (stats.scale_inv_min, stats.scale_inv_max),
             (min, max),
             "{case}: factor range"
+        );
+        let got_std = stats.scale_inv_stats.std().unwrap();
+        assert!(
+            (got_std - factor_std).abs() <= 1e-9 * factor_std,
+            "{case}: scale_inv_std {got_std} vs {factor_std}"
         );
         assert_eq!(stats.tensor.numel, (rows * cols) as u64, "{case}");
         eprintln!(
@@ -397,11 +413,12 @@ fn debug_tools_run<BK: AutodiffBackend + burn_te::TeBackend>(
     LogNvfp4TensorStats:
       enabled: True
       tensors: [activation, weight, gradient]
-      stats: [underflows%, mse, scale_inv_min, scale_inv_max]
+      stats: [underflows%, mse, scale_inv_min, scale_inv_max, scale_inv_std]
     LogFp8TensorStats:
       enabled: True
       tensors: [activation]
-      stats: [underflows%, mse, nvfp4_underflows%_columnwise, nvfp4_mse_columnwise]
+      stats: [underflows%, mse, nvfp4_underflows%_columnwise, nvfp4_mse_columnwise, mxfp8_scale_inv_std,
+              fp8_block_scaling_scale_inv_std]
     DumpTensors:
       enabled: True
       tensors_struct:
@@ -512,6 +529,30 @@ fn nvfp4_debug_tools_log_and_dump_what_the_recipe_quantizes() {
             check("gradient", it, &gradient, t * d_out, "nvfp4_", "");
             expect("activation_nvfp4_scale_inv_min", it, activation.factor_min);
             expect("weight_nvfp4_scale_inv_max", it, weight.factor_max);
+            expect("activation_nvfp4_scale_inv_std", it, activation.factor_std);
+            expect("weight_nvfp4_scale_inv_std", it, weight.factor_std);
+            expect("gradient_nvfp4_scale_inv_std", it, gradient.factor_std);
+            // scale_inv_std of the FP8 block recipes: over MXFP8's 1×32 and Float8BlockScaling's 1×128 blocks.
+            for (stat, block, rule) in [
+                ("mxfp8", 32, burn_te::BlockScaleRule::E8m0),
+                ("fp8_block_scaling", 128, burn_te::BlockScaleRule::Pow2),
+            ] {
+                let scales = burn_te_kernels::block::host_block_scales(
+                    &x,
+                    t,
+                    d_in,
+                    burn_te::ScaleBlock::new(1, block),
+                    rule,
+                    burn_te::Fp8Format::E4M3,
+                )
+                .unwrap();
+                let scale_invs: Vec<f64> = scales.iter().map(|&(_, s)| f64::from(s)).collect();
+                expect(
+                    &format!("activation_{stat}_scale_inv_std"),
+                    it,
+                    std(&scale_invs),
+                );
+            }
             check(
                 "activation",
                 it,

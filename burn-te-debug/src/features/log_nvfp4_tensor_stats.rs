@@ -10,7 +10,7 @@
 //!       enabled: True
 //!       tensors_struct:
 //!         - tensor: activation
-//!           stats: [underflows%, mse, scale_inv_min, scale_inv_max]
+//!           stats: [underflows%, mse, scale_inv_min, scale_inv_max, scale_inv_std]
 //!           freq: 1
 //!         - tensor: gradient
 //!           stats: [underflows%, mse]
@@ -31,15 +31,16 @@ use crate::tensor::TensorName;
 const PREFIX: &str = "nvfp4_";
 
 /// The stats, TE's two first.
-const STATS: [Stat; 4] = [
+const STATS: [Stat; 5] = [
     Stat::Underflows,
     Stat::Mse,
     Stat::ScaleInvMin,
     Stat::ScaleInvMax,
+    Stat::ScaleInvStd,
 ];
 
 /// Logs `nvfp4_<stat>` for stat ∈ `underflows%`, `mse` (TE's `LogNvfp4TensorStats`) and `scale_inv_min`,
-/// `scale_inv_max` (the smallest and largest dequantization factor over the blocks), of the chosen GEMM inputs
+/// `scale_inv_max`, `scale_inv_std` (the smallest, largest and std of the blocks' dequantization factors), of the chosen GEMM inputs
 /// quantized as the GEMM's rowwise use quantizes them: the scope's `NVFP4BlockScaling` switches, or TE's defaults
 /// under any other recipe (TE needs the NVFP4 recipe). Round to nearest: gradients are described without
 /// stochastic rounding's noise. `underflows%` counts nonzero elements that dequantize to zero, including the

@@ -181,7 +181,12 @@ pub fn fp8_tensor_stats(input: &[f32], format: Fp8Format, scale: f32) -> Fp8Stat
     for &x in input {
         stats.push(x, format.encode(x * scale), format, scale_inv);
     }
-    stats
+    let scale_invs = if input.is_empty() {
+        None
+    } else {
+        Some(scale_inv)
+    };
+    stats.with_scale_invs(scale_invs)
 }
 
 /// Packs FP8 codes four per little-endian `u32` word, as the kernels store them (the tail is padded with +0).

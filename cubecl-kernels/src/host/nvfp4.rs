@@ -167,5 +167,5 @@ pub fn tensor_stats(
             stats.squared_error_sum += f64::from(error * error);
         }
     }
-    Ok(stats)
+    Ok(stats.with_scale_invs(factors))
 }
