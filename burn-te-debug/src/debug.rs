@@ -177,6 +177,15 @@ impl<B: TeBackend> DebugTensor for SiteTensor<B> {
         })))
     }
 
+    fn delayed_state(&self) -> Result<Option<(Vec<f32>, f32)>, DebugError> {
+        let (Some(Recipe::Delayed(recipe)), Some(role)) = (&self.recipe, self.role) else {
+            return Ok(None);
+        };
+        let device = B::float_device(&self.tensor);
+        let state = fp8_gemm::delayed_state::<B>(&self.site, recipe, role, &device)?;
+        Ok(Some(B::fp8_delayed_state_read(&state)?))
+    }
+
     fn to_vec(&self) -> Result<Vec<f32>, DebugError> {
         read_floats::<B>(self.tensor.clone())
     }

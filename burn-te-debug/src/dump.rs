@@ -33,6 +33,16 @@ impl DumpEntry {
         }
     }
 
+    /// An f32 vector under `key`.
+    pub fn f32s(key: &str, values: &[f32]) -> DumpEntry {
+        DumpEntry {
+            key: key.into(),
+            dtype: Dtype::F32,
+            shape: vec![values.len()],
+            bytes: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        }
+    }
+
     /// The codes and scales of a quantized tensor:
     /// - FP8: `quantized` (the raw bytes as `U8`, which every reader opens; the format is the file's `fp8_format`
     ///   metadata, e.g. numpy `codes.view(ml_dtypes.float8_e4m3fn)`, torch `codes.view(torch.float8_e4m3fn)`) and
@@ -91,6 +101,77 @@ impl DumpEntry {
             scale_inv,
         ]
     }
+}
+
+/// Per-block records of a tensor as quantized (`values` laid out as `quantized.shape`), over its block grid
+/// (`[grid rows, grid cols]`, row-major; one block for a per-tensor scale), so a reader finds *which* blocks lose
+/// values: `block_scale_inv` (f32: the block's `scale_inv`, NVFP4: its dequantization factor), `block_amax` (f32,
+/// NaN skipped), `block_underflows` (u32: nonzero elements dequantized to zero) and `block_mse` (f64: mean squared
+/// error over the block's finite elements). One pass over the values.
+pub fn block_stats(values: &[f32], quantized: &Quantized) -> Vec<DumpEntry> {
+    let (cols, rows) = match quantized.shape.split_last() {
+        Some((&cols, leading)) => (cols, leading.iter().product::<usize>()),
+        None => (1, 1),
+    };
+    let block = quantized
+        .block
+        .unwrap_or(burn_te::ScaleBlock::new(rows.max(1), cols.max(1)));
+    let (grid_rows, grid_cols) = block.grid(rows, cols);
+    let blocks = grid_rows * grid_cols;
+    let mut amax = vec![0f32; blocks];
+    let mut underflows = vec![0u32; blocks];
+    let mut squared_error = vec![0f64; blocks];
+    let mut finite = vec![0u32; blocks];
+    for (index, (&x, &code)) in values.iter().zip(&quantized.codes).enumerate() {
+        let slot = block.slot(index, cols.max(1));
+        let scale_inv = quantized.scale_inv[slot.min(quantized.scale_inv.len() - 1)];
+        let dequantized = quantized.format.decode(code) * scale_inv;
+        amax[slot] = amax[slot].max(x.abs());
+        if x != 0.0 && dequantized == 0.0 {
+            underflows[slot] += 1;
+        }
+        if x.is_finite() {
+            squared_error[slot] += (f64::from(x) - f64::from(dequantized)).powi(2);
+            finite[slot] += 1;
+        }
+    }
+    let scale_inv: Vec<f32> = (0..blocks)
+        .map(|b| quantized.scale_inv[b.min(quantized.scale_inv.len() - 1)])
+        .collect();
+    let mse: Vec<f64> = squared_error
+        .iter()
+        .zip(&finite)
+        .map(|(e, &n)| if n == 0 { f64::NAN } else { e / f64::from(n) })
+        .collect();
+    let grid = vec![grid_rows, grid_cols];
+    let entry = |key: &str, dtype, bytes: Vec<u8>| DumpEntry {
+        key: key.into(),
+        dtype,
+        shape: grid.clone(),
+        bytes,
+    };
+    vec![
+        entry(
+            "block_scale_inv",
+            Dtype::F32,
+            scale_inv.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        ),
+        entry(
+            "block_amax",
+            Dtype::F32,
+            amax.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        ),
+        entry(
+            "block_underflows",
+            Dtype::U32,
+            underflows.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        ),
+        entry(
+            "block_mse",
+            Dtype::F64,
+            mse.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        ),
+    ]
 }
 
 /// What one `inspect_tensor` call dumps of a tensor, with string metadata stored in the file's header.

@@ -232,10 +232,10 @@ pub trait TeBackend: Backend {
         Self::fp8_delayed_state_load(device, &vec![0.0; history_len], 1.0)
     }
 
-    /// Reads a delayed-scaling state back: `(amax history, newest first, scale)`.
+    /// Reads a delayed-scaling state back: `(amax history, scale)`, the history in TE's layout: slot 0 this iteration's amax, slot `len − k` the amax of `k` iterations ago.
     fn fp8_delayed_state_read(state: &Self::DelayedState) -> Result<(Vec<f32>, f32), TeError>;
 
-    /// A delayed-scaling state holding `history` (newest first, at least one entry) and `scale` (a saved state).
+    /// A delayed-scaling state holding `history` (in the layout of [`fp8_delayed_state_read`](Self::fp8_delayed_state_read), at least one entry) and `scale` (a saved state).
     fn fp8_delayed_state_load(
         device: &Self::Device,
         history: &[f32],

@@ -99,7 +99,7 @@ pub struct LayerFp8State {
 /// What [`LayerFp8State::read`] returns: one role's state as the next iteration will use it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DelayedStateView {
-    /// The amax history, newest first (`history[0]` receives the next iteration's amax).
+    /// The amax history in TE's layout: slot 0 this iteration's amax, slot `len − k` the amax of `k` iterations ago (TE's `torch.roll(-1)`).
     pub history: Vec<f32>,
     /// The scale the next iteration quantizes with.
     pub scale: f32,

@@ -214,10 +214,13 @@ const CONFIG: &str = r#"fp8_state:
       tensors_struct:
         - tensor: activation
           quantized_tensor: True
+          amax_history: True
         - tensor: weight
           quantized_tensor: True
+          amax_history: True
         - tensor: gradient
           quantized_tensor: True
+          amax_history: True
 "#;
 
 /// What the debug tools reported for `roles` at every iteration equals the host re-computation: `scale_inv_min`
@@ -279,6 +282,36 @@ fn check_reports(
                 "{what} it {n} {name}: dumped scale_inv"
             );
             assert_eq!(meta["fp8_format"], format.name(), "{what}");
+            // The layer's delayed-scaling state for this tensor: the scale the GEMM quantized with, and the history
+            // behind it in TE's layout (slot 0 this iteration's amax once a GEMM of it has recorded it, 0 before;
+            // slot len − k the amax of k iterations ago).
+            assert_eq!(
+                f32s(&dump["scale"].2)[0].to_bits(),
+                scale.to_bits(),
+                "{what} it {n} {name}: dumped scale"
+            );
+            let history = f32s(&dump["amax_history"].2);
+            assert_eq!(
+                history.len(),
+                recipe.amax_history_len,
+                "{what} it {n} {name}"
+            );
+            let amaxes: Vec<f32> = data.of(role).iter().map(|v| amax(v)).collect();
+            assert!(
+                history[0] == 0.0 || history[0] == amaxes[n],
+                "{what} it {n} {name}: newest slot {}",
+                history[0]
+            );
+            let len = history.len();
+            for (slot, &h) in history.iter().enumerate().skip(1) {
+                let ago = len - slot;
+                let want = if ago <= n { amaxes[n - ago] } else { 0.0 };
+                assert_eq!(
+                    h.to_bits(),
+                    want.to_bits(),
+                    "{what} it {n} {name}: amax_history[{slot}] ({ago} iterations ago)"
+                );
+            }
         }
     }
 }

@@ -424,8 +424,10 @@ fn debug_tools_run<BK: AutodiffBackend + burn_te::TeBackend>(
       tensors_struct:
         - tensor: activation
           quantized_tensor: True
+          block_stats: True
         - tensor: weight
           quantized_tensor: True
+          block_stats: True
 "#,
     )
     .unwrap();
@@ -603,6 +605,59 @@ fn nvfp4_debug_tools_log_and_dump_what_the_recipe_quantizes() {
                     .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{backend} {tensor}: dumped NVFP4 decodes to the host dequantization"
             );
+            // Per-block records: which blocks lose values, recomputed block by block.
+            let blocks = q.scales.len();
+            let (mut amax_b, mut under_b, mut err_b) =
+                (vec![0f32; blocks], vec![0u32; blocks], vec![0f64; blocks]);
+            for i in 0..rows * cols {
+                let b = q.block_of(i);
+                amax_b[b] = amax_b[b].max(values[i].abs());
+                under_b[b] += u32::from(values[i] != 0.0 && want[i] == 0.0);
+                err_b[b] += (f64::from(values[i]) - f64::from(want[i])).powi(2);
+            }
+            let per_block = (block.rows * block.cols) as f64;
+            let factors: Vec<f32> = q
+                .scales
+                .iter()
+                .map(|&s| burn_te_kernels::nvfp4::dequantize_factor(s, q.amax))
+                .collect();
+            assert_eq!(
+                dump["block_scale_inv"].1,
+                vec![rows / block.rows, grid_cols]
+            );
+            assert_eq!(
+                crate::debug::f32s(&dump["block_scale_inv"].2),
+                factors,
+                "{backend} {tensor}"
+            );
+            assert_eq!(
+                crate::debug::f32s(&dump["block_amax"].2),
+                amax_b,
+                "{backend} {tensor}"
+            );
+            let under: Vec<u32> = dump["block_underflows"]
+                .2
+                .chunks_exact(4)
+                .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            assert_eq!(under, under_b, "{backend} {tensor}: block_underflows");
+            let mse: Vec<f64> = dump["block_mse"]
+                .2
+                .chunks_exact(8)
+                .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            for (b, (got, err)) in mse.iter().zip(&err_b).enumerate() {
+                let want = err / per_block;
+                assert!(
+                    (got - want).abs() <= 1e-12 * want.abs().max(1e-30),
+                    "{backend} {tensor}: block_mse[{b}] {got} vs {want}"
+                );
+            }
+            if tensor == "activation" {
+                // Blocks whose E4M3 scale underflowed (codes ±6, dequantized 0) count every element.
+                let zero_scales = q.scales.iter().filter(|&&s| s == 0).count();
+                assert!(zero_scales > 0, "{backend}: some block scales underflow");
+            }
         }
     }
 }

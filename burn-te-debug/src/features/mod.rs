@@ -159,6 +159,9 @@ pub trait DebugTensor: Send {
         &self,
         plan: burn_te::nvfp4::Nvfp4Plan,
     ) -> Result<Box<dyn DebugTensor>, DebugError>;
+    /// The layer's delayed-scaling `(amax history in TE's layout, scale)` for this tensor as its GEMM uses them this
+    /// iteration (reads the device); `None` without a DelayedScaling scope or a role.
+    fn delayed_state(&self) -> Result<Option<(Vec<f32>, f32)>, DebugError>;
     /// The values, row-major (reads the device: a sync point).
     fn to_vec(&self) -> Result<Vec<f32>, DebugError>;
     /// The tensor quantized with its GEMM's recipe, format and blocks (a delayed-scaling scale is used, not
