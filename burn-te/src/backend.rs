@@ -212,7 +212,7 @@ pub trait TeBackend: Backend {
 
     /// Launches a count of the tensor's NaN, +inf and -inf elements (the diagnostics' non-finite tracking), read
     /// with [`fp8_stats_read`](Self::fp8_stats_read): only `numel` and the NaN/inf counts of its `tensor` stats are
-    /// meaningful. The full statistics by default; the host path counts only.
+    /// meaningful. The full statistics by default; the CubeCL backends and the host path count only.
     fn fp8_non_finite_launch(tensor: FloatTensor<Self>) -> Result<Self::PendingStats, TeError> {
         Self::fp8_stats_launch(tensor, None)
     }

@@ -501,6 +501,17 @@ where
         })
     }
 
+    fn fp8_non_finite_launch(tensor: CubeTensor<R>) -> Result<CubePendingStats<R>, TeError> {
+        let x = into_contiguous(tensor);
+        let len = x.meta.shape().num_elements();
+        let client = &x.client;
+        let readback = with_float!(x.dtype, "fp8_non_finite", T => Ok(ops::non_finite_counts::<R, T>(client, &x.handle, len)?))?;
+        Ok(CubePendingStats {
+            readback,
+            client: client.clone(),
+        })
+    }
+
     fn fp8_stats_read(pending: CubePendingStats<R>) -> Result<Fp8Stats, TeError> {
         crate::diagnostics::timed_read(pending.readback.bytes(), || {
             pending

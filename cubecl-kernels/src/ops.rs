@@ -480,6 +480,41 @@ pub fn tensor_stats<R: Runtime, F: Float + CubeElement>(
     launch_stats::<R, F>(client, input, len, None)
 }
 
+/// Launches a count of the finite, NaN, +inf and -inf elements of `len` elements (one read, nothing else per
+/// element); read with [`StatsReadback::read_fp8`]: only `numel` and those counts of its `tensor` are meaningful.
+pub fn non_finite_counts<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    input: &Handle,
+    len: usize,
+) -> Result<StatsReadback, KernelError> {
+    let len32 = check_len(len)?;
+    check_size("non-finite count input", input, size_of::<F>(), len)?;
+    if len == 0 {
+        return Ok(StatsReadback {
+            partials: None,
+            cubes: 0,
+            scale_invs: ScaleInvs::None,
+        });
+    }
+    let cubes = reduction_cubes(len);
+    let partials = client.empty(cubes * stats::STATS_SLOTS * 4);
+    unsafe {
+        stats::non_finite_kernel::launch_unchecked::<F, R>(
+            client,
+            CubeCount::Static(cubes as u32, 1, 1),
+            CubeDim::new_1d(CUBE_SIZE),
+            ArrayArg::from_raw_parts(input.clone(), len),
+            ArrayArg::from_raw_parts(partials.clone(), cubes * stats::STATS_SLOTS),
+            len32,
+        );
+    }
+    Ok(StatsReadback {
+        partials: Some(partials),
+        cubes,
+        scale_invs: ScaleInvs::None,
+    })
+}
+
 /// Like [`tensor_stats`], and also counts what quantizing with `scale[0]` in `format` would underflow and
 /// overflow and its squared error; read with [`StatsReadback::read_fp8`].
 pub fn fp8_tensor_stats<R: Runtime, F: Float + CubeElement>(

@@ -361,3 +361,64 @@ pub fn stats_kernel<F: Float>(
         partials[base + slot::SCALE_INV_MAX] = scale_inv_max_total;
     }
 }
+
+/// Counts the finite, NaN, +inf and -inf elements in one read, writing a statistics record per cube
+/// (`CUBE_COUNT * STATS_SLOTS` words) with only those counts filled: the diagnostics' non-finite tracking, far
+/// cheaper than [`stats_kernel`] (no moments, extremes or quantization per element).
+#[cube(launch_unchecked)]
+pub fn non_finite_kernel<F: Float>(input: &Array<F>, partials: &mut Array<u32>, len: u32) {
+    let len = len as usize;
+    let stride = CUBE_COUNT * comptime!(CUBE_SIZE as usize);
+    let mut finite = 0u32;
+    let mut nan = 0u32;
+    let mut pos_inf = 0u32;
+    let mut neg_inf = 0u32;
+    let mut index = ABSOLUTE_POS;
+    while index < len {
+        let bits = u32::reinterpret(f32::cast_from(input[index]));
+        let abs = bits & 0x7fff_ffff;
+        finite += u32::cast_from(abs < INF_BITS);
+        nan += u32::cast_from(abs > INF_BITS);
+        pos_inf += u32::cast_from(bits == INF_BITS);
+        neg_inf += u32::cast_from(bits == (INF_BITS | 0x8000_0000));
+        index += stride;
+    }
+    let unit = UNIT_POS as usize;
+    let size = comptime!(CUBE_SIZE as usize);
+    let mut s_finite = SharedMemory::<u32>::new(size);
+    let mut s_nan = SharedMemory::<u32>::new(size);
+    let mut s_pos_inf = SharedMemory::<u32>::new(size);
+    let mut s_neg_inf = SharedMemory::<u32>::new(size);
+    s_finite[unit] = finite;
+    s_nan[unit] = nan;
+    s_pos_inf[unit] = pos_inf;
+    s_neg_inf[unit] = neg_inf;
+    sync_cube();
+    let mut half = comptime!(CUBE_SIZE as usize / 2).runtime();
+    while half > 0 {
+        if unit < half {
+            let other = unit + half;
+            s_finite[unit] = s_finite[unit] + s_finite[other];
+            s_nan[unit] = s_nan[unit] + s_nan[other];
+            s_pos_inf[unit] = s_pos_inf[unit] + s_pos_inf[other];
+            s_neg_inf[unit] = s_neg_inf[unit] + s_neg_inf[other];
+        }
+        sync_cube();
+        half /= 2;
+    }
+    if unit == 0 {
+        let base = CUBE_POS * STATS_SLOTS;
+        for s in 0..STATS_SLOTS {
+            partials[base + s] = 0u32;
+        }
+        partials[base + slot::FINITE_COUNT] = s_finite[0];
+        partials[base + slot::NAN] = s_nan[0];
+        partials[base + slot::POS_INF] = s_pos_inf[0];
+        partials[base + slot::NEG_INF] = s_neg_inf[0];
+        // The identities of the extremes, so a merged record stays well-formed.
+        partials[base + slot::MIN] = 0x7f7f_ffffu32;
+        partials[base + slot::MAX] = 0xff7f_ffffu32;
+        partials[base + slot::MIN_NONZERO_ABS] = INF_BITS;
+        partials[base + slot::SCALE_INV_MIN] = INF_BITS;
+    }
+}
