@@ -741,3 +741,67 @@ fn fake_quant_nvfp4_feeds_the_gemm_nvfp4_values() {
         );
     }
 }
+
+/// A NaN in an NVFP4 GEMM's input: TE's kernels encode the NaN element as +6, but the NaN global amax enters every
+/// block's dequantization factor (TE's GEMM alpha likewise), so every output of the GEMM is NaN — not only the
+/// NaN's row as in FP8 — as the host quantization gives; the diagnostics' non-finite tracking names the activation
+/// at fprop as the origin. Shapes no multiple of 16 (5 tokens, 7 → 3 features) and an empty batch run too.
+fn check_bad_inputs<B: AutodiffBackend + burn_te::TeBackend>(what: &str, device: &B::Device) {
+    use burn_te::diagnostics::{self, DiagnosticsConfig, OriginTensor};
+    let recipe = NVFP4BlockScaling {
+        disable_stochastic_rounding: true,
+        ..Default::default()
+    };
+    // NaN in the activation.
+    let dims = [32, 32, 16];
+    let (mut x, w, g) = operands(dims);
+    x[37] = f32::NAN;
+    diagnostics::configure_thread(DiagnosticsConfig::new().with_track_non_finite(true)).unwrap();
+    diagnostics::clear_non_finite();
+    let got = linear_and_grads::<B>(&recipe, (&x, &w, &g), dims, device);
+    diagnostics::step().unwrap();
+    let origin = diagnostics::first_non_finite();
+    diagnostics::clear_thread_config();
+    let want = reference(&recipe, (&x, &w, &g), dims);
+    assert!(
+        want[0].iter().all(|v| v.is_nan()),
+        "{what}: the reference's every output is NaN"
+    );
+    assert!(
+        got[0].iter().all(|v| v.is_nan()),
+        "{what}: one NaN makes the whole NVFP4 GEMM NaN"
+    );
+    let origin = origin.expect("the NaN is reported");
+    assert_eq!(origin.gemm, Some(burn_te::Gemm::Fprop), "{what}: {origin}");
+    assert_eq!(
+        origin.tensor,
+        Some(OriginTensor::Input(burn_te::TensorRole::Activation)),
+        "{what}: {origin}"
+    );
+    assert_eq!(origin.nan_count, 1, "{what}: {origin}");
+
+    // Odd shapes: partial blocks everywhere, 5 tokens padded to 16 under the RHT.
+    let dims = [5, 7, 3];
+    let (x, w, g) = operands(dims);
+    let got = linear_and_grads::<B>(&recipe, (&x, &w, &g), dims, device);
+    let want = reference(&recipe, (&x, &w, &g), dims);
+    for ((name, got), want) in ["y", "dx", "dw"].iter().zip(&got).zip(&want) {
+        assert_equal_up_to_accumulation(&format!("{what} odd {name}"), got, want);
+    }
+    // An empty batch: an empty output, no panic.
+    let empty = burn_te::fp8_autocast(true, recipe.clone(), || {
+        burn::tensor::module::linear(
+            tensor::<B, 2>(vec![], [0, 16], device),
+            tensor::<B, 2>(Rng::new(71).normal(16 * 3, 0.0, 0.2), [16, 3], device),
+            None,
+        )
+    })
+    .unwrap();
+    assert_eq!(empty.dims(), [0, 3], "{what}");
+}
+
+#[test]
+fn nvfp4_bad_inputs_follow_te_or_run() {
+    check_bad_inputs::<Autodiff<Te<Wgpu>>>("wgpu", &device());
+    check_bad_inputs::<Autodiff<Te<Flex>>>("flex", &Default::default());
+}
