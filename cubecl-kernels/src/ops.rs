@@ -346,6 +346,15 @@ pub struct StatsReadback {
     scale_invs: ScaleInvs,
 }
 
+impl StatsReadback {
+    /// The statistics of no element (nothing launched).
+    const EMPTY: StatsReadback = StatsReadback {
+        partials: None,
+        cubes: 0,
+        scale_invs: ScaleInvs::None,
+    };
+}
+
 /// The `scale_inv` values of a statistics launch, for [`Fp8Stats::scale_inv_stats`].
 #[derive(Clone, Debug)]
 enum ScaleInvs {
@@ -379,11 +388,7 @@ pub(crate) fn launch_stats<R: Runtime, F: Float + CubeElement>(
     let len32 = check_len(len)?;
     check_size("statistics input", input, size_of::<F>(), len)?;
     if len == 0 {
-        return Ok(StatsReadback {
-            partials: None,
-            cubes: 0,
-            scale_invs: ScaleInvs::None,
-        });
+        return Ok(StatsReadback::EMPTY);
     }
     let cubes = reduction_cubes(len);
     let partials = client.empty(cubes * stats::STATS_SLOTS * 4);
@@ -490,11 +495,7 @@ pub fn non_finite_counts<R: Runtime, F: Float + CubeElement>(
     let len32 = check_len(len)?;
     check_size("non-finite count input", input, size_of::<F>(), len)?;
     if len == 0 {
-        return Ok(StatsReadback {
-            partials: None,
-            cubes: 0,
-            scale_invs: ScaleInvs::None,
-        });
+        return Ok(StatsReadback::EMPTY);
     }
     let cubes = reduction_cubes(len);
     let partials = client.empty(cubes * stats::STATS_SLOTS * 4);
