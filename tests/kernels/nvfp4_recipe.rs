@@ -805,3 +805,45 @@ fn nvfp4_bad_inputs_follow_te_or_run() {
     check_bad_inputs::<Autodiff<Te<Wgpu>>>("wgpu", &device());
     check_bad_inputs::<Autodiff<Te<Flex>>>("flex", &Default::default());
 }
+
+/// A plain batched matmul under the NVFP4 recipe (`[2, 20, 70] · [1, 70, 30]`, the batch of one broadcast): both
+/// operands in 1×16 blocks along K (70: a partial block), the right one quantized as its transpose, no RHT; equal
+/// to the f64 product of the host quantizations, on wgpu and Flex.
+#[test]
+fn nvfp4_batched_matmul_equals_the_host_quantization() {
+    fn run<B: burn_te::TeBackend>(lhs: &[f32], rhs: &[f32], device: &B::Device) -> Vec<f32> {
+        values(
+            burn_te::fp8_autocast(true, NVFP4BlockScaling::default(), || {
+                tensor::<B, 3>(lhs.to_vec(), [2, 20, 70], device).matmul(tensor::<B, 3>(
+                    rhs.to_vec(),
+                    [1, 70, 30],
+                    device,
+                ))
+            })
+            .unwrap(),
+        )
+    }
+    let (m, k, n) = (20, 70, 30);
+    let lhs = Rng::new(81).normal(2 * m * k, 0.0, 1.0);
+    let rhs = Rng::new(82).normal(k * n, 0.0, 0.3);
+    let rhs_q = transpose(
+        &dequantized(&transpose(&rhs, k, n), n, k, Nvfp4Tile::Row1x16, false),
+        n,
+        k,
+    );
+    // One global amax for the whole left operand (its batches folded into rows).
+    let want: Vec<f32> = dequantized(&lhs, 2 * m, k, Nvfp4Tile::Row1x16, false)
+        .chunks(m * k)
+        .flat_map(|l| matmul(l, &rhs_q, m, k, n))
+        .collect();
+    assert_equal_up_to_accumulation(
+        "wgpu matmul",
+        &run::<Te<Wgpu>>(&lhs, &rhs, &device()),
+        &want,
+    );
+    assert_equal_up_to_accumulation(
+        "flex matmul",
+        &run::<Te<Flex>>(&lhs, &rhs, &Default::default()),
+        &want,
+    );
+}
