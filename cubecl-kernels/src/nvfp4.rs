@@ -351,31 +351,10 @@ pub fn nvfp4_tensor_stats<R: Runtime, F: Float + CubeElement>(
     )?;
     check_size("nvfp4_tensor_stats amax", amax, 4, 1)?;
     let scales = block_scales::<R, F>(client, input, rows, cols, tile, amax)?;
-    let buffer = Nvfp4Buffer {
-        codes: scales.clone(),
-        scales,
-        amax: amax.clone(),
-        rows,
-        cols,
-        tile,
-    };
-    let blocks = buffer.blocks();
-    let factors = nvfp4_block_factors(client, &buffer)?;
-    let multipliers = client.empty(blocks.max(1) * 4);
-    if blocks > 0 {
-        let grid = elementwise_grid(client, blocks);
-        unsafe {
-            kernel::nvfp4_block_multipliers_kernel::launch_unchecked::<R>(
-                client,
-                grid.0,
-                grid.1,
-                ArrayArg::from_raw_parts(buffer.scales.clone(), blocks.div_ceil(4)),
-                ArrayArg::from_raw_parts(amax.clone(), 1),
-                ArrayArg::from_raw_parts(multipliers.clone(), blocks),
-                check_len(blocks)?,
-            );
-        }
-    }
+    let (grid_rows, grid_cols) = tile.block().grid(rows, cols);
+    let blocks = grid_rows * grid_cols;
+    let factors = per_block(client, &scales, amax, blocks, PerBlock::Factors)?;
+    let multipliers = per_block(client, &scales, amax, blocks, PerBlock::Multipliers)?;
     crate::ops::launch_stats::<R, F>(
         client,
         input,
@@ -438,26 +417,57 @@ pub fn nvfp4_block_factors<R: Runtime>(
     tensor: &Nvfp4Buffer,
 ) -> Result<Handle, KernelError> {
     let blocks = tensor.blocks();
-    let blocks32 = check_len(blocks)?;
     check_size("nvfp4 scales", &tensor.scales, 4, blocks.div_ceil(4))?;
     check_size("nvfp4 amax", &tensor.amax, 4, 1)?;
-    let factors = client.empty(blocks.max(1) * 4);
+    per_block(
+        client,
+        &tensor.scales,
+        &tensor.amax,
+        blocks,
+        PerBlock::Factors,
+    )
+}
+
+/// A value of each block, from its E4M3 scale code and the global amax.
+#[derive(Clone, Copy)]
+enum PerBlock {
+    /// The dequantization factor `(float(s) · amax) · (1/2688)`.
+    Factors,
+    /// The encode multiplier `min(1 / (float(s) · S_dec), FLT_MAX)`.
+    Multipliers,
+}
+
+/// One f32 per block (`blocks` scale codes, four per word, and the global amax; sizes checked by the caller).
+fn per_block<R: Runtime>(
+    client: &ComputeClient<R>,
+    scales: &Handle,
+    amax: &Handle,
+    blocks: usize,
+    which: PerBlock,
+) -> Result<Handle, KernelError> {
+    let blocks32 = check_len(blocks)?;
+    let values = client.empty(blocks.max(1) * 4);
     if blocks > 0 {
-        let blocks_grid = elementwise_grid(client, blocks);
+        let (cubes, dim) = elementwise_grid(client, blocks);
+        // SAFETY: `scales` holds `blocks` codes four per word and `amax` one f32 (checked by the callers); `values`
+        // was just allocated with `blocks` f32.
         unsafe {
-            kernel::nvfp4_block_factors_kernel::launch_unchecked::<R>(
-                client,
-                blocks_grid.0,
-                blocks_grid.1,
-                ArrayArg::from_raw_parts(tensor.scales.clone(), blocks.div_ceil(4)),
-                ArrayArg::from_raw_parts(tensor.amax.clone(), 1),
-                ArrayArg::from_raw_parts(factors.clone(), blocks),
-                blocks32,
-                0,
-            );
+            let scales = ArrayArg::from_raw_parts(scales.clone(), blocks.div_ceil(4));
+            let amax = ArrayArg::from_raw_parts(amax.clone(), 1);
+            let out = ArrayArg::from_raw_parts(values.clone(), blocks);
+            match which {
+                PerBlock::Factors => kernel::nvfp4_block_factors_kernel::launch_unchecked::<R>(
+                    client, cubes, dim, scales, amax, out, blocks32, 0,
+                ),
+                PerBlock::Multipliers => {
+                    kernel::nvfp4_block_multipliers_kernel::launch_unchecked::<R>(
+                        client, cubes, dim, scales, amax, out, blocks32,
+                    )
+                }
+            }
         }
     }
-    Ok(factors)
+    Ok(values)
 }
 
 impl Nvfp4Buffer {
