@@ -78,6 +78,20 @@ impl<B: TeBackend> SiteTensor<B> {
     }
 }
 
+impl<B: TeBackend> SiteTensor<B> {
+    /// The layer's delayed-scaling state for this tensor, as the GEMM uses it at this iteration; `None` without a
+    /// DelayedScaling scope or a role.
+    fn layer_delayed_state(&self) -> Result<Option<B::DelayedState>, DebugError> {
+        let (Some(Recipe::Delayed(recipe)), Some(role)) = (&self.recipe, self.role) else {
+            return Ok(None);
+        };
+        let device = B::float_device(&self.tensor);
+        Ok(Some(fp8_gemm::delayed_state::<B>(
+            &self.site, recipe, role, &device,
+        )?))
+    }
+}
+
 impl<B: TeBackend> DebugTensor for SiteTensor<B> {
     fn shape(&self) -> Vec<usize> {
         self.tensor.shape().as_slice().to_vec()
@@ -94,15 +108,12 @@ impl<B: TeBackend> DebugTensor for SiteTensor<B> {
                 Some((format, Scaling::Current { margin })),
             )?,
             Some((format, StatsScaling::Delayed)) => {
-                let (Some(Recipe::Delayed(recipe)), Some(role)) = (&self.recipe, self.role) else {
+                let Some(state) = self.layer_delayed_state()? else {
                     return Err(burn_te::TeError::InvalidRecipe(
                         "delayed-scaling stats need a DelayedScaling scope".into(),
                     )
                     .into());
                 };
-                // The layer's state as the GEMM uses it at this iteration.
-                let device = B::float_device(&self.tensor);
-                let state = fp8_gemm::delayed_state::<B>(&self.site, recipe, role, &device)?;
                 let scaling = Scaling::Delayed {
                     state: &state,
                     record: false,
@@ -178,12 +189,10 @@ impl<B: TeBackend> DebugTensor for SiteTensor<B> {
     }
 
     fn delayed_state(&self) -> Result<Option<(Vec<f32>, f32)>, DebugError> {
-        let (Some(Recipe::Delayed(recipe)), Some(role)) = (&self.recipe, self.role) else {
-            return Ok(None);
-        };
-        let device = B::float_device(&self.tensor);
-        let state = fp8_gemm::delayed_state::<B>(&self.site, recipe, role, &device)?;
-        Ok(Some(B::fp8_delayed_state_read(&state)?))
+        match self.layer_delayed_state()? {
+            Some(state) => Ok(Some(B::fp8_delayed_state_read(&state)?)),
+            None => Ok(None),
+        }
     }
 
     fn to_vec(&self) -> Result<Vec<f32>, DebugError> {

@@ -83,7 +83,7 @@ impl<B: TeBackend> QuantizedOperand<B> {
         let values = B::float_swap_dims(values, n - 2, n - 1);
         let stored = dims::<B>(&values);
         let wanted = shape.as_slice();
-        let values = if n >= 2 && wanted.len() == n && stored[n - 2] > wanted[n - 2] {
+        let values = if wanted.len() == n && stored[n - 2] > wanted[n - 2] {
             let ranges: Vec<burn::tensor::Slice> = wanted
                 .iter()
                 .map(|&d| burn::tensor::Slice::from(0..d))
