@@ -125,14 +125,9 @@ impl<B: TeBackend> DebugTensor for SiteTensor<B> {
                 Some((format, Scaling::Block { block, rule })),
             )?,
             Some((_, StatsScaling::Nvfp4(plan))) => {
-                // Blocks along the rows: the statistics of the transpose (the same elements, blocked as the GEMM
-                // blocks them).
+                // The operand as the GEMM quantizes it (transposed for blocks along the rows, padded for the RHT).
                 let (folded, _) = fp8_gemm::fold_rows::<B>(self.tensor.clone());
-                let tensor = if plan.transpose {
-                    B::float_swap_dims(folded, 0, 1)
-                } else {
-                    folded
-                };
+                let tensor = burn_te::nvfp4::operand_layout::<B>(folded, plan)?;
                 let scaling = Scaling::Nvfp4 {
                     tile: plan.tile,
                     rounding: plan.rounding,

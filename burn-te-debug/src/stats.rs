@@ -168,9 +168,10 @@ impl Stat {
             Stat::InfCount => Some((t.pos_inf_count + t.neg_inf_count) as f64),
             Stat::Underflows => stats.underflows_percent(),
             Stat::Overflows => stats.overflows_percent(),
-            // Zero scale_inv entries (padding in TE's layouts) would be ignored; none arise here.
-            Stat::ScaleInvMin => Some(stats.scale_inv_min).filter(|s| s.is_finite()),
-            Stat::ScaleInvMax => Some(stats.scale_inv_max).filter(|s| s.is_finite()),
+            // Over every block's (or the tensor's) scale_inv by the NaN rule: NVFP4's dequantization factors carry
+            // the global amax, so a NaN or infinity in the tensor reaches them.
+            Stat::ScaleInvMin => stats.scale_inv_stats.min(),
+            Stat::ScaleInvMax => stats.scale_inv_stats.max(),
             Stat::ScaleInvStd => stats.scale_inv_stats.std(),
             Stat::Mse => stats.mse(),
             // Computed by its own kernel (see `StatBuffers::add_value`).

@@ -89,32 +89,13 @@ fn seed(site: &GemmSite, role: TensorRole) -> u32 {
 }
 
 /// Quantizes an operand `[.., rows, cols]` by `plan`. Returns the quantized tensor and whether it holds the
-/// operand's transpose (`[.., cols, rows]`, with the rows padded to a multiple of 16 for the RHT).
+/// operand's transpose (see [`operand_layout`]).
 pub fn quantize<B: TeBackend>(
     tensor: FloatTensor<B>,
     plan: Nvfp4Plan,
 ) -> Result<(Fp8Primitive<B>, bool), TeError> {
-    let dims = tensor.shape().as_slice().to_vec();
-    let tensor = if plan.transpose {
-        let n = dims.len();
-        if n < 2 {
-            return Err(TeError::InvalidShape {
-                module: "nvfp4 operand".into(),
-                reason: "expected a matrix to quantize along its rows".into(),
-                shape: dims,
-            });
-        }
-        let padded = if plan.rht {
-            pad_rows::<B>(tensor, &dims)
-        } else {
-            tensor
-        };
-        B::float_swap_dims(padded, n - 2, n - 1)
-    } else {
-        tensor
-    };
     let quantized = B::fp8_quantize(
-        tensor,
+        operand_layout::<B>(tensor, plan)?,
         Fp8Format::E4M3,
         Scaling::Nvfp4 {
             tile: plan.tile,
@@ -123,6 +104,33 @@ pub fn quantize<B: TeBackend>(
         },
     )?;
     Ok((quantized, plan.transpose))
+}
+
+/// An operand `[.., rows, cols]` laid out as `plan` quantizes it: unchanged, or (with `plan.transpose`) its
+/// transpose `[.., cols, rows]`, the rows first padded with zero rows to a multiple of 16 under the RHT. The GEMM
+/// and the debug tools' statistics both quantize this tensor.
+pub fn operand_layout<B: TeBackend>(
+    tensor: FloatTensor<B>,
+    plan: Nvfp4Plan,
+) -> Result<FloatTensor<B>, TeError> {
+    if !plan.transpose {
+        return Ok(tensor);
+    }
+    let dims = tensor.shape().as_slice().to_vec();
+    let n = dims.len();
+    if n < 2 {
+        return Err(TeError::InvalidShape {
+            module: "nvfp4 operand".into(),
+            reason: "expected a matrix to quantize along its rows".into(),
+            shape: dims,
+        });
+    }
+    let padded = if plan.rht {
+        pad_rows::<B>(tensor, &dims)
+    } else {
+        tensor
+    };
+    Ok(B::float_swap_dims(padded, n - 2, n - 1))
 }
 
 /// `[.., rows, cols]` with zero rows appended up to a multiple of 16.

@@ -1,6 +1,7 @@
 //! Bad tensors through every debug feature (issue 15, item 8): NaN, +inf, -inf, only infinities and zeros, all
 //! zeros, one element, shapes that are no multiple of any kernel tile or of MXFP8's 32-value block, and an empty
-//! batch, on `Autodiff<Debug<Te<Wgpu>>>` and the host stack `Autodiff<Debug<Te<NdArray>>>`.
+//! batch, on `Autodiff<Debug<Te<Wgpu>>>` and the host stack `Autodiff<Debug<Te<NdArray>>>`, under the four FP8
+//! recipes and NVFP4 (whose RHT pads the odd token counts, and whose global amax carries a NaN into every block).
 //!
 //! Nothing may panic, and every value must be right: each logged stat equals an f64 evaluation of its defining
 //! formula over all elements in IEEE arithmetic (the README's NaN rule, PyTorch's semantics), each dump holds the
@@ -17,10 +18,12 @@ use burn::tensor::backend::AutodiffBackend;
 use burn_te::backends::Wgpu;
 use burn_te::nn::{Linear, LinearConfig};
 use burn_te::{
-    DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Fp8Format, MXFP8BlockScaling, Recipe,
-    Te, TeBackend, TensorRole, fp8_autocast,
+    DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Fp8Format, MXFP8BlockScaling,
+    NVFP4BlockScaling, Recipe, Te, TeBackend, TensorRole, fp8_autocast,
 };
 use burn_te_debug::{Debug, DebugError};
+use burn_te_kernels::host::nvfp4 as host_nvfp4;
+use burn_te_kernels::nvfp4::{Nvfp4Rounding, Nvfp4Tile, RHT_SIGN_MASK, dequantize_factor};
 
 use crate::common::Rng;
 use crate::debug::{SESSION, f32s, main_log, read_safetensors, start_session};
@@ -166,12 +169,19 @@ fn tensor_stats(v: &[f32], rows: usize, cols: usize) -> Vec<(String, f64)> {
         .to_vec()
 }
 
-/// The scales of an FP8 quantization: one per tensor, or one per block from the block's amax.
+/// The scales of a quantization: one per tensor, or one per block from the block's amax.
 #[derive(Clone, Copy, Debug)]
 enum Scales {
     Tensor(f32),
     /// `(block rows, block cols, E8M0)`: power-of-two scales, MXFP8's E8M0 or Float8BlockScaling's.
     Blocks(usize, usize, bool),
+    /// NVFP4 (E2M1 values, E4M3 block scales under a global amax): the tensor transposed first (its tokens padded
+    /// to a multiple of 16 under the RHT), then the RHT, then `tile`s along the columns.
+    Nvfp4 {
+        tile: Nvfp4Tile,
+        rht: bool,
+        transpose: bool,
+    },
 }
 
 /// TE's current scale: `fp8_max / amax` in f32; amax 0, inf or NaN keeps the initial scale 1.
@@ -192,6 +202,81 @@ struct Quantization {
     codes: Vec<u8>,
     scale_inv: Vec<f32>,
     stats: Vec<(&'static str, f64)>,
+    /// NVFP4: the host quantization (its packed codes, E4M3 block scales and global amax).
+    nvfp4: Option<host_nvfp4::HostNvfp4>,
+}
+
+/// The NVFP4 quantization of a `[rows, cols]` tensor (round to nearest, as the statistics describe it), from the
+/// conformance-verified host quantizer; stats over the tensor it quantizes (transposed, padded and transformed as
+/// `scales` says), recomputed in f64 with the NaN rule. A nonzero element underflows when it dequantizes to zero
+/// (a zero code, or a block whose E4M3 scale underflowed).
+fn nvfp4_quantization(v: &[f32], rows: usize, cols: usize, scales: Scales) -> Quantization {
+    let Scales::Nvfp4 {
+        tile,
+        rht,
+        transpose,
+    } = scales
+    else {
+        unreachable!("nvfp4_quantization takes Scales::Nvfp4")
+    };
+    let (input, rows, cols) = if transpose {
+        let padded = if rht { rows.next_multiple_of(16) } else { rows };
+        let t: Vec<f32> = (0..cols * padded)
+            .map(|i| {
+                let (c, r) = (i / padded, i % padded);
+                if r < rows { v[r * cols + c] } else { 0.0 }
+            })
+            .collect();
+        (t, cols, padded)
+    } else {
+        (v.to_vec(), rows, cols)
+    };
+    let input = if rht {
+        host_nvfp4::rht(&input, cols, RHT_SIGN_MASK).unwrap()
+    } else {
+        input
+    };
+    let q = host_nvfp4::quantize(&input, rows, cols, tile, None, Nvfp4Rounding::Nearest).unwrap();
+    let dq = host_nvfp4::dequantize(&q);
+    let factors: Vec<f32> = q
+        .scales
+        .iter()
+        .map(|&s| dequantize_factor(s, q.amax))
+        .collect();
+    let n = input.len() as f64;
+    let (mut underflows, mut overflows, mut squared_error) = (0usize, 0usize, 0.0f64);
+    for (i, (&x, &d)) in input.iter().zip(&dq).enumerate() {
+        // Quantized to ±0: a ±0 code, or a zero factor (its E4M3 scale underflowed). With an infinite global amax
+        // the factors are infinite, and a zero code dequantizes to NaN in IEEE; its value is lost all the same.
+        let factor = factors[q.block_of(i)];
+        underflows += usize::from(x != 0.0 && (q.code(i) & 7 == 0 || factor == 0.0));
+        let limit = 6.0 * factor;
+        overflows += usize::from(x > limit || x < -limit);
+        if x.is_finite() {
+            squared_error += (f64::from(x) - f64::from(d)).powi(2);
+        }
+    }
+    // The README's rule for a tensor with a NaN (mse NaN) or else an infinity (mse inf): its global amax is NaN or
+    // inf, which makes every dequantized value NaN or ±inf in IEEE; the rule names the cause instead.
+    if input.iter().any(|x| x.is_nan()) {
+        squared_error = f64::NAN;
+    } else if input.iter().any(|x| x.is_infinite()) {
+        squared_error = f64::INFINITY;
+    }
+    let inv = factors.iter().map(|&s| f64::from(s));
+    let stats = vec![
+        ("underflows%", 100.0 * underflows as f64 / n),
+        ("overflows%", 100.0 * overflows as f64 / n),
+        ("scale_inv_min", inv.clone().fold(f64::INFINITY, nan_min)),
+        ("scale_inv_max", inv.fold(f64::NEG_INFINITY, nan_max)),
+        ("mse", squared_error / n),
+    ];
+    Quantization {
+        codes: q.codes(),
+        scale_inv: factors,
+        stats,
+        nvfp4: Some(q),
+    }
 }
 
 fn quantization(
@@ -204,6 +289,7 @@ fn quantization(
     let (br, bc) = match scales {
         Scales::Tensor(_) => (rows.max(1), cols.max(1)),
         Scales::Blocks(br, bc, _) => (br, bc),
+        Scales::Nvfp4 { .. } => return nvfp4_quantization(v, rows, cols, scales),
     };
     let grid_cols = cols.div_ceil(bc);
     let slot = |i: usize| (i / cols / br) * grid_cols + (i % cols) / bc;
@@ -216,6 +302,7 @@ fn quantization(
         .iter()
         .map(|&a| match scales {
             Scales::Tensor(scale) => (scale, 1.0 / scale),
+            Scales::Nvfp4 { .. } => unreachable!("quantized above"),
             _ if a == 0.0 || !a.is_finite() => (1.0, 1.0),
             Scales::Blocks(_, _, true) => {
                 let scale_inv = (a / f64::from(format.max())).log2().ceil().exp2();
@@ -259,16 +346,18 @@ fn quantization(
         codes,
         scale_inv,
         stats,
+        nvfp4: None,
     }
 }
 
 /// The LogFp8TensorStats prefixes (what-if recipes; `""` is the GEMM's own quantization).
-const PREFIXES: [&str; 5] = [
+const PREFIXES: [&str; 6] = [
     "",
     "fp8_delayed_scaling_",
     "fp8_current_scaling_",
     "mxfp8_",
     "fp8_block_scaling_",
+    "nvfp4_",
 ];
 const FP8_STATS: [&str; 5] = [
     "underflows%",
@@ -278,13 +367,22 @@ const FP8_STATS: [&str; 5] = [
     "mse",
 ];
 
-/// Which recipe a stat prefix stands for under the scope's `recipe`: `Some(true)` MXFP8 blocks, `Some(false)`
-/// Float8BlockScaling blocks, `None` per-tensor (delayed or current).
-fn block_kind(prefix: &str, recipe: &Recipe) -> Option<bool> {
+/// The blocks a stat prefix stands for under the scope's `recipe`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum BlockKind {
+    Mxfp8,
+    Float8Block,
+    Nvfp4,
+    /// Per-tensor scales (delayed or current).
+    None,
+}
+
+fn block_kind(prefix: &str, recipe: &Recipe) -> BlockKind {
     match (prefix, recipe) {
-        ("mxfp8_", _) | ("", Recipe::Mxfp8(_)) => Some(true),
-        ("fp8_block_scaling_", _) | ("", Recipe::Block(_)) => Some(false),
-        _ => None,
+        ("mxfp8_", _) | ("", Recipe::Mxfp8(_)) => BlockKind::Mxfp8,
+        ("fp8_block_scaling_", _) | ("", Recipe::Block(_)) => BlockKind::Float8Block,
+        ("nvfp4_", _) | ("", Recipe::Nvfp4(_)) => BlockKind::Nvfp4,
+        _ => BlockKind::None,
     }
 }
 
@@ -308,18 +406,30 @@ fn scales_of(
     let along_cols = (role != TensorRole::Weight) != columnwise;
     let along_k = |len: usize| if along_cols { (1, len) } else { (len, 1) };
     let scales = match block_kind(prefix, recipe) {
-        Some(true) => {
+        BlockKind::Mxfp8 => {
             let (r, c) = along_k(32);
             Scales::Blocks(r, c, true)
         }
-        Some(false) if role == TensorRole::Weight => Scales::Blocks(128, 128, false),
-        Some(false) => {
+        BlockKind::Float8Block if role == TensorRole::Weight => Scales::Blocks(128, 128, false),
+        BlockKind::Float8Block => {
             let (r, c) = along_k(128);
             Scales::Blocks(r, c, false)
         }
-        None if columnwise => return None,
+        // TE's defaults: 16×16 weight tiles (either way round); 1×16 blocks along K, so an operand reduced along
+        // its rows is quantized as its transpose; the columnwise (wgrad) activation and gradient under the RHT.
+        BlockKind::Nvfp4 if role == TensorRole::Weight => Scales::Nvfp4 {
+            tile: Nvfp4Tile::Tile16x16,
+            rht: false,
+            transpose: false,
+        },
+        BlockKind::Nvfp4 => Scales::Nvfp4 {
+            tile: Nvfp4Tile::Row1x16,
+            rht: columnwise,
+            transpose: !along_cols,
+        },
+        BlockKind::None if columnwise => return None,
         // Each layer runs one iteration: its delayed-scaling scale is the initial 1.
-        None => match (prefix, recipe) {
+        BlockKind::None => match (prefix, recipe) {
             ("" | "fp8_delayed_scaling_", Recipe::Delayed(_)) => Scales::Tensor(1.0),
             ("fp8_delayed_scaling_", _) => return None,
             _ => Scales::Tensor(current_scale(v, format)),
@@ -444,7 +554,7 @@ fn stats_config() -> String {
         for stat in FP8_STATS {
             fp8.push(format!("{prefix}{stat}"));
             // The block what-ifs and the GEMM's own quantization have two orientations.
-            if matches!(prefix, "" | "mxfp8_" | "fp8_block_scaling_") {
+            if matches!(prefix, "" | "mxfp8_" | "fp8_block_scaling_" | "nvfp4_") {
                 fp8.push(format!("{prefix}{stat}_columnwise"));
             }
         }
@@ -469,12 +579,13 @@ fn stats_config() -> String {
     )
 }
 
-fn recipes() -> [(&'static str, Recipe); 4] {
+fn recipes() -> [(&'static str, Recipe); 5] {
     [
         ("delayed", DelayedScaling::default().into()),
         ("current", Float8CurrentScaling::default().into()),
         ("block", Float8BlockScaling::default().into()),
         ("mxfp8", MXFP8BlockScaling::default().into()),
+        ("nvfp4", NVFP4BlockScaling::default().into()),
     ]
 }
 
@@ -642,7 +753,14 @@ fn stats_and_dumps<S: AutodiffBackend + TeBackend>(
                         checked += 1;
                     }
                     // The dump's codes and scale_inv: the GEMM's own (rowwise) quantization.
-                    if prefix.is_empty() && !columnwise {
+                    if prefix.is_empty()
+                        && !columnwise
+                        && let Some(nvfp4) = &q.nvfp4
+                    {
+                        let stochastic = role == TensorRole::Gradient;
+                        checked += check_nvfp4_dump(&what(tensor, ""), &dump, nvfp4, stochastic);
+                        assert_eq!(meta["fp8_format"], "e2m1");
+                    } else if prefix.is_empty() && !columnwise {
                         let (dtype, shape, codes) = &dump["quantized"];
                         assert_eq!(
                             (dtype.as_str(), shape.as_slice()),
@@ -677,6 +795,64 @@ fn stats_and_dumps<S: AutodiffBackend + TeBackend>(
     (seen.len() * 3, checked)
 }
 
+/// `a` and `b` are the same f32, a NaN matching any NaN (the device and the host may differ in the payload).
+fn same_f32(a: f32, b: f32) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+/// An NVFP4 dump (packed codes, E4M3 block scales over the block grid, global amax, per-block factors) against
+/// the host quantization `want` (round to nearest). The gradient is stochastically rounded with the GEMM's own
+/// seed: its scales are the same, and each code is the nearest one's E2M1 neighbour or itself. Returns the number
+/// of values checked.
+fn check_nvfp4_dump(
+    what: &str,
+    dump: &BTreeMap<String, (String, Vec<usize>, Vec<u8>)>,
+    want: &host_nvfp4::HostNvfp4,
+    stochastic: bool,
+) -> usize {
+    let (dtype, shape, packed) = &dump["quantized"];
+    assert_eq!(
+        (dtype.as_str(), shape.as_slice()),
+        ("U8", &[want.packed.len()][..]),
+        "{what} packed codes"
+    );
+    if stochastic {
+        let got = packed.iter().flat_map(|b| [b & 0xf, b >> 4]);
+        for (i, (got, nearest)) in got.zip(want.codes()).enumerate() {
+            let (g, n) = (i32::from(got & 7), i32::from(nearest & 7));
+            let same_sign = got & 8 == nearest & 8 || g == 0 || n == 0;
+            assert!(
+                (g - n).abs() <= 1 && same_sign,
+                "{what}: stochastically rounded code {got:#x} at {i} is no neighbour of the nearest {nearest:#x}"
+            );
+        }
+    } else {
+        assert_eq!(packed, &want.packed, "{what} packed codes");
+    }
+    let (_, grid, scales) = &dump["block_scales"];
+    let (grid_rows, grid_cols) = want.tile.block().grid(want.rows, want.cols);
+    assert_eq!(grid, &[grid_rows, grid_cols], "{what} block grid");
+    assert_eq!(scales, &want.scales, "{what} block scales");
+    let amax = f32s(&dump["global_amax"].2);
+    assert!(
+        amax.len() == 1 && same_f32(amax[0], want.amax),
+        "{what} global amax {amax:?} vs {}",
+        want.amax
+    );
+    let factors = f32s(&dump["scale_inv"].2);
+    let expected: Vec<f32> = want
+        .scales
+        .iter()
+        .map(|&s| dequantize_factor(s, want.amax))
+        .collect();
+    assert!(
+        factors.len() == expected.len()
+            && factors.iter().zip(&expected).all(|(a, b)| same_f32(*a, *b)),
+        "{what} factors {factors:?} vs {expected:?}"
+    );
+    packed.len() + scales.len() + 1 + factors.len()
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // The modifying and disabling features.
 // ---------------------------------------------------------------------------------------------------------------
@@ -705,6 +881,18 @@ fake_quant_mxfp8:
           tensors_struct:
             - tensor: activation
               quant_format: MXFP8E4M3
+fake_quant_nvfp4:
+  enabled: True
+  layers:
+    layer_name_regex_pattern: '^fq_nv_'
+  transformer_engine:
+    FakeQuant:
+      enabled: True
+      gemms_struct:
+        - gemm: fprop
+          tensors_struct:
+            - tensor: activation
+              quant_format: NVFP4
 per_tensor_scaling:
   enabled: True
   layers:
@@ -737,9 +925,13 @@ disable_layer:
 /// Quantize-dequantize of `v` (f64 values of the codes times `scale_inv`).
 fn fake_quant(v: &[f32], rows: usize, cols: usize, format: Fp8Format, scales: Scales) -> Vec<f64> {
     let q = quantization(v, rows, cols, format, scales);
+    if let Some(nvfp4) = &q.nvfp4 {
+        return f64s(&host_nvfp4::dequantize(nvfp4));
+    }
     let (br, bc) = match scales {
         Scales::Tensor(_) => (rows.max(1), cols.max(1)),
         Scales::Blocks(br, bc, _) => (br, bc),
+        Scales::Nvfp4 { .. } => unreachable!("dequantized above"),
     };
     let grid_cols = cols.div_ceil(bc);
     q.codes
@@ -752,7 +944,7 @@ fn fake_quant(v: &[f32], rows: usize, cols: usize, format: Fp8Format, scales: Sc
         .collect()
 }
 
-/// Every kind as the activation and output gradient of a layer with FakeQuant (FP8 and MXFP8), PerTensorScaling,
+/// Every kind as the activation and output gradient of a layer with FakeQuant (FP8, MXFP8, NVFP4), PerTensorScaling,
 /// DisableFP8GEMM and DisableFP8Layer on stack `S`: the GEMMs the features change against f64 GEMMs of the
 /// modified operands. Returns the number of (kind, feature) cases and of values checked.
 fn modifying_features<S: AutodiffBackend + TeBackend>(
@@ -770,9 +962,10 @@ fn modifying_features<S: AutodiffBackend + TeBackend>(
         // A finite weight: the bad tensors are the activation and the output gradient.
         let w = Rng::new(seed + 1).normal(cols * cols, 0.0, 0.5);
         let (xf, wf, gf) = (f64s(&x), f64s(&w), f64s(&g));
-        let features: [(&str, Recipe); 5] = [
+        let features: [(&str, Recipe); 6] = [
             ("fq_fp8", Float8CurrentScaling::default().into()),
             ("fq_mx", MXFP8BlockScaling::default().into()),
+            ("fq_nv", Float8CurrentScaling::default().into()),
             ("pts", DelayedScaling::default().into()),
             ("dgemm", Float8CurrentScaling::default().into()),
             ("dlayer", Float8CurrentScaling::default().into()),
@@ -798,6 +991,15 @@ fn modifying_features<S: AutodiffBackend + TeBackend>(
                     fake_quant(&x, rows, cols, e4m3, Scales::Blocks(1, 32, true)),
                     wf.clone(),
                 ),
+                // FakeQuant NVFP4: the recipe's activation blocks (1×16 along K), round to nearest, no RHT.
+                "fq_nv" if rows > 0 => {
+                    let scales = Scales::Nvfp4 {
+                        tile: Nvfp4Tile::Row1x16,
+                        rht: false,
+                        transpose: false,
+                    };
+                    (fake_quant(&x, rows, cols, e4m3, scales), wf.clone())
+                }
                 // FP8 GEMM with both inputs current-scaled instead of DelayedScaling's (initial) scale 1.
                 "pts" => (
                     fake_quant(
@@ -868,8 +1070,8 @@ fn bad_tensors_go_through_every_feature_with_the_right_values() {
     let (cases, checked) = runs.iter().fold((0, 0), |(c, v), (_, (cases, checked))| {
         (c + cases, v + checked)
     });
-    // 11 kinds × 2 stacks × (4 recipes × 3 inspecting features + 5 modifying features).
-    assert_eq!(cases, KINDS.len() * 2 * (4 * 3 + 5));
+    // 11 kinds × 2 stacks × (5 recipes × 3 inspecting features + 6 modifying features).
+    assert_eq!(cases, KINDS.len() * 2 * (5 * 3 + 6));
     let fallbacks: BTreeMap<String, u64> = burn_te::fallback_counts()
         .into_iter()
         .map(|(k, n)| {
