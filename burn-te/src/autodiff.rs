@@ -124,6 +124,9 @@ impl<B: TeBackend, C: CheckpointStrategy> TeBackend for Autodiff<B, C> {
     fn fp8_stats_read(pending: Self::PendingStats) -> Result<Fp8Stats, TeError> {
         B::fp8_stats_read(pending)
     }
+    fn fp8_stats_read_many(pending: Vec<Self::PendingStats>) -> Result<Vec<Fp8Stats>, TeError> {
+        B::fp8_stats_read_many(pending)
+    }
     fn fp8_quantization_stats(
         tensor: FloatTensor<Self>,
         format: Fp8Format,

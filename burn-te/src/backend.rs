@@ -210,6 +210,12 @@ pub trait TeBackend: Backend {
     /// Reads launched statistics back (waits for the device).
     fn fp8_stats_read(pending: Self::PendingStats) -> Result<Fp8Stats, TeError>;
 
+    /// Reads many launched statistics back together, in order: one wait for the device on the CubeCL backends
+    /// (the diagnostics' step-end read of every non-finite check), where reading each would wait once each.
+    fn fp8_stats_read_many(pending: Vec<Self::PendingStats>) -> Result<Vec<Fp8Stats>, TeError> {
+        pending.into_iter().map(Self::fp8_stats_read).collect()
+    }
+
     /// Launches a count of the tensor's NaN, +inf and -inf elements (the diagnostics' non-finite tracking), read
     /// with [`fp8_stats_read`](Self::fp8_stats_read): only `numel` and the NaN/inf counts of its `tensor` stats are
     /// meaningful. The full statistics by default; the CubeCL backends and the host path count only.
@@ -533,6 +539,11 @@ macro_rules! forward_fp8_ops {
             pending: Self::PendingStats,
         ) -> Result<$crate::Fp8Stats, $crate::TeError> {
             $inner::fp8_stats_read(pending)
+        }
+        fn fp8_stats_read_many(
+            pending: Vec<Self::PendingStats>,
+        ) -> Result<Vec<$crate::Fp8Stats>, $crate::TeError> {
+            $inner::fp8_stats_read_many(pending)
         }
         fn fp8_quantization_stats(
             tensor: $crate::__private::FloatTensor<Self>,

@@ -44,6 +44,7 @@ pub struct CubeDelayedState<R: CubeRuntime> {
 pub struct CubePendingStats<R: CubeRuntime> {
     readback: ops::StatsReadback,
     client: ComputeClient<R>,
+    device: R::Device,
 }
 
 impl<R: CubeRuntime> core::fmt::Debug for CubeFp8Data<R> {
@@ -498,6 +499,7 @@ where
         Ok(CubePendingStats {
             readback,
             client: client.clone(),
+            device: x.device.clone(),
         })
     }
 
@@ -509,6 +511,7 @@ where
         Ok(CubePendingStats {
             readback,
             client: client.clone(),
+            device: x.device.clone(),
         })
     }
 
@@ -519,6 +522,33 @@ where
                 .read_fp8(&pending.client)
                 .map_err(read_error)
         })
+    }
+
+    fn fp8_stats_read_many(pending: Vec<CubePendingStats<R>>) -> Result<Vec<Fp8Stats>, TeError> {
+        // One read per device, each of all that device's statistics; the results back in the launch order.
+        let mut devices: Vec<(R::Device, Vec<usize>)> = Vec::new();
+        for (index, p) in pending.iter().enumerate() {
+            match devices.iter_mut().find(|(device, _)| *device == p.device) {
+                Some((_, indices)) => indices.push(index),
+                None => devices.push((p.device.clone(), vec![index])),
+            }
+        }
+        let mut all = vec![Fp8Stats::EMPTY; pending.len()];
+        for (_, indices) in devices {
+            let readbacks: Vec<ops::StatsReadback> = indices
+                .iter()
+                .map(|&i| pending[i].readback.clone())
+                .collect();
+            let bytes = readbacks.iter().map(ops::StatsReadback::bytes).sum();
+            let client = &pending[indices[0]].client;
+            let stats = crate::diagnostics::timed_read(bytes, || {
+                ops::StatsReadback::read_many(&readbacks, client).map_err(read_error)
+            })?;
+            for (i, s) in indices.into_iter().zip(stats) {
+                all[i] = s;
+            }
+        }
+        Ok(all)
     }
 
     fn fp8_quantization_stats(

@@ -107,6 +107,10 @@ impl<B: FusionBackend + TeBackend> TeBackend for Fusion<B> {
         B::fp8_stats_read(pending)
     }
 
+    fn fp8_stats_read_many(pending: Vec<Self::PendingStats>) -> Result<Vec<Fp8Stats>, TeError> {
+        B::fp8_stats_read_many(pending)
+    }
+
     fn fp8_quantization_stats(
         tensor: FloatTensor<Self>,
         format: Fp8Format,

@@ -546,28 +546,69 @@ impl StatsReadback {
             .map_or(0, |_| self.cubes * stats::STATS_SLOTS * 4 + scale_invs)
     }
 
+    /// Reads the statistics back (waits for the device).
     pub fn read_fp8<R: Runtime>(&self, client: &ComputeClient<R>) -> Result<Fp8Stats, KernelError> {
-        let Some(handle) = &self.partials else {
-            return Ok(Fp8Stats::EMPTY);
-        };
-        let bytes = client.read_one(handle.clone())?;
-        let words = u32::from_bytes(&bytes);
-        let stats = words
-            .chunks_exact(stats::STATS_SLOTS)
-            .take(self.cubes)
-            .map(partial_to_stats)
-            .fold(Fp8Stats::EMPTY, |acc, partial| acc.merge(&partial));
-        Ok(match &self.scale_invs {
-            ScaleInvs::None => stats,
-            ScaleInvs::Tensor => stats.with_scale_invs(
-                Some(stats.scale_inv_min as f32).filter(|_| stats.tensor.numel > 0),
-            ),
-            ScaleInvs::Blocks(scale_invs, blocks) => {
-                let bytes = client.read_one(scale_invs.clone())?;
-                let values = f32::from_bytes(&bytes)[..*blocks].to_vec();
-                stats.with_scale_invs(values)
+        let mut stats = Self::read_many(std::slice::from_ref(self), client)?;
+        Ok(stats.remove(0))
+    }
+
+    /// Reads many launched statistics of one client back with one device read (one sync for all of them, where
+    /// reading each would sync once each).
+    pub fn read_many<R: Runtime>(
+        readbacks: &[StatsReadback],
+        client: &ComputeClient<R>,
+    ) -> Result<Vec<Fp8Stats>, KernelError> {
+        let mut handles = Vec::new();
+        for readback in readbacks {
+            if let Some(partials) = &readback.partials {
+                handles.push(partials.clone());
+                if let ScaleInvs::Blocks(scale_invs, _) = &readback.scale_invs {
+                    handles.push(scale_invs.clone());
+                }
             }
-        })
+        }
+        let mut bytes = if handles.is_empty() {
+            Vec::new().into_iter()
+        } else {
+            cubecl::future::block_on(client.read_async(handles))?.into_iter()
+        };
+        let mut next = || {
+            bytes.next().ok_or_else(|| KernelError::InvalidArgument {
+                what: "statistics read-back",
+                reason: "the server returned fewer buffers than requested".into(),
+            })
+        };
+        let mut all = Vec::with_capacity(readbacks.len());
+        for readback in readbacks {
+            if readback.partials.is_none() {
+                all.push(Fp8Stats::EMPTY);
+                continue;
+            }
+            let words = u32::from_bytes(&next()?).to_vec();
+            let stats = words
+                .chunks_exact(stats::STATS_SLOTS)
+                .take(readback.cubes)
+                .map(partial_to_stats)
+                .fold(Fp8Stats::EMPTY, |acc, partial| acc.merge(&partial));
+            all.push(match &readback.scale_invs {
+                ScaleInvs::None => stats,
+                ScaleInvs::Tensor => stats.with_scale_invs(
+                    Some(stats.scale_inv_min as f32).filter(|_| stats.tensor.numel > 0),
+                ),
+                ScaleInvs::Blocks(_, blocks) => {
+                    let bytes = next()?;
+                    let values = f32::from_bytes(&bytes).get(..*blocks).ok_or_else(|| {
+                        KernelError::LengthMismatch {
+                            what: "statistics read-back scale_inv",
+                            expected: *blocks,
+                            actual: bytes.len() / 4,
+                        }
+                    })?;
+                    stats.with_scale_invs(values.iter().copied())
+                }
+            });
+        }
+        Ok(all)
     }
 
     /// Reads the high-precision statistics back (waits for the device).

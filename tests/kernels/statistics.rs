@@ -587,10 +587,13 @@ fn block_quantization_stats_match_a_block_by_block_reference() {
 }
 
 /// The count-only kernel of the diagnostics' non-finite tracking: finite, NaN, +inf and -inf counts equal those
-/// counted on the host, for sizes below one unit's share, across many cubes, and with no element.
+/// counted on the host, for sizes below one unit's share, across many cubes, and with no element. And the step's
+/// batched read (`StatsReadback::read_many`, one device read for all, as the tracking reads them at `step()`)
+/// returns each check's statistics in order, block-scaled ones (two buffers each) interleaved among them.
 #[test]
 fn non_finite_counts_match_the_host() {
     let client = client();
+    let mut launched = Vec::new();
     for len in [0usize, 1, 7, 1000, 300_001] {
         let mut x = Rng::new(len as u64).normal(len, 0.0, 1.0);
         for (i, v) in x.iter_mut().enumerate() {
@@ -624,5 +627,32 @@ fn non_finite_counts_match_the_host() {
             "len {len}"
         );
         assert_eq!(stats.numel, len as u64, "len {len}");
+        launched.push(ops::non_finite_counts::<TestRuntime, f32>(&client, &input, len).unwrap());
+        if len >= 1000 {
+            let (rows, cols) = (len / 100, 100);
+            launched.push(
+                burn_te_kernels::block::block_tensor_stats::<TestRuntime, f32>(
+                    &client,
+                    &input,
+                    rows,
+                    cols,
+                    ScaleBlock::new(1, 32),
+                    BlockScaleRule::E8m0,
+                    Fp8Format::E4M3,
+                )
+                .unwrap(),
+            );
+        }
     }
+    let together = ops::StatsReadback::read_many(&launched, &client).unwrap();
+    let one_by_one: Vec<Fp8Stats> = launched
+        .iter()
+        .map(|r| r.read_fp8(&client).unwrap())
+        .collect();
+    assert_eq!(together.len(), 7);
+    assert_eq!(together, one_by_one);
+    assert!(
+        together[4].scale_inv_stats.numel > 0,
+        "block scale_invs read"
+    );
 }

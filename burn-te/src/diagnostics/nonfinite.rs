@@ -1,11 +1,12 @@
 //! Where the first non-finite value of a step appeared, without eager mode.
 //!
 //! With [`track_non_finite`](super::DiagnosticsConfig::track_non_finite), every layer GEMM launches the one-pass
-//! statistics kernel on its two operands and its output (no sync: the counts stay on the device). [`step`]
-//! (super::step) reads them at the step's sync, in execution order, and reports the first tensor with a NaN or an
-//! infinity: layer, GEMM (fprop/dgrad/wgrad), tensor (activation, weight, gradient, output), iteration, shape and
+//! count kernel on its two operands and its output (no sync: the counts stay on the device). [`step`]
+//! (super::step) reads them all back in one read per device at the step's sync and reports, in execution order, the
+//! first tensor with a NaN or an infinity: layer, GEMM (fprop/dgrad/wgrad), tensor (activation, weight, gradient, output), iteration, shape and
 //! counts. A NaN made between two GEMMs (e.g. by a normalization) shows as the next GEMM's input.
 
+use std::any::Any;
 use std::cell::RefCell;
 use std::fmt;
 
@@ -76,21 +77,53 @@ impl fmt::Display for NonFiniteOrigin {
     }
 }
 
-/// Reads a launched check back: `(NaN, +inf, -inf)` counts, or why it could not be read.
-type ReadCounts = Box<dyn FnOnce() -> Result<(u64, u64, u64), String>>;
+/// A check's `(NaN, +inf, -inf)` counts, or why they could not be read.
+type Counts = Result<(u64, u64, u64), String>;
 
-/// A launched check of one tensor.
+/// The launched checks of one backend type, read back together.
+trait Batch {
+    /// Reads every check back, in launch order.
+    fn read(self: Box<Self>) -> Vec<Counts>;
+    fn as_any(&mut self) -> &mut dyn Any;
+}
+
+struct Checks<B: TeBackend>(Vec<B::PendingStats>);
+
+impl<B: TeBackend> Batch for Checks<B> {
+    fn read(self: Box<Self>) -> Vec<Counts> {
+        let len = self.0.len();
+        match B::fp8_stats_read_many(self.0) {
+            Ok(stats) => stats
+                .into_iter()
+                .map(|s| {
+                    let t = s.tensor;
+                    Ok((t.nan_count, t.pos_inf_count, t.neg_inf_count))
+                })
+                .collect(),
+            Err(err) => vec![Err(err.to_string()); len],
+        }
+    }
+
+    fn as_any(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// A launched check of one tensor: where it is, and its place in `State::batches`.
 struct Pending {
     layer: String,
     gemm: Gemm,
     tensor: OriginTensor,
     shape: Vec<usize>,
-    read: ReadCounts,
+    batch: usize,
+    index: usize,
 }
 
 #[derive(Default)]
 struct State {
     pending: Vec<Pending>,
+    /// The step's launched checks, one batch per backend type (one in practice).
+    batches: Vec<Box<dyn Batch>>,
     /// The first origin of the run (eager or tracked).
     first: Option<NonFiniteOrigin>,
     /// The latest origin reported.
@@ -127,28 +160,33 @@ pub(crate) fn launch<B: TeBackend>(
             return;
         }
     };
-    let read = Box::new(move || {
-        B::fp8_stats_read(pending)
-            .map(|s| {
-                (
-                    s.tensor.nan_count,
-                    s.tensor.pos_inf_count,
-                    s.tensor.neg_inf_count,
-                )
-            })
-            .map_err(|e| e.to_string())
-    });
     with_state(|state| {
         if state.pending.len() >= MAX_PENDING {
             metrics::increment_counter("NonFiniteChecksDropped", 1);
             return;
         }
+        let found = state
+            .batches
+            .iter_mut()
+            .enumerate()
+            .find_map(|(i, b)| b.as_any().downcast_mut::<Checks<B>>().map(|c| (i, c)));
+        let (batch, index) = match found {
+            Some((batch, checks)) => {
+                checks.0.push(pending);
+                (batch, checks.0.len() - 1)
+            }
+            None => {
+                state.batches.push(Box::new(Checks::<B>(vec![pending])));
+                (state.batches.len() - 1, 0)
+            }
+        };
         state.pending.push(Pending {
             layer: site.layer.to_string(),
             gemm: site.gemm,
             tensor: tensor_kind,
             shape,
-            read,
+            batch,
+            index,
         });
     });
 }
@@ -156,13 +194,20 @@ pub(crate) fn launch<B: TeBackend>(
 /// Reads the step's checks in execution order and reports the first non-finite tensor (a `tracing` error, the
 /// `NonFiniteSteps` counter, [`first_non_finite`]). Returns it, or an origin eager mode found this step.
 pub(crate) fn resolve(iteration: u64) -> Option<NonFiniteOrigin> {
-    let pending = with_state(|state| std::mem::take(&mut state.pending));
+    let (pending, batches) = with_state(|state| {
+        (
+            std::mem::take(&mut state.pending),
+            std::mem::take(&mut state.batches),
+        )
+    });
+    // One read per batch (and device): every count of the step at once.
+    let counts: Vec<Vec<Counts>> = batches.into_iter().map(|b| b.read()).collect();
     let mut found = None;
     for (position, check) in pending.into_iter().enumerate() {
         if found.is_some() {
-            continue; // the rest need no read: dropping them drops their buffers
+            break;
         }
-        match (check.read)() {
+        match counts[check.batch][check.index].clone() {
             Ok((nan, pos_inf, neg_inf)) if nan + pos_inf + neg_inf > 0 => {
                 found = Some(NonFiniteOrigin {
                     iteration,
