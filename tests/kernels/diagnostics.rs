@@ -301,6 +301,10 @@ fn first_non_finite_origin<B: burn::tensor::backend::AutodiffBackend + TeBackend
     diagnostics::set_iteration(0);
     let (fc1, mut fc2) = two_layers::<B>(device);
     let x = || tensor::<B, 2>(Rng::new(9).normal(8 * 32, 0.0, 1.0), [8, 32], device);
+    let checks = (
+        count(names::NON_FINITE_CHECKS),
+        count(names::NON_FINITE_CHECKS_SHARED),
+    );
     train_step(&fc1, &fc2, x());
     diagnostics::step().unwrap();
     assert_eq!(
@@ -308,6 +312,13 @@ fn first_non_finite_origin<B: burn::tensor::backend::AutodiffBackend + TeBackend
         None,
         "{stack}: a finite step reported"
     );
+    // 5 GEMMs (x needs no gradient, so fc1 has no dgrad) × 3 tensors; checked once each: fc2's weight at dgrad,
+    // both activations at wgrad and fc2's output gradient at its second backward GEMM are shared.
+    let checks = (
+        count(names::NON_FINITE_CHECKS) - checks.0,
+        count(names::NON_FINITE_CHECKS_SHARED) - checks.1,
+    );
+    assert_eq!(checks, (11, 4), "{stack}: (checked, shared)");
     poison(&mut fc2, 3, 5);
     let steps = count(names::NON_FINITE_STEPS);
     train_step(&fc1, &fc2, x());

@@ -103,6 +103,12 @@ pub mod names {
     pub const STATS_LAUNCHES: &str = "StatsLaunches";
     /// Counter: ops whose output held a NaN or an infinity (eager mode).
     pub const NON_FINITE_OUTPUTS: &str = "NonFiniteOutputs";
+    /// Counter: tensors checked for NaN/inf by the origin tracking (one count launch each).
+    pub const NON_FINITE_CHECKS: &str = "NonFiniteChecks";
+    /// Counter: GEMM operands the origin tracking did not check again because an earlier GEMM of the same layer
+    /// checked the same tensor this step (the weight at dgrad, the activation at wgrad, the output gradient at the
+    /// second backward GEMM).
+    pub const NON_FINITE_CHECKS_SHARED: &str = "NonFiniteChecksShared";
     /// Counter: steps with a non-finite value found by the origin tracking.
     pub const NON_FINITE_STEPS: &str = "NonFiniteSteps";
     /// Counter: device errors reported by eager mode's syncs.
