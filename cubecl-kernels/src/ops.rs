@@ -497,16 +497,23 @@ pub fn non_finite_counts<R: Runtime, F: Float + CubeElement>(
     if len == 0 {
         return Ok(StatsReadback::EMPTY);
     }
-    let cubes = reduction_cubes(len);
+    // Vectors of 4 (or 2) elements where the length allows: a quarter of the loads and loop steps.
+    let vector_size = [4usize, 2, 1]
+        .into_iter()
+        .find(|v| len.is_multiple_of(*v))
+        .unwrap_or(1);
+    let vectors = len / vector_size;
+    let cubes = reduction_cubes(vectors);
     let partials = client.empty(cubes * stats::STATS_SLOTS * 4);
     unsafe {
         stats::non_finite_kernel::launch_unchecked::<F, R>(
             client,
             CubeCount::Static(cubes as u32, 1, 1),
             CubeDim::new_1d(CUBE_SIZE),
-            ArrayArg::from_raw_parts(input.clone(), len),
+            vector_size,
+            ArrayArg::from_raw_parts(input.clone(), vectors),
             ArrayArg::from_raw_parts(partials.clone(), cubes * stats::STATS_SLOTS),
-            len32,
+            len32 / vector_size as u32,
         );
     }
     Ok(StatsReadback {

@@ -364,10 +364,15 @@ pub fn stats_kernel<F: Float>(
 
 /// Counts the finite, NaN, +inf and -inf elements in one read, writing a statistics record per cube
 /// (`CUBE_COUNT * STATS_SLOTS` words) with only those counts filled: the diagnostics' non-finite tracking, far
-/// cheaper than [`stats_kernel`] (no moments, extremes or quantization per element).
+/// cheaper than [`stats_kernel`] (no moments, extremes or quantization per element). The input is read as
+/// vectors of `N` elements (`vectors` of them).
 #[cube(launch_unchecked)]
-pub fn non_finite_kernel<F: Float>(input: &Array<F>, partials: &mut Array<u32>, len: u32) {
-    let len = len as usize;
+pub fn non_finite_kernel<F: Float, N: Size>(
+    input: &Array<Vector<F, N>>,
+    partials: &mut Array<u32>,
+    vectors: u32,
+) {
+    let len = vectors as usize;
     let stride = CUBE_COUNT * comptime!(CUBE_SIZE as usize);
     let mut finite = 0u32;
     let mut nan = 0u32;
@@ -375,12 +380,16 @@ pub fn non_finite_kernel<F: Float>(input: &Array<F>, partials: &mut Array<u32>, 
     let mut neg_inf = 0u32;
     let mut index = ABSOLUTE_POS;
     while index < len {
-        let bits = u32::reinterpret(f32::cast_from(input[index]));
-        let abs = bits & 0x7fff_ffff;
-        finite += u32::cast_from(abs < INF_BITS);
-        nan += u32::cast_from(abs > INF_BITS);
-        pos_inf += u32::cast_from(bits == INF_BITS);
-        neg_inf += u32::cast_from(bits == (INF_BITS | 0x8000_0000));
+        let v = input[index];
+        #[unroll]
+        for lane in 0..N::value() {
+            let bits = u32::reinterpret(f32::cast_from(v[lane]));
+            let abs = bits & 0x7fff_ffff;
+            finite += u32::cast_from(abs < INF_BITS);
+            nan += u32::cast_from(abs > INF_BITS);
+            pos_inf += u32::cast_from(bits == INF_BITS);
+            neg_inf += u32::cast_from(bits == (INF_BITS | 0x8000_0000));
+        }
         index += stride;
     }
     let unit = UNIT_POS as usize;
