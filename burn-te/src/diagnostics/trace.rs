@@ -81,6 +81,15 @@ pub fn label_layer<S: Subscriber + for<'a> LookupSpan<'a>>() -> impl Layer<S> {
     LabelLayer
 }
 
+/// tracing-core computes a span site's interest from the registering thread's own dispatcher alone while just one
+/// dispatcher is registered: with a trace on one thread, a site another thread (no subscriber) hits first would
+/// be disabled for the trace too, and its spans go missing at random. A second registered (no-op) dispatcher,
+/// kept for the process, makes every interest come from all dispatchers.
+fn keep_interests_per_dispatcher() {
+    static SECOND: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+    SECOND.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
+}
+
 /// A trace being recorded; dropping it (or [`finish`](Self::finish)) writes the file.
 pub struct TraceGuard {
     // Field order is drop order: stop collecting on this thread, then flush the file.
@@ -126,6 +135,7 @@ pub fn start_trace(path: impl AsRef<Path>) -> Result<TraceGuard, DiagnosticsErro
     let subscriber = tracing_subscriber::registry()
         .with(label_layer())
         .with(chrome);
+    keep_interests_per_dispatcher();
     let default = tracing::subscriber::set_default(subscriber);
     Ok(TraceGuard {
         _default: default,
