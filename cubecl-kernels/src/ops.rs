@@ -591,8 +591,8 @@ impl StatsReadback {
                 all.push(Fp8Stats::EMPTY);
                 continue;
             }
-            let words = u32::from_bytes(&next()?).to_vec();
-            let stats = words
+            let bytes = next()?;
+            let stats = u32::from_bytes(&bytes)
                 .chunks_exact(stats::STATS_SLOTS)
                 .take(readback.cubes)
                 .map(partial_to_stats)

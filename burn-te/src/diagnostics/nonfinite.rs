@@ -3,8 +3,9 @@
 //! With [`track_non_finite`](super::DiagnosticsConfig::track_non_finite), every layer GEMM launches the one-pass
 //! count kernel on its two operands and its output (no sync: the counts stay on the device). [`step`]
 //! (super::step) reads them all back in one read per device at the step's sync and reports, in execution order, the
-//! first tensor with a NaN or an infinity: layer, GEMM (fprop/dgrad/wgrad), tensor (activation, weight, gradient, output), iteration, shape and
-//! counts. A NaN made between two GEMMs (e.g. by a normalization) shows as the next GEMM's input.
+//! first tensor with a NaN or an infinity: layer, GEMM (fprop/dgrad/wgrad), tensor (activation, weight, gradient,
+//! output), iteration, shape and counts. A NaN made between two GEMMs (e.g. by a normalization) shows as the next
+//! GEMM's input.
 //!
 //! A layer's three GEMMs share their operands: the weight of dgrad is fprop's, the activation of wgrad is the one
 //! fprop saved, and both backward GEMMs take the same output gradient. Each such tensor is checked once, where it
