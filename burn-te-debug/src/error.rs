@@ -198,6 +198,16 @@ pub enum DebugError {
         /// One message per failed read (`layer_tensor: error`).
         errors: Vec<String>,
     },
+    /// The step's statistics could not be reduced across peers: this peer logged its own, unreduced.
+    #[error(
+        "statistics of iteration {iteration} were not reduced across peers (this peer logged its own): {reason}"
+    )]
+    Reduction {
+        /// The iteration.
+        iteration: u64,
+        /// Why.
+        reason: String,
+    },
     /// Writing a log or dump file failed.
     #[error("cannot write {path}: {source}")]
     Write {

@@ -23,6 +23,7 @@ pub mod dump;
 mod error;
 pub mod features;
 mod log;
+mod reduction;
 mod routing;
 mod run_config;
 mod session;
@@ -36,6 +37,7 @@ pub use burn_te_kernels::{Fp8Stats, TensorStats};
 pub use debug::Debug;
 pub use error::{ConfigError, ConfigErrorKind, ConfigLocation, DebugError};
 pub use log::stat_message;
+pub use reduction::{ReductionGroup, set_tensor_reduction_group, set_weight_reduction_group};
 pub use run_config::DebugConfig;
 pub use session::{
     DebugOptions, StatLogger, check_layers, end, initialize, initialize_training_step, iteration,

@@ -110,12 +110,12 @@ impl LogFile {
 }
 
 impl LogFiles {
-    /// Creates `<log_dir>/nvdlfw_inspect_logs/` and `<log_dir>/nvdlfw_inspect_statistics_logs/` with rank 0's
+    /// Creates `<log_dir>/nvdlfw_inspect_logs/` and `<log_dir>/nvdlfw_inspect_statistics_logs/` with `rank`'s
     /// (empty) files.
-    pub(crate) fn create(log_dir: &Path) -> Result<LogFiles, DebugError> {
+    pub(crate) fn create(log_dir: &Path, rank: usize) -> Result<LogFiles, DebugError> {
         Ok(LogFiles {
-            main: create(&log_dir.join("nvdlfw_inspect_logs"), 0)?,
-            stats: create(&log_dir.join("nvdlfw_inspect_statistics_logs"), 0)?,
+            main: create(&log_dir.join("nvdlfw_inspect_logs"), rank)?,
+            stats: create(&log_dir.join("nvdlfw_inspect_statistics_logs"), rank)?,
         })
     }
 

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use burn_te::{Gemm, GemmSite};
@@ -12,6 +12,7 @@ use crate::dump::{TensorDump, dump_path, write_dump};
 use crate::error::DebugError;
 use crate::features::{DebugTensor, Feature, Inspection, Modified};
 use crate::log::{LogFiles, stat_message};
+use crate::reduction::Reduction;
 use crate::routing::{self, GemmPlan};
 use crate::stats::{Stat, StatBuffers, StatRequest, StatValue};
 use crate::tensor::TensorName;
@@ -29,6 +30,7 @@ pub struct DebugOptions {
     dump_dir: Option<PathBuf>,
     default_logging_enabled: bool,
     loggers: Vec<Box<dyn StatLogger>>,
+    logger_ranks: Option<Vec<usize>>,
     init_training_step: u64,
 }
 
@@ -41,6 +43,7 @@ impl DebugOptions {
             dump_dir: None,
             default_logging_enabled: true,
             loggers: Vec::new(),
+            logger_ranks: None,
             init_training_step: 0,
         }
     }
@@ -83,6 +86,14 @@ impl DebugOptions {
         self
     }
 
+    /// The ranks whose stat loggers (TensorBoard, burn-train, ...) write (default: every rank's). TE's way — give
+    /// the writer to the chosen ranks only — works too; this lets every peer run the same code. The log files are
+    /// written on every rank.
+    pub fn logger_ranks(mut self, ranks: impl IntoIterator<Item = usize>) -> Self {
+        self.logger_ranks = Some(ranks.into_iter().collect());
+        self
+    }
+
     /// The first iteration's number (default 0).
     pub fn init_training_step(mut self, step: u64) -> Self {
         self.init_training_step = step;
@@ -99,6 +110,10 @@ struct LayerState {
 
 pub(crate) struct Session {
     config: Option<Arc<Config>>,
+    /// The rank in the file names: the bound peer's, else `RANK`, else 0.
+    rank: usize,
+    /// Across peers: with whom the statistics are merged at `step()`.
+    reduction: Reduction,
     iteration: u64,
     /// Where `tensor_dumps/` goes.
     dump_dir: PathBuf,
@@ -111,11 +126,26 @@ pub(crate) struct Session {
     logged_calls: BTreeSet<String>,
 }
 
-static ACTIVE: AtomicBool = AtomicBool::new(false);
-static SESSION: Mutex<Option<Session>> = Mutex::new(None);
+/// The sessions of this process: one, or one per peer when peers are threads of it.
+type Sessions = BTreeMap<SessionKey, Session>;
 
-fn lock() -> MutexGuard<'static, Option<Session>> {
-    SESSION.lock().unwrap_or_else(|p| p.into_inner())
+/// A session's owner: the rank of the peer bound to the threads that use it ([`burn_te::distributed`]), or the
+/// process (no peer bound).
+type SessionKey = Option<usize>;
+
+static ACTIVE: AtomicUsize = AtomicUsize::new(0);
+static SESSIONS: Mutex<Sessions> = Mutex::new(BTreeMap::new());
+
+fn lock() -> MutexGuard<'static, Sessions> {
+    SESSIONS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// This thread's session: its bound peer's, else the process's.
+fn key() -> SessionKey {
+    #[cfg(feature = "distributed")]
+    return burn_te::distributed::current().map(|peer| peer.rank());
+    #[cfg(not(feature = "distributed"))]
+    None
 }
 
 type Depth = std::thread::LocalKey<std::cell::Cell<u32>>;
@@ -147,7 +177,7 @@ fn in_features<T>(f: impl FnOnce() -> T) -> T {
 }
 
 /// The session's lock for an entry point that changes the session; an error when called from a feature's code.
-fn lock_entry(entry: &'static str) -> Result<MutexGuard<'static, Option<Session>>, DebugError> {
+fn lock_entry(entry: &'static str) -> Result<MutexGuard<'static, Sessions>, DebugError> {
     if IN_FEATURES.with(|n| n.get() > 0) {
         return Err(DebugError::Reentrant(entry));
     }
@@ -156,7 +186,7 @@ fn lock_entry(entry: &'static str) -> Result<MutexGuard<'static, Option<Session>
 
 /// Whether a session runs (a cheap check for the decorator's plain path).
 pub(crate) fn active() -> bool {
-    ACTIVE.load(Ordering::Acquire) && PAUSED.with(|p| p.get() == 0)
+    ACTIVE.load(Ordering::Acquire) > 0 && PAUSED.with(|p| p.get() == 0)
 }
 
 thread_local! {
@@ -171,20 +201,28 @@ pub fn paused<T>(f: impl FnOnce() -> T) -> T {
     nested(&PAUSED, f)
 }
 
-/// Runs `f` on the session under its lock, if one runs. `f` is the session's own code, never a feature's.
+/// Runs `f` on this thread's session under the lock, if one runs. `f` is the session's own code, never a
+/// feature's.
 pub(crate) fn with_session<T>(f: impl FnOnce(&mut Session) -> T) -> Option<T> {
-    lock().as_mut().map(f)
+    lock().get_mut(&key()).map(f)
 }
 
 /// Starts the debug session: reads the config (a missing file warns and runs with no features), creates the log
 /// files (an unwritable log dir is an error). A second `initialize` before [`end`] is an error.
+///
+/// Called on a thread bound to a [`burn_te::distributed::Peer`], it starts that peer's session: its logs are
+/// rank `r`'s, its dumps go under `rank_<r>/`, its statistics are reduced across the peers at `step()` (see
+/// [`crate::set_tensor_reduction_group`]), and the debug calls of the threads bound to the peer use it. Each
+/// peer initializes its own (TE: "on every rank").
 pub fn initialize(options: DebugOptions) -> Result<(), DebugError> {
     let mut guard = lock_entry("initialize")?;
-    if guard.is_some() {
+    let key = key();
+    if guard.contains_key(&key) {
         return Err(DebugError::AlreadyInitialized);
     }
+    let rank = burn_te::diagnostics::rank();
     let mut logs = if options.default_logging_enabled {
-        Some(LogFiles::create(&options.log_dir)?)
+        Some(LogFiles::create(&options.log_dir, rank)?)
     } else {
         None
     };
@@ -227,18 +265,23 @@ pub fn initialize(options: DebugOptions) -> Result<(), DebugError> {
             logs.main(message)?;
         }
     }
-    *guard = Some(Session {
+    guard.insert(key, Session {
         config,
+        rank,
+        reduction: Reduction::for_this_thread(),
         iteration: options.init_training_step,
         dump_dir: options.dump_dir.unwrap_or(options.log_dir),
         dump_feeds: BTreeMap::new(),
         logs,
-        loggers: options.loggers,
+        loggers: match &options.logger_ranks {
+            Some(ranks) if !ranks.contains(&rank) => Vec::new(),
+            _ => options.loggers,
+        },
         buffers: StatBuffers::default(),
         layers: BTreeMap::new(),
         logged_calls: BTreeSet::new(),
     });
-    ACTIVE.store(true, Ordering::Release);
+    ACTIVE.fetch_add(1, Ordering::AcqRel);
     Ok(())
 }
 
@@ -247,7 +290,7 @@ pub fn initialize(options: DebugOptions) -> Result<(), DebugError> {
 /// once runs with and without the debug tools.
 pub fn step() -> Result<(), DebugError> {
     let mut guard = lock_entry("step")?;
-    let Some(session) = guard.as_mut() else {
+    let Some(session) = guard.get_mut(&key()) else {
         return Ok(());
     };
     let result = session.flush();
@@ -265,17 +308,17 @@ pub fn step() -> Result<(), DebugError> {
 /// may be called again afterwards. Without a session it does nothing.
 pub fn end() -> Result<(), DebugError> {
     let mut guard = lock_entry("end")?;
-    let Some(mut session) = guard.take() else {
+    let Some(mut session) = guard.remove(&key()) else {
         return Ok(());
     };
-    ACTIVE.store(false, Ordering::Release);
+    ACTIVE.fetch_sub(1, Ordering::AcqRel);
     session.flush()
 }
 
 /// Sets the current iteration (e.g. when resuming from a checkpoint). Without a session it does nothing.
 pub fn initialize_training_step(iteration: u64) -> Result<(), DebugError> {
     let mut guard = lock_entry("initialize_training_step")?;
-    let Some(session) = guard.as_mut() else {
+    let Some(session) = guard.get_mut(&key()) else {
         return Ok(());
     };
     session.iteration = iteration;
@@ -368,18 +411,27 @@ impl Session {
         for message in burn_te::fallback::take_fallback_messages() {
             let _ = self.main_log(&message);
         }
-        let (values, errors) = self.buffers.flush();
+        let (partials, errors) = self.buffers.read();
+        let (partials, reduction) = match self.reduction.reduce(partials, self.iteration) {
+            Ok(partials) => (partials, None),
+            Err((partials, err)) => {
+                tracing::error!(target: "burn_te_debug", "{err}");
+                let _ = self.main_log(&err.to_string());
+                (partials, Some(err))
+            }
+        };
+        let values = self.buffers.values(partials);
         for error in &errors {
             tracing::error!("{error}");
             let _ = self.main_log(&format!("statistics not read back: {error}"));
         }
-        let mut result = if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(DebugError::StatsRead {
+        let mut result = match reduction {
+            Some(err) => Err(err),
+            None if errors.is_empty() => Ok(()),
+            None => Err(DebugError::StatsRead {
                 iteration: self.iteration,
                 errors,
-            })
+            }),
         };
         if let Some(logs) = self.logs.as_mut() {
             let lines: Vec<String> = values
@@ -400,6 +452,10 @@ impl Session {
             logger.log(self.iteration, &values);
         }
         result
+    }
+
+    pub(crate) fn reduction_mut(&mut self) -> &mut Reduction {
+        &mut self.reduction
     }
 
     fn layer_state(&mut self, site: &GemmSite) -> &mut LayerState {
@@ -553,7 +609,7 @@ impl Session {
         }
         let path = dump_path(
             &self.dump_dir,
-            0,
+            self.rank,
             self.iteration,
             layer,
             tensor.name(),

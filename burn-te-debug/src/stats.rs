@@ -11,7 +11,7 @@ use crate::features::{PendingStats, PendingValue, StatsScaling};
 use crate::tensor::TensorName;
 
 /// A stat of LogTensorStats or LogFp8TensorStats.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub enum Stat {
     /// Smallest element.
     Min,
@@ -51,7 +51,7 @@ pub enum Stat {
 }
 
 /// The blocks of `max_blockwise_dynamic_range`, over the tensor viewed as `[leading dims folded, last dim]`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct BlockwiseRange {
     /// Elements per block side (TE's default 32).
     pub block_size: usize,
@@ -286,10 +286,9 @@ impl StatBuffers {
         self.scalars.push((name, value));
     }
 
-    /// Reads every buffer, merges its feeds and returns the values in (layer, tensor, stat) order; read errors are
-    /// returned beside the values that could be read.
-    pub(crate) fn flush(&mut self) -> (Vec<StatValue>, Vec<String>) {
-        let mut values = Vec::new();
+    /// Reads every buffer and merges its feeds; read errors are returned beside what could be read.
+    pub(crate) fn read(&mut self) -> (Vec<Partial>, Vec<String>) {
+        let mut partials = Vec::new();
         let mut errors = Vec::new();
         for ((layer, tensor, prefix, suffix), buffer) in std::mem::take(&mut self.buffers) {
             let mut merged = Fp8Stats::EMPTY;
@@ -299,33 +298,44 @@ impl StatBuffers {
                     Err(err) => errors.push(format!("{layer}_{tensor}: {err}")),
                 }
             }
-            // Max over feeds, NaN propagating (a NaN block anywhere is worth seeing).
-            let mut maxima: BTreeMap<Stat, f64> = BTreeMap::new();
+            let mut partial = Partial {
+                layer,
+                tensor,
+                prefix,
+                suffix,
+                stats: buffer.stats,
+                merged,
+                maxima: BTreeMap::new(),
+            };
             for (stat, pending) in buffer.values {
                 match pending.read() {
-                    Ok(value) => {
-                        let max = maxima.entry(stat).or_insert(value);
-                        if value.is_nan() || *max < value {
-                            *max = value;
-                        }
-                    }
-                    Err(err) => errors.push(format!("{layer}_{tensor}: {err}")),
+                    Ok(value) => partial.max_in(stat, value),
+                    Err(err) => errors.push(format!("{}_{}: {err}", partial.layer, partial.tensor)),
                 }
             }
-            if merged.tensor.numel == 0 {
+            partials.push(partial);
+        }
+        (partials, errors)
+    }
+
+    /// The values to log from merged buffers (in (layer, tensor, stat) order), then the custom scalars.
+    pub(crate) fn values(&mut self, partials: Vec<Partial>) -> Vec<StatValue> {
+        let mut values = Vec::new();
+        for partial in partials {
+            if partial.merged.tensor.numel == 0 {
                 continue; // TE skips empty tensors.
             }
-            for stat in buffer.stats {
+            for &stat in &partial.stats {
                 let value = match stat {
-                    Stat::MaxBlockwiseDynamicRange(_) => maxima.get(&stat).copied(),
-                    stat => stat.value(&merged),
+                    Stat::MaxBlockwiseDynamicRange(_) => partial.maxima.get(&stat).copied(),
+                    stat => stat.value(&partial.merged),
                 };
                 if let Some(value) = value {
-                    let stat = stat.logged_name(&prefix, &suffix);
+                    let stat = stat.logged_name(&partial.prefix, &partial.suffix);
                     values.push(StatValue {
-                        name: format!("{layer}_{tensor}_{stat}"),
-                        layer: layer.clone(),
-                        tensor: Some(tensor),
+                        name: format!("{}_{}_{stat}", partial.layer, partial.tensor),
+                        layer: partial.layer.clone(),
+                        tensor: Some(partial.tensor),
                         stat,
                         value,
                     });
@@ -341,6 +351,52 @@ impl StatBuffers {
                 value,
             });
         }
-        (values, errors)
+        values
+    }
+}
+
+/// One buffer's statistics of a step, its feeds merged: what peers exchange and merge at `step()`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Partial {
+    pub layer: String,
+    pub tensor: TensorName,
+    pub prefix: String,
+    pub suffix: String,
+    /// The stats to log.
+    pub stats: Vec<Stat>,
+    /// The feeds' statistics, merged exactly.
+    pub merged: Fp8Stats,
+    /// Stats with their own kernel: the maximum over feeds.
+    pub maxima: BTreeMap<Stat, f64>,
+}
+
+impl Partial {
+    #[cfg(feature = "distributed")]
+    /// The key the same buffer has on every peer.
+    pub fn key(&self) -> (&str, TensorName, &str, &str) {
+        (&self.layer, self.tensor, &self.prefix, &self.suffix)
+    }
+
+    /// Takes `value` into the maximum of `stat`, NaN propagating (a NaN block anywhere is worth seeing).
+    fn max_in(&mut self, stat: Stat, value: f64) {
+        let max = self.maxima.entry(stat).or_insert(value);
+        if value.is_nan() || *max < value {
+            *max = value;
+        }
+    }
+
+    #[cfg(feature = "distributed")]
+    /// This buffer merged with the same buffer of another peer (or micro-batch): statistics by [`Fp8Stats::merge`],
+    /// maxima by max, the stats to log united.
+    pub fn merge(&mut self, other: &Partial) {
+        self.merged = self.merged.merge(&other.merged);
+        for (&stat, &value) in &other.maxima {
+            self.max_in(stat, value);
+        }
+        for stat in &other.stats {
+            if !self.stats.contains(stat) {
+                self.stats.push(*stat);
+            }
+        }
     }
 }

@@ -5,7 +5,9 @@ use std::fmt;
 use burn_te::TensorRole;
 
 /// A tensor of a layer's GEMMs: the three GEMM inputs and the three GEMM outputs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum TensorName {
     /// The layer's input (fprop and wgrad input).
     Activation,

@@ -50,6 +50,9 @@ pub enum TeError {
     /// Reading a tensor back from the device failed.
     #[error("reading a tensor back failed: {0}")]
     Read(String),
+    /// A collective operation between peers failed (a peer died or timed out, a bad group setting).
+    #[error("distributed: {0}")]
+    Collective(String),
     /// A kernel or host-path error.
     #[error(transparent)]
     Kernel(#[from] KernelError),

@@ -35,6 +35,7 @@ fn reason(err: &TeError) -> String {
         TeError::InvalidConfig { .. } | TeError::InvalidRecipe(_) => "recipe or state".into(),
         TeError::Read(_) => "read".into(),
         TeError::Kernel(_) => "kernel".into(),
+        TeError::Collective(_) => "collective".into(),
     }
 }
 

@@ -146,7 +146,8 @@ impl LayerFp8State {
             },
             None => None,
         };
-        let state = match current {
+        #[allow(unused_mut)]
+        let mut state = match current {
             Some(state) => state,
             None => {
                 let state = match slot.host.take() {
@@ -164,6 +165,10 @@ impl LayerFp8State {
             }
         };
         if slot.pending && slot.generation.is_none_or(|g| g < generation) {
+            #[cfg(feature = "distributed")]
+            if recipe.reduce_amax {
+                state = reduce_amax::<B>(slot, state, device)?;
+            }
             B::fp8_delayed_state_update(&state, recipe.amax_compute_algo, format, recipe.margin)?;
             slot.pending = false;
         }
@@ -263,6 +268,32 @@ impl LayerFp8State {
             }
         }
     }
+}
+
+/// `reduce_amax`: the newest amax (the iteration's, about to roll in) becomes the maximum over the peers of this
+/// thread's group ([`crate::distributed`]), so every peer computes the same scale. A collective call: every peer
+/// rolls the same states in the same order, as they run the same model. Without a group it does nothing.
+#[cfg(feature = "distributed")]
+fn reduce_amax<B: TeBackend>(
+    slot: &mut RoleState,
+    state: B::DelayedState,
+    device: &B::Device,
+) -> Result<B::DelayedState, TeError> {
+    let Some(peer) = crate::distributed::current().filter(|p| p.world_size() > 1) else {
+        return Ok(state);
+    };
+    let (mut history, scale) = B::fp8_delayed_state_read(&state)?;
+    let reduced = peer.all_reduce_max(&history[..1])?[0];
+    if reduced.to_bits() == history[0].to_bits() {
+        return Ok(state);
+    }
+    history[0] = reduced;
+    let state = B::fp8_delayed_state_load(device, &history, scale)?;
+    slot.device = Some(DeviceState {
+        state: Box::new(state.clone()),
+        read: read_state::<B>,
+    });
+    Ok(state)
 }
 
 impl core::fmt::Debug for LayerFp8State {

@@ -27,6 +27,8 @@ pub mod cube;
 pub mod data;
 pub mod decorator;
 pub mod diagnostics;
+#[cfg(feature = "distributed")]
+pub mod distributed;
 mod error;
 pub mod fallback;
 pub mod fp8_gemm;

@@ -13,7 +13,7 @@ use crate::Fp8Format;
 /// Records of different tensors or micro-batches merge exactly with [`merge`](Self::merge): counts and sums add,
 /// min/max combine, and mean/M2 use Chan's parallel formula (correct also when the groups' means differ, unlike
 /// the formula in Transformer Engine's reduction).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TensorStats {
     /// Number of elements.
     pub numel: u64,
@@ -259,7 +259,7 @@ impl TensorStats {
 }
 
 /// [`TensorStats`] plus what quantizing the tensor with a given FP8 format and scale would do to it.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Fp8Stats {
     /// The high-precision statistics.
     pub tensor: TensorStats,

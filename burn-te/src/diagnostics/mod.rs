@@ -298,8 +298,12 @@ pub fn set_iteration(iteration: u64) {
     ITERATION.with(|i| i.set(iteration));
 }
 
-/// This process's rank: the `RANK` environment variable (as torchrun sets it), else 0.
+/// This thread's rank: its bound peer's (`burn_te::distributed`), else the `RANK` environment variable (as torchrun
+/// sets it), else 0.
 pub fn rank() -> usize {
+    #[cfg(feature = "distributed")]
+    return crate::distributed::rank();
+    #[cfg(not(feature = "distributed"))]
     std::env::var("RANK")
         .ok()
         .and_then(|r| r.trim().parse().ok())
