@@ -97,7 +97,9 @@ impl Reduction {
         partials: &[Partial],
     ) -> Result<Vec<Partial>, String> {
         let bytes = rmp_serde::to_vec(partials).map_err(|err| err.to_string())?;
-        let gathered = peer.all_gather_bytes(&bytes).map_err(|err| err.to_string())?;
+        let gathered = peer
+            .all_gather_bytes(&bytes)
+            .map_err(|err| err.to_string())?;
         let mut all = Vec::with_capacity(gathered.len());
         for (rank, bytes) in gathered.iter().enumerate() {
             let theirs: Vec<Partial> = rmp_serde::from_slice(bytes)
@@ -117,7 +119,12 @@ impl Reduction {
                     continue;
                 }
                 let (layer, tensor, prefix, suffix) = partial.key();
-                let key = (layer.to_string(), tensor, prefix.to_string(), suffix.to_string());
+                let key = (
+                    layer.to_string(),
+                    tensor,
+                    prefix.to_string(),
+                    suffix.to_string(),
+                );
                 match merged.get_mut(&key) {
                     Some(into) => into.merge(&partial),
                     None => {

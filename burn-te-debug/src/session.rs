@@ -126,8 +126,9 @@ pub(crate) struct Session {
     logged_calls: BTreeSet<String>,
 }
 
-/// The sessions of this process: one, or one per peer when peers are threads of it.
-type Sessions = BTreeMap<SessionKey, Session>;
+/// The sessions of this process: one, or one per peer when peers are threads of it. Each has its own lock, so a
+/// peer waiting for the others in `step()` does not hold up another peer's threads.
+type Sessions = BTreeMap<SessionKey, Arc<Mutex<Session>>>;
 
 /// A session's owner: the rank of the peer bound to the threads that use it ([`burn_te::distributed`]), or the
 /// process (no peer bound).
@@ -176,12 +177,21 @@ fn in_features<T>(f: impl FnOnce() -> T) -> T {
     nested(&IN_FEATURES, f)
 }
 
-/// The session's lock for an entry point that changes the session; an error when called from a feature's code.
+/// The sessions' lock for an entry point that changes the session; an error when called from a feature's code.
 fn lock_entry(entry: &'static str) -> Result<MutexGuard<'static, Sessions>, DebugError> {
     if IN_FEATURES.with(|n| n.get() > 0) {
         return Err(DebugError::Reentrant(entry));
     }
     Ok(lock())
+}
+
+/// This thread's session, for an entry point that changes it.
+fn session_entry(entry: &'static str) -> Result<Option<Arc<Mutex<Session>>>, DebugError> {
+    Ok(lock_entry(entry)?.get(&key()).cloned())
+}
+
+fn lock_session(session: &Mutex<Session>) -> MutexGuard<'_, Session> {
+    session.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Whether a session runs (a cheap check for the decorator's plain path).
@@ -204,7 +214,9 @@ pub fn paused<T>(f: impl FnOnce() -> T) -> T {
 /// Runs `f` on this thread's session under the lock, if one runs. `f` is the session's own code, never a
 /// feature's.
 pub(crate) fn with_session<T>(f: impl FnOnce(&mut Session) -> T) -> Option<T> {
-    lock().get_mut(&key()).map(f)
+    let session = lock().get(&key()).cloned()?;
+    let mut session = lock_session(&session);
+    Some(f(&mut session))
 }
 
 /// Starts the debug session: reads the config (a missing file warns and runs with no features), creates the log
@@ -265,7 +277,7 @@ pub fn initialize(options: DebugOptions) -> Result<(), DebugError> {
             logs.main(message)?;
         }
     }
-    guard.insert(key, Session {
+    let session = Session {
         config,
         rank,
         reduction: Reduction::for_this_thread(),
@@ -280,7 +292,8 @@ pub fn initialize(options: DebugOptions) -> Result<(), DebugError> {
         buffers: StatBuffers::default(),
         layers: BTreeMap::new(),
         logged_calls: BTreeSet::new(),
-    });
+    };
+    guard.insert(key, Arc::new(Mutex::new(session)));
     ACTIVE.fetch_add(1, Ordering::AcqRel);
     Ok(())
 }
@@ -289,14 +302,14 @@ pub fn initialize(options: DebugOptions) -> Result<(), DebugError> {
 /// and the stat loggers, and advances the iteration. Without a session it does nothing, so a training loop written
 /// once runs with and without the debug tools.
 pub fn step() -> Result<(), DebugError> {
-    let mut guard = lock_entry("step")?;
-    let Some(session) = guard.get_mut(&key()) else {
+    let Some(session) = session_entry("step")? else {
         return Ok(());
     };
+    let mut session = lock_session(&session);
     let result = session.flush();
     let iteration = session.iteration;
     session.iteration += 1;
-    drop(guard);
+    drop(session);
     burn_te::diagnostics::set_iteration(iteration);
     // The diagnostics' step (closures, non-finite origin, snapshots) at the same sync.
     let diagnostics = burn_te::diagnostics::step();
@@ -307,20 +320,19 @@ pub fn step() -> Result<(), DebugError> {
 /// Ends the session: logs what the current step has buffered, closes the files, forgets the config. `initialize`
 /// may be called again afterwards. Without a session it does nothing.
 pub fn end() -> Result<(), DebugError> {
-    let mut guard = lock_entry("end")?;
-    let Some(mut session) = guard.remove(&key()) else {
+    let Some(session) = lock_entry("end")?.remove(&key()) else {
         return Ok(());
     };
     ACTIVE.fetch_sub(1, Ordering::AcqRel);
-    session.flush()
+    lock_session(&session).flush()
 }
 
 /// Sets the current iteration (e.g. when resuming from a checkpoint). Without a session it does nothing.
 pub fn initialize_training_step(iteration: u64) -> Result<(), DebugError> {
-    let mut guard = lock_entry("initialize_training_step")?;
-    let Some(session) = guard.get_mut(&key()) else {
+    let Some(session) = session_entry("initialize_training_step")? else {
         return Ok(());
     };
+    let mut session = lock_session(&session);
     session.iteration = iteration;
     for layer in session.layers.values_mut() {
         layer.skip_until.clear();

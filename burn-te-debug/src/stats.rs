@@ -11,7 +11,9 @@ use crate::features::{PendingStats, PendingValue, StatsScaling};
 use crate::tensor::TensorName;
 
 /// A stat of LogTensorStats or LogFp8TensorStats.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum Stat {
     /// Smallest element.
     Min,
@@ -51,7 +53,9 @@ pub enum Stat {
 }
 
 /// The blocks of `max_blockwise_dynamic_range`, over the tensor viewed as `[leading dims folded, last dim]`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct BlockwiseRange {
     /// Elements per block side (TE's default 32).
     pub block_size: usize,

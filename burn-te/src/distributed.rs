@@ -84,9 +84,8 @@ impl PeerConfig {
     /// `BURN_TE_NODE_ADDRESS` says otherwise), `BURN_TE_COLLECTIVE_TIMEOUT_S` (optional).
     pub fn from_env() -> Result<Self, TeError> {
         let var = |name: &str| {
-            std::env::var(name).map_err(|_| {
-                TeError::Collective(format!("environment variable {name} is not set"))
-            })
+            std::env::var(name)
+                .map_err(|_| TeError::Collective(format!("environment variable {name} is not set")))
         };
         let parse = |name: &str, value: String| {
             value.trim().parse::<u64>().map_err(|_| {
@@ -310,7 +309,10 @@ impl Peer {
             let reason = format!("{what}: {reason}");
             *broken = Some(reason.clone());
             tracing::error!(target: "burn_te", "peer {}: {reason}", self.state.rank);
-            TeError::Collective(format!("peer {} of {}: {reason}", self.state.rank, self.state.world_size))
+            TeError::Collective(format!(
+                "peer {} of {}: {reason}",
+                self.state.rank, self.state.world_size
+            ))
         })
     }
 
@@ -321,7 +323,12 @@ impl Peer {
         }
         // The lengths first, then the bytes four per word in slots as long as the longest.
         let lengths = self.gather_words("all-gather (lengths)", &[bytes.len() as u32])?;
-        let slot = lengths.iter().map(|l| l[0] as usize).max().unwrap_or(0).div_ceil(4);
+        let slot = lengths
+            .iter()
+            .map(|l| l[0] as usize)
+            .max()
+            .unwrap_or(0)
+            .div_ceil(4);
         let mut words: Vec<u32> = bytes
             .chunks(4)
             .map(|chunk| {

@@ -59,7 +59,9 @@ pub use data::{fake_quant, quantize, tensor_stats};
 pub use decorator::Decorator;
 pub use error::TeError;
 pub use fallback::fallback_counts;
-pub use fp8_state::{DelayedStateView, Fp8LinearStates, Fp8Meta, LayerFp8State, PlainLinearStates};
+pub use fp8_state::{
+    DelayedStateView, Fp8LinearStates, Fp8Meta, LayerFp8State, PlainLinearStates, RoleRecord,
+};
 pub use plain_linear::{plain_linear_backward, plain_linear_forward};
 pub use recipe::{
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MXFP8BlockScaling,

@@ -68,7 +68,7 @@ impl Data {
     }
 }
 
-fn amax(values: &[f32]) -> f32 {
+pub(crate) fn amax(values: &[f32]) -> f32 {
     values.iter().fold(0f32, |a, v| a.max(v.abs()))
 }
 
@@ -76,8 +76,18 @@ fn amax(values: &[f32]) -> f32 {
 /// the code under test: `fp8_max / amax(window before n) / 2^margin` in f32 (1 at n = 0; an amax of 0 keeps the
 /// previous scale), the window being the last `amax_history_len` amaxes (`max`) or the newest (`most_recent`).
 fn expected_scale(data: &Data, role: TensorRole, n: usize, recipe: &DelayedScaling) -> f32 {
-    let format = recipe.fp8_format.for_role(role);
     let amaxes: Vec<f32> = data.of(role).iter().map(|v| amax(v)).collect();
+    delayed_scale(&amaxes, role, n, recipe)
+}
+
+/// TE's delayed scale of `role` at iteration `n` from the amaxes of iterations `0..n` (see [`expected_scale`]).
+pub(crate) fn delayed_scale(
+    amaxes: &[f32],
+    role: TensorRole,
+    n: usize,
+    recipe: &DelayedScaling,
+) -> f32 {
+    let format = recipe.fp8_format.for_role(role);
     let mut scale = 1.0f32;
     for k in 1..=n {
         let window = &amaxes[k.saturating_sub(recipe.amax_history_len)..k];
@@ -93,14 +103,14 @@ fn expected_scale(data: &Data, role: TensorRole, n: usize, recipe: &DelayedScali
 }
 
 /// The codes and dequantized values of `values` at `scale` (the conformance-verified encoder).
-fn quantized(values: &[f32], scale: f32, format: Fp8Format) -> (Vec<u8>, Vec<f32>) {
+pub(crate) fn quantized(values: &[f32], scale: f32, format: Fp8Format) -> (Vec<u8>, Vec<f32>) {
     let codes: Vec<u8> = values.iter().map(|v| format.encode(v * scale)).collect();
     let dequantized = codes.iter().map(|&c| format.decode(c) / scale).collect();
     (codes, dequantized)
 }
 
 /// `a [m, k] · b [k, n]` in f64 with each output's Σ|terms| (for an accumulation-order tolerance).
-fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<(f64, f64)> {
+pub(crate) fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<(f64, f64)> {
     let mut out = vec![(0.0, 0.0); m * n];
     for i in 0..m {
         for j in 0..n {
@@ -114,14 +124,14 @@ fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<(f64, f64)>
     out
 }
 
-fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+pub(crate) fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     (0..cols * rows)
         .map(|i| a[(i % rows) * cols + i / rows])
         .collect()
 }
 
 /// `actual` equals the f64 reference up to f32 accumulation order.
-fn assert_gemm(what: &str, actual: &[f32], expected: &[(f64, f64)]) {
+pub(crate) fn assert_gemm(what: &str, actual: &[f32], expected: &[(f64, f64)]) {
     assert_eq!(actual.len(), expected.len(), "{what}: length");
     for (i, (a, (e, magnitude))) in actual.iter().zip(expected).enumerate() {
         let tolerance = 1e-5 * magnitude + 1e-30;

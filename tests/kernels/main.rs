@@ -10,6 +10,7 @@ mod dashboard;
 mod debug;
 mod decorator;
 mod diagnostics;
+mod distributed;
 mod elementwise;
 mod feature_effects;
 mod fp8_state;

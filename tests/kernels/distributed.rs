@@ -1,0 +1,532 @@
+//! Distributed: peers as threads of this process (one on wgpu, one on the host path, Flex), each with its own
+//! debug session, exchanging over burn-collective. Checked against host re-computations: the GEMMs of every peer
+//! follow the delayed scales recomputed from the maximum amax over the peers (`reduce_amax`) or from its own;
+//! the reduced statistics equal those of the concatenated batch in f64; the FP8 counts reduce as counts; the
+//! per-rank log files hold what was logged; a peer that dies gives the others a clear error in bounded time.
+
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::Param;
+use burn::tensor::backend::AutodiffBackend;
+use burn_te::backends::Wgpu;
+use burn_te::distributed::{Peer, PeerConfig};
+use burn_te::nn::LinearConfig;
+use burn_te::{DelayedScaling, RoleRecord, Te, TeBackend, TensorRole, fp8_autocast};
+use burn_te_debug::stats::StatValue;
+use burn_te_debug::{Debug, DebugError, DebugOptions, ReductionGroup};
+
+use crate::common::{Rng, assert_close, reference_stats};
+use crate::debug::{Collect, SESSION, temp_dir};
+use crate::fp8_state::{amax, assert_gemm, delayed_scale, matmul, quantized, transpose};
+use crate::te::{tensor, values};
+
+/// Tests that exchange over this process's collective server run one at a time.
+static GROUP: Mutex<()> = Mutex::new(());
+
+const PEERS: usize = 2;
+const TOKENS: usize = 24;
+const D_IN: usize = 32;
+const D_OUT: usize = 16;
+const ITERATIONS: usize = 4;
+const ROLES: [TensorRole; 3] = [
+    TensorRole::Activation,
+    TensorRole::Weight,
+    TensorRole::Gradient,
+];
+
+const CONFIG: &str = r#"stats:
+  enabled: True
+  layers:
+    layer_name_regex_pattern: '^fc$'
+  transformer_engine:
+    LogTensorStats:
+      enabled: True
+      stats: [min, max, mean, std, l1_norm, l2_norm]
+      tensors: [activation, gradient, weight]
+    LogFp8TensorStats:
+      enabled: True
+      stats: [underflows%, overflows%, mse, scale_inv_min, scale_inv_max]
+      tensors: [activation, gradient]
+"#;
+
+/// Each peer's batches (different means, spreads and amaxes per peer: rank 1's are larger) and the weights all
+/// peers share (data parallel), per iteration.
+struct Data {
+    x: Vec<Vec<Vec<f32>>>,
+    g: Vec<Vec<Vec<f32>>>,
+    w: Vec<Vec<f32>>,
+}
+
+impl Data {
+    fn new() -> Self {
+        let amplitude = [1.0, 4.0, 0.5, 2.0];
+        let per_peer = |seed: u64, len: usize, mean: f64, std: f64| {
+            (0..PEERS)
+                .map(|r| {
+                    (0..ITERATIONS)
+                        .map(|n| {
+                            let spread = std * amplitude[n] * (1.0 + r as f64);
+                            Rng::new(seed + 100 * r as u64 + n as u64).normal(
+                                len,
+                                mean * r as f64,
+                                spread,
+                            )
+                        })
+                        .collect()
+                })
+                .collect()
+        };
+        Data {
+            x: per_peer(1, TOKENS * D_IN, 1.5, 1.0),
+            g: per_peer(2, TOKENS * D_OUT, 2e-5, 1e-5),
+            w: (0..ITERATIONS)
+                .map(|n| Rng::new(3 + n as u64).normal(D_IN * D_OUT, 0.0, 0.1 * amplitude[n]))
+                .collect(),
+        }
+    }
+
+    /// Peer `rank`'s `role` tensor at iteration `n`.
+    fn of(&self, role: TensorRole, rank: usize, n: usize) -> &[f32] {
+        match role {
+            TensorRole::Activation => &self.x[rank][n],
+            TensorRole::Weight => &self.w[n],
+            TensorRole::Gradient => &self.g[rank][n],
+        }
+    }
+
+    /// The scale peer `rank` quantizes `role` with at iteration `n`: from the maximum amax over the peers of
+    /// each earlier iteration with `reduce_amax`, from its own without.
+    fn scale(&self, role: TensorRole, rank: usize, n: usize, recipe: &DelayedScaling) -> f32 {
+        let amaxes: Vec<f32> = (0..ITERATIONS)
+            .map(|k| {
+                if recipe.reduce_amax {
+                    (0..PEERS).fold(0f32, |m, r| m.max(amax(self.of(role, r, k))))
+                } else {
+                    amax(self.of(role, rank, k))
+                }
+            })
+            .collect();
+        delayed_scale(&amaxes, role, n, recipe)
+    }
+}
+
+/// What one peer saw: its logged statistics, its GEMMs' outputs `(y, dx, dw)` per iteration, its FP8 state.
+struct PeerRun {
+    logged: Vec<(u64, StatValue)>,
+    outputs: Vec<[Vec<f32>; 3]>,
+    record: Vec<RoleRecord>,
+}
+
+/// Peer `rank` trains the layer `fc` for [`ITERATIONS`] on `S` with a debug session logging into `dir`.
+fn train_peer<S: AutodiffBackend + TeBackend>(
+    rank: usize,
+    device: &S::Device,
+    recipe: &DelayedScaling,
+    tensor_group: ReductionGroup,
+    dir: &Path,
+    data: &Data,
+) -> PeerRun {
+    let peer = Peer::join(PeerConfig::local(rank, PEERS).with_timeout(Duration::from_secs(120)))
+        .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+    assert_eq!((peer.rank(), peer.world_size()), (rank, PEERS));
+    let bound = peer.bind();
+    assert_eq!(burn_te::distributed::rank(), rank);
+    let collect = Collect::default();
+    burn_te_debug::initialize(
+        DebugOptions::new(dir.join("config.yaml"))
+            .log_dir(dir)
+            .logger(collect.clone()),
+    )
+    .unwrap();
+    burn_te_debug::set_tensor_reduction_group(tensor_group).unwrap();
+    let mut fc = LinearConfig::new(D_IN, D_OUT)
+        .with_bias(false)
+        .with_name(Some("fc".into()))
+        .init::<S>(device);
+    let mut outputs = Vec::new();
+    for n in 0..ITERATIONS {
+        fc.weight = Param::from_tensor(tensor(data.w[n].clone(), [D_IN, D_OUT], device));
+        let x = tensor::<S, 2>(data.x[rank][n].clone(), [TOKENS, D_IN], device).require_grad();
+        let y = fp8_autocast(true, recipe.clone(), || fc.forward(x.clone())).unwrap();
+        let g = tensor::<S, 2>(data.g[rank][n].clone(), [TOKENS, D_OUT], device);
+        let grads = (y.clone() * g).sum().backward();
+        let dw = values(fc.weight.val().grad(&grads).unwrap());
+        outputs.push([values(y), values(x.grad(&grads).unwrap()), dw]);
+        burn_te_debug::step().unwrap_or_else(|e| panic!("rank {rank} step {n}: {e}"));
+    }
+    burn_te_debug::end().unwrap();
+    let record = fc.fp8_meta.state().to_record().unwrap();
+    drop(bound);
+    peer.leave().unwrap();
+    let logged = collect.0.lock().unwrap().clone();
+    PeerRun {
+        logged,
+        outputs,
+        record,
+    }
+}
+
+/// Two peers, rank 0 on `Autodiff<Debug<Te<Wgpu>>>` and rank 1 on `Autodiff<Debug<Te<Flex>>>`, each in a
+/// thread; `groups[r]` is rank r's tensor reduction group.
+fn train_two_peers(
+    name: &str,
+    recipe: &DelayedScaling,
+    groups: [ReductionGroup; PEERS],
+    data: &Data,
+) -> (std::path::PathBuf, Vec<PeerRun>) {
+    burn_te::distributed::reset_local_group();
+    let dir = temp_dir(name);
+    std::fs::write(dir.join("config.yaml"), CONFIG).unwrap();
+    let wgpu = crate::te::device();
+    let [g0, g1] = groups;
+    let runs = std::thread::scope(|s| {
+        let dir = &dir;
+        let wgpu = &wgpu;
+        let r0 = s
+            .spawn(move || train_peer::<Autodiff<Debug<Te<Wgpu>>>>(0, wgpu, recipe, g0, dir, data));
+        let r1 = s.spawn(move || {
+            train_peer::<Autodiff<Debug<Te<Flex>>>>(1, &Default::default(), recipe, g1, dir, data)
+        });
+        [r0, r1].map(|h| h.join().unwrap_or_else(|_| panic!("a peer panicked")))
+    });
+    (dir, runs.into())
+}
+
+/// Every GEMM of every peer equals the f64 product of its operands quantized with the recomputed scales.
+fn check_gemms(what: &str, data: &Data, recipe: &DelayedScaling, runs: &[PeerRun]) {
+    for (rank, run) in runs.iter().enumerate() {
+        for (n, [y, dx, dw]) in run.outputs.iter().enumerate() {
+            let [x, w, g] = ROLES.map(|role| {
+                let scale = data.scale(role, rank, n, recipe);
+                quantized(
+                    data.of(role, rank, n),
+                    scale,
+                    recipe.fp8_format.for_role(role),
+                )
+                .1
+            });
+            let at = format!("{what} rank {rank} it {n}");
+            assert_gemm(
+                &format!("{at} fprop"),
+                y,
+                &matmul(&x, &w, TOKENS, D_IN, D_OUT),
+            );
+            let wt = transpose(&w, D_IN, D_OUT);
+            assert_gemm(
+                &format!("{at} dgrad"),
+                dx,
+                &matmul(&g, &wt, TOKENS, D_OUT, D_IN),
+            );
+            let xt = transpose(&x, TOKENS, D_IN);
+            assert_gemm(
+                &format!("{at} wgrad"),
+                dw,
+                &matmul(&xt, &g, D_IN, TOKENS, D_OUT),
+            );
+        }
+    }
+}
+
+/// The value `name` logged at iteration `n`.
+fn logged(run: &PeerRun, name: &str, n: usize) -> f64 {
+    run.logged
+        .iter()
+        .find(|(i, v)| *i == n as u64 && v.name == name)
+        .map(|(_, v)| v.value)
+        .unwrap_or_else(|| panic!("{name} at {n} not logged"))
+}
+
+/// The statistics a peer logged equal the f64 re-computation over the batches of the peers in `ranks`: the
+/// tensor statistics of their concatenation, the FP8 counts summed over each peer's quantization with its own
+/// scale.
+fn check_stats(what: &str, data: &Data, recipe: &DelayedScaling, run: &PeerRun, ranks: &[usize]) {
+    for n in 0..ITERATIONS {
+        for role in [TensorRole::Activation, TensorRole::Gradient] {
+            let name = role.name();
+            let all: Vec<f32> = ranks
+                .iter()
+                .flat_map(|&r| data.of(role, r, n).iter().copied())
+                .collect();
+            let reference = reference_stats(&all);
+            for (stat, expected) in [
+                ("min", reference.min),
+                ("max", reference.max),
+                ("mean", reference.mean),
+                ("std", reference.std),
+                ("l1_norm", reference.l1),
+                ("l2_norm", reference.l2),
+            ] {
+                let value = logged(run, &format!("fc_{name}_{stat}"), n);
+                let floor = 1e-6 * reference.l1 / all.len() as f64;
+                assert_close(
+                    &format!("{what} it {n} {name} {stat}"),
+                    value,
+                    expected,
+                    2e-5,
+                    floor,
+                );
+            }
+            // FP8: every peer quantized its batch with its own scale; counts and squared errors add up.
+            let format = recipe.fp8_format.for_role(role);
+            let (mut underflows, mut overflows, mut squared_error) = (0usize, 0usize, 0f64);
+            let (mut scale_inv_min, mut scale_inv_max) = (f64::INFINITY, 0f64);
+            for &r in ranks {
+                let scale = data.scale(role, r, n, recipe);
+                let scale_inv = 1.0 / scale;
+                let values = data.of(role, r, n);
+                let (codes, _) = quantized(values, scale, format);
+                for (&v, &c) in values.iter().zip(&codes) {
+                    underflows += usize::from(v != 0.0 && c & 0x7f == 0);
+                    overflows += usize::from(v.abs() > format.max() * scale_inv);
+                    let error = v - format.decode(c) * scale_inv;
+                    squared_error += f64::from(error * error);
+                }
+                scale_inv_min = scale_inv_min.min(f64::from(scale_inv));
+                scale_inv_max = scale_inv_max.max(f64::from(scale_inv));
+            }
+            let numel = all.len() as f64;
+            for (stat, expected, rel) in [
+                ("underflows%", 100.0 * underflows as f64 / numel, 1e-12),
+                ("overflows%", 100.0 * overflows as f64 / numel, 1e-12),
+                ("mse", squared_error / numel, 1e-5),
+                ("scale_inv_min", scale_inv_min, 0.0),
+                ("scale_inv_max", scale_inv_max, 0.0),
+            ] {
+                let value = logged(run, &format!("fc_{name}_{stat}"), n);
+                assert_close(
+                    &format!("{what} it {n} {name} {stat}"),
+                    value,
+                    expected,
+                    rel,
+                    0.0,
+                );
+            }
+        }
+        // Weights: each peer's own (data-parallel peers hold the same one).
+        let weight = reference_stats(&data.w[n]);
+        for (stat, expected) in [
+            ("min", weight.min),
+            ("max", weight.max),
+            ("std", weight.std),
+        ] {
+            let value = logged(run, &format!("fc_weight_{stat}"), n);
+            assert_close(
+                &format!("{what} it {n} weight {stat}"),
+                value,
+                expected,
+                2e-5,
+                0.0,
+            );
+        }
+    }
+}
+
+/// The per-rank statistics log holds each collected value's line.
+fn check_log_file(what: &str, dir: &Path, rank: usize, run: &PeerRun) {
+    let path = dir.join(format!(
+        "nvdlfw_inspect_statistics_logs/nvdlfw_inspect_globalrank-{rank}.log"
+    ));
+    let log = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    for (n, value) in &run.logged {
+        let line = burn_te_debug::stat_message(&value.name, *n, value.value);
+        assert!(
+            log.contains(&line),
+            "{what}: {} lacks {line:?}",
+            path.display()
+        );
+    }
+    assert_eq!(
+        log.lines().count(),
+        run.logged.len(),
+        "{what}: {}",
+        path.display()
+    );
+}
+
+/// The scale and the history behind it (slots 1.., the rolled ones) of `role` in a peer's FP8 state.
+fn state_of(run: &PeerRun, role: TensorRole) -> (u32, Vec<u32>) {
+    let (_, history, scale, _) = run
+        .record
+        .iter()
+        .find(|(name, ..)| name == role.name())
+        .unwrap_or_else(|| panic!("no {} state", role.name()));
+    (
+        scale.to_bits(),
+        history[1..].iter().map(|h| h.to_bits()).collect(),
+    )
+}
+
+#[test]
+fn two_peers_reduce_amax_and_statistics_exactly() {
+    let _session = SESSION.lock().unwrap_or_else(|p| p.into_inner());
+    let _group = GROUP.lock().unwrap_or_else(|p| p.into_inner());
+    let data = Data::new();
+
+    // reduce_amax (TE's default) and the default groups: every peer quantizes with the same scales and logs the
+    // statistics of the concatenated batch.
+    let recipe = DelayedScaling::default();
+    assert!(recipe.reduce_amax);
+    let groups = [ReductionGroup::All, ReductionGroup::All];
+    let (dir, runs) = train_two_peers("distributed-reduced", &recipe, groups, &data);
+    check_gemms("reduce_amax", &data, &recipe, &runs);
+    for (rank, run) in runs.iter().enumerate() {
+        check_stats(
+            &format!("reduced, rank {rank}"),
+            &data,
+            &recipe,
+            run,
+            &[0, 1],
+        );
+        check_log_file("reduced", &dir, rank, run);
+    }
+    // The reduced values are the same bits on both peers (the weight's are each peer's own, from its backend).
+    let bits = |run: &PeerRun| -> Vec<(String, u64)> {
+        let mut v: Vec<_> = run
+            .logged
+            .iter()
+            .filter(|(_, s)| !s.name.contains("weight"))
+            .map(|(n, s)| (format!("{n} {}", s.name), s.value.to_bits()))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(bits(&runs[0]).len(), ITERATIONS * 2 * 11);
+    assert_eq!(
+        bits(&runs[0]),
+        bits(&runs[1]),
+        "the peers log the same values"
+    );
+    for role in ROLES {
+        assert_eq!(
+            state_of(&runs[0], role),
+            state_of(&runs[1], role),
+            "{}",
+            role.name()
+        );
+    }
+    // The reduction mattered: rank 0's own amaxes would have given other scales.
+    let own = DelayedScaling {
+        reduce_amax: false,
+        ..recipe.clone()
+    };
+    assert!(
+        (1..ITERATIONS).all(|n| data.scale(TensorRole::Activation, 0, n, &recipe)
+            != data.scale(TensorRole::Activation, 0, n, &own)),
+        "the test data must give the peers different amaxes"
+    );
+
+    // reduce_amax off: each peer its own scales; rank 0 reduces the statistics over both ranks, rank 1 keeps its own.
+    let groups = [ReductionGroup::Ranks(vec![0, 1]), ReductionGroup::Alone];
+    let (dir, runs) = train_two_peers("distributed-own", &own, groups, &data);
+    check_gemms("own amax", &data, &own, &runs);
+    check_stats("own amax, rank 0", &data, &own, &runs[0], &[0, 1]);
+    check_stats("own amax, rank 1", &data, &own, &runs[1], &[1]);
+    for (rank, run) in runs.iter().enumerate() {
+        check_log_file("own amax", &dir, rank, run);
+    }
+    for role in [TensorRole::Activation, TensorRole::Gradient] {
+        assert_ne!(
+            state_of(&runs[0], role),
+            state_of(&runs[1], role),
+            "{}",
+            role.name()
+        );
+    }
+    assert_eq!(
+        state_of(&runs[0], TensorRole::Weight),
+        state_of(&runs[1], TensorRole::Weight)
+    );
+}
+
+#[test]
+fn a_peer_that_dies_fails_the_others_within_the_timeout() {
+    let _session = SESSION.lock().unwrap_or_else(|p| p.into_inner());
+    let _group = GROUP.lock().unwrap_or_else(|p| p.into_inner());
+    burn_te::distributed::reset_local_group();
+    let dir = temp_dir("distributed-dead-peer");
+    std::fs::write(dir.join("config.yaml"), CONFIG).unwrap();
+    let timeout = Duration::from_secs(2);
+    let survivor = std::thread::scope(|s| {
+        // Rank 1 joins, takes part in one exchange and dies (its thread ends without leaving).
+        s.spawn(|| {
+            let peer = Peer::join(PeerConfig::local(1, PEERS).with_timeout(timeout)).unwrap();
+            peer.all_reduce_max(&[2.0, -1.0]).unwrap();
+        });
+        s.spawn(|| {
+            let peer = Peer::join(PeerConfig::local(0, PEERS).with_timeout(timeout)).unwrap();
+            assert_eq!(peer.all_reduce_max(&[1.0, 3.0]).unwrap(), vec![2.0, 3.0]);
+            peer
+        })
+        .join()
+        .unwrap()
+    });
+
+    // The survivor's debug session: it logs its statistics, the reduction at step() fails in bounded time.
+    let _bound = survivor.bind();
+    let collect = Collect::default();
+    burn_te_debug::initialize(
+        DebugOptions::new(dir.join("config.yaml"))
+            .log_dir(&dir)
+            .logger(collect.clone()),
+    )
+    .unwrap();
+    let device = crate::te::device();
+    type S = Autodiff<Debug<Te<Wgpu>>>;
+    let fc = LinearConfig::new(D_IN, D_OUT)
+        .with_name(Some("fc".into()))
+        .init::<S>(&device);
+    let x = Rng::new(9).normal(TOKENS * D_IN, 0.0, 1.0);
+    let y = fp8_autocast(true, DelayedScaling::default(), || {
+        fc.forward(tensor::<S, 2>(x.clone(), [TOKENS, D_IN], &device))
+    })
+    .unwrap();
+    y.sum().backward();
+    let started = Instant::now();
+    let err = burn_te_debug::step().expect_err("the dead peer cannot answer");
+    let waited = started.elapsed();
+    assert!(
+        waited < timeout + Duration::from_secs(3),
+        "waited {waited:?}"
+    );
+    match &err {
+        DebugError::Reduction { iteration, reason } => {
+            assert_eq!(*iteration, 0);
+            assert!(
+                reason.contains("peer 0 of 2") && reason.contains("no answer"),
+                "{reason}"
+            );
+        }
+        other => panic!("expected a reduction error, got {other}"),
+    }
+    // Nothing lost: this peer's own statistics are logged (its batch alone).
+    let own = reference_stats(&x);
+    let value = collect
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(_, v)| v.name == "fc_activation_std")
+        .map(|(_, v)| v.value)
+        .expect("the peer's own statistics are logged");
+    assert_close("own std", value, own.std, 2e-5, 0.0);
+    let main =
+        std::fs::read_to_string(dir.join("nvdlfw_inspect_logs/nvdlfw_inspect_globalrank-0.log"))
+            .unwrap();
+    assert!(main.contains("no answer"), "{main}");
+    // The group is broken: further collectives are refused at once.
+    let started = Instant::now();
+    let err = survivor.all_reduce_max(&[1.0]).unwrap_err().to_string();
+    assert!(started.elapsed() < Duration::from_millis(500));
+    assert!(
+        err.contains("refused") && err.contains("failed earlier"),
+        "{err}"
+    );
+    // end() still ends the session; its last exchange is refused too.
+    let err = burn_te_debug::end().unwrap_err().to_string();
+    assert!(err.contains("refused"), "{err}");
+    assert_eq!(burn_te_debug::iteration(), None);
+    burn_te::distributed::reset_local_group();
+}
