@@ -151,7 +151,6 @@ pub fn start_orchestrator(port: u16) {
         .unwrap_or_else(|err| tracing::error!("collective orchestrator: no thread: {err}"));
 }
 
-/// The collective operations a peer needs, over one backend's tensors (type-erased so the peer is not generic).
 /// The backend of the peers' exchanges (host values, exact in `f64`).
 pub type ExchangeBackend = NdArray<f64>;
 
@@ -171,7 +170,7 @@ impl Exchange {
             tensor.into_primitive().tensor(),
             ReduceOperation::Sum,
         )
-        .map_err(|err| format!("{err:?}"))?;
+        .map_err(describe)?;
         let data = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(sum))
             .try_into_data()
             .map_err(|err| format!("reading the reduced values back: {err:?}"))?;
@@ -180,8 +179,21 @@ impl Exchange {
 
     /// Leaves the group.
     fn finish(&self) -> Result<(), String> {
-        burn_collective::finish_collective::<ExchangeBackend>(self.id)
-            .map_err(|err| format!("{err:?}"))
+        burn_collective::finish_collective::<ExchangeBackend>(self.id).map_err(describe)
+    }
+}
+
+/// burn-collective's error, with what it means for the group where that is not plain.
+fn describe(err: burn_collective::CollectiveError) -> String {
+    use burn_collective::CollectiveError as E;
+    match err {
+        E::LocalServerMissing => {
+            "burn-collective's server stopped (a peer process died or its connection broke)".into()
+        }
+        E::AllReduceShapeMismatch | E::AllReduceOperationMismatch => {
+            format!("the peers' calls do not match (burn-collective: {err:?})")
+        }
+        other => format!("burn-collective: {other:?}"),
     }
 }
 
@@ -251,7 +263,7 @@ impl Peer {
         };
         peer.blocking("join", move || {
             burn_collective::register::<ExchangeBackend>(id, Default::default(), collective)
-                .map_err(|err| format!("{err:?}"))
+                .map_err(describe)
         })?;
         tracing::info!(
             target: "burn_te",

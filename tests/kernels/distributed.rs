@@ -15,7 +15,6 @@ use burn_te::backends::Wgpu;
 use burn_te::distributed::{Peer, PeerConfig};
 use burn_te::nn::LinearConfig;
 use burn_te::{DelayedScaling, RoleRecord, Te, TeBackend, TensorRole, fp8_autocast};
-use burn_te_debug::stats::StatValue;
 use burn_te_debug::{Debug, DebugError, DebugOptions, ReductionGroup};
 
 use crate::common::{Rng, assert_close, reference_stats};
@@ -115,22 +114,23 @@ impl Data {
 
 /// What one peer saw: its logged statistics, its GEMMs' outputs `(y, dx, dw)` per iteration, its FP8 state.
 struct PeerRun {
-    logged: Vec<(u64, StatValue)>,
+    /// `(iteration, name, value)`.
+    logged: Vec<(u64, String, f64)>,
     outputs: Vec<[Vec<f32>; 3]>,
     record: Vec<RoleRecord>,
 }
 
 /// Peer `rank` trains the layer `fc` for [`ITERATIONS`] on `S` with a debug session logging into `dir`.
 fn train_peer<S: AutodiffBackend + TeBackend>(
-    rank: usize,
+    config: PeerConfig,
     device: &S::Device,
     recipe: &DelayedScaling,
     tensor_group: ReductionGroup,
     dir: &Path,
     data: &Data,
 ) -> PeerRun {
-    let peer = Peer::join(PeerConfig::local(rank, PEERS).with_timeout(Duration::from_secs(120)))
-        .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+    let rank = config.rank;
+    let peer = Peer::join(config).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
     assert_eq!((peer.rank(), peer.world_size()), (rank, PEERS));
     let bound = peer.bind();
     assert_eq!(burn_te::distributed::rank(), rank);
@@ -161,7 +161,13 @@ fn train_peer<S: AutodiffBackend + TeBackend>(
     let record = fc.fp8_meta.state().to_record().unwrap();
     drop(bound);
     peer.leave().unwrap();
-    let logged = collect.0.lock().unwrap().clone();
+    let logged = collect
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(n, v)| (*n, v.name.clone(), v.value))
+        .collect();
     PeerRun {
         logged,
         outputs,
@@ -182,13 +188,16 @@ fn train_two_peers(
     std::fs::write(dir.join("config.yaml"), CONFIG).unwrap();
     let wgpu = crate::te::device();
     let [g0, g1] = groups;
+    let local = |rank| PeerConfig::local(rank, PEERS).with_timeout(Duration::from_secs(120));
     let runs = std::thread::scope(|s| {
         let dir = &dir;
         let wgpu = &wgpu;
-        let r0 = s
-            .spawn(move || train_peer::<Autodiff<Debug<Te<Wgpu>>>>(0, wgpu, recipe, g0, dir, data));
+        let r0 = s.spawn(move || {
+            train_peer::<Autodiff<Debug<Te<Wgpu>>>>(local(0), wgpu, recipe, g0, dir, data)
+        });
         let r1 = s.spawn(move || {
-            train_peer::<Autodiff<Debug<Te<Flex>>>>(1, &Default::default(), recipe, g1, dir, data)
+            let flex = Default::default();
+            train_peer::<Autodiff<Debug<Te<Flex>>>>(local(1), &flex, recipe, g1, dir, data)
         });
         [r0, r1].map(|h| h.join().unwrap_or_else(|_| panic!("a peer panicked")))
     });
@@ -234,8 +243,8 @@ fn check_gemms(what: &str, data: &Data, recipe: &DelayedScaling, runs: &[PeerRun
 fn logged(run: &PeerRun, name: &str, n: usize) -> f64 {
     run.logged
         .iter()
-        .find(|(i, v)| *i == n as u64 && v.name == name)
-        .map(|(_, v)| v.value)
+        .find(|(i, stat, _)| *i == n as u64 && stat == name)
+        .map(|(_, _, value)| *value)
         .unwrap_or_else(|| panic!("{name} at {n} not logged"))
 }
 
@@ -330,8 +339,8 @@ fn check_log_file(what: &str, dir: &Path, rank: usize, run: &PeerRun) {
         "nvdlfw_inspect_statistics_logs/nvdlfw_inspect_globalrank-{rank}.log"
     ));
     let log = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    for (n, value) in &run.logged {
-        let line = burn_te_debug::stat_message(&value.name, *n, value.value);
+    for (n, name, value) in &run.logged {
+        let line = burn_te_debug::stat_message(name, *n, *value);
         assert!(
             log.contains(&line),
             "{what}: {} lacks {line:?}",
@@ -387,8 +396,8 @@ fn two_peers_reduce_amax_and_statistics_exactly() {
         let mut v: Vec<_> = run
             .logged
             .iter()
-            .filter(|(_, s)| !s.name.contains("weight"))
-            .map(|(n, s)| (format!("{n} {}", s.name), s.value.to_bits()))
+            .filter(|(_, name, _)| !name.contains("weight"))
+            .map(|(n, name, value)| (format!("{n} {name}"), value.to_bits()))
             .collect();
         v.sort();
         v
@@ -529,4 +538,265 @@ fn a_peer_that_dies_fails_the_others_within_the_timeout() {
     assert!(err.contains("refused"), "{err}");
     assert_eq!(burn_te_debug::iteration(), None);
     burn_te::distributed::reset_local_group();
+}
+
+/// A free TCP port of the loopback interface.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// A child process running the ignored test `test` of this binary with `envs`.
+fn child(test: &str, envs: &[(&str, String)]) -> std::process::Child {
+    let exe = std::env::current_exe().expect("the test binary");
+    std::process::Command::new(exe)
+        .args([
+            "--exact",
+            test,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {test}: {e}"))
+}
+
+/// Waits for `child` at most until `deadline` (then kills it); its exit status, or None when killed.
+fn wait_until(
+    child: &mut std::process::Child,
+    deadline: Instant,
+) -> Option<std::process::ExitStatus> {
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Kills the child processes when dropped (a failed assertion leaves no process behind).
+struct Reaper(Vec<std::process::Child>);
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The orchestrator of [`peers_in_processes_over_loopback`], as a child process (burn-collective's server code
+/// sets up process-wide logging, kept out of this test process).
+#[test]
+#[ignore = "a child process of peers_in_processes_over_loopback"]
+fn orchestrator_process() {
+    let Ok(port) = std::env::var("BURN_TE_TEST_ORCHESTRATOR_PORT") else {
+        return;
+    };
+    burn_te::distributed::start_orchestrator(port.parse().unwrap());
+    std::thread::sleep(Duration::from_secs(300));
+}
+
+/// A peer of [`peers_in_processes_over_loopback`], as a child process: its rank and group from the environment
+/// (`PeerConfig::from_env`), training on Flex; writes what it saw as JSON.
+#[test]
+#[ignore = "a child process of peers_in_processes_over_loopback"]
+fn peer_process() {
+    let Ok(out) = std::env::var("BURN_TE_TEST_PEER_OUT") else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(std::env::var("BURN_TE_TEST_DIR").unwrap());
+    let run = train_peer::<Autodiff<Debug<Te<Flex>>>>(
+        PeerConfig::from_env().unwrap(),
+        &Default::default(),
+        &DelayedScaling::default(),
+        ReductionGroup::All,
+        &dir,
+        &Data::new(),
+    );
+    // Bits, so the values cross the JSON text exactly.
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let json = serde_json::json!({
+        "logged": run.logged.iter().map(|(n, name, v)| (n, name, v.to_bits())).collect::<Vec<_>>(),
+        "outputs": run.outputs.iter().map(|o| o.each_ref().map(|v| bits(v))).collect::<Vec<_>>(),
+        "record": run.record.iter().map(|(role, h, scale, pending)| (role, bits(h), scale.to_bits(), pending))
+            .collect::<Vec<_>>(),
+    });
+    std::fs::write(out, json.to_string()).unwrap();
+}
+
+#[test]
+fn peers_in_processes_over_loopback() {
+    let dir = temp_dir("distributed-processes");
+    std::fs::write(dir.join("config.yaml"), CONFIG).unwrap();
+    let orchestrator = free_port();
+    let mut children = Reaper(vec![child(
+        "distributed::orchestrator_process",
+        &[("BURN_TE_TEST_ORCHESTRATOR_PORT", orchestrator.to_string())],
+    )]);
+    for rank in 0..PEERS {
+        let out = dir.join(format!("peer_{rank}.json"));
+        children.0.push(child(
+            "distributed::peer_process",
+            &[
+                ("RANK", rank.to_string()),
+                ("WORLD_SIZE", PEERS.to_string()),
+                (
+                    "BURN_TE_ORCHESTRATOR",
+                    format!("ws://127.0.0.1:{orchestrator}"),
+                ),
+                ("BURN_TE_NODE_PORT", free_port().to_string()),
+                ("BURN_TE_COLLECTIVE_TIMEOUT_S", "30".into()),
+                ("BURN_TE_TEST_DIR", dir.display().to_string()),
+                ("BURN_TE_TEST_PEER_OUT", out.display().to_string()),
+            ],
+        ));
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for rank in 0..PEERS {
+        let status = wait_until(&mut children.0[1 + rank], deadline);
+        let main_log = dir.join(format!(
+            "nvdlfw_inspect_logs/nvdlfw_inspect_globalrank-{rank}.log"
+        ));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "peer process {rank}: {status:?}; its main log: {:?}",
+            std::fs::read_to_string(main_log)
+        );
+    }
+    let data = Data::new();
+    let recipe = DelayedScaling::default();
+    let runs: Vec<PeerRun> = (0..PEERS)
+        .map(|rank| {
+            let text = std::fs::read_to_string(dir.join(format!("peer_{rank}.json"))).unwrap();
+            let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+            let floats = |v: Vec<u32>| v.into_iter().map(f32::from_bits).collect::<Vec<_>>();
+            let logged: Vec<(u64, String, u64)> =
+                serde_json::from_value(json["logged"].clone()).unwrap();
+            let outputs: Vec<[Vec<u32>; 3]> =
+                serde_json::from_value(json["outputs"].clone()).unwrap();
+            let record: Vec<(String, Vec<u32>, u32, bool)> =
+                serde_json::from_value(json["record"].clone()).unwrap();
+            PeerRun {
+                logged: logged
+                    .into_iter()
+                    .map(|(n, name, v)| (n, name, f64::from_bits(v)))
+                    .collect(),
+                outputs: outputs.into_iter().map(|o| o.map(floats)).collect(),
+                record: record
+                    .into_iter()
+                    .map(|(role, h, scale, pending)| {
+                        (role, floats(h), f32::from_bits(scale), pending)
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    check_gemms("processes", &data, &recipe, &runs);
+    for (rank, run) in runs.iter().enumerate() {
+        check_stats(
+            &format!("processes, rank {rank}"),
+            &data,
+            &recipe,
+            run,
+            &[0, 1],
+        );
+        check_log_file("processes", &dir, rank, run);
+    }
+    for role in ROLES {
+        assert_eq!(
+            state_of(&runs[0], role),
+            state_of(&runs[1], role),
+            "{}",
+            role.name()
+        );
+    }
+}
+
+/// A peer of [`a_killed_peer_process_fails_the_others_within_the_timeout`]: exchanges maxima every 20 ms,
+/// writing how many succeeded, until one fails; then writes the error.
+#[test]
+#[ignore = "a child process of a_killed_peer_process_fails_the_others_within_the_timeout"]
+fn exchanging_peer_process() {
+    let Ok(out) = std::env::var("BURN_TE_TEST_PEER_OUT") else {
+        return;
+    };
+    let peer = Peer::join(PeerConfig::from_env().unwrap()).unwrap();
+    for done in 1..=3000 {
+        if let Err(err) = peer.all_reduce_max(&[done as f32]) {
+            std::fs::write(&out, format!("error after {done}: {err}")).unwrap();
+            return;
+        }
+        std::fs::write(&out, done.to_string()).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_killed_peer_process_fails_the_others_within_the_timeout() {
+    let dir = temp_dir("distributed-killed");
+    let orchestrator = free_port();
+    let mut children = Reaper(vec![child(
+        "distributed::orchestrator_process",
+        &[("BURN_TE_TEST_ORCHESTRATOR_PORT", orchestrator.to_string())],
+    )]);
+    let timeout_s = 3;
+    let out = |rank: usize| dir.join(format!("peer_{rank}.txt"));
+    for rank in 0..PEERS {
+        children.0.push(child(
+            "distributed::exchanging_peer_process",
+            &[
+                ("RANK", rank.to_string()),
+                ("WORLD_SIZE", PEERS.to_string()),
+                (
+                    "BURN_TE_ORCHESTRATOR",
+                    format!("ws://127.0.0.1:{orchestrator}"),
+                ),
+                ("BURN_TE_NODE_PORT", free_port().to_string()),
+                ("BURN_TE_COLLECTIVE_TIMEOUT_S", timeout_s.to_string()),
+                ("BURN_TE_TEST_PEER_OUT", out(rank).display().to_string()),
+            ],
+        ));
+    }
+    // Both exchange a few times, then rank 1 is killed.
+    let progress = |rank: usize| {
+        std::fs::read_to_string(out(rank))
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+    };
+    let started = Instant::now();
+    while !(0..PEERS).all(|r| progress(r).is_some_and(|n| n >= 5)) {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the peers never exchanged"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    children.0[2].kill().unwrap();
+    let killed = Instant::now();
+    let status = wait_until(
+        &mut children.0[1],
+        killed + Duration::from_secs(timeout_s + 10),
+    );
+    let waited = killed.elapsed();
+    assert!(status.is_some(), "rank 0 hung after its peer was killed");
+    let report = std::fs::read_to_string(out(0)).unwrap();
+    assert!(
+        report.starts_with("error after") && report.contains("peer 0 of 2"),
+        "rank 0: {report}"
+    );
+    assert!(
+        waited <= Duration::from_secs(timeout_s + 3),
+        "rank 0 failed after {waited:?}: {report}"
+    );
+    eprintln!("rank 0, {waited:?} after its peer was killed: {report}");
 }
