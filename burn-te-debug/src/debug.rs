@@ -58,6 +58,8 @@ impl<B: TeBackend> Decorator for Debug<B> {
 }
 
 burn_te::forward_backend!(Debug);
+#[cfg(feature = "ddp")]
+burn_te::forward_distributed_backend!(Debug);
 
 /// A GEMM operand or output as the features see it.
 struct SiteTensor<B: TeBackend> {

@@ -63,7 +63,20 @@ impl<B: TeBackend, const N: usize> Backward<B, N> for TeLinearBackward {
     }
 }
 
-impl<B: TeBackend, C: CheckpointStrategy> TeBackend for Autodiff<B, C> {
+/// The inner backends of Burn's `Autodiff`: every backend, or with Burn's `distributed` feature (burn-te's `ddp`)
+/// the `DistributedBackend`s.
+#[cfg(not(feature = "ddp"))]
+pub trait AutodiffInner: burn::tensor::backend::Backend {}
+#[cfg(not(feature = "ddp"))]
+impl<B: burn::tensor::backend::Backend> AutodiffInner for B {}
+/// The inner backends of Burn's `Autodiff`: with Burn's `distributed` feature (burn-te's `ddp`), the
+/// `DistributedBackend`s.
+#[cfg(feature = "ddp")]
+pub trait AutodiffInner: burn::tensor::backend::distributed::DistributedBackend {}
+#[cfg(feature = "ddp")]
+impl<B: burn::tensor::backend::distributed::DistributedBackend> AutodiffInner for B {}
+
+impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff<B, C> {
     type Fp8Data = B::Fp8Data;
     type DelayedState = B::DelayedState;
     type PendingStats = B::PendingStats;

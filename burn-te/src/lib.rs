@@ -25,6 +25,8 @@ mod autodiff;
 pub mod backend;
 pub mod cube;
 pub mod data;
+#[cfg(feature = "ddp")]
+pub mod ddp;
 pub mod decorator;
 pub mod diagnostics;
 #[cfg(feature = "distributed")]
@@ -72,6 +74,7 @@ pub use te::Te;
 
 #[doc(hidden)]
 pub mod __private {
+    pub use burn;
     pub use burn::tensor::ops::FloatTensor;
 }
 

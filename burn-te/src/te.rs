@@ -131,6 +131,8 @@ impl<B: TeBackend> Decorator for Te<B> {
 }
 
 crate::forward_backend!(Te);
+#[cfg(feature = "ddp")]
+crate::forward_distributed_backend!(Te);
 
 impl<B: TeBackend> TeBackend for Te<B> {
     crate::forward_fp8_ops!(B);
