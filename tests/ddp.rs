@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 use burn::backend::Autodiff;
 use burn::backend::wgpu::WgpuDevice;
 use burn::module::{Module, ModuleMapper, Param};
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::backend::distributed::{
     DistributedBackend, DistributedConfig, DistributedParamId, ReduceOperation,
 };
-use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 use burn_te::backends::Wgpu;
 use burn_te::nn::{Linear, LinearConfig};
@@ -55,12 +55,18 @@ fn device() -> WgpuDevice {
 
 fn values<B: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B, D>) -> Vec<u32> {
     let data = t.into_data().convert::<f32>();
-    data.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
+    data.to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
 }
 
 /// One FP8 training step of `model`: the output and the weight and bias gradients, as bits.
 fn step<B: AutodiffBackend + TeBackend>(model: &Linear<B>, device: &B::Device) -> [Vec<u32>; 3] {
-    let x: Vec<f32> = (0..24 * 32).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+    let x: Vec<f32> = (0..24 * 32)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+        .collect();
     let x = Tensor::<B, 2>::from_data(TensorData::new(x, [24, 32]), device);
     let y = fp8_autocast(true, Float8CurrentScaling::default(), || model.forward(x)).unwrap();
     let grads = (y.clone() * y.clone()).sum().backward();
@@ -89,8 +95,14 @@ where
     assert!(sharded.weight.val().is_distributed(), "{what}");
     let (synced, panics) = panics_during(|| step(&sharded, &device));
     D::close_communication_server(&device);
-    assert!(panics.is_empty(), "{what}: panics during the synced step: {panics:?}");
-    assert_eq!(synced, plain, "{what}: the gradients synced over one device are the plain ones");
+    assert!(
+        panics.is_empty(),
+        "{what}: panics during the synced step: {panics:?}"
+    );
+    assert_eq!(
+        synced, plain,
+        "{what}: the gradients synced over one device are the plain ones"
+    );
 }
 
 #[test]
@@ -114,10 +126,7 @@ fn ddp_across_wgpu_devices_fails_at_once_with_what_to_do() {
         )
     })
     .expect_err("wgpu has no all-reduce across devices");
-    let message = panic
-        .downcast_ref::<String>()
-        .cloned()
-        .unwrap_or_default();
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(
         message.contains("across 2 devices")
             && message.contains("CUDA (NCCL)")

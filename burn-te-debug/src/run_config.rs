@@ -48,6 +48,10 @@ pub struct DebugConfig {
     /// The iteration number of the first step (e.g. the step a run resumes from).
     #[config(default = 0)]
     pub init_training_step: u64,
+    /// With several peers: the ranks whose TensorBoard and other stat loggers write (TE gives its writer to chosen
+    /// ranks); `None`: every rank. The log files are written on every rank.
+    #[config(default = "None")]
+    pub logger_ranks: Option<Vec<usize>>,
 }
 
 impl DebugConfig {
@@ -64,7 +68,15 @@ impl DebugConfig {
         if let Some(dir) = &self.dump_dir {
             options = options.dump_dir(dir);
         }
-        if self.tensorboard {
+        let rank = burn_te::diagnostics::rank();
+        let logs_here = self
+            .logger_ranks
+            .as_ref()
+            .is_none_or(|ranks| ranks.contains(&rank));
+        if let Some(ranks) = &self.logger_ranks {
+            options = options.logger_ranks(ranks.iter().copied());
+        }
+        if self.tensorboard && logs_here {
             let dir = match &self.tensorboard_dir {
                 Some(dir) => dir.into(),
                 None => std::path::Path::new(&self.log_dir).join("tensorboard"),

@@ -800,3 +800,61 @@ fn a_killed_peer_process_fails_the_others_within_the_timeout() {
     );
     eprintln!("rank 0, {waited:?} after its peer was killed: {report}");
 }
+
+#[test]
+fn stat_loggers_write_from_the_chosen_ranks_and_files_from_every_rank() {
+    let _session = SESSION.lock().unwrap_or_else(|p| p.into_inner());
+    let _group = GROUP.lock().unwrap_or_else(|p| p.into_inner());
+    burn_te::distributed::reset_local_group();
+    let dir = temp_dir("distributed-logger-ranks");
+    std::fs::write(dir.join("config.yaml"), CONFIG).unwrap();
+    type S = Autodiff<Debug<Te<Flex>>>;
+    let collected = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..PEERS)
+            .map(|rank| {
+                let dir = &dir;
+                s.spawn(move || {
+                    let peer = Peer::join(PeerConfig::local(rank, PEERS)).unwrap();
+                    let _bound = peer.bind();
+                    // As TE gives a TensorBoard writer to chosen ranks: the stat loggers only on rank 0.
+                    let collect = Collect::default();
+                    burn_te_debug::initialize(
+                        DebugOptions::new(dir.join("config.yaml"))
+                            .log_dir(dir)
+                            .logger(collect.clone())
+                            .logger_ranks([0]),
+                    )
+                    .unwrap();
+                    let device = Default::default();
+                    let fc = LinearConfig::new(D_IN, D_OUT)
+                        .with_name(Some("fc".into()))
+                        .init::<S>(&device);
+                    let x = Rng::new(rank as u64).normal(TOKENS * D_IN, 0.0, 1.0);
+                    let y = fp8_autocast(true, DelayedScaling::default(), || {
+                        fc.forward(tensor::<S, 2>(x, [TOKENS, D_IN], &device))
+                    })
+                    .unwrap();
+                    y.sum().backward();
+                    burn_te_debug::step().unwrap();
+                    burn_te_debug::end().unwrap();
+                    drop(_bound);
+                    peer.leave().unwrap();
+                    collect.0.lock().unwrap().len()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    assert!(collected[0] > 0, "rank 0's logger got the statistics");
+    assert_eq!(collected[1], 0, "rank 1 has no stat logger");
+    for rank in 0..PEERS {
+        let log = dir.join(format!(
+            "nvdlfw_inspect_statistics_logs/nvdlfw_inspect_globalrank-{rank}.log"
+        ));
+        let lines = std::fs::read_to_string(&log).unwrap().lines().count();
+        assert_eq!(lines, collected[0], "{}", log.display());
+    }
+}
