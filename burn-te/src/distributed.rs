@@ -164,7 +164,13 @@ impl Exchange {
     fn sum(&self, values: Vec<f64>) -> Result<Vec<f64>, String> {
         type B = ExchangeBackend;
         let len = values.len();
-        let tensor = Tensor::<B, 1>::from_data(TensorData::new(values, [len]), &Default::default());
+        // The dtype named: Burn keeps a default float dtype per device, shared with `NdArray<f32>` on the same CPU
+        // device, which would turn these into f32.
+        let device = Default::default();
+        let tensor = Tensor::<B, 1>::from_data(
+            TensorData::new(values, [len]),
+            (&device, burn::tensor::DType::F64),
+        );
         let sum = burn_collective::all_reduce::<B>(
             self.id,
             tensor.into_primitive().tensor(),
