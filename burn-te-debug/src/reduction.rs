@@ -80,14 +80,15 @@ impl Reduction {
         &self,
         partials: Vec<Partial>,
         iteration: u64,
-    ) -> Result<Vec<Partial>, (Vec<Partial>, DebugError)> {
+    ) -> (Vec<Partial>, Option<DebugError>) {
         #[cfg(feature = "distributed")]
         if let Some(peer) = &self.peer {
-            return self
-                .exchange(peer, &partials)
-                .map_err(|reason| (partials, DebugError::Reduction { iteration, reason }));
+            return match self.exchange(peer, &partials) {
+                Ok(reduced) => (reduced, None),
+                Err(reason) => (partials, Some(DebugError::Reduction { iteration, reason })),
+            };
         }
-        Ok(partials)
+        (partials, None)
     }
 
     #[cfg(feature = "distributed")]

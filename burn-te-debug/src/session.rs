@@ -424,14 +424,11 @@ impl Session {
             let _ = self.main_log(&message);
         }
         let (partials, errors) = self.buffers.read();
-        let (partials, reduction) = match self.reduction.reduce(partials, self.iteration) {
-            Ok(partials) => (partials, None),
-            Err((partials, err)) => {
-                tracing::error!(target: "burn_te_debug", "{err}");
-                let _ = self.main_log(&err.to_string());
-                (partials, Some(err))
-            }
-        };
+        let (partials, reduction) = self.reduction.reduce(partials, self.iteration);
+        if let Some(err) = &reduction {
+            tracing::error!(target: "burn_te_debug", "{err}");
+            let _ = self.main_log(&err.to_string());
+        }
         let values = self.buffers.values(partials);
         for error in &errors {
             tracing::error!("{error}");
