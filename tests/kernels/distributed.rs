@@ -583,6 +583,40 @@ fn wait_until(
     }
 }
 
+/// An orchestrator process and [`PEERS`] processes running the ignored test `peer_test`, each told its rank, the
+/// orchestrator, its own port, the collective timeout, `dir` and its output file `out(rank)`; the orchestrator is
+/// child 0, rank r child r + 1.
+fn spawn_group(
+    peer_test: &str,
+    timeout_s: u64,
+    dir: &Path,
+    out: impl Fn(usize) -> std::path::PathBuf,
+) -> Reaper {
+    let orchestrator = free_port();
+    let mut children = Reaper(vec![child(
+        "distributed::orchestrator_process",
+        &[("BURN_TE_TEST_ORCHESTRATOR_PORT", orchestrator.to_string())],
+    )]);
+    for rank in 0..PEERS {
+        children.0.push(child(
+            peer_test,
+            &[
+                ("RANK", rank.to_string()),
+                ("WORLD_SIZE", PEERS.to_string()),
+                (
+                    "BURN_TE_ORCHESTRATOR",
+                    format!("ws://127.0.0.1:{orchestrator}"),
+                ),
+                ("BURN_TE_NODE_PORT", free_port().to_string()),
+                ("BURN_TE_COLLECTIVE_TIMEOUT_S", timeout_s.to_string()),
+                ("BURN_TE_TEST_DIR", dir.display().to_string()),
+                ("BURN_TE_TEST_PEER_OUT", out(rank).display().to_string()),
+            ],
+        ));
+    }
+    children
+}
+
 /// Kills the child processes when dropped (a failed assertion leaves no process behind).
 struct Reaper(Vec<std::process::Child>);
 impl Drop for Reaper {
@@ -638,29 +672,8 @@ fn peer_process() {
 fn peers_in_processes_over_loopback() {
     let dir = temp_dir("distributed-processes");
     std::fs::write(dir.join("config.yaml"), CONFIG).unwrap();
-    let orchestrator = free_port();
-    let mut children = Reaper(vec![child(
-        "distributed::orchestrator_process",
-        &[("BURN_TE_TEST_ORCHESTRATOR_PORT", orchestrator.to_string())],
-    )]);
-    for rank in 0..PEERS {
-        let out = dir.join(format!("peer_{rank}.json"));
-        children.0.push(child(
-            "distributed::peer_process",
-            &[
-                ("RANK", rank.to_string()),
-                ("WORLD_SIZE", PEERS.to_string()),
-                (
-                    "BURN_TE_ORCHESTRATOR",
-                    format!("ws://127.0.0.1:{orchestrator}"),
-                ),
-                ("BURN_TE_NODE_PORT", free_port().to_string()),
-                ("BURN_TE_COLLECTIVE_TIMEOUT_S", "30".into()),
-                ("BURN_TE_TEST_DIR", dir.display().to_string()),
-                ("BURN_TE_TEST_PEER_OUT", out.display().to_string()),
-            ],
-        ));
-    }
+    let out = |rank: usize| dir.join(format!("peer_{rank}.json"));
+    let mut children = spawn_group("distributed::peer_process", 30, &dir, out);
     let deadline = Instant::now() + Duration::from_secs(120);
     for rank in 0..PEERS {
         let status = wait_until(&mut children.0[1 + rank], deadline);
@@ -744,29 +757,9 @@ fn exchanging_peer_process() {
 #[test]
 fn a_killed_peer_process_fails_the_others_within_the_timeout() {
     let dir = temp_dir("distributed-killed");
-    let orchestrator = free_port();
-    let mut children = Reaper(vec![child(
-        "distributed::orchestrator_process",
-        &[("BURN_TE_TEST_ORCHESTRATOR_PORT", orchestrator.to_string())],
-    )]);
     let timeout_s = 3;
     let out = |rank: usize| dir.join(format!("peer_{rank}.txt"));
-    for rank in 0..PEERS {
-        children.0.push(child(
-            "distributed::exchanging_peer_process",
-            &[
-                ("RANK", rank.to_string()),
-                ("WORLD_SIZE", PEERS.to_string()),
-                (
-                    "BURN_TE_ORCHESTRATOR",
-                    format!("ws://127.0.0.1:{orchestrator}"),
-                ),
-                ("BURN_TE_NODE_PORT", free_port().to_string()),
-                ("BURN_TE_COLLECTIVE_TIMEOUT_S", timeout_s.to_string()),
-                ("BURN_TE_TEST_PEER_OUT", out(rank).display().to_string()),
-            ],
-        ));
-    }
+    let mut children = spawn_group("distributed::exchanging_peer_process", timeout_s, &dir, out);
     // Both exchange a few times, then rank 1 is killed.
     let progress = |rank: usize| {
         std::fs::read_to_string(out(rank))
