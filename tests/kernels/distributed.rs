@@ -112,6 +112,17 @@ impl Data {
     }
 }
 
+/// The debug sessions and this process's collective server to this test alone; a fresh log dir `name` with the
+/// config.
+fn exclusive_group(name: &str) -> ([std::sync::MutexGuard<'static, ()>; 2], std::path::PathBuf) {
+    let session = SESSION.lock().unwrap_or_else(|p| p.into_inner());
+    let group = GROUP.lock().unwrap_or_else(|p| p.into_inner());
+    burn_te::distributed::reset_local_group();
+    let dir = temp_dir(name);
+    std::fs::write(dir.join("config.yaml"), CONFIG).unwrap();
+    ([session, group], dir)
+}
+
 /// What one peer saw: its logged statistics, its GEMMs' outputs `(y, dx, dw)` per iteration, its FP8 state.
 struct PeerRun {
     /// `(iteration, name, value)`.
@@ -355,6 +366,30 @@ fn check_log_file(what: &str, dir: &Path, rank: usize, run: &PeerRun) {
     );
 }
 
+/// Peers that reduced everything over both ranks (`reduce_amax`, groups `All`): their GEMMs, statistics and log
+/// files against the re-computation, their FP8 states bit-identical.
+fn check_reduced_runs(
+    what: &str,
+    dir: &Path,
+    data: &Data,
+    recipe: &DelayedScaling,
+    runs: &[PeerRun],
+) {
+    check_gemms(what, data, recipe, runs);
+    for (rank, run) in runs.iter().enumerate() {
+        check_stats(&format!("{what}, rank {rank}"), data, recipe, run, &[0, 1]);
+        check_log_file(what, dir, rank, run);
+    }
+    for role in ROLES {
+        assert_eq!(
+            state_of(&runs[0], role),
+            state_of(&runs[1], role),
+            "{what}: {}",
+            role.name()
+        );
+    }
+}
+
 /// The scale and the history behind it (slots 1.., the rolled ones) of `role` in a peer's FP8 state.
 fn state_of(run: &PeerRun, role: TensorRole) -> (u32, Vec<u32>) {
     let (_, history, scale, _) = run
@@ -380,17 +415,7 @@ fn two_peers_reduce_amax_and_statistics_exactly() {
     assert!(recipe.reduce_amax);
     let groups = [ReductionGroup::All, ReductionGroup::All];
     let (dir, runs) = train_two_peers("distributed-reduced", &recipe, groups, &data);
-    check_gemms("reduce_amax", &data, &recipe, &runs);
-    for (rank, run) in runs.iter().enumerate() {
-        check_stats(
-            &format!("reduced, rank {rank}"),
-            &data,
-            &recipe,
-            run,
-            &[0, 1],
-        );
-        check_log_file("reduced", &dir, rank, run);
-    }
+    check_reduced_runs("reduced", &dir, &data, &recipe, &runs);
     // The reduced values are the same bits on both peers (the weight's are each peer's own, from its backend).
     let bits = |run: &PeerRun| -> Vec<(String, u64)> {
         let mut v: Vec<_> = run
@@ -408,14 +433,6 @@ fn two_peers_reduce_amax_and_statistics_exactly() {
         bits(&runs[1]),
         "the peers log the same values"
     );
-    for role in ROLES {
-        assert_eq!(
-            state_of(&runs[0], role),
-            state_of(&runs[1], role),
-            "{}",
-            role.name()
-        );
-    }
     // The reduction mattered: rank 0's own amaxes would have given other scales.
     let own = DelayedScaling {
         reduce_amax: false,
@@ -452,11 +469,7 @@ fn two_peers_reduce_amax_and_statistics_exactly() {
 
 #[test]
 fn a_peer_that_dies_fails_the_others_within_the_timeout() {
-    let _session = SESSION.lock().unwrap_or_else(|p| p.into_inner());
-    let _group = GROUP.lock().unwrap_or_else(|p| p.into_inner());
-    burn_te::distributed::reset_local_group();
-    let dir = temp_dir("distributed-dead-peer");
-    std::fs::write(dir.join("config.yaml"), CONFIG).unwrap();
+    let (_guards, dir) = exclusive_group("distributed-dead-peer");
     let timeout = Duration::from_secs(2);
     let survivor = std::thread::scope(|s| {
         // Rank 1 joins, takes part in one exchange and dies (its thread ends without leaving).
@@ -690,7 +703,7 @@ fn peers_in_processes_over_loopback() {
     let recipe = DelayedScaling::default();
     let runs: Vec<PeerRun> = (0..PEERS)
         .map(|rank| {
-            let text = std::fs::read_to_string(dir.join(format!("peer_{rank}.json"))).unwrap();
+            let text = std::fs::read_to_string(out(rank)).unwrap();
             let json: serde_json::Value = serde_json::from_str(&text).unwrap();
             let floats = |v: Vec<u32>| v.into_iter().map(f32::from_bits).collect::<Vec<_>>();
             let logged: Vec<(u64, String, u64)> =
@@ -714,25 +727,7 @@ fn peers_in_processes_over_loopback() {
             }
         })
         .collect();
-    check_gemms("processes", &data, &recipe, &runs);
-    for (rank, run) in runs.iter().enumerate() {
-        check_stats(
-            &format!("processes, rank {rank}"),
-            &data,
-            &recipe,
-            run,
-            &[0, 1],
-        );
-        check_log_file("processes", &dir, rank, run);
-    }
-    for role in ROLES {
-        assert_eq!(
-            state_of(&runs[0], role),
-            state_of(&runs[1], role),
-            "{}",
-            role.name()
-        );
-    }
+    check_reduced_runs("processes", &dir, &data, &recipe, &runs);
 }
 
 /// A peer of [`a_killed_peer_process_fails_the_others_within_the_timeout`]: exchanges maxima every 20 ms,
@@ -796,11 +791,7 @@ fn a_killed_peer_process_fails_the_others_within_the_timeout() {
 
 #[test]
 fn stat_loggers_write_from_the_chosen_ranks_and_files_from_every_rank() {
-    let _session = SESSION.lock().unwrap_or_else(|p| p.into_inner());
-    let _group = GROUP.lock().unwrap_or_else(|p| p.into_inner());
-    burn_te::distributed::reset_local_group();
-    let dir = temp_dir("distributed-logger-ranks");
-    std::fs::write(dir.join("config.yaml"), CONFIG).unwrap();
+    let (_guards, dir) = exclusive_group("distributed-logger-ranks");
     type S = Autodiff<Debug<Te<Flex>>>;
     let collected = std::thread::scope(|s| {
         let handles: Vec<_> = (0..PEERS)
