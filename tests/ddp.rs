@@ -1,14 +1,20 @@
 //! Burn's data-parallel training (`--features ddp`, Burn's `distributed` feature) over `Te<B>` and
 //! `Debug<Te<B>>`: `Autodiff` of either is an `AutodiffBackend`, a model whose parameters are marked distributed
 //! (as burn-train's DDP strategy marks them) goes through Burn's gradient sync server and gets the gradients of
-//! the plain run bit for bit on one wgpu device; several wgpu devices fail at once with a clear error (CubeCL's
-//! wgpu runtime has no all-reduce).
+//! the plain run bit for bit on one wgpu device; burn-train's DDP strategy (`ExecutionStrategy::ddp`) accepts
+//! `Autodiff<Te<Wgpu>>` and trains a TE model on one wgpu device to the weights its single-device strategy gives
+//! (burn-train 0.21 issued no gradient all-reduce in that one-device run: the sync server's path is the first
+//! test's); several wgpu devices fail at once with a clear error (CubeCL's wgpu runtime has no all-reduce).
 
 use std::sync::{Arc, Mutex};
 
 use burn::backend::Autodiff;
 use burn::backend::wgpu::WgpuDevice;
+use burn::data::dataloader::DataLoaderBuilder;
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::InMemDataset;
 use burn::module::{Module, ModuleMapper, Param};
+use burn::optim::SgdConfig;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::backend::distributed::{
     DistributedBackend, DistributedConfig, DistributedParamId, ReduceOperation,
@@ -18,6 +24,11 @@ use burn_te::backends::Wgpu;
 use burn_te::nn::{Linear, LinearConfig};
 use burn_te::{Float8CurrentScaling, Te, TeBackend, fp8_autocast};
 use burn_te_debug::Debug;
+use burn_train::metric::LossMetric;
+use burn_train::{
+    ExecutionStrategy, InferenceStep, Learner, RegressionOutput, SupervisedTraining, TrainOutput,
+    TrainStep,
+};
 
 /// Marks every parameter distributed, as burn-train's DDP strategy does (`Learner::grad_sharded`).
 struct Shard;
@@ -133,5 +144,127 @@ fn ddp_across_wgpu_devices_fails_at_once_with_what_to_do() {
             && message.contains("wgpu")
             && message.contains("burn_te::distributed"),
         "{message}"
+    );
+}
+
+/// A TE linear regressor for burn-train.
+#[derive(Module, Debug)]
+struct Regressor<B: burn::tensor::backend::Backend> {
+    fc: Linear<B>,
+}
+
+#[derive(Clone, Debug)]
+struct Batch<B: burn::tensor::backend::Backend> {
+    x: Tensor<B, 2>,
+    y: Tensor<B, 2>,
+}
+
+#[derive(Clone)]
+struct Rows;
+
+impl<B: burn::tensor::backend::Backend> Batcher<B, (Vec<f32>, Vec<f32>), Batch<B>> for Rows {
+    fn batch(&self, items: Vec<(Vec<f32>, Vec<f32>)>, device: &B::Device) -> Batch<B> {
+        let n = items.len();
+        let x: Vec<f32> = items.iter().flat_map(|(x, _)| x.clone()).collect();
+        let y: Vec<f32> = items.iter().flat_map(|(_, y)| y.clone()).collect();
+        Batch {
+            x: Tensor::from_data(TensorData::new(x, [n, 32]), device),
+            y: Tensor::from_data(TensorData::new(y, [n, 16]), device),
+        }
+    }
+}
+
+impl<B: burn::tensor::backend::Backend + TeBackend> Regressor<B> {
+    fn output(&self, batch: Batch<B>) -> RegressionOutput<B> {
+        let out = fp8_autocast(true, Float8CurrentScaling::default(), || {
+            self.fc.forward(batch.x)
+        })
+        .expect("a valid recipe");
+        let loss = (out.clone() - batch.y.clone()).square().mean();
+        RegressionOutput::new(loss, out, batch.y)
+    }
+}
+
+impl<B: AutodiffBackend + TeBackend> TrainStep for Regressor<B> {
+    type Input = Batch<B>;
+    type Output = RegressionOutput<B>;
+    fn step(&self, batch: Batch<B>) -> TrainOutput<RegressionOutput<B>> {
+        let item = self.output(batch);
+        TrainOutput::new(self, item.loss.backward(), item)
+    }
+}
+
+impl<B: burn::tensor::backend::Backend + TeBackend> InferenceStep for Regressor<B> {
+    type Input = Batch<B>;
+    type Output = RegressionOutput<B>;
+    fn step(&self, batch: Batch<B>) -> RegressionOutput<B> {
+        self.output(batch)
+    }
+}
+
+/// `count` rows of a linear target with noise-free inputs (a fixed LCG).
+fn rows(count: usize, seed: u64) -> Vec<(Vec<f32>, Vec<f32>)> {
+    let mut state = seed;
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    };
+    (0..count)
+        .map(|_| {
+            let x: Vec<f32> = (0..32).map(|_| next()).collect();
+            let y: Vec<f32> = (0..16).map(|j| x[j] - 0.5 * x[j + 16]).collect();
+            (x, y)
+        })
+        .collect()
+}
+
+type A = Autodiff<Te<Wgpu>>;
+
+/// Trains the regressor for two epochs with burn-train under `strategy` (the single-device default if `None`);
+/// the trained weight, as bits.
+fn fit(strategy: Option<ExecutionStrategy<A>>, name: &str) -> Vec<u32> {
+    let device = device();
+    <A as burn::tensor::backend::Backend>::seed(&device, 0);
+    let model = Regressor {
+        fc: LinearConfig::new(32, 16)
+            .with_name(Some("fc".into()))
+            .init::<A>(&device),
+    };
+    let train = DataLoaderBuilder::new(Rows)
+        .batch_size(8)
+        .build(InMemDataset::new(rows(64, 1)));
+    let valid = DataLoaderBuilder::new(Rows)
+        .batch_size(8)
+        .build(InMemDataset::new(rows(16, 2)));
+    let dir = std::env::temp_dir().join(format!("burn-te-ddp-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut training = SupervisedTraining::new(dir.to_str().unwrap(), train, valid)
+        .metric_train_numeric(LossMetric::new())
+        .num_epochs(2);
+    if let Some(strategy) = strategy {
+        training = training.with_training_strategy(strategy.into());
+    }
+    let result = training.launch(Learner::new(model, SgdConfig::new().init(), 0.05));
+    values(result.model.fc.weight.val())
+}
+
+#[test]
+fn burn_train_ddp_on_one_device_trains_as_the_single_device_strategy() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let single = fit(None, "single");
+    let config = DistributedConfig {
+        all_reduce_op: ReduceOperation::Mean,
+    };
+    let (ddp, panics) =
+        panics_during(|| fit(Some(ExecutionStrategy::ddp(vec![device()], config)), "ddp"));
+    assert!(
+        panics.is_empty(),
+        "panics during the DDP training: {panics:?}"
+    );
+    assert_eq!(
+        ddp, single,
+        "the weights trained by DDP on one device and by the single-device strategy"
     );
 }
