@@ -49,6 +49,11 @@ const CONFIG: &str = r#"stats:
       enabled: True
       stats: [underflows%, overflows%, mse, scale_inv_min, scale_inv_max]
       tensors: [activation, gradient]
+    DumpTensors:
+      enabled: True
+      tensors_struct:
+        - tensor: activation
+          high_precision_tensor: True
 "#;
 
 /// Each peer's batches (different means, spreads and amaxes per peer: rank 1's are larger) and the weights all
@@ -790,7 +795,7 @@ fn a_killed_peer_process_fails_the_others_within_the_timeout() {
 }
 
 #[test]
-fn stat_loggers_write_from_the_chosen_ranks_and_files_from_every_rank() {
+fn stat_loggers_write_from_the_chosen_ranks_logs_and_dumps_from_every_rank() {
     let (_guards, dir) = exclusive_group("distributed-logger-ranks");
     type S = Autodiff<Debug<Te<Flex>>>;
     let collected = std::thread::scope(|s| {
@@ -840,5 +845,18 @@ fn stat_loggers_write_from_the_chosen_ranks_and_files_from_every_rank() {
         ));
         let lines = std::fs::read_to_string(&log).unwrap().lines().count();
         assert_eq!(lines, collected[0], "{}", log.display());
+        // Each rank's dump under rank_<r>/ holds its own activation.
+        let dump = dir.join(format!(
+            "tensor_dumps/rank_{rank}/iter_000000/fc_activation.safetensors"
+        ));
+        let (tensors, _) = crate::debug::read_safetensors(&dump);
+        let x = Rng::new(rank as u64).normal(TOKENS * D_IN, 0.0, 1.0);
+        let dumped = crate::debug::f32s(&tensors["high_precision"].2);
+        assert_eq!(
+            dumped.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "{}",
+            dump.display()
+        );
     }
 }
