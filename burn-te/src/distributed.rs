@@ -25,8 +25,8 @@
 //! [`ExchangeBackend`] (`NdArray<f64>`), apart from the training's own backend and any collective calls the
 //! application makes on it.
 //!
-//! Across processes, burn-collective 0.21's global level hangs at its second operation of a registration (its
-//! node sync barrier never clears, `global/node/sync.rs`); see the README's "Distributed" for what that leaves.
+//! Across processes the exchanges go through burn-collective's global orchestrator (burn-collective 0.21.0 is
+//! vendored with a fix: its global level hung at a process's second operation; `vendor/README.md`).
 
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex, mpsc};
@@ -118,12 +118,6 @@ impl PeerConfig {
     /// The same with another collective timeout.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
-        self
-    }
-
-    /// The same peer in a group of processes.
-    pub fn with_global(mut self, global: GlobalPeers) -> Self {
-        self.global = Some(global);
         self
     }
 }
