@@ -19,16 +19,13 @@ use burn_te_debug::{Debug, DebugError, DebugOptions, ReductionGroup};
 
 use crate::common::{Rng, assert_close, reference_stats};
 use crate::debug::{Collect, SESSION, temp_dir};
-use crate::fp8_state::{amax, assert_gemm, delayed_scale, matmul, quantized, transpose};
+use crate::fp8_state::{D_IN, D_OUT, TOKENS, amax, assert_linear_gemms, delayed_scale, quantized};
 use crate::te::{tensor, values};
 
 /// Tests that exchange over this process's collective server run one at a time.
 static GROUP: Mutex<()> = Mutex::new(());
 
 const PEERS: usize = 2;
-const TOKENS: usize = 24;
-const D_IN: usize = 32;
-const D_OUT: usize = 16;
 const ITERATIONS: usize = 4;
 const ROLES: [TensorRole; 3] = [
     TensorRole::Activation,
@@ -224,32 +221,17 @@ fn train_two_peers(
 fn check_gemms(what: &str, data: &Data, recipe: &DelayedScaling, runs: &[PeerRun]) {
     for (rank, run) in runs.iter().enumerate() {
         for (n, [y, dx, dw]) in run.outputs.iter().enumerate() {
-            let [x, w, g] = ROLES.map(|role| {
+            let operands = ROLES.map(|role| {
                 let scale = data.scale(role, rank, n, recipe);
-                quantized(
-                    data.of(role, rank, n),
-                    scale,
-                    recipe.fp8_format.for_role(role),
-                )
-                .1
+                let format = recipe.fp8_format.for_role(role);
+                quantized(data.of(role, rank, n), scale, format).1
             });
-            let at = format!("{what} rank {rank} it {n}");
-            assert_gemm(
-                &format!("{at} fprop"),
+            assert_linear_gemms(
+                &format!("{what} rank {rank} it {n}"),
+                &operands,
                 y,
-                &matmul(&x, &w, TOKENS, D_IN, D_OUT),
-            );
-            let wt = transpose(&w, D_IN, D_OUT);
-            assert_gemm(
-                &format!("{at} dgrad"),
                 dx,
-                &matmul(&g, &wt, TOKENS, D_OUT, D_IN),
-            );
-            let xt = transpose(&x, TOKENS, D_IN);
-            assert_gemm(
-                &format!("{at} wgrad"),
-                dw,
-                &matmul(&xt, &g, D_IN, TOKENS, D_OUT),
+                Some(dw),
             );
         }
     }

@@ -24,9 +24,9 @@ use crate::common::Rng;
 use crate::debug::{Collect, SESSION, f32s, main_log, read_safetensors, start_session, temp_dir};
 use crate::te::{device, tensor, values};
 
-const TOKENS: usize = 24;
-const D_IN: usize = 32;
-const D_OUT: usize = 16;
+pub(crate) const TOKENS: usize = 24;
+pub(crate) const D_IN: usize = 32;
+pub(crate) const D_OUT: usize = 16;
 const ITERATIONS: usize = 5;
 const ROLES: [TensorRole; 3] = [
     TensorRole::Activation,
@@ -110,7 +110,7 @@ pub(crate) fn quantized(values: &[f32], scale: f32, format: Fp8Format) -> (Vec<u
 }
 
 /// `a [m, k] · b [k, n]` in f64 with each output's Σ|terms| (for an accumulation-order tolerance).
-pub(crate) fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<(f64, f64)> {
+fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<(f64, f64)> {
     let mut out = vec![(0.0, 0.0); m * n];
     for i in 0..m {
         for j in 0..n {
@@ -124,14 +124,14 @@ pub(crate) fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<
     out
 }
 
-pub(crate) fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     (0..cols * rows)
         .map(|i| a[(i % rows) * cols + i / rows])
         .collect()
 }
 
 /// `actual` equals the f64 reference up to f32 accumulation order.
-pub(crate) fn assert_gemm(what: &str, actual: &[f32], expected: &[(f64, f64)]) {
+fn assert_gemm(what: &str, actual: &[f32], expected: &[(f64, f64)]) {
     assert_eq!(actual.len(), expected.len(), "{what}: length");
     for (i, (a, (e, magnitude))) in actual.iter().zip(expected).enumerate() {
         let tolerance = 1e-5 * magnitude + 1e-30;
@@ -183,24 +183,36 @@ fn check_gemms(
     recipe: &DelayedScaling,
     (y, dx, dw): &(Vec<f32>, Vec<f32>, Option<Vec<f32>>),
 ) {
-    let [x, w, g] = dequantized_operands(data, n, recipe);
+    let operands = dequantized_operands(data, n, recipe);
+    assert_linear_gemms(&format!("{what} it {n}"), &operands, y, dx, dw.as_deref());
+}
+
+/// A `[TOKENS, D_IN] · [D_IN, D_OUT]` linear's fprop `y = x·w`, dgrad `dx = g·wᵀ` and wgrad `dw = xᵀ·g` (if any)
+/// against the f64 products of the operands `[x, w, g]` as the GEMMs must use them.
+pub(crate) fn assert_linear_gemms(
+    what: &str,
+    [x, w, g]: &[Vec<f32>; 3],
+    y: &[f32],
+    dx: &[f32],
+    dw: Option<&[f32]>,
+) {
     assert_gemm(
-        &format!("{what} it {n} fprop"),
+        &format!("{what} fprop"),
         y,
-        &matmul(&x, &w, TOKENS, D_IN, D_OUT),
+        &matmul(x, w, TOKENS, D_IN, D_OUT),
     );
-    let wt = transpose(&w, D_IN, D_OUT);
+    let wt = transpose(w, D_IN, D_OUT);
     assert_gemm(
-        &format!("{what} it {n} dgrad"),
+        &format!("{what} dgrad"),
         dx,
-        &matmul(&g, &wt, TOKENS, D_OUT, D_IN),
+        &matmul(g, &wt, TOKENS, D_OUT, D_IN),
     );
     if let Some(dw) = dw {
-        let xt = transpose(&x, TOKENS, D_IN);
+        let xt = transpose(x, TOKENS, D_IN);
         assert_gemm(
-            &format!("{what} it {n} wgrad"),
+            &format!("{what} wgrad"),
             dw,
-            &matmul(&xt, &g, D_IN, TOKENS, D_OUT),
+            &matmul(&xt, g, D_IN, TOKENS, D_OUT),
         );
     }
 }
