@@ -7,7 +7,8 @@ use cubecl::{CubeCount, CubeDim};
 
 use crate::KernelError;
 use crate::block::ScaleBlock;
-use crate::kernel::gemm::{CodeFormat, TILE_K, TILE_M, TILE_N, UNITS, fp8_gemm_kernel, param};
+pub use crate::kernel::gemm::GemmTiling;
+use crate::kernel::gemm::{CodeFormat, TILE_K, fp8_gemm_kernel, param};
 use crate::ops::{Fp8Buffer, check_size};
 
 /// The codes of a GEMM operand.
@@ -184,7 +185,20 @@ impl GemmOperand<'_> {
     }
 }
 
-/// `out[b] = dequant(A[b]) × dequant(B[b])` as `F`, contiguous `[batch, M, N]`, accumulated in f32.
+impl GemmTiling {
+    /// The preset for a client's device: [`GemmTiling::CPU`] where the device has no plane (subgroup) operations
+    /// (CubeCL's wgpu runtime withholds them from CPU adapters such as lavapipe), [`GemmTiling::GPU`] elsewhere.
+    pub fn for_client<R: Runtime>(client: &ComputeClient<R>) -> Self {
+        if client.properties().features.plane.is_empty() {
+            Self::CPU
+        } else {
+            Self::GPU
+        }
+    }
+}
+
+/// `out[b] = dequant(A[b]) × dequant(B[b])` as `F`, contiguous `[batch, M, N]`, accumulated in f32, tiled as
+/// [`GemmTiling::for_client`] chooses.
 ///
 /// `a` is used as `M × K` and `b` as `K × N` (each after its optional transpose); their batches must be equal or
 /// one of them 1. Mismatched inner dimensions or batches give [`KernelError::LengthMismatch`].
@@ -192,6 +206,17 @@ pub fn fp8_gemm<R: Runtime, F: Float + CubeElement>(
     client: &ComputeClient<R>,
     a: &GemmOperand<'_>,
     b: &GemmOperand<'_>,
+) -> Result<Handle, KernelError> {
+    fp8_gemm_tiled::<R, F>(client, a, b, GemmTiling::for_client(client))
+}
+
+/// [`fp8_gemm`] with a chosen [`GemmTiling`] (the result is the same for every tiling: each output element sums
+/// its products in the same order).
+pub fn fp8_gemm_tiled<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    a: &GemmOperand<'_>,
+    b: &GemmOperand<'_>,
+    tiling: GemmTiling,
 ) -> Result<Handle, KernelError> {
     a.check("gemm lhs")?;
     b.check("gemm rhs")?;
@@ -235,16 +260,17 @@ pub fn fp8_gemm<R: Runtime, F: Float + CubeElement>(
     params[param::A_SCALES..param::A_SCALES + 5].copy_from_slice(&a_scales);
     params[param::B_SCALES..param::B_SCALES + 5].copy_from_slice(&b_scales);
     let params = client.create_from_slice(u32::as_bytes(&params));
+    let tile = tiling.tile() as usize;
     let cube_count = CubeCount::Static(
-        n.div_ceil(TILE_N as usize) as u32,
-        m.div_ceil(TILE_M as usize) as u32,
+        n.div_ceil(tile) as u32,
+        m.div_ceil(tile) as u32,
         batch as u32,
     );
     unsafe {
         fp8_gemm_kernel::launch_unchecked::<F, R>(
             client,
             cube_count,
-            CubeDim::new_2d(UNITS, UNITS),
+            CubeDim::new_2d(tiling.units, tiling.units),
             ArrayArg::from_raw_parts(a.codes.handle().clone(), a.codes.words()),
             ArrayArg::from_raw_parts(a.scale_inv.clone(), a.scale_count()),
             ArrayArg::from_raw_parts(b.codes.handle().clone(), b.codes.words()),
@@ -253,6 +279,7 @@ pub fn fp8_gemm<R: Runtime, F: Float + CubeElement>(
             ArrayArg::from_raw_parts(output.clone(), out_len),
             a.codes.element(),
             b.codes.element(),
+            tiling,
         );
     }
     Ok(output)

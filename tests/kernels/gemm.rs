@@ -4,7 +4,7 @@
 use burn_te_kernels::block::{self, BlockQuantized};
 use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::cubecl::server::Handle;
-use burn_te_kernels::gemm::{GemmOperand, OperandCodes, fp8_gemm};
+use burn_te_kernels::gemm::{GemmOperand, GemmTiling, OperandCodes, fp8_gemm, fp8_gemm_tiled};
 use burn_te_kernels::ops::Fp8Buffer;
 use burn_te_kernels::{BlockScaleRule, Fp8Format, KernelError, ScaleBlock, host};
 
@@ -143,10 +143,33 @@ fn block_quantize_checked(
     quantized
 }
 
-/// Runs the GEMM and checks every output against the f64 product of the dequantized operands:
-/// `|out - ref| <= 1e-5 * Σ_k |a||b|` (the f32-accumulation error bound, relative to the magnitude summed).
+/// Runs the GEMM with each tiling and checks every output against the f64 product of the dequantized operands:
+/// `|out - ref| <= 1e-5 * Σ_k |a||b|` (the f32-accumulation error bound, relative to the magnitude summed). Both
+/// tilings sum each output's products in the same order: their outputs must be the same bits.
 fn check_gemm(a: &Operand, a_t: bool, b: &Operand, b_t: bool) {
-    let out = fp8_gemm::<TestRuntime, f32>(&client(), &a.gemm(a_t), &b.gemm(b_t)).unwrap();
+    let mut outputs = Vec::new();
+    for tiling in [GemmTiling::GPU, GemmTiling::CPU] {
+        let out = fp8_gemm_tiled::<TestRuntime, f32>(&client(), &a.gemm(a_t), &b.gemm(b_t), tiling)
+            .unwrap();
+        outputs.push(check_gemm_output(&out, a, a_t, b, b_t, tiling));
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&outputs[0]),
+        bits(&outputs[1]),
+        "the tilings' outputs differ"
+    );
+}
+
+/// Checks one tiling's output (see [`check_gemm`]) and returns it.
+fn check_gemm_output(
+    out: &Handle,
+    a: &Operand,
+    a_t: bool,
+    b: &Operand,
+    b_t: bool,
+    tiling: GemmTiling,
+) -> Vec<f32> {
     let (m, k) = if a_t {
         (a.cols, a.rows)
     } else {
@@ -154,7 +177,7 @@ fn check_gemm(a: &Operand, a_t: bool, b: &Operand, b_t: bool) {
     };
     let n = if b_t { b.rows } else { b.cols };
     let batch = a.batch.max(b.batch);
-    let out = download(&out, batch * m * n);
+    let out = download(out, batch * m * n);
     for bi in 0..batch {
         for i in 0..m {
             for j in 0..n {
@@ -167,11 +190,13 @@ fn check_gemm(a: &Operand, a_t: bool, b: &Operand, b_t: bool) {
                 let got = out[(bi * m + i) * n + j] as f64;
                 assert!(
                     (got - sum).abs() <= 1e-5 * magnitude + 1e-30,
-                    "[{bi}, {i}, {j}] of {m}x{k}x{n} (a_t {a_t}, b_t {b_t}): {got} vs {sum} (Σ|ab| {magnitude})"
+                    "{tiling:?} [{bi}, {i}, {j}] of {m}x{k}x{n} (a_t {a_t}, b_t {b_t}): {got} vs {sum} \
+                     (Σ|ab| {magnitude})"
                 );
             }
         }
     }
+    out
 }
 
 #[test]
@@ -182,6 +207,8 @@ fn per_tensor_all_layouts_and_awkward_shapes() {
         (64, 16, 64),
         (65, 33, 130),
         (17, 200, 9),
+        // Several cubes of either tiling, with partial tiles at both edges.
+        (300, 40, 270),
     ] {
         for (a_t, b_t) in [(false, false), (false, true), (true, false), (true, true)] {
             let (ar, ac) = if a_t { (k, m) } else { (m, k) };

@@ -1,32 +1,58 @@
 //! FP8 GEMM: `out[b] = dequant(A[b]) × dequant(B[b])` with f32 accumulation, tiled in shared memory. The operands
 //! are FP8 codes (per-tensor or per-block `scale_inv`) or NVFP4's E2M1 codes (per-block dequantization factors).
 //!
-//! Each cube computes a `TILE_M × TILE_N` output tile with `16 × 16` units, each unit an `8 × 8` register block:
-//! row groups `ty` and `ty + 16` (4 consecutive rows each) by column groups `tx` and `tx + 16`. The K loop stages `TILE_K`-deep slices of both operands in shared
-//! memory as 4-wide vectors (4 consecutive rows of A, 4 consecutive columns of B at one depth), decoding the FP8
-//! codes and applying their scale (`scale_inv` of the operand's scale block) once per element as it is staged, so
-//! the inner loop is four vector loads and sixteen vector FMAs per depth. Operands are read through strides, which gives fprop (`X·W`), dgrad (`G·Wᵀ`) and wgrad (`Xᵀ·G`)
-//! without transposed copies; out-of-range rows, columns and depths read as zero, so any shape works.
+//! Each cube computes a square output tile with `units × units` units, each unit a `4·span × 4·span` register
+//! block: row groups `ty + r·units` (4 consecutive rows each) by column groups `tx + c·units`, `r, c < span`
+//! ([`GemmTiling`]). The K loop stages `TILE_K`-deep slices of both operands in shared memory as 4-wide vectors
+//! (4 consecutive rows of A, 4 consecutive columns of B at one depth), decoding the FP8 codes and applying their
+//! scale (`scale_inv` of the operand's scale block) once per element as it is staged, so the inner loop is
+//! `2·span` vector loads and `4·span²` vector FMAs per depth. Operands are read through strides, which gives fprop
+//! (`X·W`), dgrad (`G·Wᵀ`) and wgrad (`Xᵀ·G`) without transposed copies; out-of-range rows, columns and depths
+//! read as zero, so any shape works.
 
 use cubecl::prelude::*;
 
 pub use super::code::CodeFormat;
 use super::code::decode;
 
-/// Output rows per cube.
-pub const TILE_M: u32 = 128;
-/// Output columns per cube.
-pub const TILE_N: u32 = 128;
 /// Depth of one shared-memory stage. Scale blocks along K (32 for MXFP8, 128 for block scaling) are multiples of it.
 pub const TILE_K: u32 = 16;
-/// Units per cube along each output dimension (16 × 16 units, an 8 × 8 block each).
-pub const UNITS: u32 = 16;
-/// Elements of each operand one unit stages per K step (`TILE_K × 128` over `16 × 16` units): two 4-wide vectors.
-const LOADS: u32 = TILE_K * TILE_M / (UNITS * UNITS);
-/// Vectors per depth of a staged slice (`TILE_M / 4` = `TILE_N / 4` = `2 × UNITS`).
-const GROUPS: u32 = TILE_M / 4;
-/// Vector groups per unit along each output dimension.
-const SPAN: u32 = GROUPS / UNITS;
+
+/// How a cube of [`fp8_gemm_kernel`] divides its output tile among its units.
+///
+/// A unit's shared-memory loads cost far more on a CPU device (Mesa's lavapipe reads shared memory one SIMD lane
+/// at a time) than on a GPU, where a large register block would instead exhaust the registers; the two presets
+/// trade one against the other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemmTiling {
+    /// Units per cube along each output dimension.
+    pub units: u32,
+    /// 4-wide vector groups per unit along each output dimension (a unit's block is `4·span` square).
+    pub span: u32,
+}
+
+impl GemmTiling {
+    /// GPUs: 16 × 16 units with 8 × 8 register blocks, 128 × 128 tiles.
+    pub const GPU: Self = Self { units: 16, span: 2 };
+    /// CPU devices (lavapipe): 8 × 8 units with 32 × 32 register blocks, 256 × 256 tiles; per depth a unit loads
+    /// 16 vectors for 256 vector FMAs instead of 4 for 16.
+    pub const CPU: Self = Self { units: 8, span: 8 };
+
+    /// Output rows (and columns) per cube.
+    pub const fn tile(self) -> u32 {
+        4 * self.units * self.span
+    }
+
+    /// Vectors per depth of a staged slice.
+    const fn groups(self) -> u32 {
+        self.units * self.span
+    }
+
+    /// Elements of each operand one unit stages per K step (`TILE_K × tile` over `units²` units), a multiple of 4.
+    const fn loads(self) -> u32 {
+        TILE_K * self.tile() / (self.units * self.units)
+    }
+}
 
 /// Four f32 lanes: 4 consecutive rows (A) or columns (B) of a staged slice, or a unit's accumulator row.
 type Vec4 = Vector<f32, Const<4>>;
@@ -58,7 +84,7 @@ fn code_at(codes: &Array<u32>, offset: u32, #[comptime] element: CodeFormat) -> 
     }
 }
 
-/// Where one unit stages its elements of one operand: for each of its `LOADS` slots, the code offset and the
+/// Where one unit stages its elements of one operand: for each of its `tiling.loads()` slots, the code offset and the
 /// scale offset of the slot's row at depth 0. Slots keep their `(outer, depth-in-stage)` position for the whole K
 /// loop, so the strided offsets and the block division are computed once, not per stage.
 #[cube]
@@ -73,6 +99,7 @@ fn staging_bases(
     #[comptime] strides: usize,
     #[comptime] scale_params: usize,
     #[comptime] outer_first: bool,
+    #[comptime] tiling: GemmTiling,
 ) {
     // Strides are stored in the operand's own order: A is (batch, m, k), B is (batch, k, n).
     let (outer_stride, depth_stride) = if comptime!(outer_first) {
@@ -86,8 +113,8 @@ fn staging_bases(
         (params[scale_params + 2], params[scale_params + 4])
     };
     #[unroll]
-    for l in 0..LOADS {
-        let (outer, depth) = slot_position(l, unit);
+    for l in 0..comptime!(tiling.loads()) {
+        let (outer, depth) = slot_position(l, unit, tiling);
         code_bases[l as usize] =
             batch * params[strides] + (outer0 + outer) * outer_stride + depth * depth_stride;
         scale_bases[l as usize] =
@@ -96,15 +123,18 @@ fn staging_bases(
 }
 
 /// `(outer, depth)` inside the stage of a unit's staging slot `l`: slots `4v .. 4v + 3` are the lanes of staged
-/// vector `unit + v · UNITS²`, which holds outer group `index % GROUPS` at depth `index / GROUPS`.
+/// vector `unit + v · units²`, which holds outer group `index % groups` at depth `index / groups`.
 #[cube]
-fn slot_position(l: u32, unit: u32) -> (u32, u32) {
-    let index = unit + (l / 4) * comptime!(UNITS * UNITS);
-    ((index % GROUPS) * 4 + l % 4, index / GROUPS)
+fn slot_position(l: u32, unit: u32, #[comptime] tiling: GemmTiling) -> (u32, u32) {
+    let index = unit + (l / 4) * comptime!(tiling.units * tiling.units);
+    (
+        (index % comptime!(tiling.groups())) * 4 + l % 4,
+        index / comptime!(tiling.groups()),
+    )
 }
 
 /// Stages one `TILE_K`-deep slice of an operand into `tile` (depth-major vectors, lane `outer % 4` of
-/// `tile[kk * GROUPS + outer / 4]`), decoded and scaled; out-of-range elements stage as 0.
+/// `tile[kk * groups + outer / 4]`), decoded and scaled; out-of-range elements stage as 0.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn stage(
@@ -123,6 +153,7 @@ fn stage(
     #[comptime] scale_params: usize,
     #[comptime] outer_first: bool,
     #[comptime] element: CodeFormat,
+    #[comptime] tiling: GemmTiling,
 ) {
     let depth_stride = if comptime!(outer_first) {
         params[strides + 2]
@@ -138,24 +169,24 @@ fn stage(
     let stage_code = k0 * depth_stride;
     let stage_scale = (k0 / depth_block) * depth_block_stride;
     #[unroll]
-    for v in 0..comptime!(LOADS / 4) {
+    for v in 0..comptime!(tiling.loads() / 4) {
         let mut vector = Vec4::new(0.0);
         #[unroll]
         for lane in 0..4u32 {
             let l = v * 4 + lane;
-            let (outer, depth) = slot_position(l, unit);
+            let (outer, depth) = slot_position(l, unit, tiling);
             if outer0 + outer < outer_len && k0 + depth < k_len {
                 let code = code_at(codes, code_bases[l as usize] + stage_code, element);
                 vector[lane as usize] = decode(code, element)
                     * scales[(scale_bases[l as usize] + stage_scale) as usize];
             }
         }
-        tile[(unit + v * comptime!(UNITS * UNITS)) as usize] = vector;
+        tile[(unit + v * comptime!(tiling.units * tiling.units)) as usize] = vector;
     }
 }
 
 /// `out[b, m, n] = Σ_k dequant(A)[b, m, k] · dequant(B)[b, k, n]`, f32 accumulation, `out` contiguous
-/// `[batch, M, N]`. Launch with `CubeDim (16, 16)` and `CubeCount (⌈N/64⌉, ⌈M/64⌉, batch)`.
+/// `[batch, M, N]`. Launch with `CubeDim (units, units)` and `CubeCount (⌈N/tile⌉, ⌈M/tile⌉, batch)`.
 #[cube(launch_unchecked)]
 pub fn fp8_gemm_kernel<F: Float>(
     a: &Array<u32>,
@@ -166,24 +197,28 @@ pub fn fp8_gemm_kernel<F: Float>(
     out: &mut Array<F>,
     #[comptime] a_format: CodeFormat,
     #[comptime] b_format: CodeFormat,
+    #[comptime] tiling: GemmTiling,
 ) {
     let m_len = params[param::M];
     let n_len = params[param::N];
     let k_len = params[param::K];
     let batch = CUBE_POS_Z;
-    let row0 = CUBE_POS_Y * TILE_M;
-    let col0 = CUBE_POS_X * TILE_N;
+    let units = comptime!(tiling.units);
+    let span = comptime!(tiling.span);
+    let groups = comptime!(tiling.groups());
+    let row0 = CUBE_POS_Y * comptime!(tiling.tile());
+    let col0 = CUBE_POS_X * comptime!(tiling.tile());
     let tx = UNIT_POS_X;
     let ty = UNIT_POS_Y;
-    let unit = ty * UNITS + tx;
+    let unit = ty * units + tx;
 
-    // Staged slices, depth-major vectors: a_tile[kk * GROUPS + mm / 4], b_tile[kk * GROUPS + nn / 4].
-    let mut a_tile = SharedMemory::<Vec4>::new(comptime!((TILE_K * GROUPS) as usize));
-    let mut b_tile = SharedMemory::<Vec4>::new(comptime!((TILE_K * GROUPS) as usize));
-    let mut a_codes = Array::<u32>::new(comptime!(LOADS as usize));
-    let mut a_scale_rows = Array::<u32>::new(comptime!(LOADS as usize));
-    let mut b_codes = Array::<u32>::new(comptime!(LOADS as usize));
-    let mut b_scale_cols = Array::<u32>::new(comptime!(LOADS as usize));
+    // Staged slices, depth-major vectors: a_tile[kk * groups + mm / 4], b_tile[kk * groups + nn / 4].
+    let mut a_tile = SharedMemory::<Vec4>::new(comptime!((TILE_K * tiling.groups()) as usize));
+    let mut b_tile = SharedMemory::<Vec4>::new(comptime!((TILE_K * tiling.groups()) as usize));
+    let mut a_codes = Array::<u32>::new(comptime!(tiling.loads() as usize));
+    let mut a_scale_rows = Array::<u32>::new(comptime!(tiling.loads() as usize));
+    let mut b_codes = Array::<u32>::new(comptime!(tiling.loads() as usize));
+    let mut b_scale_cols = Array::<u32>::new(comptime!(tiling.loads() as usize));
     staging_bases(
         params,
         batch,
@@ -194,6 +229,7 @@ pub fn fp8_gemm_kernel<F: Float>(
         param::A_STRIDES,
         param::A_SCALES,
         true,
+        tiling,
     );
     staging_bases(
         params,
@@ -205,11 +241,12 @@ pub fn fp8_gemm_kernel<F: Float>(
         param::B_STRIDES,
         param::B_SCALES,
         false,
+        tiling,
     );
-    // acc[(r * 4 + i) * SPAN + c]: row i of row group `ty + r·UNITS`, column group `tx + c·UNITS`.
-    let mut acc = Array::<Vec4>::new(comptime!((SPAN * 4 * SPAN) as usize));
+    // acc[(r * 4 + i) * span + c]: row i of row group `ty + r·units`, column group `tx + c·units`.
+    let mut acc = Array::<Vec4>::new(comptime!((tiling.span * 4 * tiling.span) as usize));
     #[unroll]
-    for i in 0..comptime!(SPAN * 4 * SPAN) {
+    for i in 0..comptime!(tiling.span * 4 * tiling.span) {
         acc[i as usize] = Vec4::new(0.0);
     }
 
@@ -231,6 +268,7 @@ pub fn fp8_gemm_kernel<F: Float>(
             param::A_SCALES,
             true,
             a_format,
+            tiling,
         );
         stage(
             b,
@@ -248,25 +286,26 @@ pub fn fp8_gemm_kernel<F: Float>(
             param::B_SCALES,
             false,
             b_format,
+            tiling,
         );
         sync_cube();
 
         #[unroll]
         for kk in 0..TILE_K {
-            let mut b_cols = Array::<Vec4>::new(comptime!(SPAN as usize));
+            let mut b_cols = Array::<Vec4>::new(comptime!(tiling.span as usize));
             #[unroll]
-            for c in 0..SPAN {
-                b_cols[c as usize] = b_tile[(kk * GROUPS + tx + c * UNITS) as usize];
+            for c in 0..span {
+                b_cols[c as usize] = b_tile[(kk * groups + tx + c * units) as usize];
             }
             #[unroll]
-            for r in 0..SPAN {
-                let a_rows = a_tile[(kk * GROUPS + ty + r * UNITS) as usize];
+            for r in 0..span {
+                let a_rows = a_tile[(kk * groups + ty + r * units) as usize];
                 #[unroll]
                 for i in 0..4u32 {
                     let a = Vec4::new(a_rows[i as usize]);
                     #[unroll]
-                    for c in 0..SPAN {
-                        acc[((r * 4 + i) * SPAN + c) as usize] += a * b_cols[c as usize];
+                    for c in 0..span {
+                        acc[((r * 4 + i) * span + c) as usize] += a * b_cols[c as usize];
                     }
                 }
             }
@@ -277,16 +316,16 @@ pub fn fp8_gemm_kernel<F: Float>(
 
     let out_base = batch * m_len * n_len;
     #[unroll]
-    for r in 0..SPAN {
+    for r in 0..span {
         #[unroll]
         for i in 0..4u32 {
-            let row = row0 + (ty + r * UNITS) * 4 + i;
+            let row = row0 + (ty + r * units) * 4 + i;
             #[unroll]
-            for c in 0..SPAN {
-                let values = acc[((r * 4 + i) * SPAN + c) as usize];
+            for c in 0..span {
+                let values = acc[((r * 4 + i) * span + c) as usize];
                 #[unroll]
                 for j in 0..4u32 {
-                    let col = col0 + (tx + c * UNITS) * 4 + j;
+                    let col = col0 + (tx + c * units) * 4 + j;
                     if row < m_len && col < n_len {
                         out[(out_base + row * n_len + col) as usize] =
                             F::cast_from(values[j as usize]);
