@@ -142,102 +142,93 @@ pub fn stats_kernel<F: Float>(
     let mut squared_error = 0.0f32;
     let mut scale_inv_min = INF_BITS.runtime();
     let mut scale_inv_max = 0u32.runtime();
-    // The moments go by runs of RUN elements per unit: sums of `x - run_shift` and its square (the run's first
-    // element as its shift, so the run's own spread is what is summed), folded into the unit's (count, mean, m2)
-    // with Chan's formula at the end of each run: no division per element, and no branch on the data.
-    let mut run = 0u32;
-    let mut run_shift = 0.0f32;
-    let mut run_count = 0u32;
-    let mut run_sum = 0.0f32;
-    let mut run_sum_sq = 0.0f32;
-
+    // The moments go by runs of STATS_RUN elements per unit: sums of `x - run_shift` and its square (the run's
+    // first element as its shift, so the run's own spread is what is summed), folded into the unit's
+    // (count, mean, m2) with Chan's formula after each run: no division per element, and no branch on the data.
+    // The run is a loop of its own, so the fold is not a per-element branch either (a CPU device evaluates a
+    // branch's body under a mask for every element).
     let mut index = ABSOLUTE_POS;
     while index < len {
-        let x = f32::cast_from(input[index]);
-        let bits = u32::reinterpret(x);
-        let abs = bits & 0x7fff_ffff;
-        let finite = abs < INF_BITS;
-        nonzero += u32::cast_from(abs != 0);
-        nan += u32::cast_from(abs > INF_BITS);
-        pos_inf += u32::cast_from(bits == INF_BITS);
-        neg_inf += u32::cast_from(bits == (INF_BITS | 0x8000_0000));
-        if run == 0 {
-            run_shift = select(finite, x, 0.0f32);
-        }
-        let y = select(finite, x - run_shift, 0.0f32);
-        run_count += u32::cast_from(finite);
-        run_sum += y;
-        run_sum_sq += y * y;
-        l1 += select(finite, f32::reinterpret(abs), 0.0f32);
-        let low = select(finite, x, f32::reinterpret(0x7f7f_ffffu32));
-        min = select(low < min, low, min);
-        let high = select(finite, x, f32::reinterpret(0xff7f_ffffu32));
-        max = select(high > max, high, max);
-        // Nonzero and finite: `abs - 1` (wrapping) below `INF_BITS - 1`.
-        let nonzero_abs = select(abs - 1 < INF_BITS - 1, abs, INF_BITS);
-        min_nonzero_abs = select(nonzero_abs < min_nonzero_abs, nonzero_abs, min_nonzero_abs);
-        run += 1;
-        if run == STATS_RUN {
-            fold_run(
-                &mut count,
-                &mut mean,
-                &mut m2,
-                run_count,
-                run_sum,
-                run_sum_sq,
-                run_shift - shift,
-            );
-            run = 0;
-            run_count = 0;
-            run_sum = 0.0;
-            run_sum_sq = 0.0;
-        }
-        if comptime!(with_fp8) {
-            let mut element_scale = tensor_scale;
-            let mut inv = tensor_scale_inv;
-            if comptime!(blocked) {
-                let row = index as u32 / cols;
-                let col = index as u32 % cols;
-                let block = ((row / block_rows) * grid_cols + col / block_cols) as usize;
-                element_scale = scale[block];
-                inv = scale_inv[block];
-            }
-            // Scales are positive: their bits order as they do.
-            let inv_bits = u32::reinterpret(inv);
-            if inv_bits < scale_inv_min {
-                scale_inv_min = inv_bits;
-            }
-            if inv_bits > scale_inv_max {
-                scale_inv_max = inv_bits;
-            }
-            let overflow_threshold = fp8_max * inv;
-            let code = encode(u32::reinterpret(x * element_scale), element);
-            // Nonzero and dequantized to ±0: a ±0 code, or a block whose scale is 0 (NVFP4: an E4M3 block scale
-            // that underflowed, where every code is ±6 yet dequantizes to ±0).
-            if abs != 0 && ((code & comptime!(element.magnitude_mask())) == 0 || inv == 0.0f32) {
-                underflow += 1;
-            }
-            if abs <= INF_BITS {
-                if f32::reinterpret(abs) > overflow_threshold {
-                    overflow += 1;
+        let first_of_run = f32::cast_from(input[index]);
+        let run_shift = select(
+            (u32::reinterpret(first_of_run) & 0x7fff_ffff) < INF_BITS,
+            first_of_run,
+            0.0f32,
+        );
+        let mut run_count = 0u32;
+        let mut run_sum = 0.0f32;
+        let mut run_sum_sq = 0.0f32;
+        let mut run = 0u32;
+        while run < STATS_RUN && index < len {
+            let x = f32::cast_from(input[index]);
+            let bits = u32::reinterpret(x);
+            let abs = bits & 0x7fff_ffff;
+            let finite = abs < INF_BITS;
+            nonzero += u32::cast_from(abs != 0);
+            nan += u32::cast_from(abs > INF_BITS);
+            pos_inf += u32::cast_from(bits == INF_BITS);
+            neg_inf += u32::cast_from(bits == (INF_BITS | 0x8000_0000));
+            let y = select(finite, x - run_shift, 0.0f32);
+            run_count += u32::cast_from(finite);
+            run_sum += y;
+            run_sum_sq += y * y;
+            l1 += select(finite, f32::reinterpret(abs), 0.0f32);
+            let low = select(finite, x, f32::reinterpret(0x7f7f_ffffu32));
+            min = select(low < min, low, min);
+            let high = select(finite, x, f32::reinterpret(0xff7f_ffffu32));
+            max = select(high > max, high, max);
+            // Nonzero and finite: `abs - 1` (wrapping) below `INF_BITS - 1`.
+            let nonzero_abs = select(abs - 1 < INF_BITS - 1, abs, INF_BITS);
+            min_nonzero_abs = select(nonzero_abs < min_nonzero_abs, nonzero_abs, min_nonzero_abs);
+            if comptime!(with_fp8) {
+                let mut element_scale = tensor_scale;
+                let mut inv = tensor_scale_inv;
+                if comptime!(blocked) {
+                    let row = index as u32 / cols;
+                    let col = index as u32 % cols;
+                    let block = ((row / block_rows) * grid_cols + col / block_cols) as usize;
+                    element_scale = scale[block];
+                    inv = scale_inv[block];
                 }
-                if abs < INF_BITS {
-                    let error = x - decode(code, element) * inv;
-                    squared_error += error * error;
+                // Scales are positive: their bits order as they do.
+                let inv_bits = u32::reinterpret(inv);
+                if inv_bits < scale_inv_min {
+                    scale_inv_min = inv_bits;
+                }
+                if inv_bits > scale_inv_max {
+                    scale_inv_max = inv_bits;
+                }
+                let overflow_threshold = fp8_max * inv;
+                let code = encode(u32::reinterpret(x * element_scale), element);
+                // Nonzero and dequantized to ±0: a ±0 code, or a block whose scale is 0 (NVFP4: an E4M3 block scale
+                // that underflowed, where every code is ±6 yet dequantizes to ±0).
+                if abs != 0 && ((code & comptime!(element.magnitude_mask())) == 0 || inv == 0.0f32)
+                {
+                    underflow += 1;
+                }
+                if abs <= INF_BITS {
+                    if f32::reinterpret(abs) > overflow_threshold {
+                        overflow += 1;
+                    }
+                    if abs < INF_BITS {
+                        let error = x - decode(code, element) * inv;
+                        squared_error += error * error;
+                    }
                 }
             }
+            index += stride;
+            run += 1;
         }
-        index += stride;
+        fold_run(
+            &mut count,
+            &mut mean,
+            &mut m2,
+            run_count,
+            run_sum,
+            run_sum_sq,
+            run_shift - shift,
+        );
     }
-    fold_run(
-        &mut count,
-        &mut mean,
-        &mut m2,
-        run_count,
-        run_sum,
-        run_sum_sq,
-        run_shift - shift,
-    );
 
     // Merge the units' records in shared memory.
     let unit = UNIT_POS as usize;
