@@ -8,7 +8,7 @@ use cubecl::{CubeCount, CubeDim};
 use crate::KernelError;
 use crate::block::ScaleBlock;
 pub use crate::kernel::gemm::GemmTiling;
-use crate::kernel::gemm::{CodeFormat, TILE_K, fp8_gemm_kernel, param};
+use crate::kernel::gemm::{CodeFormat, StagedOperand, TILE_K, fp8_gemm_kernel, param};
 use crate::ops::{Fp8Buffer, check_size};
 
 /// The codes of a GEMM operand.
@@ -161,6 +161,14 @@ impl GemmOperand<'_> {
         Ok((codes, out))
     }
 
+    /// What the kernel is compiled for.
+    fn staged(&self) -> StagedOperand {
+        StagedOperand {
+            element: self.codes.element(),
+            one_scale: self.block.is_none(),
+        }
+    }
+
     fn scale_count(&self) -> usize {
         match self.block {
             None => 1,
@@ -277,8 +285,8 @@ pub fn fp8_gemm_tiled<R: Runtime, F: Float + CubeElement>(
             ArrayArg::from_raw_parts(b.scale_inv.clone(), b.scale_count()),
             ArrayArg::from_raw_parts(params, param::LEN),
             ArrayArg::from_raw_parts(output.clone(), out_len),
-            a.codes.element(),
-            b.codes.element(),
+            a.staged(),
+            b.staged(),
             tiling,
         );
     }

@@ -54,6 +54,15 @@ impl GemmTiling {
     }
 }
 
+/// What [`fp8_gemm_kernel`] knows of an operand when it is compiled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StagedOperand {
+    /// The codes' format.
+    pub element: CodeFormat,
+    /// One scale for the whole tensor: read once per stage instead of once per staged element.
+    pub one_scale: bool,
+}
+
 /// Four f32 lanes: 4 consecutive rows (A) or columns (B) of a staged slice, or a unit's accumulator row.
 type Vec4 = Vector<f32, Const<4>>;
 
@@ -99,6 +108,7 @@ fn staging_bases(
     #[comptime] strides: usize,
     #[comptime] scale_params: usize,
     #[comptime] outer_first: bool,
+    #[comptime] one_scale: bool,
     #[comptime] tiling: GemmTiling,
 ) {
     // Strides are stored in the operand's own order: A is (batch, m, k), B is (batch, k, n).
@@ -117,8 +127,10 @@ fn staging_bases(
         let (outer, depth) = slot_position(l, unit, tiling);
         code_bases[l as usize] =
             batch * params[strides] + (outer0 + outer) * outer_stride + depth * depth_stride;
-        scale_bases[l as usize] =
-            batch * params[scale_params] + ((outer0 + outer) / outer_block) * outer_block_stride;
+        if comptime!(!one_scale) {
+            scale_bases[l as usize] = batch * params[scale_params]
+                + ((outer0 + outer) / outer_block) * outer_block_stride;
+        }
     }
 }
 
@@ -152,9 +164,10 @@ fn stage(
     #[comptime] strides: usize,
     #[comptime] scale_params: usize,
     #[comptime] outer_first: bool,
-    #[comptime] element: CodeFormat,
+    #[comptime] operand: StagedOperand,
     #[comptime] tiling: GemmTiling,
 ) {
+    let element = comptime!(operand.element);
     let depth_stride = if comptime!(outer_first) {
         params[strides + 2]
     } else {
@@ -168,6 +181,10 @@ fn stage(
     // Depth blocks are multiples of TILE_K or span all of K, so one stage lies in one depth block.
     let stage_code = k0 * depth_stride;
     let stage_scale = (k0 / depth_block) * depth_block_stride;
+    let mut tensor_scale = 0.0f32;
+    if comptime!(operand.one_scale) {
+        tensor_scale = scales[0];
+    }
     #[unroll]
     for v in 0..comptime!(tiling.loads() / 4) {
         let mut vector = Vec4::new(0.0);
@@ -177,8 +194,12 @@ fn stage(
             let (outer, depth) = slot_position(l, unit, tiling);
             if outer0 + outer < outer_len && k0 + depth < k_len {
                 let code = code_at(codes, code_bases[l as usize] + stage_code, element);
-                vector[lane as usize] = decode(code, element)
-                    * scales[(scale_bases[l as usize] + stage_scale) as usize];
+                let scale = if comptime!(operand.one_scale) {
+                    tensor_scale
+                } else {
+                    scales[(scale_bases[l as usize] + stage_scale) as usize]
+                };
+                vector[lane as usize] = decode(code, element) * scale;
             }
         }
         tile[(unit + v * comptime!(tiling.units * tiling.units)) as usize] = vector;
@@ -195,8 +216,8 @@ pub fn fp8_gemm_kernel<F: Float>(
     b_scales: &Array<f32>,
     params: &Array<u32>,
     out: &mut Array<F>,
-    #[comptime] a_format: CodeFormat,
-    #[comptime] b_format: CodeFormat,
+    #[comptime] a_operand: StagedOperand,
+    #[comptime] b_operand: StagedOperand,
     #[comptime] tiling: GemmTiling,
 ) {
     let m_len = params[param::M];
@@ -229,6 +250,7 @@ pub fn fp8_gemm_kernel<F: Float>(
         param::A_STRIDES,
         param::A_SCALES,
         true,
+        comptime!(a_operand.one_scale),
         tiling,
     );
     staging_bases(
@@ -241,6 +263,7 @@ pub fn fp8_gemm_kernel<F: Float>(
         param::B_STRIDES,
         param::B_SCALES,
         false,
+        comptime!(b_operand.one_scale),
         tiling,
     );
     // acc[(r * 4 + i) * span + c]: row i of row group `ty + r·units`, column group `tx + c·units`.
@@ -267,7 +290,7 @@ pub fn fp8_gemm_kernel<F: Float>(
             param::A_STRIDES,
             param::A_SCALES,
             true,
-            a_format,
+            a_operand,
             tiling,
         );
         stage(
@@ -285,7 +308,7 @@ pub fn fp8_gemm_kernel<F: Float>(
             param::B_STRIDES,
             param::B_SCALES,
             false,
-            b_format,
+            b_operand,
             tiling,
         );
         sync_cube();
