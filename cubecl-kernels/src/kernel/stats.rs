@@ -62,6 +62,12 @@ const INF_BITS: u32 = 0x7f80_0000;
 /// Elements per unit between two folds of the running moments.
 const STATS_RUN: u32 = 32;
 
+/// `x` if finite, else 0: a shift for the moments.
+#[cube]
+fn finite_or_zero(x: f32) -> f32 {
+    select((u32::reinterpret(x) & 0x7fff_ffff) < INF_BITS, x, 0.0f32)
+}
+
 /// Folds a run (`n` finite elements, sums of `y = x - run_shift` and `y²`; `offset = run_shift - shift`) into a
 /// running `(count, mean, m2)` of `x - shift` (Chan's parallel formula).
 #[cube]
@@ -119,12 +125,7 @@ pub fn stats_kernel<F: Float>(
     let stride = CUBE_COUNT * comptime!(CUBE_SIZE as usize);
     let tensor_scale = scale[0];
     let tensor_scale_inv = 1.0f32 / tensor_scale;
-    let first = f32::cast_from(input[0]);
-    let shift = select(
-        (u32::reinterpret(first) & 0x7fff_ffff) < INF_BITS,
-        first,
-        0.0f32,
-    );
+    let shift = finite_or_zero(f32::cast_from(input[0]));
 
     let mut count = 0u32;
     let mut mean = 0.0f32;
@@ -149,12 +150,7 @@ pub fn stats_kernel<F: Float>(
     // branch's body under a mask for every element).
     let mut index = ABSOLUTE_POS;
     while index < len {
-        let first_of_run = f32::cast_from(input[index]);
-        let run_shift = select(
-            (u32::reinterpret(first_of_run) & 0x7fff_ffff) < INF_BITS,
-            first_of_run,
-            0.0f32,
-        );
+        let run_shift = finite_or_zero(f32::cast_from(input[index]));
         let mut run_count = 0u32;
         let mut run_sum = 0.0f32;
         let mut run_sum_sq = 0.0f32;
