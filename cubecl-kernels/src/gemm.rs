@@ -195,9 +195,13 @@ impl GemmOperand<'_> {
 
 impl GemmTiling {
     /// The preset for a client's device: [`GemmTiling::CPU`] where the device has no plane (subgroup) operations
-    /// (CubeCL's wgpu runtime withholds them from CPU adapters such as lavapipe), [`GemmTiling::GPU`] elsewhere.
+    /// (CubeCL's wgpu runtime withholds them from CPU adapters such as lavapipe) and room for its 32 KiB of shared
+    /// memory per cube, [`GemmTiling::GPU`] (16 KiB) elsewhere.
     pub fn for_client<R: Runtime>(client: &ComputeClient<R>) -> Self {
-        if client.properties().features.plane.is_empty() {
+        let properties = client.properties();
+        if properties.features.plane.is_empty()
+            && properties.hardware.max_shared_memory_size >= Self::CPU.shared_bytes()
+        {
             Self::CPU
         } else {
             Self::GPU

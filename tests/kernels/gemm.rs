@@ -199,6 +199,23 @@ fn check_gemm_output(
     out
 }
 
+/// The device's tiling fits its shared memory; without plane ops (lavapipe) it is the CPU tiling.
+#[test]
+fn chosen_tiling_fits_the_device() {
+    let client = client();
+    let properties = client.properties();
+    let tiling = GemmTiling::for_client(&client);
+    let shared = properties.hardware.max_shared_memory_size;
+    assert!(
+        tiling.shared_bytes() <= shared,
+        "{tiling:?} needs {} bytes of shared memory, the device has {shared}",
+        tiling.shared_bytes()
+    );
+    if properties.features.plane.is_empty() {
+        assert_eq!(tiling, GemmTiling::CPU, "device shared memory {shared} bytes");
+    }
+}
+
 #[test]
 fn per_tensor_all_layouts_and_awkward_shapes() {
     for &(m, k, n) in &[

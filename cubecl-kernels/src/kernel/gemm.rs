@@ -43,6 +43,11 @@ impl GemmTiling {
         4 * self.units * self.span
     }
 
+    /// Shared memory a cube uses: both operands' staged slices, `TILE_K × groups` 4-wide f32 vectors each.
+    pub const fn shared_bytes(self) -> usize {
+        2 * (TILE_K * self.groups()) as usize * 16
+    }
+
     /// Vectors per depth of a staged slice.
     const fn groups(self) -> u32 {
         self.units * self.span
