@@ -38,17 +38,19 @@ impl GemmPlan {
     }
 }
 
-/// The tensors inspected at a GEMM: each input at its first GEMM (activation and weight at fprop; the gradient at
-/// wgrad, which every trainable layer runs), and the GEMM's output.
-pub(crate) fn inspected_at(gemm: Gemm) -> &'static [TensorName] {
-    match gemm {
+/// The tensors inspected at a GEMM: the activation and weight at fprop; the layer's incoming gradient once per
+/// backward, at the first backward GEMM that uses it (the dgrad, or the wgrad of a layer whose input needs no
+/// gradient: see [`GemmSite::follows_dgrad`]), so frozen layers' gradients are seen too; and the GEMM's output.
+pub(crate) fn inspected_at(site: &GemmSite) -> &'static [TensorName] {
+    match site.gemm {
         Gemm::Fprop => &[
             TensorName::Activation,
             TensorName::Weight,
             TensorName::Output,
         ],
-        Gemm::Dgrad => &[TensorName::Dgrad],
-        Gemm::Wgrad => &[TensorName::Gradient, TensorName::Wgrad],
+        Gemm::Dgrad => &[TensorName::Gradient, TensorName::Dgrad],
+        Gemm::Wgrad if site.first_use_of_gradient() => &[TensorName::Gradient, TensorName::Wgrad],
+        Gemm::Wgrad => &[TensorName::Wgrad],
     }
 }
 
@@ -103,7 +105,7 @@ pub(crate) fn route(
         }
     }
     let mut inspect = Vec::new();
-    for &tensor in inspected_at(gemm) {
+    for &tensor in inspected_at(site) {
         let routing = merge_routing(
             features
                 .iter()

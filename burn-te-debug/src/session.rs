@@ -103,8 +103,9 @@ impl DebugOptions {
 
 struct LayerState {
     section: Option<usize>,
-    /// Per GEMM: the first iteration at which routing must be asked again.
-    skip_until: BTreeMap<Gemm, u64>,
+    /// Per GEMM (and whether it is the first use of the gradient): the first iteration at which routing must be
+    /// asked again.
+    skip_until: BTreeMap<(Gemm, bool), u64>,
     plan_lines: Vec<String>,
 }
 
@@ -514,7 +515,7 @@ impl Session {
         let iteration = self.iteration;
         self.layer_state(site)
             .skip_until
-            .get(&site.gemm)
+            .get(&(site.gemm, site.first_use_of_gradient()))
             .is_some_and(|&until| iteration < until)
     }
 
@@ -547,7 +548,9 @@ impl Session {
             Some(plan)
         } else {
             let until = next.unwrap_or(u64::MAX);
-            self.layer_state(site).skip_until.insert(site.gemm, until);
+            self.layer_state(site)
+                .skip_until
+                .insert((site.gemm, site.first_use_of_gradient()), until);
             None
         }
     }

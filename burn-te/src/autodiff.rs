@@ -44,6 +44,8 @@ impl<B: TeBackend, const N: usize> Backward<B, N> for TeLinearBackward {
             parents.next().flatten(),
             parents.next().flatten(),
         );
+        // The gradient reaches the debug tools at the layer's first backward GEMM (see `GemmSite::follows_dgrad`).
+        let dgrad_ran = node_x.is_some() && weight_state.is_some();
         if let (Some(node), Some(id)) = (node_x, weight_state) {
             let weight = checkpointer.retrieve_node_output::<FloatTensor<B>>(id);
             let site = self.site.with_gemm(Gemm::Dgrad);
@@ -54,7 +56,7 @@ impl<B: TeBackend, const N: usize> Backward<B, N> for TeLinearBackward {
         }
         if let (Some(node), Some(id)) = (node_weight, x_state) {
             let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(id);
-            let site = self.site.with_gemm(Gemm::Wgrad);
+            let site = self.site.with_gemm(Gemm::Wgrad).following_dgrad(dgrad_ran);
             grads.register::<B>(node.id, B::te_linear_wgrad(x, grad.clone(), &site, recipe));
         }
         if let Some(node) = node_bias {

@@ -171,7 +171,12 @@ pub fn plain_linear_backward<B: TeBackend>(
             Gemm::Dgrad => forward.dgrad = true,
             _ => forward.wgrad = true,
         }
-        let answer = (forward.recipe.clone(), forward.site.with_gemm(gemm));
+        // Burn runs a linear's dgrad before its wgrad: a wgrad whose forward saw its dgrad follows it.
+        let site = forward
+            .site
+            .with_gemm(gemm)
+            .following_dgrad(gemm == Gemm::Wgrad && forward.dgrad);
+        let answer = (forward.recipe.clone(), site);
         if gemm == Gemm::Dgrad {
             s.last_dgrad = grad.map(|g| (g, index));
         }

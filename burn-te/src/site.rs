@@ -81,6 +81,10 @@ pub struct GemmSite {
     pub fp8: Option<LayerFp8State>,
     /// The autocast generation of the forward pass this GEMM belongs to (see [`crate::fp8_state`]).
     pub generation: u64,
+    /// For a wgrad: whether the layer's dgrad ran just before it on the same output gradient. The debug tools
+    /// inspect a layer's incoming gradient once per backward, at the first backward GEMM that uses it: the dgrad,
+    /// or the wgrad when the layer's input needs no gradient (so also a frozen layer's, which runs no wgrad).
+    pub follows_dgrad: bool,
 }
 
 impl GemmSite {
@@ -92,6 +96,7 @@ impl GemmSite {
             gemm,
             fp8: None,
             generation: 0,
+            follows_dgrad: false,
         }
     }
 
@@ -121,7 +126,26 @@ impl GemmSite {
     pub fn with_gemm(&self, gemm: Gemm) -> Self {
         Self {
             gemm,
+            follows_dgrad: false,
             ..self.clone()
+        }
+    }
+
+    /// The same site, marked as a wgrad that runs after the layer's dgrad on the same gradient (or not).
+    pub fn following_dgrad(self, follows_dgrad: bool) -> Self {
+        Self {
+            follows_dgrad,
+            ..self
+        }
+    }
+
+    /// Whether the layer's incoming gradient is first used at this GEMM of its backward (see
+    /// [`follows_dgrad`](Self::follows_dgrad)).
+    pub fn first_use_of_gradient(&self) -> bool {
+        match self.gemm {
+            Gemm::Fprop => false,
+            Gemm::Dgrad => true,
+            Gemm::Wgrad => !self.follows_dgrad,
         }
     }
 }

@@ -1171,3 +1171,115 @@ fn log_tensor_stats_counts_nan_and_inf_on_the_host_and_wgpu() {
         "wgpu",
     );
 }
+
+/// A frozen layer (weight `no_grad()`, as in fine-tuning with adapters) runs its dgrad but no wgrad: its incoming
+/// gradient is still inspected, logged and dumped once per iteration, as TE does for every layer that runs a
+/// backward GEMM; a trainable layer's gradient is logged once per iteration as before. Both paths: the TE module's
+/// `te_linear` and a plain Burn linear. Checked against an f64 re-computation of the gradient (the last layer's
+/// incoming gradient is `g` of the loss `sum(y * g)`).
+#[test]
+fn a_frozen_layers_gradient_is_logged_and_dumped_once_per_iteration() {
+    use burn::module::Module;
+    let _guard = SESSION.lock().unwrap_or_else(|p| p.into_inner());
+    let (dir, collect) = start_session(
+        "frozen",
+        "grads:\n  enabled: True\n  layers:\n    layer_name_regex_pattern: '.*'\n  transformer_engine:\n    LogTensorStats:\n      enabled: True\n      stats: [min, max, mean, std, l1_norm]\n      tensors: [gradient]\n    DumpTensors:\n      enabled: True\n      tensors_struct:\n        - tensor: gradient\n          high_precision_tensor: True\n",
+    );
+    let device = Default::default();
+    let (tokens, d_in, d_mid, d_out) = (8, 16, 12, 8);
+    let mut rng = crate::common::Rng::new(11);
+    let fc0 = LinearConfig::new(d_in, d_mid)
+        .with_name(Some("fc0".into()))
+        .init::<B>(&device);
+    let fc_mid = LinearConfig::new(d_mid, d_mid)
+        .with_name(Some("fc_mid".into()))
+        .init::<B>(&device);
+    let fc1 = LinearConfig::new(d_mid, d_out)
+        .with_name(Some("fc1".into()))
+        .init::<B>(&device)
+        .no_grad();
+    // The plain path: Burn's own linears, the last frozen (named linear0..linear2 in the FP8 scope).
+    let plain0 = burn::nn::LinearConfig::new(d_in, d_mid).init::<B>(&device);
+    let plain_mid = burn::nn::LinearConfig::new(d_mid, d_mid).init::<B>(&device);
+    let plain1 = burn::nn::LinearConfig::new(d_mid, d_out)
+        .init::<B>(&device)
+        .no_grad();
+    let iterations = 2;
+    let mut gs = Vec::new();
+    for _ in 0..iterations {
+        let x = Tensor::<B, 2>::from_data(
+            burn::tensor::TensorData::new(rng.normal(tokens * d_in, 0.0, 1.0), [tokens, d_in]),
+            &device,
+        );
+        let g = rng.normal(tokens * d_out, 0.0, 0.5);
+        let g_tensor = Tensor::<B, 2>::from_data(
+            burn::tensor::TensorData::new(g.clone(), [tokens, d_out]),
+            &device,
+        );
+        let (y, y_plain) = fp8_autocast(true, DelayedScaling::default(), || {
+            (
+                fc1.forward(fc_mid.forward(fc0.forward(x.clone()))),
+                plain1.forward(plain_mid.forward(plain0.forward(x))),
+            )
+        })
+        .unwrap();
+        let grads = (y * g_tensor.clone() + y_plain * g_tensor).sum().backward();
+        // The frozen layers have no weight gradient; the trainable ones do.
+        assert!(fc1.weight.val().grad(&grads).is_none());
+        assert!(fc0.weight.val().grad(&grads).is_some());
+        burn_te_debug::step().unwrap();
+        gs.push(g);
+    }
+    burn_te_debug::end().unwrap();
+
+    let logged = collect.0.lock().unwrap().clone();
+    for (iteration, g) in gs.iter().enumerate() {
+        let (min, max, mean, std, l1) = f64_stats(g);
+        for layer in ["fc1", "linear2"] {
+            for (stat, expected) in [
+                ("min", min),
+                ("max", max),
+                ("mean", mean),
+                ("std", std),
+                ("l1_norm", l1),
+            ] {
+                let name = format!("{layer}_gradient_{stat}");
+                let values: Vec<f64> = logged
+                    .iter()
+                    .filter(|(it, v)| *it == iteration as u64 && v.name == name)
+                    .map(|(_, v)| v.value)
+                    .collect();
+                assert_eq!(values.len(), 1, "{name} at {iteration}: {logged:?}");
+                assert!(
+                    (values[0] - expected).abs() <= 1e-5 * expected.abs().max(1.0),
+                    "{name} at {iteration}: {} vs f64 {expected}",
+                    values[0]
+                );
+            }
+            let path = dir.join(format!(
+                "tensor_dumps/rank_0/iter_{iteration:06}/{layer}_gradient.safetensors"
+            ));
+            let (dump, _) = read_safetensors(&path);
+            let (dtype, shape, bytes) = &dump["high_precision"];
+            assert_eq!(
+                (dtype.as_str(), shape.as_slice()),
+                ("F32", &[tokens, d_out][..])
+            );
+            assert_eq!(
+                f32s(bytes).iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                g.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{layer}'s dumped gradient at {iteration}"
+            );
+        }
+        // The trainable layers log theirs once: at dgrad in the middle, at wgrad in front (whose input needs no
+        // gradient).
+        for layer in ["fc0", "fc_mid", "linear0", "linear1"] {
+            let name = format!("{layer}_gradient_mean");
+            let count = logged
+                .iter()
+                .filter(|(it, v)| *it == iteration as u64 && v.name == name)
+                .count();
+            assert_eq!(count, 1, "{name} at {iteration}: {logged:?}");
+        }
+    }
+}

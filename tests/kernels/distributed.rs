@@ -541,7 +541,7 @@ fn a_peer_that_dies_fails_the_others_within_the_timeout() {
 }
 
 /// A free TCP port of the loopback interface.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -549,7 +549,7 @@ fn free_port() -> u16 {
 }
 
 /// A child process running the ignored test `test` of this binary with `envs`.
-fn child(test: &str, envs: &[(&str, String)]) -> std::process::Child {
+pub(crate) fn child(test: &str, envs: &[(&str, String)]) -> std::process::Child {
     let exe = std::env::current_exe().expect("the test binary");
     std::process::Command::new(exe)
         .args([
@@ -566,7 +566,7 @@ fn child(test: &str, envs: &[(&str, String)]) -> std::process::Child {
 }
 
 /// Waits for `child` at most until `deadline` (then kills it); its exit status, or None when killed.
-fn wait_until(
+pub(crate) fn wait_until(
     child: &mut std::process::Child,
     deadline: Instant,
 ) -> Option<std::process::ExitStatus> {
@@ -592,33 +592,44 @@ fn spawn_group(
     dir: &Path,
     out: impl Fn(usize) -> std::path::PathBuf,
 ) -> Reaper {
+    spawn_peers(peer_test, timeout_s, dir, out, |_| Some(Vec::new()))
+}
+
+/// [`spawn_group`] with each rank's own environment on top (`env(rank)`; `None`: that rank is not started).
+pub(crate) fn spawn_peers(
+    peer_test: &str,
+    timeout_s: u64,
+    dir: &Path,
+    out: impl Fn(usize) -> std::path::PathBuf,
+    env: impl Fn(usize) -> Option<Vec<(&'static str, String)>>,
+) -> Reaper {
     let orchestrator = free_port();
     let mut children = Reaper(vec![child(
         "distributed::orchestrator_process",
         &[("BURN_TE_TEST_ORCHESTRATOR_PORT", orchestrator.to_string())],
     )]);
     for rank in 0..PEERS {
-        children.0.push(child(
-            peer_test,
-            &[
-                ("RANK", rank.to_string()),
-                ("WORLD_SIZE", PEERS.to_string()),
-                (
-                    "BURN_TE_ORCHESTRATOR",
-                    format!("ws://127.0.0.1:{orchestrator}"),
-                ),
-                ("BURN_TE_NODE_PORT", free_port().to_string()),
-                ("BURN_TE_COLLECTIVE_TIMEOUT_S", timeout_s.to_string()),
-                ("BURN_TE_TEST_DIR", dir.display().to_string()),
-                ("BURN_TE_TEST_PEER_OUT", out(rank).display().to_string()),
-            ],
-        ));
+        let Some(extra) = env(rank) else { continue };
+        let mut envs = vec![
+            ("RANK", rank.to_string()),
+            ("WORLD_SIZE", PEERS.to_string()),
+            (
+                "BURN_TE_ORCHESTRATOR",
+                format!("ws://127.0.0.1:{orchestrator}"),
+            ),
+            ("BURN_TE_NODE_PORT", free_port().to_string()),
+            ("BURN_TE_COLLECTIVE_TIMEOUT_S", timeout_s.to_string()),
+            ("BURN_TE_TEST_DIR", dir.display().to_string()),
+            ("BURN_TE_TEST_PEER_OUT", out(rank).display().to_string()),
+        ];
+        envs.extend(extra);
+        children.0.push(child(peer_test, &envs));
     }
     children
 }
 
 /// Kills the child processes when dropped (a failed assertion leaves no process behind).
-struct Reaper(Vec<std::process::Child>);
+pub(crate) struct Reaper(pub(crate) Vec<std::process::Child>);
 impl Drop for Reaper {
     fn drop(&mut self) {
         for child in &mut self.0 {

@@ -212,7 +212,11 @@ fn chosen_tiling_fits_the_device() {
         tiling.shared_bytes()
     );
     if properties.features.plane.is_empty() {
-        assert_eq!(tiling, GemmTiling::CPU, "device shared memory {shared} bytes");
+        assert_eq!(
+            tiling,
+            GemmTiling::CPU,
+            "device shared memory {shared} bytes"
+        );
     }
 }
 

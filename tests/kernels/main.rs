@@ -7,6 +7,7 @@ mod common;
 mod config_fuzz;
 mod conformance;
 mod dashboard;
+mod data_parallel;
 mod debug;
 mod decorator;
 mod diagnostics;

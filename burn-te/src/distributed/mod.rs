@@ -4,6 +4,9 @@
 //! processes and machines.
 //!
 //! What uses it:
+//! - data parallelism: the model's gradients averaged over every peer each step ([`Peer::all_reduce_gradients`],
+//!   in [`gradients`]), so the replicas stay identical; the peers check at start that they run the same
+//!   recipe and run ([`Peer::agree_on`]); [`launch`] starts the processes in torchrun's style;
 //! - the delayed-scaling amax reduction (`reduce_amax`, TE's default): every peer quantizes with the same scale
 //!   (see [`crate::fp8_state`]);
 //! - the debug tools' statistics, reduced exactly across peers at `step()` (burn-te-debug);
@@ -37,6 +40,9 @@ use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_collective::{CollectiveConfig, PeerId, ReduceOperation};
 
 use crate::TeError;
+
+pub mod gradients;
+pub mod launch;
 
 /// How a [`Peer`] joins its group.
 #[derive(Clone, Debug)]
@@ -193,6 +199,15 @@ fn describe(err: burn_collective::CollectiveError) -> String {
         E::AllReduceShapeMismatch | E::AllReduceOperationMismatch => {
             format!("the peers' calls do not match (burn-collective: {err:?})")
         }
+        E::RegisterParamsMismatch => format!(
+            "the peers of this process were started with different world sizes (burn-collective: {err:?})"
+        ),
+        E::Global(ref global) if format!("{global:?}").contains("RegisterParamsMismatch") => {
+            format!(
+                "the processes were started with different world sizes: the first to join set another \
+             (burn-collective: {err:?})"
+            )
+        }
         other => format!("burn-collective: {other:?}"),
     }
 }
@@ -309,7 +324,8 @@ impl Peer {
             Ok(_) => match receiver.recv_timeout(self.state.timeout) {
                 Ok(result) => result,
                 Err(mpsc::RecvTimeoutError::Timeout) => Err(format!(
-                    "no answer from every peer within {:.1} s (a peer died, or did not reach the same call)",
+                    "no answer from every peer within {:.1} s (a peer died, did not start, was started with \
+                     another world size, or did not reach the same call)",
                     started.elapsed().as_secs_f64()
                 )),
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
@@ -362,6 +378,21 @@ impl Peer {
             .collect())
     }
 
+    /// The element-wise sum of every peer's `values` (the same number at every peer), in `f64` (a collective
+    /// call named `what` in errors).
+    fn sum(&self, what: &str, values: Vec<f64>) -> Result<Vec<f64>, TeError> {
+        let expected = values.len();
+        let exchange = self.state.exchange.clone();
+        let sum = self.blocking(what, move || exchange.sum(values))?;
+        if sum.len() != expected {
+            return Err(TeError::Collective(format!(
+                "{what}: {} values back, expected {expected}",
+                sum.len()
+            )));
+        }
+        Ok(sum)
+    }
+
     /// Every peer's `words` (the same number at every peer), by rank: each peer's in its slot of a zero tensor,
     /// summed.
     fn gather_words(&self, what: &str, words: &[u32]) -> Result<Vec<Vec<u32>>, TeError> {
@@ -373,15 +404,7 @@ impl Peer {
         for (slot, &word) in values[rank * n..(rank + 1) * n].iter_mut().zip(words) {
             *slot = f64::from(word);
         }
-        let exchange = self.state.exchange.clone();
-        let sum = self.blocking(what, move || exchange.sum(values))?;
-        if sum.len() != world * n {
-            return Err(TeError::Collective(format!(
-                "{what}: {} values back, expected {}",
-                sum.len(),
-                world * n
-            )));
-        }
+        let sum = self.sum(what, values)?;
         if n == 0 {
             return Ok(vec![Vec::new(); world]);
         }
@@ -419,6 +442,38 @@ impl Peer {
             }
         }
         Ok(max)
+    }
+
+    /// The element-wise mean of every peer's `values` (the same number at every peer; e.g. the step's loss), the
+    /// same bits at every peer (a collective call).
+    pub fn all_reduce_mean(&self, values: &[f64]) -> Result<Vec<f64>, TeError> {
+        if self.state.world_size == 1 {
+            return Ok(values.to_vec());
+        }
+        let world = self.state.world_size as f64;
+        let sum = self.sum("mean", values.to_vec())?;
+        Ok(sum.into_iter().map(|s| s / world).collect())
+    }
+
+    /// Checks that every peer runs with the same `value` of `what` (the recipe, the model's or the run's
+    /// configuration), a collective call at the start of a run: when they differ, every peer gets an error that
+    /// names each rank's value, instead of training replicas that drift apart or a reduction that hangs.
+    pub fn agree_on(&self, what: &str, value: &str) -> Result<(), TeError> {
+        let all = self.all_gather_bytes(value.as_bytes())?;
+        if all.iter().all(|v| *v == all[0]) {
+            return Ok(());
+        }
+        let listed: Vec<String> = all
+            .iter()
+            .enumerate()
+            .map(|(rank, v)| format!("rank {rank}: {}", String::from_utf8_lossy(v)))
+            .collect();
+        Err(TeError::Collective(format!(
+            "peer {} of {}: the peers do not agree on {what} ({}); start every peer with the same",
+            self.state.rank,
+            self.state.world_size,
+            listed.join("; ")
+        )))
     }
 
     /// Makes this thread run as this peer until the guard drops: its rank names the logs, dumps and snapshots,

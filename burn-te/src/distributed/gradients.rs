@@ -1,0 +1,151 @@
+//! Data parallelism: a model's gradients averaged over every peer of the group — threads, processes and machines
+//! alike — every step, as PyTorch's DDP does ([`Peer::all_reduce_gradients`]).
+//!
+//! The gradients travel on burn-collective, on the same exchange as the amax and statistics reductions (its local
+//! server between threads, its global orchestrator between processes): one all-reduce per step of every gradient
+//! together, summed exactly in `f64` (the sum of a few `f32` values is exact there), then divided by the world size
+//! and rounded once to the gradient's dtype. So every peer gets the same bits, whatever order the reduction adds
+//! in, and a failed peer stops the others after the group's timeout instead of hanging them.
+
+use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{DType, FloatDType, Tensor, TensorData};
+
+use super::Peer;
+use crate::TeError;
+
+/// One parameter's gradient on its way through the all-reduce.
+struct Entry<B: Backend> {
+    id: ParamId,
+    dims: Vec<usize>,
+    device: B::Device,
+    dtype: DType,
+    /// This peer's gradient, flattened (`None`: the parameter got none here).
+    local: Option<Tensor<B, 1>>,
+    /// The average over the peers (`None`: no peer had a gradient).
+    reduced: Option<Vec<f32>>,
+}
+
+/// Takes every float parameter's gradient out of `grads`, in the module's order (the same at every peer).
+struct TakeGradients<'a, B: AutodiffBackend> {
+    grads: &'a mut GradientsParams,
+    entries: Vec<Entry<B::InnerBackend>>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for TakeGradients<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let local = self.grads.remove::<B::InnerBackend, D>(param.id);
+        let value = param.val();
+        let (device, dtype) = match &local {
+            Some(grad) => (grad.device(), grad.dtype()),
+            None => (value.device(), value.dtype()),
+        };
+        let dims = value.dims();
+        let numel = dims.iter().product::<usize>();
+        self.entries.push(Entry {
+            id: param.id,
+            dims: dims.to_vec(),
+            device,
+            dtype,
+            local: local.map(|grad| grad.reshape([numel])),
+            reduced: None,
+        });
+    }
+}
+
+/// Puts the averaged gradients back into `grads`, in the order [`TakeGradients`] took them.
+struct PutGradients<'a, B: AutodiffBackend> {
+    grads: &'a mut GradientsParams,
+    entries: std::vec::IntoIter<Entry<B::InnerBackend>>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for PutGradients<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let Some(entry) = self.entries.next() else {
+            return;
+        };
+        debug_assert_eq!(entry.id, param.id);
+        let Some(values) = entry.reduced else {
+            return;
+        };
+        let dims: [usize; D] = entry.dims.try_into().expect("the parameter's rank");
+        let data = TensorData::new(values, dims);
+        let grad = Tensor::<B::InnerBackend, D>::from_data(data, (&entry.device, entry.dtype));
+        self.grads.register::<B::InnerBackend, D>(entry.id, grad);
+    }
+}
+
+impl Peer {
+    /// Averages the gradients `grads` of `module` over every peer of the group (PyTorch DDP's all-reduce), so the
+    /// replicas stay identical: each gradient is the mean of the peers' gradients, the same bits at every peer. A
+    /// parameter without a gradient at some peer counts as zeros there (DDP's unused parameters); one without a
+    /// gradient at every peer stays without (a frozen parameter).
+    ///
+    /// A collective call, once per step at every peer, with the same model (the parameters are matched by their
+    /// order in the module); it fails after the group's timeout when a peer does not make it, like the other
+    /// exchanges (see the [module docs](super)). With one peer, `grads` comes back unchanged.
+    pub fn all_reduce_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &self,
+        module: &M,
+        mut grads: GradientsParams,
+    ) -> Result<GradientsParams, TeError> {
+        if self.world_size() == 1 {
+            return Ok(grads);
+        }
+        let mut take = TakeGradients::<B> {
+            grads: &mut grads,
+            entries: Vec::new(),
+        };
+        module.visit(&mut take);
+        let mut entries = take.entries;
+
+        // One exchange: a presence flag per parameter, then every parameter's values (zeros where absent).
+        let numel = |e: &Entry<_>| e.dims.iter().product::<usize>();
+        let total: usize = entries.iter().map(numel).sum();
+        let flags: Vec<bool> = entries.iter().map(|e| e.local.is_some()).collect();
+        let locals: Vec<Tensor<B::InnerBackend, 1>> = entries
+            .iter_mut()
+            .filter_map(|e| e.local.take().map(|t| t.cast(FloatDType::F32)))
+            .collect();
+        let mut present = if locals.is_empty() {
+            Vec::new()
+        } else {
+            // One device read for all of them.
+            Tensor::cat(locals, 0)
+                .try_into_data()
+                .map_err(|err| TeError::Read(format!("the gradients: {err:?}")))?
+                .to_vec::<f32>()
+                .map_err(|err| TeError::Read(format!("the gradients: {err:?}")))?
+        }
+        .into_iter();
+        let mut values = Vec::with_capacity(entries.len() + total);
+        values.extend(flags.iter().map(|&f| f64::from(u8::from(f))));
+        for (entry, &flag) in entries.iter().zip(&flags) {
+            let n = numel(entry);
+            if flag {
+                values.extend(present.by_ref().take(n).map(f64::from));
+            } else {
+                values.extend(std::iter::repeat_n(0.0, n));
+            }
+        }
+        let sum = self.sum("gradient all-reduce", values)?;
+
+        let world = self.world_size() as f64;
+        let (flags, mut sums) = sum.split_at(entries.len());
+        for (entry, &flag) in entries.iter_mut().zip(flags) {
+            let n = numel(entry);
+            let (mine, rest) = sums.split_at(n);
+            sums = rest;
+            if flag > 0.0 {
+                entry.reduced = Some(mine.iter().map(|&s| (s / world) as f32).collect());
+            }
+        }
+        let mut put = PutGradients::<B> {
+            grads: &mut grads,
+            entries: entries.into_iter(),
+        };
+        module.visit(&mut put);
+        Ok(grads)
+    }
+}
