@@ -44,6 +44,10 @@ fn main() {
 }
 
 fn try_main() -> Result<(), Error> {
+    // Warnings and errors only (burn-collective's server would otherwise log every transfer at INFO).
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .try_init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (launch, args) = Launch::from_args(&args)?;
     let iterations: usize = arg(&args, "--iterations").map_or(Ok(5), |v| v.parse())?;

@@ -174,8 +174,12 @@ fn ddp_peer_process() {
         return;
     };
     let dir = PathBuf::from(dir);
-    let Ok((Launch::Peer(config), _)) = Launch::from_args(&[]) else {
-        panic!("not started as a peer: {:?}", Launch::from_args(&[]));
+    // A launcher's child (its rank in the environment), or a peer started with `--rank/--world-size/--address`.
+    let args: Vec<String> = std::env::var("BURN_TE_TEST_ARGS")
+        .map(|a| a.split_whitespace().map(String::from).collect())
+        .unwrap_or_default();
+    let Ok((Launch::Peer(config), _)) = Launch::from_args(&args) else {
+        panic!("not started as a peer: {:?}", Launch::from_args(&args));
     };
     let rank = config.rank;
     let abort_at = std::env::var("BURN_TE_TEST_ABORT").ok().and_then(|v| {
@@ -427,6 +431,40 @@ fn data_parallel_processes_match_one_process_with_the_whole_batch() {
     eprintln!(
         "largest parameter difference, 2 processes vs 1: {worst:.2e} (relative to max(1, |p|))"
     );
+
+    // The same two peers started as on two machines (`--rank/--world-size/--address`, rank 0 hosting the
+    // orchestrator) train the same bits.
+    let machines = temp_dir("data-parallel-machines");
+    std::fs::write(machines.join("config.yaml"), CONFIG).unwrap();
+    let address = format!("127.0.0.1:{}", crate::distributed::free_port());
+    let mut peers = Reaper(
+        (0..PROCESSES)
+            .map(|rank| {
+                let args = format!("--rank {rank} --world-size {PROCESSES} --address {address}");
+                child(
+                    "data_parallel::ddp_peer_process",
+                    &[
+                        ("BURN_TE_TEST_DIR", machines.display().to_string()),
+                        ("BURN_TE_TEST_ARGS", args),
+                    ],
+                )
+            })
+            .collect(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for (rank, peer) in peers.0.iter_mut().enumerate() {
+        let status = wait_until(peer, deadline);
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "peer {rank} by flags: {status:?}"
+        );
+    }
+    for (rank, run) in runs.iter().enumerate() {
+        assert!(
+            peer_run(&machines, rank) == *run,
+            "rank {rank} by flags differs from launched"
+        );
+    }
 
     // Every rank's statistics log is complete: each step's statistics of fc1's activation, reduced over the ranks
     // to the whole batch's (f64 re-computation), in both logs alike.

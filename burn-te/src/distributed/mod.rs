@@ -380,16 +380,21 @@ impl Peer {
 
     /// The element-wise sum of every peer's `values` (the same number at every peer), in `f64` (a collective
     /// call named `what` in errors).
-    fn sum(&self, what: &str, values: Vec<f64>) -> Result<Vec<f64>, TeError> {
+    fn sum(&self, what: &str, mut values: Vec<f64>) -> Result<Vec<f64>, TeError> {
         let expected = values.len();
+        // burn-collective's ring all-reduce across processes splits the tensor in one slice per process: it needs
+        // at least that many values.
+        values.resize(expected.max(self.state.world_size), 0.0);
+        let padded = values.len();
         let exchange = self.state.exchange.clone();
-        let sum = self.blocking(what, move || exchange.sum(values))?;
-        if sum.len() != expected {
+        let mut sum = self.blocking(what, move || exchange.sum(values))?;
+        if sum.len() != padded {
             return Err(TeError::Collective(format!(
-                "{what}: {} values back, expected {expected}",
+                "{what}: {} values back, expected {padded}",
                 sum.len()
             )));
         }
+        sum.truncate(expected);
         Ok(sum)
     }
 
