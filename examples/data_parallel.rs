@@ -111,7 +111,7 @@ fn train<B: AutodiffBackend + TeBackend>(
     let peer = Peer::join(config)?;
     let (rank, world) = (peer.rank(), peer.world_size());
     let recipe = DelayedScaling::default();
-    if GLOBAL_SHAPE[1] % world != 0 {
+    if !GLOBAL_SHAPE[1].is_multiple_of(world) {
         return Err(format!(
             "the global batch {} does not split over {world} processes",
             GLOBAL_SHAPE[1]

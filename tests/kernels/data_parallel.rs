@@ -302,8 +302,9 @@ fn peer_run(dir: &Path, rank: usize) -> Run {
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     let losses: Vec<u32> = serde_json::from_value(json["losses"].clone()).unwrap();
     let params: Vec<Vec<u32>> = serde_json::from_value(json["params"].clone()).unwrap();
-    let fp8: Vec<Vec<(String, Vec<u32>, u32, bool)>> =
-        serde_json::from_value(json["fp8"].clone()).unwrap();
+    // (role, amax history bits, scale bits, pending) per layer.
+    type Fp8Bits = Vec<Vec<(String, Vec<u32>, u32, bool)>>;
+    let fp8: Fp8Bits = serde_json::from_value(json["fp8"].clone()).unwrap();
     Run {
         losses: floats(losses),
         params: params.into_iter().map(floats).collect(),
