@@ -82,18 +82,18 @@ fn arg(args: &[String], name: &str) -> Option<String> {
 }
 
 fn run(config: PeerConfig, iterations: usize) -> Result<(), Error> {
-    let cpu_only = std::env::var("BURN_TE_DEVICE").is_ok_and(|v| v == "cpu");
     #[cfg(feature = "wgpu")]
-    if !cpu_only {
-        use burn_te_kernels::cubecl::wgpu::{WgpuDevice, WgpuRuntime};
-        let device = WgpuDevice::default();
-        if let Some(name) = burn_te_suite::probe::<WgpuRuntime>(&device) {
-            println!(
-                "rank {}: wgpu ({name}), Autodiff<Debug<Te<Wgpu>>>",
-                config.rank
-            );
-            return train::<Autodiff<Debug<Te<burn::backend::Wgpu>>>>(config, iterations, &device);
-        }
+    if let Some((device, name)) = burn_te_suite::wgpu_device() {
+        println!(
+            "rank {}: wgpu ({name}), Autodiff<Debug<Te<Wgpu>>>",
+            config.rank
+        );
+        return train::<Autodiff<Debug<Te<burn::backend::Wgpu>>>>(config, iterations, &device);
+    }
+    if !burn_te_suite::cpu_only() {
+        println!(
+            "no wgpu device found (on a CPU-only Linux machine: apt-get install mesa-vulkan-drivers)"
+        );
     }
     println!(
         "rank {}: the CPU host path, Autodiff<Debug<Te<Flex>>>",

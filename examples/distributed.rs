@@ -210,22 +210,17 @@ fn try_main() -> Result<(), Error> {
 }
 
 fn run(peers: usize, iterations: usize, config_file: &Path) -> Result<Vec<PeerReport>, Error> {
-    let cpu_only = std::env::var("BURN_TE_DEVICE").is_ok_and(|v| v == "cpu");
     #[cfg(feature = "wgpu")]
-    if !cpu_only {
-        use burn_te_kernels::cubecl::wgpu::{WgpuDevice, WgpuRuntime};
-        let device = WgpuDevice::default();
-        if let Some(name) = burn_te_suite::probe::<WgpuRuntime>(&device) {
-            println!(
-                "{peers} peers on the default wgpu device ({name}), Autodiff<Debug<Te<Wgpu>>>"
-            );
-            return train::<Autodiff<Debug<Te<burn::backend::Wgpu>>>>(
-                peers,
-                iterations,
-                &device,
-                config_file,
-            );
-        }
+    if let Some((device, name)) = burn_te_suite::wgpu_device() {
+        println!("{peers} peers on the default wgpu device ({name}), Autodiff<Debug<Te<Wgpu>>>");
+        return train::<Autodiff<Debug<Te<burn::backend::Wgpu>>>>(
+            peers,
+            iterations,
+            &device,
+            config_file,
+        );
+    }
+    if !burn_te_suite::cpu_only() {
         println!(
             "no wgpu device found (on a CPU-only Linux machine: apt-get install mesa-vulkan-drivers)"
         );

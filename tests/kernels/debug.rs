@@ -555,6 +555,20 @@ pub(crate) fn read_safetensors(path: &Path) -> SafetensorsFile {
     (tensors, metadata)
 }
 
+/// A dump's `high_precision` tensor is f32 of `shape` holding `values`, bit for bit.
+fn assert_high_precision(
+    dump: &std::collections::BTreeMap<String, (String, Vec<usize>, Vec<u8>)>,
+    shape: &[usize],
+    values: &[f32],
+) {
+    let (dtype, dumped_shape, bytes) = &dump["high_precision"];
+    assert_eq!((dtype.as_str(), dumped_shape.as_slice()), ("F32", shape));
+    assert_eq!(
+        f32s(bytes).iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        values.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+}
+
 pub(crate) fn f32s(bytes: &[u8]) -> Vec<f32> {
     bytes
         .chunks_exact(4)
@@ -696,15 +710,7 @@ fn debug_on_wgpu_dumps_tensors_logs_blockwise_ranges_and_exact_underflows() {
     let iter_dir = dir.join("tensor_dumps/rank_0/iter_000010");
     let (activation, meta) =
         read_safetensors(&iter_dir.join("blocks_0_fc0_activation.safetensors"));
-    let (dtype, shape, bytes) = &activation["high_precision"];
-    assert_eq!(
-        (dtype.as_str(), shape.as_slice()),
-        ("F32", &[rows, cols][..])
-    );
-    assert_eq!(
-        f32s(bytes).iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-        values.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-    );
+    assert_high_precision(&activation, &[rows, cols], &values);
     let (dtype, shape, bytes) = &activation["quantized"];
     assert_eq!(
         (dtype.as_str(), shape.as_slice()),
@@ -1260,16 +1266,7 @@ fn a_frozen_layers_gradient_is_logged_and_dumped_once_per_iteration() {
                 "tensor_dumps/rank_0/iter_{iteration:06}/{layer}_gradient.safetensors"
             ));
             let (dump, _) = read_safetensors(&path);
-            let (dtype, shape, bytes) = &dump["high_precision"];
-            assert_eq!(
-                (dtype.as_str(), shape.as_slice()),
-                ("F32", &[tokens, d_out][..])
-            );
-            assert_eq!(
-                f32s(bytes).iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                g.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                "{layer}'s dumped gradient at {iteration}"
-            );
+            assert_high_precision(&dump, &[tokens, d_out], g);
         }
         // The trainable layers log theirs once: at dgrad in the middle, at wgrad in front (whose input needs no
         // gradient).
