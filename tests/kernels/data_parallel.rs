@@ -362,9 +362,14 @@ fn stats_log(dir: &Path, rank: usize) -> Vec<(u64, String, f64)> {
 #[test]
 fn data_parallel_processes_match_one_process_with_the_whole_batch() {
     let dir = temp_dir("data-parallel");
+    // Launched with gradient buckets of 100 values (9 exchanges per step); the peers started by flags below use the
+    // default (one), and must train the same bits.
     let (exits, took) = launch(
         &dir,
-        &[("BURN_TE_TEST_TIMEOUT_S", "60".into())],
+        &[
+            ("BURN_TE_TEST_TIMEOUT_S", "60".into()),
+            ("BURN_TE_GRADIENT_BUCKET", "100".into()),
+        ],
         Duration::from_secs(180),
     );
     assert_eq!(exits, vec![Some(0); PROCESSES], "the ranks' exits");
@@ -434,7 +439,7 @@ fn data_parallel_processes_match_one_process_with_the_whole_batch() {
     );
 
     // The same two peers started as on two machines (`--rank/--world-size/--address`, rank 0 hosting the
-    // orchestrator) train the same bits.
+    // orchestrator), with one gradient bucket, train the same bits.
     let machines = temp_dir("data-parallel-machines");
     std::fs::write(machines.join("config.yaml"), CONFIG).unwrap();
     let address = format!("127.0.0.1:{}", crate::distributed::free_port());

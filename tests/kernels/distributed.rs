@@ -542,10 +542,19 @@ fn a_peer_that_dies_fails_the_others_within_the_timeout() {
 
 /// A free TCP port of the loopback interface.
 pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    free_ports(1)[0]
+}
+
+/// `n` distinct free TCP ports of the loopback interface (held until all are chosen: a port released at once may be
+/// handed out again).
+pub(crate) fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<_> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("its address").port())
+        .collect()
 }
 
 /// A child process running the ignored test `test` of this binary with `envs`.
@@ -603,7 +612,8 @@ pub(crate) fn spawn_peers(
     out: impl Fn(usize) -> std::path::PathBuf,
     env: impl Fn(usize) -> Option<Vec<(&'static str, String)>>,
 ) -> Reaper {
-    let orchestrator = free_port();
+    let ports = free_ports(1 + PEERS);
+    let orchestrator = ports[0];
     let mut children = Reaper(vec![child(
         "distributed::orchestrator_process",
         &[("BURN_TE_TEST_ORCHESTRATOR_PORT", orchestrator.to_string())],
@@ -617,7 +627,7 @@ pub(crate) fn spawn_peers(
                 "BURN_TE_ORCHESTRATOR",
                 format!("ws://127.0.0.1:{orchestrator}"),
             ),
-            ("BURN_TE_NODE_PORT", free_port().to_string()),
+            ("BURN_TE_NODE_PORT", ports[1 + rank].to_string()),
             ("BURN_TE_COLLECTIVE_TIMEOUT_S", timeout_s.to_string()),
             ("BURN_TE_TEST_DIR", dir.display().to_string()),
             ("BURN_TE_TEST_PEER_OUT", out(rank).display().to_string()),

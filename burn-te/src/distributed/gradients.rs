@@ -2,9 +2,10 @@
 //! alike — every step, as PyTorch's DDP does ([`Peer::all_reduce_gradients`]).
 //!
 //! The gradients travel on burn-collective, on the same exchange as the amax and statistics reductions (its local
-//! server between threads, its global orchestrator between processes): one all-reduce per step of every gradient
-//! together, summed exactly in `f64` (the sum of a few `f32` values is exact there), then divided by the world size
-//! and rounded once to the gradient's dtype. So every peer gets the same bits, whatever order the reduction adds
+//! server between threads, its global orchestrator between processes): every gradient of the step together, in
+//! buckets of [`PeerConfig::gradient_bucket`](super::PeerConfig::gradient_bucket) values, summed exactly in `f64`
+//! (the sum of a few `f32` values is exact there), then divided by the world size and rounded once to the
+//! gradient's dtype. So every peer gets the same bits, whatever order the reduction adds
 //! in, and a failed peer stops the others after the group's timeout instead of hanging them.
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
@@ -100,10 +101,15 @@ impl Peer {
         module.visit(&mut take);
         let mut entries = take.entries;
 
-        // One exchange: a presence flag per parameter, then every parameter's values (zeros where absent).
+        // Which parameters have a gradient here, and at some peer: one small exchange.
+        let here: Vec<bool> = entries.iter().map(|e| e.local.is_some()).collect();
+        let flags = here.iter().map(|&h| f64::from(u8::from(h))).collect();
+        let present_somewhere = self.sum("gradient all-reduce (parameters)", flags)?;
+
+        // Every parameter's values in the module's order, zeros where this peer has no gradient.
         let numel = |e: &Entry<_>| e.dims.iter().product::<usize>();
         let total: usize = entries.iter().map(numel).sum();
-        let flags: Vec<bool> = entries.iter().map(|e| e.local.is_some()).collect();
+        let mut values = Vec::with_capacity(total);
         let locals: Vec<Tensor<B::InnerBackend, 1>> = entries
             .iter_mut()
             .filter_map(|e| e.local.take().map(|t| t.cast(FloatDType::F32)))
@@ -119,26 +125,29 @@ impl Peer {
                 .map_err(|err| TeError::Read(format!("the gradients: {err:?}")))?
         }
         .into_iter();
-        let mut values = Vec::with_capacity(entries.len() + total);
-        values.extend(flags.iter().map(|&f| f64::from(u8::from(f))));
-        for (entry, &flag) in entries.iter().zip(&flags) {
+        for (entry, &mine) in entries.iter().zip(&here) {
             let n = numel(entry);
-            if flag {
-                values.extend(present.by_ref().take(n).map(f64::from));
+            if mine {
+                values.extend(present.by_ref().take(n));
             } else {
-                values.extend(std::iter::repeat_n(0.0, n));
+                values.extend(std::iter::repeat_n(0.0f32, n));
             }
         }
-        let sum = self.sum("gradient all-reduce", values)?;
 
+        // The sums in buckets of at most `PeerConfig::gradient_bucket` values (as DDP's buckets bound what is in
+        // flight), each added exactly in f64, averaged and rounded once: the bucketing changes no value.
         let world = self.world_size() as f64;
-        let (flags, mut sums) = sum.split_at(entries.len());
-        for (entry, &flag) in entries.iter_mut().zip(flags) {
-            let n = numel(entry);
-            let (mine, rest) = sums.split_at(n);
-            sums = rest;
-            if flag > 0.0 {
-                entry.reduced = Some(mine.iter().map(|&s| (s / world) as f32).collect());
+        let mut means = Vec::with_capacity(total);
+        for bucket in values.chunks(self.state.gradient_bucket) {
+            let bucket = bucket.iter().map(|&v| f64::from(v)).collect();
+            let sum = self.sum("gradient all-reduce", bucket)?;
+            means.extend(sum.into_iter().map(|s| (s / world) as f32));
+        }
+        let mut means = means.into_iter();
+        for (entry, &had) in entries.iter_mut().zip(&present_somewhere) {
+            let mean: Vec<f32> = means.by_ref().take(numel(entry)).collect();
+            if had > 0.0 {
+                entry.reduced = Some(mean);
             }
         }
         let mut put = PutGradients::<B> {

@@ -196,9 +196,21 @@ fn route_to(address: &str) -> Result<String, TeError> {
 
 /// A free TCP port of this machine.
 fn free_port() -> Result<u16, TeError> {
-    TcpListener::bind("0.0.0.0:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
+    Ok(free_ports(1)?[0])
+}
+
+/// `n` distinct free TCP ports of this machine (all held until all are chosen: a port released at once may be
+/// handed out again).
+fn free_ports(n: usize) -> Result<Vec<u16>, TeError> {
+    let listeners = (0..n)
+        .map(|_| TcpListener::bind("0.0.0.0:0"))
+        .collect::<Result<Vec<_>, _>>();
+    listeners
+        .and_then(|ls| {
+            ls.iter()
+                .map(|l| l.local_addr().map(|a| a.port()))
+                .collect()
+        })
         .map_err(|err| TeError::Collective(format!("no free port for the collective: {err}")))
 }
 
@@ -276,7 +288,9 @@ impl LocalLaunch {
     /// `LOCAL_WORLD_SIZE`, and burn-te's `BURN_TE_ORCHESTRATOR`, `BURN_TE_NODE_PORT`,
     /// `BURN_TE_COLLECTIVE_TIMEOUT_S`) and waits for all of them; how each ended, by rank.
     pub fn run(&self) -> Result<Vec<RankExit>, TeError> {
-        let orchestrator = free_port()?;
+        // The orchestrator's port, then each peer's data-service port.
+        let ports = free_ports(1 + self.nproc)?;
+        let orchestrator = ports[0];
         if self.nproc > 1 {
             start_orchestrator(orchestrator);
             wait_listening(("127.0.0.1", orchestrator), Duration::from_secs(10))?;
@@ -293,7 +307,7 @@ impl LocalLaunch {
                     "BURN_TE_ORCHESTRATOR",
                     format!("ws://127.0.0.1:{orchestrator}"),
                 )
-                .env("BURN_TE_NODE_PORT", free_port()?.to_string())
+                .env("BURN_TE_NODE_PORT", ports[1 + rank].to_string())
                 .env(
                     "BURN_TE_COLLECTIVE_TIMEOUT_S",
                     self.timeout.as_secs().to_string(),

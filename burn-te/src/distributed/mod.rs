@@ -53,6 +53,9 @@ pub struct PeerConfig {
     pub world_size: usize,
     /// How long a collective call waits for the other peers before it fails (default 60 s).
     pub timeout: Duration,
+    /// The most gradient values one exchange of [`Peer::all_reduce_gradients`] carries (default 4 Mi, 32 MiB as
+    /// `f64`; DDP's `bucket_cap_mb`).
+    pub gradient_bucket: usize,
     /// Across processes: burn-collective's global settings; `None`: every peer is a thread of this process.
     pub global: Option<GlobalPeers>,
 }
@@ -80,6 +83,7 @@ impl PeerConfig {
             rank,
             world_size,
             timeout: Duration::from_secs(60),
+            gradient_bucket: 1 << 22,
             global: None,
         }
     }
@@ -87,7 +91,8 @@ impl PeerConfig {
     /// The peer of this process in a group of `world_size` processes, one peer each, from torchrun-style
     /// variables: `RANK`, `WORLD_SIZE`, and burn-te's `BURN_TE_ORCHESTRATOR` (the orchestrator's address),
     /// `BURN_TE_NODE_PORT` (this process's data-service port; its address is `ws://127.0.0.1:<port>` unless
-    /// `BURN_TE_NODE_ADDRESS` says otherwise), `BURN_TE_COLLECTIVE_TIMEOUT_S` (optional).
+    /// `BURN_TE_NODE_ADDRESS` says otherwise), `BURN_TE_COLLECTIVE_TIMEOUT_S` and `BURN_TE_GRADIENT_BUCKET`
+    /// (optional).
     pub fn from_env() -> Result<Self, TeError> {
         let var = |name: &str| {
             std::env::var(name)
@@ -101,6 +106,9 @@ impl PeerConfig {
         let rank = parse("RANK", var("RANK")?)? as usize;
         let world_size = parse("WORLD_SIZE", var("WORLD_SIZE")?)? as usize;
         let mut config = PeerConfig::local(rank, world_size);
+        if let Ok(bucket) = std::env::var("BURN_TE_GRADIENT_BUCKET") {
+            config.gradient_bucket = parse("BURN_TE_GRADIENT_BUCKET", bucket)?.max(1) as usize;
+        }
         if let Ok(timeout) = std::env::var("BURN_TE_COLLECTIVE_TIMEOUT_S") {
             config.timeout = Duration::from_secs(parse("BURN_TE_COLLECTIVE_TIMEOUT_S", timeout)?);
         }
@@ -205,9 +213,13 @@ fn describe(err: burn_collective::CollectiveError) -> String {
         E::Global(ref global) if format!("{global:?}").contains("RegisterParamsMismatch") => {
             format!(
                 "the processes were started with different world sizes: the first to join set another \
-             (burn-collective: {err:?})"
+                 (burn-collective: {err:?})"
             )
         }
+        E::Global(ref global) if format!("{global:?}").contains("DoubleRegister") => format!(
+            "another process joined with this process's node address: each needs its own data-service port \
+             (burn-collective: {err:?})"
+        ),
         other => format!("burn-collective: {other:?}"),
     }
 }
@@ -216,6 +228,7 @@ struct PeerState {
     rank: usize,
     world_size: usize,
     timeout: Duration,
+    gradient_bucket: usize,
     exchange: Arc<Exchange>,
     /// The first collective failure: the group is broken from then on.
     broken: Mutex<Option<String>>,
@@ -270,6 +283,7 @@ impl Peer {
             rank: config.rank,
             world_size: config.world_size,
             timeout: config.timeout,
+            gradient_bucket: config.gradient_bucket,
             exchange: Arc::new(Exchange { id }),
             broken: Mutex::new(None),
         };
