@@ -3,10 +3,10 @@
 //!
 //! The gradients travel on burn-collective, on the same exchange as the amax and statistics reductions (its local
 //! server between threads, its global orchestrator between processes): every gradient of the step together, in
-//! buckets of [`PeerConfig::gradient_bucket`](super::PeerConfig::gradient_bucket) values, summed exactly in `f64`
-//! (the sum of a few `f32` values is exact there), then divided by the world size and rounded once to the
-//! gradient's dtype. So every peer gets the same bits, whatever order the reduction adds
-//! in, and a failed peer stops the others after the group's timeout instead of hanging them.
+//! buckets of [`PeerConfig::gradient_bucket`](super::PeerConfig::gradient_bucket) values, summed in `f64` (exact
+//! for two peers' `f32` values, and for more unless their magnitudes lie more than 2²⁹ apart), then divided by the
+//! world size and rounded once to the gradient's dtype. So every peer gets the same bits, whatever order the
+//! reduction adds in, and a failed peer stops the others after the group's timeout instead of hanging them.
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;

@@ -153,6 +153,7 @@ fn machine_peer(
     if rank == 0 {
         start_orchestrator(port);
         wait_listening(("127.0.0.1", port), Duration::from_secs(10))?;
+        HOSTS_ORCHESTRATOR.store(true, std::sync::atomic::Ordering::Release);
     }
     let node_host = match node_address {
         Some(host) => host.to_string(),
@@ -170,6 +171,15 @@ fn machine_peer(
         });
     }
     Ok(config)
+}
+
+/// Whether this process hosts its group's orchestrator as one of the peers (rank 0 of `--rank/--address`).
+static HOSTS_ORCHESTRATOR: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this process is a peer that hosts its group's orchestrator (see [`super::Peer::leave`]).
+pub(crate) fn hosts_orchestrator() -> bool {
+    HOSTS_ORCHESTRATOR.load(std::sync::atomic::Ordering::Acquire)
 }
 
 /// This machine's address on the route to `address` (the interface the other peers reach it by).

@@ -502,12 +502,25 @@ impl Peer {
         PeerGuard { previous }
     }
 
-    /// Leaves the group (a collective call).
+    /// Leaves the group (a collective call): every peer first reaches the leave (a barrier); the process that hosts
+    /// the group's orchestrator (rank 0 started with `--address`, see [`launch`]) then waits a grace period after
+    /// its own leave: the orchestrator ends with the process, and a peer still leaving would
+    /// otherwise wait for it until its timeout.
     pub fn leave(self) -> Result<(), TeError> {
+        let hosting = launch::hosts_orchestrator() && self.state.world_size > 1;
+        // Every peer reaches the leave before any leaves.
+        self.all_reduce_max(&[0.0])?;
         let exchange = self.state.exchange.clone();
-        self.blocking("leave", move || exchange.finish())
+        self.blocking("leave", move || exchange.finish())?;
+        if hosting {
+            std::thread::sleep(LEAVE_GRACE);
+        }
+        Ok(())
     }
 }
+
+/// How long the orchestrator's host waits after leaving, for the other peers' leaves (see [`Peer::leave`]).
+const LEAVE_GRACE: Duration = Duration::from_secs(3);
 
 /// Forgets every peer of this process's exchange server and fails the calls still waiting (after a group that
 /// failed, before a new one joins).
