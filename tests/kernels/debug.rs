@@ -373,6 +373,18 @@ fn f64_stats(values: &[f32]) -> (f64, f64, f64, f64, f64) {
     (min, max, mean, std, v.iter().map(|x| x.abs()).sum())
 }
 
+/// [`f64_stats`] by LogTensorStats' names: min, max, mean, std, l1_norm.
+fn f64_named_stats(values: &[f32]) -> [(&'static str, f64); 5] {
+    let (min, max, mean, std, l1) = f64_stats(values);
+    [
+        ("min", min),
+        ("max", max),
+        ("mean", mean),
+        ("std", std),
+        ("l1_norm", l1),
+    ]
+}
+
 type B = Autodiff<Debug<Te<NdArray>>>;
 
 #[test]
@@ -432,14 +444,7 @@ stats:\n  enabled: True\n  layers:\n    layer_name_regex_pattern: 'fc0$'\n  tran
     };
     // Iteration 0 is before start_step: nothing logged.
     assert!(values.iter().all(|(it, _)| *it == 1), "{values:?}");
-    let (min, max, mean, std, l1) = f64_stats(&inputs);
-    for (stat, expected) in [
-        ("min", min),
-        ("max", max),
-        ("mean", mean),
-        ("std", std),
-        ("l1_norm", l1),
-    ] {
+    for (stat, expected) in f64_named_stats(&inputs) {
         let (_, value) = get(&format!("fc0_activation_{stat}"));
         assert!(
             (value - expected).abs() <= 1e-4 * expected.abs().max(1.0),
@@ -1240,15 +1245,8 @@ fn a_frozen_layers_gradient_is_logged_and_dumped_once_per_iteration() {
 
     let logged = collect.0.lock().unwrap().clone();
     for (iteration, g) in gs.iter().enumerate() {
-        let (min, max, mean, std, l1) = f64_stats(g);
         for layer in ["fc1", "linear2"] {
-            for (stat, expected) in [
-                ("min", min),
-                ("max", max),
-                ("mean", mean),
-                ("std", std),
-                ("l1_norm", l1),
-            ] {
+            for (stat, expected) in f64_named_stats(g) {
                 let name = format!("{layer}_gradient_{stat}");
                 let values: Vec<f64> = logged
                     .iter()
