@@ -15,7 +15,8 @@ use core::marker::PhantomData;
 use burn::tensor::TensorMetadata;
 use burn::tensor::ops::FloatTensor;
 use burn_te::backend::TeBackend;
-use burn_te::fp8_gemm::{self, CurrentScalingOverrides};
+use burn_te::fp8_gemm::{self, CurrentScalingOverrides, SavedForBackward};
+use burn_te::saved::{Saved, SavedOperand};
 use burn_te::{
     BlockScaleRule, Decorator, Fp8Format, Gemm, GemmSite, Recipe, ScaleBlock, Scaling, TensorRole,
     plain_linear_backward, plain_linear_forward,
@@ -48,12 +49,18 @@ impl<B: TeBackend> Decorator for Debug<B> {
 
     fn linear_x_backward(weight: FloatTensor<B>, output_grad: FloatTensor<B>) -> FloatTensor<B> {
         let (recipe, site) = plain_linear_backward::<B>(Gemm::Dgrad, &weight, &output_grad);
+        let weight = Saved::HighPrecision(weight);
         <Self as TeBackend>::te_linear_dgrad(weight, output_grad, &site, recipe.as_ref())
     }
 
     fn linear_weight_backward(x: FloatTensor<B>, output_grad: FloatTensor<B>) -> FloatTensor<B> {
         let (recipe, site) = plain_linear_backward::<B>(Gemm::Wgrad, &x, &output_grad);
-        <Self as TeBackend>::te_linear_wgrad(x, output_grad, &site, recipe.as_ref())
+        <Self as TeBackend>::te_linear_wgrad(
+            Saved::HighPrecision(x),
+            output_grad,
+            &site,
+            recipe.as_ref(),
+        )
     }
 }
 
@@ -258,13 +265,33 @@ fn output_of(gemm: Gemm) -> TensorName {
     }
 }
 
+/// The high-precision tensor of an operand a feature needs it for (inspecting or modifying it): a kept FP8 operand
+/// is dequantized (the forward keeps the original when a feature will modify it, see
+/// [`session::backward_needs_original`]).
+fn values_for_features<B: TeBackend>(
+    site: &GemmSite,
+    operand: &SavedOperand<B>,
+) -> Option<FloatTensor<B>> {
+    match burn_te::saved::values::<B>(operand.clone()) {
+        Ok(values) => Some(values),
+        Err(err) => {
+            burn_te::fallback::record(
+                "debug feature error",
+                format!("{site}: a kept operand could not be read for the features: {err}"),
+            );
+            None
+        }
+    }
+}
+
 /// One GEMM through the debug features: inspect the inputs, modify them, inspect them as the GEMM quantizes them,
-/// run the GEMM in FP8 or high precision (`run(operands, recipe, overrides)`), inspect the output.
+/// run the GEMM in FP8 or high precision (`run(operands, recipe, overrides)`), inspect the output. An operand the
+/// forward kept quantized is inspected as the values the GEMM multiplies.
 fn debug_gemm<B: TeBackend>(
     site: &GemmSite,
     recipe: Option<&Recipe>,
-    operands: [FloatTensor<B>; 2],
-    run: impl FnOnce([FloatTensor<B>; 2], Option<&Recipe>, CurrentScalingOverrides) -> FloatTensor<B>,
+    operands: [SavedOperand<B>; 2],
+    run: impl FnOnce([SavedOperand<B>; 2], Option<&Recipe>, CurrentScalingOverrides) -> FloatTensor<B>,
 ) -> FloatTensor<B> {
     if !session::active() {
         return run(operands, recipe, [None, None]);
@@ -285,11 +312,18 @@ fn debug_gemm<B: TeBackend>(
     let mut high_precision = !plan.fp8 || recipe.is_none();
     for (slot, role) in [lhs, rhs].into_iter().enumerate() {
         let tensor = TensorName::from(role);
-        let input = view(operands[slot].clone(), Some(role));
-        if plan.inspect.contains(&tensor) {
+        let (inspected, feature) = (plan.inspect.contains(&tensor), plan.modify[slot]);
+        if !inspected && feature.is_none() {
+            continue;
+        }
+        let Some(values) = values_for_features::<B>(site, &operands[slot]) else {
+            continue;
+        };
+        let input = view(values, Some(role));
+        if inspected {
             session::inspect(site, tensor, &input);
         }
-        let Some(feature) = plan.modify[slot] else {
+        let Some(feature) = feature else {
             continue;
         };
         match session::modify(site, feature, tensor, &input) {
@@ -297,7 +331,7 @@ fn debug_gemm<B: TeBackend>(
             Ok(Modified::HighPrecision(tensor_out)) => {
                 match tensor_out.into_any().downcast::<SiteTensor<B>>() {
                     Ok(tensor_out) => {
-                        operands[slot] = tensor_out.tensor;
+                        operands[slot] = Saved::HighPrecision(tensor_out.tensor);
                         modified[slot] = true;
                         high_precision = true;
                     }
@@ -318,6 +352,16 @@ fn debug_gemm<B: TeBackend>(
         }
     }
     let fp8 = if high_precision { None } else { recipe };
+    if high_precision {
+        // The GEMM runs in high precision: an operand kept quantized runs as the values it holds.
+        for operand in &mut operands {
+            if operand.is_quantized()
+                && let Some(values) = values_for_features::<B>(site, operand)
+            {
+                *operand = Saved::HighPrecision(values);
+            }
+        }
+    }
     for (slot, role) in [lhs, rhs].into_iter().enumerate() {
         if plan.postquantize[slot] {
             postquantize::<B>(
@@ -340,21 +384,23 @@ fn debug_gemm<B: TeBackend>(
 }
 
 /// TE's `inspect_tensor_postquantize`: the features see the operand as the GEMM quantizes it (dequantized: the
-/// values the FP8 GEMM multiplies), or as modified by `modify_tensor`; not called for an operand the GEMM takes in
-/// high precision unmodified (TE: "if none of the fp8 cast or modify_tensor is invoked").
+/// values the FP8 GEMM multiplies; for an operand the forward kept quantized, those values), or as modified by
+/// `modify_tensor`; not called for an operand the GEMM takes in high precision unmodified (TE: "if none of the fp8
+/// cast or modify_tensor is invoked").
 fn postquantize<B: TeBackend>(
     site: &GemmSite,
     fp8: Option<&Recipe>,
     role: TensorRole,
-    operand: &FloatTensor<B>,
+    operand: &SavedOperand<B>,
     current_margin: Option<f32>,
     modified: bool,
 ) {
     let tensor = TensorName::from(role);
-    let quantized = match fp8 {
-        _ if modified => Ok(operand.clone()),
-        None => return,
-        Some(recipe) => {
+    let quantized = match (fp8, operand) {
+        (_, Saved::HighPrecision(operand)) if modified => Ok(operand.clone()),
+        (None, _) => return,
+        (Some(_), Saved::Quantized(_)) => burn_te::saved::values::<B>(operand.clone()),
+        (Some(recipe), Saved::HighPrecision(operand)) => {
             let shape = operand.shape();
             fp8_gemm::quantize_operand::<B>(
                 operand.clone(),
@@ -391,15 +437,19 @@ fn with_overrides<B: TeBackend>(
     site: &GemmSite,
     recipe: Option<&Recipe>,
     overrides: CurrentScalingOverrides,
-    operands: [FloatTensor<B>; 2],
-    fp8: impl FnOnce(&Recipe, [FloatTensor<B>; 2]) -> Result<FloatTensor<B>, burn_te::TeError>,
-    plain: impl FnOnce(Option<&Recipe>, [FloatTensor<B>; 2]) -> FloatTensor<B>,
+    operands: [SavedOperand<B>; 2],
+    fp8: impl FnOnce(&Recipe, [SavedOperand<B>; 2]) -> Result<FloatTensor<B>, burn_te::TeError>,
+    plain: impl FnOnce(Option<&Recipe>, [SavedOperand<B>; 2]) -> FloatTensor<B>,
 ) -> FloatTensor<B> {
     match recipe {
         Some(recipe) if overrides.iter().any(Option::is_some) => {
             burn_te::diagnostics::observe_gemm::<B>(site, Some(recipe), operands, |operands| {
                 let result = fp8(recipe, operands.clone());
-                fp8_gemm::or_high_precision::<B>(site, result, || plain(None, operands))
+                fp8_gemm::or_high_precision::<B>(site, result, || {
+                    let [lhs, rhs] =
+                        operands.map(|operand| burn_te::saved::values_or_panic::<B>(site, operand));
+                    plain(None, [Saved::HighPrecision(lhs), Saved::HighPrecision(rhs)])
+                })
             })
         }
         recipe => plain(recipe, operands),
@@ -409,57 +459,96 @@ fn with_overrides<B: TeBackend>(
 impl<B: TeBackend> TeBackend for Debug<B> {
     burn_te::forward_fp8_ops!(B);
 
-    fn te_linear(
+    fn te_linear_fprop(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
         site: &GemmSite,
         recipe: Option<&Recipe>,
-    ) -> FloatTensor<Self> {
-        debug_gemm::<B>(site, recipe, [x, weight], |[x, w], recipe, overrides| {
+        save: [bool; 2],
+    ) -> (FloatTensor<Self>, SavedForBackward<Self::Fp8Data>) {
+        // The operands a feature will need in high precision at the backward are not kept quantized.
+        let save = [
+            save[0] && !session::backward_needs_original(site, Gemm::Wgrad),
+            save[1] && !session::backward_needs_original(site, Gemm::Dgrad),
+        ];
+        let saved = core::cell::RefCell::new([None, None]);
+        let operands = [Saved::HighPrecision(x), Saved::HighPrecision(weight)];
+        let output = debug_gemm::<B>(site, recipe, operands, |[x, w], recipe, overrides| {
+            let [x, w] = [x, w].map(|operand| burn_te::saved::values_or_panic::<B>(site, operand));
             with_overrides::<B>(
                 site,
                 recipe,
                 overrides,
-                [x, w],
-                |r, [x, w]| fp8_gemm::linear_fprop::<B>(x, w, bias.clone(), site, r, overrides),
-                |r, [x, w]| B::te_linear(x, w, bias.clone(), site, r),
+                [Saved::HighPrecision(x), Saved::HighPrecision(w)],
+                |r, operands| {
+                    let [x, w] =
+                        operands.map(|operand| burn_te::saved::values_or_panic::<B>(site, operand));
+                    let fprop =
+                        fp8_gemm::linear_fprop::<B>(x, w, bias.clone(), site, r, overrides, save);
+                    fprop.map(|(output, kept)| {
+                        *saved.borrow_mut() = kept;
+                        output
+                    })
+                },
+                |r, operands| {
+                    let [x, w] =
+                        operands.map(|operand| burn_te::saved::values_or_panic::<B>(site, operand));
+                    let (output, kept) = B::te_linear_fprop(x, w, bias.clone(), site, r, save);
+                    *saved.borrow_mut() = kept;
+                    output
+                },
             )
-        })
+        });
+        (output, saved.into_inner())
     }
 
     fn te_linear_dgrad(
-        weight: FloatTensor<Self>,
+        weight: SavedOperand<Self>,
         grad: FloatTensor<Self>,
         site: &GemmSite,
         recipe: Option<&Recipe>,
     ) -> FloatTensor<Self> {
-        debug_gemm::<B>(site, recipe, [grad, weight], |[g, w], recipe, overrides| {
+        let operands = [Saved::HighPrecision(grad), weight];
+        debug_gemm::<B>(site, recipe, operands, |operands, recipe, overrides| {
             with_overrides::<B>(
                 site,
                 recipe,
                 overrides,
-                [g, w],
-                |r, [g, w]| fp8_gemm::linear_dgrad::<B>(w, g, site, r, overrides),
-                |r, [g, w]| B::te_linear_dgrad(w, g, site, r),
+                operands,
+                |r, [g, w]| {
+                    let g = burn_te::saved::values_or_panic::<B>(site, g);
+                    fp8_gemm::linear_dgrad::<B>(w, g, site, r, overrides)
+                },
+                |r, [g, w]| {
+                    let g = burn_te::saved::values_or_panic::<B>(site, g);
+                    B::te_linear_dgrad(w, g, site, r)
+                },
             )
         })
     }
 
     fn te_linear_wgrad(
-        x: FloatTensor<Self>,
+        x: SavedOperand<Self>,
         grad: FloatTensor<Self>,
         site: &GemmSite,
         recipe: Option<&Recipe>,
     ) -> FloatTensor<Self> {
-        debug_gemm::<B>(site, recipe, [x, grad], |[x, g], recipe, overrides| {
+        let operands = [x, Saved::HighPrecision(grad)];
+        debug_gemm::<B>(site, recipe, operands, |operands, recipe, overrides| {
             with_overrides::<B>(
                 site,
                 recipe,
                 overrides,
-                [x, g],
-                |r, [x, g]| fp8_gemm::linear_wgrad::<B>(x, g, site, r, overrides),
-                |r, [x, g]| B::te_linear_wgrad(x, g, site, r),
+                operands,
+                |r, [x, g]| {
+                    let g = burn_te::saved::values_or_panic::<B>(site, g);
+                    fp8_gemm::linear_wgrad::<B>(x, g, site, r, overrides)
+                },
+                |r, [x, g]| {
+                    let g = burn_te::saved::values_or_panic::<B>(site, g);
+                    B::te_linear_wgrad(x, g, site, r)
+                },
             )
         })
     }

@@ -698,6 +698,23 @@ struct Ran {
     errors: Vec<String>,
 }
 
+/// Whether the features need `site`'s high-precision operands at its backward GEMM `gemm` of this iteration (they
+/// run it in high precision or modify an operand): the forward then keeps them for the backward instead of their
+/// FP8 copies (see `burn_te::saved`). A routing error keeps them too (the backward reports it).
+pub(crate) fn backward_needs_original(site: &GemmSite, gemm: Gemm) -> bool {
+    if !active() {
+        return false;
+    }
+    let Some(layer) = with_session(|s| s.layer_features(site)) else {
+        return false;
+    };
+    let site = site.with_gemm(gemm);
+    match in_features(|| routing::route(layer.features(), &site, layer.iteration)) {
+        Ok((plan, _)) => !plan.fp8 || plan.modify.iter().any(Option::is_some),
+        Err(_) => true,
+    }
+}
+
 /// The plan of a GEMM call, or `None` for the plain path (no active feature until a later iteration).
 pub(crate) fn plan(site: &GemmSite, fp8_scope: bool) -> Option<GemmPlan> {
     let layer = with_session(|s| (!s.skipping(site)).then(|| s.layer_features(site))).flatten()?;

@@ -15,19 +15,44 @@ use burn_te_kernels::{Fp8Format, Fp8Stats, ScaleBlock};
 
 use crate::TeError;
 use crate::backend::{Fp8HostData, Fp8Primitive, Scaling, TeBackend};
+use crate::fp8_gemm::SavedForBackward;
 use crate::recipe::Recipe;
+use crate::saved::{Saved, SavedOperand, SavedQuantized};
 use crate::site::{Gemm, GemmSite};
 
-/// The backward of `te_linear`: dgrad and wgrad with the forward's recipe, bias gradient in high precision.
+/// The backward of `te_linear`: dgrad and wgrad with the forward's recipe on the operands it kept, bias gradient
+/// in high precision.
 #[derive(Debug)]
 struct TeLinearBackward {
     site: GemmSite,
     recipe: Option<Recipe>,
 }
 
+/// An operand kept for the backward: the high-precision tensor through the checkpointer (so checkpointing
+/// strategies apply to it), or the forward's quantization of it (see [`crate::saved`]).
+#[derive(Clone, Debug)]
+enum Kept<D> {
+    Checkpointed(NodeId),
+    Quantized(SavedQuantized<D>),
+}
+
+impl<D> Kept<D> {
+    fn retrieve<B: TeBackend<Fp8Data = D>>(
+        self,
+        checkpointer: &mut Checkpointer,
+    ) -> SavedOperand<B> {
+        match self {
+            Kept::Checkpointed(id) => {
+                Saved::HighPrecision(checkpointer.retrieve_node_output::<FloatTensor<B>>(id))
+            }
+            Kept::Quantized(quantized) => Saved::Quantized(quantized),
+        }
+    }
+}
+
 impl<B: TeBackend, const N: usize> Backward<B, N> for TeLinearBackward {
-    /// Checkpointed x (needed for wgrad) and weight (needed for dgrad).
-    type State = (Option<NodeId>, Option<NodeId>);
+    /// x (needed for wgrad) and weight (needed for dgrad).
+    type State = (Option<Kept<B::Fp8Data>>, Option<Kept<B::Fp8Data>>);
 
     fn backward(
         self,
@@ -46,16 +71,16 @@ impl<B: TeBackend, const N: usize> Backward<B, N> for TeLinearBackward {
         );
         // The gradient reaches the debug tools at the layer's first backward GEMM (see `GemmSite::follows_dgrad`).
         let dgrad_ran = node_x.is_some() && weight_state.is_some();
-        if let (Some(node), Some(id)) = (node_x, weight_state) {
-            let weight = checkpointer.retrieve_node_output::<FloatTensor<B>>(id);
+        if let (Some(node), Some(weight)) = (node_x, weight_state) {
+            let weight = weight.retrieve::<B>(checkpointer);
             let site = self.site.with_gemm(Gemm::Dgrad);
             grads.register::<B>(
                 node.id,
                 B::te_linear_dgrad(weight, grad.clone(), &site, recipe),
             );
         }
-        if let (Some(node), Some(id)) = (node_weight, x_state) {
-            let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(id);
+        if let (Some(node), Some(x)) = (node_weight, x_state) {
+            let x = x.retrieve::<B>(checkpointer);
             let site = self.site.with_gemm(Gemm::Wgrad).following_dgrad(dgrad_ran);
             grads.register::<B>(node.id, B::te_linear_wgrad(x, grad.clone(), &site, recipe));
         }
@@ -174,6 +199,18 @@ impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff
         B::fp8_delayed_state_update(state, algo, format, margin)
     }
 
+    /// The forward alone (an autodiff backend keeps its operands in its own graph, see `te_linear`).
+    fn te_linear_fprop(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        site: &GemmSite,
+        recipe: Option<&Recipe>,
+        _save: [bool; 2],
+    ) -> (FloatTensor<Self>, SavedForBackward<Self::Fp8Data>) {
+        (Self::te_linear(x, weight, bias, site, recipe), [None, None])
+    }
+
     fn te_linear(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
@@ -186,17 +223,31 @@ impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff
             recipe: recipe.cloned(),
         };
         let (x_tracked, weight_tracked) = (x.is_tracked(), weight.is_tracked());
+        // x is only needed for the weight gradient, and the weight only for x's; kept quantized unless the user
+        // keeps the originals.
+        let quantize = recipe.is_some() && !crate::saved::saving_original_operands();
+        let save = [weight_tracked && quantize, x_tracked && quantize];
         macro_rules! run {
             ($prep:expr, $bias:expr) => {
                 match $prep.compute_bound().stateful() {
                     OpsKind::Tracked(mut prep) => {
-                        // x is only needed for the weight gradient, and the weight only for x's.
-                        let x_state = weight_tracked.then(|| prep.checkpoint(&x));
-                        let weight_state = x_tracked.then(|| prep.checkpoint(&weight));
-                        prep.finish(
-                            (x_state, weight_state),
-                            B::te_linear(x.primitive, weight.primitive, $bias, site, recipe),
-                        )
+                        let (output, [saved_x, saved_weight]) = B::te_linear_fprop(
+                            x.primitive.clone(),
+                            weight.primitive.clone(),
+                            $bias,
+                            site,
+                            recipe,
+                            save,
+                        );
+                        let mut keep = |tracked: bool, saved, tensor| {
+                            tracked.then(|| match saved {
+                                Some(quantized) => Kept::Quantized(quantized),
+                                None => Kept::Checkpointed(prep.checkpoint(tensor)),
+                            })
+                        };
+                        let x_state = keep(weight_tracked, saved_x, &x);
+                        let weight_state = keep(x_tracked, saved_weight, &weight);
+                        prep.finish((x_state, weight_state), output)
                     }
                     OpsKind::UnTracked(prep) => prep.finish(B::te_linear(
                         x.primitive,

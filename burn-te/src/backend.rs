@@ -8,7 +8,8 @@ use burn_te_kernels::{
     AmaxComputeAlgo, BlockScaleRule, Fp8Format, Fp8Stats, ScaleBlock, TensorStats,
 };
 
-use crate::fp8_gemm::fold_rows;
+use crate::fp8_gemm::{SavedForBackward, fold_rows};
+use crate::saved::SavedOperand;
 use crate::site::GemmSite;
 use crate::{Recipe, TeError};
 
@@ -270,7 +271,8 @@ pub trait TeBackend: Backend {
 
     /// A linear layer's forward GEMM at `site`: `x [.., in] · weight [in, out] + bias` in FP8 with `recipe`, or in
     /// high precision with `None`. On autodiff backends its backward runs [`te_linear_dgrad`](Self::te_linear_dgrad)
-    /// and [`te_linear_wgrad`](Self::te_linear_wgrad) with the same recipe.
+    /// and [`te_linear_wgrad`](Self::te_linear_wgrad) with the same recipe, on the operands
+    /// [`te_linear_fprop`](Self::te_linear_fprop) kept.
     fn te_linear(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
@@ -278,75 +280,100 @@ pub trait TeBackend: Backend {
         site: &GemmSite,
         recipe: Option<&Recipe>,
     ) -> FloatTensor<Self> {
+        Self::te_linear_fprop(x, weight, bias, site, recipe, [false, false]).0
+    }
+
+    /// [`te_linear`](Self::te_linear) that also keeps, for the backward, the input (`save[0]`, for wgrad) and the
+    /// weight (`save[1]`, for dgrad) quantized as the backward GEMMs consume them; `None` where it keeps nothing
+    /// (not asked, no recipe, a high-precision fallback): the backward then takes the high-precision tensor. See
+    /// [`crate::saved`]. Decorators implement this one; autodiff backends implement `te_linear`.
+    fn te_linear_fprop(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        site: &GemmSite,
+        recipe: Option<&Recipe>,
+        save: [bool; 2],
+    ) -> (FloatTensor<Self>, SavedForBackward<Self::Fp8Data>) {
         match recipe {
             None => {
                 count_high_precision();
-                high_precision_linear::<Self>(x, weight, bias)
+                (high_precision_linear::<Self>(x, weight, bias), [None, None])
             }
-            Some(recipe) => crate::fp8_gemm::or_high_precision::<Self>(
-                site,
-                crate::fp8_gemm::linear_fprop::<Self>(
+            Some(recipe) => {
+                let fp8 = crate::fp8_gemm::linear_fprop::<Self>(
                     x.clone(),
                     weight.clone(),
                     bias.clone(),
                     site,
                     recipe,
                     [None, None],
-                ),
-                || high_precision_linear::<Self>(x, weight, bias),
-            ),
+                    save,
+                );
+                crate::fp8_gemm::or_high_precision_saving::<Self>(site, fp8, || {
+                    high_precision_linear::<Self>(x, weight, bias)
+                })
+            }
         }
     }
 
-    /// A linear layer's input-gradient GEMM (dgrad): `grad · weightᵀ`.
+    /// A linear layer's input-gradient GEMM (dgrad): `grad · weightᵀ`, on the weight its forward kept.
     fn te_linear_dgrad(
-        weight: FloatTensor<Self>,
+        weight: SavedOperand<Self>,
         grad: FloatTensor<Self>,
         site: &GemmSite,
         recipe: Option<&Recipe>,
     ) -> FloatTensor<Self> {
+        let high_precision = |weight: SavedOperand<Self>, grad| {
+            crate::saved::values::<Self>(weight).map(|w| high_precision_dgrad::<Self>(w, grad))
+        };
         match recipe {
             None => {
                 count_high_precision();
-                high_precision_dgrad::<Self>(weight, grad)
+                crate::saved::or_panic::<Self>(site, high_precision(weight, grad))
             }
-            Some(recipe) => crate::fp8_gemm::or_high_precision::<Self>(
-                site,
-                crate::fp8_gemm::linear_dgrad::<Self>(
+            Some(recipe) => {
+                let fp8 = crate::fp8_gemm::linear_dgrad::<Self>(
                     weight.clone(),
                     grad.clone(),
                     site,
                     recipe,
                     [None, None],
-                ),
-                || high_precision_dgrad::<Self>(weight, grad),
-            ),
+                );
+                crate::fp8_gemm::or_high_precision::<Self>(site, fp8, || {
+                    crate::saved::or_panic::<Self>(site, high_precision(weight, grad))
+                })
+            }
         }
     }
 
-    /// A linear layer's weight-gradient GEMM (wgrad): `xᵀ · grad`.
+    /// A linear layer's weight-gradient GEMM (wgrad): `xᵀ · grad`, on the input its forward kept.
     fn te_linear_wgrad(
-        x: FloatTensor<Self>,
+        x: SavedOperand<Self>,
         grad: FloatTensor<Self>,
         site: &GemmSite,
         recipe: Option<&Recipe>,
     ) -> FloatTensor<Self> {
+        let high_precision = |x: SavedOperand<Self>, grad| {
+            crate::saved::values::<Self>(x).map(|x| high_precision_wgrad::<Self>(x, grad))
+        };
         match recipe {
             None => {
                 count_high_precision();
-                high_precision_wgrad::<Self>(x, grad)
+                crate::saved::or_panic::<Self>(site, high_precision(x, grad))
             }
-            Some(recipe) => crate::fp8_gemm::or_high_precision::<Self>(
-                site,
-                crate::fp8_gemm::linear_wgrad::<Self>(
+            Some(recipe) => {
+                let fp8 = crate::fp8_gemm::linear_wgrad::<Self>(
                     x.clone(),
                     grad.clone(),
                     site,
                     recipe,
                     [None, None],
-                ),
-                || high_precision_wgrad::<Self>(x, grad),
-            ),
+                );
+                crate::fp8_gemm::or_high_precision::<Self>(site, fp8, || {
+                    crate::saved::or_panic::<Self>(site, high_precision(x, grad))
+                })
+            }
         }
     }
 }

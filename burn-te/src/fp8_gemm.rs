@@ -9,6 +9,7 @@ use crate::TeError;
 use crate::backend::{Fp8Primitive, Scaling, TeBackend};
 use crate::nvfp4::Nvfp4Plan;
 use crate::recipe::{DelayedScaling, Recipe};
+use crate::saved::{Saved, SavedOperand, SavedQuantized};
 use crate::site::{Gemm, GemmSite, TensorRole};
 
 /// Returns the FP8 result, or on an error records the fallback (counted, logged, shown in the debug main log; see
@@ -28,6 +29,21 @@ pub fn or_high_precision<B: TeBackend>(
             high_precision()
         }
     }
+}
+
+/// [`or_high_precision`] for a forward that keeps operands for the backward: on an error the high-precision
+/// forward keeps none (the backward then takes the high-precision tensors).
+pub fn or_high_precision_saving<B: TeBackend>(
+    what: impl core::fmt::Display,
+    fp8: Result<(FloatTensor<B>, SavedForBackward<B::Fp8Data>), TeError>,
+    high_precision: impl FnOnce() -> FloatTensor<B>,
+) -> (FloatTensor<B>, SavedForBackward<B::Fp8Data>) {
+    let mut saved = [None, None];
+    let fp8 = fp8.map(|(output, kept)| {
+        saved = kept;
+        output
+    });
+    (or_high_precision::<B>(what, fp8, high_precision), saved)
 }
 
 /// Per-operand replacements of the recipe's scaling, `[lhs, rhs]` in the order of [`Gemm::operands`]: `Some(margin)`
@@ -206,7 +222,59 @@ pub fn k_along_cols(gemm: Gemm, role: TensorRole) -> bool {
     )
 }
 
-/// fprop: `x [.., in] · weight [in, out] (+ bias [out])` in FP8.
+/// What [`linear_fprop`] keeps for the backward: `[input for wgrad, weight for dgrad]`, each quantized as the
+/// backward GEMM consumes it, or `None` (not asked for).
+pub type SavedForBackward<D> = [Option<SavedQuantized<D>>; 2];
+
+/// Whether `recipe` quantizes `role` at fprop into the very codes its backward GEMM uses (one scale per tensor,
+/// or Float8BlockScaling's square weight blocks), so the fprop's tensor is kept rather than quantized again.
+fn fprop_quantization_serves_backward(recipe: &Recipe, role: TensorRole) -> bool {
+    match recipe {
+        Recipe::Delayed(_) | Recipe::Current(_) => true,
+        Recipe::Block(_) => role == TensorRole::Weight,
+        Recipe::Mxfp8(_) | Recipe::Nvfp4(_) => false,
+    }
+}
+
+/// The operand kept for `gemm` (dgrad's weight or wgrad's input): the fprop's quantization when it serves (and
+/// was not overridden), else a quantization of the high-precision `tensor` exactly as the backward GEMM would
+/// make it (its site, layout and rounding; delayed scaling uses the scale without recording).
+fn save_for<B: TeBackend>(
+    tensor: FloatTensor<B>,
+    fprop: &QuantizedOperand<B>,
+    overridden: bool,
+    recipe: &Recipe,
+    site: &GemmSite,
+    gemm: Gemm,
+    role: TensorRole,
+) -> Result<SavedQuantized<B::Fp8Data>, TeError> {
+    let shape = Shape::from(dims::<B>(&tensor));
+    let quantized = if fprop_quantization_serves_backward(recipe, role) && !overridden {
+        QuantizedOperand {
+            tensor: fprop.tensor.clone(),
+            transposed: fprop.transposed,
+        }
+    } else {
+        let site = site.with_gemm(gemm);
+        quantize_operand::<B>(
+            tensor,
+            recipe,
+            &site,
+            role,
+            k_along_cols(gemm, role),
+            false,
+            None,
+        )?
+    };
+    Ok(SavedQuantized {
+        tensor: quantized.tensor,
+        transposed: quantized.transposed,
+        shape,
+    })
+}
+
+/// fprop: `x [.., in] · weight [in, out] (+ bias [out])` in FP8. `save`: keep `[x, weight]` quantized for the
+/// backward (see [`crate::saved`]).
 pub fn linear_fprop<B: TeBackend>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
@@ -214,7 +282,8 @@ pub fn linear_fprop<B: TeBackend>(
     site: &GemmSite,
     recipe: &Recipe,
     overrides: CurrentScalingOverrides,
-) -> Result<FloatTensor<B>, TeError> {
+    save: [bool; 2],
+) -> Result<(FloatTensor<B>, SavedForBackward<B::Fp8Data>), TeError> {
     let (x_dims, w_dims) = (dims::<B>(&x), dims::<B>(&weight));
     if w_dims.len() != 2 || x_dims.last() != w_dims.first() {
         return Err(shape_error::<B>(
@@ -225,6 +294,8 @@ pub fn linear_fprop<B: TeBackend>(
         ));
     }
     let (x2, mut leading) = fold_rows::<B>(x);
+    let x_kept = save[0].then(|| x2.clone());
+    let w_kept = save[1].then(|| weight.clone());
     let qx = quantize_operand::<B>(
         x2,
         recipe,
@@ -243,6 +314,18 @@ pub fn linear_fprop<B: TeBackend>(
         true,
         overrides[1],
     )?;
+    let saved_x = x_kept
+        .map(|x2| {
+            let (overridden, role) = (overrides[0].is_some(), TensorRole::Activation);
+            save_for::<B>(x2, &qx, overridden, recipe, site, Gemm::Wgrad, role)
+        })
+        .transpose()?;
+    let saved_w = w_kept
+        .map(|w| {
+            let (overridden, role) = (overrides[1].is_some(), TensorRole::Weight);
+            save_for::<B>(w, &qw, overridden, recipe, site, Gemm::Dgrad, role)
+        })
+        .transpose()?;
     let mut out = gemm::<B>(qx, false, qw, false)?;
     let out_features = w_dims[1];
     // An empty batch stays empty (Burn's broadcasting does not take a zero-length dimension against 1).
@@ -252,25 +335,62 @@ pub fn linear_fprop<B: TeBackend>(
         out = B::float_add(out, bias);
     }
     leading.push(out_features);
-    Ok(B::float_reshape(out, Shape::from(leading)))
+    Ok((
+        B::float_reshape(out, Shape::from(leading)),
+        [saved_x, saved_w],
+    ))
+}
+
+/// A backward operand as the GEMM takes it: quantized for `role` (a high-precision one, with its override), or
+/// the forward's quantization, whose layout was made for this GEMM.
+fn backward_operand<B: TeBackend>(
+    saved: SavedOperand<B>,
+    recipe: &Recipe,
+    site: &GemmSite,
+    role: TensorRole,
+    override_margin: Option<f32>,
+) -> Result<QuantizedOperand<B>, TeError> {
+    match saved {
+        Saved::HighPrecision(tensor) => {
+            let (tensor, _) = fold_rows::<B>(tensor);
+            let k = k_along_cols(site.gemm, role);
+            quantize_operand::<B>(tensor, recipe, site, role, k, false, override_margin)
+        }
+        Saved::Quantized(_) if override_margin.is_some() => Err(TeError::InvalidRecipe(format!(
+            "{site}: the {role:?} was kept quantized by the forward, and a per-tensor scaling override \
+             needs the high-precision tensor (keep it: burn_te::saved::save_original_operands)"
+        ))),
+        Saved::Quantized(q) => Ok(QuantizedOperand {
+            tensor: q.tensor,
+            transposed: q.transposed,
+        }),
+    }
+}
+
+/// The dimensions of a saved operand (the folded ones for a quantized input).
+fn saved_dims<B: TeBackend>(saved: &SavedOperand<B>) -> Vec<usize> {
+    match saved {
+        Saved::HighPrecision(tensor) => dims::<B>(tensor),
+        Saved::Quantized(q) => q.shape.as_slice().to_vec(),
+    }
 }
 
 /// dgrad: `grad [.., out] · weightᵀ` → `[.., in]` in FP8 (the weight read transposed, no copy).
 pub fn linear_dgrad<B: TeBackend>(
-    weight: FloatTensor<B>,
+    weight: SavedOperand<B>,
     grad: FloatTensor<B>,
     site: &GemmSite,
     recipe: &Recipe,
     overrides: CurrentScalingOverrides,
 ) -> Result<FloatTensor<B>, TeError> {
-    let (w_dims, g_dims) = (dims::<B>(&weight), dims::<B>(&grad));
+    let (w_dims, g_dims) = (saved_dims::<B>(&weight), dims::<B>(&grad));
     if w_dims.len() != 2 || g_dims.last() != w_dims.get(1) {
-        return Err(shape_error::<B>(
-            "linear dgrad",
-            "expected weight [d_input, d_output] and grad [.., d_output]".into(),
-            &weight,
-            &grad,
-        ));
+        return Err(TeError::ShapeMismatch {
+            op: "linear dgrad",
+            reason: "expected weight [d_input, d_output] and grad [.., d_output]".into(),
+            lhs: w_dims,
+            rhs: g_dims,
+        });
     }
     let (g2, mut leading) = fold_rows::<B>(grad);
     // dgrad and wgrad both record the gradient's amax (the same tensor, so the max is the same): a frozen weight
@@ -284,15 +404,7 @@ pub fn linear_dgrad<B: TeBackend>(
         true,
         overrides[0],
     )?;
-    let qw = quantize_operand::<B>(
-        weight,
-        recipe,
-        site,
-        TensorRole::Weight,
-        k_along_cols(Gemm::Dgrad, TensorRole::Weight),
-        false,
-        overrides[1],
-    )?;
+    let qw = backward_operand::<B>(weight, recipe, site, TensorRole::Weight, overrides[1])?;
     let out = gemm::<B>(qg, false, qw, true)?;
     leading.push(w_dims[0]);
     Ok(B::float_reshape(out, Shape::from(leading)))
@@ -300,33 +412,35 @@ pub fn linear_dgrad<B: TeBackend>(
 
 /// wgrad: `xᵀ · grad` → `[in, out]` in FP8, reducing over every leading dimension (x read transposed, no copy).
 pub fn linear_wgrad<B: TeBackend>(
-    x: FloatTensor<B>,
+    x: SavedOperand<B>,
     grad: FloatTensor<B>,
     site: &GemmSite,
     recipe: &Recipe,
     overrides: CurrentScalingOverrides,
 ) -> Result<FloatTensor<B>, TeError> {
-    let (x_dims, g_dims) = (dims::<B>(&x), dims::<B>(&grad));
-    if x_dims.len() != g_dims.len() || x_dims[..x_dims.len() - 1] != g_dims[..g_dims.len() - 1] {
-        return Err(shape_error::<B>(
-            "linear wgrad",
-            "expected x [.., d_input] and grad [.., d_output] with the same leading dimensions"
-                .into(),
-            &x,
-            &grad,
-        ));
+    let (x_dims, g_dims) = (saved_dims::<B>(&x), dims::<B>(&grad));
+    let tokens = |d: &[usize]| d[..d.len().saturating_sub(1)].iter().product::<usize>();
+    let same_leading = match &x {
+        // A quantized input was folded to [tokens, in] by the forward.
+        Saved::Quantized(_) => {
+            x_dims.len() == 2 && !g_dims.is_empty() && tokens(&x_dims) == tokens(&g_dims)
+        }
+        Saved::HighPrecision(_) => {
+            x_dims.len() == g_dims.len() && x_dims[..x_dims.len() - 1] == g_dims[..g_dims.len() - 1]
+        }
+    };
+    if x_dims.is_empty() || !same_leading {
+        return Err(TeError::ShapeMismatch {
+            op: "linear wgrad",
+            reason:
+                "expected x [.., d_input] and grad [.., d_output] with the same leading dimensions"
+                    .into(),
+            lhs: x_dims,
+            rhs: g_dims,
+        });
     }
-    let (x2, _) = fold_rows::<B>(x);
     let (g2, _) = fold_rows::<B>(grad);
-    let qx = quantize_operand::<B>(
-        x2,
-        recipe,
-        site,
-        TensorRole::Activation,
-        k_along_cols(Gemm::Wgrad, TensorRole::Activation),
-        false,
-        overrides[0],
-    )?;
+    let qx = backward_operand::<B>(x, recipe, site, TensorRole::Activation, overrides[0])?;
     let qg = quantize_operand::<B>(
         g2,
         recipe,

@@ -42,6 +42,7 @@ pub mod nn;
 pub mod nvfp4;
 pub mod plain_linear;
 pub mod recipe;
+pub mod saved;
 pub mod site;
 mod te;
 
@@ -69,6 +70,7 @@ pub use recipe::{
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MXFP8BlockScaling,
     NVFP4BlockScaling, Recipe,
 };
+pub use saved::{Saved, SavedOperand, SavedQuantized, save_original_operands};
 pub use site::{Gemm, GemmSite, TensorRole};
 pub use te::Te;
 

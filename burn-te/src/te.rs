@@ -23,7 +23,9 @@ use crate::decorator::Decorator;
 use crate::diagnostics;
 use crate::site::{Gemm, GemmSite};
 
+use crate::fp8_gemm::SavedForBackward;
 use crate::plain_linear::{plain_linear_backward, plain_linear_forward};
+use crate::saved::{self, Saved, SavedOperand};
 use crate::{autocast, fp8_gemm};
 
 /// The FP8 backend decorator: `B` with FP8 GEMMs inside autocast scopes. Use as `Autodiff<Te<Wgpu>>`.
@@ -62,12 +64,17 @@ impl<B: TeBackend> Decorator for Te<B> {
 
     fn linear_x_backward(weight: FloatTensor<B>, output_grad: FloatTensor<B>) -> FloatTensor<B> {
         let (recipe, site) = plain_linear_backward::<B>(Gemm::Dgrad, &weight, &output_grad);
-        Self::te_linear_dgrad(weight, output_grad, &site, recipe.as_ref())
+        Self::te_linear_dgrad(
+            Saved::HighPrecision(weight),
+            output_grad,
+            &site,
+            recipe.as_ref(),
+        )
     }
 
     fn linear_weight_backward(x: FloatTensor<B>, output_grad: FloatTensor<B>) -> FloatTensor<B> {
         let (recipe, site) = plain_linear_backward::<B>(Gemm::Wgrad, &x, &output_grad);
-        Self::te_linear_wgrad(x, output_grad, &site, recipe.as_ref())
+        Self::te_linear_wgrad(Saved::HighPrecision(x), output_grad, &site, recipe.as_ref())
     }
 
     fn float_into_data(
@@ -137,35 +144,55 @@ crate::forward_distributed_backend!(Te);
 impl<B: TeBackend> TeBackend for Te<B> {
     crate::forward_fp8_ops!(B);
 
-    fn te_linear(
+    fn te_linear_fprop(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
         site: &GemmSite,
         recipe: Option<&crate::Recipe>,
-    ) -> FloatTensor<Self> {
-        diagnostics::observe_gemm::<B>(site, recipe, [x, weight], |[x, weight]| {
-            B::te_linear(x, weight, bias, site, recipe)
-        })
+        save: [bool; 2],
+    ) -> (FloatTensor<Self>, SavedForBackward<Self::Fp8Data>) {
+        let mut saved = [None, None];
+        let operands = [Saved::HighPrecision(x), Saved::HighPrecision(weight)];
+        let output = diagnostics::observe_gemm::<B>(site, recipe, operands, |[x, weight]| {
+            let (output, kept) = B::te_linear_fprop(
+                saved::values_or_panic::<B>(site, x),
+                saved::values_or_panic::<B>(site, weight),
+                bias,
+                site,
+                recipe,
+                save,
+            );
+            saved = kept;
+            output
+        });
+        (output, saved)
     }
     fn te_linear_dgrad(
-        weight: FloatTensor<Self>,
+        weight: SavedOperand<Self>,
         grad: FloatTensor<Self>,
         site: &GemmSite,
         recipe: Option<&crate::Recipe>,
     ) -> FloatTensor<Self> {
-        diagnostics::observe_gemm::<B>(site, recipe, [grad, weight], |[grad, weight]| {
-            B::te_linear_dgrad(weight, grad, site, recipe)
+        let operands = [Saved::HighPrecision(grad), weight];
+        diagnostics::observe_gemm::<B>(site, recipe, operands, |[grad, weight]| {
+            B::te_linear_dgrad(
+                weight,
+                saved::values_or_panic::<B>(site, grad),
+                site,
+                recipe,
+            )
         })
     }
     fn te_linear_wgrad(
-        x: FloatTensor<Self>,
+        x: SavedOperand<Self>,
         grad: FloatTensor<Self>,
         site: &GemmSite,
         recipe: Option<&crate::Recipe>,
     ) -> FloatTensor<Self> {
-        diagnostics::observe_gemm::<B>(site, recipe, [x, grad], |[x, grad]| {
-            B::te_linear_wgrad(x, grad, site, recipe)
+        let operands = [x, Saved::HighPrecision(grad)];
+        diagnostics::observe_gemm::<B>(site, recipe, operands, |[x, grad]| {
+            B::te_linear_wgrad(x, saved::values_or_panic::<B>(site, grad), site, recipe)
         })
     }
 }

@@ -12,6 +12,7 @@ use burn::tensor::ops::FloatTensor;
 use super::{eager, flags, metrics, names, nonfinite, read_env, snapshot};
 use crate::backend::TeBackend;
 use crate::recipe::Recipe;
+use crate::saved::{Saved, SavedOperand};
 use crate::site::GemmSite;
 
 thread_local! {
@@ -52,12 +53,13 @@ pub fn op_finished<B: TeBackend>(
 /// Runs one layer GEMM at `site` (`run` issues it) under a `gemm` trace span: with `device_time` or in eager mode,
 /// synced before and after to record `GemmExecuteTime`; with non-finite tracking, its operands and output get a
 /// statistics pass read at [`step`](super::step); in eager mode its output is checked; held for a snapshot when
-/// snapshots want it.
+/// snapshots want it. An operand the forward kept quantized is seen as the values the GEMM multiplies
+/// (dequantized only when one of these wants it).
 pub fn observe_gemm<B: TeBackend>(
     site: &GemmSite,
     recipe: Option<&Recipe>,
-    operands: [FloatTensor<B>; 2],
-    run: impl FnOnce([FloatTensor<B>; 2]) -> FloatTensor<B>,
+    operands: [SavedOperand<B>; 2],
+    run: impl FnOnce([SavedOperand<B>; 2]) -> FloatTensor<B>,
 ) -> FloatTensor<B> {
     read_env();
     let span =
@@ -68,13 +70,26 @@ pub fn observe_gemm<B: TeBackend>(
     let track = flags().track_non_finite;
     let snapshots = flags().snapshots;
     let (lhs_role, rhs_role) = site.gemm.operands();
-    if track {
-        nonfinite::launch::<B>(site, Some(lhs_role), &operands[0]);
-        nonfinite::launch::<B>(site, Some(rhs_role), &operands[1]);
+    // The operands' values, only when something looks at them (a clone keeps a buffer from being reused).
+    let values = (track || eager || snapshots).then(|| {
+        operands.clone().map(|operand| {
+            crate::saved::values::<B>(operand).map_err(|err| {
+                crate::fallback::record(
+                    "diagnostics skipped",
+                    format!("{site}: a kept operand could not be read for the diagnostics: {err}"),
+                )
+            })
+        })
+    });
+    if let (true, Some([lhs, rhs])) = (track, &values) {
+        if let Ok(lhs) = lhs {
+            nonfinite::launch::<B>(site, Some(lhs_role), lhs);
+        }
+        if let Ok(rhs) = rhs {
+            nonfinite::launch::<B>(site, Some(rhs_role), rhs);
+        }
     }
-    // Clones only when something needs the operands after the GEMM (a clone keeps a buffer from being reused).
-    let kept = (eager || snapshots).then(|| operands.clone());
-    let device = timed.then(|| B::float_device(&operands[0]));
+    let device = timed.then(|| device_of::<B>(&operands)).flatten();
     let start = device.as_ref().map(|device| {
         let _ = B::sync(device);
         Instant::now()
@@ -90,17 +105,25 @@ pub fn observe_gemm<B: TeBackend>(
     if track {
         nonfinite::launch::<B>(site, None, &output);
     }
-    if let Some(operands) = kept {
+    if let Some([Ok(lhs), Ok(rhs)]) = values.filter(|_| eager || snapshots) {
         if snapshots {
-            let held = [(lhs_role, &operands[0]), (rhs_role, &operands[1])];
+            let held = [(lhs_role, &lhs), (rhs_role, &rhs)];
             snapshot::hold::<B>(site, held, &output, recipe);
         }
         if eager {
-            eager::check::<B>("te_linear", Some(site), operands.to_vec(), &output);
+            eager::check::<B>("te_linear", Some(site), vec![lhs, rhs], &output);
             GEMM_CHECKED.with(|c| c.set(true));
         }
     }
     output
+}
+
+/// The device of the GEMM's high-precision operand (fprop has two, dgrad and wgrad the gradient).
+fn device_of<B: TeBackend>(operands: &[SavedOperand<B>; 2]) -> Option<B::Device> {
+    operands.iter().find_map(|operand| match operand {
+        Saved::HighPrecision(tensor) => Some(B::float_device(tensor)),
+        Saved::Quantized(_) => None,
+    })
 }
 
 /// The bytes a tensor holds.

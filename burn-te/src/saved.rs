@@ -1,0 +1,141 @@
+//! What a linear layer's backward keeps of its forward operands, as Transformer Engine does: under an FP8 recipe
+//! the input (for wgrad) and the weight (for dgrad) are kept *quantized*, in the layout the backward GEMM consumes
+//! (TE's columnwise usage), made by the forward from the high-precision tensor. So the activations a layer keeps
+//! alive cost 1 byte per element (plus scales) instead of 4, and the backward quantizes nothing but the gradient.
+//!
+//! | recipe | input kept for wgrad | weight kept for dgrad |
+//! | --- | --- | --- |
+//! | DelayedScaling, Float8CurrentScaling | the fprop's FP8 tensor (one scale: the same codes either way) | the fprop's |
+//! | Float8BlockScaling | a second quantization, 128×1 blocks along the tokens | the fprop's (128×128 blocks) |
+//! | MXFP8 | a second quantization, 32×1 blocks along the tokens | a second one, 1×32 along the outputs |
+//! | NVFP4 | the transposed copy under the wgrad's RHT | a second quantization (as dgrad's) |
+//!
+//! The high-precision tensor is kept instead (as before, through the autograd graph, so checkpointing strategies
+//! apply to it) outside an FP8 scope, when a debug feature needs it at the backward GEMM (one that modifies the
+//! operand or runs the GEMM in high precision), and inside [`save_original_operands`] (TE's `save_original_input`:
+//! for an input some other op keeps anyway, where an FP8 copy would cost memory on top).
+//!
+//! The results are bit-identical to quantizing the high-precision tensors again in the backward: the same tensor
+//! quantized by the same rule with the same scale (a delayed-scaling scale changes only between generations).
+
+use core::cell::Cell;
+
+use burn::tensor::Shape;
+use burn::tensor::ops::FloatTensor;
+
+use crate::TeError;
+use crate::backend::{Fp8Tensor, TeBackend};
+use crate::site::GemmSite;
+
+/// A forward operand as a linear's backward GEMM gets it.
+#[derive(Clone, Debug)]
+pub enum Saved<F, D> {
+    /// The high-precision tensor, quantized (or not) by the backward GEMM itself.
+    HighPrecision(F),
+    /// Quantized by the forward for the backward GEMM.
+    Quantized(SavedQuantized<D>),
+}
+
+/// A [`Saved`] of backend `B`'s tensors (the same type for `B` and its decorators).
+pub type SavedOperand<B> = Saved<FloatTensor<B>, <B as TeBackend>::Fp8Data>;
+
+/// An operand quantized by the forward in the layout its backward GEMM consumes.
+#[derive(Clone, Debug)]
+pub struct SavedQuantized<D> {
+    /// The quantized tensor (of the operand, or of its transpose).
+    pub tensor: Fp8Tensor<D>,
+    /// `tensor` holds the operand's transpose (NVFP4's columnwise copy), which the GEMM reads transposed back.
+    pub transposed: bool,
+    /// The operand's shape as the GEMM takes it (an input folded to `[tokens, in]`).
+    pub shape: Shape,
+}
+
+impl<D> SavedQuantized<D> {
+    /// The bytes it holds on a device: one per FP8 code (half per E2M1 code) and four per scale.
+    pub fn bytes(&self) -> usize {
+        let numel = self.tensor.shape.num_elements();
+        let codes = match self.tensor.format {
+            crate::ElementFormat::Fp8(_) => numel,
+            crate::ElementFormat::E2m1 => numel.div_ceil(2),
+        };
+        let scales = match self.tensor.block {
+            None => 1,
+            Some(block) => {
+                let (batch, rows, cols) = self.tensor.matrix_dims();
+                (batch * rows).div_ceil(block.rows) * cols.div_ceil(block.cols)
+            }
+        };
+        codes + 4 * scales
+    }
+}
+
+impl<F, D> Saved<F, D> {
+    /// Whether the forward quantized it.
+    pub fn is_quantized(&self) -> bool {
+        matches!(self, Saved::Quantized(_))
+    }
+}
+
+/// The values the backward GEMM multiplies: the high-precision tensor, or the quantized one dequantized (transposed
+/// back; an NVFP4 input under the RHT stays transformed, as the GEMM sees it).
+pub fn values<B: TeBackend>(saved: SavedOperand<B>) -> Result<FloatTensor<B>, TeError> {
+    match saved {
+        Saved::HighPrecision(tensor) => Ok(tensor),
+        Saved::Quantized(q) => crate::fp8_gemm::QuantizedOperand::<B> {
+            tensor: q.tensor,
+            transposed: q.transposed,
+        }
+        .dequantize(q.shape),
+    }
+}
+
+/// [`values`] where the op cannot fail (Burn's ops return tensors): a device error reading the kept operand is
+/// recorded where the user looks ([`crate::fallback`]) before Burn's usual panic.
+pub fn values_or_panic<B: TeBackend>(site: &GemmSite, saved: SavedOperand<B>) -> FloatTensor<B> {
+    or_panic::<B>(site, values::<B>(saved))
+}
+
+/// The result of a backward GEMM's step that cannot fail in Burn's autograd: an error is recorded where the user
+/// looks ([`crate::fallback`]), then panics as Burn's ops do on a device error.
+pub(crate) fn or_panic<B: TeBackend>(
+    site: &GemmSite,
+    result: Result<FloatTensor<B>, TeError>,
+) -> FloatTensor<B> {
+    result.unwrap_or_else(|err| {
+        crate::fallback::record(
+            "kept operand unreadable",
+            format!("{site}: reading an operand kept for the backward failed: {err}"),
+        );
+        panic!("{site}: reading an operand kept for the backward failed: {err}")
+    })
+}
+
+thread_local! {
+    static ORIGINAL: Cell<usize> = const { Cell::new(0) };
+}
+
+/// While the guard lives, linear layers on this thread keep their high-precision operands for the backward (TE's
+/// `save_original_input`): where another op keeps the input anyway, an FP8 copy costs memory on top of it.
+#[derive(Debug)]
+pub struct SaveOriginalGuard {
+    _not_send: core::marker::PhantomData<*const ()>,
+}
+
+impl Drop for SaveOriginalGuard {
+    fn drop(&mut self) {
+        ORIGINAL.with(|o| o.set(o.get().saturating_sub(1)));
+    }
+}
+
+/// Linear layers keep their high-precision operands for the backward until the guard drops (see the module doc).
+pub fn save_original_operands() -> SaveOriginalGuard {
+    ORIGINAL.with(|o| o.set(o.get() + 1));
+    SaveOriginalGuard {
+        _not_send: core::marker::PhantomData,
+    }
+}
+
+/// Whether a [`save_original_operands`] guard is alive on this thread.
+pub fn saving_original_operands() -> bool {
+    ORIGINAL.with(|o| o.get() > 0)
+}
