@@ -15,6 +15,7 @@ use burn_te_kernels::{Fp8Format, Fp8Stats, ScaleBlock};
 
 use crate::TeError;
 use crate::backend::{Fp8HostData, Fp8Primitive, Scaling, TeBackend};
+use crate::diagnostics::{increment_counter, names};
 use crate::fp8_gemm::SavedForBackward;
 use crate::recipe::Recipe;
 use crate::saved::{Saved, SavedOperand, SavedQuantized};
@@ -239,10 +240,21 @@ impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff
                             recipe,
                             save,
                         );
-                        let mut keep = |tracked: bool, saved, tensor| {
+                        let mut keep = |tracked: bool, saved: Option<SavedQuantized<_>>, tensor| {
                             tracked.then(|| match saved {
-                                Some(quantized) => Kept::Quantized(quantized),
-                                None => Kept::Checkpointed(prep.checkpoint(tensor)),
+                                Some(quantized) => {
+                                    increment_counter(
+                                        names::KEPT_FP8_BYTES,
+                                        quantized.bytes() as u64,
+                                    );
+                                    Kept::Quantized(quantized)
+                                }
+                                None => {
+                                    if recipe.is_some() {
+                                        increment_counter(names::KEPT_HIGH_PRECISION, 1);
+                                    }
+                                    Kept::Checkpointed(prep.checkpoint(tensor))
+                                }
                             })
                         };
                         let x_state = keep(weight_tracked, saved_x, &x);

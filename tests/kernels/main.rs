@@ -20,6 +20,7 @@ mod modules;
 mod nvfp4;
 mod nvfp4_recipe;
 mod plain_linear;
+mod saved_operands;
 mod scaling;
 mod statistics;
 mod te;
