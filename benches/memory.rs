@@ -1,0 +1,348 @@
+//! What an FP8 training step holds in memory, against f32, in one run (`cargo bench --bench memory`): a
+//! TransformerLayer (FFN 4×hidden) at hidden 512 and 1024 with 256 and 1024 tokens, on wgpu (lavapipe on CPU-only
+//! machines; CubeCL's count of the device bytes in use) and on Flex (a counting allocator: host bytes in use and
+//! their peak), under Burn's default checkpointing and its balanced one. Three steps each:
+//! - `f32`: the layer in f32 (outside an autocast scope `Te<B>` forwards every op to `B`: the same kernels and
+//!   buffers as `Autodiff<B>`);
+//! - `fp8 (original operands)`: DelayedScaling with the high-precision operands kept for the backward, as before
+//!   (`burn_te::save_original_operands`);
+//! - `fp8`: DelayedScaling with the forward's FP8 operands kept (`burn_te::saved`).
+//!
+//! Written: a table on stdout and `target/burn-te-memory.csv`. Columns: *held* — bytes alive between the forward
+//! and the backward beyond the step's inputs and parameters (the graph's saved tensors and the output); *peak* —
+//! the step's peak above the same baseline (Flex only: CubeCL does not report one); *GEMM kept* — what the linear
+//! layers keep for their backward (FP8: counted by burn-te; f32: their inputs in f32, the weights being
+//! parameters anyway). Then criterion times the three steps (the ratios are what to read: these machines are
+//! noisy). `BURN_TE_MEMORY_QUICK=1` measures hidden 512 × 256 tokens only.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+use burn::backend::wgpu::WgpuDevice;
+use burn::backend::{Autodiff, Flex};
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use burn::tensor::backend::AutodiffBackend;
+use burn_te::backends::Wgpu;
+use burn_te::diagnostics::{names, thread_counter_value};
+use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
+use burn_te::{DelayedScaling, Te, TeBackend, fp8_autocast, save_original_operands};
+use burn_te_kernels::cubecl::Runtime;
+use burn_te_kernels::cubecl::wgpu::WgpuRuntime;
+use criterion::{Criterion, criterion_group, criterion_main};
+
+/// Host bytes in use and their peak since the last reset (Flex's tensors are host allocations).
+struct Counting;
+
+static IN_USE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+fn grew(by: usize) {
+    let now = IN_USE.fetch_add(by, Ordering::Relaxed) + by;
+    PEAK.fetch_max(now, Ordering::Relaxed);
+}
+
+// SAFETY: forwards to the system allocator; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        grew(layout.size());
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        grew(layout.size());
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        IN_USE.fetch_sub(layout.size(), Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        IN_USE.fetch_sub(layout.size(), Ordering::Relaxed);
+        grew(new_size);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// How a step keeps its operands.
+#[derive(Clone, Copy, PartialEq)]
+enum Precision {
+    F32,
+    Fp8Original,
+    Fp8,
+}
+
+impl Precision {
+    fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Fp8Original => "fp8 (original operands)",
+            Precision::Fp8 => "fp8",
+        }
+    }
+}
+
+/// A layer shape: hidden size and tokens (sequence 32 or 128, batch 8).
+#[derive(Clone, Copy)]
+struct Size {
+    hidden: usize,
+    tokens: usize,
+}
+
+impl Size {
+    fn seq_batch(self) -> [usize; 2] {
+        [self.tokens / 8, 8]
+    }
+
+    /// f32 bytes of the linears' inputs (qkv, proj, fc1, fc2).
+    fn f32_gemm_inputs(self) -> usize {
+        let (h, t) = (self.hidden, self.tokens);
+        4 * t * (h + h + h + 4 * h)
+    }
+}
+
+/// Device or host bytes in use now (after a sync).
+trait Meter {
+    fn in_use(&self) -> usize;
+    /// Starts a peak measurement from now (`None` where the backend cannot tell).
+    fn reset_peak(&self);
+    fn peak(&self) -> Option<usize>;
+}
+
+struct WgpuMeter(WgpuDevice);
+
+impl Meter for WgpuMeter {
+    fn in_use(&self) -> usize {
+        let client = WgpuRuntime::client(&self.0);
+        client.memory_usage().expect("memory usage").bytes_in_use as usize
+    }
+    fn reset_peak(&self) {}
+    fn peak(&self) -> Option<usize> {
+        None
+    }
+}
+
+struct HostMeter;
+
+impl Meter for HostMeter {
+    fn in_use(&self) -> usize {
+        IN_USE.load(Ordering::Relaxed)
+    }
+    fn reset_peak(&self) {
+        PEAK.store(IN_USE.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+    fn peak(&self) -> Option<usize> {
+        Some(PEAK.load(Ordering::Relaxed))
+    }
+}
+
+/// One measured step.
+struct Measured {
+    held: usize,
+    peak: Option<usize>,
+    gemm_kept: usize,
+}
+
+fn forward<B: AutodiffBackend + TeBackend>(
+    layer: &TransformerLayer<B>,
+    x: &Tensor<B, 3>,
+    target: &Tensor<B, 3>,
+    precision: Precision,
+) -> Tensor<B, 1> {
+    let forward = || {
+        (layer.forward(x.clone(), None) - target.clone())
+            .square()
+            .mean()
+    };
+    match precision {
+        Precision::F32 => forward(),
+        Precision::Fp8Original => {
+            let _original = save_original_operands();
+            fp8_autocast(true, DelayedScaling::default(), forward).expect("valid recipe")
+        }
+        Precision::Fp8 => {
+            fp8_autocast(true, DelayedScaling::default(), forward).expect("valid recipe")
+        }
+    }
+}
+
+fn step<B: AutodiffBackend + TeBackend>(
+    layer: &TransformerLayer<B>,
+    x: &Tensor<B, 3>,
+    target: &Tensor<B, 3>,
+    precision: Precision,
+) {
+    let grads = forward(layer, x, target, precision).backward();
+    drop(grads);
+    B::sync(&x.device()).expect("sync");
+}
+
+fn inputs<B: Backend>(size: Size, device: &B::Device) -> (Tensor<B, 3>, Tensor<B, 3>) {
+    let [seq, batch] = size.seq_batch();
+    let shape = [seq, batch, size.hidden];
+    (
+        Tensor::random(shape, Distribution::Normal(0.0, 1.0), device),
+        Tensor::random(shape, Distribution::Normal(0.0, 1.0), device),
+    )
+}
+
+fn layer<B: Backend>(size: Size, device: &B::Device) -> TransformerLayer<B> {
+    TransformerLayerConfig::new(size.hidden, 4 * size.hidden, size.hidden / 64).init::<B>(device)
+}
+
+/// Held and peak bytes of a step (after a warm-up step), and what the GEMMs kept.
+fn measure<B: AutodiffBackend + TeBackend>(
+    size: Size,
+    precision: Precision,
+    device: &B::Device,
+    meter: &dyn Meter,
+) -> Measured {
+    let layer = layer::<B>(size, device);
+    let (x, target) = inputs::<B>(size, device);
+    step(&layer, &x, &target, precision);
+    B::sync(device).expect("sync");
+    let before = meter.in_use();
+    meter.reset_peak();
+    let kept_before = thread_counter_value(names::KEPT_FP8_BYTES).unwrap_or(0);
+    let loss = forward(&layer, &x, &target, precision);
+    B::sync(device).expect("sync");
+    let held = meter.in_use().saturating_sub(before);
+    let gemm_kept = match precision {
+        Precision::Fp8 => {
+            (thread_counter_value(names::KEPT_FP8_BYTES).unwrap_or(0) - kept_before) as usize
+        }
+        _ => size.f32_gemm_inputs(),
+    };
+    let grads = loss.backward();
+    B::sync(device).expect("sync");
+    let peak = meter.peak().map(|peak| peak.saturating_sub(before));
+    drop(grads);
+    Measured {
+        held,
+        peak,
+        gemm_kept,
+    }
+}
+
+fn mib(bytes: usize) -> String {
+    format!("{:.1}", bytes as f64 / (1 << 20) as f64)
+}
+
+fn sizes() -> Vec<Size> {
+    let all = [(512, 256), (512, 1024), (1024, 256), (1024, 1024)];
+    let quick = std::env::var("BURN_TE_MEMORY_QUICK").is_ok_and(|v| v == "1");
+    all.into_iter()
+        .take(if quick { 1 } else { all.len() })
+        .map(|(hidden, tokens)| Size { hidden, tokens })
+        .collect()
+}
+
+/// Measures every size, precision and strategy on one backend family; rows of the table.
+fn table_rows<
+    W: AutodiffBackend + TeBackend,
+    Wb: AutodiffBackend + TeBackend<Device = W::Device>,
+>(
+    backend: &str,
+    device: &W::Device,
+    meter: &dyn Meter,
+    rows: &mut Vec<String>,
+) {
+    for size in sizes() {
+        for (strategy, balanced) in [("default", false), ("balanced", true)] {
+            let measured: Vec<(Precision, Measured)> =
+                [Precision::F32, Precision::Fp8Original, Precision::Fp8]
+                    .into_iter()
+                    .map(|p| {
+                        let m = if balanced {
+                            measure::<Wb>(size, p, device, meter)
+                        } else {
+                            measure::<W>(size, p, device, meter)
+                        };
+                        (p, m)
+                    })
+                    .collect();
+            let f32_held = measured[0].1.held.max(1);
+            let f32_peak = measured[0].1.peak;
+            let f32_kept = measured[0].1.gemm_kept.max(1);
+            for (precision, m) in &measured {
+                let peak = m.peak.map_or("-".into(), mib);
+                let peak_ratio = match (m.peak, f32_peak) {
+                    (Some(p), Some(f)) => format!("{:.2}", p as f64 / f.max(1) as f64),
+                    _ => "-".into(),
+                };
+                let row = format!(
+                    "{backend},{},{},{strategy},{},{},{:.2},{},{},{},{:.2}",
+                    size.hidden,
+                    size.tokens,
+                    precision.name(),
+                    mib(m.held),
+                    m.held as f64 / f32_held as f64,
+                    peak,
+                    peak_ratio,
+                    mib(m.gemm_kept),
+                    m.gemm_kept as f64 / f32_kept as f64,
+                );
+                println!("{row}");
+                rows.push(row);
+            }
+        }
+    }
+}
+
+fn memory_table() {
+    let header = "backend,hidden,tokens,checkpointing,precision,held MiB,held vs f32,peak MiB,peak vs f32,GEMM kept MiB,GEMM kept vs f32";
+    println!("{header}");
+    let mut rows = vec![header.to_string()];
+    let device = WgpuDevice::default();
+    table_rows::<Autodiff<Te<Wgpu>>, Autodiff<Te<Wgpu>, BalancedCheckpointing>>(
+        "wgpu",
+        &device,
+        &WgpuMeter(device.clone()),
+        &mut rows,
+    );
+    table_rows::<Autodiff<Te<Flex>>, Autodiff<Te<Flex>, BalancedCheckpointing>>(
+        "flex",
+        &Default::default(),
+        &HostMeter,
+        &mut rows,
+    );
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/burn-te-memory.csv");
+    if let Err(err) = std::fs::write(&path, rows.join("\n") + "\n") {
+        eprintln!("{}: {err}", path.display());
+    }
+}
+
+/// Criterion: step time of the three precisions at one size on one backend.
+fn time_steps<B: AutodiffBackend + TeBackend>(
+    c: &mut Criterion,
+    backend: &str,
+    size: Size,
+    device: &B::Device,
+) {
+    let mut group = c.benchmark_group(format!(
+        "memory_step {backend} h{} tokens{}",
+        size.hidden, size.tokens
+    ));
+    group.sample_size(10);
+    let layer = layer::<B>(size, device);
+    let (x, target) = inputs::<B>(size, device);
+    for precision in [Precision::F32, Precision::Fp8Original, Precision::Fp8] {
+        group.bench_function(precision.name(), |b| {
+            b.iter(|| step(&layer, &x, &target, precision))
+        });
+    }
+    group.finish();
+}
+
+fn memory(c: &mut Criterion) {
+    memory_table();
+    let size = sizes()[0];
+    time_steps::<Autodiff<Te<Wgpu>>>(c, "wgpu", size, &WgpuDevice::default());
+    time_steps::<Autodiff<Te<Flex>>>(c, "flex", size, &Default::default());
+}
+
+criterion_group!(benches, memory);
+criterion_main!(benches);
