@@ -273,6 +273,53 @@ fn save_for<B: TeBackend>(
     })
 }
 
+/// The weight as the fprop quantizes it, and (with `save`) as the dgrad will: from the first micro-batch's cache
+/// in a later micro-batch (see [`crate::microbatch`]), else quantized (and cached in a first micro-batch).
+fn fprop_weight<B: TeBackend>(
+    weight: FloatTensor<B>,
+    site: &GemmSite,
+    recipe: &Recipe,
+    override_margin: Option<f32>,
+    save: bool,
+) -> Result<(QuantizedOperand<B>, Option<SavedQuantized<B::Fp8Data>>), TeError> {
+    let overridden = override_margin.is_some();
+    let role = TensorRole::Weight;
+    if let Some(cached) = crate::microbatch::cached::<B>(site, recipe, &weight, overridden) {
+        let (tensor, transposed) = cached.fprop;
+        let qw = QuantizedOperand { tensor, transposed };
+        let saved = match (save, cached.dgrad) {
+            (false, _) => None,
+            (true, Some(dgrad)) => Some(dgrad),
+            (true, None) => Some(save_for::<B>(
+                weight,
+                &qw,
+                false,
+                recipe,
+                site,
+                Gemm::Dgrad,
+                role,
+            )?),
+        };
+        return Ok((qw, saved));
+    }
+    let shape = dims::<B>(&weight);
+    let w_kept = save.then(|| weight.clone());
+    let k = k_along_cols(Gemm::Fprop, role);
+    let qw = quantize_operand::<B>(weight, recipe, site, role, k, true, override_margin)?;
+    let saved = w_kept
+        .map(|w| save_for::<B>(w, &qw, overridden, recipe, site, Gemm::Dgrad, role))
+        .transpose()?;
+    crate::microbatch::cache::<B>(
+        site,
+        recipe,
+        shape,
+        (&qw.tensor, qw.transposed),
+        saved.as_ref(),
+        overridden,
+    );
+    Ok((qw, saved))
+}
+
 /// fprop: `x [.., in] · weight [in, out] (+ bias [out])` in FP8. `save`: keep `[x, weight]` quantized for the
 /// backward (see [`crate::saved`]).
 pub fn linear_fprop<B: TeBackend>(
@@ -295,7 +342,6 @@ pub fn linear_fprop<B: TeBackend>(
     }
     let (x2, mut leading) = fold_rows::<B>(x);
     let x_kept = save[0].then(|| x2.clone());
-    let w_kept = save[1].then(|| weight.clone());
     let qx = quantize_operand::<B>(
         x2,
         recipe,
@@ -305,27 +351,13 @@ pub fn linear_fprop<B: TeBackend>(
         true,
         overrides[0],
     )?;
-    let qw = quantize_operand::<B>(
-        weight,
-        recipe,
-        site,
-        TensorRole::Weight,
-        k_along_cols(Gemm::Fprop, TensorRole::Weight),
-        true,
-        overrides[1],
-    )?;
     let saved_x = x_kept
         .map(|x2| {
             let (overridden, role) = (overrides[0].is_some(), TensorRole::Activation);
             save_for::<B>(x2, &qx, overridden, recipe, site, Gemm::Wgrad, role)
         })
         .transpose()?;
-    let saved_w = w_kept
-        .map(|w| {
-            let (overridden, role) = (overrides[1].is_some(), TensorRole::Weight);
-            save_for::<B>(w, &qw, overridden, recipe, site, Gemm::Dgrad, role)
-        })
-        .transpose()?;
+    let (qw, saved_w) = fprop_weight::<B>(weight, site, recipe, overrides[1], save[1])?;
     let mut out = gemm::<B>(qx, false, qw, false)?;
     let out_features = w_dims[1];
     // An empty batch stays empty (Burn's broadcasting does not take a zero-length dimension against 1).

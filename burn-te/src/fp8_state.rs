@@ -94,6 +94,8 @@ impl RoleState {
 #[derive(Clone, Default)]
 pub struct LayerFp8State {
     roles: Arc<Mutex<[RoleState; 3]>>,
+    /// The weight's FP8 copies of the first micro-batch (see [`crate::microbatch`]), type-erased by backend.
+    weight_cache: Arc<Mutex<Option<Box<dyn Any + Send + Sync>>>>,
 }
 
 /// What [`LayerFp8State::read`] returns: one role's state as the next iteration will use it.
@@ -174,6 +176,17 @@ impl LayerFp8State {
         }
         slot.generation = Some(slot.generation.map_or(generation, |g| g.max(generation)));
         Ok(state)
+    }
+
+    /// The cached FP8 weight of type `T` (see [`crate::microbatch`]), if one of that backend is cached.
+    pub(crate) fn cached_weight<T: Clone + 'static>(&self) -> Option<T> {
+        let cache = self.weight_cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.as_ref().and_then(|c| c.downcast_ref::<T>()).cloned()
+    }
+
+    /// Caches the layer's FP8 weight (replacing any).
+    pub(crate) fn cache_weight<T: Send + Sync + 'static>(&self, weight: T) {
+        *self.weight_cache.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(weight));
     }
 
     /// Notes that a GEMM recorded an amax of `role` into its history (rolled at the next generation's first use).

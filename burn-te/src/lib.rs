@@ -38,6 +38,7 @@ pub mod fp8_state;
 #[cfg(feature = "fusion")]
 mod fusion;
 pub mod host;
+pub mod microbatch;
 pub mod nn;
 pub mod nvfp4;
 pub mod plain_linear;
@@ -65,6 +66,7 @@ pub use fallback::fallback_counts;
 pub use fp8_state::{
     DelayedStateView, Fp8LinearStates, Fp8Meta, LayerFp8State, PlainLinearStates, RoleRecord,
 };
+pub use microbatch::{microbatch, microbatch_guard};
 pub use plain_linear::{plain_linear_backward, plain_linear_forward};
 pub use recipe::{
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MXFP8BlockScaling,

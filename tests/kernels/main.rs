@@ -16,6 +16,7 @@ mod elementwise;
 mod feature_effects;
 mod fp8_state;
 mod gemm;
+mod microbatch;
 mod modules;
 mod nvfp4;
 mod nvfp4_recipe;

@@ -26,7 +26,7 @@ use crate::te::{device, tensor, values};
 
 const HIDDEN: usize = 64;
 const FFN: usize = 128;
-const SHAPE: [usize; 3] = [6, 4, HIDDEN];
+pub(crate) const SHAPE: [usize; 3] = [6, 4, HIDDEN];
 const STEPS: usize = 2;
 
 /// Every weight matrix replaced with seeded normal values (the same model on every backend).
@@ -46,9 +46,9 @@ impl<A: Backend> ModuleMapper<A> for Reinit {
 }
 
 /// The bits of every parameter gradient, in visiting order.
-struct GradBits<'a, A: AutodiffBackend> {
-    grads: &'a A::Gradients,
-    out: Vec<Vec<u32>>,
+pub(crate) struct GradBits<'a, A: AutodiffBackend> {
+    pub(crate) grads: &'a A::Gradients,
+    pub(crate) out: Vec<Vec<u32>>,
 }
 
 impl<A: AutodiffBackend> ModuleVisitor<A> for GradBits<'_, A> {
@@ -60,7 +60,7 @@ impl<A: AutodiffBackend> ModuleVisitor<A> for GradBits<'_, A> {
 }
 
 /// The bits of every parameter, in visiting order.
-struct ParamBits(Vec<Vec<u32>>);
+pub(crate) struct ParamBits(pub(crate) Vec<Vec<u32>>);
 
 impl<A: Backend> ModuleVisitor<A> for ParamBits {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<A, D>>) {
@@ -68,17 +68,17 @@ impl<A: Backend> ModuleVisitor<A> for ParamBits {
     }
 }
 
-fn bits(values: Vec<f32>) -> Vec<u32> {
+pub(crate) fn bits(values: Vec<f32>) -> Vec<u32> {
     values.into_iter().map(f32::to_bits).collect()
 }
 
 /// A training run: the loss before each step, every gradient of each step, the parameters after, and the
 /// counters of what the forward kept.
 #[derive(PartialEq)]
-struct Run {
-    losses: Vec<u32>,
-    grads: Vec<Vec<Vec<u32>>>,
-    params: Vec<Vec<u32>>,
+pub(crate) struct Run {
+    pub(crate) losses: Vec<u32>,
+    pub(crate) grads: Vec<Vec<Vec<u32>>>,
+    pub(crate) params: Vec<Vec<u32>>,
 }
 
 struct Kept {
@@ -86,12 +86,12 @@ struct Kept {
     high_precision: u64,
 }
 
-fn counter(name: &str) -> u64 {
+pub(crate) fn counter(name: &str) -> u64 {
     thread_counter_value(name).unwrap_or(0)
 }
 
 /// A TransformerLayer named `block` with seeded weights.
-fn model<A: AutodiffBackend + TeBackend<Device = WgpuDevice>>() -> TransformerLayer<A> {
+pub(crate) fn model<A: AutodiffBackend + TeBackend<Device = WgpuDevice>>() -> TransformerLayer<A> {
     let layer: TransformerLayer<A> = TransformerLayerConfig::new(HIDDEN, FFN, 4)
         .init::<A>(&device())
         .map(&mut Reinit(Rng::new(7)));
@@ -229,7 +229,7 @@ where
     [a0, a1, b0, b1]
 }
 
-fn recipes() -> Vec<(&'static str, Recipe)> {
+pub(crate) fn recipes() -> Vec<(&'static str, Recipe)> {
     vec![
         ("DelayedScaling", DelayedScaling::default().into()),
         (
@@ -259,7 +259,7 @@ fn per_tensor_kept_bytes() -> u64 {
     (per_step * STEPS) as u64
 }
 
-fn assert_same(what: &str, kept: &Run, original: &Run) {
+pub(crate) fn assert_same(what: &str, kept: &Run, original: &Run) {
     assert_eq!(kept.losses, original.losses, "{what}: losses differ");
     for (step, (a, b)) in kept.grads.iter().zip(&original.grads).enumerate() {
         assert_eq!(a.len(), b.len(), "{what}: gradients of step {step}");
