@@ -224,10 +224,15 @@ impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff
             recipe: recipe.cloned(),
         };
         let (x_tracked, weight_tracked) = (x.is_tracked(), weight.is_tracked());
-        // x is only needed for the weight gradient, and the weight only for x's; kept quantized unless the user
-        // keeps the originals.
+        // x is only needed for the weight gradient, and the weight only for x's; x is kept quantized unless the
+        // user keeps the originals.
         let quantize = recipe.is_some() && !crate::saved::saving_original_operands();
-        let save = [weight_tracked && quantize, x_tracked && quantize];
+        // The weight is a parameter, in memory anyway: the backward takes it (and quantizes it for dgrad), but for
+        // the FP8 copy a micro-batch of gradient accumulation caches anyway (see `crate::microbatch`).
+        let save = [
+            weight_tracked && quantize,
+            x_tracked && quantize && crate::microbatch::caching(),
+        ];
         macro_rules! run {
             ($prep:expr, $bias:expr) => {
                 match $prep.compute_bound().stateful() {
@@ -240,25 +245,26 @@ impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff
                             recipe,
                             save,
                         );
-                        let mut keep = |tracked: bool, saved: Option<SavedQuantized<_>>, tensor| {
-                            tracked.then(|| match saved {
-                                Some(quantized) => {
-                                    increment_counter(
-                                        names::KEPT_FP8_BYTES,
-                                        quantized.bytes() as u64,
-                                    );
-                                    Kept::Quantized(quantized)
-                                }
-                                None => {
-                                    if recipe.is_some() {
-                                        increment_counter(names::KEPT_HIGH_PRECISION, 1);
+                        let mut keep =
+                            |tracked: bool, saved: Option<SavedQuantized<_>>, tensor, input| {
+                                tracked.then(|| match saved {
+                                    Some(quantized) => {
+                                        increment_counter(
+                                            names::KEPT_FP8_BYTES,
+                                            quantized.bytes() as u64,
+                                        );
+                                        Kept::Quantized(quantized)
                                     }
-                                    Kept::Checkpointed(prep.checkpoint(tensor))
-                                }
-                            })
-                        };
-                        let x_state = keep(weight_tracked, saved_x, &x);
-                        let weight_state = keep(x_tracked, saved_weight, &weight);
+                                    None => {
+                                        if recipe.is_some() && input {
+                                            increment_counter(names::KEPT_HIGH_PRECISION, 1);
+                                        }
+                                        Kept::Checkpointed(prep.checkpoint(tensor))
+                                    }
+                                })
+                            };
+                        let x_state = keep(weight_tracked, saved_x, &x, true);
+                        let weight_state = keep(x_tracked, saved_weight, &weight, false);
                         prep.finish((x_state, weight_state), output)
                     }
                     OpsKind::UnTracked(prep) => prep.finish(B::te_linear(

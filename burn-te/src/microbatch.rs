@@ -64,6 +64,11 @@ pub fn microbatch<T>(is_first: bool, f: impl FnOnce() -> T) -> T {
     f()
 }
 
+/// Whether this thread runs a micro-batch of gradient accumulation (first or later).
+pub(crate) fn caching() -> bool {
+    MICROBATCH.with(Cell::get).is_some()
+}
+
 /// A layer's FP8 weight of the first micro-batch.
 #[derive(Clone)]
 pub(crate) struct CachedWeight<D> {

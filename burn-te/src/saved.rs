@@ -1,19 +1,23 @@
 //! What a linear layer's backward keeps of its forward operands, as Transformer Engine does: under an FP8 recipe
-//! the input (for wgrad) and the weight (for dgrad) are kept *quantized*, in the layout the backward GEMM consumes
-//! (TE's columnwise usage), made by the forward from the high-precision tensor. So the activations a layer keeps
-//! alive cost 1 byte per element (plus scales) instead of 4, and the backward quantizes nothing but the gradient.
+//! the input (for wgrad) is kept *quantized*, in the layout the backward GEMM consumes (TE's columnwise usage),
+//! made by the forward from the high-precision tensor. So the activations a layer keeps alive cost 1 byte per
+//! element (plus scales) instead of 4, and the backward quantizes only the gradient and the weight.
 //!
-//! | recipe | input kept for wgrad | weight kept for dgrad |
-//! | --- | --- | --- |
-//! | DelayedScaling, Float8CurrentScaling | the fprop's FP8 tensor (one scale: the same codes either way) | the fprop's |
-//! | Float8BlockScaling | a second quantization, 128×1 blocks along the tokens | the fprop's (128×128 blocks) |
-//! | MXFP8 | a second quantization, 32×1 blocks along the tokens | a second one, 1×32 along the outputs |
-//! | NVFP4 | the transposed copy under the wgrad's RHT | a second quantization (as dgrad's) |
+//! | recipe | input kept for wgrad |
+//! | --- | --- |
+//! | DelayedScaling, Float8CurrentScaling | the fprop's FP8 tensor (one scale: the same codes either way) |
+//! | Float8BlockScaling | a second quantization, 128×1 blocks along the tokens |
+//! | MXFP8 | a second quantization, 32×1 blocks along the tokens |
+//! | NVFP4 | the transposed copy under the wgrad's random Hadamard transform |
 //!
-//! The high-precision tensor is kept instead (as before, through the autograd graph, so checkpointing strategies
-//! apply to it) outside an FP8 scope, when a debug feature needs it at the backward GEMM (one that modifies the
-//! operand or runs the GEMM in high precision), and inside [`save_original_operands`] (TE's `save_original_input`:
-//! for an input some other op keeps anyway, where an FP8 copy would cost memory on top).
+//! The weight is a parameter, in memory anyway: the backward takes it and dgrad quantizes it (an FP8 copy kept
+//! from the forward would cost a byte per weight while the graph lives, where TE keeps one). Inside a micro-batch
+//! of gradient accumulation ([`crate::microbatch`]) the layer caches FP8 weight copies anyway, and dgrad uses them.
+//!
+//! The high-precision input is kept instead (through the autograd graph, so checkpointing strategies apply to it)
+//! outside an FP8 scope, when a debug feature needs it at the backward GEMM (one that modifies the operand or runs
+//! the GEMM in high precision), and inside [`save_original_operands`] (TE's `save_original_input`: for an input
+//! some other op keeps anyway, where an FP8 copy costs memory on top).
 //!
 //! The results are bit-identical to quantizing the high-precision tensors again in the backward: the same tensor
 //! quantized by the same rule with the same scale (a delayed-scaling scale changes only between generations).

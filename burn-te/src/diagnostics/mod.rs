@@ -97,8 +97,8 @@ pub mod names {
     pub const QUANTIZE_LAUNCHES: &str = "QuantizeLaunches";
     /// Bytes of the operands FP8 layers kept quantized for their backward (see [`crate::saved`]).
     pub const KEPT_FP8_BYTES: &str = "KeptForBackwardFp8Bytes";
-    /// Operands an FP8 layer kept in high precision for its backward (a debug feature or
-    /// `save_original_operands` asked, or the forward fell back to high precision).
+    /// Inputs an FP8 layer kept in high precision for its backward (a debug feature or `save_original_operands`
+    /// asked, or the forward fell back to high precision).
     pub const KEPT_HIGH_PRECISION: &str = "KeptForBackwardHighPrecision";
     /// Counter: FP8 GEMM kernel launches.
     pub const FP8_GEMM_LAUNCHES: &str = "Fp8GemmLaunches";
