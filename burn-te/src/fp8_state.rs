@@ -75,6 +75,8 @@ struct RoleState {
     pending: bool,
     /// The generation of the latest use.
     generation: Option<u64>,
+    /// The generation whose first use last rolled the history (changed the scale).
+    rolled_at: Option<u64>,
 }
 
 impl RoleState {
@@ -173,6 +175,20 @@ impl LayerFp8State {
             }
             B::fp8_delayed_state_update(&state, recipe.amax_compute_algo, format, recipe.margin)?;
             slot.pending = false;
+            slot.rolled_at = Some(generation);
+        }
+        if slot.rolled_at.is_some_and(|rolled| rolled > generation) {
+            // A GEMM of an older generation (a backward after a newer forward of the layer) quantizes with the
+            // scale of the newer one: what it would have used is gone.
+            crate::fallback::record(
+                "delayed scale changed since the forward",
+                format!(
+                    "the {} of a GEMM of generation {generation} is quantized with the scale updated at generation \
+                     {} (a newer forward of the layer ran before this backward)",
+                    role.name(),
+                    slot.rolled_at.unwrap_or_default()
+                ),
+            );
         }
         slot.generation = Some(slot.generation.map_or(generation, |g| g.max(generation)));
         Ok(state)

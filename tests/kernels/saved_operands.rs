@@ -362,3 +362,91 @@ fn fp8_kept_operands_train_bit_identically_through_the_debug_tools() {
         assert_eq!(lines(&logged[1]), lines(&logged[0]), "{name}: statistics");
     }
 }
+
+/// The backward of a forward that a newer forward of the same layer followed (two micro-batches' forwards, then
+/// their backwards) under DelayedScaling, where the newer forward updated the scales: the weight gradient uses the
+/// FP8 input the layer's own forward made — the same bits as running the two steps one after the other — where
+/// keeping the original input quantizes it again with the newer scale (different bits, counted as a fallback).
+/// The weight, quantized for dgrad in the backward, takes the newer scale: counted as a fallback, never silent.
+/// The backward runs with its forward's recipe wherever it is called: outside any scope, or inside a scope of
+/// another recipe.
+#[test]
+fn a_backward_after_a_newer_forward_uses_what_its_forward_quantized() {
+    use burn_te::nn::LinearConfig;
+    type A = Autodiff<Te<Wgpu>>;
+    const REASON: &str = "delayed scale changed since the forward";
+    let fallbacks = || burn_te::fallback_counts().get(REASON).copied().unwrap_or(0);
+    let device = device();
+    let input = |seed| tensor::<A, 2>(Rng::new(seed).normal(8 * 32, 0.0, 1.0), [8, 32], &device);
+    let weights = tensor::<A, 2>(Rng::new(3).normal(8 * 16, 0.0, 1.0), [8, 16], &device);
+    // Returns (the first backward's weight gradient, its input gradient, fallbacks counted).
+    let run = |interleaved: bool, original: bool, backward_scope: Option<Recipe>| {
+        let layer = LinearConfig::new(32, 16)
+            .with_name(Some("lin".into()))
+            .init::<A>(&device)
+            .map(&mut Reinit(Rng::new(4)));
+        let (x1, x2) = (input(1).require_grad(), input(2).require_grad());
+        let forward = |x: Tensor<A, 2>| {
+            let _original = original.then(save_original_operands);
+            fp8_autocast(true, DelayedScaling::default(), || {
+                (layer.forward(x) * weights.clone()).sum()
+            })
+            .unwrap()
+        };
+        let backward = |loss: Tensor<A, 1>| match &backward_scope {
+            None => loss.backward(),
+            Some(recipe) => fp8_autocast(true, recipe.clone(), || loss.backward()).unwrap(),
+        };
+        let before = fallbacks();
+        let loss1 = forward(x1.clone());
+        let grads1 = if interleaved {
+            let loss2 = forward(x2.clone());
+            let grads1 = backward(loss1);
+            drop(backward(loss2));
+            grads1
+        } else {
+            let grads1 = backward(loss1);
+            drop(backward(forward(x2.clone())));
+            grads1
+        };
+        let mut weight_grad = GradBits::<A> {
+            grads: &grads1,
+            out: vec![],
+        };
+        layer.visit(&mut weight_grad);
+        let x_grad = bits(values(x1.grad(&grads1).unwrap()));
+        (weight_grad.out, x_grad, fallbacks() - before)
+    };
+    let sequential = run(false, false, None);
+    assert_eq!(
+        sequential.2, 0,
+        "one step after the other: no scale changed"
+    );
+    let interleaved = run(true, false, None);
+    assert!(
+        interleaved.0 == sequential.0,
+        "the weight gradient uses the FP8 input of its own forward"
+    );
+    assert!(
+        interleaved.1 != sequential.1,
+        "the input gradient uses the weight quantized with the newer scale"
+    );
+    assert_eq!(
+        interleaved.2, 1,
+        "the weight's newer scale at dgrad is counted"
+    );
+    let original = run(true, true, None);
+    assert!(
+        original.0 != sequential.0,
+        "original inputs are quantized again with the newer scale"
+    );
+    assert_eq!(
+        original.2, 2,
+        "input and weight quantized with newer scales, counted"
+    );
+    let in_another_scope = run(false, false, Some(Float8CurrentScaling::default().into()));
+    assert!(
+        in_another_scope.0 == sequential.0 && in_another_scope.1 == sequential.1,
+        "a backward inside another recipe's scope runs with its forward's recipe"
+    );
+}
