@@ -13,7 +13,8 @@
 //! the step's peak above the same baseline (Flex only: CubeCL does not report one); *GEMM kept* — what the linear
 //! layers keep for their backward (FP8: counted by burn-te; f32: their inputs in f32, the weights being
 //! parameters anyway). Then criterion times the three steps (the ratios are what to read: these machines are
-//! noisy). `BURN_TE_MEMORY_QUICK=1` measures hidden 512 × 256 tokens only.
+//! noisy). Last, the f32 tensors the non-GEMM ops keep (layer norm, attention core, GELU), each measured alone on
+//! Flex. `BURN_TE_MEMORY_QUICK=1` measures hidden 512 × 256 tokens only; `BURN_TE_MEMORY_TABLE=0` skips the table.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -315,6 +316,63 @@ fn memory_table() {
     }
 }
 
+/// Held bytes (beyond inputs and output) of the f32 ops of the layer that no GEMM owns, each alone on Flex at
+/// `size` under Burn's default checkpointing: what an FP8 step still keeps in f32.
+fn breakdown(size: Size) {
+    use burn_te::nn::{Activation, DotProductAttentionConfig, LayerNormConfig};
+    type A = Autodiff<Flex>;
+    let device = Default::default();
+    let [seq, batch] = size.seq_batch();
+    let (h, heads) = (size.hidden, size.hidden / 64);
+    let meter = HostMeter;
+    let random = |shape: [usize; 3]| {
+        Tensor::<A, 3>::random(shape, Distribution::Normal(0.0, 1.0), &device).require_grad()
+    };
+    let held = |what: &str, count: usize, f: &dyn Fn() -> (Tensor<A, 3>, usize)| {
+        let before = meter.in_use();
+        let (output, output_bytes) = f();
+        let held = meter.in_use().saturating_sub(before + output_bytes);
+        println!(
+            "breakdown,{},{},{what},{count},{},{}",
+            size.hidden,
+            size.tokens,
+            mib(held),
+            mib(held * count)
+        );
+        drop(output);
+    };
+    println!("breakdown,hidden,tokens,op,per layer,held MiB each,held MiB");
+    let x = random([seq, batch, h]);
+    let norm = LayerNormConfig::new(h).init::<A>(&device);
+    held("layer norm (input, statistics)", 2, &|| {
+        (norm.forward(x.clone()), 4 * size.tokens * h)
+    });
+    let attention = DotProductAttentionConfig::new(heads, 64).init::<A>();
+    let qkv = || {
+        Tensor::<A, 4>::random(
+            [seq, batch, heads, 64],
+            Distribution::Normal(0.0, 1.0),
+            &device,
+        )
+        .require_grad()
+    };
+    let (q, k, v) = (qkv(), qkv(), qkv());
+    held("attention core (q, k, v, probabilities)", 1, &|| {
+        let out = attention.forward(q.clone(), k.clone(), v.clone(), None);
+        (out, 4 * size.tokens * h)
+    });
+    let fc1_out = random([seq, batch, 4 * h]);
+    held("GELU (its input)", 1, &|| {
+        let out = Activation::Gelu.apply(fc1_out.clone()).expect("gelu");
+        (out, 4 * size.tokens * 4 * h)
+    });
+    let target = random([seq, batch, h]);
+    held("the bench's MSE loss", 1, &|| {
+        let loss = (x.clone() - target.clone()).square().mean();
+        (loss.unsqueeze::<3>(), 4)
+    });
+}
+
 /// Criterion: step time of the three precisions at one size on one backend.
 fn time_steps<B: AutodiffBackend + TeBackend>(
     c: &mut Criterion,
@@ -338,7 +396,12 @@ fn time_steps<B: AutodiffBackend + TeBackend>(
 }
 
 fn memory(c: &mut Criterion) {
-    memory_table();
+    if !std::env::var("BURN_TE_MEMORY_TABLE").is_ok_and(|v| v == "0") {
+        memory_table();
+    }
+    for size in sizes() {
+        breakdown(size);
+    }
     let size = sizes()[0];
     time_steps::<Autodiff<Te<Wgpu>>>(c, "wgpu", size, &WgpuDevice::default());
     time_steps::<Autodiff<Te<Flex>>>(c, "flex", size, &Default::default());
