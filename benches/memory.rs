@@ -8,7 +8,8 @@
 //!   (`burn_te::save_original_operands`);
 //! - `fp8`: DelayedScaling with the forward's FP8 operands kept (`burn_te::saved`).
 //!
-//! Written: a table on stdout and `target/burn-te-memory.csv`. Columns: *held* — bytes alive between the forward
+//! Written: a table on stdout, `target/burn-te-memory.csv` and its chart `target/burn-te-memory.svg`
+//! (`docs/memory.svg`). Columns: *held* — bytes alive between the forward
 //! and the backward beyond the step's inputs and parameters (the graph's saved tensors and the output); *peak* —
 //! the step's peak above the same baseline (Flex only: CubeCL does not report one); *GEMM kept* — what the linear
 //! layers keep for their backward (FP8: counted by burn-te; f32: their inputs in f32, the weights being
@@ -316,6 +317,94 @@ fn memory_table() {
     }
 }
 
+/// Draws the table's held memory (wgpu) and peak memory (Flex) as grouped bars into `svg`.
+fn draw_chart(csv: &str, svg: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    let rows: Vec<Vec<&str>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    let precisions = ["f32", "fp8 (original operands)", "fp8"];
+    let colors = [
+        RGBColor(90, 90, 90),
+        RGBColor(230, 150, 60),
+        RGBColor(40, 120, 200),
+    ];
+    let root = SVGBackend::new(svg, (1000, 760)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let panels = root.split_evenly((2, 1));
+    for (panel, (backend, column, title)) in panels.iter().zip([
+        (
+            "wgpu",
+            5,
+            "held between forward and backward (wgpu, lavapipe)",
+        ),
+        ("flex", 7, "peak of the training step (Flex)"),
+    ]) {
+        let of_backend: Vec<&Vec<&str>> = rows.iter().filter(|r| r[0] == backend).collect();
+        let mut groups: Vec<String> = vec![];
+        for row in &of_backend {
+            let group = format!("h{} × {} tok, {}", row[1], row[2], row[3]);
+            if !groups.contains(&group) {
+                groups.push(group);
+            }
+        }
+        let value = |row: &Vec<&str>| row[column].parse::<f64>().unwrap_or(0.0);
+        let top = of_backend.iter().map(|r| value(r)).fold(0.0, f64::max) * 1.1;
+        let mut chart = ChartBuilder::on(panel)
+            .caption(title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..groups.len() as f64, 0f64..top.max(1.0))?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .light_line_style(WHITE)
+            .x_labels(0)
+            .y_desc("MiB")
+            .draw()?;
+        for (index, (precision, color)) in precisions.iter().zip(colors).enumerate() {
+            let bars = of_backend.iter().filter(|r| r[4] == *precision).map(|r| {
+                let group = format!("h{} × {} tok, {}", r[1], r[2], r[3]);
+                let g = groups.iter().position(|x| *x == group).unwrap_or(0) as f64;
+                let x0 = g + 0.1 + 0.27 * index as f64;
+                Rectangle::new([(x0, 0.0), (x0 + 0.25, value(r))], color.filled())
+            });
+            chart
+                .draw_series(bars)?
+                .label(*precision)
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 6), (x + 12, y + 6)], color.filled())
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK)
+            .draw()?;
+        // "h512 × 256 tok, default": the shape on one line, the checkpointing below.
+        for (g, group) in groups.iter().enumerate() {
+            let (x, y) = chart.backend_coord(&(g as f64 + 0.1, 0.0));
+            let (shape, strategy) = group.split_once(", ").unwrap_or((group, ""));
+            panel.draw(&Text::new(
+                shape.to_string(),
+                (x, y + 6),
+                ("sans-serif", 12),
+            ))?;
+            panel.draw(&Text::new(
+                strategy.to_string(),
+                (x, y + 20),
+                ("sans-serif", 12),
+            ))?;
+        }
+    }
+    root.present()?;
+    Ok(())
+}
+
 /// Held bytes (beyond inputs and output) of the f32 ops of the layer that no GEMM owns, each alone on Flex at
 /// `size` under Burn's default checkpointing: what an FP8 step still keeps in f32.
 fn breakdown(size: Size) {
@@ -398,6 +487,14 @@ fn time_steps<B: AutodiffBackend + TeBackend>(
 fn memory(c: &mut Criterion) {
     if !std::env::var("BURN_TE_MEMORY_TABLE").is_ok_and(|v| v == "0") {
         memory_table();
+    }
+    let target = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    if let Ok(csv) = std::fs::read_to_string(target.join("burn-te-memory.csv")) {
+        let svg = target.join("burn-te-memory.svg");
+        match draw_chart(&csv, &svg) {
+            Ok(()) => println!("chart: {}", svg.display()),
+            Err(err) => eprintln!("{}: {err}", svg.display()),
+        }
     }
     for size in sizes() {
         breakdown(size);
