@@ -13,7 +13,7 @@
 //! and the backward beyond the step's inputs and parameters (the graph's saved tensors and the output); *peak* —
 //! the step's peak above the same baseline (Flex only: CubeCL does not report one); *GEMM kept* — what the linear
 //! layers keep for their backward (FP8: counted by burn-te; f32: their inputs in f32, the weights being
-//! parameters anyway). Then criterion times the three steps (the ratios are what to read: these machines are
+//! parameters anyway). Then criterion times the three steps at the smallest and largest size (the ratios are what to read: these machines are
 //! noisy). Last, the f32 tensors the non-GEMM ops keep (layer norm, attention core, GELU), each measured alone on
 //! Flex. `BURN_TE_MEMORY_QUICK=1` measures hidden 512 × 256 tokens only; `BURN_TE_MEMORY_TABLE=0` skips the table.
 
@@ -499,9 +499,13 @@ fn memory(c: &mut Criterion) {
     for size in sizes() {
         breakdown(size);
     }
-    let size = sizes()[0];
-    time_steps::<Autodiff<Te<Wgpu>>>(c, "wgpu", size, &WgpuDevice::default());
-    time_steps::<Autodiff<Te<Flex>>>(c, "flex", size, &Default::default());
+    // The smallest and the largest size.
+    let sizes = sizes();
+    let timed = [sizes[0], sizes[sizes.len() - 1]];
+    for size in &timed[..if sizes.len() > 1 { 2 } else { 1 }] {
+        time_steps::<Autodiff<Te<Wgpu>>>(c, "wgpu", *size, &WgpuDevice::default());
+        time_steps::<Autodiff<Te<Flex>>>(c, "flex", *size, &Default::default());
+    }
 }
 
 criterion_group!(benches, memory);

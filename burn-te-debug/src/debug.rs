@@ -474,13 +474,12 @@ impl<B: TeBackend> TeBackend for Debug<B> {
         ];
         let saved = core::cell::RefCell::new([None, None]);
         let operands = [Saved::HighPrecision(x), Saved::HighPrecision(weight)];
-        let output = debug_gemm::<B>(site, recipe, operands, |[x, w], recipe, overrides| {
-            let [x, w] = [x, w].map(|operand| burn_te::saved::values_or_panic::<B>(site, operand));
+        let output = debug_gemm::<B>(site, recipe, operands, |operands, recipe, overrides| {
             with_overrides::<B>(
                 site,
                 recipe,
                 overrides,
-                [Saved::HighPrecision(x), Saved::HighPrecision(w)],
+                operands,
                 |r, operands| {
                     let [x, w] =
                         operands.map(|operand| burn_te::saved::values_or_panic::<B>(site, operand));
