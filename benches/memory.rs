@@ -9,13 +9,13 @@
 //! - `fp8`: DelayedScaling with the forward's FP8 operands kept (`burn_te::saved`).
 //!
 //! Written: a table on stdout, `target/burn-te-memory.csv` and its chart `target/burn-te-memory.svg`
-//! (`docs/memory.svg`). Columns: *held* — bytes alive between the forward
-//! and the backward beyond the step's inputs and parameters (the graph's saved tensors and the output); *peak* —
-//! the step's peak above the same baseline (Flex only: CubeCL does not report one); *GEMM kept* — what the linear
-//! layers keep for their backward (FP8: counted by burn-te; f32: their inputs in f32, the weights being
-//! parameters anyway). Then criterion times the three steps at the smallest and largest size (the ratios are what to read: these machines are
-//! noisy). Last, the f32 tensors the non-GEMM ops keep (layer norm, attention core, GELU), each measured alone on
-//! Flex. `BURN_TE_MEMORY_QUICK=1` measures hidden 512 × 256 tokens only; `BURN_TE_MEMORY_TABLE=0` skips the table.
+//! (`docs/memory.svg`). Columns: *held* — bytes alive between the forward and the backward beyond the step's
+//! inputs and parameters (the graph's saved tensors and the output); *peak* — the step's peak above the same
+//! baseline (Flex only: CubeCL does not report one); *GEMM kept* — what the linear layers keep for their backward
+//! (FP8: counted by burn-te; f32: their inputs in f32, the weights being parameters anyway). Then the f32 tensors
+//! the non-GEMM ops keep (layer norm, attention core, GELU), each measured alone on Flex. Last, criterion times the
+//! three steps at the smallest and the largest size (the ratios are what to read: these machines are noisy).
+//! `BURN_TE_MEMORY_QUICK=1` measures hidden 512 × 256 tokens only; `BURN_TE_MEMORY_TABLE=0` skips the table.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
