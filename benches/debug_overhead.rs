@@ -3,7 +3,10 @@
 //! - no debug session, a session without config, a config that matches no layer: target ≤ 1 % (the layers take the
 //!   plain path and are not asked again until a feature may run);
 //! - LogTensorStats (all eight stats) of all six tensors of every layer at every step: the cost of the statistics
-//!   kernels and the one read per step.
+//!   kernels and the one read per step;
+//! - LogQuantizationError (sqnr, rel_l2_error, max_abs_error) of the three GEMMs of every layer at every step: one
+//!   extra high-precision GEMM per GEMM, a subtraction and two statistics passes per output (and the backward
+//!   keeps its high-precision operands for the reference).
 //!
 //! Each step ends with `burn_te_debug::step()` where a session runs, and a device sync. Read the ratios.
 
@@ -19,6 +22,8 @@ use burn_te_debug::{Debug, DebugOptions};
 use criterion::{Criterion, criterion_group, criterion_main};
 
 const NO_MATCH: &str = "no_layer:\n  enabled: True\n  layers:\n    layer_name_regex_pattern: 'no_such_layer'\n  transformer_engine:\n    LogTensorStats:\n      enabled: True\n      stats: [min, max, mean, std, l1_norm, l2_norm, cur_amax, dynamic_range]\n      tensors: [activation, weight, gradient, output, wgrad, dgrad]\n";
+
+const QUANTIZATION_ERROR: &str = "error:\n  enabled: True\n  layers:\n    layer_name_regex_pattern: '.*'\n  transformer_engine:\n    LogQuantizationError:\n      enabled: True\n      gemms: [fprop, dgrad, wgrad]\n      stats: [sqnr, rel_l2_error, max_abs_error]\n";
 
 /// One FP8 step: forward, MSE loss, backward, `step()` when a session runs, device sync.
 fn train_step<B: AutodiffBackend + TeBackend>(
@@ -57,6 +62,8 @@ fn debug_overhead(c: &mut Criterion) {
     std::fs::write(&no_match, NO_MATCH).expect("config");
     let all_layers = dir.join("all_layers.yaml");
     std::fs::write(&all_layers, NO_MATCH.replace("'no_such_layer'", "'.*'")).expect("config");
+    let error = dir.join("quantization_error.yaml");
+    std::fs::write(&error, QUANTIZATION_ERROR).expect("config");
 
     let (plain, x, target) = inputs::<Plain>(&device);
     let (debugged, dx, dtarget) = inputs::<Debugged>(&device);
@@ -81,6 +88,10 @@ fn debug_overhead(c: &mut Criterion) {
         (
             "Debug, LogTensorStats 8 stats x 6 tensors x all layers, freq 1",
             DebugOptions::new(&all_layers),
+        ),
+        (
+            "Debug, LogQuantizationError 3 stats x 3 GEMMs x all layers, freq 1",
+            DebugOptions::new(&error),
         ),
     ];
     for (name, options) in sessions {

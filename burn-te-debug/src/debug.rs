@@ -150,6 +150,33 @@ impl<B: TeBackend> DebugTensor for SiteTensor<B> {
         })))
     }
 
+    fn launch_error_stats(
+        &self,
+        reference: &dyn DebugTensor,
+    ) -> Result<(PendingStats, PendingStats), DebugError> {
+        let Some(reference) = reference.as_any().downcast_ref::<SiteTensor<B>>() else {
+            return Err(burn_te::TeError::InvalidRecipe(
+                "the reference of an error stat is a tensor of another backend".into(),
+            )
+            .into());
+        };
+        let (shape, reference_shape) = (self.shape(), reference.shape());
+        if shape != reference_shape {
+            return Err(burn_te::TeError::InvalidRecipe(format!(
+                "an output of shape {shape:?} cannot be compared with a reference of shape {reference_shape:?}"
+            ))
+            .into());
+        }
+        let difference = B::float_sub(self.tensor.clone(), reference.tensor.clone());
+        let launch = |tensor| -> Result<PendingStats, DebugError> {
+            let pending = B::fp8_stats_launch(tensor, None)?;
+            Ok(PendingStats(Box::new(move || {
+                Ok(B::fp8_stats_read(pending)?)
+            })))
+        };
+        Ok((launch(reference.tensor.clone())?, launch(difference)?))
+    }
+
     fn fake_quant(
         &self,
         format: Fp8Format,
@@ -256,15 +283,6 @@ fn read_floats<B: TeBackend>(tensor: FloatTensor<B>) -> Result<Vec<f32>, DebugEr
         .map_err(|err| burn_te::TeError::Read(format!("{err:?}")).into())
 }
 
-/// The output tensor of a GEMM.
-fn output_of(gemm: Gemm) -> TensorName {
-    match gemm {
-        Gemm::Fprop => TensorName::Output,
-        Gemm::Dgrad => TensorName::Dgrad,
-        Gemm::Wgrad => TensorName::Wgrad,
-    }
-}
-
 /// The high-precision tensor of an operand a feature needs it for (inspecting or modifying it): a kept FP8 operand
 /// is dequantized (the forward keeps the original when a feature will modify it, see
 /// [`session::backward_needs_original`]).
@@ -285,11 +303,13 @@ fn values_for_features<B: TeBackend>(
 }
 
 /// One GEMM through the debug features: inspect the inputs, modify them, inspect them as the GEMM quantizes them,
-/// run the GEMM in FP8 or high precision (`run(operands, recipe, overrides)`), inspect the output. An operand the
+/// run the GEMM in FP8 or high precision (`run(operands, recipe, overrides)`), inspect the output, and measure
+/// its error against the high-precision GEMM of the operands as they came (with `bias` at fprop). An operand the
 /// forward kept quantized is inspected as the values the GEMM multiplies.
 fn debug_gemm<B: TeBackend>(
     site: &GemmSite,
     recipe: Option<&Recipe>,
+    bias: Option<&FloatTensor<B>>,
     operands: [SavedOperand<B>; 2],
     run: impl FnOnce([SavedOperand<B>; 2], Option<&Recipe>, CurrentScalingOverrides) -> FloatTensor<B>,
 ) -> FloatTensor<B> {
@@ -305,6 +325,14 @@ fn debug_gemm<B: TeBackend>(
         site: site.clone(),
         role,
         recipe: recipe.cloned(),
+    };
+    // The reference's operands, before any quantization or modification (a kept FP8 operand, e.g. a micro-batch's
+    // cached weight, counts as its values).
+    let originals = if plan.error {
+        let [lhs, rhs] = &operands;
+        values_for_features::<B>(site, lhs).zip(values_for_features::<B>(site, rhs))
+    } else {
+        None
     };
     let mut operands = operands;
     let mut overrides = [None, None];
@@ -375,10 +403,15 @@ fn debug_gemm<B: TeBackend>(
         }
     }
     let output = run(operands, fp8, overrides);
-    let out_name = output_of(site.gemm);
+    let out_name = TensorName::output_of(site.gemm);
     if plan.inspect.contains(&out_name) {
         let output_view = view(output.clone(), None);
         session::inspect(site, out_name, &output_view);
+    }
+    if let Some((lhs, rhs)) = originals {
+        let reference = B::te_reference_gemm(site.gemm, lhs, rhs, bias.cloned());
+        let (output_view, reference) = (view(output.clone(), None), view(reference, None));
+        session::inspect_gemm_error(site, &output_view, &reference);
     }
     output
 }
@@ -474,31 +507,44 @@ impl<B: TeBackend> TeBackend for Debug<B> {
         ];
         let saved = core::cell::RefCell::new([None, None]);
         let operands = [Saved::HighPrecision(x), Saved::HighPrecision(weight)];
-        let output = debug_gemm::<B>(site, recipe, operands, |operands, recipe, overrides| {
-            with_overrides::<B>(
-                site,
-                recipe,
-                overrides,
-                operands,
-                |r, operands| {
-                    let [x, w] =
-                        operands.map(|operand| burn_te::saved::values_or_panic::<B>(site, operand));
-                    let fprop =
-                        fp8_gemm::linear_fprop::<B>(x, w, bias.clone(), site, r, overrides, save);
-                    fprop.map(|(output, kept)| {
+        let output = debug_gemm::<B>(
+            site,
+            recipe,
+            bias.as_ref(),
+            operands,
+            |operands, recipe, overrides| {
+                with_overrides::<B>(
+                    site,
+                    recipe,
+                    overrides,
+                    operands,
+                    |r, operands| {
+                        let [x, w] = operands
+                            .map(|operand| burn_te::saved::values_or_panic::<B>(site, operand));
+                        let fprop = fp8_gemm::linear_fprop::<B>(
+                            x,
+                            w,
+                            bias.clone(),
+                            site,
+                            r,
+                            overrides,
+                            save,
+                        );
+                        fprop.map(|(output, kept)| {
+                            *saved.borrow_mut() = kept;
+                            output
+                        })
+                    },
+                    |r, operands| {
+                        let [x, w] = operands
+                            .map(|operand| burn_te::saved::values_or_panic::<B>(site, operand));
+                        let (output, kept) = B::te_linear_fprop(x, w, bias.clone(), site, r, save);
                         *saved.borrow_mut() = kept;
                         output
-                    })
-                },
-                |r, operands| {
-                    let [x, w] =
-                        operands.map(|operand| burn_te::saved::values_or_panic::<B>(site, operand));
-                    let (output, kept) = B::te_linear_fprop(x, w, bias.clone(), site, r, save);
-                    *saved.borrow_mut() = kept;
-                    output
-                },
-            )
-        });
+                    },
+                )
+            },
+        );
         (output, saved.into_inner())
     }
 
@@ -509,22 +555,28 @@ impl<B: TeBackend> TeBackend for Debug<B> {
         recipe: Option<&Recipe>,
     ) -> FloatTensor<Self> {
         let operands = [Saved::HighPrecision(grad), weight];
-        debug_gemm::<B>(site, recipe, operands, |operands, recipe, overrides| {
-            with_overrides::<B>(
-                site,
-                recipe,
-                overrides,
-                operands,
-                |r, [g, w]| {
-                    let g = burn_te::saved::values_or_panic::<B>(site, g);
-                    fp8_gemm::linear_dgrad::<B>(w, g, site, r, overrides)
-                },
-                |r, [g, w]| {
-                    let g = burn_te::saved::values_or_panic::<B>(site, g);
-                    B::te_linear_dgrad(w, g, site, r)
-                },
-            )
-        })
+        debug_gemm::<B>(
+            site,
+            recipe,
+            None,
+            operands,
+            |operands, recipe, overrides| {
+                with_overrides::<B>(
+                    site,
+                    recipe,
+                    overrides,
+                    operands,
+                    |r, [g, w]| {
+                        let g = burn_te::saved::values_or_panic::<B>(site, g);
+                        fp8_gemm::linear_dgrad::<B>(w, g, site, r, overrides)
+                    },
+                    |r, [g, w]| {
+                        let g = burn_te::saved::values_or_panic::<B>(site, g);
+                        B::te_linear_dgrad(w, g, site, r)
+                    },
+                )
+            },
+        )
     }
 
     fn te_linear_wgrad(
@@ -534,21 +586,27 @@ impl<B: TeBackend> TeBackend for Debug<B> {
         recipe: Option<&Recipe>,
     ) -> FloatTensor<Self> {
         let operands = [x, Saved::HighPrecision(grad)];
-        debug_gemm::<B>(site, recipe, operands, |operands, recipe, overrides| {
-            with_overrides::<B>(
-                site,
-                recipe,
-                overrides,
-                operands,
-                |r, [x, g]| {
-                    let g = burn_te::saved::values_or_panic::<B>(site, g);
-                    fp8_gemm::linear_wgrad::<B>(x, g, site, r, overrides)
-                },
-                |r, [x, g]| {
-                    let g = burn_te::saved::values_or_panic::<B>(site, g);
-                    B::te_linear_wgrad(x, g, site, r)
-                },
-            )
-        })
+        debug_gemm::<B>(
+            site,
+            recipe,
+            None,
+            operands,
+            |operands, recipe, overrides| {
+                with_overrides::<B>(
+                    site,
+                    recipe,
+                    overrides,
+                    operands,
+                    |r, [x, g]| {
+                        let g = burn_te::saved::values_or_panic::<B>(site, g);
+                        fp8_gemm::linear_wgrad::<B>(x, g, site, r, overrides)
+                    },
+                    |r, [x, g]| {
+                        let g = burn_te::saved::values_or_panic::<B>(site, g);
+                        B::te_linear_wgrad(x, g, site, r)
+                    },
+                )
+            },
+        )
     }
 }

@@ -16,6 +16,8 @@ pub(crate) struct GemmPlan {
     pub(crate) postquantize: [bool; 2],
     /// The tensors inspected at this GEMM (inputs first).
     pub(crate) inspect: Vec<TensorName>,
+    /// Whether a feature measures the GEMM's error against its high-precision result.
+    pub(crate) error: bool,
 }
 
 impl GemmPlan {
@@ -26,6 +28,7 @@ impl GemmPlan {
             modify: [None, None],
             postquantize: [false, false],
             inspect: Vec::new(),
+            error: false,
         }
     }
 
@@ -35,6 +38,7 @@ impl GemmPlan {
             || self.modify.iter().any(Option::is_some)
             || self.postquantize.iter().any(|&p| p)
             || !self.inspect.is_empty()
+            || self.error
     }
 }
 
@@ -118,11 +122,18 @@ pub(crate) fn route(
             }
         }
     }
+    let error = merge_routing(
+        features
+            .iter()
+            .filter_map(|f| f.gemm_error_enabled(layer, gemm, iteration)),
+    );
+    answers.extend(error);
     let plan = GemmPlan {
         fp8: fp8.is_none_or(|r| r.enabled),
         modify,
         postquantize,
         inspect,
+        error: error.is_some_and(|r| r.enabled),
     };
     let next = merge_routing(answers).and_then(|r| r.next);
     Ok((plan, next))

@@ -557,7 +557,14 @@ impl Session {
 
     /// Takes what the inspecting features of `tensor` produced: logs their calls and errors, writes their
     /// messages and dumps, launches their statistics (buffered until `step()`).
-    fn collect(&mut self, site: &GemmSite, tensor: TensorName, x: &dyn DebugTensor, ran: Ran) {
+    fn collect(
+        &mut self,
+        site: &GemmSite,
+        tensor: TensorName,
+        x: &dyn DebugTensor,
+        reference: Option<&dyn DebugTensor>,
+        ran: Ran,
+    ) {
         let layer = site.layer.clone();
         let Ran {
             mut inspection,
@@ -606,6 +613,28 @@ impl Session {
                 let message = format!("{layer}: statistics of {tensor} not possible: {err}");
                 tracing::warn!("{message}");
                 let _ = self.main_log(&message);
+            }
+        }
+        for request in std::mem::take(&mut inspection.error_requests) {
+            let launched = match reference {
+                Some(reference) => x.launch_error_stats(reference),
+                None => Err(DebugError::Feature {
+                    layer: layer.to_string(),
+                    feature: "error stats".into(),
+                    tensor: tensor.to_string(),
+                    reason: "requested outside inspect_gemm_error (no reference)".into(),
+                }),
+            };
+            match launched {
+                Ok((reference, difference)) => self
+                    .buffers
+                    .add_error(&layer, tensor, &request, reference, difference),
+                Err(err) => {
+                    let message =
+                        format!("{layer}: error statistics of {tensor} not possible: {err}");
+                    tracing::warn!("{message}");
+                    let _ = self.main_log(&message);
+                }
             }
         }
         for (name, value) in inspection.scalars {
@@ -699,7 +728,7 @@ struct Ran {
 }
 
 /// Whether the features need `site`'s high-precision operands at its backward GEMM `gemm` of this iteration (they
-/// run it in high precision or modify an operand): the forward then keeps them for the backward instead of their
+/// run it in high precision, modify an operand or measure its error): the forward then keeps them for the backward instead of their
 /// FP8 copies (see `burn_te::saved`). A routing error keeps them too (the backward reports it).
 pub(crate) fn backward_needs_original(site: &GemmSite, gemm: Gemm) -> bool {
     if !active() {
@@ -710,7 +739,7 @@ pub(crate) fn backward_needs_original(site: &GemmSite, gemm: Gemm) -> bool {
     };
     let site = site.with_gemm(gemm);
     match in_features(|| routing::route(layer.features(), &site, layer.iteration)) {
-        Ok((plan, _)) => !plan.fp8 || plan.modify.iter().any(Option::is_some),
+        Ok((plan, _)) => !plan.fp8 || plan.modify.iter().any(Option::is_some) || plan.error,
         Err(_) => true,
     }
 }
@@ -728,11 +757,12 @@ pub(crate) fn plan(site: &GemmSite, fp8_scope: bool) -> Option<GemmPlan> {
 }
 
 /// Runs the features that inspect `tensor` through `call` (`None`: the feature is not on for it), named `api` in
-/// the main log, then collects what they produced.
+/// the main log, then collects what they produced; `x` is the tensor, with its high-precision reference for a
+/// GEMM output whose error is measured.
 fn run_inspection(
     site: &GemmSite,
     tensor: TensorName,
-    x: &dyn DebugTensor,
+    (x, reference): (&dyn DebugTensor, Option<&dyn DebugTensor>),
     api: &str,
     call: impl Fn(&dyn Feature, u64, &mut Inspection) -> Option<Result<(), DebugError>>,
 ) {
@@ -761,24 +791,52 @@ fn run_inspection(
             }
         }
     });
-    with_session(|s| s.collect(site, tensor, x, ran));
+    with_session(|s| s.collect(site, tensor, x, reference, ran));
+}
+
+/// Runs the features that measure the error of `site`'s GEMM: `output` against `reference`.
+pub(crate) fn inspect_gemm_error(
+    site: &GemmSite,
+    output: &dyn DebugTensor,
+    reference: &dyn DebugTensor,
+) {
+    let (layer, gemm) = (&*site.layer, site.gemm);
+    let tensor = TensorName::output_of(gemm);
+    let api = format!("inspect_gemm_error, gemm {}", gemm.name());
+    run_inspection(
+        site,
+        tensor,
+        (output, Some(reference)),
+        &api,
+        |f, iteration, out| {
+            f.gemm_error_enabled(layer, gemm, iteration)
+                .is_some_and(|r| r.enabled)
+                .then(|| f.inspect_gemm_error(layer, gemm, output, reference, iteration, out))
+        },
+    );
 }
 
 /// Runs the features that inspect `tensor` in high precision (TE's `inspect_tensor`).
 pub(crate) fn inspect(site: &GemmSite, tensor: TensorName, x: &dyn DebugTensor) {
     let layer = &*site.layer;
-    run_inspection(site, tensor, x, "inspect_tensor", |f, iteration, out| {
-        f.inspect_tensor_enabled(layer, tensor, iteration)
-            .is_some_and(|r| r.enabled)
-            .then(|| f.inspect_tensor(layer, tensor, x, iteration, out))
-    });
+    run_inspection(
+        site,
+        tensor,
+        (x, None),
+        "inspect_tensor",
+        |f, iteration, out| {
+            f.inspect_tensor_enabled(layer, tensor, iteration)
+                .is_some_and(|r| r.enabled)
+                .then(|| f.inspect_tensor(layer, tensor, x, iteration, out))
+        },
+    );
 }
 
 /// Runs the features that inspect `tensor` as its GEMM quantized it (TE's `inspect_tensor_postquantize`).
 pub(crate) fn inspect_postquantize(site: &GemmSite, tensor: TensorName, x: &dyn DebugTensor) {
     let (layer, gemm) = (&*site.layer, site.gemm);
     let api = format!("inspect_tensor_postquantize, gemm {}", gemm.name());
-    run_inspection(site, tensor, x, &api, |f, iteration, out| {
+    run_inspection(site, tensor, (x, None), &api, |f, iteration, out| {
         f.inspect_tensor_postquantize_enabled(layer, gemm, tensor, iteration)
             .is_some_and(|r| r.enabled)
             .then(|| f.inspect_tensor_postquantize(layer, gemm, tensor, x, iteration, out))

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use burn_te::{Fp8Format, Fp8Stats, ScaleBlock};
+use burn_te::{Fp8Format, Fp8Stats, ScaleBlock, TensorStats};
 
 use crate::features::{PendingStats, PendingValue, StatsScaling};
 use crate::tensor::TensorName;
@@ -50,6 +50,13 @@ pub enum Stat {
     Mse,
     /// The largest dynamic range of one block of the tensor (what a block-scaled recipe must hold).
     MaxBlockwiseDynamicRange(BlockwiseRange),
+    /// A GEMM output's signal-to-quantization-noise ratio in dB against its high-precision reference `r`:
+    /// `10·log10(Σr² / Σ(y−r)²)` (torchao's `compute_error`).
+    Sqnr,
+    /// `‖y−r‖₂ / ‖r‖₂` of a GEMM output `y` against its reference `r`.
+    RelL2Error,
+    /// `max |y−r|` of a GEMM output against its reference.
+    MaxAbsError,
 }
 
 /// The blocks of `max_blockwise_dynamic_range`, over the tensor viewed as `[leading dims folded, last dim]`.
@@ -98,6 +105,8 @@ impl Stat {
         Stat::NanCount,
         Stat::InfCount,
     ];
+    /// The error stats of a GEMM output against its high-precision reference (LogQuantizationError).
+    pub const ERROR: [Stat; 3] = [Stat::Sqnr, Stat::RelL2Error, Stat::MaxAbsError];
     /// The quantization stats (LogFp8TensorStats).
     pub const FP8: [Stat; 6] = [
         Stat::Underflows,
@@ -128,6 +137,9 @@ impl Stat {
             Stat::MaxBlockwiseDynamicRange(_) => "max_blockwise_dynamic_range",
             Stat::NanCount => "nan_count",
             Stat::InfCount => "inf_count",
+            Stat::Sqnr => "sqnr",
+            Stat::RelL2Error => "rel_l2_error",
+            Stat::MaxAbsError => "max_abs_error",
         }
     }
 
@@ -178,8 +190,34 @@ impl Stat {
             Stat::ScaleInvMax => stats.scale_inv_stats.max(),
             Stat::ScaleInvStd => stats.scale_inv_stats.std(),
             Stat::Mse => stats.mse(),
-            // Computed by its own kernel (see `StatBuffers::add_value`).
-            Stat::MaxBlockwiseDynamicRange(_) => None,
+            // Computed by its own kernel (see `StatBuffers::add_value`); the error stats from two tensors' (see
+            // `Stat::error_value`).
+            Stat::MaxBlockwiseDynamicRange(_)
+            | Stat::Sqnr
+            | Stat::RelL2Error
+            | Stat::MaxAbsError => None,
+        }
+    }
+
+    /// Whether the stat compares a GEMM output with its reference ([`Stat::ERROR`]).
+    pub fn is_error(self) -> bool {
+        Stat::ERROR.contains(&self)
+    }
+
+    /// An error stat's value from the merged statistics of the reference `r` and of the difference `y − r` (None:
+    /// not an error stat, or no elements). A NaN or infinity in either propagates by IEEE arithmetic; a zero
+    /// difference gives an SQNR of +inf.
+    pub fn error_value(self, reference: &TensorStats, difference: &TensorStats) -> Option<f64> {
+        if reference.numel == 0 {
+            return None;
+        }
+        let signal = reference.sum_of_squares()?;
+        let noise = difference.sum_of_squares()?;
+        match self {
+            Stat::Sqnr => Some(10.0 * (signal / noise).log10()),
+            Stat::RelL2Error => Some((noise / signal).sqrt()),
+            Stat::MaxAbsError => difference.amax(),
+            _ => None,
         }
     }
 }
@@ -203,6 +241,8 @@ struct Buffer {
     pending: Vec<PendingStats>,
     /// Stats with their own kernel (max over feeds).
     values: Vec<(Stat, PendingValue)>,
+    /// Per feed of a GEMM output: the statistics of its high-precision reference and of the difference.
+    errors: Vec<(PendingStats, PendingStats)>,
 }
 
 /// The stat buffers of one step.
@@ -286,6 +326,21 @@ impl StatBuffers {
             .push((stat, pending));
     }
 
+    /// Buffers one feed's error statistics of a GEMM output: its reference's and the difference's (feeds merge
+    /// exactly, as sums of squares and maxima).
+    pub(crate) fn add_error(
+        &mut self,
+        layer: &str,
+        tensor: TensorName,
+        request: &StatRequest,
+        reference: PendingStats,
+        difference: PendingStats,
+    ) {
+        self.buffer(layer, tensor, request)
+            .errors
+            .push((reference, difference));
+    }
+
     pub(crate) fn add_scalar(&mut self, name: String, value: f64) {
         self.scalars.push((name, value));
     }
@@ -310,7 +365,20 @@ impl StatBuffers {
                 stats: buffer.stats,
                 merged,
                 maxima: BTreeMap::new(),
+                reference: TensorStats::EMPTY,
+                difference: TensorStats::EMPTY,
             };
+            for (reference, difference) in buffer.errors {
+                match (reference.read(), difference.read()) {
+                    (Ok(reference), Ok(difference)) => {
+                        partial.reference = partial.reference.merge(&reference.tensor);
+                        partial.difference = partial.difference.merge(&difference.tensor);
+                    }
+                    (Err(err), _) | (_, Err(err)) => {
+                        errors.push(format!("{}_{}: {err}", partial.layer, partial.tensor))
+                    }
+                }
+            }
             for (stat, pending) in buffer.values {
                 match pending.read() {
                     Ok(value) => partial.max_in(stat, value),
@@ -326,11 +394,13 @@ impl StatBuffers {
     pub(crate) fn values(&mut self, partials: Vec<Partial>) -> Vec<StatValue> {
         let mut values = Vec::new();
         for partial in partials {
-            if partial.merged.tensor.numel == 0 {
-                continue; // TE skips empty tensors.
-            }
             for &stat in &partial.stats {
                 let value = match stat {
+                    stat if stat.is_error() => {
+                        stat.error_value(&partial.reference, &partial.difference)
+                    }
+                    // TE skips empty tensors.
+                    _ if partial.merged.tensor.numel == 0 => None,
                     Stat::MaxBlockwiseDynamicRange(_) => partial.maxima.get(&stat).copied(),
                     stat => stat.value(&partial.merged),
                 };
@@ -372,6 +442,10 @@ pub(crate) struct Partial {
     pub merged: Fp8Stats,
     /// Stats with their own kernel: the maximum over feeds.
     pub maxima: BTreeMap<Stat, f64>,
+    /// A GEMM output's high-precision reference, merged over feeds (the error stats).
+    pub reference: TensorStats,
+    /// The output minus its reference, merged over feeds.
+    pub difference: TensorStats,
 }
 
 impl Partial {
@@ -394,6 +468,8 @@ impl Partial {
     /// maxima by max, the stats to log united.
     pub fn merge(&mut self, other: &Partial) {
         self.merged = self.merged.merge(&other.merged);
+        self.reference = self.reference.merge(&other.reference);
+        self.difference = self.difference.merge(&other.difference);
         for (&stat, &value) in &other.maxima {
             self.max_in(stat, value);
         }

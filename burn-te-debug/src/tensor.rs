@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use burn_te::TensorRole;
+use burn_te::{Gemm, TensorRole};
 
 /// A tensor of a layer's GEMMs: the three GEMM inputs and the three GEMM outputs.
 #[derive(
@@ -65,6 +65,15 @@ impl TensorName {
             TensorName::Weight => Some(TensorRole::Weight),
             TensorName::Gradient => Some(TensorRole::Gradient),
             _ => None,
+        }
+    }
+
+    /// The output tensor of `gemm`.
+    pub fn output_of(gemm: Gemm) -> TensorName {
+        match gemm {
+            Gemm::Fprop => TensorName::Output,
+            Gemm::Dgrad => TensorName::Dgrad,
+            Gemm::Wgrad => TensorName::Wgrad,
         }
     }
 

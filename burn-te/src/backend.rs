@@ -10,7 +10,7 @@ use burn_te_kernels::{
 
 use crate::fp8_gemm::{SavedForBackward, fold_rows};
 use crate::saved::SavedOperand;
-use crate::site::GemmSite;
+use crate::site::{Gemm, GemmSite};
 use crate::{Recipe, TeError};
 
 /// The format of a quantized tensor's elements.
@@ -267,6 +267,22 @@ pub trait TeBackend: Backend {
     /// forward by it (see [`crate::autocast`]).
     fn buffer_id(_tensor: &FloatTensor<Self>) -> Option<u64> {
         None
+    }
+
+    /// The layer GEMM `gemm` in high precision on its operands in [`Gemm::operands`]' order (fprop: `x`, `weight`,
+    /// plus `bias`; dgrad: `grad`, `weight`; wgrad: `x`, `grad`), neither counted nor observed: the reference the
+    /// debug tools measure a low-precision GEMM's error against. Decorators forward it to their inner backend.
+    fn te_reference_gemm(
+        gemm: Gemm,
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        match gemm {
+            Gemm::Fprop => high_precision_linear::<Self>(lhs, rhs, bias),
+            Gemm::Dgrad => high_precision_dgrad::<Self>(rhs, lhs),
+            Gemm::Wgrad => high_precision_wgrad::<Self>(lhs, rhs),
+        }
     }
 
     /// A linear layer's forward GEMM at `site`: `x [.., in] · weight [in, out] + bias` in FP8 with `recipe`, or in
@@ -596,6 +612,14 @@ macro_rules! forward_fp8_ops {
         }
         fn buffer_id(tensor: &$crate::__private::FloatTensor<Self>) -> Option<u64> {
             $inner::buffer_id(tensor)
+        }
+        fn te_reference_gemm(
+            gemm: $crate::Gemm,
+            lhs: $crate::__private::FloatTensor<Self>,
+            rhs: $crate::__private::FloatTensor<Self>,
+            bias: Option<$crate::__private::FloatTensor<Self>>,
+        ) -> $crate::__private::FloatTensor<Self> {
+            $inner::te_reference_gemm(gemm, lhs, rhs, bias)
         }
         fn fp8_delayed_state_update(
             state: &Self::DelayedState,

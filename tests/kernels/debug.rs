@@ -385,7 +385,7 @@ fn f64_named_stats(values: &[f32]) -> [(&'static str, f64); 5] {
     ]
 }
 
-type B = Autodiff<Debug<Te<NdArray>>>;
+pub(crate) type B = Autodiff<Debug<Te<NdArray>>>;
 
 #[test]
 fn debug_decorator_routes_logs_and_merges_micro_batches() {

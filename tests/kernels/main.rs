@@ -21,6 +21,7 @@ mod modules;
 mod nvfp4;
 mod nvfp4_recipe;
 mod plain_linear;
+mod quantization_error;
 mod saved_operands;
 mod scaling;
 mod statistics;

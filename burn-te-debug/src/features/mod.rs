@@ -7,6 +7,7 @@ mod dump_tensors;
 mod fake_quant;
 mod log_fp8_tensor_stats;
 mod log_nvfp4_tensor_stats;
+mod log_quantization_error;
 mod log_tensor_stats;
 mod per_tensor_scaling;
 mod registry;
@@ -24,6 +25,7 @@ pub use dump_tensors::DumpTensors;
 pub use fake_quant::FakeQuant;
 pub use log_fp8_tensor_stats::LogFp8TensorStats;
 pub use log_nvfp4_tensor_stats::LogNvfp4TensorStats;
+pub use log_quantization_error::LogQuantizationError;
 pub use log_tensor_stats::LogTensorStats;
 pub use per_tensor_scaling::PerTensorScaling;
 pub(crate) use registry::build_feature;
@@ -135,6 +137,12 @@ pub trait DebugTensor: Send {
         &self,
         quantization: Option<(Fp8Format, StatsScaling)>,
     ) -> Result<PendingStats, DebugError>;
+    /// The statistics of `reference` and of `self − reference` (same shape and backend), launched on the device:
+    /// what the error stats of a GEMM output are computed from.
+    fn launch_error_stats(
+        &self,
+        reference: &dyn DebugTensor,
+    ) -> Result<(PendingStats, PendingStats), DebugError>;
     /// The largest per-block dynamic range over blocks of `block` (see
     /// [`TeBackend::fp8_max_block_dynamic_range`](burn_te::TeBackend::fp8_max_block_dynamic_range)), launched on the
     /// device.
@@ -182,6 +190,7 @@ pub trait DebugTensor: Send {
 #[derive(Default)]
 pub struct Inspection {
     pub(crate) requests: Vec<StatRequest>,
+    pub(crate) error_requests: Vec<StatRequest>,
     pub(crate) scalars: Vec<(String, f64)>,
     pub(crate) dumps: Vec<TensorDump>,
     pub(crate) messages: Vec<String>,
@@ -207,6 +216,12 @@ impl Inspection {
     /// Asks for statistics of the inspected tensor, logged as `<layer>_<tensor>_<prefix><stat>` at `step()`.
     pub fn request_stats(&mut self, request: StatRequest) {
         self.requests.push(request);
+    }
+
+    /// Asks for error stats ([`Stat::ERROR`](crate::stats::Stat::ERROR)) of an inspected GEMM output against its
+    /// high-precision reference, logged as `<layer>_<output tensor>_<prefix><stat>` at `step()`.
+    pub fn request_error_stats(&mut self, request: StatRequest) {
+        self.error_requests.push(request);
     }
 }
 
@@ -273,6 +288,28 @@ pub trait Feature: Send + Sync {
         _layer: &str,
         _tensor: TensorName,
         _x: &dyn DebugTensor,
+        _iteration: u64,
+        _out: &mut Inspection,
+    ) -> Result<(), DebugError> {
+        Ok(())
+    }
+
+    /// Whether this feature measures the error of `gemm`'s output (default: no). When on, the decorator also runs
+    /// the GEMM in high precision on its operands as they came, before any quantization or `modify_tensor`, and
+    /// calls [`inspect_gemm_error`](Self::inspect_gemm_error) (ours; TE has no such call).
+    fn gemm_error_enabled(&self, _layer: &str, _gemm: Gemm, _iteration: u64) -> Option<Routing> {
+        None
+    }
+
+    /// Inspects `gemm`'s output `output` (as the GEMM computed it: FP8, or high precision where a feature disabled
+    /// FP8) against `reference`, the high-precision GEMM of the operands before quantization (e.g. with
+    /// [`Inspection::request_error_stats`]).
+    fn inspect_gemm_error(
+        &self,
+        _layer: &str,
+        _gemm: Gemm,
+        _output: &dyn DebugTensor,
+        _reference: &dyn DebugTensor,
         _iteration: u64,
         _out: &mut Inspection,
     ) -> Result<(), DebugError> {

@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 
 use super::{
     DisableFp8Gemm, DisableFp8Layer, DumpTensors, FakeQuant, Feature, LogFp8TensorStats,
-    LogNvfp4TensorStats, LogTensorStats, PerTensorScaling,
+    LogNvfp4TensorStats, LogQuantizationError, LogTensorStats, PerTensorScaling,
 };
 use crate::config::FeatureSpec;
 use crate::error::{ConfigError, ConfigErrorKind, DebugError};
@@ -89,6 +89,11 @@ fn registry() -> &'static Registry {
             Arc::new(PerTensorScaling::from_spec),
         );
         add(te, "FakeQuant", Arc::new(FakeQuant::from_spec));
+        add(
+            te,
+            "LogQuantizationError",
+            Arc::new(LogQuantizationError::from_spec),
+        );
         RwLock::new(map)
     })
 }
