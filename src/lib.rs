@@ -30,6 +30,7 @@ pub fn wgpu_device() -> Option<(burn_te_kernels::cubecl::wgpu::WgpuDevice, Strin
 }
 
 pub mod fuzz;
+pub mod lm;
 
 /// The end of an example's `main`: on error, prints `error: <message>` and each cause not already part of the
 /// message (`caused by: ...`) to stderr and exits with status 1. (A `main` returning `Result` prints the error's

@@ -17,6 +17,7 @@
 //! burn_te_debug::end().unwrap();
 //! ```
 
+pub mod advisor;
 pub mod config;
 mod debug;
 pub mod dump;

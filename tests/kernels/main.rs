@@ -1,8 +1,10 @@
 //! Kernel tests: bit-exact FP8 conformance (ml_dtypes vectors), statistics against f64 references, scaling rules,
 //! on the host path and on every CubeCL runtime compiled in (wgpu always; CUDA with `--features cuda`).
 
+mod advisor;
 mod bad_tensors;
 mod burn_data;
+mod char_lm;
 mod common;
 mod config_fuzz;
 mod conformance;

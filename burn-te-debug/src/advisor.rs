@@ -1,0 +1,494 @@
+//! The precision advisor: which GEMMs to keep in high precision, from K steps of a model's own statistics.
+//!
+//! Train a few steps under the recipe with [`Advisor::config`] as the debug config (a logger collects what it
+//! logs), then [`Advisor::advise`]: every layer × GEMM is ranked by how much low precision hurts it, and the worst
+//! are kept in high precision within a FLOP budget, written as a debug config in Transformer Engine's YAML
+//! ([`Advice::to_yaml`]: `DisableFP8GEMM` per layer, `DisableFP8Layer` where all three GEMMs are chosen), each
+//! choice with its numbers in a comment. `examples/precision_advisor.rs` is the command.
+//!
+//! The evidence per GEMM, over the K steps:
+//! - `sqnr`: the GEMM output's SQNR against its high-precision result (LogQuantizationError), the mean of its
+//!   noise power `10^(−sqnr/10)` over the steps — what the recipe's scales, underflows, saturation and rounding do
+//!   to this GEMM, measured where it lands;
+//! - underflows% and overflows% of its two operands as this GEMM quantizes them (LogFp8TensorStats; the
+//!   `_columnwise` stats where the GEMM reduces along the other dimension: the activation and gradient at wgrad,
+//!   the weight at dgrad), the largest — values flushed to zero are information lost even where they carry
+//!   little of the output's energy;
+//! - amax growth: the largest step-to-step ratio of an input operand's `cur_amax` (LogTensorStats) — growth that
+//!   outpaces the scales precedes FP8 divergence (Fishman et al., arXiv 2409.12517);
+//! - kurtosis of the layer's activation (this module's `AdvisorProbe`, on the host): outlier features, which
+//!   per-tensor scales serve badly and which precede instabilities (FOG, arXiv 2505.20524).
+//!
+//! The score is the noise power, weighted up by what it underrates and by the divergence signs:
+//! `10^(−sqnr/10) · (1 + 4·(underflows% + overflows%)/100) · (1 + max(0, kurtosis − 3)/10) · max(1, amax growth)`,
+//! the kurtosis term for the GEMMs that take the activation (fprop, wgrad). The noise power ranks what is hurt
+//! now; the weights (heuristics, stated in every written config) rank higher what is likely to get worse.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Once;
+
+use burn_te::Gemm;
+
+use crate::config::FeatureSpec;
+use crate::error::{ConfigError, DebugError};
+use crate::features::{DebugTensor, Feature, Inspection, Namespace, Routing, register_feature};
+use crate::stats::StatValue;
+use crate::tensor::TensorName;
+
+/// The probe's feature name (base namespace).
+const PROBE: &str = "AdvisorProbe";
+
+/// The options of an advice.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdvisorOptions {
+    /// The largest fraction of the measured GEMM FLOPs kept in high precision (default 0.10).
+    pub budget: f64,
+    /// GEMMs whose SQNR is at least this (dB) are never chosen, whatever the budget (default 40: an error of 1 %
+    /// in L2 or less).
+    pub good_enough_db: f64,
+    /// Write TE's newer feature names (`DisableQuantizationGEMM` / `DisableQuantizationLayer`) instead of
+    /// `DisableFP8GEMM` / `DisableFP8Layer` (default false: both load here and in TE).
+    pub new_names: bool,
+}
+
+impl Default for AdvisorOptions {
+    fn default() -> Self {
+        AdvisorOptions {
+            budget: 0.10,
+            good_enough_db: 40.0,
+            new_names: false,
+        }
+    }
+}
+
+/// What the advisor knows of one layer's GEMM.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GemmEvidence {
+    /// The layer.
+    pub layer: String,
+    /// The GEMM.
+    pub gemm: Gemm,
+    /// SQNR in dB of the mean noise power over the steps.
+    pub sqnr_db: f64,
+    /// The largest underflows% of the GEMM's operands over the steps.
+    pub underflows: f64,
+    /// The largest overflows% of the GEMM's operands.
+    pub overflows: f64,
+    /// The largest step-to-step `cur_amax` ratio of the GEMM's input operands (activation, gradient); 1 if flat.
+    pub amax_growth: f64,
+    /// The layer activation's largest kurtosis over the steps (3 for a normal distribution).
+    pub kurtosis: f64,
+    /// FLOPs of one call of the GEMM (`2·tokens·in·out`, the same for the three GEMMs of a layer).
+    pub flops: f64,
+    /// How much low precision hurts it (see the module docs).
+    pub score: f64,
+}
+
+/// The ranked GEMMs and the ones chosen for high precision.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Advice {
+    /// Every measured GEMM, worst first.
+    pub ranked: Vec<GemmEvidence>,
+    /// Indices into `ranked` of the GEMMs kept in high precision.
+    pub chosen: Vec<usize>,
+    /// The fraction of the measured GEMM FLOPs they take.
+    pub fraction: f64,
+    /// The options it was made with.
+    pub options: AdvisorOptions,
+    /// Steps the evidence covers.
+    pub steps: usize,
+}
+
+/// The advisor: the statistics it asks for, and the advice it makes of them.
+pub struct Advisor;
+
+impl Advisor {
+    /// The debug config that collects the advisor's evidence on the layers matching `layers` (a regex), every
+    /// `freq` steps. Registers the probe feature on first use.
+    pub fn config(layers: &str, freq: u64) -> Result<String, DebugError> {
+        register_probe()?;
+        let freq = freq.max(1);
+        Ok(format!(
+            "precision_advisor:
+  enabled: True
+  layers:
+    layer_name_regex_pattern: '{layers}'
+  transformer_engine:
+    LogQuantizationError:
+      enabled: True
+      gemms: [fprop, dgrad, wgrad]
+      stats: [sqnr]
+      freq: {freq}
+    LogFp8TensorStats:
+      enabled: True
+      tensors: [activation, weight, gradient]
+      stats: [underflows%, overflows%, underflows%_columnwise, overflows%_columnwise]
+      freq: {freq}
+    LogTensorStats:
+      enabled: True
+      tensors: [activation, gradient]
+      stats: [cur_amax]
+      freq: {freq}
+  {PROBE}:
+    enabled: True
+    freq: {freq}
+"
+        ))
+    }
+
+    /// Ranks every GEMM the statistics cover and chooses the worst for high precision within the budget.
+    pub fn advise(stats: &[(u64, StatValue)], options: AdvisorOptions) -> Advice {
+        let mut sqnr: BTreeMap<(String, Gemm), Vec<f64>> = BTreeMap::new();
+        let mut fp8: BTreeMap<(String, TensorName, String), f64> = BTreeMap::new();
+        let mut amax: BTreeMap<(String, TensorName), BTreeMap<u64, f64>> = BTreeMap::new();
+        let mut kurtosis: BTreeMap<String, f64> = BTreeMap::new();
+        let mut elements: BTreeMap<String, f64> = BTreeMap::new();
+        let mut outputs: BTreeMap<String, f64> = BTreeMap::new();
+        let mut steps = std::collections::BTreeSet::new();
+        for (iteration, value) in stats {
+            let Some(tensor) = value.tensor else {
+                // The probe's scalars (the largest over micro-batches and steps).
+                for (suffix, into) in [
+                    ("_activation_kurtosis", &mut kurtosis),
+                    ("_activation_elements", &mut elements),
+                    ("_weight_out", &mut outputs),
+                ] {
+                    if let Some(layer) = value.name.strip_suffix(suffix) {
+                        let entry = into.entry(layer.to_string()).or_insert(f64::NEG_INFINITY);
+                        *entry = entry.max(value.value);
+                    }
+                }
+                continue;
+            };
+            let layer = value.layer.clone();
+            match value.stat.as_str() {
+                "sqnr" => {
+                    let gemm = match tensor {
+                        TensorName::Output => Gemm::Fprop,
+                        TensorName::Dgrad => Gemm::Dgrad,
+                        TensorName::Wgrad => Gemm::Wgrad,
+                        _ => continue,
+                    };
+                    steps.insert(*iteration);
+                    sqnr.entry((layer, gemm)).or_default().push(value.value);
+                }
+                stat if stat.starts_with("underflows%") || stat.starts_with("overflows%") => {
+                    let entry = fp8.entry((layer, tensor, stat.to_string())).or_insert(0.0);
+                    *entry = entry.max(value.value);
+                }
+                "cur_amax" => {
+                    amax.entry((layer, tensor))
+                        .or_default()
+                        .insert(*iteration, value.value);
+                }
+                _ => {}
+            }
+        }
+        let growth = |layer: &str, tensor: TensorName| {
+            let Some(series) = amax.get(&(layer.to_string(), tensor)) else {
+                return 1.0;
+            };
+            let values: Vec<f64> = series.values().copied().collect();
+            values
+                .windows(2)
+                .filter(|w| w[0] > 0.0 && w[1].is_finite())
+                .map(|w| w[1] / w[0])
+                .fold(1.0, f64::max)
+        };
+        let mut ranked: Vec<GemmEvidence> = sqnr
+            .into_iter()
+            .map(|((layer, gemm), values)| {
+                // The mean noise power over the steps (a +inf SQNR contributes none).
+                let noise = values.iter().map(|db| 10f64.powf(-db / 10.0)).sum::<f64>()
+                    / values.len().max(1) as f64;
+                let (lhs, rhs) = gemm.operands();
+                let operands = [TensorName::from(lhs), TensorName::from(rhs)];
+                // The operand's stat in the orientation this GEMM quantizes it (the rowwise one where the
+                // columnwise is not logged).
+                let worst = |stat: &str| {
+                    operands
+                        .iter()
+                        .filter_map(|&t| {
+                            let columnwise = matches!(
+                                (gemm, t),
+                                (Gemm::Wgrad, _) | (Gemm::Dgrad, TensorName::Weight)
+                            );
+                            let name = if columnwise {
+                                format!("{stat}_columnwise")
+                            } else {
+                                stat.to_string()
+                            };
+                            fp8.get(&(layer.clone(), t, name))
+                                .or_else(|| fp8.get(&(layer.clone(), t, stat.to_string())))
+                        })
+                        .fold(0.0, |a: f64, &b| a.max(b))
+                };
+                let amax_growth = operands
+                    .iter()
+                    .filter(|t| **t != TensorName::Weight)
+                    .map(|t| growth(&layer, *t))
+                    .fold(1.0, f64::max);
+                let layer_kurtosis = kurtosis.get(&layer).copied().unwrap_or(3.0);
+                let (underflows, overflows) = (worst("underflows%"), worst("overflows%"));
+                let outliers = if gemm == Gemm::Dgrad {
+                    1.0
+                } else {
+                    1.0 + (layer_kurtosis - 3.0).max(0.0) / 10.0
+                };
+                let score = noise
+                    * (1.0 + 4.0 * (underflows + overflows) / 100.0)
+                    * outliers
+                    * amax_growth.max(1.0);
+                GemmEvidence {
+                    sqnr_db: -10.0 * noise.log10(),
+                    underflows,
+                    overflows,
+                    amax_growth,
+                    kurtosis: layer_kurtosis,
+                    flops: 2.0
+                        * elements.get(&layer).copied().unwrap_or(0.0)
+                        * outputs.get(&layer).copied().unwrap_or(0.0),
+                    score,
+                    layer,
+                    gemm,
+                }
+            })
+            .collect();
+        ranked.sort_by(|a, b| {
+            b.score
+                .total_cmp(&a.score)
+                .then_with(|| (&a.layer, a.gemm).cmp(&(&b.layer, b.gemm)))
+        });
+        let total: f64 = ranked.iter().map(|e| e.flops).sum();
+        let mut used = 0.0;
+        let mut chosen = Vec::new();
+        for (index, evidence) in ranked.iter().enumerate() {
+            if evidence.sqnr_db >= options.good_enough_db {
+                continue;
+            }
+            if total > 0.0 && (used + evidence.flops) / total <= options.budget + 1e-12 {
+                used += evidence.flops;
+                chosen.push(index);
+            }
+        }
+        Advice {
+            ranked,
+            chosen,
+            fraction: if total > 0.0 { used / total } else { 0.0 },
+            options,
+            steps: steps.len(),
+        }
+    }
+}
+
+impl Advice {
+    /// The advice as a debug config in Transformer Engine's YAML: one section per layer with chosen GEMMs, each
+    /// choice and the ranking in comments. Loads with [`crate::config::Config::parse`] and in TE.
+    pub fn to_yaml(&self) -> String {
+        let (gemm_feature, layer_feature) = if self.options.new_names {
+            ("DisableQuantizationGEMM", "DisableQuantizationLayer")
+        } else {
+            ("DisableFP8GEMM", "DisableFP8Layer")
+        };
+        let mut yaml = String::new();
+        let _ = writeln!(
+            yaml,
+            "# Written by burn-te's precision advisor from {} measured steps: the GEMMs low precision hurts most, kept",
+            self.steps
+        );
+        let _ = writeln!(
+            yaml,
+            "# in high precision within a budget of {:.1} % of the GEMM FLOPs (used: {:.1} %).",
+            self.options.budget * 100.0,
+            self.fraction * 100.0
+        );
+        let _ = writeln!(
+            yaml,
+            "# score = 10^(-sqnr/10) * (1 + 4*(underflows% + overflows%)/100) * (1 + max(0, kurtosis - 3)/10 at fprop and\n\
+             #   wgrad) * max(1, amax growth): the noise the recipe adds, weighted by the values it flushes or clips and by\n\
+             #   the signs of divergence (outlier features, amax growth). Ranking, worst first:"
+        );
+        for (rank, e) in self.ranked.iter().enumerate() {
+            let _ = writeln!(
+                yaml,
+                "#   {:>2}. {:<40} {:<5} sqnr {:>6.2} dB  underflows {:>6.2} %  overflows {:>5.2} %  amax growth {:>5.2}x  kurtosis {:>7.2}  flops {:>6.3}%{}",
+                rank + 1,
+                e.layer,
+                e.gemm.name(),
+                e.sqnr_db,
+                e.underflows,
+                e.overflows,
+                e.amax_growth,
+                e.kurtosis,
+                100.0 * e.flops / self.ranked.iter().map(|e| e.flops).sum::<f64>().max(1.0),
+                if self.chosen.contains(&rank) {
+                    "  <- high precision"
+                } else {
+                    ""
+                }
+            );
+        }
+        let mut by_layer: BTreeMap<&str, Vec<&GemmEvidence>> = BTreeMap::new();
+        for &index in &self.chosen {
+            let e = &self.ranked[index];
+            by_layer.entry(&e.layer).or_default().push(e);
+        }
+        if by_layer.is_empty() {
+            let _ = writeln!(
+                yaml,
+                "# Nothing chosen: every GEMM is good enough (SQNR >= {} dB) or over the budget.",
+                self.options.good_enough_db
+            );
+        }
+        for (index, (layer, chosen)) in by_layer.iter().enumerate() {
+            let _ = writeln!(yaml);
+            for e in chosen {
+                let _ = writeln!(
+                    yaml,
+                    "# {layer} {}: SQNR {:.2} dB, underflows {:.2} %, overflows {:.2} %, amax growth {:.2}x, kurtosis {:.2}",
+                    e.gemm.name(),
+                    e.sqnr_db,
+                    e.underflows,
+                    e.overflows,
+                    e.amax_growth,
+                    e.kurtosis
+                );
+            }
+            let _ = writeln!(yaml, "advisor_high_precision_{index}:");
+            let _ = writeln!(yaml, "  enabled: True");
+            let _ = writeln!(yaml, "  layers:");
+            let _ = writeln!(
+                yaml,
+                "    layer_name_regex_pattern: '^{}$'",
+                regex_escape(layer)
+            );
+            let _ = writeln!(yaml, "  transformer_engine:");
+            if chosen.len() == 3 {
+                let _ = writeln!(yaml, "    {layer_feature}:");
+                let _ = writeln!(yaml, "      enabled: True");
+            } else {
+                let mut gemms: Vec<Gemm> = chosen.iter().map(|e| e.gemm).collect();
+                gemms.sort();
+                let names: Vec<&str> = gemms.iter().map(|g| g.name()).collect();
+                let _ = writeln!(yaml, "    {gemm_feature}:");
+                let _ = writeln!(yaml, "      enabled: True");
+                let _ = writeln!(yaml, "      gemms: [{}]", names.join(", "));
+            }
+        }
+        yaml
+    }
+}
+
+/// `text` with the regex metacharacters escaped (layer names carry dots).
+fn regex_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
+/// Registers [`AdvisorProbe`] once per process.
+fn register_probe() -> Result<(), DebugError> {
+    static REGISTER: Once = Once::new();
+    let mut result = Ok(());
+    REGISTER.call_once(|| {
+        result = register_feature(Namespace::Base, PROBE, AdvisorProbe::from_spec);
+    });
+    result
+}
+
+/// The advisor's probe: logs `<layer>_activation_kurtosis` (read on the host: one sync per layer at its steps),
+/// `<layer>_activation_elements` (`tokens · in`) and `<layer>_weight_out` (`out`) of every layer it selects: the
+/// GEMM's FLOPs are `2 · tokens · in · out`.
+struct AdvisorProbe {
+    schedule: crate::config::Schedule,
+}
+
+impl AdvisorProbe {
+    fn from_spec(spec: &FeatureSpec) -> Result<Box<dyn Feature>, ConfigError> {
+        let items = spec.items(
+            crate::config::Need::No,
+            crate::config::Need::No,
+            &[],
+            Some(&crate::config::SCHEDULE_KEYS),
+        )?;
+        let schedule = match items.first() {
+            Some(item) => item.schedule()?,
+            None => crate::config::Schedule::default(),
+        };
+        Ok(Box::new(AdvisorProbe { schedule }))
+    }
+}
+
+impl Feature for AdvisorProbe {
+    fn name(&self) -> &str {
+        PROBE
+    }
+
+    fn inspect_tensor_enabled(
+        &self,
+        _layer: &str,
+        tensor: TensorName,
+        iteration: u64,
+    ) -> Option<Routing> {
+        (tensor == TensorName::Activation || tensor == TensorName::Weight).then(|| Routing {
+            enabled: self.schedule.runs_at(iteration),
+            next: self.schedule.next_after(iteration),
+        })
+    }
+
+    fn inspect_tensor(
+        &self,
+        layer: &str,
+        tensor: TensorName,
+        x: &dyn DebugTensor,
+        _iteration: u64,
+        out: &mut Inspection,
+    ) -> Result<(), DebugError> {
+        let shape = x.shape();
+        match tensor {
+            TensorName::Activation => {
+                let values = x.to_vec()?;
+                out.log_scalar(format!("{layer}_activation_kurtosis"), kurtosis(&values));
+                out.log_scalar(
+                    format!("{layer}_activation_elements"),
+                    shape.iter().product::<usize>() as f64,
+                );
+            }
+            TensorName::Weight => {
+                // Burn's weight is [in, out]: the GEMM's FLOPs are 2 · (tokens · in) · out.
+                out.log_scalar(
+                    format!("{layer}_weight_out"),
+                    shape.last().copied().unwrap_or(0) as f64,
+                );
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// `E[(x − μ)⁴] / σ⁴` over the finite values (3 for a normal distribution; 3 when constant or empty).
+pub fn kurtosis(values: &[f32]) -> f64 {
+    let finite: Vec<f64> = values
+        .iter()
+        .filter(|v| v.is_finite())
+        .map(|&v| f64::from(v))
+        .collect();
+    let n = finite.len() as f64;
+    if n == 0.0 {
+        return 3.0;
+    }
+    let mean = finite.iter().sum::<f64>() / n;
+    let (m2, m4) = finite.iter().fold((0.0, 0.0), |(m2, m4), v| {
+        let d = (v - mean) * (v - mean);
+        (m2 + d, m4 + d * d)
+    });
+    let (m2, m4) = (m2 / n, m4 / n);
+    if m2 == 0.0 { 3.0 } else { m4 / (m2 * m2) }
+}

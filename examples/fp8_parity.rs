@@ -1,0 +1,721 @@
+//! The FP8 parity study: the byte-level GPT of `burn_te_suite::lm` trained on real text in f32 and under every
+//! low-precision recipe, same seed, same batch order, same steps, on the CPU (Flex host path).
+//!
+//! Runs: each recipe of `--recipes` with seed 0; f32 again with seeds 1.. (`--seeds`, default 3) for the
+//! seed-to-seed spread a recipe's gap is compared with; and, with `--advised <file>`, each recipe of
+//! `--advised-recipes` again under that debug config (e.g. the precision advisor's, which keeps chosen GEMMs in
+//! high precision). Recipes: `f32`, `delayed` (DelayedScaling, HYBRID), `current` (Float8CurrentScaling),
+//! `block` (Float8BlockScaling), `mxfp8`, `nvfp4` (TE's NVFP4 recipe: RHT on wgrad, 16×16 weight blocks,
+//! stochastic rounding of gradients) and `nvfp4-plain` (NVFP4 without RHT, stochastic rounding or 2D weight
+//! blocks: the setting where 4 bits visibly hurt).
+//!
+//! The FP8 runs log, every `--stats-every` steps, LogFp8TensorStats (underflows%, scale_inv_min, scale_inv_max of
+//! each GEMM input) and LogQuantizationError (SQNR of each GEMM) of every layer. Outputs in `--out` (default
+//! `target/fp8-parity`): `curves.csv` (train and validation loss per step and run), `stats.csv`, `summary.md`
+//! (the table: final validation loss, its ratio to f32, step time, f32's seed spread), `valid_loss.svg` and
+//! `layer_stats_<recipe>.svg`.
+//!
+//! `--advise <recipe>` first runs the precision advisor (`burn_te_debug::advisor`): `--advise-steps` (default 50)
+//! steps of the recipe with its statistics, then writes `advisor.yaml` (the GEMMs to keep in high precision, within
+//! `--budget` of the GEMM FLOPs, default 0.10) and adds the run `<recipe> + advisor` trained under it.
+//!
+//! Run: `cargo run --release --example fp8_parity -- [corpus] [--steps 400] [--recipes f32,current,...]`
+//! (corpus default `/usr/share/games/fortunes`: `apt-get install fortunes`).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use burn::backend::{Autodiff, Flex};
+use burn::data::dataloader::batcher::Batcher;
+use burn::grad_clipping::GradientClippingConfig;
+use burn::module::AutodiffModule;
+use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::prelude::*;
+use burn_te::{
+    DelayedScaling, Float8BlockScaling, Float8CurrentScaling, MXFP8BlockScaling, NVFP4BlockScaling,
+    Recipe, Te,
+};
+use burn_te_debug::advisor::{Advisor, AdvisorOptions};
+use burn_te_debug::stats::StatValue;
+use burn_te_debug::{Debug, DebugOptions, StatLogger};
+use burn_te_suite::lm::{CharGpt, CharGptConfig, Corpus, LmBatcher, Windows};
+
+type Error = Box<dyn std::error::Error>;
+type Inner = Debug<Te<Flex>>;
+type B = Autodiff<Inner>;
+
+/// The study's settings.
+struct Args {
+    corpus: PathBuf,
+    recipes: Vec<String>,
+    steps: usize,
+    seeds: u64,
+    batch: usize,
+    eval_every: usize,
+    stats_every: usize,
+    valid_batches: usize,
+    lr: f64,
+    model: CharGptConfig,
+    advised: Option<PathBuf>,
+    advised_recipes: Vec<String>,
+    advise: Option<String>,
+    advise_steps: usize,
+    budget: f64,
+    out: PathBuf,
+}
+
+impl Args {
+    fn parse() -> Result<Args, Error> {
+        let mut args = Args {
+            corpus: PathBuf::from("/usr/share/games/fortunes"),
+            recipes: ["f32", "delayed", "current", "block", "mxfp8", "nvfp4"]
+                .map(String::from)
+                .to_vec(),
+            steps: 400,
+            seeds: 3,
+            batch: 16,
+            eval_every: 50,
+            stats_every: 25,
+            valid_batches: 16,
+            lr: 2e-3,
+            model: CharGptConfig::new(),
+            advised: None,
+            advised_recipes: vec!["nvfp4".into()],
+            advise: None,
+            advise_steps: 50,
+            budget: 0.10,
+            out: PathBuf::from("target/fp8-parity"),
+        };
+        let mut it = std::env::args().skip(1);
+        while let Some(arg) = it.next() {
+            let mut value = |name: &str| {
+                it.next().ok_or_else(|| {
+                    format!("{name} needs a value (see the doc comment of examples/fp8_parity.rs)")
+                })
+            };
+            let number = |name: &str, v: String| -> Result<usize, Error> {
+                v.parse()
+                    .map_err(|_| format!("{name}: expected a whole number, got {v:?}").into())
+            };
+            let list = |v: String| {
+                v.split(',')
+                    .map(|s| s.trim().to_string())
+                    .collect::<Vec<_>>()
+            };
+            match arg.as_str() {
+                "--recipes" => args.recipes = list(value("--recipes")?),
+                "--steps" => args.steps = number("--steps", value("--steps")?)?,
+                "--seeds" => args.seeds = number("--seeds", value("--seeds")?)? as u64,
+                "--batch" => args.batch = number("--batch", value("--batch")?)?,
+                "--eval-every" => args.eval_every = number("--eval-every", value("--eval-every")?)?,
+                "--stats-every" => {
+                    args.stats_every = number("--stats-every", value("--stats-every")?)?
+                }
+                "--valid-batches" => {
+                    args.valid_batches = number("--valid-batches", value("--valid-batches")?)?
+                }
+                "--lr" => {
+                    let v = value("--lr")?;
+                    args.lr = v
+                        .parse()
+                        .map_err(|_| format!("--lr: expected a number, got {v:?}"))?
+                }
+                "--context" => args.model.context = number("--context", value("--context")?)?,
+                "--hidden" => args.model.hidden = number("--hidden", value("--hidden")?)?,
+                "--layers" => args.model.layers = number("--layers", value("--layers")?)?,
+                "--heads" => args.model.heads = number("--heads", value("--heads")?)?,
+                "--ffn" => args.model.ffn = number("--ffn", value("--ffn")?)?,
+                "--advised" => args.advised = Some(PathBuf::from(value("--advised")?)),
+                "--advised-recipes" => args.advised_recipes = list(value("--advised-recipes")?),
+                "--advise" => args.advise = Some(value("--advise")?),
+                "--advise-steps" => {
+                    args.advise_steps = number("--advise-steps", value("--advise-steps")?)?
+                }
+                "--budget" => {
+                    let v = value("--budget")?;
+                    args.budget = v
+                        .parse()
+                        .map_err(|_| format!("--budget: expected a fraction, got {v:?}"))?
+                }
+                "--out" => args.out = PathBuf::from(value("--out")?),
+                flag if flag.starts_with("--") => {
+                    return Err(format!("unknown option {flag}").into());
+                }
+                path => args.corpus = PathBuf::from(path),
+            }
+        }
+        for name in args
+            .recipes
+            .iter()
+            .chain(&args.advised_recipes)
+            .chain(&args.advise)
+        {
+            recipe(name)?;
+        }
+        if args.steps == 0 || args.batch == 0 || args.eval_every == 0 || args.stats_every == 0 {
+            return Err(
+                "--steps, --batch, --eval-every and --stats-every must be at least 1".into(),
+            );
+        }
+        Ok(args)
+    }
+}
+
+/// The recipe of a study name (`None`: f32).
+fn recipe(name: &str) -> Result<Option<Recipe>, Error> {
+    Ok(Some(match name {
+        "f32" => return Ok(None),
+        "delayed" => DelayedScaling::default().into(),
+        "current" => Float8CurrentScaling::default().into(),
+        "block" => Float8BlockScaling::default().into(),
+        "mxfp8" => MXFP8BlockScaling::default().into(),
+        "nvfp4" => NVFP4BlockScaling::default().into(),
+        "nvfp4-plain" => NVFP4BlockScaling {
+            disable_rht: true,
+            disable_stochastic_rounding: true,
+            disable_2d_quantization: true,
+        }
+        .into(),
+        other => {
+            return Err(format!(
+                "unknown recipe {other:?} (f32, delayed, current, block, mxfp8, nvfp4, nvfp4-plain)"
+            )
+            .into());
+        }
+    }))
+}
+
+/// The statistics the FP8 runs log.
+fn stats_config(every: usize) -> String {
+    format!(
+        "parity_stats:
+  enabled: True
+  layers:
+    layer_name_regex_pattern: '.*'
+  transformer_engine:
+    LogFp8TensorStats:
+      enabled: True
+      tensors: [activation, weight, gradient]
+      stats: [underflows%, scale_inv_min, scale_inv_max]
+      freq: {every}
+    LogQuantizationError:
+      enabled: True
+      gemms: [fprop, dgrad, wgrad]
+      stats: [sqnr]
+      freq: {every}
+"
+    )
+}
+
+/// One training run of the study.
+struct Run {
+    /// e.g. `current`, `f32 seed 2`, `nvfp4 + advisor`.
+    label: String,
+    recipe: String,
+    seed: u64,
+    /// A debug config to train under (the advisor's), instead of the statistics.
+    config: Option<PathBuf>,
+}
+
+/// What a run measured.
+struct Measured {
+    /// (step, train loss, validation loss where evaluated).
+    curve: Vec<(usize, f64, Option<f64>)>,
+    /// Median wall time of a step without statistics, ms.
+    step_ms: f64,
+    stats: Vec<(u64, StatValue)>,
+}
+
+/// The stat logger of a run.
+#[derive(Clone, Default)]
+struct Collect(Arc<Mutex<Vec<(u64, StatValue)>>>);
+
+impl StatLogger for Collect {
+    fn log(&mut self, iteration: u64, values: &[StatValue]) {
+        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        all.extend(values.iter().map(|v| (iteration, v.clone())));
+    }
+}
+
+/// Mean validation loss over the first `batches` batches of `valid`, under the model's recipe, without the debug
+/// features.
+fn validate(model: &CharGpt<Inner>, valid: &Windows, batch: usize, batches: usize) -> f64 {
+    let device = Default::default();
+    let mut total = 0.0;
+    let mut count = 0;
+    burn_te_debug::paused(|| {
+        for b in 0..batches {
+            let items: Vec<_> = (b * batch..(b + 1) * batch)
+                .filter_map(|i| valid.window(i))
+                .collect();
+            if items.is_empty() {
+                break;
+            }
+            let batch = LmBatcher.batch(items, &device);
+            let loss = model.forward_batch(batch).loss.into_scalar().elem::<f64>();
+            total += loss;
+            count += 1;
+        }
+    });
+    total / count.max(1) as f64
+}
+
+fn train(
+    args: &Args,
+    corpus: &Corpus,
+    run: &Run,
+    steps: usize,
+    log_dir: &Path,
+) -> Result<Measured, Error> {
+    let device = Default::default();
+    B::seed(&device, run.seed);
+    let split = corpus.split(args.model.context)?;
+    let train = split.train.shuffled(run.seed);
+    let recipe = recipe(&run.recipe)?;
+    let collect = Collect::default();
+    let config = match (&run.config, &recipe) {
+        (Some(config), _) => Some(config.clone()),
+        (None, Some(_)) => {
+            let path = log_dir.join(format!("stats_{}.yaml", run.recipe));
+            std::fs::write(&path, stats_config(args.stats_every))?;
+            Some(path)
+        }
+        (None, None) => None,
+    };
+    if let Some(config) = &config {
+        burn_te_debug::initialize(
+            DebugOptions::new(config)
+                .log_dir(log_dir.join(run.label.replace(' ', "_")))
+                .logger(collect.clone()),
+        )?;
+    }
+    let mut model = args.model.try_init::<B>(&device)?.with_recipe(recipe);
+    let mut optim = AdamWConfig::new()
+        .with_weight_decay(0.01)
+        .with_grad_clipping(Some(GradientClippingConfig::Norm(1.0)))
+        .init::<B, CharGpt<B>>();
+    let warmup = (args.steps / 10).max(1);
+    let last_step = steps;
+    let mut curve = Vec::new();
+    let mut times = Vec::new();
+    let result = (|| -> Result<(), Error> {
+        for step in 0..last_step {
+            let items: Vec<_> = (step * args.batch..(step + 1) * args.batch)
+                .map(|i| train.window(i % train.len()).expect("in range"))
+                .collect();
+            let batch = LmBatcher.batch(items, &device);
+            let start = Instant::now();
+            let loss = model.forward_batch(batch).loss;
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            // Linear warmup, then cosine decay to a tenth.
+            let lr = if step < warmup {
+                args.lr * (step + 1) as f64 / warmup as f64
+            } else {
+                let t = (step - warmup) as f64 / (args.steps - warmup).max(1) as f64;
+                args.lr * (0.1 + 0.45 * (1.0 + (std::f64::consts::PI * t).cos()))
+            };
+            model = optim.step(lr, model, grads);
+            let loss = loss.into_scalar().elem::<f64>();
+            if config.is_none() || step % args.stats_every != 0 {
+                times.push(start.elapsed().as_secs_f64() * 1e3);
+            }
+            burn_te_debug::step()?;
+            let last = step + 1 == last_step;
+            let valid = (step % args.eval_every == 0 || last)
+                .then(|| validate(&model.valid(), &split.valid, args.batch, args.valid_batches));
+            if let Some(valid) = valid {
+                println!(
+                    "  {:>16} step {step:>5}  train {loss:.4}  valid {valid:.4}",
+                    run.label
+                );
+            }
+            if !loss.is_finite() {
+                return Err(format!("{}: the loss is {loss} at step {step}", run.label).into());
+            }
+            curve.push((step, loss, valid));
+        }
+        Ok(())
+    })();
+    burn_te_debug::end()?;
+    result?;
+    times.sort_by(f64::total_cmp);
+    let step_ms = times.get(times.len() / 2).copied().unwrap_or(f64::NAN);
+    let stats = std::mem::take(&mut *collect.0.lock().unwrap_or_else(|p| p.into_inner()));
+    Ok(Measured {
+        curve,
+        step_ms,
+        stats,
+    })
+}
+
+fn main() {
+    burn_te_suite::exit_on_error(run());
+}
+
+fn run() -> Result<(), Error> {
+    let args = Args::parse()?;
+    let corpus = Corpus::load(&args.corpus)?;
+    println!(
+        "corpus: {} ({} files, {} bytes); model: context {}, hidden {}, {} layers, {} heads, ffn {}; {} steps of {} windows",
+        args.corpus.display(),
+        corpus.files().len(),
+        corpus.len(),
+        args.model.context,
+        args.model.hidden,
+        args.model.layers,
+        args.model.heads,
+        args.model.ffn,
+        args.steps,
+        args.batch
+    );
+    std::fs::create_dir_all(&args.out)?;
+    let log_dir = args.out.join("logs");
+    std::fs::create_dir_all(&log_dir)?;
+    let mut runs: Vec<Run> = args
+        .recipes
+        .iter()
+        .map(|r| Run {
+            label: r.clone(),
+            recipe: r.clone(),
+            seed: 0,
+            config: None,
+        })
+        .collect();
+    if args.recipes.iter().any(|r| r == "f32") {
+        runs.extend((1..args.seeds).map(|seed| Run {
+            label: format!("f32 seed {seed}"),
+            recipe: "f32".into(),
+            seed,
+            config: None,
+        }));
+    }
+    if let Some(advised) = &args.advised {
+        runs.extend(args.advised_recipes.iter().map(|r| Run {
+            label: format!("{r} + advisor"),
+            recipe: r.clone(),
+            seed: 0,
+            config: Some(advised.clone()),
+        }));
+    }
+    if let Some(recipe) = &args.advise {
+        // The advisor: K steps of the recipe with its statistics, then the config of its advice.
+        let config = log_dir.join("advisor_stats.yaml");
+        std::fs::write(&config, Advisor::config(".*", 1)?)?;
+        let probe = Run {
+            label: format!("advisor probe {recipe}"),
+            recipe: recipe.clone(),
+            seed: 0,
+            config: Some(config),
+        };
+        println!("advisor: {} steps of {recipe}", args.advise_steps);
+        let measured = train(&args, &corpus, &probe, args.advise_steps, &log_dir)?;
+        let options = AdvisorOptions {
+            budget: args.budget,
+            ..AdvisorOptions::default()
+        };
+        let advice = Advisor::advise(&measured.stats, options);
+        let path = args.out.join("advisor.yaml");
+        std::fs::write(&path, advice.to_yaml())?;
+        println!("{}advisor: wrote {}", advice.to_yaml(), path.display());
+        runs.push(Run {
+            label: format!("{recipe} + advisor"),
+            recipe: recipe.clone(),
+            seed: 0,
+            config: Some(path),
+        });
+    }
+    let mut results = Vec::new();
+    for run in &runs {
+        println!("run: {}", run.label);
+        let started = Instant::now();
+        let measured = train(&args, &corpus, run, args.steps, &log_dir)?;
+        println!(
+            "  {} done in {:.0} s, {:.1} ms per step",
+            run.label,
+            started.elapsed().as_secs_f64(),
+            measured.step_ms
+        );
+        results.push((run, measured));
+        // Written after every run: a long study leaves what it has.
+        write_outputs(&args, &results)?;
+    }
+    print!("{}", std::fs::read_to_string(args.out.join("summary.md"))?);
+    Ok(())
+}
+
+/// The final validation loss of a run.
+fn final_valid(measured: &Measured) -> f64 {
+    measured
+        .curve
+        .iter()
+        .rev()
+        .find_map(|(_, _, valid)| *valid)
+        .unwrap_or(f64::NAN)
+}
+
+fn write_outputs(args: &Args, results: &[(&Run, Measured)]) -> Result<(), Error> {
+    let mut curves = String::from("run,recipe,seed,step,train_loss,valid_loss\n");
+    let mut stats = String::from("run,recipe,seed,iteration,layer,tensor,stat,value\n");
+    for (run, measured) in results {
+        for (step, train, valid) in &measured.curve {
+            let valid = valid.map_or(String::new(), |v| format!("{v}"));
+            writeln!(
+                curves,
+                "{},{},{},{step},{train},{valid}",
+                run.label, run.recipe, run.seed
+            )?;
+        }
+        for (iteration, value) in &measured.stats {
+            let tensor = value.tensor.map_or(String::new(), |t| t.to_string());
+            writeln!(
+                stats,
+                "{},{},{},{iteration},{},{tensor},{},{}",
+                run.label, run.recipe, run.seed, value.layer, value.stat, value.value
+            )?;
+        }
+    }
+    std::fs::write(args.out.join("curves.csv"), curves)?;
+    std::fs::write(args.out.join("stats.csv"), stats)?;
+
+    // The table: f32 seed 0 is the reference; its seed spread is max − min over the f32 seeds.
+    let f32_losses: Vec<f64> = results
+        .iter()
+        .filter(|(run, _)| run.recipe == "f32" && run.config.is_none())
+        .map(|(_, m)| final_valid(m))
+        .collect();
+    let reference = results
+        .iter()
+        .find(|(run, _)| run.label == "f32")
+        .map(|(_, m)| (final_valid(m), m.step_ms));
+    let (lo, hi) = f32_losses
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| {
+            (lo.min(v), hi.max(v))
+        });
+    let mut summary = String::new();
+    writeln!(
+        summary,
+        "| run | final validation loss (nats/byte) | vs f32 | within f32's seed range | step (ms) | vs f32 |"
+    )?;
+    writeln!(summary, "|---|---|---|---|---|---|")?;
+    for (run, measured) in results {
+        let loss = final_valid(measured);
+        let (ratio, time_ratio) = match reference {
+            Some((f32_loss, f32_ms)) => (
+                format!("{:.4}×", loss / f32_loss),
+                format!("{:.2}×", measured.step_ms / f32_ms),
+            ),
+            None => ("".into(), "".into()),
+        };
+        let within = if f32_losses.len() > 1 {
+            if (lo..=hi).contains(&loss) {
+                "yes"
+            } else {
+                "no"
+            }
+        } else {
+            ""
+        };
+        writeln!(
+            summary,
+            "| {} | {loss:.4} | {ratio} | {within} | {:.1} | {time_ratio} |",
+            run.label, measured.step_ms
+        )?;
+    }
+    if f32_losses.len() > 1 {
+        let mean = f32_losses.iter().sum::<f64>() / f32_losses.len() as f64;
+        let sd = (f32_losses.iter().map(|v| (v - mean).powi(2)).sum::<f64>()
+            / (f32_losses.len() - 1) as f64)
+            .sqrt();
+        writeln!(
+            summary,
+            "\nf32 over {} seeds: {mean:.4} ± {sd:.4} (sd), range {lo:.4}–{hi:.4} ({:.2} % of the mean).",
+            f32_losses.len(),
+            (hi - lo) / mean * 100.0
+        )?;
+    }
+    std::fs::write(args.out.join("summary.md"), summary)?;
+    draw_valid_loss(&args.out.join("valid_loss.svg"), results)?;
+    for (run, measured) in results {
+        if run.config.is_none() && run.recipe != "f32" && !measured.stats.is_empty() {
+            let path = args.out.join(format!("layer_stats_{}.svg", run.recipe));
+            draw_layer_stats(&path, run, measured)?;
+        }
+    }
+    Ok(())
+}
+
+const PALETTE: [(u8, u8, u8); 10] = [
+    (20, 20, 20),
+    (0, 170, 170),
+    (120, 120, 0),
+    (230, 120, 30),
+    (40, 120, 200),
+    (60, 160, 60),
+    (200, 50, 50),
+    (140, 90, 190),
+    (150, 110, 80),
+    (220, 110, 180),
+];
+
+/// Validation loss of every run over steps, on one chart (f32's other seeds in grey).
+fn draw_valid_loss(path: &Path, results: &[(&Run, Measured)]) -> Result<(), Error> {
+    use plotters::prelude::*;
+    let points: Vec<(String, Vec<(f64, f64)>)> = results
+        .iter()
+        .map(|(run, m)| {
+            let curve = m
+                .curve
+                .iter()
+                .filter_map(|(step, _, valid)| valid.map(|v| (*step as f64, v)))
+                .collect();
+            (run.label.clone(), curve)
+        })
+        .collect();
+    let steps = points
+        .iter()
+        .flat_map(|(_, c)| c.iter().map(|p| p.0))
+        .fold(1.0, f64::max);
+    // The y range of the second half of training, where the runs are told apart.
+    let late: Vec<f64> = points
+        .iter()
+        .flat_map(|(_, c)| c.iter().filter(|p| p.0 >= steps * 0.3).map(|p| p.1))
+        .collect();
+    let lo = late.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = late.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let pad = ((hi - lo) * 0.08).max(1e-3);
+    let root = SVGBackend::new(path, (1000, 620)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "validation loss (nats per byte) — byte-level GPT on Debian's fortunes",
+            ("sans-serif", 20),
+        )
+        .margin(14)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..steps, (lo - pad)..(hi + pad))?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc("validation loss")
+        .draw()?;
+    let mut color_index = 0;
+    for (label, curve) in &points {
+        let other_seed = label.starts_with("f32 seed");
+        let color = if other_seed {
+            RGBColor(170, 170, 170)
+        } else {
+            let (r, g, b) = PALETTE[color_index % PALETTE.len()];
+            color_index += 1;
+            RGBColor(r, g, b)
+        };
+        let style = ShapeStyle::from(&color).stroke_width(if other_seed { 1 } else { 2 });
+        chart
+            .draw_series(LineSeries::new(curve.iter().copied(), style))?
+            .label(label.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+/// Per-layer FP8 statistics of one run over steps: gradient underflows, activation scale_inv_max, and the SQNR
+/// of the fprop and wgrad GEMMs; one line per layer.
+fn draw_layer_stats(path: &Path, run: &Run, measured: &Measured) -> Result<(), Error> {
+    use plotters::prelude::*;
+    let panels = [
+        ("gradient", "underflows%", "gradient underflows (%)"),
+        (
+            "activation",
+            "scale_inv_max",
+            "activation scale_inv (max over blocks)",
+        ),
+        ("output", "sqnr", "fprop SQNR (dB)"),
+        ("wgrad", "sqnr", "wgrad SQNR (dB)"),
+    ];
+    let mut series: BTreeMap<(usize, String), Vec<(f64, f64)>> = BTreeMap::new();
+    for (iteration, value) in &measured.stats {
+        let tensor = value.tensor.map_or(String::new(), |t| t.to_string());
+        if let Some(panel) = panels
+            .iter()
+            .position(|(t, s, _)| *t == tensor && *s == value.stat)
+            && value.value.is_finite()
+        {
+            series
+                .entry((panel, value.layer.clone()))
+                .or_default()
+                .push((*iteration as f64, value.value));
+        }
+    }
+    let layers: Vec<String> = {
+        let mut layers: Vec<String> = series.keys().map(|(_, l)| l.clone()).collect();
+        layers.dedup();
+        layers.sort();
+        layers.dedup();
+        layers
+    };
+    let root = SVGBackend::new(path, (1100, 760)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (title, body) = root.split_vertically(36);
+    title.draw(&Text::new(
+        format!("per-layer FP8 statistics over steps — {}", run.label),
+        (20, 10),
+        ("sans-serif", 20),
+    ))?;
+    for (index, area) in body.split_evenly((2, 2)).iter().enumerate() {
+        let (_, _, caption) = panels[index];
+        let of_panel: Vec<(&String, &Vec<(f64, f64)>)> = series
+            .iter()
+            .filter(|((p, _), _)| *p == index)
+            .map(|((_, layer), points)| (layer, points))
+            .collect();
+        let all = of_panel.iter().flat_map(|(_, p)| p.iter());
+        let (x_hi, y_lo, y_hi) = all.fold((1.0f64, f64::INFINITY, f64::NEG_INFINITY), |acc, p| {
+            (acc.0.max(p.0), acc.1.min(p.1), acc.2.max(p.1))
+        });
+        let (y_lo, y_hi) = if y_lo.is_finite() {
+            (y_lo, y_hi)
+        } else {
+            (0.0, 1.0)
+        };
+        let pad = ((y_hi - y_lo) * 0.08).max(1e-6 * y_hi.abs().max(1e-12));
+        let mut chart = ChartBuilder::on(area)
+            .caption(caption, ("sans-serif", 16))
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..x_hi, (y_lo - pad)..(y_hi + pad))?;
+        chart.configure_mesh().x_desc("step").draw()?;
+        for (layer, points) in of_panel {
+            let i = layers.iter().position(|l| l == layer).unwrap_or(0);
+            let (r, g, b) = PALETTE[i % PALETTE.len()];
+            let style = ShapeStyle::from(&RGBColor(r, g, b)).stroke_width(2);
+            let line = chart.draw_series(LineSeries::new(points.iter().copied(), style))?;
+            if index == 0 {
+                line.label(layer.clone())
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+            }
+        }
+        if index == 0 {
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .label_font(("sans-serif", 11))
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .draw()?;
+        }
+    }
+    root.present()?;
+    Ok(())
+}
