@@ -17,7 +17,7 @@
 //! Run: `cargo run --release --example char_gpt -- [PATH] [options]` (CUDA with `--features cuda`, else wgpu,
 //! else the CPU host path; `BURN_TE_DEVICE=cpu` forces the latter). Options:
 //!
-//! `--recipe f32|delayed|current|block|mxfp8|nvfp4` (default f32), `--steps N` (steps per epoch, default 300),
+//! `--recipe f32|delayed|current|block|mxfp8|nvfp4` (default f32), `--steps N` (steps per epoch, default 600),
 //! `--epochs N` (1), `--batch N` (16), `--lr X` (3e-3), `--context N` (64), `--hidden N` (128), `--layers N` (2),
 //! `--heads N` (4), `--seed N` (0), `--prompt TEXT` ("The "), `--sample N` (bytes to generate, 300),
 //! `--temperature X` (0.8; 0 is greedy), `--config FILE`.
@@ -112,7 +112,7 @@ impl Args {
             path: PathBuf::new(),
             recipe: None,
             recipe_name: "f32".into(),
-            steps: 300,
+            steps: 600,
             epochs: 1,
             batch: 16,
             lr: 3e-3,

@@ -77,7 +77,7 @@ impl Args {
             steps: 400,
             seeds: 3,
             batch: 16,
-            eval_every: 50,
+            eval_every: 25,
             stats_every: 25,
             valid_batches: 16,
             lr: 2e-3,
@@ -498,7 +498,7 @@ fn write_outputs(args: &Args, results: &[(&Run, Measured)]) -> Result<(), Error>
     let mut summary = String::new();
     writeln!(
         summary,
-        "| run | final validation loss (nats/byte) | vs f32 | within f32's seed range | step (ms) | vs f32 |"
+        "| run | final validation loss (nats/byte) | vs f32 | ≤ f32's worst seed | step (ms) | vs f32 |"
     )?;
     writeln!(summary, "|---|---|---|---|---|---|")?;
     for (run, measured) in results {
@@ -511,11 +511,7 @@ fn write_outputs(args: &Args, results: &[(&Run, Measured)]) -> Result<(), Error>
             None => ("".into(), "".into()),
         };
         let within = if f32_losses.len() > 1 {
-            if (lo..=hi).contains(&loss) {
-                "yes"
-            } else {
-                "no"
-            }
+            if loss <= hi { "yes" } else { "no" }
         } else {
             ""
         };
@@ -579,52 +575,64 @@ fn draw_valid_loss(path: &Path, results: &[(&Run, Measured)]) -> Result<(), Erro
         .iter()
         .flat_map(|(_, c)| c.iter().map(|p| p.0))
         .fold(1.0, f64::max);
-    // The y range of the second half of training, where the runs are told apart.
-    let late: Vec<f64> = points
-        .iter()
-        .flat_map(|(_, c)| c.iter().filter(|p| p.0 >= steps * 0.3).map(|p| p.1))
-        .collect();
-    let lo = late.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = late.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let pad = ((hi - lo) * 0.08).max(1e-3);
-    let root = SVGBackend::new(path, (1000, 620)).into_drawing_area();
+    let root = SVGBackend::new(path, (1200, 620)).into_drawing_area();
     root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "validation loss (nats per byte) — byte-level GPT on Debian's fortunes",
-            ("sans-serif", 20),
-        )
-        .margin(14)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0f64..steps, (lo - pad)..(hi + pad))?;
-    chart
-        .configure_mesh()
-        .x_desc("step")
-        .y_desc("validation loss")
-        .draw()?;
-    let mut color_index = 0;
-    for (label, curve) in &points {
-        let other_seed = label.starts_with("f32 seed");
-        let color = if other_seed {
-            RGBColor(170, 170, 170)
-        } else {
-            let (r, g, b) = PALETTE[color_index % PALETTE.len()];
-            color_index += 1;
-            RGBColor(r, g, b)
-        };
-        let style = ShapeStyle::from(&color).stroke_width(if other_seed { 1 } else { 2 });
+    let (title, body) = root.split_vertically(40);
+    title.draw(&Text::new(
+        "validation loss (nats per byte) — byte-level GPT on Debian's fortunes, same seed and batches",
+        (20, 12),
+        ("sans-serif", 20),
+    ))?;
+    let (left, right) = body.split_horizontally(480);
+    // Left: the whole run; right: its last 40 %, where the runs are told apart.
+    for (area, from, caption) in [
+        (&left, 0.0, "whole run"),
+        (&right, steps * 0.6, "last 40 % of the steps"),
+    ] {
+        let shown: Vec<f64> = points
+            .iter()
+            .flat_map(|(_, c)| c.iter().filter(|p| p.0 >= from).map(|p| p.1))
+            .collect();
+        let lo = shown.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = shown.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let pad = ((hi - lo) * 0.05).max(1e-3);
+        let mut chart = ChartBuilder::on(area)
+            .caption(caption, ("sans-serif", 16))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(from..steps, (lo - pad)..(hi + pad))?;
         chart
-            .draw_series(LineSeries::new(curve.iter().copied(), style))?
-            .label(label.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+            .configure_mesh()
+            .x_desc("step")
+            .y_desc("validation loss")
+            .draw()?;
+        let mut color_index = 0;
+        for (label, curve) in &points {
+            let other_seed = label.starts_with("f32 seed");
+            let color = if other_seed {
+                RGBColor(170, 170, 170)
+            } else {
+                let (r, g, b) = PALETTE[color_index % PALETTE.len()];
+                color_index += 1;
+                RGBColor(r, g, b)
+            };
+            let style = ShapeStyle::from(&color).stroke_width(if other_seed { 1 } else { 2 });
+            let visible = curve.iter().copied().filter(|p| p.0 >= from);
+            chart
+                .draw_series(LineSeries::new(visible, style))?
+                .label(label.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+        }
+        if from > 0.0 {
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .background_style(WHITE.mix(0.9))
+                .border_style(BLACK)
+                .draw()?;
+        }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()?;
     root.present()?;
     Ok(())
 }

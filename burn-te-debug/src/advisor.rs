@@ -14,8 +14,9 @@
 //!   `_columnwise` stats where the GEMM reduces along the other dimension: the activation and gradient at wgrad,
 //!   the weight at dgrad), the largest — values flushed to zero are information lost even where they carry
 //!   little of the output's energy;
-//! - amax growth: the largest step-to-step ratio of an input operand's `cur_amax` (LogTensorStats) — growth that
-//!   outpaces the scales precedes FP8 divergence (Fishman et al., arXiv 2409.12517);
+//! - amax growth: the largest step-to-step ratio of an input operand's `cur_amax` (LogTensorStats), relative to
+//!   the median of the model's layers — a layer whose amax outpaces the others' (and its scales) precedes FP8
+//!   divergence (Fishman et al., arXiv 2409.12517);
 //! - kurtosis of the layer's activation (this module's `AdvisorProbe`, on the host): outlier features, which
 //!   per-tensor scales serve badly and which precede instabilities (FOG, arXiv 2505.20524).
 //!
@@ -75,7 +76,8 @@ pub struct GemmEvidence {
     pub underflows: f64,
     /// The largest overflows% of the GEMM's operands.
     pub overflows: f64,
-    /// The largest step-to-step `cur_amax` ratio of the GEMM's input operands (activation, gradient); 1 if flat.
+    /// The largest step-to-step `cur_amax` ratio of the GEMM's input operands (activation, gradient), relative to
+    /// the median over the model's layers of the same tensor; 1 for a layer that grows as the model does.
     pub amax_growth: f64,
     /// The layer activation's largest kurtosis over the steps (3 for a normal distribution).
     pub kurtosis: f64,
@@ -185,16 +187,38 @@ impl Advisor {
                 _ => {}
             }
         }
+        // The largest step-to-step amax ratio of each (layer, tensor), then relative to the median over the
+        // layers of that tensor: what the whole model does (gradients growing from initialization, a learning
+        // rate warmup) cancels, a layer outpacing the others stands out.
+        let raw_growth: BTreeMap<(String, TensorName), f64> = amax
+            .iter()
+            .map(|(key, series)| {
+                let values: Vec<f64> = series.values().copied().collect();
+                let growth = values
+                    .windows(2)
+                    .filter(|w| w[0] > 0.0 && w[1].is_finite())
+                    .map(|w| w[1] / w[0])
+                    .fold(1.0, f64::max);
+                (key.clone(), growth)
+            })
+            .collect();
+        let median = |tensor: TensorName| {
+            let mut values: Vec<f64> = raw_growth
+                .iter()
+                .filter(|((_, t), _)| *t == tensor)
+                .map(|(_, g)| *g)
+                .collect();
+            values.sort_by(f64::total_cmp);
+            values.get(values.len() / 2).copied().unwrap_or(1.0)
+        };
+        let medians: BTreeMap<TensorName, f64> = [TensorName::Activation, TensorName::Gradient]
+            .into_iter()
+            .map(|t| (t, median(t)))
+            .collect();
         let growth = |layer: &str, tensor: TensorName| {
-            let Some(series) = amax.get(&(layer.to_string(), tensor)) else {
-                return 1.0;
-            };
-            let values: Vec<f64> = series.values().copied().collect();
-            values
-                .windows(2)
-                .filter(|w| w[0] > 0.0 && w[1].is_finite())
-                .map(|w| w[1] / w[0])
-                .fold(1.0, f64::max)
+            raw_growth
+                .get(&(layer.to_string(), tensor))
+                .map_or(1.0, |g| g / medians.get(&tensor).copied().unwrap_or(1.0))
         };
         let mut ranked: Vec<GemmEvidence> = sqnr
             .into_iter()

@@ -84,6 +84,12 @@ impl CharGptConfig {
                 return Err(invalid(format!("{name} must be at least 1")));
             }
         }
+        if self.hidden % self.heads != 0 {
+            return Err(invalid(format!(
+                "heads ({}) must divide hidden ({})",
+                self.heads, self.hidden
+            )));
+        }
         let embedding = |rows| {
             EmbeddingConfig::new(rows, self.hidden)
                 .with_initializer(Initializer::Normal {

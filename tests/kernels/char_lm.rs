@@ -51,6 +51,20 @@ fn char_gpt_output_shapes() {
     assert_eq!(fp8.recipe(), Some(&Recipe::Current(Default::default())));
     assert_eq!(fp8.forward(tokens(3, 16, &device)).dims(), [3, 16, 256]);
 
+    // Causal: changing token 10 leaves the logits of positions 0..10 as they were and changes position 10's.
+    let a = tokens(1, 16, &device);
+    let b = a.clone().slice_assign(
+        [0..1, 10..11],
+        Tensor::from_data(TensorData::new(vec![255i64], [1, 1]), &device),
+    );
+    let diff = (model.forward(a) - model.forward(b))
+        .abs()
+        .max_dim(2)
+        .squeeze_dim::<2>(2);
+    let diff = diff.into_data().convert::<f32>().to_vec::<f32>().unwrap();
+    assert!(diff[..10].iter().all(|&d| d == 0.0), "{diff:?}");
+    assert!(diff[10] > 1e-4, "{diff:?}");
+
     let batch = LmBatcher.batch(
         vec![
             Window {
@@ -328,7 +342,7 @@ fn char_lm_training_lowers_the_loss() {
         let (first, last) = train(recipe, 80);
         eprintln!("{name}: first step {first:.3}, mean of the last 5 of 80 steps {last:.3}");
         // The first loss is the uniform guess's (small initial logits).
-        assert!((first - uniform).abs() < 0.1, "{name}: first loss {first}");
+        assert!((first - uniform).abs() < 0.15, "{name}: first loss {first}");
         assert!(first - last > 2.5, "{name}: 80 steps: {first} -> {last}");
         assert!(
             last < unigram - 0.3,
