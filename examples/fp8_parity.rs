@@ -19,6 +19,8 @@
 //! steps of the recipe with its statistics, then writes `advisor.yaml` (the GEMMs to keep in high precision, within
 //! `--budget` of the GEMM FLOPs, default 0.10) and adds the run `<recipe> + advisor` trained under it.
 //!
+//! `--replot` draws `valid_loss.svg` again from the `curves.csv` in `--out`.
+//!
 //! Run: `cargo run --release --example fp8_parity -- [corpus] [--steps 400] [--recipes f32,current,...]`
 //! (corpus default `/usr/share/games/fortunes`: `apt-get install fortunes`).
 
@@ -63,6 +65,7 @@ struct Args {
     advised_recipes: Vec<String>,
     advise: Option<String>,
     advise_steps: usize,
+    replot: bool,
     budget: f64,
     out: PathBuf,
 }
@@ -86,6 +89,7 @@ impl Args {
             advised_recipes: vec!["nvfp4".into()],
             advise: None,
             advise_steps: 50,
+            replot: false,
             budget: 0.10,
             out: PathBuf::from("target/fp8-parity"),
         };
@@ -141,6 +145,7 @@ impl Args {
                         .map_err(|_| format!("--budget: expected a fraction, got {v:?}"))?
                 }
                 "--out" => args.out = PathBuf::from(value("--out")?),
+                "--replot" => args.replot = true,
                 flag if flag.starts_with("--") => {
                     return Err(format!("unknown option {flag}").into());
                 }
@@ -357,6 +362,9 @@ fn main() {
 
 fn run() -> Result<(), Error> {
     let args = Args::parse()?;
+    if args.replot {
+        return replot(&args.out);
+    }
     let corpus = Corpus::load(&args.corpus)?;
     println!(
         "corpus: {} ({} files, {} bytes); model: context {}, hidden {}, {} layers, {} heads, ffn {}; {} steps of {} windows",
@@ -443,6 +451,69 @@ fn run() -> Result<(), Error> {
         write_outputs(&args, &results)?;
     }
     print!("{}", std::fs::read_to_string(args.out.join("summary.md"))?);
+    Ok(())
+}
+
+/// Draws `valid_loss.svg` again from the `curves.csv` of an earlier study in `out`.
+fn replot(out: &Path) -> Result<(), Error> {
+    let path = out.join("curves.csv");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|err| format!("{}: {err} (run the study first)", path.display()))?;
+    let mut runs: Vec<(Run, Measured)> = Vec::new();
+    for (line, row) in text.lines().enumerate().skip(1) {
+        let fields: Vec<&str> = row.split(',').collect();
+        let bad = || {
+            format!(
+                "{}:{}: expected run,recipe,seed,step,train_loss,valid_loss",
+                path.display(),
+                line + 1
+            )
+        };
+        let [label, recipe, seed, step, train, valid] = fields[..] else {
+            return Err(bad().into());
+        };
+        let number = |v: &str| v.parse::<f64>().map_err(|_| bad());
+        let point = (
+            number(step)? as usize,
+            number(train)?,
+            if valid.is_empty() {
+                None
+            } else {
+                Some(number(valid)?)
+            },
+        );
+        match runs.iter_mut().find(|(run, _)| run.label == label) {
+            Some((_, measured)) => measured.curve.push(point),
+            None => runs.push((
+                Run {
+                    label: label.into(),
+                    recipe: recipe.into(),
+                    seed: number(seed)? as u64,
+                    config: None,
+                },
+                Measured {
+                    curve: vec![point],
+                    step_ms: f64::NAN,
+                    stats: Vec::new(),
+                },
+            )),
+        }
+    }
+    let results: Vec<(&Run, Measured)> = runs
+        .iter()
+        .map(|(run, m)| {
+            (
+                run,
+                Measured {
+                    curve: m.curve.clone(),
+                    step_ms: m.step_ms,
+                    stats: Vec::new(),
+                },
+            )
+        })
+        .collect();
+    draw_valid_loss(&out.join("valid_loss.svg"), &results)?;
+    println!("wrote {}", out.join("valid_loss.svg").display());
     Ok(())
 }
 

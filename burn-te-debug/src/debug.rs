@@ -154,18 +154,22 @@ impl<B: TeBackend> DebugTensor for SiteTensor<B> {
         &self,
         reference: &dyn DebugTensor,
     ) -> Result<(PendingStats, PendingStats), DebugError> {
+        let mismatch = |reason: String| DebugError::Feature {
+            layer: self.site.layer.to_string(),
+            feature: "error stats".into(),
+            tensor: TensorName::output_of(self.site.gemm).to_string(),
+            reason,
+        };
         let Some(reference) = reference.as_any().downcast_ref::<SiteTensor<B>>() else {
-            return Err(burn_te::TeError::InvalidRecipe(
-                "the reference of an error stat is a tensor of another backend".into(),
-            )
-            .into());
+            return Err(mismatch(
+                "the reference is a tensor of another backend".into(),
+            ));
         };
         let (shape, reference_shape) = (self.shape(), reference.shape());
         if shape != reference_shape {
-            return Err(burn_te::TeError::InvalidRecipe(format!(
+            return Err(mismatch(format!(
                 "an output of shape {shape:?} cannot be compared with a reference of shape {reference_shape:?}"
-            ))
-            .into());
+            )));
         }
         let difference = B::float_sub(self.tensor.clone(), reference.tensor.clone());
         let launch = |tensor| -> Result<PendingStats, DebugError> {

@@ -46,6 +46,10 @@ const CONFIG: &str = r#"stats:
       enabled: True
       stats: [underflows%, overflows%, mse, scale_inv_min, scale_inv_max]
       tensors: [activation, gradient]
+    LogQuantizationError:
+      enabled: True
+      gemms: [fprop, dgrad, wgrad]
+      stats: [sqnr, max_abs_error]
     DumpTensors:
       enabled: True
       tensors_struct:
@@ -331,6 +335,55 @@ fn check_stats(what: &str, data: &Data, recipe: &DelayedScaling, run: &PeerRun, 
     }
 }
 
+/// The error stats a peer logged (LogQuantizationError) equal the f64 re-computation over the GEMMs of the peers
+/// in `ranks`: Σr² and Σ(y−r)² summed, max|y−r| the largest, with `y` each peer's output and `r` the f64 GEMM of
+/// its high-precision operands.
+fn check_error_stats(what: &str, data: &Data, runs: &[PeerRun], run: &PeerRun, ranks: &[usize]) {
+    let gemm = |a: &[f32], a_t: bool, b: &[f32], b_t: bool, (m, k, n): (usize, usize, usize)| {
+        let mut out = vec![0f64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                out[i * n + j] = (0..k)
+                    .map(|p| {
+                        let x = if a_t { a[p * m + i] } else { a[i * k + p] };
+                        let y = if b_t { b[j * k + p] } else { b[p * n + j] };
+                        f64::from(x) * f64::from(y)
+                    })
+                    .sum();
+            }
+        }
+        out
+    };
+    for n in 0..ITERATIONS {
+        for (slot, tensor) in ["output", "dgrad", "wgrad"].into_iter().enumerate() {
+            let (mut signal, mut noise, mut max_abs) = (0f64, 0f64, 0f64);
+            for &r in ranks {
+                let (x, g, w) = (&data.x[r][n], &data.g[r][n], &data.w[n]);
+                let reference = match slot {
+                    0 => gemm(x, false, w, false, (TOKENS, D_IN, D_OUT)),
+                    1 => gemm(g, false, w, true, (TOKENS, D_OUT, D_IN)),
+                    _ => gemm(x, true, g, false, (D_IN, TOKENS, D_OUT)),
+                };
+                for (&y, &r) in runs[r].outputs[n][slot].iter().zip(&reference) {
+                    let e = f64::from(y) - r;
+                    signal += r * r;
+                    noise += e * e;
+                    max_abs = max_abs.max(e.abs());
+                }
+            }
+            let sqnr = 10.0 * (signal / noise).log10();
+            let logged_sqnr = logged(run, &format!("fc_{tensor}_sqnr"), n);
+            assert!(
+                (logged_sqnr - sqnr).abs() <= 1e-3,
+                "{what} it {n} {tensor} sqnr: logged {logged_sqnr} vs f64 {sqnr}"
+            );
+            let name = format!("{what} it {n} {tensor} max_abs_error");
+            let value = logged(run, &format!("fc_{tensor}_max_abs_error"), n);
+            assert_close(&name, value, max_abs, 1e-4, 1e-7 * signal.sqrt());
+        }
+    }
+}
+
 /// The per-rank statistics log holds each collected value's line.
 fn check_log_file(what: &str, dir: &Path, rank: usize, run: &PeerRun) {
     let path = dir.join(format!(
@@ -365,6 +418,7 @@ fn check_reduced_runs(
     check_gemms(what, data, recipe, runs);
     for (rank, run) in runs.iter().enumerate() {
         check_stats(&format!("{what}, rank {rank}"), data, recipe, run, &[0, 1]);
+        check_error_stats(&format!("{what}, rank {rank}"), data, runs, run, &[0, 1]);
         check_log_file(what, dir, rank, run);
     }
     for role in ROLES {
@@ -414,7 +468,7 @@ fn two_peers_reduce_amax_and_statistics_exactly() {
         v.sort();
         v
     };
-    assert_eq!(bits(&runs[0]).len(), ITERATIONS * 2 * 11);
+    assert_eq!(bits(&runs[0]).len(), ITERATIONS * (2 * 11 + 3 * 2));
     assert_eq!(
         bits(&runs[0]),
         bits(&runs[1]),
@@ -437,6 +491,8 @@ fn two_peers_reduce_amax_and_statistics_exactly() {
     check_gemms("own amax", &data, &own, &runs);
     check_stats("own amax, rank 0", &data, &own, &runs[0], &[0, 1]);
     check_stats("own amax, rank 1", &data, &own, &runs[1], &[1]);
+    check_error_stats("own amax, rank 0", &data, &runs, &runs[0], &[0, 1]);
+    check_error_stats("own amax, rank 1", &data, &runs, &runs[1], &[1]);
     for (rank, run) in runs.iter().enumerate() {
         check_log_file("own amax", &dir, rank, run);
     }
