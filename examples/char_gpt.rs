@@ -17,7 +17,7 @@
 //! Run: `cargo run --release --example char_gpt -- [PATH] [options]` (CUDA with `--features cuda`, else wgpu,
 //! else the CPU host path; `BURN_TE_DEVICE=cpu` forces the latter). Options:
 //!
-//! `--recipe f32|delayed|current|block|mxfp8|nvfp4` (default f32), `--steps N` (steps per epoch, default 600),
+//! `--recipe f32|delayed|current|block|mxfp8|nvfp4|nvfp4-plain` (default f32), `--steps N` (steps per epoch, default 600),
 //! `--epochs N` (1), `--batch N` (16), `--lr X` (3e-3), `--context N` (64), `--hidden N` (128), `--layers N` (2),
 //! `--heads N` (4), `--seed N` (0), `--prompt TEXT` ("The "), `--sample N` (bytes to generate, 300),
 //! `--temperature X` (0.8; 0 is greedy), `--config FILE`.
@@ -38,13 +38,12 @@ use burn::optim::AdamConfig;
 use burn::prelude::*;
 use burn::record::CompactRecorder;
 use burn::tensor::backend::AutodiffBackend;
-use burn_te::{
-    DelayedScaling, Float8BlockScaling, Float8CurrentScaling, MXFP8BlockScaling, NVFP4BlockScaling,
-    Recipe, Te, TeBackend,
-};
+use burn_te::{Recipe, Te, TeBackend};
 use burn_te_debug::train::TrainStats;
 use burn_te_debug::{Debug, DebugConfig};
-use burn_te_suite::lm::{CharGpt, CharGptConfig, Corpus, LmBatch, LmBatcher, Split, Windows};
+use burn_te_suite::lm::{
+    CharGpt, CharGptConfig, Corpus, LmBatch, LmBatcher, Split, Windows, recipe_named,
+};
 use burn_train::metric::{
     AccuracyMetric, LossMetric, MetricDefinition, MetricId, PerplexityMetric,
 };
@@ -153,19 +152,7 @@ impl Args {
             };
             match arg.as_str() {
                 "--recipe" => {
-                    parsed.recipe = match value.as_str() {
-                        "f32" => None,
-                        "delayed" => Some(DelayedScaling::default().into()),
-                        "current" => Some(Float8CurrentScaling::default().into()),
-                        "block" => Some(Float8BlockScaling::default().into()),
-                        "mxfp8" => Some(MXFP8BlockScaling::default().into()),
-                        "nvfp4" => Some(NVFP4BlockScaling::from_env().into()),
-                        _ => {
-                            return Err(invalid(
-                                "expected one of f32, delayed, current, block, mxfp8, nvfp4",
-                            ));
-                        }
-                    };
+                    parsed.recipe = recipe_named(&value).map_err(|err| invalid(&err))?;
                     parsed.recipe_name = value.clone();
                 }
                 "--steps" => parsed.steps = count(1)?,

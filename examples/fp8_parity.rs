@@ -36,14 +36,11 @@ use burn::grad_clipping::GradientClippingConfig;
 use burn::module::AutodiffModule;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
-use burn_te::{
-    DelayedScaling, Float8BlockScaling, Float8CurrentScaling, MXFP8BlockScaling, NVFP4BlockScaling,
-    Recipe, Te,
-};
+use burn_te::{Recipe, Te};
 use burn_te_debug::advisor::{Advisor, AdvisorOptions};
 use burn_te_debug::stats::StatValue;
 use burn_te_debug::{Debug, DebugOptions, StatLogger};
-use burn_te_suite::lm::{CharGpt, CharGptConfig, Corpus, LmBatcher, Windows};
+use burn_te_suite::lm::{CharGpt, CharGptConfig, Corpus, LmBatcher, Windows, recipe_named};
 
 type Error = Box<dyn std::error::Error>;
 type Inner = Debug<Te<Flex>>;
@@ -171,26 +168,7 @@ impl Args {
 
 /// The recipe of a study name (`None`: f32).
 fn recipe(name: &str) -> Result<Option<Recipe>, Error> {
-    Ok(Some(match name {
-        "f32" => return Ok(None),
-        "delayed" => DelayedScaling::default().into(),
-        "current" => Float8CurrentScaling::default().into(),
-        "block" => Float8BlockScaling::default().into(),
-        "mxfp8" => MXFP8BlockScaling::default().into(),
-        "nvfp4" => NVFP4BlockScaling::default().into(),
-        "nvfp4-plain" => NVFP4BlockScaling {
-            disable_rht: true,
-            disable_stochastic_rounding: true,
-            disable_2d_quantization: true,
-        }
-        .into(),
-        other => {
-            return Err(format!(
-                "unknown recipe {other:?} (f32, delayed, current, block, mxfp8, nvfp4, nvfp4-plain)"
-            )
-            .into());
-        }
-    }))
+    Ok(recipe_named(name)?)
 }
 
 /// The statistics the FP8 runs log.

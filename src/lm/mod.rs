@@ -16,6 +16,41 @@ pub mod model;
 pub use data::{Corpus, CorpusError, LmBatch, LmBatcher, Split, Window, Windows};
 pub use model::{CharGpt, CharGptConfig, LmOutput, cross_entropy};
 
+use burn_te::{
+    DelayedScaling, Float8BlockScaling, Float8CurrentScaling, MXFP8BlockScaling, NVFP4BlockScaling,
+    Recipe,
+};
+
+/// The recipe names the examples take.
+pub const RECIPE_NAMES: &str = "f32, delayed, current, block, mxfp8, nvfp4, nvfp4-plain";
+
+/// The recipe of a name of [`RECIPE_NAMES`] with TE's defaults (`Ok(None)`: f32): `delayed` (DelayedScaling,
+/// HYBRID), `current` (Float8CurrentScaling), `block` (Float8BlockScaling), `mxfp8`, `nvfp4` (TE's NVFP4 recipe:
+/// RHT on wgrad, 16×16 weight blocks, stochastic rounding of gradients; TE's `NVTE_NVFP4_DISABLE_*` variables
+/// apply) and `nvfp4-plain` (NVFP4 without RHT, stochastic rounding or 2D weight blocks). An unknown name is an
+/// error naming the known ones.
+pub fn recipe_named(name: &str) -> Result<Option<Recipe>, String> {
+    Ok(Some(match name {
+        "f32" => return Ok(None),
+        "delayed" => DelayedScaling::default().into(),
+        "current" => Float8CurrentScaling::default().into(),
+        "block" => Float8BlockScaling::default().into(),
+        "mxfp8" => MXFP8BlockScaling::default().into(),
+        "nvfp4" => NVFP4BlockScaling::from_env().into(),
+        "nvfp4-plain" => NVFP4BlockScaling {
+            disable_rht: true,
+            disable_stochastic_rounding: true,
+            disable_2d_quantization: true,
+        }
+        .into(),
+        other => {
+            return Err(format!(
+                "unknown recipe {other:?} (expected one of {RECIPE_NAMES})"
+            ));
+        }
+    }))
+}
+
 /// SplitMix64: the seeded generator of the batch order, the synthetic corpus and sampling. Written here so a seed
 /// gives the same sequence on every platform and across dependency updates.
 #[derive(Clone, Debug)]
