@@ -460,10 +460,10 @@ impl Feature for AdvisorProbe {
         tensor: TensorName,
         iteration: u64,
     ) -> Option<Routing> {
-        (tensor == TensorName::Activation || tensor == TensorName::Weight).then(|| Routing {
-            enabled: self.schedule.runs_at(iteration),
-            next: self.schedule.next_after(iteration),
-        })
+        let probed = tensor == TensorName::Activation || tensor == TensorName::Weight;
+        probed
+            .then(|| crate::config::Schedule::routing([&self.schedule], iteration))
+            .flatten()
     }
 
     fn inspect_tensor(

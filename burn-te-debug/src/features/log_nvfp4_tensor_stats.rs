@@ -80,14 +80,7 @@ impl Feature for LogNvfp4TensorStats {
     }
 
     fn logged_stats(&self) -> Vec<(TensorName, String)> {
-        self.entries
-            .entries()
-            .flat_map(|(tensor, stats)| {
-                stats
-                    .iter()
-                    .map(move |stat| (tensor, stat.logged_name(PREFIX, "")))
-            })
-            .collect()
+        self.entries.logged_stats(PREFIX)
     }
 
     fn inspect_tensor_enabled(

@@ -65,14 +65,7 @@ impl Feature for LogQuantizationError {
     }
 
     fn logged_stats(&self) -> Vec<(TensorName, String)> {
-        self.entries
-            .entries()
-            .flat_map(|(tensor, stats)| {
-                stats
-                    .iter()
-                    .map(move |stat| (tensor, stat.logged_name("", "")))
-            })
-            .collect()
+        self.entries.logged_stats("")
     }
 
     fn gemm_error_enabled(&self, _layer: &str, gemm: Gemm, iteration: u64) -> Option<Routing> {

@@ -170,14 +170,7 @@ impl Feature for LogTensorStats {
     }
 
     fn logged_stats(&self) -> Vec<(TensorName, String)> {
-        self.entries
-            .entries()
-            .flat_map(|(tensor, stats)| {
-                stats
-                    .iter()
-                    .map(move |stat| (tensor, stat.logged_name("", "")))
-            })
-            .collect()
+        self.entries.logged_stats("")
     }
 
     fn inspect_tensor_enabled(

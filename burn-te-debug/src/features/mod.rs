@@ -369,6 +369,19 @@ impl<T> Scheduled<T> {
     }
 }
 
+impl Scheduled<Vec<crate::stats::Stat>> {
+    /// `logged_stats` of a feature whose entries are stat lists: each stat of each tensor under `prefix`.
+    pub fn logged_stats(&self, prefix: &str) -> Vec<(TensorName, String)> {
+        self.entries()
+            .flat_map(|(tensor, stats)| {
+                stats
+                    .iter()
+                    .map(move |stat| (tensor, stat.logged_name(prefix, "")))
+            })
+            .collect()
+    }
+}
+
 /// A modifying feature's per-(gemm, tensor) settings (the shape of PerTensorScaling's and FakeQuant's config).
 pub struct PerGemmTensor<T>(pub Vec<(Gemm, TensorName, T)>);
 
