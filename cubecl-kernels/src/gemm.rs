@@ -6,10 +6,11 @@ use cubecl::server::Handle;
 use cubecl::{CubeCount, CubeDim};
 
 use crate::KernelError;
-use crate::block::ScaleBlock;
 pub use crate::kernel::gemm::GemmTiling;
 use crate::kernel::gemm::{CodeFormat, StagedOperand, TILE_K, fp8_gemm_kernel, param};
+use crate::nvfp4::Nvfp4Buffer;
 use crate::ops::{Fp8Buffer, check_size};
+use crate::scale_block::ScaleBlock;
 
 /// The codes of a GEMM operand.
 #[derive(Clone, Copy, Debug)]
@@ -295,4 +296,23 @@ pub fn fp8_gemm_tiled<R: Runtime, F: Float + CubeElement>(
         );
     }
     Ok(output)
+}
+
+impl Nvfp4Buffer {
+    /// This tensor as a GEMM operand (`factors` from [`nvfp4_block_factors`](crate::nvfp4::nvfp4_block_factors)), used as is or transposed. Its
+    /// blocks must lie along the GEMM's K: 1×16 blocks of an operand whose K runs along its columns, or 16×16 tiles.
+    pub fn gemm_operand<'a>(&'a self, factors: &'a Handle, transposed: bool) -> GemmOperand<'a> {
+        GemmOperand {
+            codes: OperandCodes::E2m1 {
+                codes: &self.codes,
+                len: self.rows * self.cols,
+            },
+            scale_inv: factors,
+            batch: 1,
+            rows: self.rows,
+            cols: self.cols,
+            block: Some(self.tile.block()),
+            transposed,
+        }
+    }
 }

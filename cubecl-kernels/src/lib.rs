@@ -25,12 +25,13 @@ pub mod host;
 pub mod kernel;
 pub mod nvfp4;
 pub mod ops;
+mod scale_block;
 mod scaling;
 mod stats;
 
-pub use block::{BlockScaleRule, ScaleBlock};
 pub use error::KernelError;
 pub use format::Fp8Format;
+pub use scale_block::{BlockScaleRule, ScaleBlock};
 pub use scaling::{AmaxComputeAlgo, DelayedScalingHistory, pow2_margin, scale_from_amax};
 pub use stats::{Fp8Stats, TensorStats};
 

@@ -1,5 +1,5 @@
 //! FP8 encode/decode in plain Rust: the reference the kernels are tested against (and the fallback of backends
-//! without a CubeCL device). Same integer steps as `crate::kernel::fp8`.
+//! without a CubeCL device). Same integer steps as the kernels' `kernel::fp8`.
 
 use crate::Fp8Format;
 

@@ -1,7 +1,7 @@
 //! NVFP4 on the host: whole-tensor quantization, dequantization and the random Hadamard transform, with the
-//! element functions of [`crate::nvfp4`] — bit-identical to the kernels of [`crate::kernel::nvfp4`].
+//! element functions of [`crate::nvfp4::format`] — bit-identical to the device kernels (`kernel::nvfp4`).
 
-use crate::nvfp4::{
+use crate::nvfp4::format::{
     Nvfp4Rounding, Nvfp4Tile, block_encode_scale, block_scale_code, check_rht_cols, decode_e2m1,
     dequantize_factor, encode_e2m1, global_encode_scale, random_bits, rht_matrix, round_to_bf16,
     stochastic_round_e2m1,
@@ -44,7 +44,7 @@ impl HostNvfp4 {
     /// The scales as TE stores the rowwise scales of a 16×16-tiled tensor, one row of `⌈cols/16⌉` per data row
     /// (each tile's code repeated over its 16 rows); the compact scales themselves for 1×16 blocks.
     pub fn rowwise_scales(&self) -> Vec<u8> {
-        let grid_cols = self.cols.div_ceil(crate::nvfp4::BLOCK);
+        let grid_cols = self.cols.div_ceil(crate::nvfp4::format::BLOCK);
         let block_rows = self.tile.block().rows;
         (0..self.rows)
             .flat_map(|row| (0..grid_cols).map(move |col| (row / block_rows) * grid_cols + col))
@@ -134,7 +134,7 @@ pub fn rht(input: &[f32], cols: usize, sign_mask: u16) -> Result<Vec<f32>, Kerne
     Ok(output)
 }
 
-/// The statistics of [`crate::nvfp4::nvfp4_tensor_stats`] on the host (global amax `amax`, `None`: the tensor's own).
+/// The statistics of the device launcher `nvfp4::nvfp4_tensor_stats` on the host (global amax `amax`, `None`: the tensor's own).
 pub fn tensor_stats(
     input: &[f32],
     rows: usize,
@@ -159,7 +159,7 @@ pub fn tensor_stats(
         if x != 0.0 && (code & 0x7 == 0 || factor == 0.0) {
             stats.underflow_count += 1;
         }
-        if !x.is_nan() && x.abs() > crate::nvfp4::E2M1_MAX * factor {
+        if !x.is_nan() && x.abs() > crate::nvfp4::format::E2M1_MAX * factor {
             stats.overflow_count += 1;
         }
         if x.is_finite() {

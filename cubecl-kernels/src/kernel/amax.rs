@@ -2,7 +2,7 @@
 
 use cubecl::prelude::*;
 
-use super::reduce::{CUBE_SIZE, abs_bits, cube_atomic_max};
+use crate::kernel::reduce::{CUBE_SIZE, abs_bits, cube_atomic_max};
 
 /// `amax[0] = max(amax[0], max |x|)` as f32 bits. Units walk the tensor with a grid stride, so a few cubes cover
 /// any length and the cube-wide reduction (barriers) runs once per cube, not once per few elements.

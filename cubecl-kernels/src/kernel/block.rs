@@ -3,8 +3,8 @@
 
 use cubecl::prelude::*;
 
-use super::fp8::{decode_fp8, encode_fp8};
-use super::reduce::abs_bits;
+use crate::kernel::fp8::{decode_fp8, encode_fp8};
+use crate::kernel::reduce::abs_bits;
 use crate::{BlockScaleRule, Fp8Format};
 
 /// `amax[block] = max |x|` over each block (f32 bits, atomically; NaN propagates) and, with `with_min`,

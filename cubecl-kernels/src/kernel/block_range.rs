@@ -1,10 +1,10 @@
 //! The largest per-block dynamic range of a row-major `[rows, cols]` tensor (the debug tools'
 //! `max_blockwise_dynamic_range`): per block `log2(max |x|) − log2(min nonzero |x|)`, 0 for an all-zero block. The
-//! per-block amax and min nonzero come from [`super::block::block_amax_kernel`].
+//! per-block amax and min nonzero come from [`crate::kernel::block::block_amax_kernel`].
 
 use cubecl::prelude::*;
 
-use super::reduce::{abs_bits, cube_atomic_max};
+use crate::kernel::reduce::{abs_bits, cube_atomic_max};
 
 /// `output[0] = max over blocks of log2(amax) − log2(amin)` (f32 bits, atomically; `output` must start at 0). A
 /// block whose amax is 0 counts 0; a NaN in a block makes the result NaN (its bits sort above every number).

@@ -3,9 +3,9 @@
 
 use cubecl::prelude::*;
 
-use super::fp8::{decode_fp8, encode_fp8};
-use super::nvfp4::{decode_e2m1, encode_e2m1};
 use crate::Fp8Format;
+use crate::kernel::fp8::{decode_fp8, encode_fp8};
+use crate::kernel::nvfp4::{decode_e2m1, encode_e2m1};
 
 /// The element codes of a quantized tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -29,7 +29,7 @@ impl CodeFormat {
     pub fn max(self) -> f32 {
         match self {
             CodeFormat::Fp8(format) => format.max(),
-            CodeFormat::E2m1 => crate::nvfp4::E2M1_MAX,
+            CodeFormat::E2m1 => crate::nvfp4::format::E2M1_MAX,
         }
     }
 

@@ -12,8 +12,8 @@
 
 use cubecl::prelude::*;
 
-pub use super::code::CodeFormat;
-use super::code::decode;
+pub use crate::kernel::code::CodeFormat;
+use crate::kernel::code::decode;
 
 /// Depth of one shared-memory stage. Scale blocks along K (32 for MXFP8, 128 for block scaling) are multiples of it.
 pub const TILE_K: u32 = 16;

@@ -1,4 +1,4 @@
-//! The CubeCL kernels. Launch them through the functions of [`crate::ops`], which check their arguments.
+//! The CubeCL kernels. Launch them through the launchers (`ops`, `block`, `nvfp4`, `gemm`), which check their arguments.
 
 pub mod amax;
 pub mod block;

@@ -1,12 +1,12 @@
 //! NVFP4 as `#[cube]` functions and kernels: E2M1 encode/decode on integer bits, TE's two-level scales (a global
 //! f32 scale from the tensor's amax, an E4M3 scale per 16-element block or 16×16 tile), stochastic rounding, and
-//! the random Hadamard transform. The host reference (`crate::host::nvfp4`) follows the same steps; the formulas
-//! and their order of f32 operations are those of `crate::nvfp4`.
+//! the random Hadamard transform. The host reference ([`crate::host::nvfp4`]) follows the same steps; the formulas
+//! and their order of f32 operations are those of [`crate::nvfp4::format`].
 
 use cubecl::prelude::*;
 
-use super::fp8::{decode_fp8, encode_fp8};
 use crate::Fp8Format;
+use crate::kernel::fp8::{decode_fp8, encode_fp8};
 
 /// Bits of `f32::MAX`.
 const F32_MAX_BITS: u32 = 0x7f7f_ffff;

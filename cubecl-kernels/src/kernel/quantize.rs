@@ -6,9 +6,9 @@
 
 use cubecl::prelude::*;
 
-use super::fp8::{decode_fp8, encode_fp8};
-use super::reduce::{abs_bits, cube_atomic_max};
 use crate::Fp8Format;
+use crate::kernel::fp8::{decode_fp8, encode_fp8};
+use crate::kernel::reduce::{abs_bits, cube_atomic_max};
 
 /// `codes = encode(f32(x) * scale[0])`; with `with_amax`, also `amax[0] = max(amax[0], max |x|)` (as f32 bits).
 #[cube(launch_unchecked)]

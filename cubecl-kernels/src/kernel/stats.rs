@@ -13,8 +13,8 @@
 
 use cubecl::prelude::*;
 
-use super::code::{CodeFormat, decode, encode};
-use super::reduce::CUBE_SIZE;
+use crate::kernel::code::{CodeFormat, decode, encode};
+use crate::kernel::reduce::CUBE_SIZE;
 
 /// Words per partial record.
 pub const STATS_SLOTS: usize = 17;
