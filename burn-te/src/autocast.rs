@@ -9,7 +9,7 @@
 //! - `te_linear` (the TE modules) records the recipe and the layer's FP8 state in the autograd graph: its dgrad
 //!   and wgrad run with the forward's recipe, state and generation wherever `backward()` is called, as in TE.
 //! - A plain Burn `Linear` on `Te<B>` cannot carry state through Burn's autograd: it is named by its weight and its
-//!   backward GEMMs find their forward by buffer identity (see [`crate::plain_linear`]); its state lives in the
+//!   backward GEMMs find their forward by buffer identity (see the `plain_linear` module); its state lives in the
 //!   scope's [`Fp8LinearStates`](crate::Fp8LinearStates) (the one given to [`fp8_autocast_with`], else the
 //!   thread's default).
 //!

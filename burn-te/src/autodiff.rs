@@ -15,11 +15,12 @@ use burn_te_kernels::{Fp8Format, Fp8Stats, ScaleBlock};
 
 use crate::TeError;
 use crate::backend::{Fp8HostData, Fp8Primitive, Scaling, TeBackend};
-use crate::diagnostics::{increment_counter, names};
-use crate::fp8_gemm::SavedForBackward;
+use crate::gemm::Gemm;
+use crate::metrics::{increment_counter, names};
+use crate::primitive::SavedForBackward;
 use crate::recipe::Recipe;
 use crate::saved::{Saved, SavedOperand, SavedQuantized};
-use crate::site::{Gemm, GemmSite};
+use crate::site::GemmSite;
 
 /// The backward of `te_linear`: dgrad and wgrad with the forward's recipe on the operands it kept, bias gradient
 /// in high precision.
@@ -108,6 +109,8 @@ impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff
     type Fp8Data = B::Fp8Data;
     type DelayedState = B::DelayedState;
     type PendingStats = B::PendingStats;
+
+    crate::te_linear_gemms!(dgrad wgrad);
 
     fn fp8_quantize(
         tensor: FloatTensor<Self>,

@@ -1,140 +1,24 @@
 //! The [`TeBackend`] extension trait: FP8 quantization, GEMM and statistics on a backend's tensors.
 
-use burn::tensor::Shape;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn_te_kernels::nvfp4::{Nvfp4Rounding, Nvfp4Tile, decode_e2m1};
-use burn_te_kernels::{
-    AmaxComputeAlgo, BlockScaleRule, Fp8Format, Fp8Stats, ScaleBlock, TensorStats,
+use burn_te_kernels::{AmaxComputeAlgo, Fp8Format, Fp8Stats, ScaleBlock, TensorStats};
+
+use crate::error::TeError;
+use crate::gemm::Gemm;
+use crate::high_precision::{high_precision_dgrad, high_precision_linear, high_precision_wgrad};
+pub use crate::primitive::{
+    ElementFormat, Fp8HostData, Fp8Tensor, Nvfp4Scales, Saved, SavedForBackward, SavedQuantized,
+    Scaling, gemm_output_shape,
 };
+use crate::recipe::Recipe;
+use crate::site::GemmSite;
 
-use crate::fp8_gemm::{SavedForBackward, fold_rows};
-use crate::saved::SavedOperand;
-use crate::site::{Gemm, GemmSite};
-use crate::{Recipe, TeError};
-
-/// The format of a quantized tensor's elements.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ElementFormat {
-    /// FP8 codes.
-    Fp8(Fp8Format),
-    /// NVFP4's E2M1 codes, scaled per block by an E4M3 scale and a global FP32 scale.
-    E2m1,
-}
-
-impl ElementFormat {
-    /// The value of a code (E2M1: its low four bits).
-    pub fn decode(self, code: u8) -> f32 {
-        match self {
-            ElementFormat::Fp8(format) => format.decode(code),
-            ElementFormat::E2m1 => decode_e2m1(code),
-        }
-    }
-
-    /// Lower-case name, as in file names and logs: `e4m3`, `e5m2` or `e2m1`.
-    pub fn name(self) -> &'static str {
-        match self {
-            ElementFormat::Fp8(format) => format.name(),
-            ElementFormat::E2m1 => "e2m1",
-        }
-    }
-}
-
-impl From<Fp8Format> for ElementFormat {
-    fn from(format: Fp8Format) -> Self {
-        ElementFormat::Fp8(format)
-    }
-}
-
-/// A quantized tensor (FP8, or NVFP4's E2M1): the backend's buffers (codes and `scale_inv`) and what they mean.
-#[derive(Clone, Debug)]
-pub struct Fp8Tensor<D> {
-    /// The backend's buffers: the codes (row-major) and the `scale_inv` values (NVFP4: each block's dequantization
-    /// factor `(e4m3(s) · amax) / 2688`).
-    pub data: D,
-    /// The tensor's shape.
-    pub shape: Shape,
-    /// The format of the codes.
-    pub format: ElementFormat,
-    /// `None`: one scale for the tensor; `Some(block)`: one scale per block of the tensor viewed as
-    /// `[leading dims folded, last dim]`.
-    pub block: Option<ScaleBlock>,
-}
-
-impl<D> Fp8Tensor<D> {
-    /// The tensor as `(batch, rows, cols)`: the last two dimensions, everything before folded into the batch; a
-    /// vector is one row.
-    pub fn matrix_dims(&self) -> (usize, usize, usize) {
-        let dims = self.shape.as_slice();
-        match dims.len() {
-            0 => (1, 1, 1),
-            1 => (1, 1, dims[0]),
-            n => (dims[..n - 2].iter().product(), dims[n - 2], dims[n - 1]),
-        }
-    }
-}
-
-/// A quantized tensor's buffers on the host, read by [`TeBackend::fp8_read`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct Fp8HostData {
-    /// The codes, one per element (E2M1: one nibble per byte), row-major.
-    pub codes: Vec<u8>,
-    /// `scale_inv`: one value, or one per block (row-major over the block grid); NVFP4: each block's
-    /// dequantization factor.
-    pub scale_inv: Vec<f32>,
-    /// NVFP4's two-level scales (`None` for FP8).
-    pub nvfp4: Option<Nvfp4Scales>,
-}
-
-/// The scales of an NVFP4 tensor as TE stores them.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Nvfp4Scales {
-    /// The E4M3 code of each block's decode scale, row-major over the block grid.
-    pub block_scales: Vec<u8>,
-    /// The global amax (TE stores it, not the global scale).
-    pub global_amax: f32,
-}
+/// A [`Saved`] of backend `B`'s tensors (the same type for `B` and its decorators).
+pub type SavedOperand<B> = Saved<FloatTensor<B>, <B as TeBackend>::Fp8Data>;
 
 /// The FP8 quantized primitive of a [`TeBackend`].
 pub type Fp8Primitive<B> = Fp8Tensor<<B as TeBackend>::Fp8Data>;
-
-/// How a quantization chooses its scale.
-#[derive(Debug)]
-pub enum Scaling<'a, S> {
-    /// Current scaling: `scale = fp8_max / amax(x) / 2^margin` from the tensor itself.
-    Current {
-        /// TE's margin (the scale is divided by `2^margin`).
-        margin: f32,
-    },
-    /// Delayed scaling: quantize with the state's scale (from the amax history before this iteration); with
-    /// `record`, also record this tensor's amax into the history's newest slot (the max of what is there).
-    /// [`TeBackend::fp8_delayed_state_update`] rolls the history and recomputes the scale.
-    Delayed {
-        /// The per-(layer, tensor) history and scale.
-        state: &'a S,
-        /// Record this tensor's amax (false: only use the scale).
-        record: bool,
-    },
-    /// One scale per block of the tensor viewed as `[leading dims folded, last dim]`, from the block's amax.
-    Block {
-        /// The block shape.
-        block: ScaleBlock,
-        /// Power-of-two (Float8BlockScaling) or E8M0 (MXFP8) scales.
-        rule: BlockScaleRule,
-    },
-    /// NVFP4: E2M1 codes, one E4M3 scale per block and a global scale from the tensor's amax (after the RHT);
-    /// the `format` of the quantization must be E4M3 (the block scales' format). The blocks lie on the tensor
-    /// viewed as `[leading dims folded, last dim]`.
-    Nvfp4 {
-        /// 1×16 blocks or 16×16 tiles.
-        tile: Nvfp4Tile,
-        /// Nearest-even or stochastic rounding.
-        rounding: Nvfp4Rounding,
-        /// Quantize the random Hadamard transform of the tensor (16-element chunks of its last dimension, which
-        /// must be a multiple of 16) instead of the tensor.
-        rht: bool,
-    },
-}
 
 /// FP8 operations a backend provides to burn-te: Burn's extension-trait pattern.
 ///
@@ -302,7 +186,7 @@ pub trait TeBackend: Backend {
     /// [`te_linear`](Self::te_linear) that also keeps, for the backward, the input (`save[0]`, for wgrad) and the
     /// weight (`save[1]`, for dgrad) quantized as the backward GEMMs consume them; `None` where it keeps nothing
     /// (not asked, no recipe, a high-precision fallback): the backward then takes the high-precision tensor. See
-    /// [`crate::saved`]. Decorators implement this one; autodiff backends implement `te_linear`.
+    /// the `saved` module. Decorators implement this one; autodiff backends implement `te_linear`.
     fn te_linear_fprop(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
@@ -310,28 +194,7 @@ pub trait TeBackend: Backend {
         site: &GemmSite,
         recipe: Option<&Recipe>,
         save: [bool; 2],
-    ) -> (FloatTensor<Self>, SavedForBackward<Self::Fp8Data>) {
-        match recipe {
-            None => {
-                count_high_precision();
-                (high_precision_linear::<Self>(x, weight, bias), [None, None])
-            }
-            Some(recipe) => {
-                let fp8 = crate::fp8_gemm::linear_fprop::<Self>(
-                    x.clone(),
-                    weight.clone(),
-                    bias.clone(),
-                    site,
-                    recipe,
-                    [None, None],
-                    save,
-                );
-                crate::fp8_gemm::or_high_precision_saving::<Self>(site, fp8, || {
-                    high_precision_linear::<Self>(x, weight, bias)
-                })
-            }
-        }
-    }
+    ) -> (FloatTensor<Self>, SavedForBackward<Self::Fp8Data>);
 
     /// A linear layer's input-gradient GEMM (dgrad): `grad · weightᵀ`, on the weight its forward kept.
     fn te_linear_dgrad(
@@ -339,29 +202,7 @@ pub trait TeBackend: Backend {
         grad: FloatTensor<Self>,
         site: &GemmSite,
         recipe: Option<&Recipe>,
-    ) -> FloatTensor<Self> {
-        let high_precision = |weight: SavedOperand<Self>, grad| {
-            crate::saved::values::<Self>(weight).map(|w| high_precision_dgrad::<Self>(w, grad))
-        };
-        match recipe {
-            None => {
-                count_high_precision();
-                crate::saved::or_panic::<Self>(site, high_precision(weight, grad))
-            }
-            Some(recipe) => {
-                let fp8 = crate::fp8_gemm::linear_dgrad::<Self>(
-                    weight.clone(),
-                    grad.clone(),
-                    site,
-                    recipe,
-                    [None, None],
-                );
-                crate::fp8_gemm::or_high_precision::<Self>(site, fp8, || {
-                    crate::saved::or_panic::<Self>(site, high_precision(weight, grad))
-                })
-            }
-        }
-    }
+    ) -> FloatTensor<Self>;
 
     /// A linear layer's weight-gradient GEMM (wgrad): `xᵀ · grad`, on the input its forward kept.
     fn te_linear_wgrad(
@@ -369,149 +210,7 @@ pub trait TeBackend: Backend {
         grad: FloatTensor<Self>,
         site: &GemmSite,
         recipe: Option<&Recipe>,
-    ) -> FloatTensor<Self> {
-        let high_precision = |x: SavedOperand<Self>, grad| {
-            crate::saved::values::<Self>(x).map(|x| high_precision_wgrad::<Self>(x, grad))
-        };
-        match recipe {
-            None => {
-                count_high_precision();
-                crate::saved::or_panic::<Self>(site, high_precision(x, grad))
-            }
-            Some(recipe) => {
-                let fp8 = crate::fp8_gemm::linear_wgrad::<Self>(
-                    x.clone(),
-                    grad.clone(),
-                    site,
-                    recipe,
-                    [None, None],
-                );
-                crate::fp8_gemm::or_high_precision::<Self>(site, fp8, || {
-                    crate::saved::or_panic::<Self>(site, high_precision(x, grad))
-                })
-            }
-        }
-    }
-}
-
-/// Counts a layer GEMM run in high precision by choice (no recipe).
-fn count_high_precision() {
-    crate::diagnostics::increment_counter(crate::diagnostics::names::GEMM_HIGH_PRECISION, 1);
-}
-
-/// The zeros a GEMM with a zero-sized dimension gives (`out` elements; `None` when neither operand is empty):
-/// answered here because Burn's ndarray matmul divides by zero on an empty operand. An empty batch gives an empty
-/// output, and a weight gradient over no tokens is a zero matrix.
-pub(crate) fn zero_sized_gemm<B: Backend>(
-    lhs: &FloatTensor<B>,
-    rhs: &FloatTensor<B>,
-    out: Vec<usize>,
-) -> Option<FloatTensor<B>> {
-    use burn::tensor::TensorMetadata;
-    if lhs.shape().num_elements() > 0 && rhs.shape().num_elements() > 0 {
-        return None;
-    }
-    let dtype = lhs.dtype().into();
-    Some(B::float_zeros(
-        Shape::from(out),
-        &B::float_device(lhs),
-        dtype,
-    ))
-}
-
-/// The last dimension of a tensor (0 for a scalar).
-fn last_dim<B: Backend>(tensor: &FloatTensor<B>) -> usize {
-    use burn::tensor::TensorMetadata;
-    tensor.shape().as_slice().last().copied().unwrap_or(0)
-}
-
-/// `x · weight + bias` in high precision (the inner backend's `linear` on rows folded to rank 2: Flex's rank-3
-/// `linear` with its backward takes 13× the time, `benches/host_path.rs`; zero-sized operands answered here).
-pub(crate) fn high_precision_linear<B: Backend>(
-    x: FloatTensor<B>,
-    weight: FloatTensor<B>,
-    bias: Option<FloatTensor<B>>,
-) -> FloatTensor<B> {
-    use burn::tensor::TensorMetadata;
-    let mut out = x.shape().as_slice().to_vec();
-    if let Some(last) = out.last_mut() {
-        *last = last_dim::<B>(&weight);
-    }
-    match zero_sized_gemm::<B>(&x, &weight, out.clone()) {
-        // No reduction (in_features 0) but tokens: the output is the bias.
-        Some(zeros) => match bias {
-            Some(bias) if out.iter().product::<usize>() > 0 => {
-                let mut shape = vec![1; out.len()];
-                if let Some(last) = shape.last_mut() {
-                    *last = last_dim::<B>(&bias);
-                }
-                B::float_add(zeros, B::float_reshape(bias, Shape::from(shape)))
-            }
-            _ => zeros,
-        },
-        None => B::float_reshape(
-            B::linear(fold_rows::<B>(x).0, weight, bias),
-            Shape::from(out),
-        ),
-    }
-}
-
-/// `grad · weightᵀ` in high precision (zero-sized operands answered here).
-pub(crate) fn high_precision_dgrad<B: Backend>(
-    weight: FloatTensor<B>,
-    grad: FloatTensor<B>,
-) -> FloatTensor<B> {
-    use burn::tensor::TensorMetadata;
-    let mut out = grad.shape().as_slice().to_vec();
-    if let Some(last) = out.last_mut() {
-        *last = weight.shape().as_slice().first().copied().unwrap_or(0);
-    }
-    zero_sized_gemm::<B>(&grad, &weight, out.clone()).unwrap_or_else(|| {
-        B::float_reshape(
-            B::linear_x_backward(weight, fold_rows::<B>(grad).0),
-            Shape::from(out),
-        )
-    })
-}
-
-/// `xᵀ · grad` summed over the leading dimensions, in high precision (zero-sized operands answered here).
-pub(crate) fn high_precision_wgrad<B: Backend>(
-    x: FloatTensor<B>,
-    grad: FloatTensor<B>,
-) -> FloatTensor<B> {
-    let out = vec![last_dim::<B>(&x), last_dim::<B>(&grad)];
-    zero_sized_gemm::<B>(&x, &grad, out)
-        .unwrap_or_else(|| B::linear_weight_backward(fold_rows::<B>(x).0, fold_rows::<B>(grad).0))
-}
-
-/// The output shape of [`TeBackend::fp8_gemm`]: the batch dimensions of the batched operand, then `[M, N]`.
-pub fn gemm_output_shape<D>(
-    lhs: &Fp8Tensor<D>,
-    lhs_t: bool,
-    rhs: &Fp8Tensor<D>,
-    rhs_t: bool,
-) -> Result<Shape, TeError> {
-    let (lb, lr, lc) = lhs.matrix_dims();
-    let (rb, rr, rc) = rhs.matrix_dims();
-    let (m, k) = if lhs_t { (lc, lr) } else { (lr, lc) };
-    let (k_rhs, n) = if rhs_t { (rc, rr) } else { (rr, rc) };
-    let error = |reason: String| TeError::ShapeMismatch {
-        op: "fp8_gemm",
-        reason,
-        lhs: lhs.shape.as_slice().to_vec(),
-        rhs: rhs.shape.as_slice().to_vec(),
-    };
-    if k != k_rhs {
-        return Err(error(format!("inner dimensions differ: {k} vs {k_rhs}")));
-    }
-    if lb != rb && lb != 1 && rb != 1 {
-        return Err(error(format!("batches differ: {lb} vs {rb}")));
-    }
-    let batched = if lb >= rb { &lhs.shape } else { &rhs.shape };
-    let leading = batched.as_slice().len().saturating_sub(2);
-    let mut dims = batched.as_slice()[..leading].to_vec();
-    dims.extend([m, n]);
-    Ok(Shape::from(dims))
+    ) -> FloatTensor<Self>;
 }
 
 /// The FP8 ops of a [`TeBackend`] decorator whose primitives are its inner backend's: every op but the `te_linear`
@@ -630,4 +329,13 @@ macro_rules! forward_fp8_ops {
             $inner::fp8_delayed_state_update(state, algo, format, margin)
         }
     };
+}
+
+/// A hash of `value` that is stable within a process: buffer identities ([`TeBackend::buffer_id`]) and per-site
+/// seeds.
+pub(crate) fn hash_of(value: &impl std::hash::Hash) -> u64 {
+    use std::hash::Hasher;
+    let mut hasher = std::hash::DefaultHasher::new();
+    value.hash(&mut hasher);
+    hasher.finish()
 }

@@ -277,6 +277,8 @@ where
 {
     type Fp8Data = CubeFp8Data<R>;
     type DelayedState = CubeDelayedState<R>;
+
+    crate::te_linear_gemms!(fprop dgrad wgrad);
     type PendingStats = CubePendingStats<R>;
 
     fn fp8_quantize(
@@ -284,7 +286,7 @@ where
         format: Fp8Format,
         scaling: Scaling<'_, CubeDelayedState<R>>,
     ) -> Result<Fp8Primitive<Self>, TeError> {
-        crate::diagnostics::count_launch(crate::diagnostics::names::QUANTIZE_LAUNCHES);
+        crate::metrics::count_launch(crate::metrics::names::QUANTIZE_LAUNCHES);
         let x = into_contiguous(tensor);
         let quantized =
             with_float!(x.dtype, "fp8_quantize", T => quantize::<R, T>(&x, format, scaling))?;
@@ -303,7 +305,7 @@ where
             }
         };
         let read = |handle: &Handle| -> Result<Vec<u8>, TeError> {
-            crate::diagnostics::timed_read(handle.size() as usize, || {
+            crate::metrics::timed_read(handle.size() as usize, || {
                 Ok(client
                     .read_one(handle.clone())
                     .map_err(KernelError::from)?
@@ -387,7 +389,7 @@ where
         rhs: Fp8Primitive<Self>,
         rhs_t: bool,
     ) -> Result<CubeTensor<R>, TeError> {
-        crate::diagnostics::count_launch(crate::diagnostics::names::FP8_GEMM_LAUNCHES);
+        crate::metrics::count_launch(crate::metrics::names::FP8_GEMM_LAUNCHES);
         let shape = crate::backend::gemm_output_shape(&lhs, lhs_t, &rhs, rhs_t)?;
         let fp8_codes = |q: &Fp8Primitive<Self>| match q.format {
             ElementFormat::Fp8(format) => Some(Fp8Buffer {
@@ -412,7 +414,7 @@ where
     }
 
     fn fp8_amax(tensor: CubeTensor<R>) -> Result<CubeTensor<R>, TeError> {
-        crate::diagnostics::count_launch(crate::diagnostics::names::AMAX_LAUNCHES);
+        crate::metrics::count_launch(crate::metrics::names::AMAX_LAUNCHES);
         let x = into_contiguous(tensor);
         let len = x.meta.shape().num_elements();
         let handle = with_float!(x.dtype, "fp8_amax", T => Ok(ops::amax::<R, T>(&x.client, &x.handle, len)?))?;
@@ -444,7 +446,7 @@ where
         format: Fp8Format,
         margin: f32,
     ) -> Result<CubeTensor<R>, TeError> {
-        crate::diagnostics::count_launch(crate::diagnostics::names::QUANTIZE_LAUNCHES);
+        crate::metrics::count_launch(crate::metrics::names::QUANTIZE_LAUNCHES);
         let x = into_contiguous(tensor);
         let len = x.meta.shape().num_elements();
         let client = &x.client;
@@ -461,7 +463,7 @@ where
         tensor: CubeTensor<R>,
         quantization: Option<(Fp8Format, Scaling<'_, CubeDelayedState<R>>)>,
     ) -> Result<CubePendingStats<R>, TeError> {
-        crate::diagnostics::count_launch(crate::diagnostics::names::STATS_LAUNCHES);
+        crate::metrics::count_launch(crate::metrics::names::STATS_LAUNCHES);
         let x = into_contiguous(tensor);
         let len = x.meta.shape().num_elements();
         let client = &x.client;
@@ -516,7 +518,7 @@ where
     }
 
     fn fp8_stats_read(pending: CubePendingStats<R>) -> Result<Fp8Stats, TeError> {
-        crate::diagnostics::timed_read(pending.readback.bytes(), || {
+        crate::metrics::timed_read(pending.readback.bytes(), || {
             pending
                 .readback
                 .read_fp8(&pending.client)
@@ -541,7 +543,7 @@ where
                 .collect();
             let bytes = readbacks.iter().map(ops::StatsReadback::bytes).sum();
             let client = &pending[indices[0]].client;
-            let stats = crate::diagnostics::timed_read(bytes, || {
+            let stats = crate::metrics::timed_read(bytes, || {
                 ops::StatsReadback::read_many(&readbacks, client).map_err(read_error)
             })?;
             for (i, s) in indices.into_iter().zip(stats) {
@@ -556,19 +558,19 @@ where
         format: Fp8Format,
         scale: f32,
     ) -> Result<Fp8Stats, TeError> {
-        crate::diagnostics::count_launch(crate::diagnostics::names::STATS_LAUNCHES);
+        crate::metrics::count_launch(crate::metrics::names::STATS_LAUNCHES);
         let x = into_contiguous(tensor);
         let len = x.meta.shape().num_elements();
         let scale = ops::scalar_buffer(&x.client, scale);
         let readback = with_float!(x.dtype, "fp8_quantization_stats", T => Ok(ops::fp8_tensor_stats::<R, T>(&x.client, &x.handle, len, format, &scale)?))?;
-        crate::diagnostics::timed_read(readback.bytes(), || {
+        crate::metrics::timed_read(readback.bytes(), || {
             readback.read_fp8(&x.client).map_err(read_error)
         })
     }
 
     fn fp8_delayed_state_read(state: &CubeDelayedState<R>) -> Result<(Vec<f32>, f32), TeError> {
         let client = &state.client;
-        let history = crate::diagnostics::timed_read(state.history_len * 4, || {
+        let history = crate::metrics::timed_read(state.history_len * 4, || {
             client.read_one(state.history.clone())
         })
         .map_err(KernelError::from)?;

@@ -42,8 +42,8 @@ fn reason(err: &TeError) -> String {
 /// Records that `what` (a GEMM site or op) ran in high precision instead of FP8 because of `err`.
 pub fn record_fallback(what: impl core::fmt::Display, err: &TeError) {
     let reason = reason(err);
-    crate::diagnostics::increment_counter(
-        &format!("{}({reason})", crate::diagnostics::names::GEMM_FALLBACK),
+    crate::metrics::increment_counter(
+        &format!("{}({reason})", crate::metrics::names::GEMM_FALLBACK),
         1,
     );
     record(

@@ -5,12 +5,15 @@ use burn::tensor::Shape;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
-use crate::TeError;
-use crate::backend::{Fp8Primitive, Scaling, TeBackend};
+use crate::backend::{Fp8Primitive, SavedOperand, TeBackend};
+use crate::error::TeError;
+use crate::gemm::{Gemm, TensorRole};
+pub use crate::high_precision::fold_rows;
 use crate::nvfp4::Nvfp4Plan;
+pub use crate::primitive::SavedForBackward;
+use crate::primitive::{Saved, SavedQuantized, Scaling};
 use crate::recipe::{DelayedScaling, Recipe};
-use crate::saved::{Saved, SavedOperand, SavedQuantized};
-use crate::site::{Gemm, GemmSite, TensorRole};
+use crate::site::GemmSite;
 
 /// Returns the FP8 result, or on an error records the fallback (counted, logged, shown in the debug main log; see
 /// [`crate::fallback`]) and runs the high-precision op instead (Burn ops cannot fail).
@@ -21,7 +24,7 @@ pub fn or_high_precision<B: TeBackend>(
 ) -> FloatTensor<B> {
     match fp8 {
         Ok(output) => {
-            crate::diagnostics::increment_counter(crate::diagnostics::names::GEMM_FP8, 1);
+            crate::metrics::increment_counter(crate::metrics::names::GEMM_FP8, 1);
             output
         }
         Err(err) => {
@@ -184,20 +187,6 @@ fn dims<B: Backend>(tensor: &FloatTensor<B>) -> Vec<usize> {
     tensor.shape().as_slice().to_vec()
 }
 
-/// `[.., d]` folded to `[rows, d]` (a scalar to `[1, 1]`), with the leading dimensions to unfold the result.
-pub fn fold_rows<B: Backend>(tensor: FloatTensor<B>) -> (FloatTensor<B>, Vec<usize>) {
-    let shape = dims::<B>(&tensor);
-    let (last, leading) = shape
-        .split_last()
-        .map(|(l, r)| (*l, r.to_vec()))
-        .unwrap_or((1, vec![]));
-    let rows = leading.iter().product();
-    (
-        B::float_reshape(tensor, Shape::from(vec![rows, last])),
-        leading,
-    )
-}
-
 fn shape_error<B: TeBackend>(
     op: &'static str,
     reason: String,
@@ -221,10 +210,6 @@ pub fn k_along_cols(gemm: Gemm, role: TensorRole) -> bool {
         (Gemm::Fprop, TensorRole::Weight) | (Gemm::Wgrad, _)
     )
 }
-
-/// What [`linear_fprop`] keeps for the backward: `[input for wgrad, weight for dgrad]`, each quantized as the
-/// backward GEMM consumes it, or `None` (not asked for).
-pub type SavedForBackward<D> = [Option<SavedQuantized<D>>; 2];
 
 /// Whether `recipe` quantizes `role` at fprop into the very codes its backward GEMM uses (one scale per tensor,
 /// or Float8BlockScaling's square weight blocks), so the fprop's tensor is kept rather than quantized again.
@@ -321,7 +306,7 @@ fn fprop_weight<B: TeBackend>(
 }
 
 /// fprop: `x [.., in] · weight [in, out] (+ bias [out])` in FP8. `save`: keep `[x, weight]` quantized for the
-/// backward (see [`crate::saved`]).
+/// backward (see the `saved` module).
 pub fn linear_fprop<B: TeBackend>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,

@@ -42,6 +42,8 @@ impl<B: FusionBackend + TeBackend> TeBackend for Fusion<B> {
     type DelayedState = B::DelayedState;
     type PendingStats = B::PendingStats;
 
+    crate::te_linear_gemms!(fprop dgrad wgrad);
+
     fn fp8_quantize(
         tensor: FloatTensor<Self>,
         format: Fp8Format,
@@ -147,6 +149,6 @@ impl<B: FusionBackend + TeBackend> TeBackend for Fusion<B> {
     /// The fusion tensor's id: shared by clones, distinct for live tensors (reading the buffer would run the
     /// stream).
     fn buffer_id(tensor: &FloatTensor<Self>) -> Option<u64> {
-        Some(crate::host::hash_of(&tensor.id))
+        Some(crate::backend::hash_of(&tensor.id))
     }
 }

@@ -163,12 +163,14 @@ macro_rules! host_te_backend {
             type DelayedState = HostDelayedState;
             type PendingStats = Fp8Stats;
 
+            $crate::te_linear_gemms!(fprop dgrad wgrad);
+
             fn fp8_quantize(
                 tensor: FloatTensor<Self>,
                 format: Fp8Format,
                 scaling: Scaling<'_, HostDelayedState>,
             ) -> Result<Fp8Primitive<Self>, TeError> {
-                crate::diagnostics::count_launch(crate::diagnostics::names::QUANTIZE_LAUNCHES);
+                crate::metrics::count_launch(crate::metrics::names::QUANTIZE_LAUNCHES);
                 let device = <$backend>::float_device(&tensor);
                 let (x, shape) = $values(tensor)?;
                 let (codes, scale_inv, block) = match scaling {
@@ -236,12 +238,12 @@ macro_rules! host_te_backend {
                 rhs: Fp8Primitive<Self>,
                 rhs_t: bool,
             ) -> Result<FloatTensor<Self>, TeError> {
-                crate::diagnostics::count_launch(crate::diagnostics::names::FP8_GEMM_LAUNCHES);
+                crate::metrics::count_launch(crate::metrics::names::FP8_GEMM_LAUNCHES);
                 host_gemm::<$backend>(lhs, lhs_t, rhs, rhs_t)
             }
 
             fn fp8_amax(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, TeError> {
-                crate::diagnostics::count_launch(crate::diagnostics::names::AMAX_LAUNCHES);
+                crate::metrics::count_launch(crate::metrics::names::AMAX_LAUNCHES);
                 let device = <$backend>::float_device(&tensor);
                 let (x, _) = $unordered_values(tensor)?;
                 Ok(host_tensor::<$backend>(
@@ -271,7 +273,7 @@ macro_rules! host_te_backend {
                 format: Fp8Format,
                 margin: f32,
             ) -> Result<FloatTensor<Self>, TeError> {
-                crate::diagnostics::count_launch(crate::diagnostics::names::QUANTIZE_LAUNCHES);
+                crate::metrics::count_launch(crate::metrics::names::QUANTIZE_LAUNCHES);
                 let device = <$backend>::float_device(&tensor);
                 let (x, shape) = $values(tensor)?;
                 let scale = current_scale(&x, format, margin)?;
@@ -294,7 +296,7 @@ macro_rules! host_te_backend {
                 tensor: FloatTensor<Self>,
                 quantization: Option<(Fp8Format, Scaling<'_, HostDelayedState>)>,
             ) -> Result<Fp8Stats, TeError> {
-                crate::diagnostics::count_launch(crate::diagnostics::names::STATS_LAUNCHES);
+                crate::metrics::count_launch(crate::metrics::names::STATS_LAUNCHES);
                 let (x, shape) = $values(tensor)?;
                 Ok(match quantization {
                     None => Fp8Stats {
@@ -339,7 +341,7 @@ macro_rules! host_te_backend {
                 format: Fp8Format,
                 scale: f32,
             ) -> Result<Fp8Stats, TeError> {
-                crate::diagnostics::count_launch(crate::diagnostics::names::STATS_LAUNCHES);
+                crate::metrics::count_launch(crate::metrics::names::STATS_LAUNCHES);
                 Ok(host::fp8_tensor_stats(&$values(tensor)?.0, format, scale))
             }
 
@@ -406,7 +408,7 @@ fn ndarray_buffer_id(tensor: &NdArrayTensor) -> Option<u64> {
         ),
         _ => return None,
     };
-    Some(hash_of(&(address, shape)))
+    Some(crate::backend::hash_of(&(address, shape)))
 }
 
 /// The shared storage's address and the view (offset, shape, strides).
@@ -414,19 +416,12 @@ fn ndarray_buffer_id(tensor: &NdArrayTensor) -> Option<u64> {
 fn flex_buffer_id(tensor: &FlexTensor) -> Option<u64> {
     let layout = tensor.layout();
     let address = std::sync::Arc::as_ptr(&tensor.data_arc()) as usize;
-    Some(hash_of(&(
+    Some(crate::backend::hash_of(&(
         address,
         layout.start_offset(),
         layout.shape().as_slice().to_vec(),
         layout.strides().to_vec(),
     )))
-}
-
-pub(crate) fn hash_of(value: &impl std::hash::Hash) -> u64 {
-    use std::hash::Hasher;
-    let mut hasher = std::hash::DefaultHasher::new();
-    value.hash(&mut hasher);
-    hasher.finish()
 }
 
 /// NVFP4 on the host ([`burn_te_kernels::host::nvfp4`], bit-identical to the kernels): the codes one per byte, each

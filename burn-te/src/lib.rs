@@ -19,6 +19,24 @@
 //! # let x = burn::tensor::Tensor::<B, 2>::zeros([2, 2], &Default::default());
 //! let y = fp8_autocast(true, DelayedScaling::default(), || forward(x)).unwrap();
 //! ```
+//!
+//! # Layers
+//! Plain types at the bottom (`error`, `gemm`, `recipe`, `primitive`, `metrics`), then the FP8 state (`fp8_state`),
+//! sites and autocast, the [`TeBackend`] trait (`backend`), the GEMMs built on it (`fp8_gemm`, `nvfp4`, `saved`,
+//! `microbatch`, `linear`), the backends that implement it (`cube`, `host`, `fusion`) and, on top, the decorators
+//! (`te`, `decorator`, `autodiff`), the diagnostics that observe them through the `metrics` registry and the
+//! modules (`nn`). No module imports one above it (`tests/kernels/layering.rs` checks every crate for circles).
+//!
+//! # Burn coupling
+//! Burn 0.22 removed the backend type parameter from `Tensor`, so a decorator backend cannot plug in there; what a
+//! port to another Burn runtime would replace is the code on Burn's backend-generic API (`Backend`, `Tensor<B, D>`,
+//! `B::` ops, `Module`), named here and checked by `tests/kernels/layering.rs`:
+//! - Burn-generic: `autodiff`, `backend`, `cube`, `ddp`, `decorator`, `diagnostics::closures`,
+//!   `diagnostics::eager`, `diagnostics::nonfinite`, `diagnostics::observe`, `diagnostics::snapshot`,
+//!   `distributed`, `fp8_gemm`, `fp8_state`, `fusion`, `high_precision`, `host`, `linear`, `microbatch`, `nn`,
+//!   `nvfp4`, `plain_linear`, `saved`, `te`.
+//! - Plain: `autocast`, `data`, `diagnostics`, `diagnostics::trace`, `distributed::launch`, `error`, `fallback`,
+//!   `gemm`, `metrics`, `primitive`, `recipe`, `site`.
 
 mod autocast;
 mod autodiff;
@@ -37,11 +55,16 @@ pub mod fp8_gemm;
 pub mod fp8_state;
 #[cfg(feature = "fusion")]
 mod fusion;
+mod gemm;
+mod high_precision;
 pub mod host;
+pub mod linear;
+mod metrics;
 pub mod microbatch;
 pub mod nn;
 pub mod nvfp4;
 pub mod plain_linear;
+mod primitive;
 pub mod recipe;
 pub mod saved;
 pub mod site;
@@ -66,6 +89,7 @@ pub use fallback::fallback_counts;
 pub use fp8_state::{
     DelayedStateView, Fp8LinearStates, Fp8Meta, LayerFp8State, PlainLinearStates, RoleRecord,
 };
+pub use gemm::{Gemm, TensorRole};
 pub use microbatch::{microbatch, microbatch_guard};
 pub use plain_linear::{plain_linear_backward, plain_linear_forward};
 pub use recipe::{
@@ -73,7 +97,7 @@ pub use recipe::{
     NVFP4BlockScaling, Recipe,
 };
 pub use saved::{Saved, SavedOperand, SavedQuantized, save_original_operands};
-pub use site::{Gemm, GemmSite, TensorRole};
+pub use site::GemmSite;
 pub use te::Te;
 
 #[doc(hidden)]

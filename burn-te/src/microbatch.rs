@@ -27,8 +27,8 @@ use core::cell::Cell;
 use burn::tensor::ops::FloatTensor;
 
 use crate::backend::{Fp8Tensor, TeBackend};
+use crate::primitive::SavedQuantized;
 use crate::recipe::Recipe;
-use crate::saved::SavedQuantized;
 use crate::site::GemmSite;
 
 thread_local! {

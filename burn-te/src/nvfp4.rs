@@ -20,8 +20,9 @@ use burn_te_kernels::nvfp4::{BLOCK, Nvfp4Rounding, Nvfp4Tile};
 
 use crate::TeError;
 use crate::backend::{Fp8Primitive, Scaling, TeBackend};
+use crate::gemm::TensorRole;
 use crate::recipe::NVFP4BlockScaling;
-use crate::site::{GemmSite, TensorRole};
+use crate::site::GemmSite;
 
 /// How one GEMM operand is quantized to NVFP4.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +85,7 @@ impl Nvfp4Plan {
 /// The stochastic-rounding seed of a tensor: from its layer, GEMM, role and iteration, so a run is reproducible
 /// and every quantization draws other random bits (TE draws them from torch's generator).
 fn seed(site: &GemmSite, role: TensorRole) -> u32 {
-    let hash = crate::host::hash_of(&(&*site.layer, site.gemm, role, site.generation));
+    let hash = crate::backend::hash_of(&(&*site.layer, site.gemm, role, site.generation));
     (hash ^ (hash >> 32)) as u32
 }
 

@@ -21,8 +21,9 @@ use burn::tensor::ops::FloatTensor;
 
 use crate::autocast;
 use crate::backend::TeBackend;
+use crate::gemm::Gemm;
 use crate::recipe::Recipe;
-use crate::site::{Gemm, GemmSite};
+use crate::site::GemmSite;
 
 /// A plain linear's forward in this generation.
 #[derive(Debug)]

@@ -3,7 +3,7 @@
 use burn_te_kernels::{AmaxComputeAlgo, BlockScaleRule, Fp8Format, ScaleBlock};
 
 use crate::TeError;
-use crate::site::TensorRole;
+use crate::gemm::TensorRole;
 
 /// TE's `Format`: which FP8 format each tensor role uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -227,7 +227,7 @@ impl Recipe {
     }
 
     /// The scale block of an FP8 operand stored as `[rows, cols]`, given along which stored dimension the GEMM
-    /// reduces (`k_along_cols`); `None` for per-tensor recipes and NVFP4 (see [`crate::nvfp4`]).
+    /// reduces (`k_along_cols`); `None` for per-tensor recipes and NVFP4 (see the `nvfp4` module).
     pub fn block(
         &self,
         role: TensorRole,

@@ -12,7 +12,7 @@
 //!
 //! The weight is a parameter, in memory anyway: the backward takes it and dgrad quantizes it (an FP8 copy kept
 //! from the forward would cost a byte per weight while the graph lives, where TE keeps one). Inside a micro-batch
-//! of gradient accumulation ([`crate::microbatch`]) the layer caches FP8 weight copies anyway, and dgrad uses them.
+//! of gradient accumulation ([`microbatch`](crate::microbatch())) the layer caches FP8 weight copies anyway, and dgrad uses them.
 //!
 //! The high-precision input is kept instead (through the autograd graph, so checkpointing strategies apply to it)
 //! outside an FP8 scope, when a debug feature needs it at the backward GEMM (one that modifies the operand or runs
@@ -24,61 +24,13 @@
 
 use core::cell::Cell;
 
-use burn::tensor::Shape;
 use burn::tensor::ops::FloatTensor;
 
 use crate::TeError;
-use crate::backend::{Fp8Tensor, TeBackend};
+pub use crate::backend::SavedOperand;
+use crate::backend::TeBackend;
+pub use crate::primitive::{Saved, SavedQuantized};
 use crate::site::GemmSite;
-
-/// A forward operand as a linear's backward GEMM gets it.
-#[derive(Clone, Debug)]
-pub enum Saved<F, D> {
-    /// The high-precision tensor, quantized (or not) by the backward GEMM itself.
-    HighPrecision(F),
-    /// Quantized by the forward for the backward GEMM.
-    Quantized(SavedQuantized<D>),
-}
-
-/// A [`Saved`] of backend `B`'s tensors (the same type for `B` and its decorators).
-pub type SavedOperand<B> = Saved<FloatTensor<B>, <B as TeBackend>::Fp8Data>;
-
-/// An operand quantized by the forward in the layout its backward GEMM consumes.
-#[derive(Clone, Debug)]
-pub struct SavedQuantized<D> {
-    /// The quantized tensor (of the operand, or of its transpose).
-    pub tensor: Fp8Tensor<D>,
-    /// `tensor` holds the operand's transpose (NVFP4's columnwise copy), which the GEMM reads transposed back.
-    pub transposed: bool,
-    /// The operand's shape as the GEMM takes it (an input folded to `[tokens, in]`).
-    pub shape: Shape,
-}
-
-impl<D> SavedQuantized<D> {
-    /// The bytes it holds on a device: one per FP8 code (half per E2M1 code) and four per scale.
-    pub fn bytes(&self) -> usize {
-        let numel = self.tensor.shape.num_elements();
-        let codes = match self.tensor.format {
-            crate::ElementFormat::Fp8(_) => numel,
-            crate::ElementFormat::E2m1 => numel.div_ceil(2),
-        };
-        let scales = match self.tensor.block {
-            None => 1,
-            Some(block) => {
-                let (batch, rows, cols) = self.tensor.matrix_dims();
-                (batch * rows).div_ceil(block.rows) * cols.div_ceil(block.cols)
-            }
-        };
-        codes + 4 * scales
-    }
-}
-
-impl<F, D> Saved<F, D> {
-    /// Whether the forward quantized it.
-    pub fn is_quantized(&self) -> bool {
-        matches!(self, Saved::Quantized(_))
-    }
-}
 
 /// The values the backward GEMM multiplies: the high-precision tensor, or the quantized one dequantized (transposed
 /// back; an NVFP4 input under the RHT stays transformed, as the GEMM sees it).

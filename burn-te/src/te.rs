@@ -21,10 +21,11 @@ use burn::tensor::{TensorData, TransactionPrimitive};
 use crate::backend::TeBackend;
 use crate::decorator::Decorator;
 use crate::diagnostics;
-use crate::site::{Gemm, GemmSite};
+use crate::gemm::Gemm;
+use crate::site::GemmSite;
 
-use crate::fp8_gemm::SavedForBackward;
 use crate::plain_linear::{plain_linear_backward, plain_linear_forward};
+use crate::primitive::SavedForBackward;
 use crate::saved::{self, Saved, SavedOperand};
 use crate::{autocast, fp8_gemm};
 

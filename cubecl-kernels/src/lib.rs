@@ -15,6 +15,12 @@
 //!   backends without a CubeCL device.
 //!
 //! FP8 codes are stored four per `u32` word because wgpu has no 8-bit storage type.
+//!
+//! # Burn coupling
+//! None: the kernels and the host reference are plain Rust and CubeCL, usable without Burn.
+//! - Burn-generic: none.
+//! - Plain: `block`, `block_range`, `error`, `format`, `gemm`, `host`, `kernel`, `nvfp4`, `ops`, `scale_block`,
+//!   `scaling`, `stats`.
 
 pub mod block;
 pub mod block_range;

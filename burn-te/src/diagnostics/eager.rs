@@ -12,8 +12,9 @@ use burn::tensor::TensorMetadata;
 use burn::tensor::ops::FloatTensor;
 
 use super::nonfinite::{self, NonFiniteOrigin, OriginTensor};
-use super::{flags, iteration, metrics, names, snapshot};
+use super::{flags, iteration, snapshot};
 use crate::backend::TeBackend;
+use crate::metrics::{self, names};
 use crate::site::GemmSite;
 
 /// Syncs `output`'s device and checks `output` for NaN/Inf; reports the first of the iteration.

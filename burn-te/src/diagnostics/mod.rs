@@ -27,7 +27,6 @@
 
 mod closures;
 mod eager;
-mod metrics;
 mod nonfinite;
 mod observe;
 mod snapshot;
@@ -39,13 +38,13 @@ use std::time::Instant;
 
 use burn::config::Config;
 
-pub use closures::{add_step_closure, print_at_step};
-pub use metrics::{
+pub use crate::metrics::{
     KEPT_SAMPLES, MetricData, MetricUnit, PERCENTILES, clear_all, counter_names, counter_value,
-    format_bytes, format_time, increment_counter, metric_data, metric_names, metrics_report,
+    format_bytes, format_time, increment_counter, metric_data, metric_names, metrics_report, names,
     percentile, record_metric, record_time, short_metrics_report, thread_counter_value,
     thread_metric_data,
 };
+pub use closures::{add_step_closure, print_at_step};
 pub use nonfinite::{NonFiniteOrigin, OriginTensor, clear_non_finite, first_non_finite};
 pub use snapshot::{SnapshotChoice, SnapshotConfig, set_snapshot_filter, snapshot_dir};
 pub use trace::{TraceGuard, label_layer, start_trace, trace, trace_layer};
@@ -55,70 +54,6 @@ pub use observe::{
     count_transfer_from_device, count_transfer_to_device, observe_gemm, op_finished, op_started,
     tensor_bytes,
 };
-
-pub(crate) use observe::timed_read;
-
-/// Counts one kernel launch (or host pass) of the FP8 ops.
-#[inline]
-pub(crate) fn count_launch(name: &str) {
-    increment_counter(name, 1);
-}
-
-/// The names of the counters and metrics this crate records (the ops are `burn::<op>`).
-pub mod names {
-    /// Metric: the time between two [`step`](super::step)s.
-    pub const STEP_TIME: &str = "StepTime";
-    /// Metric: the time of each device→host read (`into_data`), from its first poll to its data.
-    pub const READ_BACK_TIME: &str = "ReadBackTime";
-    /// Metric: the bytes of each device→host read.
-    pub const TRANSFER_FROM_DEVICE_SIZE: &str = "TransferFromDeviceSize";
-    /// Metric: the bytes of each host→device write.
-    pub const TRANSFER_TO_DEVICE_SIZE: &str = "TransferToDeviceSize";
-    /// Metric: a layer GEMM's execute time, synced before and after (eager mode or `device_time`).
-    pub const GEMM_EXECUTE_TIME: &str = "GemmExecuteTime";
-    /// Metric: the time [`step`](super::step) spends reading the step's closures and non-finite counts.
-    pub const STEP_SYNC_TIME: &str = "StepSyncTime";
-    /// Counter: device→host reads.
-    pub const DEVICE_TO_HOST_READS: &str = "DeviceToHostReads";
-    /// Counter: bytes read device→host.
-    pub const DEVICE_TO_HOST_BYTES: &str = "DeviceToHostBytes";
-    /// Counter: host→device writes.
-    pub const HOST_TO_DEVICE_WRITES: &str = "HostToDeviceWrites";
-    /// Counter: bytes written host→device.
-    pub const HOST_TO_DEVICE_BYTES: &str = "HostToDeviceBytes";
-    /// Counter: GEMMs that ran in FP8.
-    pub const GEMM_FP8: &str = "GemmFp8";
-    /// Counter: GEMMs that ran in high precision by choice (no recipe, or a debug feature).
-    pub const GEMM_HIGH_PRECISION: &str = "GemmHighPrecision";
-    /// Counter prefix: GEMMs that were to run in FP8 and fell back to high precision, by reason
-    /// (`GemmFallback(shape)`).
-    pub const GEMM_FALLBACK: &str = "GemmFallback";
-    /// Counter: FP8 quantize kernel launches (host path: quantize passes).
-    pub const QUANTIZE_LAUNCHES: &str = "QuantizeLaunches";
-    /// Bytes of the operands FP8 layers kept quantized for their backward (see [`crate::saved`]).
-    pub const KEPT_FP8_BYTES: &str = "KeptForBackwardFp8Bytes";
-    /// Inputs an FP8 layer kept in high precision for its backward (a debug feature or `save_original_operands`
-    /// asked, or the forward fell back to high precision).
-    pub const KEPT_HIGH_PRECISION: &str = "KeptForBackwardHighPrecision";
-    /// Counter: FP8 GEMM kernel launches.
-    pub const FP8_GEMM_LAUNCHES: &str = "Fp8GemmLaunches";
-    /// Counter: amax kernel launches.
-    pub const AMAX_LAUNCHES: &str = "AmaxLaunches";
-    /// Counter: statistics kernel launches.
-    pub const STATS_LAUNCHES: &str = "StatsLaunches";
-    /// Counter: ops whose output held a NaN or an infinity (eager mode).
-    pub const NON_FINITE_OUTPUTS: &str = "NonFiniteOutputs";
-    /// Counter: tensors checked for NaN/inf by the origin tracking (one count launch each).
-    pub const NON_FINITE_CHECKS: &str = "NonFiniteChecks";
-    /// Counter: GEMM operands the origin tracking did not check again because an earlier GEMM of the same layer
-    /// checked the same tensor this step (the weight at dgrad, the activation at wgrad, the output gradient at the
-    /// second backward GEMM).
-    pub const NON_FINITE_CHECKS_SHARED: &str = "NonFiniteChecksShared";
-    /// Counter: steps with a non-finite value found by the origin tracking.
-    pub const NON_FINITE_STEPS: &str = "NonFiniteSteps";
-    /// Counter: device errors reported by eager mode's syncs.
-    pub const DEVICE_ERRORS: &str = "DeviceErrors";
-}
 
 /// What happens at the first non-finite value.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -267,7 +202,7 @@ pub(crate) fn read_env() {
 /// tracking, device time, snapshots. What the current step has pending is kept.
 pub fn configure(config: DiagnosticsConfig) -> Result<(), DiagnosticsError> {
     read_env();
-    metrics::set_enabled(config.counters);
+    crate::metrics::set_enabled(config.counters);
     GLOBAL_FLAGS.store(Flags::of(&config).pack(), Ordering::Relaxed);
     snapshot::configure(config.snapshot)
 }

@@ -19,9 +19,10 @@ use std::fmt;
 use burn::tensor::TensorMetadata;
 use burn::tensor::ops::FloatTensor;
 
-use super::{metrics, names};
 use crate::backend::TeBackend;
-use crate::site::{Gemm, GemmSite, TensorRole};
+use crate::gemm::{Gemm, TensorRole};
+use crate::metrics::{self, names};
+use crate::site::GemmSite;
 
 /// Which tensor of a GEMM held the value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,8 +9,9 @@ use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
-use super::{eager, flags, metrics, names, nonfinite, read_env, snapshot};
+use super::{eager, flags, nonfinite, read_env, snapshot};
 use crate::backend::TeBackend;
+use crate::metrics::{self, count_read, count_transfer, names};
 use crate::recipe::Recipe;
 use crate::saved::{Saved, SavedOperand};
 use crate::site::GemmSite;
@@ -159,31 +160,4 @@ pub fn count_transfer_to_device(bytes: u64) {
             bytes,
         );
     }
-}
-
-/// Counts and times a blocking device→host read of `bytes` by the FP8 ops (codes, statistics, amax histories).
-pub(crate) fn timed_read<T>(bytes: usize, read: impl FnOnce() -> T) -> T {
-    if !metrics::enabled() {
-        return read();
-    }
-    count_read(bytes as u64);
-    let start = Instant::now();
-    let data = read();
-    metrics::record_time(names::READ_BACK_TIME, start.elapsed());
-    data
-}
-
-fn count_read(bytes: u64) {
-    count_transfer(
-        [names::DEVICE_TO_HOST_READS, names::DEVICE_TO_HOST_BYTES],
-        names::TRANSFER_FROM_DEVICE_SIZE,
-        bytes,
-    );
-}
-
-/// One transfer: its count and bytes counters, and a sample of its size metric.
-fn count_transfer([count, total]: [&str; 2], size: &str, bytes: u64) {
-    metrics::increment_counter(count, 1);
-    metrics::increment_counter(total, bytes);
-    metrics::record_metric(size, metrics::MetricUnit::Bytes, bytes as f64);
 }

@@ -28,10 +28,12 @@ use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 
 use super::nonfinite::NonFiniteOrigin;
-use super::{DiagnosticsError, flags, iteration, metrics, rank};
+use super::{DiagnosticsError, flags, iteration, rank};
 use crate::backend::TeBackend;
+use crate::gemm::TensorRole;
+use crate::metrics;
 use crate::recipe::Recipe;
-use crate::site::{GemmSite, TensorRole};
+use crate::site::GemmSite;
 
 /// Where and when snapshots are written.
 #[derive(Config, Debug)]

@@ -6,7 +6,8 @@ use burn::tensor::TensorPrimitive;
 
 use super::names::LayerName;
 use super::{ModuleOutput, check_features, or_panic};
-use crate::site::{Gemm, GemmSite};
+use crate::gemm::Gemm;
+use crate::site::GemmSite;
 use crate::{Fp8Meta, TeBackend, TeError, active_recipe};
 
 /// Config of [`Linear`].

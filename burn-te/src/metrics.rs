@@ -18,7 +18,10 @@
 //! Each thread records into its own registry (a data-parallel peer's thread can read its own counts with
 //! [`thread_counter_value`]); the report sums all threads. Recording is a lock of an uncontended mutex and a
 //! hash-map update, cheap enough to leave on (`benches/
-//! debug_overhead.rs` measures it); [`DiagnosticsConfig::counters`](super::DiagnosticsConfig) turns it off.
+//! debug_overhead.rs` measures it); `DiagnosticsConfig::counters` turns it off.
+//!
+//! This registry is the one interface between the FP8 ops and the diagnostics: the backends, GEMMs and fallbacks
+//! record into it, and `diagnostics` reads it; neither imports the other.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -392,9 +395,9 @@ pub fn metrics_report() -> String {
 pub fn short_metrics_report() -> String {
     report(
         Some(&[
-            super::names::STEP_TIME,
-            super::names::READ_BACK_TIME,
-            super::names::GEMM_EXECUTE_TIME,
+            names::STEP_TIME,
+            names::READ_BACK_TIME,
+            names::GEMM_EXECUTE_TIME,
         ]),
         |name| {
             name.starts_with("Gemm")
@@ -403,4 +406,93 @@ pub fn short_metrics_report() -> String {
                 || name.starts_with("HostToDevice")
         },
     )
+}
+
+/// Counts one kernel launch (or host pass) of the FP8 ops.
+#[inline]
+pub(crate) fn count_launch(name: &str) {
+    increment_counter(name, 1);
+}
+
+/// The names of the counters and metrics this crate records (the ops are `burn::<op>`).
+pub mod names {
+    /// Metric: the time between two `diagnostics::step`s.
+    pub const STEP_TIME: &str = "StepTime";
+    /// Metric: the time of each device→host read (`into_data`), from its first poll to its data.
+    pub const READ_BACK_TIME: &str = "ReadBackTime";
+    /// Metric: the bytes of each device→host read.
+    pub const TRANSFER_FROM_DEVICE_SIZE: &str = "TransferFromDeviceSize";
+    /// Metric: the bytes of each host→device write.
+    pub const TRANSFER_TO_DEVICE_SIZE: &str = "TransferToDeviceSize";
+    /// Metric: a layer GEMM's execute time, synced before and after (eager mode or `device_time`).
+    pub const GEMM_EXECUTE_TIME: &str = "GemmExecuteTime";
+    /// Metric: the time `diagnostics::step` spends reading the step's closures and non-finite counts.
+    pub const STEP_SYNC_TIME: &str = "StepSyncTime";
+    /// Counter: device→host reads.
+    pub const DEVICE_TO_HOST_READS: &str = "DeviceToHostReads";
+    /// Counter: bytes read device→host.
+    pub const DEVICE_TO_HOST_BYTES: &str = "DeviceToHostBytes";
+    /// Counter: host→device writes.
+    pub const HOST_TO_DEVICE_WRITES: &str = "HostToDeviceWrites";
+    /// Counter: bytes written host→device.
+    pub const HOST_TO_DEVICE_BYTES: &str = "HostToDeviceBytes";
+    /// Counter: GEMMs that ran in FP8.
+    pub const GEMM_FP8: &str = "GemmFp8";
+    /// Counter: GEMMs that ran in high precision by choice (no recipe, or a debug feature).
+    pub const GEMM_HIGH_PRECISION: &str = "GemmHighPrecision";
+    /// Counter prefix: GEMMs that were to run in FP8 and fell back to high precision, by reason
+    /// (`GemmFallback(shape)`).
+    pub const GEMM_FALLBACK: &str = "GemmFallback";
+    /// Counter: FP8 quantize kernel launches (host path: quantize passes).
+    pub const QUANTIZE_LAUNCHES: &str = "QuantizeLaunches";
+    /// Bytes of the operands FP8 layers kept quantized for their backward (see `saved`).
+    pub const KEPT_FP8_BYTES: &str = "KeptForBackwardFp8Bytes";
+    /// Inputs an FP8 layer kept in high precision for its backward (a debug feature or `save_original_operands`
+    /// asked, or the forward fell back to high precision).
+    pub const KEPT_HIGH_PRECISION: &str = "KeptForBackwardHighPrecision";
+    /// Counter: FP8 GEMM kernel launches.
+    pub const FP8_GEMM_LAUNCHES: &str = "Fp8GemmLaunches";
+    /// Counter: amax kernel launches.
+    pub const AMAX_LAUNCHES: &str = "AmaxLaunches";
+    /// Counter: statistics kernel launches.
+    pub const STATS_LAUNCHES: &str = "StatsLaunches";
+    /// Counter: ops whose output held a NaN or an infinity (eager mode).
+    pub const NON_FINITE_OUTPUTS: &str = "NonFiniteOutputs";
+    /// Counter: tensors checked for NaN/inf by the origin tracking (one count launch each).
+    pub const NON_FINITE_CHECKS: &str = "NonFiniteChecks";
+    /// Counter: GEMM operands the origin tracking did not check again because an earlier GEMM of the same layer
+    /// checked the same tensor this step (the weight at dgrad, the activation at wgrad, the output gradient at the
+    /// second backward GEMM).
+    pub const NON_FINITE_CHECKS_SHARED: &str = "NonFiniteChecksShared";
+    /// Counter: steps with a non-finite value found by the origin tracking.
+    pub const NON_FINITE_STEPS: &str = "NonFiniteSteps";
+    /// Counter: device errors reported by eager mode's syncs.
+    pub const DEVICE_ERRORS: &str = "DeviceErrors";
+}
+
+/// Counts and times a blocking device→host read of `bytes` by the FP8 ops (codes, statistics, amax histories).
+pub(crate) fn timed_read<T>(bytes: usize, read: impl FnOnce() -> T) -> T {
+    if !enabled() {
+        return read();
+    }
+    count_read(bytes as u64);
+    let start = Instant::now();
+    let data = read();
+    record_time(names::READ_BACK_TIME, start.elapsed());
+    data
+}
+
+pub(crate) fn count_read(bytes: u64) {
+    count_transfer(
+        [names::DEVICE_TO_HOST_READS, names::DEVICE_TO_HOST_BYTES],
+        names::TRANSFER_FROM_DEVICE_SIZE,
+        bytes,
+    );
+}
+
+/// One transfer: its count and bytes counters, and a sample of its size metric.
+pub(crate) fn count_transfer([count, total]: [&str; 2], size: &str, bytes: u64) {
+    increment_counter(count, 1);
+    increment_counter(total, bytes);
+    record_metric(size, MetricUnit::Bytes, bytes as f64);
 }

@@ -1,0 +1,131 @@
+//! The layer GEMMs of a backend that runs them itself (CubeCL, the host path, Burn's fusion): fprop, dgrad and
+//! wgrad in FP8 under a recipe ([`crate::fp8_gemm`]), in high precision without one, and in high precision again
+//! when the FP8 GEMM fails (counted as a fallback). Decorators forward to their inner backend's instead.
+
+use burn::tensor::ops::FloatTensor;
+
+use crate::backend::{SavedOperand, TeBackend};
+use crate::fp8_gemm::{
+    linear_dgrad, linear_fprop, linear_wgrad, or_high_precision, or_high_precision_saving,
+};
+use crate::high_precision::{high_precision_dgrad, high_precision_linear, high_precision_wgrad};
+use crate::primitive::SavedForBackward;
+use crate::recipe::Recipe;
+use crate::saved::{or_panic, values};
+use crate::site::GemmSite;
+
+pub fn fprop<B: TeBackend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    site: &GemmSite,
+    recipe: Option<&Recipe>,
+    save: [bool; 2],
+) -> (FloatTensor<B>, SavedForBackward<B::Fp8Data>) {
+    match recipe {
+        None => {
+            count_high_precision();
+            (high_precision_linear::<B>(x, weight, bias), [None, None])
+        }
+        Some(recipe) => {
+            let fp8 = linear_fprop::<B>(
+                x.clone(),
+                weight.clone(),
+                bias.clone(),
+                site,
+                recipe,
+                [None, None],
+                save,
+            );
+            or_high_precision_saving::<B>(site, fp8, || high_precision_linear::<B>(x, weight, bias))
+        }
+    }
+}
+
+pub fn dgrad<B: TeBackend>(
+    weight: SavedOperand<B>,
+    grad: FloatTensor<B>,
+    site: &GemmSite,
+    recipe: Option<&Recipe>,
+) -> FloatTensor<B> {
+    let high_precision = |weight: SavedOperand<B>, grad| {
+        values::<B>(weight).map(|w| high_precision_dgrad::<B>(w, grad))
+    };
+    match recipe {
+        None => {
+            count_high_precision();
+            or_panic::<B>(site, high_precision(weight, grad))
+        }
+        Some(recipe) => {
+            let fp8 = linear_dgrad::<B>(weight.clone(), grad.clone(), site, recipe, [None, None]);
+            or_high_precision::<B>(site, fp8, || {
+                or_panic::<B>(site, high_precision(weight, grad))
+            })
+        }
+    }
+}
+
+pub fn wgrad<B: TeBackend>(
+    x: SavedOperand<B>,
+    grad: FloatTensor<B>,
+    site: &GemmSite,
+    recipe: Option<&Recipe>,
+) -> FloatTensor<B> {
+    let high_precision =
+        |x: SavedOperand<B>, grad| values::<B>(x).map(|x| high_precision_wgrad::<B>(x, grad));
+    match recipe {
+        None => {
+            count_high_precision();
+            or_panic::<B>(site, high_precision(x, grad))
+        }
+        Some(recipe) => {
+            let fp8 = linear_wgrad::<B>(x.clone(), grad.clone(), site, recipe, [None, None]);
+            or_high_precision::<B>(site, fp8, || or_panic::<B>(site, high_precision(x, grad)))
+        }
+    }
+}
+
+/// Counts a layer GEMM run in high precision by choice (no recipe).
+fn count_high_precision() {
+    crate::metrics::increment_counter(crate::metrics::names::GEMM_HIGH_PRECISION, 1);
+}
+
+/// The `TeBackend` methods `te_linear_fprop`, `te_linear_dgrad` and `te_linear_wgrad` (those named) of a backend
+/// that runs its layer GEMMs itself, by the functions of [`linear`](crate::linear): inside `impl TeBackend for ..`,
+/// `burn_te::te_linear_gemms!(fprop dgrad wgrad);`.
+#[macro_export]
+macro_rules! te_linear_gemms {
+    ($($gemm:ident)*) => { $($crate::te_linear_gemms!(@$gemm);)* };
+    (@fprop) => {
+        fn te_linear_fprop(
+            x: $crate::__private::FloatTensor<Self>,
+            weight: $crate::__private::FloatTensor<Self>,
+            bias: Option<$crate::__private::FloatTensor<Self>>,
+            site: &$crate::GemmSite,
+            recipe: Option<&$crate::Recipe>,
+            save: [bool; 2],
+        ) -> ($crate::__private::FloatTensor<Self>, $crate::fp8_gemm::SavedForBackward<Self::Fp8Data>) {
+            $crate::linear::fprop::<Self>(x, weight, bias, site, recipe, save)
+        }
+    };
+    (@dgrad) => {
+        fn te_linear_dgrad(
+            weight: $crate::SavedOperand<Self>,
+            grad: $crate::__private::FloatTensor<Self>,
+            site: &$crate::GemmSite,
+            recipe: Option<&$crate::Recipe>,
+        ) -> $crate::__private::FloatTensor<Self> {
+            $crate::linear::dgrad::<Self>(weight, grad, site, recipe)
+        }
+    };
+    (@wgrad) => {
+        fn te_linear_wgrad(
+            x: $crate::SavedOperand<Self>,
+            grad: $crate::__private::FloatTensor<Self>,
+            site: &$crate::GemmSite,
+            recipe: Option<&$crate::Recipe>,
+        ) -> $crate::__private::FloatTensor<Self> {
+            $crate::linear::wgrad::<Self>(x, grad, site, recipe)
+        }
+    };
+}
