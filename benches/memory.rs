@@ -8,8 +8,8 @@
 //!   (`burn_te::save_original_operands`);
 //! - `fp8`: DelayedScaling with the forward's FP8 operands kept (`burn_te::saved`).
 //!
-//! Written: a table on stdout, `target/burn-te-memory.csv` and its chart `target/burn-te-memory.svg`
-//! (`docs/memory.svg`). Columns: *held* — bytes alive between the forward and the backward beyond the step's
+//! Written: a table on stdout, `target/burn-te-memory.csv` and its chart `target/burn-te-memory.svg` (the book's
+//! `docs/src/images/memory.svg`). Columns: *held* — bytes alive between the forward and the backward beyond the step's
 //! inputs and parameters (the graph's saved tensors and the output); *peak* — the step's peak above the same
 //! baseline (Flex only: CubeCL does not report one); *GEMM kept* — what the linear layers keep for their backward
 //! (FP8: counted by burn-te; f32: their inputs in f32, the weights being parameters anyway). Then the f32 tensors
