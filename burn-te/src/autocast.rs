@@ -20,7 +20,7 @@
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::TeError;
+use crate::error::TeError;
 use crate::fp8_state::PlainLinearStates;
 use crate::recipe::Recipe;
 

@@ -13,8 +13,8 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::FloatTensor;
 use burn_te_kernels::{Fp8Format, Fp8Stats, ScaleBlock};
 
-use crate::TeError;
 use crate::backend::{Fp8HostData, Fp8Primitive, Scaling, TeBackend};
+use crate::error::TeError;
 use crate::gemm::Gemm;
 use crate::metrics::{increment_counter, names};
 use crate::primitive::SavedForBackward;

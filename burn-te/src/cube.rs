@@ -13,10 +13,10 @@ use burn_te_kernels::nvfp4::{self, Nvfp4Buffer, RHT_SIGN_MASK};
 use burn_te_kernels::ops::{self, Fp8Buffer, ScaleBuffers};
 use burn_te_kernels::{Fp8Format, Fp8Stats, KernelError, block};
 
-use crate::TeError;
 use crate::backend::{
     ElementFormat, Fp8HostData, Fp8Primitive, Fp8Tensor, Nvfp4Scales, Scaling, TeBackend,
 };
+use crate::error::TeError;
 
 /// FP8 (or NVFP4) buffers on a CubeCL device.
 #[derive(Clone)]

@@ -2,7 +2,9 @@
 
 use burn::tensor::{DType, TensorData};
 
-use crate::{Fp8Format, TeError, TensorStats};
+use burn_te_kernels::{Fp8Format, TensorStats};
+
+use crate::error::TeError;
 
 /// The values of a float tensor as f32 (f16 and bf16 widen exactly).
 fn float_values(op: &'static str, data: &TensorData) -> Result<Vec<f32>, TeError> {

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use crate::TeError;
+use crate::error::TeError;
 
 /// Counts by reason, and the messages not yet taken.
 #[derive(Default)]

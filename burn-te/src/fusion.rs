@@ -14,8 +14,8 @@ use burn_fusion::stream::OperationStreams;
 use burn_fusion::{Fusion, FusionBackend, NoOp, get_client};
 use burn_te_kernels::{AmaxComputeAlgo, Fp8Format, Fp8Stats, ScaleBlock};
 
-use crate::TeError;
 use crate::backend::{Fp8HostData, Fp8Primitive, Scaling, TeBackend};
+use crate::error::TeError;
 
 /// The inner backend's tensor behind a fusion tensor (the stream runs up to it first).
 fn resolved<B: FusionBackend>(tensor: FloatTensor<Fusion<B>>) -> FloatTensor<B> {

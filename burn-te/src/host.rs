@@ -20,12 +20,12 @@ use burn_te_kernels::{
     DelayedScalingHistory, Fp8Format, Fp8Stats, ScaleBlock, host, pow2_margin, scale_from_amax,
 };
 
-use crate::TeError;
 use crate::backend::{
     ElementFormat, Fp8HostData, Fp8Primitive, Fp8Tensor, Nvfp4Scales, Scaling, TeBackend,
     gemm_output_shape,
 };
 use crate::cube::rows_cols;
+use crate::error::TeError;
 
 /// FP8 (or E2M1) codes, one per byte, and `scale_inv` values on the host, on a CPU backend's device `D`.
 #[derive(Clone, Debug)]

@@ -14,6 +14,8 @@ use crate::recipe::Recipe;
 use crate::saved::{or_panic, values};
 use crate::site::GemmSite;
 
+/// `TeBackend::te_linear_fprop`: `x · weight + bias`, keeping the operands asked for in `save` quantized for the
+/// backward.
 pub fn fprop<B: TeBackend>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
@@ -42,6 +44,7 @@ pub fn fprop<B: TeBackend>(
     }
 }
 
+/// `TeBackend::te_linear_dgrad`: `grad · weightᵀ` on the weight the forward kept.
 pub fn dgrad<B: TeBackend>(
     weight: SavedOperand<B>,
     grad: FloatTensor<B>,
@@ -65,6 +68,7 @@ pub fn dgrad<B: TeBackend>(
     }
 }
 
+/// `TeBackend::te_linear_wgrad`: `xᵀ · grad` on the input the forward kept.
 pub fn wgrad<B: TeBackend>(
     x: SavedOperand<B>,
     grad: FloatTensor<B>,

@@ -18,8 +18,8 @@ use burn::tensor::{Shape, TensorMetadata};
 use burn_te_kernels::Fp8Format;
 use burn_te_kernels::nvfp4::{BLOCK, Nvfp4Rounding, Nvfp4Tile};
 
-use crate::TeError;
 use crate::backend::{Fp8Primitive, Scaling, TeBackend};
+use crate::error::TeError;
 use crate::gemm::TensorRole;
 use crate::recipe::NVFP4BlockScaling;
 use crate::site::GemmSite;

@@ -2,7 +2,7 @@
 
 use burn_te_kernels::{AmaxComputeAlgo, BlockScaleRule, Fp8Format, ScaleBlock};
 
-use crate::TeError;
+use crate::error::TeError;
 use crate::gemm::TensorRole;
 
 /// TE's `Format`: which FP8 format each tensor role uses.

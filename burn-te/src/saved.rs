@@ -26,9 +26,9 @@ use core::cell::Cell;
 
 use burn::tensor::ops::FloatTensor;
 
-use crate::TeError;
 pub use crate::backend::SavedOperand;
 use crate::backend::TeBackend;
+use crate::error::TeError;
 pub use crate::primitive::{Saved, SavedQuantized};
 use crate::site::GemmSite;
 

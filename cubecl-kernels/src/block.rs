@@ -8,10 +8,12 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
+use crate::error::KernelError;
+use crate::format::Fp8Format;
 use crate::kernel::{block, reduce::CUBE_SIZE};
 use crate::ops::{Fp8Buffer, StatsReadback, StatsScales, launch_stats};
 pub use crate::scale_block::{BlockScaleRule, ScaleBlock};
-use crate::{Fp8Format, Fp8Stats, KernelError};
+use crate::stats::Fp8Stats;
 
 /// A block-quantized tensor on the device.
 #[derive(Clone, Debug)]

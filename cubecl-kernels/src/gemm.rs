@@ -5,7 +5,7 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 use cubecl::{CubeCount, CubeDim};
 
-use crate::KernelError;
+use crate::error::KernelError;
 pub use crate::kernel::gemm::GemmTiling;
 use crate::kernel::gemm::{CodeFormat, StagedOperand, TILE_K, fp8_gemm_kernel, param};
 use crate::nvfp4::Nvfp4Buffer;

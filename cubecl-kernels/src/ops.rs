@@ -8,9 +8,14 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
 
+use crate::error::KernelError;
+use crate::format::Fp8Format;
 use crate::kernel::code::CodeFormat;
 use crate::kernel::{amax, quantize, reduce::CUBE_SIZE, scale, stats};
-use crate::{AmaxComputeAlgo, Fp8Format, Fp8Stats, KernelError, ScaleBlock, TensorStats, scaling};
+use crate::scale_block::ScaleBlock;
+use crate::scaling;
+use crate::scaling::AmaxComputeAlgo;
+use crate::stats::{Fp8Stats, TensorStats};
 
 /// FP8 codes on a device, packed four per `u32` word (see [`crate::host::pack_codes`]).
 #[derive(Clone, Debug)]

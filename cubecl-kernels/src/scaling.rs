@@ -1,6 +1,8 @@
 //! Transformer Engine's scaling-factor rule and delayed-scaling history update, on the host.
 
-use crate::{Fp8Format, KernelError};
+use crate::format::Fp8Format;
+
+use crate::error::KernelError;
 
 /// How delayed scaling turns the amax history into the amax used for the next scale.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]

@@ -14,7 +14,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, FloatDType, Tensor, TensorData};
 
 use super::Peer;
-use crate::TeError;
+use crate::error::TeError;
 
 /// One parameter's gradient on its way through the all-reduce.
 struct Entry<B: Backend> {

@@ -25,7 +25,7 @@ use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use super::{GlobalPeers, PeerConfig, start_orchestrator};
-use crate::TeError;
+use crate::error::TeError;
 
 /// What this process is in a distributed run (see the [module docs](self)).
 #[derive(Debug)]

@@ -39,7 +39,7 @@ use burn::backend::NdArray;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_collective::{CollectiveConfig, PeerId, ReduceOperation};
 
-use crate::TeError;
+use crate::error::TeError;
 
 pub mod gradients;
 pub mod launch;

@@ -6,8 +6,8 @@ use std::any::Any;
 use burn_te_kernels::Fp8Format;
 
 use super::{DeviceState, LayerFp8State, RoleState, StateValues, slot_of};
-use crate::TeError;
 use crate::backend::TeBackend;
+use crate::error::TeError;
 use crate::gemm::TensorRole;
 use crate::recipe::DelayedScaling;
 

@@ -28,7 +28,7 @@ use burn::module::{
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn_te_kernels::{DelayedScalingHistory, Fp8Format, pow2_margin};
 
-use crate::TeError;
+use crate::error::TeError;
 use crate::gemm::TensorRole;
 use crate::recipe::DelayedScaling;
 

@@ -5,7 +5,7 @@
 use burn::prelude::*;
 use burn::tensor::activation::{relu, sigmoid};
 
-use crate::TeError;
+use crate::error::TeError;
 
 /// An MLP activation (TE's `activation=` names: `gelu`, `geglu`, `qgelu`, `qgeglu`, `relu`, `reglu`, `srelu`,
 /// `sreglu`, `silu`, `swiglu`).

@@ -8,8 +8,8 @@ use burn::tensor::activation::softmax;
 
 use super::names::LayerName;
 use super::{config_error, or_panic};
-use crate::TeError;
 use crate::autocast::high_precision_guard;
+use crate::error::TeError;
 
 /// Which positions a query may not attend to (TE's `attn_mask_type`).
 #[derive(Config, Debug, Copy, PartialEq, Eq)]

@@ -5,7 +5,7 @@ use burn::prelude::*;
 
 use super::names::LayerName;
 use super::{check_features, or_panic};
-use crate::TeError;
+use crate::error::TeError;
 
 /// Config of [`LayerNorm`].
 #[derive(Config, Debug)]

@@ -8,7 +8,9 @@ use super::linear::{gemm_params, split_bias, te_gemm};
 use super::names::LayerName;
 use super::norm::{Norm, Normalization};
 use super::{ModuleOutput, or_panic};
-use crate::{Fp8Meta, TeBackend, TeError};
+use crate::backend::TeBackend;
+use crate::error::TeError;
+use crate::fp8_state::Fp8Meta;
 
 /// Config of [`LayerNormLinear`].
 #[derive(Config, Debug)]

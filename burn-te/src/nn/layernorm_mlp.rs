@@ -10,7 +10,8 @@ use super::linear::{Linear, LinearConfig};
 use super::names::LayerName;
 use super::norm::{Norm, Normalization};
 use super::{ModuleOutput, or_panic};
-use crate::{TeBackend, TeError};
+use crate::backend::TeBackend;
+use crate::error::TeError;
 
 /// Config of [`LayerNormMLP`].
 #[derive(Config, Debug)]

@@ -6,9 +6,12 @@ use burn::tensor::TensorPrimitive;
 
 use super::names::LayerName;
 use super::{ModuleOutput, check_features, or_panic};
+use crate::autocast::active_recipe;
+use crate::backend::TeBackend;
+use crate::error::TeError;
+use crate::fp8_state::Fp8Meta;
 use crate::gemm::Gemm;
 use crate::site::GemmSite;
-use crate::{Fp8Meta, TeBackend, TeError, active_recipe};
 
 /// Config of [`Linear`].
 #[derive(Config, Debug)]

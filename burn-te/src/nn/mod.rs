@@ -35,7 +35,7 @@ pub use transformer_layer::{TransformerLayer, TransformerLayerConfig};
 
 use burn::prelude::*;
 
-use crate::TeError;
+use crate::error::TeError;
 
 /// What a TE module's `forward_all` returns: the output, and what TE returns beside it on request.
 #[derive(Debug, Clone)]

@@ -11,7 +11,8 @@ use super::linear::{Linear, LinearConfig};
 use super::names::LayerName;
 use super::norm::Normalization;
 use super::{check_features, config_error, or_panic};
-use crate::{TeBackend, TeError};
+use crate::backend::TeBackend;
+use crate::error::TeError;
 
 /// Config of [`MultiheadAttention`].
 #[derive(Config, Debug)]

@@ -5,7 +5,7 @@ use burn::prelude::*;
 use super::layer_norm::{LayerNorm, LayerNormConfig};
 use super::names::LayerName;
 use super::rms_norm::{RmsNorm, RmsNormConfig};
-use crate::TeError;
+use crate::error::TeError;
 
 /// Which normalization a fused module applies (TE's `normalization="LayerNorm" | "RMSNorm"`).
 #[derive(Config, Debug, Copy, PartialEq, Eq)]

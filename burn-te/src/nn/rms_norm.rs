@@ -6,7 +6,7 @@ use burn::prelude::*;
 use super::layer_norm::{applied_gamma, gamma};
 use super::names::LayerName;
 use super::{check_features, or_panic};
-use crate::TeError;
+use crate::error::TeError;
 
 /// Config of [`RmsNorm`].
 #[derive(Config, Debug)]

@@ -13,7 +13,8 @@ use super::multihead_attention::{MultiheadAttention, MultiheadAttentionConfig};
 use super::names::LayerName;
 use super::norm::Normalization;
 use super::or_panic;
-use crate::{TeBackend, TeError};
+use crate::backend::TeBackend;
+use crate::error::TeError;
 
 /// Config of [`TransformerLayer`], with TE's argument names and defaults.
 #[derive(Config, Debug)]

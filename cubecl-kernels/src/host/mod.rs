@@ -6,7 +6,9 @@ pub mod nvfp4;
 
 use rayon::prelude::*;
 
-use crate::{Fp8Format, Fp8Stats, TensorStats};
+use crate::format::Fp8Format;
+
+use crate::stats::{Fp8Stats, TensorStats};
 
 /// Elements per parallel chunk: smaller tensors run on the calling thread.
 const CHUNK: usize = 1 << 15;

@@ -1,12 +1,13 @@
 //! NVFP4 on the host: whole-tensor quantization, dequantization and the random Hadamard transform, with the
 //! element functions of [`crate::nvfp4::format`] — bit-identical to the device kernels (`kernel::nvfp4`).
 
+use crate::error::KernelError;
+use crate::host;
 use crate::nvfp4::format::{
     Nvfp4Rounding, Nvfp4Tile, block_encode_scale, block_scale_code, check_rht_cols, decode_e2m1,
     dequantize_factor, encode_e2m1, global_encode_scale, random_bits, rht_matrix, round_to_bf16,
     stochastic_round_e2m1,
 };
-use crate::{KernelError, host};
 
 /// An NVFP4 tensor on the host, in TE's layout: `[rows, cols]` row-major.
 #[derive(Clone, Debug, PartialEq)]

@@ -6,7 +6,7 @@
 
 use cubecl::prelude::*;
 
-use crate::Fp8Format;
+use crate::format::Fp8Format;
 
 /// Encodes the bits of an f32 as an FP8 code in the low 8 bits: round to nearest-even, saturate to ±max (±inf
 /// included), NaN → NaN.

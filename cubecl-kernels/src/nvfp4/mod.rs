@@ -27,7 +27,7 @@ pub use format::{
     rht_matrix, round_to_bf16, stochastic_round_e2m1,
 };
 
-use crate::KernelError;
+use crate::error::KernelError;
 use crate::kernel::nvfp4 as kernel;
 use crate::ops::{check_len, check_size, elementwise_grid};
 
