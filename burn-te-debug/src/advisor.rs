@@ -31,9 +31,11 @@ use std::sync::Once;
 
 use burn_te::Gemm;
 
-use crate::config::FeatureSpec;
+use crate::config::{FeatureSpec, Namespace};
 use crate::error::{ConfigError, DebugError};
-use crate::features::{DebugTensor, Feature, Inspection, Namespace, Routing, register_feature};
+use crate::feature::{DebugTensor, Feature, Inspection};
+use crate::features::register_feature;
+use crate::routing::Routing;
 use crate::stats::StatValue;
 use crate::tensor::TensorName;
 

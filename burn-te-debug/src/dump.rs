@@ -1,13 +1,15 @@
 //! Tensor dumps: safetensors files under `<log_dir>/tensor_dumps/rank_<r>/iter_<it:06>/`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 
 use crate::error::DebugError;
-use crate::features::Quantized;
+use crate::quantized::Quantized;
+use crate::tensor::TensorName;
 
 /// One named tensor of a dump file.
 #[derive(Clone, Debug, PartialEq)]
@@ -238,4 +240,61 @@ pub fn write_dump(path: &Path, dump: &TensorDump) -> Result<(), DebugError> {
         .map_err(|err| io(std::io::Error::other(err.to_string())))?;
     safetensors::serialize_to_file(views, Some(dump.metadata.clone()), path)
         .map_err(|err| io(std::io::Error::other(err.to_string())))
+}
+
+/// A session's dump files: where they go, and the files written this step per (layer, tensor).
+pub(crate) struct Dumps {
+    /// Where `tensor_dumps/` goes.
+    dir: PathBuf,
+    /// The rank in the paths.
+    rank: usize,
+    /// Dumps written this step per (layer, tensor): micro-batches after the first get their own file.
+    feeds: BTreeMap<(Arc<str>, TensorName), usize>,
+}
+
+impl Dumps {
+    pub(crate) fn new(dir: PathBuf, rank: usize) -> Dumps {
+        Dumps {
+            dir,
+            rank,
+            feeds: BTreeMap::new(),
+        }
+    }
+
+    /// Starts a step: its first feed of each tensor writes the file without a micro-batch suffix.
+    pub(crate) fn next_step(&mut self) {
+        self.feeds.clear();
+    }
+
+    /// Writes one dump file (a weight only at its first feed of the step): the main log's line about it (`None`
+    /// when skipped). A write error is in the line, not returned.
+    pub(crate) fn write(
+        &mut self,
+        layer: &Arc<str>,
+        tensor: TensorName,
+        iteration: u64,
+        mut dump: TensorDump,
+    ) -> Option<String> {
+        let feed = self.feeds.entry((layer.clone(), tensor)).or_insert(0);
+        if tensor == TensorName::Weight && *feed > 0 {
+            return None;
+        }
+        let path = dump_path(&self.dir, self.rank, iteration, layer, tensor.name(), *feed);
+        *feed += 1;
+        dump.metadata.insert("layer".into(), layer.to_string());
+        dump.metadata.insert("tensor".into(), tensor.name().into());
+        dump.metadata
+            .insert("iteration".into(), iteration.to_string());
+        let keys: Vec<&str> = dump.entries.iter().map(|e| e.key.as_str()).collect();
+        Some(match write_dump(&path, &dump) {
+            Ok(()) => format!(
+                "{layer}: Feature=DumpTensors, API=inspect_tensor: Dumped {tensor} at iteration {iteration} (keys: {keys:?}) to {}",
+                path.display()
+            ),
+            Err(err) => {
+                tracing::error!("{layer}: {err}");
+                format!("{layer}: DumpTensors: {err}")
+            }
+        })
+    }
 }

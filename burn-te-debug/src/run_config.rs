@@ -4,7 +4,9 @@
 use burn::config::Config;
 
 use crate::error::DebugError;
-use crate::session::{DebugOptions, StatLogger, initialize};
+use crate::options::DebugOptions;
+use crate::pipeline::log::StatLogger;
+use crate::session::initialize;
 use crate::tensorboard::{TagStyle, TensorBoardLogger};
 
 /// The debug settings of a run.

@@ -1,13 +1,9 @@
-//! Stat buffers: statistics requested during a step, launched on the device, read and combined at `step()`.
-//!
-//! One buffer per (layer, tensor, source): micro-batches of a step merge exactly ([`Fp8Stats::merge`], Chan's
-//! formula for the variance); a weight is taken from its first feed of the step only, as in TE.
+//! Statistics: the stats features ask for ([`StatRequest`]), their values ready to log ([`StatValue`]), and the
+//! statistics launched on the device and read at `step()` ([`PendingStats`], [`PendingValue`]).
 
-use std::collections::BTreeMap;
+use burn_te::{BlockScaleRule, Fp8Format, Fp8Stats, ScaleBlock, TensorStats};
 
-use burn_te::{Fp8Format, Fp8Stats, ScaleBlock, TensorStats};
-
-use crate::features::{PendingStats, PendingValue, StatsScaling};
+use crate::error::DebugError;
 use crate::tensor::TensorName;
 
 /// A stat of LogTensorStats or LogFp8TensorStats.
@@ -235,24 +231,6 @@ pub struct StatRequest {
     pub stats: Vec<Stat>,
 }
 
-#[derive(Default)]
-struct Buffer {
-    stats: Vec<Stat>,
-    pending: Vec<PendingStats>,
-    /// Stats with their own kernel (max over feeds).
-    values: Vec<(Stat, PendingValue)>,
-    /// Per feed of a GEMM output: the statistics of its high-precision reference and of the difference.
-    errors: Vec<(PendingStats, PendingStats)>,
-}
-
-/// The stat buffers of one step.
-#[derive(Default)]
-pub(crate) struct StatBuffers {
-    /// Keyed by (layer, tensor, prefix, suffix).
-    buffers: BTreeMap<(String, TensorName, String, String), Buffer>,
-    scalars: Vec<(String, f64)>,
-}
-
 /// One stat value ready to log.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StatValue {
@@ -268,215 +246,43 @@ pub struct StatValue {
     pub value: f64,
 }
 
-impl StatBuffers {
-    /// Whether a weight's stats of this request's source were already taken this step.
-    pub(crate) fn has(&self, layer: &str, tensor: TensorName, request: &StatRequest) -> bool {
-        self.buffers
-            .contains_key(&Self::key(layer, tensor, request))
-    }
+/// The scaling of a quantization-statistics request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum StatsScaling {
+    /// Current scaling with `margin`.
+    Current {
+        /// TE's margin.
+        margin: f32,
+    },
+    /// The layer's delayed-scaling history for this tensor (its scale before this step's update).
+    Delayed,
+    /// One scale per block of the tensor viewed as `[leading dims folded, last dim]`, from the block's amax.
+    Block {
+        /// The block shape.
+        block: ScaleBlock,
+        /// Power-of-two (Float8BlockScaling) or E8M0 (MXFP8) scales.
+        rule: BlockScaleRule,
+    },
+    /// NVFP4 as the plan quantizes the tensor (round to nearest).
+    Nvfp4(burn_te::nvfp4::Nvfp4Plan),
+}
 
-    fn key(
-        layer: &str,
-        tensor: TensorName,
-        request: &StatRequest,
-    ) -> (String, TensorName, String, String) {
-        (
-            layer.to_string(),
-            tensor,
-            request.prefix.clone(),
-            request.suffix.clone(),
-        )
-    }
+/// Statistics launched on the device, read at `step()`.
+pub struct PendingStats(pub(crate) Box<dyn FnOnce() -> Result<Fp8Stats, DebugError> + Send>);
 
-    fn buffer(&mut self, layer: &str, tensor: TensorName, request: &StatRequest) -> &mut Buffer {
-        let buffer = self
-            .buffers
-            .entry(Self::key(layer, tensor, request))
-            .or_default();
-        for stat in &request.stats {
-            if !buffer.stats.contains(stat) {
-                buffer.stats.push(*stat);
-            }
-        }
-        buffer
-    }
-
-    /// Buffers one feed's statistics for `request`.
-    pub(crate) fn add(
-        &mut self,
-        layer: &str,
-        tensor: TensorName,
-        request: &StatRequest,
-        pending: PendingStats,
-    ) {
-        self.buffer(layer, tensor, request).pending.push(pending);
-    }
-
-    /// Buffers one feed's value of a stat with its own kernel (feeds combine by max).
-    pub(crate) fn add_value(
-        &mut self,
-        layer: &str,
-        tensor: TensorName,
-        request: &StatRequest,
-        stat: Stat,
-        pending: PendingValue,
-    ) {
-        self.buffer(layer, tensor, request)
-            .values
-            .push((stat, pending));
-    }
-
-    /// Buffers one feed's error statistics of a GEMM output: its reference's and the difference's (feeds merge
-    /// exactly, as sums of squares and maxima).
-    pub(crate) fn add_error(
-        &mut self,
-        layer: &str,
-        tensor: TensorName,
-        request: &StatRequest,
-        reference: PendingStats,
-        difference: PendingStats,
-    ) {
-        self.buffer(layer, tensor, request)
-            .errors
-            .push((reference, difference));
-    }
-
-    pub(crate) fn add_scalar(&mut self, name: String, value: f64) {
-        self.scalars.push((name, value));
-    }
-
-    /// Reads every buffer and merges its feeds; read errors are returned beside what could be read.
-    pub(crate) fn read(&mut self) -> (Vec<Partial>, Vec<String>) {
-        let mut partials = Vec::new();
-        let mut errors = Vec::new();
-        for ((layer, tensor, prefix, suffix), buffer) in std::mem::take(&mut self.buffers) {
-            let mut merged = Fp8Stats::EMPTY;
-            for pending in buffer.pending {
-                match pending.read() {
-                    Ok(stats) => merged = merged.merge(&stats),
-                    Err(err) => errors.push(format!("{layer}_{tensor}: {err}")),
-                }
-            }
-            let mut partial = Partial {
-                layer,
-                tensor,
-                prefix,
-                suffix,
-                stats: buffer.stats,
-                merged,
-                maxima: BTreeMap::new(),
-                reference: TensorStats::EMPTY,
-                difference: TensorStats::EMPTY,
-            };
-            for (reference, difference) in buffer.errors {
-                match (reference.read(), difference.read()) {
-                    (Ok(reference), Ok(difference)) => {
-                        partial.reference = partial.reference.merge(&reference.tensor);
-                        partial.difference = partial.difference.merge(&difference.tensor);
-                    }
-                    (Err(err), _) | (_, Err(err)) => {
-                        errors.push(format!("{}_{}: {err}", partial.layer, partial.tensor))
-                    }
-                }
-            }
-            for (stat, pending) in buffer.values {
-                match pending.read() {
-                    Ok(value) => partial.max_in(stat, value),
-                    Err(err) => errors.push(format!("{}_{}: {err}", partial.layer, partial.tensor)),
-                }
-            }
-            partials.push(partial);
-        }
-        (partials, errors)
-    }
-
-    /// The values to log from merged buffers (in (layer, tensor, stat) order), then the custom scalars.
-    pub(crate) fn values(&mut self, partials: Vec<Partial>) -> Vec<StatValue> {
-        let mut values = Vec::new();
-        for partial in partials {
-            for &stat in &partial.stats {
-                let value = match stat {
-                    stat if stat.is_error() => {
-                        stat.error_value(&partial.reference, &partial.difference)
-                    }
-                    // TE skips empty tensors.
-                    _ if partial.merged.tensor.numel == 0 => None,
-                    Stat::MaxBlockwiseDynamicRange(_) => partial.maxima.get(&stat).copied(),
-                    stat => stat.value(&partial.merged),
-                };
-                if let Some(value) = value {
-                    let stat = stat.logged_name(&partial.prefix, &partial.suffix);
-                    values.push(StatValue {
-                        name: format!("{}_{}_{stat}", partial.layer, partial.tensor),
-                        layer: partial.layer.clone(),
-                        tensor: Some(partial.tensor),
-                        stat,
-                        value,
-                    });
-                }
-            }
-        }
-        for (name, value) in std::mem::take(&mut self.scalars) {
-            values.push(StatValue {
-                layer: String::new(),
-                tensor: None,
-                stat: name.clone(),
-                name,
-                value,
-            });
-        }
-        values
+impl PendingStats {
+    /// Reads the statistics back (waits for the device).
+    pub fn read(self) -> Result<Fp8Stats, DebugError> {
+        (self.0)()
     }
 }
 
-/// One buffer's statistics of a step, its feeds merged: what peers exchange and merge at `step()`.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub(crate) struct Partial {
-    pub layer: String,
-    pub tensor: TensorName,
-    pub prefix: String,
-    pub suffix: String,
-    /// The stats to log.
-    pub stats: Vec<Stat>,
-    /// The feeds' statistics, merged exactly.
-    pub merged: Fp8Stats,
-    /// Stats with their own kernel: the maximum over feeds.
-    pub maxima: BTreeMap<Stat, f64>,
-    /// A GEMM output's high-precision reference, merged over feeds (the error stats).
-    pub reference: TensorStats,
-    /// The output minus its reference, merged over feeds.
-    pub difference: TensorStats,
-}
+/// One value launched on the device, read at `step()`.
+pub struct PendingValue(pub(crate) Box<dyn FnOnce() -> Result<f64, DebugError> + Send>);
 
-impl Partial {
-    #[cfg(feature = "distributed")]
-    /// The key the same buffer has on every peer.
-    pub fn key(&self) -> (&str, TensorName, &str, &str) {
-        (&self.layer, self.tensor, &self.prefix, &self.suffix)
-    }
-
-    /// Takes `value` into the maximum of `stat`, NaN propagating (a NaN block anywhere is worth seeing).
-    fn max_in(&mut self, stat: Stat, value: f64) {
-        let max = self.maxima.entry(stat).or_insert(value);
-        if value.is_nan() || *max < value {
-            *max = value;
-        }
-    }
-
-    #[cfg(feature = "distributed")]
-    /// This buffer merged with the same buffer of another peer (or micro-batch): statistics by [`Fp8Stats::merge`],
-    /// maxima by max, the stats to log united.
-    pub fn merge(&mut self, other: &Partial) {
-        self.merged = self.merged.merge(&other.merged);
-        self.reference = self.reference.merge(&other.reference);
-        self.difference = self.difference.merge(&other.difference);
-        for (&stat, &value) in &other.maxima {
-            self.max_in(stat, value);
-        }
-        for stat in &other.stats {
-            if !self.stats.contains(stat) {
-                self.stats.push(*stat);
-            }
-        }
+impl PendingValue {
+    /// Reads the value back (waits for the device).
+    pub fn read(self) -> Result<f64, DebugError> {
+        (self.0)()
     }
 }

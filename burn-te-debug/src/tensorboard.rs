@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::DebugError;
-use crate::session::StatLogger;
+use crate::pipeline::log::StatLogger;
 use crate::stats::StatValue;
 
 /// How a stat is tagged in TensorBoard.

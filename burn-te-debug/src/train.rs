@@ -26,7 +26,8 @@ use burn_train::metric::{
 use burn_train::{LearningComponentsTypes, MetricRegistration, SupervisedTraining};
 
 use crate::error::DebugError;
-use crate::session::{StatLogger, stat_names};
+use crate::pipeline::log::StatLogger;
+use crate::session::stat_names;
 use crate::stats::StatValue;
 
 /// How many steps the feed keeps for metrics that lag behind (burn-train's metrics thread is at most a few behind).

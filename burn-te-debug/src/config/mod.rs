@@ -1,24 +1,31 @@
-//! The config file in Transformer Engine's YAML format: sections, layer selectors, features.
+//! The config file in Transformer Engine's YAML format: sections, layer selectors, features. The parser builds
+//! each feature with what it is handed: [`Config::parse`] and [`Config::from_file`] hand it the feature registry
+//! (they are defined with the registry, above this module).
 
 mod depth;
 mod lines;
+mod quote;
 mod schedule;
 mod selector;
 mod spec;
 mod yaml;
 
-use std::path::Path;
 use std::sync::Arc;
 
 use serde_yaml_ng::{Mapping, Value};
 
 pub use schedule::Schedule;
 pub use selector::{LayerSelector, layer_number};
-pub use spec::{FeatureSpec, Item, Need, SCHEDULE_KEYS};
+pub use spec::{FeatureSpec, Item, Namespace, Need, SCHEDULE_KEYS};
 
-use crate::error::{ConfigError, ConfigErrorKind, ConfigLocation, DebugError};
-use crate::features::{Feature, Namespace, build_feature};
+use crate::error::{ConfigError, ConfigErrorKind, ConfigLocation};
+use crate::feature::Feature;
 use lines::find_line;
+use quote::{clip, shown};
+
+/// How the parser builds a feature from its config entry.
+pub(crate) type BuildFeature<'a> =
+    &'a dyn Fn(Namespace, &FeatureSpec) -> Result<Box<dyn Feature>, ConfigError>;
 
 /// A parsed config: its enabled sections, in file order.
 pub struct Config {
@@ -50,18 +57,12 @@ impl std::fmt::Debug for Section {
 }
 
 impl Config {
-    /// Reads and parses a config file.
-    pub fn from_file(path: impl AsRef<Path>) -> Result<Config, DebugError> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| DebugError::ReadConfig {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Ok(Config::parse(&text, &path.display().to_string())?)
-    }
-
-    /// Parses config text; `file` names it in errors.
-    pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
+    /// Parses config text, building each enabled feature with `build`; `file` names it in errors.
+    pub(crate) fn parse_with(
+        text: &str,
+        file: &str,
+        build: BuildFeature<'_>,
+    ) -> Result<Config, ConfigError> {
         let text: Arc<str> = Arc::from(text);
         let base = ConfigLocation {
             file: file.to_string(),
@@ -110,6 +111,7 @@ impl Config {
                 .unwrap_or_else(|| shown(name));
             config.section_names.push(name.clone());
             let parser = SectionParser {
+                build,
                 text: text.clone(),
                 location: ConfigLocation {
                     section: Some(name.clone()),
@@ -158,63 +160,14 @@ impl Config {
     }
 }
 
-/// How much of a value or a message an error quotes: a value may be an alias expansion up to 100 times the size of
-/// the file.
-const MAX_QUOTED: usize = 400;
-
-/// `value`'s `Debug` form, cut after [`MAX_QUOTED`] bytes (formatting stops there).
-pub(crate) fn shown(value: &impl std::fmt::Debug) -> String {
-    struct Bounded(String);
-    impl std::fmt::Write for Bounded {
-        fn write_str(&mut self, s: &str) -> std::fmt::Result {
-            let room = MAX_QUOTED.saturating_sub(self.0.len());
-            if s.len() <= room {
-                self.0.push_str(s);
-                return Ok(());
-            }
-            let cut = (0..=room)
-                .rev()
-                .find(|&i| s.is_char_boundary(i))
-                .unwrap_or(0);
-            self.0.push_str(&s[..cut]);
-            Err(std::fmt::Error)
-        }
-    }
-    let mut out = Bounded(String::new());
-    if std::fmt::Write::write_fmt(&mut out, format_args!("{value:?}")).is_err() {
-        out.0.push_str(" ...");
-    }
-    out.0
-}
-
-/// `message` with its middle cut out when it is longer than 2 × [`MAX_QUOTED`] bytes (e.g. a regex error quoting
-/// a pattern of a megabyte): the start says what, the end where.
-pub(crate) fn clip(message: String) -> String {
-    if message.len() <= 2 * MAX_QUOTED {
-        return message;
-    }
-    let head = (0..=MAX_QUOTED)
-        .rev()
-        .find(|&i| message.is_char_boundary(i))
-        .unwrap_or(0);
-    let tail = (message.len() - MAX_QUOTED..message.len())
-        .find(|&i| message.is_char_boundary(i))
-        .unwrap_or(message.len());
-    format!(
-        "{} ... ({} bytes) ... {}",
-        &message[..head],
-        tail - head,
-        &message[tail..]
-    )
-}
-
-struct SectionParser {
+struct SectionParser<'a> {
+    build: BuildFeature<'a>,
     text: Arc<str>,
     location: ConfigLocation,
     name: String,
 }
 
-impl SectionParser {
+impl SectionParser<'_> {
     fn error(&self, path: &[&str], key: Option<&str>, kind: ConfigErrorKind) -> ConfigError {
         let mut full = vec![self.name.as_str()];
         full.extend(path);
@@ -347,6 +300,6 @@ impl SectionParser {
         })? {
             return Ok(None);
         }
-        build_feature(namespace, &spec).map(Some)
+        (self.build)(namespace, &spec).map(Some)
     }
 }

@@ -1,5 +1,7 @@
 //! When a logging feature runs: TE's `freq`, `start_step`, `end_step` and `start_end_list`.
 
+use crate::routing::{Routing, merge_routing};
+
 /// A feature's schedule. It runs at iteration `i` iff `i % freq == 0` and `start <= i <= end` for one of its
 /// ranges — both ends inclusive, as Transformer Engine does, and `freq` counts from 0, not from the start.
 /// `end_step: -1` means no end, as TE documents.
@@ -35,8 +37,8 @@ impl Schedule {
     pub fn routing<'a>(
         schedules: impl IntoIterator<Item = &'a Schedule>,
         iteration: u64,
-    ) -> Option<crate::features::Routing> {
-        crate::features::merge_routing(schedules.into_iter().map(|s| crate::features::Routing {
+    ) -> Option<Routing> {
+        merge_routing(schedules.into_iter().map(|s| Routing {
             enabled: s.runs_at(iteration),
             next: s.next_after(iteration),
         }))

@@ -83,7 +83,7 @@ impl LayerSelector {
         value: &serde_yaml_ng::Value,
     ) -> Result<LayerSelector, (Option<String>, ConfigErrorKind)> {
         let spec: LayersSpec = serde_yaml_ng::from_value(value.clone()).map_err(|err| {
-            let message = super::clip(err.to_string());
+            let message = super::quote::clip(err.to_string());
             match unknown_field(&message) {
                 Some(key) => (Some(key.clone()), ConfigErrorKind::UnexpectedKey(key)),
                 None => (
@@ -98,7 +98,7 @@ impl LayerSelector {
                 Regex::new(&pattern).map_err(|err| {
                     (
                         Some("layer_name_regex_pattern".to_string()),
-                        ConfigErrorKind::Regex(super::clip(err.to_string())),
+                        ConfigErrorKind::Regex(super::quote::clip(err.to_string())),
                     )
                 })
             })

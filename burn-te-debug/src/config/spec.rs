@@ -1,16 +1,42 @@
-//! One feature's entry in a config section, and its expansion over GEMMs and tensors.
+//! One feature's entry in a config section (under its namespace), and its expansion over GEMMs and tensors.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::Arc;
 
 use burn_te::Gemm;
 use serde_yaml_ng::{Mapping, Value};
 
 use super::lines::find_line;
+use super::quote::shown;
 use super::schedule::Schedule;
-use super::shown;
 use crate::error::{ConfigError, ConfigErrorKind, ConfigLocation};
 use crate::tensor::TensorName;
+
+/// Where a feature is placed in a config section.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Namespace {
+    /// Under the section's `transformer_engine:` key.
+    TransformerEngine,
+    /// Directly in the section (framework-generic features).
+    Base,
+}
+
+impl Namespace {
+    /// The namespace's name: `transformer_engine` or `base`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Namespace::TransformerEngine => "transformer_engine",
+            Namespace::Base => "base",
+        }
+    }
+}
+
+impl fmt::Display for Namespace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// Whether a feature takes a GEMM or tensor list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,9 +2,10 @@
 
 use burn_te::Gemm;
 
-use super::{Feature, Routing};
 use crate::config::{FeatureSpec, Need};
 use crate::error::ConfigError;
+use crate::feature::Feature;
+use crate::routing::Routing;
 
 /// Runs the GEMMs listed in `gemms` in high precision.
 pub struct DisableFp8Gemm {

@@ -1,9 +1,11 @@
 //! DumpTensors: a layer's tensors written to safetensors files on a schedule.
 
-use super::{DebugTensor, Feature, Inspection, Routing, Scheduled};
+use super::Scheduled;
 use crate::config::{FeatureSpec, Need, SCHEDULE_KEYS};
 use crate::dump::{DumpEntry, TensorDump};
 use crate::error::{ConfigError, DebugError};
+use crate::feature::{DebugTensor, Feature, Inspection};
+use crate::routing::Routing;
 use crate::tensor::TensorName;
 
 /// What to dump of a tensor.

@@ -4,9 +4,11 @@ use burn_te::nvfp4::Nvfp4Plan;
 use burn_te::recipe::MX_BLOCK;
 use burn_te::{BlockScaleRule, Fp8Format, Gemm, NVFP4BlockScaling, ScaleBlock};
 
-use super::{DebugTensor, Feature, Modified, PerGemmTensor, Routing};
+use super::PerGemmTensor;
 use crate::config::{FeatureSpec, Need};
 use crate::error::{ConfigError, ConfigErrorKind, DebugError};
+use crate::feature::{DebugTensor, Feature, Modified};
+use crate::routing::Routing;
 use crate::tensor::TensorName;
 
 /// Quantize-dequantizes the chosen (gemm, tensor) inputs to `quant_format` and runs those GEMMs in high precision:

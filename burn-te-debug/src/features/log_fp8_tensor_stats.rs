@@ -2,11 +2,13 @@
 
 use burn_te::{Fp8Format, Recipe, TensorRole};
 
+use super::Scheduled;
 use super::log_tensor_stats::parse_stats;
-use super::{DebugTensor, Feature, Inspection, Routing, Scheduled, StatsScaling};
 use crate::config::{FeatureSpec, Need, SCHEDULE_KEYS};
 use crate::error::{ConfigError, DebugError};
-use crate::stats::{Stat, StatRequest};
+use crate::feature::{DebugTensor, Feature, Inspection};
+use crate::routing::Routing;
+use crate::stats::{Stat, StatRequest, StatsScaling};
 use crate::tensor::TensorName;
 
 /// A stat's recipe: the GEMM's own quantization, or a what-if one.

@@ -20,11 +20,13 @@
 use burn_te::nvfp4::Nvfp4Plan;
 use burn_te::{Fp8Format, NVFP4BlockScaling, Recipe};
 
+use super::Scheduled;
 use super::log_tensor_stats::parse_stats;
-use super::{DebugTensor, Feature, Inspection, Routing, Scheduled, StatsScaling};
 use crate::config::{FeatureSpec, Need, SCHEDULE_KEYS};
 use crate::error::{ConfigError, DebugError};
-use crate::stats::{Stat, StatRequest};
+use crate::feature::{DebugTensor, Feature, Inspection};
+use crate::routing::Routing;
+use crate::stats::{Stat, StatRequest, StatsScaling};
 use crate::tensor::TensorName;
 
 /// The prefix of the logged names, as TE's (`<layer>_<tensor>_nvfp4_<stat>`).

@@ -2,10 +2,12 @@
 
 use burn_te::Gemm;
 
+use super::Scheduled;
 use super::log_tensor_stats::parse_stats;
-use super::{DebugTensor, Feature, Inspection, Routing, Scheduled};
 use crate::config::{FeatureSpec, Need, SCHEDULE_KEYS};
 use crate::error::{ConfigError, DebugError};
+use crate::feature::{DebugTensor, Feature, Inspection};
+use crate::routing::Routing;
 use crate::stats::{Stat, StatRequest};
 use crate::tensor::TensorName;
 

@@ -1,8 +1,10 @@
 //! LogTensorStats: high-precision statistics of a layer's tensors on a schedule.
 
-use super::{DebugTensor, Feature, Inspection, Namespace, Routing, Scheduled};
-use crate::config::{FeatureSpec, Need, SCHEDULE_KEYS};
+use super::Scheduled;
+use crate::config::{FeatureSpec, Namespace, Need, SCHEDULE_KEYS};
 use crate::error::{ConfigError, ConfigErrorKind, DebugError};
+use crate::feature::{DebugTensor, Feature, Inspection};
+use crate::routing::Routing;
 use crate::stats::{BlockwiseRange, Stat, StatRequest};
 use crate::tensor::TensorName;
 

@@ -2,9 +2,11 @@
 
 use burn_te::Gemm;
 
-use super::{DebugTensor, Feature, Modified, PerGemmTensor, Routing};
+use super::PerGemmTensor;
 use crate::config::{FeatureSpec, Need};
 use crate::error::{ConfigError, DebugError};
+use crate::feature::{DebugTensor, Feature, Modified};
+use crate::routing::Routing;
 use crate::tensor::TensorName;
 
 /// Replaces the recipe's scaling of the chosen (gemm, tensor) inputs with current scaling

@@ -1,40 +1,17 @@
-//! The registry of features by namespace and name; the built-in features are registered on first use.
+//! The registry of features by namespace and name (the built-in features are registered on first use), and the
+//! parse of a [`Config`] that builds its features with it.
 
 use std::collections::BTreeMap;
-use std::fmt;
+use std::path::Path;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use super::{
-    DisableFp8Gemm, DisableFp8Layer, DumpTensors, FakeQuant, Feature, LogFp8TensorStats,
+    DisableFp8Gemm, DisableFp8Layer, DumpTensors, FakeQuant, LogFp8TensorStats,
     LogNvfp4TensorStats, LogQuantizationError, LogTensorStats, PerTensorScaling,
 };
-use crate::config::FeatureSpec;
+use crate::config::{Config, FeatureSpec, Namespace};
 use crate::error::{ConfigError, ConfigErrorKind, DebugError};
-
-/// Where a feature is placed in a config section.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Namespace {
-    /// Under the section's `transformer_engine:` key.
-    TransformerEngine,
-    /// Directly in the section (framework-generic features).
-    Base,
-}
-
-impl Namespace {
-    /// The namespace's name: `transformer_engine` or `base`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Namespace::TransformerEngine => "transformer_engine",
-            Namespace::Base => "base",
-        }
-    }
-}
-
-impl fmt::Display for Namespace {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+use crate::feature::Feature;
 
 /// Builds a feature from its config entry (and checks the entry).
 pub type FeatureFactory =
@@ -115,7 +92,7 @@ pub fn register_feature(
 }
 
 /// Builds the feature `spec.name` of `namespace`, or fails naming the registered ones.
-pub(crate) fn build_feature(
+fn build_feature(
     namespace: Namespace,
     spec: &FeatureSpec,
 ) -> Result<Box<dyn Feature>, ConfigError> {
@@ -139,5 +116,22 @@ pub(crate) fn build_feature(
                     .join(", "),
             },
         )),
+    }
+}
+
+impl Config {
+    /// Reads and parses a config file.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Config, DebugError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| DebugError::ReadConfig {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(Config::parse(&text, &path.display().to_string())?)
+    }
+
+    /// Parses config text, building the features registered under their names; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
+        Config::parse_with(text, file, &build_feature)
     }
 }

@@ -1,11 +1,123 @@
-//! The log files of nvdlfw-inspect: the main log and the statistics log, one per rank.
+//! Log: what the debug path writes. In: log lines, dumps and each step's statistics; out: nvdlfw-inspect's log
+//! files (the main log and the statistics log, one per rank), the dump files and the [`StatLogger`]s.
 
+use std::collections::BTreeSet;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::dump::{Dumps, TensorDump};
 use crate::error::DebugError;
+use crate::pipeline::reduce::StepStats;
+use crate::stats::StatValue;
+use crate::tensor::TensorName;
+
+/// A receiver of each step's statistics besides the log file (burn-train, TensorBoard, a test).
+pub trait StatLogger: Send {
+    /// The values of the step that ends at `iteration`.
+    fn log(&mut self, iteration: u64, values: &[StatValue]);
+}
+
+/// A session's outputs: its log files (none without default logging), stat loggers and dumps.
+pub(crate) struct Log {
+    files: Option<LogFiles>,
+    loggers: Vec<Box<dyn StatLogger>>,
+    dumps: Dumps,
+    /// The feature calls logged so far (each is logged once).
+    logged_calls: BTreeSet<String>,
+}
+
+impl Log {
+    pub(crate) fn new(
+        files: Option<LogFiles>,
+        loggers: Vec<Box<dyn StatLogger>>,
+        dumps: Dumps,
+    ) -> Log {
+        Log {
+            files,
+            loggers,
+            dumps,
+            logged_calls: BTreeSet::new(),
+        }
+    }
+
+    /// A line of the main log, also to `tracing`.
+    pub(crate) fn main(&mut self, message: &str) -> Result<(), DebugError> {
+        tracing::info!(target: "burn_te_debug", "{message}");
+        match self.files.as_mut() {
+            Some(files) => files.main(message),
+            None => Ok(()),
+        }
+    }
+
+    /// A line of the main log the first time it comes.
+    pub(crate) fn once(&mut self, message: String) {
+        if self.logged_calls.insert(message.clone()) {
+            let _ = self.main(&message);
+        }
+    }
+
+    /// Writes a dump file of `layer`'s `tensor` and logs it; errors are logged, not fatal.
+    pub(crate) fn dump(
+        &mut self,
+        layer: &Arc<str>,
+        tensor: TensorName,
+        iteration: u64,
+        dump: TensorDump,
+    ) {
+        if let Some(message) = self.dumps.write(layer, tensor, iteration, dump) {
+            let _ = self.main(&message);
+        }
+    }
+
+    /// Ends the step at `iteration`: logs what went wrong, writes the statistics to the statistics log and the
+    /// stat loggers. The error: a failed reduction, else unread statistics, else a failed log write.
+    pub(crate) fn step(&mut self, iteration: u64, stats: StepStats) -> Result<(), DebugError> {
+        self.dumps.next_step();
+        let StepStats {
+            values,
+            unread,
+            reduction,
+        } = stats;
+        if let Some(err) = &reduction {
+            tracing::error!(target: "burn_te_debug", "{err}");
+            let _ = self.main(&err.to_string());
+        }
+        for error in &unread {
+            tracing::error!("{error}");
+            let _ = self.main(&format!("statistics not read back: {error}"));
+        }
+        let mut result = match reduction {
+            Some(err) => Err(err),
+            None if unread.is_empty() => Ok(()),
+            None => Err(DebugError::StatsRead {
+                iteration,
+                errors: unread,
+            }),
+        };
+        if let Some(files) = self.files.as_mut() {
+            let lines: Vec<String> = values
+                .iter()
+                .map(|value| stat_message(&value.name, iteration, value.value))
+                .collect();
+            // A failure is counted in `files` and reported once below.
+            let _ = files.stats(&lines);
+            if let Some(err) = files.take_failure(iteration) {
+                tracing::error!(target: "burn_te_debug", "{err}");
+                let _ = files.main(&err.to_string());
+                if result.is_ok() {
+                    result = Err(err);
+                }
+            }
+        }
+        for logger in &mut self.loggers {
+            logger.log(iteration, &values);
+        }
+        result
+    }
+}
 
 /// The two log files of a session.
 ///
