@@ -29,7 +29,8 @@ pub fn wgpu_device() -> Option<(burn_te_kernels::cubecl::wgpu::WgpuDevice, Strin
     probe::<WgpuRuntime>(&device).map(|name| (device, name))
 }
 
-pub mod fuzz;
+#[cfg(doctest)]
+mod book;
 pub mod lm;
 
 /// The end of an example's `main`: on error, prints `error: <message>` and each cause not already part of the

@@ -1,29 +1,139 @@
-//! Bad config input, measured: a short run of the config fuzzer (`cargo run --example fuzz_config` runs a million
-//! inputs), the bounds it led to (flow nesting, alias expansion, struct-list products, quoted values in messages),
-//! and how the examples print an error.
+//! The bounded fuzz run of `cargo test` and the bounds the long runs led to.
 
+use std::cell::RefCell;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use burn_te_debug::ConfigErrorKind;
 use burn_te_debug::config::Config;
-use burn_te_debug::{ConfigErrorKind, DebugError};
-use burn_te_suite::fuzz::{self, Options};
+use proptest::strategy::{Strategy, ValueTree};
+use proptest::test_runner::{
+    Config as ProptestConfig, FileFailurePersistence, RngSeed, TestCaseError, TestError, TestRunner,
+};
 
+use crate::check::{check, register_features};
+use crate::input::{Source, inputs};
+use crate::report::Report;
+use crate::seeds::seed_configs;
+
+/// Cases of the bounded run (`PROPTEST_CASES` overrides it).
+const CASES: u32 = 3000;
+
+/// An input slower than this fails the test (a hang; the debug build's slowest inputs take a few seconds).
+const TIME_LIMIT: Duration = Duration::from_secs(30);
+
+/// `cargo test`'s share of the fuzzing: [`CASES`] inputs of every generator from a fixed seed
+/// (`PROPTEST_RNG_SEED` picks another), each checked for the property. A failing case is shrunk by proptest and
+/// printed; its seed is persisted under `target/burn-te-fuzz/` (replayed first by the next run), not in the
+/// repository.
 #[test]
-fn config_fuzz_smoke_run_has_no_panic() {
-    let report = fuzz::run(&Options {
-        inputs: 3_000,
-        seed: 7,
-        time_limit: Duration::from_secs(60),
-        ..Options::default()
+fn config_parse_never_panics() {
+    register_features();
+    let mut config = ProptestConfig {
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../target/burn-te-fuzz/proptest-regressions.txt"
+        )))),
+        max_shrink_time: 120_000,
+        ..ProptestConfig::default()
+    };
+    if std::env::var_os("PROPTEST_CASES").is_none() {
+        config.cases = CASES;
+    }
+    if matches!(config.rng_seed, RngSeed::Random) {
+        config.rng_seed = RngSeed::Fixed(crate::DEFAULT_SEED);
+    }
+    let seed = config.rng_seed;
+    let cases = config.cases;
+    let strategy = inputs(Arc::from(seed_configs()));
+    let report = RefCell::new(Report::default());
+    let index = std::cell::Cell::new(0u64);
+    let start = Instant::now();
+    let result = TestRunner::new(config).run(&strategy, |input| {
+        let t0 = Instant::now();
+        let outcome = check(&input.text);
+        let took = t0.elapsed();
+        let i = index.replace(index.get() + 1);
+        report
+            .borrow_mut()
+            .record(i, &input, Some(&outcome), took, None);
+        if took > TIME_LIMIT {
+            return Err(TestCaseError::fail(format!(
+                "one input took {took:?} (limit {TIME_LIMIT:?})"
+            )));
+        }
+        Ok(())
     });
-    assert_eq!(report.panic_count, 0, "{report}");
-    assert_eq!(report.inputs, 3_000);
-    assert!(report.ok > 300, "too few configs load: {report}");
+    let mut report = report.into_inner();
+    report.elapsed = start.elapsed();
+    if let Err(err) = result {
+        eprintln!("{err}\n(proptest seed {seed:?}; the run so far:)\n{report}");
+        if let TestError::Fail(_, minimal) = &err {
+            // Once more outside proptest, for the panic's location and backtrace.
+            check(&minimal.text);
+        }
+        panic!("{err}");
+    }
+    println!("{report}");
+    // (Seeds persisted by an earlier failing run are replayed first: more inputs than cases then.)
+    assert!(report.inputs >= u64::from(cases), "{report}");
+    // The generators reach the parser's every layer: enough configs load, and the errors are of many kinds.
+    assert!(
+        report.ok * 8 > report.inputs,
+        "too few configs load: {report}"
+    );
     assert!(report.errors.len() > 10, "too few kinds of error: {report}");
+    for source in [
+        Source::MutatedSeed,
+        Source::Grammar,
+        Source::GrammarValid,
+        Source::GrammarMutated,
+    ] {
+        assert!(
+            report.sources.get(&source).copied().unwrap_or(0) * 10 > report.inputs,
+            "{source} makes too few inputs: {report}"
+        );
+    }
+    if cases >= 1000 {
+        assert!(
+            report.sources.contains_key(&Source::Adversarial),
+            "{report}"
+        );
+    }
+    let valid = report.sources[&Source::GrammarValid];
+    let valid_ok = report
+        .source_ok
+        .get(&Source::GrammarValid)
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        valid_ok * 2 > valid,
+        "most grammar-valid configs should load: {report}"
+    );
 }
+
+/// A case of the runner binary depends on its seed and index only (what `--start I --cases 1` relies on).
+#[test]
+fn a_case_is_a_function_of_seed_and_index() {
+    let strategy = inputs(Arc::from(seed_configs()));
+    let text = |seed, index| {
+        let mut runner = crate::case_runner(seed, index);
+        strategy.new_tree(&mut runner).unwrap().current().text
+    };
+    let cases: Vec<String> = (0..20).map(|i| text(7, i)).collect();
+    assert_eq!(text(7, 13), cases[13]);
+    assert_eq!(text(7, 0), cases[0]);
+    assert_ne!(text(8, 13), cases[13]);
+    let distinct: std::collections::BTreeSet<&String> = cases.iter().collect();
+    assert!(distinct.len() > 15);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The bounds the fuzzer led to (flow nesting, alias expansion, struct-list products, quoted values in messages).
 
 /// Parses `text`; the error and how long it took.
 fn parse_err(text: &str) -> (burn_te_debug::ConfigError, Duration) {
+    register_features();
     let start = Instant::now();
     let err = Config::parse(text, "bad.yaml")
         .err()
@@ -52,6 +162,7 @@ fn deep_flow_nesting_is_refused_before_parsing() {
         "# {brackets}\n{HEAD}  transformer_engine:\n    FuzzFeature:\n      enabled: true\n      label: \
          {{x: '{brackets}', y: \"{brackets}\"}}\n"
     );
+    register_features();
     let err = Config::parse(&text, "ok.yaml").err();
     assert!(
         err.as_ref().is_none_or(
@@ -144,37 +255,4 @@ fn struct_lists_name_each_gemm_and_tensor_once() {
     )));
     assert_eq!(err.location.key.as_deref(), Some("gemms_struct"));
     assert!(took < Duration::from_secs(2), "{took:?}");
-}
-
-#[test]
-fn examples_print_an_errors_message_not_its_debug_form() {
-    let dir = std::env::temp_dir().join(format!("burn-te-error-report-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("bad.yaml");
-    std::fs::write(
-        &path,
-        "sec:\n  enabled: True\n  layers:\n    layer_types: [fc1]\n  transformer_engine:\n    DisableFP8GEMM:\n      \
-         enabled: True\n      gemms: [fprop]\n      margin: 1\n",
-    )
-    .unwrap();
-    let err: Box<dyn std::error::Error> = Config::from_file(&path).err().unwrap().into();
-    let report = burn_te_suite::error_report(&*err);
-    assert!(report.starts_with("error: "), "{report}");
-    assert!(
-        report.contains("bad.yaml:9, section \"sec\", feature \"transformer_engine.DisableFP8GEMM\", key \"margin\""),
-        "{report}"
-    );
-    assert!(!report.contains("ConfigError {"), "{report}");
-    // A source chain is printed once: thiserror messages that embed their source are not repeated.
-    let missing: Box<dyn std::error::Error> = Config::from_file(dir.join("missing.yaml"))
-        .err()
-        .map(|e: DebugError| e.into())
-        .unwrap();
-    let report = burn_te_suite::error_report(&*missing);
-    assert!(
-        report.starts_with("error: cannot read config file"),
-        "{report}"
-    );
-    assert_eq!(report.matches("No such file").count(), 1, "{report}");
-    std::fs::remove_dir_all(&dir).ok();
 }
