@@ -78,26 +78,18 @@ impl<B: Backend> TinyLm<B> {
                 .init(device),
         })
     }
-
-    /// The names of the model's GEMM layers (what the debug config selects from).
-    fn gemm_layers() -> Vec<String> {
-        let mut names: Vec<String> = (0..LAYERS)
-            .flat_map(|i| {
-                [
-                    "self_attention.layernorm_qkv",
-                    "self_attention.proj",
-                    "layernorm_mlp.fc1",
-                    "layernorm_mlp.fc2",
-                ]
-                .map(|gemm| format!("blocks.{i}.{gemm}"))
-            })
-            .collect();
-        names.push("lm_head".into());
-        names
-    }
 }
 
 impl<B: Backend + TeBackend> TinyLm<B> {
+    /// The names of the model's GEMM layers in forward order (what the debug config selects from).
+    fn gemm_layers(&self) -> Vec<String> {
+        self.blocks
+            .iter()
+            .flat_map(TransformerLayer::gemm_layers)
+            .chain([self.lm_head.name()])
+            .collect()
+    }
+
     /// Next-token logits `[batch * seq, vocab]` and the loss, every GEMM in FP8.
     fn output(&self, batch: TokenBatch<B>) -> ClassificationOutput<B> {
         let [batch_size, seq] = batch.inputs.dims();
@@ -207,7 +199,7 @@ where
         .batch_size(batch_size)
         .build(InMemDataset::new(sequences(batch_size * 4, 11)));
     let model = TinyLm::<B>::new(device)?;
-    let layers = TinyLm::<B>::gemm_layers();
+    let layers = model.gemm_layers();
     // One registration: a numeric metric for every stat the config logs on these layers.
     let precision_metrics = stats.metrics_for_layers(layers.iter().map(String::as_str))?;
     println!(

@@ -137,22 +137,6 @@ impl<B: Backend> CharGpt<B> {
     pub fn context(&self) -> usize {
         self.context
     }
-
-    /// The names of the model's GEMM layers, in forward order (what a debug config selects from).
-    pub fn gemm_layers(&self) -> Vec<String> {
-        (0..self.blocks.len())
-            .flat_map(|i| {
-                [
-                    "self_attention.layernorm_qkv",
-                    "self_attention.proj",
-                    "layernorm_mlp.fc1",
-                    "layernorm_mlp.fc2",
-                ]
-                .map(|gemm| format!("blocks.{i}.{gemm}"))
-            })
-            .chain(["lm_head".to_string()])
-            .collect()
-    }
 }
 
 /// The outputs of a training or validation step.
@@ -167,6 +151,15 @@ pub struct LmOutput<B: Backend> {
 }
 
 impl<B: TeBackend> CharGpt<B> {
+    /// The names of the model's GEMM layers, in forward order (what a debug config selects from).
+    pub fn gemm_layers(&self) -> Vec<String> {
+        self.blocks
+            .iter()
+            .flat_map(TransformerLayer::gemm_layers)
+            .chain([self.lm_head.name()])
+            .collect()
+    }
+
     /// Next-token logits `[batch, seq, vocab]` of `tokens` `[batch, seq]` (`seq` at most the context), every
     /// GEMM under the model's recipe. Panics with [`try_forward`](Self::try_forward)'s error.
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {

@@ -144,4 +144,9 @@ impl<B: TeBackend> LayerNormMLP<B> {
         let fc1 = self.fc1.name();
         fc1.strip_suffix(".fc1").unwrap_or(&fc1).to_string()
     }
+
+    /// The names of its GEMM layers in forward order: `fc1`'s, then `fc2`'s.
+    pub fn gemm_layers(&self) -> Vec<String> {
+        vec![self.fc1.name(), self.fc2.name()]
+    }
 }

@@ -207,4 +207,15 @@ impl<B: TeBackend> MultiheadAttention<B> {
         let proj = self.proj.name();
         proj.strip_suffix(".proj").unwrap_or(&proj).to_string()
     }
+
+    /// The names of its GEMM layers in forward order (what a debug config selects): the QKV projection's, then
+    /// the output projection's.
+    pub fn gemm_layers(&self) -> Vec<String> {
+        let qkv = match (&self.layernorm_qkv, &self.qkv) {
+            (Some(fused), _) => Some(fused.name()),
+            (None, Some(qkv)) => Some(qkv.name()),
+            (None, None) => None,
+        };
+        qkv.into_iter().chain([self.proj.name()]).collect()
+    }
 }

@@ -137,4 +137,12 @@ impl<B: TeBackend> TransformerLayer<B> {
             .unwrap_or(&attention)
             .to_string()
     }
+
+    /// The names of its GEMM layers in forward order (what a debug config selects from): the attention's QKV and
+    /// output projections, then the MLP's `fc1` and `fc2`.
+    pub fn gemm_layers(&self) -> Vec<String> {
+        let mut names = self.self_attention.gemm_layers();
+        names.extend(self.layernorm_mlp.gemm_layers());
+        names
+    }
 }
