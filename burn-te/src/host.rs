@@ -26,6 +26,7 @@ use crate::backend::{
 };
 use crate::cube::rows_cols;
 use crate::error::TeError;
+use crate::host_gemm::{self, HostGemmPath, HostOperand};
 
 /// FP8 (or E2M1) codes, one per byte, and `scale_inv` values on the host, on a CPU backend's device `D`.
 #[derive(Clone, Debug)]
@@ -496,7 +497,19 @@ fn host_gemm<B: Backend>(
     let n = if rhs_t { rr } else { rc };
     let batch = lb.max(rb);
     let mut out = vec![0f32; batch * m * n];
-    if !out.is_empty() && k > 0 {
+    let mut path = host_gemm::path_to_run();
+    if path == HostGemmPath::Avx512Bf16 && !out.is_empty() && k > 0 {
+        let (a, b) = (host_operand(&lhs, lhs_t), host_operand(&rhs, rhs_t));
+        if let Err(reason) = host_gemm::bf16_gemm(&a, &b, (m, n, k), &mut out) {
+            crate::fallback::record(
+                "host bf16 GEMM not exact",
+                format!("host FP8 GEMM {m}x{n}x{k}: ran on f32, not on bf16: {reason}"),
+            );
+            path = HostGemmPath::F32;
+        }
+    }
+    host_gemm::count(path);
+    if path == HostGemmPath::F32 && !out.is_empty() && k > 0 {
         with_decoded(&lhs, &rhs, |a, b| {
             let gemm = GemmOperands {
                 m,
@@ -509,6 +522,19 @@ fn host_gemm<B: Backend>(
         });
     }
     Ok(host_tensor::<B>(out, shape, &lhs.data.device))
+}
+
+/// A host FP8 GEMM's operand as [`host_gemm`](crate::host_gemm) reads it.
+fn host_operand<D>(t: &Fp8Tensor<HostFp8Data<D>>, transposed: bool) -> HostOperand<'_> {
+    HostOperand {
+        codes: &t.data.codes,
+        format: t.format,
+        block: t.block,
+        scale_inv: &t.data.scale_inv,
+        nvfp4: t.data.nvfp4.as_deref(),
+        dims: t.matrix_dims(),
+        transposed,
+    }
 }
 
 /// One decoded operand: its values, (row, column) strides of the GEMM's view of it, and the stride between

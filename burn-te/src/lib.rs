@@ -36,7 +36,7 @@
 //!   `distributed`, `fp8_gemm`, `fp8_state`, `fusion`, `high_precision`, `host`, `linear`, `microbatch`, `nn`,
 //!   `nvfp4`, `plain_linear`, `saved`, `te`.
 //! - Plain: `autocast`, `data`, `diagnostics`, `diagnostics::trace`, `distributed::launch`, `error`, `fallback`,
-//!   `gemm`, `metrics`, `primitive`, `recipe`, `site`.
+//!   `gemm`, `host_gemm`, `metrics`, `primitive`, `recipe`, `site`.
 
 mod autocast;
 mod autodiff;
@@ -58,6 +58,7 @@ mod fusion;
 mod gemm;
 mod high_precision;
 pub mod host;
+pub mod host_gemm;
 pub mod linear;
 mod metrics;
 pub mod microbatch;

@@ -17,6 +17,7 @@ mod elementwise;
 mod feature_effects;
 mod fp8_state;
 mod gemm;
+mod host_gemm;
 mod layering;
 mod microbatch;
 mod modules;

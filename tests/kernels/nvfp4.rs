@@ -24,7 +24,7 @@ fn nvfp4_file(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-fn nvfp4_tsv(name: &str) -> Vec<Vec<String>> {
+pub(crate) fn nvfp4_tsv(name: &str) -> Vec<Vec<String>> {
     nvfp4_file(name)
         .lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
