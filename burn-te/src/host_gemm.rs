@@ -14,7 +14,7 @@
 use std::cell::Cell;
 use std::sync::OnceLock;
 
-use burn_te_kernels::host::bf16_gemm::{self, NotBf16, PackedLhs, PackedRhs};
+use burn_te_kernels::host::bf16_gemm::{self, PackedLhs, PackedRhs, exact_bf16};
 use burn_te_kernels::{Fp8Format, ScaleBlock};
 
 pub use burn_te_kernels::host::bf16_gemm::HostGemmPath;
@@ -105,65 +105,123 @@ pub(crate) struct HostOperand<'a> {
     pub transposed: bool,
 }
 
-/// How an operand's stored elements become exact bf16 values: `value(code) · fold[slot]`, and the factor left for
+/// How an operand's stored elements become exact bf16 values: `value(code) · fold[block]`, and the factor left for
 /// the output.
 struct Decoding<'a> {
     /// Each code's value.
     table: [f32; 256],
-    /// One factor per block folded into the elements (`None`: nothing folded).
-    fold: Option<(ScaleBlock, Folded<'a>)>,
-    /// The factor applied to the output (per-tensor scale, NVFP4's global part).
+    /// Each code's bf16 bits (nothing folded).
+    bits: [u16; 256],
+    /// One factor per block folded into the elements (`None`: nothing folded): a power-of-two `scale_inv`, or the
+    /// value of NVFP4's E4M3 block-scale code.
+    fold: Option<(ScaleBlock, Vec<f32>)>,
+    /// The factor applied to the output (the per-tensor scale, NVFP4's global part).
     alpha: f64,
-}
-
-/// A block's folded factor: a power-of-two `scale_inv`, or an E4M3 block-scale code (NVFP4).
-enum Folded<'a> {
-    ScaleInv(&'a [f32]),
-    E4m3(&'a [u8]),
+    codes: &'a [u8],
 }
 
 impl<'a> Decoding<'a> {
+    /// The decoding of `operand`, or why it is not exact in bf16.
     fn new(operand: &HostOperand<'a>) -> Result<Self, String> {
         let mut table = [0f32; 256];
-        for (code, value) in table.iter_mut().enumerate() {
-            *value = operand.format.decode(code as u8);
+        let mut bits = [0u16; 256];
+        for code in 0..=255u8 {
+            let value = operand.format.decode(code);
+            table[code as usize] = value;
+            bits[code as usize] = exact_bf16(value).ok_or_else(|| {
+                format!(
+                    "the {} value {value:e} is not a bf16 value",
+                    operand.format.name()
+                )
+            })?;
         }
         let (fold, alpha) = match (operand.block, operand.nvfp4) {
             (None, _) => (None, f64::from(operand.scale_inv[0])),
+            // E2M1 × E4M3: at most 5 significant bits, exponents far inside bf16's (tested for every pair).
             (Some(block), Some(nvfp4)) => (
-                Some((block, Folded::E4m3(&nvfp4.block_scales))),
+                Some((
+                    block,
+                    nvfp4
+                        .block_scales
+                        .iter()
+                        .map(|&code| Fp8Format::E4M3.decode(code))
+                        .collect(),
+                )),
                 f64::from(nvfp4.global_amax) / 2688.0,
             ),
             (Some(block), None) => {
-                if let Some(&s) = operand
-                    .scale_inv
-                    .iter()
-                    .find(|s| s.to_bits() & 0x7f_ffff != 0 || !s.is_finite())
-                {
-                    return Err(format!("block scale_inv {s:e} is not a power of two"));
+                let finite = table.iter().filter(|v| v.is_finite()).map(|v| v.abs());
+                let smallest = finite
+                    .clone()
+                    .filter(|&v| v > 0.0)
+                    .fold(f32::INFINITY, f32::min);
+                let largest = finite.fold(0.0, f32::max);
+                for &scale in operand.scale_inv {
+                    let power_of_two =
+                        scale.is_finite() && scale > 0.0 && scale.to_bits() & 0x7f_ffff == 0;
+                    if !power_of_two
+                        || exact_bf16(smallest * scale).is_none()
+                        || !(largest * scale).is_finite()
+                    {
+                        return Err(format!(
+                            "block scale_inv {scale:e} is not a power of two that keeps every {} value a bf16 \
+                             normal number",
+                            operand.format.name()
+                        ));
+                    }
                 }
-                (Some((block, Folded::ScaleInv(operand.scale_inv))), 1.0)
+                (Some((block, operand.scale_inv.to_vec())), 1.0)
             }
         };
-        Ok(Self { table, fold, alpha })
+        Ok(Self {
+            table,
+            bits,
+            fold,
+            alpha,
+            codes: operand.codes,
+        })
     }
 
-    /// The value of element `index` (row-major over the whole stored tensor with `cols` columns).
-    #[inline(always)]
-    fn value(&self, codes: &[u8], index: usize, cols: usize) -> f32 {
-        let value = self.table[codes[index] as usize];
-        match &self.fold {
-            None => value,
-            Some((block, Folded::ScaleInv(scales))) => value * scales[block.slot(index, cols)],
-            Some((block, Folded::E4m3(scales))) => {
-                value * Fp8Format::E4M3.decode(scales[block.slot(index, cols)])
-            }
-        }
+    /// The stored tensor's elements as bf16 bits: the codes through a table when nothing is folded, else decoded
+    /// (row-major, `cols` columns), exact by [`Decoding::new`]'s checks.
+    fn bits(&self, cols: usize) -> Bits<'a> {
+        use rayon::prelude::*;
+        let Some((block, factors)) = &self.fold else {
+            return Bits::Table(self.codes, self.bits);
+        };
+        let mut out = vec![0u16; self.codes.len()];
+        let grid_cols = cols.div_ceil(block.cols);
+        out.par_chunks_mut(cols.max(1))
+            .zip(self.codes.par_chunks(cols.max(1)))
+            .enumerate()
+            .for_each(|(row, (out, codes))| {
+                let base = row / block.rows * grid_cols;
+                for (b, (out, codes)) in out
+                    .chunks_mut(block.cols)
+                    .zip(codes.chunks(block.cols))
+                    .enumerate()
+                {
+                    let factor = factors[base + b];
+                    for (o, &c) in out.iter_mut().zip(codes) {
+                        // Exact: a power of two (or an E4M3 value) times a value of at most 4 significant bits,
+                        // inside bf16's normal range; a NaN stays a quiet NaN.
+                        *o = ((self.table[c as usize] * factor).to_bits() >> 16) as u16;
+                    }
+                }
+            });
+        Bits::Decoded(out)
     }
 }
 
-/// The element `(row, depth)` of batch `b`'s GEMM view of `operand` (lhs: `m × k`; rhs read as `k × n` with
-/// `(depth, col)`): its index in the stored tensor.
+/// An operand's elements as bf16 bits.
+enum Bits<'a> {
+    /// Codes and the bits of each code.
+    Table(&'a [u8], [u16; 256]),
+    /// The bits of each element.
+    Decoded(Vec<u16>),
+}
+
+/// The index in the stored tensor of element `(i, j)` of batch `b`'s matrix as the GEMM reads it.
 #[inline(always)]
 fn index(operand: &HostOperand<'_>, b: usize, i: usize, j: usize) -> usize {
     let (batch, rows, cols) = operand.dims;
@@ -175,37 +233,57 @@ fn index(operand: &HostOperand<'_>, b: usize, i: usize, j: usize) -> usize {
     }
 }
 
-/// `out[b] = lhs[b] · rhs[b]` (`m × n` each, `batch` of them, row-major) on the bf16 path; `Err` with the reason
-/// when an operand is not exact in bf16 (the caller runs the f32 path then).
+fn pack_lhs(
+    operand: &HostOperand<'_>,
+    bits: &Bits<'_>,
+    b: usize,
+    (m, k): (usize, usize),
+) -> PackedLhs {
+    match bits {
+        Bits::Table(codes, table) => {
+            bf16_gemm::pack_lhs(m, k, |r, d| table[codes[index(operand, b, r, d)] as usize])
+        }
+        Bits::Decoded(bits) => bf16_gemm::pack_lhs(m, k, |r, d| bits[index(operand, b, r, d)]),
+    }
+}
+
+fn pack_rhs(
+    operand: &HostOperand<'_>,
+    bits: &Bits<'_>,
+    b: usize,
+    (k, n): (usize, usize),
+) -> PackedRhs {
+    match bits {
+        Bits::Table(codes, table) => {
+            bf16_gemm::pack_rhs(k, n, |d, c| table[codes[index(operand, b, d, c)] as usize])
+        }
+        Bits::Decoded(bits) => bf16_gemm::pack_rhs(k, n, |d, c| bits[index(operand, b, d, c)]),
+    }
+}
+
+/// `out[b] = lhs[b] · rhs[b]` (`m × n` each, row-major) on the bf16 path; `Err` with the reason when an operand is
+/// not exact in bf16 (the caller runs the f32 path then).
 pub(crate) fn bf16_gemm(
     lhs: &HostOperand<'_>,
     rhs: &HostOperand<'_>,
     (m, n, k): (usize, usize, usize),
     out: &mut [f32],
 ) -> Result<(), String> {
-    let (lhs_decoding, rhs_decoding) = (Decoding::new(lhs)?, Decoding::new(rhs)?);
-    let alpha = (lhs_decoding.alpha * rhs_decoding.alpha) as f32;
-    let (lhs_cols, rhs_cols) = (lhs.dims.2, rhs.dims.2);
-    let not_exact = |side: &str, err: NotBf16| format!("{side} operand: {err}");
-    let pack_lhs = |b: usize| -> Result<PackedLhs, String> {
-        bf16_gemm::pack_lhs(m, k, |r, d| {
-            lhs_decoding.value(lhs.codes, index(lhs, b, r, d), lhs_cols)
-        })
-        .map_err(|err| not_exact("left", err))
-    };
-    let pack_rhs = |b: usize| -> Result<PackedRhs, String> {
-        bf16_gemm::pack_rhs(k, n, |d, c| {
-            rhs_decoding.value(rhs.codes, index(rhs, b, d, c), rhs_cols)
-        })
-        .map_err(|err| not_exact("right", err))
-    };
-    let (shared_lhs, shared_rhs) = (
-        (lhs.dims.0 <= 1).then(|| pack_lhs(0)).transpose()?,
-        (rhs.dims.0 <= 1).then(|| pack_rhs(0)).transpose()?,
+    let (lhs_decoding, rhs_decoding) = (
+        Decoding::new(lhs).map_err(|err| format!("left operand: {err}"))?,
+        Decoding::new(rhs).map_err(|err| format!("right operand: {err}"))?,
     );
+    let alpha = (lhs_decoding.alpha * rhs_decoding.alpha) as f32;
+    let (lhs_bits, rhs_bits) = (lhs_decoding.bits(lhs.dims.2), rhs_decoding.bits(rhs.dims.2));
+    let shared_lhs = (lhs.dims.0 <= 1).then(|| pack_lhs(lhs, &lhs_bits, 0, (m, k)));
+    let shared_rhs = (rhs.dims.0 <= 1).then(|| pack_rhs(rhs, &rhs_bits, 0, (k, n)));
     for (b, dst) in out.chunks_mut((m * n).max(1)).enumerate() {
-        let own_lhs = shared_lhs.is_none().then(|| pack_lhs(b)).transpose()?;
-        let own_rhs = shared_rhs.is_none().then(|| pack_rhs(b)).transpose()?;
+        let own_lhs = shared_lhs
+            .is_none()
+            .then(|| pack_lhs(lhs, &lhs_bits, b, (m, k)));
+        let own_rhs = shared_rhs
+            .is_none()
+            .then(|| pack_rhs(rhs, &rhs_bits, b, (k, n)));
         let a = shared_lhs
             .as_ref()
             .or(own_lhs.as_ref())

@@ -6,9 +6,11 @@
 //!   E2M1 value times an E4M3 block scale (at most 5 significant bits) and an FP8 value times a power of two inside
 //!   bf16's normal range. The callers fold such block scales into the elements and apply the rest (per-tensor
 //!   scales, NVFP4's global scales) to the f32 output as one factor `alpha`.
-//! - [`pack_lhs`] and [`pack_rhs`] turn the operands' values into bf16 pairs along the depth, laid out as the
-//!   micro-kernel reads them, and refuse a value that is not exactly a bf16 normal number (or zero, inf, NaN):
-//!   `vdpbf16ps` flushes bf16 subnormals to zero, so those would not be exact.
+//! - [`exact_bf16`] gives a value's bf16 bits, or `None` where it is not exactly a bf16 normal number (or zero,
+//!   inf, NaN): `vdpbf16ps` flushes bf16 subnormals to zero, so those would not be exact. The callers check their
+//!   scales with it before decoding.
+//! - [`pack_lhs`] and [`pack_rhs`] lay the operands' bf16 values out as the micro-kernel reads them: pairs along
+//!   the depth, in panels of the output tile's rows or columns.
 //! - [`gemm`] multiplies them: 12 × 32 output tiles held in 24 registers, the depth in blocks that keep a panel of
 //!   the right operand in the L1 cache, the output's tiles split across rayon's threads.
 //!
@@ -81,31 +83,16 @@ fn avx512_bf16() -> bool {
 const MR: usize = 12;
 /// Columns of the micro-kernel's output tile (two vectors of 16 f32).
 const NR: usize = 32;
-/// Depth pairs per block: a right panel of `KC × NR` pairs (24 KiB) stays in the L1 cache.
+/// Depth pairs per block: a right panel of `KC × NR` pairs (24 KiB) and a left one of `KC × MR` (9 KiB) fit a
+/// 48 KiB L1 cache together (the best of the sizes tried on this machine's Zen cores).
 const KC: usize = 192;
 /// Rows of the output per task.
-const MC: usize = 96;
+const MC: usize = 144;
 /// Columns of the output per task.
 const NC: usize = 256;
 
-/// Why an operand cannot go to the bf16 path.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct NotBf16 {
-    /// The first value that is not exactly a bf16 normal number (or zero, inf, NaN).
-    pub value: f32,
-}
-
-impl std::fmt::Display for NotBf16 {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{:e} is not exactly a bf16 normal number (a block scale outside bf16's range?)",
-            self.value
-        )
-    }
-}
-
 /// The bf16 bits of `x` when `x` is exactly a bf16 zero, normal number or infinity; a NaN gives bf16's quiet NaN.
+/// `None` for a value with more than 8 significant bits or a bf16 subnormal (which `vdpbf16ps` flushes to zero).
 #[inline(always)]
 pub fn exact_bf16(x: f32) -> Option<u16> {
     let bits = x.to_bits();
@@ -117,8 +104,47 @@ pub fn exact_bf16(x: f32) -> Option<u16> {
     (bits & 0xffff == 0 && !subnormal).then_some((bits >> 16) as u16)
 }
 
-/// The left operand (`m × k`), as bf16 pairs along the depth: row `r`'s pair `p` holds columns `2p` (low half)
-/// and `2p + 1`, rows padded to a multiple of the tile's.
+/// Buffers of packed operands kept per thread (at most [`KEPT`] values each), so each GEMM does not fault in fresh
+/// pages: a packed operand takes one and gives it back when dropped.
+mod scratch {
+    use std::cell::RefCell;
+
+    /// The largest buffer kept (values).
+    pub const KEPT: usize = 1 << 24;
+
+    thread_local! {
+        static FREE: RefCell<Vec<Vec<u32>>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// A zeroed buffer of `len` values.
+    pub fn take(len: usize) -> Vec<u32> {
+        let mut buffer = FREE
+            .with(|free| {
+                let mut free = free.borrow_mut();
+                let best = (0..free.len()).max_by_key(|&i| free[i].capacity().min(len))?;
+                Some(free.swap_remove(best))
+            })
+            .unwrap_or_default();
+        buffer.clear();
+        buffer.resize(len, 0);
+        buffer
+    }
+
+    /// Keeps `buffer` for a later [`take`] on this thread (four at most, none beyond [`KEPT`] values).
+    pub fn give(buffer: Vec<u32>) {
+        if buffer.capacity() <= KEPT {
+            let _ = FREE.try_with(|free| {
+                let mut free = free.borrow_mut();
+                if free.len() < 4 {
+                    free.push(buffer);
+                }
+            });
+        }
+    }
+}
+
+/// The left operand (`m × k`), as bf16 pairs along the depth in panels of [`MR`] rows: panel `i`'s pair `p` of
+/// row `r` at `(i · pairs + p) · MR + r`, the pair's low half the even depth.
 pub struct PackedLhs {
     rows: usize,
     depth: usize,
@@ -135,72 +161,81 @@ pub struct PackedRhs {
     data: Vec<u32>,
 }
 
-fn pair(lo: f32, hi: f32) -> Result<u32, NotBf16> {
-    let lo_bits = exact_bf16(lo).ok_or(NotBf16 { value: lo })?;
-    let hi_bits = exact_bf16(hi).ok_or(NotBf16 { value: hi })?;
-    Ok(u32::from(lo_bits) | u32::from(hi_bits) << 16)
+impl Drop for PackedLhs {
+    fn drop(&mut self) {
+        scratch::give(std::mem::take(&mut self.data));
+    }
 }
 
-/// Packs the `rows × depth` left operand whose element `(r, d)` is `value(r, d)`.
+impl Drop for PackedRhs {
+    fn drop(&mut self) {
+        scratch::give(std::mem::take(&mut self.data));
+    }
+}
+
+/// The bf16 pair of depths `2p` (low half) and `2p + 1` of row or column `i`; the depth beyond `depth` is zero.
+#[inline(always)]
+fn pair(value: &impl Fn(usize, usize) -> u16, i: usize, p: usize, depth: usize) -> u32 {
+    let lo = u32::from(value(i, 2 * p));
+    let hi = if 2 * p + 1 < depth {
+        u32::from(value(i, 2 * p + 1))
+    } else {
+        0
+    };
+    lo | hi << 16
+}
+
+/// Packs the `rows × depth` left operand whose element `(r, d)` has the bf16 bits `value(r, d)`.
 pub fn pack_lhs(
     rows: usize,
     depth: usize,
-    value: impl Fn(usize, usize) -> f32 + Sync,
-) -> Result<PackedLhs, NotBf16> {
+    value: impl Fn(usize, usize) -> u16 + Sync,
+) -> PackedLhs {
     let pairs = depth.div_ceil(2);
-    let padded = rows.div_ceil(MR) * MR;
-    let mut data = vec![0u32; padded * pairs];
-    let at = |r: usize, d: usize| if d < depth { value(r, d) } else { 0.0 };
-    data.par_chunks_mut(pairs.max(1))
-        .take(rows)
+    let mut data = scratch::take(rows.div_ceil(MR) * pairs * MR);
+    data.par_chunks_mut((pairs * MR).max(1))
         .enumerate()
-        .try_for_each(|(r, row)| {
-            for (p, slot) in row.iter_mut().enumerate() {
-                *slot = pair(at(r, 2 * p), at(r, 2 * p + 1))?;
+        .for_each(|(i, panel)| {
+            let panel_rows = MR.min(rows - i * MR);
+            for (p, slot) in panel.chunks_exact_mut(MR).enumerate() {
+                for (r, out) in slot[..panel_rows].iter_mut().enumerate() {
+                    *out = pair(&value, i * MR + r, p, depth);
+                }
             }
-            Ok(())
-        })?;
-    Ok(PackedLhs {
+        });
+    PackedLhs {
         rows,
         depth,
         pairs,
         data,
-    })
+    }
 }
 
-/// Packs the `depth × cols` right operand whose element `(d, c)` is `value(d, c)`.
+/// Packs the `depth × cols` right operand whose element `(d, c)` has the bf16 bits `value(d, c)`.
 pub fn pack_rhs(
     depth: usize,
     cols: usize,
-    value: impl Fn(usize, usize) -> f32 + Sync,
-) -> Result<PackedRhs, NotBf16> {
+    value: impl Fn(usize, usize) -> u16 + Sync,
+) -> PackedRhs {
     let pairs = depth.div_ceil(2);
-    let panels = cols.div_ceil(NR);
-    let mut data = vec![0u32; panels * pairs * NR];
-    let at = |d: usize, c: usize| {
-        if d < depth && c < cols {
-            value(d, c)
-        } else {
-            0.0
-        }
-    };
+    let mut data = scratch::take(cols.div_ceil(NR) * pairs * NR);
+    let transposed = |c: usize, d: usize| value(d, c);
     data.par_chunks_mut((pairs * NR).max(1))
         .enumerate()
-        .try_for_each(|(j, panel)| {
-            for p in 0..pairs {
-                for c in 0..NR {
-                    let col = j * NR + c;
-                    panel[p * NR + c] = pair(at(2 * p, col), at(2 * p + 1, col))?;
+        .for_each(|(j, panel)| {
+            let panel_cols = NR.min(cols - j * NR);
+            for (p, slot) in panel.chunks_exact_mut(NR).enumerate() {
+                for (c, out) in slot[..panel_cols].iter_mut().enumerate() {
+                    *out = pair(&transposed, j * NR + c, p, depth);
                 }
             }
-            Ok(())
-        })?;
-    Ok(PackedRhs {
+        });
+    PackedRhs {
         cols,
         depth,
         pairs,
         data,
-    })
+    }
 }
 
 /// The output's rows, columns and depth of `lhs · rhs`; an error when the depths differ.
@@ -282,10 +317,10 @@ unsafe fn task(
             let panel = (col0 + c0) / NR;
             let b = &rhs.data[(panel * rhs.pairs + p0) * NR..][..kc * NR];
             for r0 in (0..rows).step_by(MR) {
-                let a = &lhs.data[(row0 + r0) * lhs.pairs + p0..];
-                // SAFETY: the left operand holds MR rows from `row0 + r0` (its rows are padded to MR), each with
-                // `kc` pairs from `p0`; `b` holds `kc` pairs of NR columns.
-                unsafe { micro_kernel(a.as_ptr(), lhs.pairs, b.as_ptr(), kc, &mut tile) };
+                let panel = (row0 + r0) / MR;
+                let a = &lhs.data[(panel * lhs.pairs + p0) * MR..][..kc * MR];
+                // SAFETY: `a` holds `kc` pairs of MR rows, `b` `kc` pairs of NR columns.
+                unsafe { micro_kernel(a.as_ptr(), b.as_ptr(), kc, &mut tile) };
                 let (tile_rows, tile_cols) = (MR.min(rows - r0), NR.min(cols - c0));
                 for r in 0..tile_rows {
                     // SAFETY: row `row0 + r0 + r` < m and columns `col0 + c0 ..+ tile_cols` < n.
@@ -325,20 +360,14 @@ unsafe fn task(
     unreachable!("the bf16 GEMM runs only where AVX512-BF16 was detected")
 }
 
-/// `tile = a · b` for one MR × NR tile over `kc` depth pairs: `a` the first of MR rows `lda` pairs apart, `b` the
-/// panel's `kc × NR` pairs.
+/// `tile = a · b` for one MR × NR tile over `kc` depth pairs: `a` the panel's `kc × MR` pairs, `b` the panel's
+/// `kc × NR` pairs.
 ///
 /// # Safety
-/// The CPU has AVX512-BF16; `a` holds MR rows of `kc` pairs at stride `lda`; `b` holds `kc · NR` pairs.
+/// The CPU has AVX512-BF16; `a` holds `kc · MR` pairs and `b` `kc · NR`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn micro_kernel(
-    a: *const u32,
-    lda: usize,
-    b: *const u32,
-    kc: usize,
-    tile: &mut [f32; MR * NR],
-) {
+unsafe fn micro_kernel(a: *const u32, b: *const u32, kc: usize, tile: &mut [f32; MR * NR]) {
     use std::arch::x86_64::*;
     let mut acc = [_mm512_setzero_ps(); 2 * MR];
     for p in 0..kc {
@@ -347,7 +376,7 @@ unsafe fn micro_kernel(
             let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(b.add(p * NR).cast()));
             let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(b.add(p * NR + 16).cast()));
             for r in 0..MR {
-                let pair = *a.add(r * lda + p) as i32;
+                let pair = *a.add(p * MR + r) as i32;
                 let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(pair));
                 acc[2 * r] = _mm512_dpbf16_ps(acc[2 * r], av, b0);
                 acc[2 * r + 1] = _mm512_dpbf16_ps(acc[2 * r + 1], av, b1);

@@ -1,0 +1,314 @@
+//! The host FP8 GEMM's paths against Flex's f32 matmul, in one run (`cargo bench --bench host_gemm`):
+//! - `peak`: the bf16 dot-product instruction alone (`vdpbf16ps` on registers, independent accumulators) on one
+//!   thread and on every thread — the ceiling the bf16 path is measured against;
+//! - at 1024³, 2048³ and a TransformerLayer's GEMM shapes: Flex's f32 matmul (what an f32 model runs), and the FP8
+//!   GEMM of pre-quantized E4M3 operands on each host path this CPU has (`avx512bf16`: decode to bf16, pack,
+//!   `vdpbf16ps`; `f32`: decode to f32 and the `gemm` crate).
+//!
+//! - a TransformerLayer training step (hidden 1024, FFN 4096, 1024 tokens, DelayedScaling) on `Autodiff<Te<Flex>>`
+//!   on each path against the same step in f32 on `Autodiff<Flex>`.
+//!
+//! Read the GFLOP/s (2·m·n·k per iteration) and the ratios to the f32 matmul of the same shape.
+
+use burn::backend::{Autodiff, Flex};
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use burn::tensor::backend::AutodiffBackend;
+use burn_te::host_gemm::{HostGemmPath, with_host_gemm_path};
+use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
+use burn_te::{DelayedScaling, Fp8Format, Scaling, Te, TeBackend, fp8_autocast};
+use criterion::{Criterion, Throughput, criterion_group};
+
+fn input(rows: usize, cols: usize, seed: usize) -> Tensor<Flex, 2> {
+    let values: Vec<f32> = (0..rows * cols)
+        .map(|i| (((i + seed) * 7919 % 1000) as f32 - 500.0) / 250.0)
+        .collect();
+    Tensor::from_data(TensorData::new(values, [rows, cols]), &Default::default())
+}
+
+fn quantize(t: &Tensor<Flex, 2>) -> burn_te::Fp8Primitive<Flex> {
+    Flex::fp8_quantize(
+        t.clone().into_primitive().tensor(),
+        Fp8Format::E4M3,
+        Scaling::Current { margin: 0.0 },
+    )
+    .expect("quantize")
+}
+
+/// `vdpbf16ps` throughput: `chains` independent accumulators, `iterations` rounds; returns the flops done
+/// (2 products and 2 adds per f32 lane per instruction, 16 lanes).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+fn dpbf16_loop(iterations: usize) -> (f32, u64) {
+    use std::arch::x86_64::*;
+    let a: __m512bh = unsafe { std::mem::transmute(_mm512_set1_epi32(0x3f80_3f80)) };
+    let b: __m512bh = unsafe { std::mem::transmute(_mm512_set1_epi32(0x3f80_3f80)) };
+    let mut acc = [_mm512_setzero_ps(); 12];
+    for _ in 0..iterations {
+        for slot in &mut acc {
+            *slot = _mm512_dpbf16_ps(*slot, a, b);
+        }
+    }
+    let sum = acc.iter().map(|v| _mm512_reduce_add_ps(*v)).sum();
+    (sum, iterations as u64 * 12 * 64)
+}
+
+fn peak(c: &mut Criterion) {
+    #[cfg(target_arch = "x86_64")]
+    if HostGemmPath::Avx512Bf16.available() {
+        let mut group = c.benchmark_group("peak vdpbf16ps");
+        let iterations = 1 << 20;
+        group.throughput(Throughput::Elements(iterations as u64 * 12 * 64));
+        // SAFETY (both): the CPU has AVX512-BF16 (checked above).
+        group.bench_function("one thread", |bench| {
+            bench.iter(|| unsafe { dpbf16_loop(iterations) })
+        });
+        let threads = rayon::current_num_threads();
+        group.throughput(Throughput::Elements(
+            threads as u64 * iterations as u64 * 12 * 64,
+        ));
+        group.bench_function(format!("{threads} threads"), |bench| {
+            bench.iter(|| {
+                rayon::broadcast(|_| unsafe { dpbf16_loop(iterations) });
+            })
+        });
+        group.finish();
+    }
+}
+
+fn gemms(c: &mut Criterion) {
+    // (name, m, k, n): square shapes, then a TransformerLayer's fc1 fprop (tokens × hidden × 4·hidden) and its QKV
+    // fprop (tokens × hidden × 3·hidden).
+    let shapes = [
+        ("1024^3", 1024, 1024, 1024),
+        ("2048^3", 2048, 2048, 2048),
+        ("fc1 h1024 t1024", 1024, 1024, 4096),
+        ("qkv h2048 t2048", 2048, 2048, 6144),
+        ("fc1 h4096 t1024", 1024, 4096, 16384),
+    ];
+    for (name, m, k, n) in shapes {
+        let mut group = c.benchmark_group(format!("host gemm {name} ({m}x{k}x{n})"));
+        group.sample_size(10);
+        group.throughput(Throughput::Elements(2 * (m * k * n) as u64));
+        let (a, b) = (input(m, k, 0), input(k, n, 1));
+        group.bench_function("flex f32 matmul", |bench| {
+            bench.iter(|| a.clone().matmul(b.clone()).into_data())
+        });
+        let (qa, qb) = (quantize(&a), quantize(&b));
+        for path in [HostGemmPath::Avx512Bf16, HostGemmPath::F32] {
+            if !path.available() {
+                continue;
+            }
+            group.bench_function(format!("fp8 gemm on {}", path.name()), |bench| {
+                bench.iter(|| {
+                    with_host_gemm_path(path, || {
+                        let out =
+                            Flex::fp8_gemm(qa.clone(), false, qb.clone(), false).expect("gemm");
+                        Tensor::<Flex, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(out))
+                            .into_data()
+                    })
+                })
+            });
+        }
+        group.finish();
+    }
+}
+
+/// One training step: forward (in an FP8 scope with `fp8`), MSE loss, backward.
+fn train_step<B: AutodiffBackend + TeBackend>(
+    layer: &TransformerLayer<B>,
+    x: &Tensor<B, 3>,
+    target: &Tensor<B, 3>,
+    fp8: bool,
+) {
+    let y = fp8_autocast(fp8, DelayedScaling::default(), || {
+        layer.forward(x.clone(), None)
+    })
+    .expect("valid recipe");
+    drop((y - target.clone()).square().mean().backward());
+}
+
+/// A TransformerLayer (hidden `h`, FFN 4·h, 16 heads), its input `[128, 8, h]` (1024 tokens) and a target.
+fn layer_inputs<B: Backend>(h: usize) -> (TransformerLayer<B>, Tensor<B, 3>, Tensor<B, 3>) {
+    let device = Default::default();
+    let layer = TransformerLayerConfig::new(h, 4 * h, 16).init(&device);
+    let x = Tensor::random([128, 8, h], Distribution::Normal(0.0, 1.0), &device);
+    let target = Tensor::random([128, 8, h], Distribution::Normal(0.0, 1.0), &device);
+    (layer, x, target)
+}
+
+fn transformer_layer(c: &mut Criterion) {
+    let hidden = 1024;
+    let mut group = c.benchmark_group(format!(
+        "flex transformer_layer h{hidden} ffn{} tokens1024 step",
+        4 * hidden
+    ));
+    group.sample_size(10);
+    let (layer, x, target) = layer_inputs::<Autodiff<Flex>>(hidden);
+    group.bench_function("f32 Autodiff<Flex>", |b| {
+        b.iter(|| train_step(&layer, &x, &target, false))
+    });
+    let (layer, x, target) = layer_inputs::<Autodiff<Te<Flex>>>(hidden);
+    for path in [HostGemmPath::Avx512Bf16, HostGemmPath::F32] {
+        if path.available() {
+            group.bench_function(format!("fp8 Autodiff<Te<Flex>> on {}", path.name()), |b| {
+                b.iter(|| with_host_gemm_path(path, || train_step(&layer, &x, &target, true)))
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, peak, gemms, transformer_layer);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    let target = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    let svg = target.join("burn-te-host-gemm.svg");
+    match draw_chart(&target.join("criterion"), &svg) {
+        Ok(()) => println!("chart: {}", svg.display()),
+        Err(err) => eprintln!("{}: {err}", svg.display()),
+    }
+}
+
+/// Each measured function's (group, function, GFLOP/s) from criterion's files under `dir` (its median time and the
+/// group's throughput).
+fn measured(dir: &std::path::Path) -> Vec<(String, String, f64)> {
+    let mut out = vec![];
+    let Ok(groups) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for group in groups.flatten() {
+        let Ok(functions) = std::fs::read_dir(group.path()) else {
+            continue;
+        };
+        for function in functions.flatten() {
+            let new = function.path().join("new");
+            let read = |name: &str| -> Option<serde_json::Value> {
+                serde_json::from_str(&std::fs::read_to_string(new.join(name)).ok()?).ok()
+            };
+            let (Some(benchmark), Some(estimates)) =
+                (read("benchmark.json"), read("estimates.json"))
+            else {
+                continue;
+            };
+            let ids = (
+                benchmark["group_id"].as_str(),
+                benchmark["function_id"].as_str(),
+            );
+            let elements = benchmark["throughput"]["Elements"].as_f64();
+            let median_ns = estimates["median"]["point_estimate"].as_f64();
+            if let ((Some(g), Some(f)), Some(elements), Some(ns)) = (ids, elements, median_ns) {
+                out.push((g.to_string(), f.to_string(), elements / ns));
+            }
+        }
+    }
+    out
+}
+
+/// GFLOP/s of every GEMM shape on each path as grouped bars, the bf16 peak of every thread as a line.
+fn draw_chart(
+    criterion: &std::path::Path,
+    svg: &std::path::Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    let results = measured(criterion);
+    let peak = results
+        .iter()
+        .find(|(g, f, _)| g == "peak vdpbf16ps" && f != "one thread")
+        .map(|r| r.2);
+    let mut shapes: Vec<String> = results
+        .iter()
+        .filter_map(|(g, _, _)| g.strip_prefix("host gemm ").map(String::from))
+        .collect();
+    shapes.sort_by_key(|s| {
+        let (m, k, n) = s
+            .rsplit_once('(')
+            .map(|(_, dims)| dims.trim_end_matches(')'))
+            .map(|dims| {
+                let d: Vec<u64> = dims.split('x').filter_map(|v| v.parse().ok()).collect();
+                (
+                    d.first().copied().unwrap_or(0),
+                    d.get(1).copied().unwrap_or(0),
+                    d.get(2).copied().unwrap_or(0),
+                )
+            })
+            .unwrap_or((0, 0, 0));
+        m * k * n
+    });
+    shapes.dedup();
+    let series = [
+        ("flex f32 matmul", RGBColor(90, 90, 90)),
+        ("fp8 gemm on f32", RGBColor(230, 150, 60)),
+        ("fp8 gemm on avx512bf16", RGBColor(40, 120, 200)),
+    ];
+    let value = |shape: &str, function: &str| {
+        results
+            .iter()
+            .find(|(g, f, _)| g == &format!("host gemm {shape}") && f == function)
+            .map(|r| r.2)
+    };
+    let top = results
+        .iter()
+        .filter(|(g, _, _)| g.starts_with("host gemm"))
+        .map(|r| r.2)
+        .chain(peak)
+        .fold(0.0, f64::max)
+        * 1.15;
+    let root = SVGBackend::new(svg, (1000, 520)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "host FP8 GEMM vs Flex's f32 matmul (GFLOP/s, 2 threads)",
+            ("sans-serif", 20),
+        )
+        .margin(12)
+        .x_label_area_size(50)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..shapes.len() as f64, 0f64..top.max(1.0))?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(0)
+        .y_desc("GFLOP/s")
+        .draw()?;
+    for (index, (function, color)) in series.iter().enumerate() {
+        let bars = shapes.iter().enumerate().filter_map(|(i, shape)| {
+            let x0 = i as f64 + 0.1 + 0.27 * index as f64;
+            value(shape, function)
+                .map(|v| Rectangle::new([(x0, 0.0), (x0 + 0.25, v)], color.filled()))
+        });
+        chart
+            .draw_series(bars)?
+            .label(*function)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 12, y + 6)], color.filled()));
+    }
+    if let Some(peak) = peak {
+        chart
+            .draw_series(LineSeries::new(
+                [(0.0, peak), (shapes.len() as f64, peak)],
+                RED.stroke_width(2),
+            ))?
+            .label("vdpbf16ps peak (every thread)")
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 12, y)], RED.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()?;
+    for (i, shape) in shapes.iter().enumerate() {
+        let (x, y) = chart.backend_coord(&(i as f64 + 0.1, 0.0));
+        let (name, dims) = shape.split_once(" (").unwrap_or((shape, ""));
+        root.draw(&Text::new(name.to_string(), (x, y + 6), ("sans-serif", 12)))?;
+        root.draw(&Text::new(
+            format!("({dims}"),
+            (x, y + 20),
+            ("sans-serif", 12),
+        ))?;
+    }
+    root.present()?;
+    Ok(())
+}
