@@ -90,6 +90,8 @@ const KC: usize = 192;
 const MC: usize = 144;
 /// Columns of the output per task.
 const NC: usize = 256;
+// A task's rows and columns are whole panels of the packed operands.
+const _: () = assert!(MC % MR == 0 && NC % NR == 0);
 
 /// The bf16 bits of `x` when `x` is exactly a bf16 zero, normal number or infinity; a NaN gives bf16's quiet NaN.
 /// `None` for a value with more than 8 significant bits or a bf16 subnormal (which `vdpbf16ps` flushes to zero).
@@ -256,8 +258,8 @@ struct Out(*mut f32);
 unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
-/// `out = alpha · lhs · rhs` (`out` row-major `m × n`, overwritten) on AVX512-BF16. Panics when the CPU has no
-/// AVX512-BF16 ([`HostGemmPath::available`] tells) or when `out` does not hold `m × n` values.
+/// `out = alpha · lhs · rhs` (`out` row-major `m × n`, overwritten) on AVX512-BF16. An error when the CPU has no
+/// AVX512-BF16 ([`HostGemmPath::available`] tells), the depths differ or `out` does not hold `m × n` values.
 pub fn gemm(lhs: &PackedLhs, rhs: &PackedRhs, alpha: f32, out: &mut [f32]) -> Result<(), String> {
     let (m, n, _) = dims(lhs, rhs)?;
     if out.len() != m * n {
