@@ -421,7 +421,7 @@ impl MetricsRendererTraining for Lines {
         };
         let step = item.iteration.unwrap_or(progress.items_processed);
         let epoch = item.global_progress.items_processed;
-        if (step % self.every == 0 || progress.items_processed == progress.items_total)
+        if (step.is_multiple_of(self.every) || progress.items_processed == progress.items_total)
             && let Some(loss) = &self.train_loss
         {
             println!("epoch {epoch} step {step}: train loss {loss}");

@@ -258,6 +258,12 @@ fn save_for<B: TeBackend>(
     })
 }
 
+/// The weight as fprop quantized it, and its copy quantized for dgrad where the backward keeps one.
+type WeightForFprop<B> = (
+    QuantizedOperand<B>,
+    Option<SavedQuantized<<B as TeBackend>::Fp8Data>>,
+);
+
 /// The weight as the fprop quantizes it, and (with `save`) as the dgrad will: from the first micro-batch's cache
 /// in a later micro-batch (see [`crate::microbatch`]), else quantized (and cached in a first micro-batch).
 fn fprop_weight<B: TeBackend>(
@@ -266,7 +272,7 @@ fn fprop_weight<B: TeBackend>(
     recipe: &Recipe,
     override_margin: Option<f32>,
     save: bool,
-) -> Result<(QuantizedOperand<B>, Option<SavedQuantized<B::Fp8Data>>), TeError> {
+) -> Result<WeightForFprop<B>, TeError> {
     let overridden = override_margin.is_some();
     let role = TensorRole::Weight;
     if let Some(cached) = crate::microbatch::cached::<B>(site, recipe, &weight, overridden) {

@@ -184,10 +184,10 @@ impl<'a> Decoding<'a> {
 
     /// The stored tensor's elements as bf16 bits: the codes through a table when nothing is folded, else decoded
     /// (row-major, `cols` columns), exact by [`Decoding::new`]'s checks.
-    fn bits(&self, cols: usize) -> Bits<'a> {
+    fn bits(&self, cols: usize) -> Bits<'_> {
         use rayon::prelude::*;
         let Some((block, factors)) = &self.fold else {
-            return Bits::Table(self.codes, self.bits);
+            return Bits::Table(self.codes, &self.bits);
         };
         let mut out = vec![0u16; self.codes.len()];
         let grid_cols = cols.div_ceil(block.cols);
@@ -216,7 +216,7 @@ impl<'a> Decoding<'a> {
 /// An operand's elements as bf16 bits.
 enum Bits<'a> {
     /// Codes and the bits of each code.
-    Table(&'a [u8], [u16; 256]),
+    Table(&'a [u8], &'a [u16; 256]),
     /// The bits of each element.
     Decoded(Vec<u16>),
 }

@@ -84,7 +84,7 @@ impl CharGptConfig {
                 return Err(invalid(format!("{name} must be at least 1")));
             }
         }
-        if self.hidden % self.heads != 0 {
+        if !self.hidden.is_multiple_of(self.heads) {
             return Err(invalid(format!(
                 "heads ({}) must divide hidden ({})",
                 self.heads, self.hidden

@@ -130,7 +130,6 @@ fn the_advisor_ranks_the_outlier_layer_first_and_its_yaml_round_trips() {
             new_names: true,
             budget: 1.0,
             good_enough_db: f64::INFINITY,
-            ..AdvisorOptions::default()
         },
     );
     let yaml = newer.to_yaml();

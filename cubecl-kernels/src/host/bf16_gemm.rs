@@ -91,7 +91,7 @@ const MC: usize = 144;
 /// Columns of the output per task.
 const NC: usize = 256;
 // A task's rows and columns are whole panels of the packed operands.
-const _: () = assert!(MC % MR == 0 && NC % NR == 0);
+const _: () = assert!(MC.is_multiple_of(MR) && NC.is_multiple_of(NR));
 
 /// The bf16 bits of `x` when `x` is exactly a bf16 zero, normal number or infinity; a NaN gives bf16's quiet NaN.
 /// `None` for a value with more than 8 significant bits or a bf16 subnormal (which `vdpbf16ps` flushes to zero).
@@ -258,6 +258,13 @@ struct Out(*mut f32);
 unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
+impl Out {
+    /// The pointer (a method, so that closures capture the `Send` wrapper, not its field).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// `out = alpha · lhs · rhs` (`out` row-major `m × n`, overwritten) on AVX512-BF16. An error when the CPU has no
 /// AVX512-BF16 ([`HostGemmPath::available`] tells), the depths differ or `out` does not hold `m × n` values.
 pub fn gemm(lhs: &PackedLhs, rhs: &PackedRhs, alpha: f32, out: &mut [f32]) -> Result<(), String> {
@@ -280,10 +287,9 @@ pub fn gemm(lhs: &PackedLhs, rhs: &PackedRhs, alpha: f32, out: &mut [f32]) -> Re
         .collect();
     let base = Out(out.as_mut_ptr());
     let run = |&(row0, col0): &(usize, usize)| {
-        let base = base;
         // SAFETY: AVX512-BF16 is present (checked above); the task's tile lies inside `out` and no other task
         // writes it.
-        unsafe { task(lhs, rhs, alpha, base.0, n, row0, col0) };
+        unsafe { task(lhs, rhs, alpha, base.get(), n, row0, col0) };
     };
     if m * n * lhs.depth < 64 * 64 * 64 {
         tasks.iter().for_each(run);
