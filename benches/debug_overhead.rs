@@ -10,6 +10,8 @@
 //!
 //! Each step ends with `burn_te_debug::step()` where a session runs, and a device sync. Read the ratios.
 
+mod common;
+
 use burn::backend::Autodiff;
 use burn::backend::wgpu::WgpuDevice;
 use burn::prelude::*;
@@ -17,7 +19,7 @@ use burn::tensor::Distribution;
 use burn::tensor::backend::AutodiffBackend;
 use burn_te::backends::Wgpu;
 use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
-use burn_te::{DelayedScaling, Te, TeBackend, fp8_autocast};
+use burn_te::{Te, TeBackend};
 use burn_te_debug::{Debug, DebugOptions};
 use criterion::{Criterion, criterion_group, criterion_main};
 
@@ -32,11 +34,7 @@ fn train_step<B: AutodiffBackend + TeBackend>(
     target: &Tensor<B, 3>,
     debug_step: bool,
 ) {
-    let y = fp8_autocast(true, DelayedScaling::default(), || {
-        layer.forward(x.clone(), None)
-    })
-    .expect("valid recipe");
-    drop((y - target.clone()).square().mean().backward());
+    common::train_step(layer, x, target, true);
     if debug_step {
         burn_te_debug::step().expect("debug step");
     }

@@ -8,13 +8,15 @@
 //! Each step ends with `diagnostics::step()` and a device sync. Every measured `Te` step is paired with a baseline
 //! step (their order alternates, so the machine's drift hits both), and the bench prints the median per-pair ratio.
 
+mod common;
+
 use burn::backend::{Autodiff, Flex};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::backend::AutodiffBackend;
 use burn_te::diagnostics::{self, DiagnosticsConfig};
 use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
-use burn_te::{DelayedScaling, Te, TeBackend, fp8_autocast};
+use burn_te::{Te, TeBackend};
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
@@ -43,11 +45,7 @@ fn train_step<B: AutodiffBackend + TeBackend>(
     x: &Tensor<B, 3>,
     target: &Tensor<B, 3>,
 ) {
-    let y = fp8_autocast(true, DelayedScaling::default(), || {
-        layer.forward(x.clone(), None)
-    })
-    .expect("valid recipe");
-    drop((y - target.clone()).square().mean().backward());
+    common::train_step(layer, x, target, true);
     diagnostics::step().expect("diagnostics step");
     B::sync(&x.device()).expect("sync");
 }

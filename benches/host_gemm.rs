@@ -10,13 +10,14 @@
 //!
 //! Read the GFLOP/s (2·m·n·k per iteration) and the ratios to the f32 matmul of the same shape.
 
+mod common;
+
 use burn::backend::{Autodiff, Flex};
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use burn::tensor::backend::AutodiffBackend;
 use burn_te::host_gemm::{HostGemmPath, with_host_gemm_path};
 use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
-use burn_te::{DelayedScaling, Fp8Format, Scaling, Te, TeBackend, fp8_autocast};
+use burn_te::{Fp8Format, Scaling, Te, TeBackend};
 use criterion::{Criterion, Throughput, criterion_group};
 
 fn input(rows: usize, cols: usize, seed: usize) -> Tensor<Flex, 2> {
@@ -114,20 +115,6 @@ fn gemms(c: &mut Criterion) {
     }
 }
 
-/// One training step: forward (in an FP8 scope with `fp8`), MSE loss, backward.
-fn train_step<B: AutodiffBackend + TeBackend>(
-    layer: &TransformerLayer<B>,
-    x: &Tensor<B, 3>,
-    target: &Tensor<B, 3>,
-    fp8: bool,
-) {
-    let y = fp8_autocast(fp8, DelayedScaling::default(), || {
-        layer.forward(x.clone(), None)
-    })
-    .expect("valid recipe");
-    drop((y - target.clone()).square().mean().backward());
-}
-
 /// A TransformerLayer (hidden `h`, FFN 4·h, 16 heads), its input `[128, 8, h]` (1024 tokens) and a target.
 fn layer_inputs<B: Backend>(h: usize) -> (TransformerLayer<B>, Tensor<B, 3>, Tensor<B, 3>) {
     let device = Default::default();
@@ -146,13 +133,15 @@ fn transformer_layer(c: &mut Criterion) {
     group.sample_size(10);
     let (layer, x, target) = layer_inputs::<Autodiff<Flex>>(hidden);
     group.bench_function("f32 Autodiff<Flex>", |b| {
-        b.iter(|| train_step(&layer, &x, &target, false))
+        b.iter(|| common::train_step(&layer, &x, &target, false))
     });
     let (layer, x, target) = layer_inputs::<Autodiff<Te<Flex>>>(hidden);
     for path in [HostGemmPath::Avx512Bf16, HostGemmPath::F32] {
         if path.available() {
             group.bench_function(format!("fp8 Autodiff<Te<Flex>> on {}", path.name()), |b| {
-                b.iter(|| with_host_gemm_path(path, || train_step(&layer, &x, &target, true)))
+                b.iter(|| {
+                    with_host_gemm_path(path, || common::train_step(&layer, &x, &target, true))
+                })
             });
         }
     }

@@ -5,12 +5,13 @@
 //!   (target ≤ 1.25×), at hidden 256, 512, 1024 and 2048 (FFN 4×hidden, 256 tokens), so the growth with size
 //!   shows.
 
+mod common;
+
 use burn::backend::{Autodiff, Flex};
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use burn::tensor::backend::AutodiffBackend;
 use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
-use burn_te::{DelayedScaling, Fp8Format, Scaling, Te, TeBackend, fp8_autocast};
+use burn_te::{Fp8Format, Scaling, Te, TeBackend};
 use criterion::{Criterion, criterion_group, criterion_main};
 
 fn input(rows: usize, cols: usize) -> Tensor<Flex, 2> {
@@ -67,20 +68,6 @@ fn gemm(c: &mut Criterion) {
     group.finish();
 }
 
-/// One training step: forward (in an FP8 scope with `fp8`), MSE loss, backward.
-fn train_step<B: AutodiffBackend + TeBackend>(
-    layer: &TransformerLayer<B>,
-    x: &Tensor<B, 3>,
-    target: &Tensor<B, 3>,
-    fp8: bool,
-) {
-    let y = fp8_autocast(fp8, DelayedScaling::default(), || {
-        layer.forward(x.clone(), None)
-    })
-    .expect("valid recipe");
-    drop((y - target.clone()).square().mean().backward());
-}
-
 fn inputs<B: Backend>(hidden: usize) -> (TransformerLayer<B>, Tensor<B, 3>, Tensor<B, 3>) {
     let device = Default::default();
     let layer = TransformerLayerConfig::new(hidden, 4 * hidden, 4)
@@ -103,10 +90,10 @@ fn transformer_layer(c: &mut Criterion) {
         let (layer, x, target) = inputs::<F32>(hidden);
         let (fp8_layer, fp8_x, fp8_target) = inputs::<Fp8>(hidden);
         group.bench_function("f32 Autodiff<Flex>", |b| {
-            b.iter(|| train_step(&layer, &x, &target, false))
+            b.iter(|| common::train_step(&layer, &x, &target, false))
         });
         group.bench_function("fp8 Autodiff<Te<Flex>>", |b| {
-            b.iter(|| train_step(&fp8_layer, &fp8_x, &fp8_target, true))
+            b.iter(|| common::train_step(&fp8_layer, &fp8_x, &fp8_target, true))
         });
         group.finish();
     }

@@ -5,7 +5,9 @@ use std::any::Any;
 
 use burn_te_kernels::Fp8Format;
 
-use super::{DeviceState, LayerFp8State, RoleState, StateValues, slot_of};
+#[cfg(feature = "distributed")]
+use super::RoleState;
+use super::{DeviceState, LayerFp8State, StateValues, slot_of};
 use crate::backend::TeBackend;
 use crate::error::TeError;
 use crate::gemm::TensorRole;
