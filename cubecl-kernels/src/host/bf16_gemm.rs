@@ -19,7 +19,7 @@
 //! `u = 2⁻²⁴` (the usual bound of a recursive f32 sum of `k` terms), plus one rounding of `alpha`'s product.
 //! Output values below f32's normal range are flushed to zero by the instruction (as with the DAZ/FTZ modes).
 //!
-//! AMX-BF16 (`tdpbf16ps` on tiles) is not built yet: this machine's CPUs have none to test it on.
+//! AMX-BF16 (`tdpbf16ps` on tiles) is not built yet: the CPUs this was developed and tested on (AMD) have none.
 
 use rayon::prelude::*;
 
