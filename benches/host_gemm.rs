@@ -17,24 +17,10 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn_te::host_gemm::{HostGemmPath, with_host_gemm_path};
 use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
-use burn_te::{Fp8Format, Scaling, Te, TeBackend};
+use burn_te::{Te, TeBackend};
 use criterion::{Criterion, Throughput, criterion_group};
 
-fn input(rows: usize, cols: usize, seed: usize) -> Tensor<Flex, 2> {
-    let values: Vec<f32> = (0..rows * cols)
-        .map(|i| (((i + seed) * 7919 % 1000) as f32 - 500.0) / 250.0)
-        .collect();
-    Tensor::from_data(TensorData::new(values, [rows, cols]), &Default::default())
-}
-
-fn quantize(t: &Tensor<Flex, 2>) -> burn_te::Fp8Primitive<Flex> {
-    Flex::fp8_quantize(
-        t.clone().into_primitive().tensor(),
-        Fp8Format::E4M3,
-        Scaling::Current { margin: 0.0 },
-    )
-    .expect("quantize")
-}
+use common::{input, quantize};
 
 /// `vdpbf16ps` throughput: `chains` independent accumulators, `iterations` rounds; returns the flops done
 /// (2 products and 2 adds per f32 lane per instruction, 16 lanes).

@@ -11,30 +11,16 @@ use burn::backend::{Autodiff, Flex};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
-use burn_te::{Fp8Format, Scaling, Te, TeBackend};
+use burn_te::{Te, TeBackend};
 use criterion::{Criterion, criterion_group, criterion_main};
 
-fn input(rows: usize, cols: usize) -> Tensor<Flex, 2> {
-    let values: Vec<f32> = (0..rows * cols)
-        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 250.0)
-        .collect();
-    Tensor::from_data(TensorData::new(values, [rows, cols]), &Default::default())
-}
-
-fn quantize(t: &Tensor<Flex, 2>) -> burn_te::Fp8Primitive<Flex> {
-    Flex::fp8_quantize(
-        t.clone().into_primitive().tensor(),
-        Fp8Format::E4M3,
-        Scaling::Current { margin: 0.0 },
-    )
-    .expect("quantize")
-}
+use common::{input, quantize};
 
 fn gemm(c: &mut Criterion) {
     let n = 1024;
     let mut group = c.benchmark_group(format!("flex gemm {n}x{n}x{n}"));
     group.sample_size(10);
-    let (a, b) = (input(n, n), input(n, n));
+    let (a, b) = (input(n, n, 0), input(n, n, 0));
     let (qa, qb) = (quantize(&a), quantize(&b));
     group.bench_function("flex f32 matmul", |bench| {
         bench.iter(|| a.clone().matmul(b.clone()).into_data())
