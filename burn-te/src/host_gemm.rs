@@ -14,7 +14,7 @@
 use std::cell::Cell;
 use std::sync::OnceLock;
 
-use burn_te_kernels::host::bf16_gemm::{self, PackedLhs, PackedRhs, exact_bf16};
+use burn_te_kernels::host::bf16_gemm::{self, Elements, PackedLhs, PackedRhs, Source, exact_bf16};
 use burn_te_kernels::{Fp8Format, ScaleBlock};
 
 pub use burn_te_kernels::host::bf16_gemm::HostGemmPath;
@@ -221,15 +221,20 @@ enum Bits<'a> {
     Decoded(Vec<u16>),
 }
 
-/// The index in the stored tensor of element `(i, j)` of batch `b`'s matrix as the GEMM reads it.
-#[inline(always)]
-fn index(operand: &HostOperand<'_>, b: usize, i: usize, j: usize) -> usize {
+/// Batch `b`'s matrix of `operand` as the GEMM reads it, its elements from `bits`.
+fn source<'a>(operand: &HostOperand<'_>, bits: &'a Bits<'_>, b: usize) -> Source<'a> {
     let (batch, rows, cols) = operand.dims;
-    let base = if batch > 1 { b * rows * cols } else { 0 };
-    if operand.transposed {
-        base + j * cols + i
-    } else {
-        base + i * cols + j
+    Source {
+        elements: match bits {
+            Bits::Table(codes, table) => Elements::Codes(codes, table),
+            Bits::Decoded(bits) => Elements::Bits(bits),
+        },
+        offset: if batch > 1 { b * rows * cols } else { 0 },
+        strides: if operand.transposed {
+            (1, cols)
+        } else {
+            (cols, 1)
+        },
     }
 }
 
@@ -238,13 +243,8 @@ fn pack_lhs(
     bits: &Bits<'_>,
     b: usize,
     (m, k): (usize, usize),
-) -> PackedLhs {
-    match bits {
-        Bits::Table(codes, table) => {
-            bf16_gemm::pack_lhs(m, k, |r, d| table[codes[index(operand, b, r, d)] as usize])
-        }
-        Bits::Decoded(bits) => bf16_gemm::pack_lhs(m, k, |r, d| bits[index(operand, b, r, d)]),
-    }
+) -> Result<PackedLhs, String> {
+    bf16_gemm::pack_lhs(m, k, &source(operand, bits, b))
 }
 
 fn pack_rhs(
@@ -252,13 +252,8 @@ fn pack_rhs(
     bits: &Bits<'_>,
     b: usize,
     (k, n): (usize, usize),
-) -> PackedRhs {
-    match bits {
-        Bits::Table(codes, table) => {
-            bf16_gemm::pack_rhs(k, n, |d, c| table[codes[index(operand, b, d, c)] as usize])
-        }
-        Bits::Decoded(bits) => bf16_gemm::pack_rhs(k, n, |d, c| bits[index(operand, b, d, c)]),
-    }
+) -> Result<PackedRhs, String> {
+    bf16_gemm::pack_rhs(k, n, &source(operand, bits, b))
 }
 
 /// `out[b] = lhs[b] · rhs[b]` (`m × n` each, row-major) on the bf16 path; `Err` with the reason when an operand is
@@ -275,15 +270,21 @@ pub(crate) fn bf16_gemm(
     );
     let alpha = (lhs_decoding.alpha * rhs_decoding.alpha) as f32;
     let (lhs_bits, rhs_bits) = (lhs_decoding.bits(lhs.dims.2), rhs_decoding.bits(rhs.dims.2));
-    let shared_lhs = (lhs.dims.0 <= 1).then(|| pack_lhs(lhs, &lhs_bits, 0, (m, k)));
-    let shared_rhs = (rhs.dims.0 <= 1).then(|| pack_rhs(rhs, &rhs_bits, 0, (k, n)));
+    let shared_lhs = (lhs.dims.0 <= 1)
+        .then(|| pack_lhs(lhs, &lhs_bits, 0, (m, k)))
+        .transpose()?;
+    let shared_rhs = (rhs.dims.0 <= 1)
+        .then(|| pack_rhs(rhs, &rhs_bits, 0, (k, n)))
+        .transpose()?;
     for (b, dst) in out.chunks_mut((m * n).max(1)).enumerate() {
         let own_lhs = shared_lhs
             .is_none()
-            .then(|| pack_lhs(lhs, &lhs_bits, b, (m, k)));
+            .then(|| pack_lhs(lhs, &lhs_bits, b, (m, k)))
+            .transpose()?;
         let own_rhs = shared_rhs
             .is_none()
-            .then(|| pack_rhs(rhs, &rhs_bits, b, (k, n)));
+            .then(|| pack_rhs(rhs, &rhs_bits, b, (k, n)))
+            .transpose()?;
         let a = shared_lhs
             .as_ref()
             .or(own_lhs.as_ref())

@@ -116,10 +116,12 @@ impl Activation {
     fn pointwise<B: Backend, const D: usize>(self, x: Tensor<B, D>) -> Tensor<B, D> {
         match self {
             Activation::Gelu | Activation::Geglu => {
-                // 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))
-                let inner = (x.clone() + x.clone().powi_scalar(3) * 0.044715)
-                    * (2.0 / std::f64::consts::PI).sqrt();
-                x * (inner.tanh() + 1.0) * 0.5
+                // TE's 0.5 x (1 + tanh(u)), u = √(2/π) (x + 0.044715 x³), written as x σ(2u): the same function
+                // (0.5 (1 + tanh u) = σ(2u)), one node whose saved output is also the product's saved factor (the
+                // autodiff graph keeps one tensor of x's size instead of two), and exp instead of tanh.
+                let two_u = (x.clone() + x.clone().powi_scalar(3) * 0.044715)
+                    * (8.0 / std::f64::consts::PI).sqrt();
+                x * sigmoid(two_u)
             }
             Activation::Qgelu | Activation::Qgeglu => x.clone() * sigmoid(x * 1.702),
             Activation::Relu | Activation::Reglu => relu(x),

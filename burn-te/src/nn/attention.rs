@@ -181,7 +181,9 @@ impl<B: Backend> DotProductAttention<B> {
         let probs = match mask {
             None => softmax(scores, 3),
             Some(mask) => {
-                let mask = mask.expand([batch, self.heads, queries, keys]);
+                // Repeated into its own buffer once: a broadcast mask is copied out again by every mask_fill
+                // (two here and two in their backward) on backends that need contiguous operands.
+                let mask = mask.repeat_dim(1, self.heads);
                 // Masked scores get a large negative value; zeroing them after the softmax also makes fully masked
                 // rows output zeros instead of a uniform average.
                 softmax(scores.mask_fill(mask.clone(), -1.0e30), 3).mask_fill(mask, 0.0)

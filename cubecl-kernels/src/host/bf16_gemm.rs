@@ -118,7 +118,7 @@ mod scratch {
         static FREE: RefCell<Vec<Vec<u32>>> = const { RefCell::new(Vec::new()) };
     }
 
-    /// A zeroed buffer of `len` values.
+    /// A buffer of `len` values, not cleared: the packing writes every value.
     pub fn take(len: usize) -> Vec<u32> {
         let mut buffer = FREE
             .with(|free| {
@@ -127,7 +127,7 @@ mod scratch {
                 Some(free.swap_remove(best))
             })
             .unwrap_or_default();
-        buffer.clear();
+        buffer.truncate(len);
         buffer.resize(len, 0);
         buffer
     }
@@ -175,68 +175,171 @@ impl Drop for PackedRhs {
     }
 }
 
-/// The bf16 pair of depths `2p` (low half) and `2p + 1` of row or column `i`; the depth beyond `depth` is zero.
-#[inline(always)]
-fn pair(value: &impl Fn(usize, usize) -> u16, i: usize, p: usize, depth: usize) -> u32 {
-    let lo = u32::from(value(i, 2 * p));
-    let hi = if 2 * p + 1 < depth {
-        u32::from(value(i, 2 * p + 1))
-    } else {
-        0
-    };
-    lo | hi << 16
+/// A stored matrix as the GEMM reads it: element `(i, j)` is stored at `offset + i · strides.0 + j · strides.1`
+/// of `elements` (a transposed or batched matrix is a choice of offset and strides).
+#[derive(Clone, Copy)]
+pub struct Source<'a> {
+    /// The stored elements.
+    pub elements: Elements<'a>,
+    /// Where element `(0, 0)` is.
+    pub offset: usize,
+    /// The steps between consecutive rows and columns.
+    pub strides: (usize, usize),
 }
 
-/// Packs the `rows × depth` left operand whose element `(r, d)` has the bf16 bits `value(r, d)`.
-pub fn pack_lhs(
-    rows: usize,
-    depth: usize,
-    value: impl Fn(usize, usize) -> u16 + Sync,
-) -> PackedLhs {
-    let pairs = depth.div_ceil(2);
-    let mut data = scratch::take(rows.div_ceil(MR) * pairs * MR);
-    data.par_chunks_mut((pairs * MR).max(1))
-        .enumerate()
-        .for_each(|(i, panel)| {
-            let panel_rows = MR.min(rows - i * MR);
-            for (p, slot) in panel.chunks_exact_mut(MR).enumerate() {
-                for (r, out) in slot[..panel_rows].iter_mut().enumerate() {
-                    *out = pair(&value, i * MR + r, p, depth);
-                }
-            }
-        });
-    PackedLhs {
-        rows,
-        depth,
-        pairs,
-        data,
+/// Stored elements and their bf16 bits.
+#[derive(Clone, Copy)]
+pub enum Elements<'a> {
+    /// One code per byte, and each code's bf16 bits.
+    Codes(&'a [u8], &'a [u16; 256]),
+    /// bf16 bits.
+    Bits(&'a [u16]),
+}
+
+impl Elements<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Elements::Codes(codes, _) => codes.len(),
+            Elements::Bits(bits) => bits.len(),
+        }
     }
 }
 
-/// Packs the `depth × cols` right operand whose element `(d, c)` has the bf16 bits `value(d, c)`.
-pub fn pack_rhs(
-    depth: usize,
-    cols: usize,
-    value: impl Fn(usize, usize) -> u16 + Sync,
-) -> PackedRhs {
-    let pairs = depth.div_ceil(2);
-    let mut data = scratch::take(cols.div_ceil(NR) * pairs * NR);
-    let transposed = |c: usize, d: usize| value(d, c);
-    data.par_chunks_mut((pairs * NR).max(1))
-        .enumerate()
-        .for_each(|(j, panel)| {
-            let panel_cols = NR.min(cols - j * NR);
-            for (p, slot) in panel.chunks_exact_mut(NR).enumerate() {
-                for (c, out) in slot[..panel_cols].iter_mut().enumerate() {
-                    *out = pair(&transposed, j * NR + c, p, depth);
-                }
-            }
-        });
-    PackedRhs {
+/// Packs the `rows × depth` left operand read from `source`.
+pub fn pack_lhs(rows: usize, depth: usize, source: &Source<'_>) -> Result<PackedLhs, String> {
+    let (row_stride, depth_stride) = source.strides;
+    let data = pack(MR, rows, depth, source, row_stride, depth_stride)?;
+    Ok(PackedLhs {
+        rows,
+        depth,
+        pairs: depth.div_ceil(2),
+        data,
+    })
+}
+
+/// Packs the `depth × cols` right operand read from `source`.
+pub fn pack_rhs(depth: usize, cols: usize, source: &Source<'_>) -> Result<PackedRhs, String> {
+    let (depth_stride, col_stride) = source.strides;
+    let data = pack(NR, cols, depth, source, col_stride, depth_stride)?;
+    Ok(PackedRhs {
         cols,
         depth,
-        pairs,
+        pairs: depth.div_ceil(2),
         data,
+    })
+}
+
+/// `lanes` rows (or columns) of `depth` elements each, as bf16 pairs along the depth in panels of `width` lanes
+/// (lane `first + l` of panel `first / width` at `(panel · pairs + p) · width + l`); lanes past the end and the
+/// depth past an odd end are zero. Lane `l`'s depth `d` is stored at `offset + l · lane_stride + d · depth_stride`.
+fn pack(
+    width: usize,
+    lanes: usize,
+    depth: usize,
+    source: &Source<'_>,
+    lane_stride: usize,
+    depth_stride: usize,
+) -> Result<Vec<u32>, String> {
+    let pairs = depth.div_ceil(2);
+    if lanes > 0 && depth > 0 {
+        let last = source.offset + (lanes - 1) * lane_stride + (depth - 1) * depth_stride;
+        if last >= source.elements.len() {
+            return Err(format!(
+                "bf16 GEMM: an operand of {lanes} × {depth} reads element {last} of {} stored",
+                source.elements.len()
+            ));
+        }
+    }
+    let mut data = scratch::take(lanes.div_ceil(width) * pairs * width);
+    data.par_chunks_mut((pairs * width).max(1))
+        .enumerate()
+        .for_each(|(i, panel)| {
+            let lines = Lines {
+                width,
+                count: width.min(lanes - i * width),
+                depth,
+                base: source.offset + i * width * lane_stride,
+                lane_stride,
+                depth_stride,
+            };
+            match source.elements {
+                Elements::Codes(codes, table) => lines.pack(panel, codes, |c| table[c as usize]),
+                Elements::Bits(bits) => lines.pack(panel, bits, |b| b),
+            }
+        });
+    Ok(data)
+}
+
+/// One panel's lanes in the stored elements.
+struct Lines {
+    width: usize,
+    count: usize,
+    depth: usize,
+    base: usize,
+    lane_stride: usize,
+    depth_stride: usize,
+}
+
+impl Lines {
+    /// Writes every pair of `panel`, reading the elements from `data` through `bits`.
+    #[inline(always)]
+    fn pack<E: Copy>(&self, panel: &mut [u32], data: &[E], bits: impl Fn(E) -> u16) {
+        let Lines {
+            width,
+            count,
+            depth,
+            base,
+            lane_stride,
+            depth_stride,
+        } = *self;
+        let pairs = depth.div_ceil(2);
+        let one = |lo: E| u32::from(bits(lo));
+        let two = |lo: E, hi: E| one(lo) | u32::from(bits(hi)) << 16;
+        if depth_stride == 1 {
+            // Each lane's depth is contiguous (a row-major left operand, a transposed right one).
+            for l in 0..count {
+                let line = &data[base + l * lane_stride..][..depth];
+                let mut twos = line.chunks_exact(2);
+                for (p, t) in (&mut twos).enumerate() {
+                    panel[p * width + l] = two(t[0], t[1]);
+                }
+                if let [last] = twos.remainder() {
+                    panel[(pairs - 1) * width + l] = one(*last);
+                }
+            }
+        } else if lane_stride == 1 {
+            // The lanes are contiguous at each depth (a row-major right operand, a transposed left one).
+            for p in 0..pairs {
+                let slot = &mut panel[p * width..][..count];
+                let lo = &data[base + 2 * p * depth_stride..][..count];
+                if 2 * p + 1 < depth {
+                    let hi = &data[base + (2 * p + 1) * depth_stride..][..count];
+                    for ((o, &a), &b) in slot.iter_mut().zip(lo).zip(hi) {
+                        *o = two(a, b);
+                    }
+                } else {
+                    for (o, &a) in slot.iter_mut().zip(lo) {
+                        *o = one(a);
+                    }
+                }
+            }
+        } else {
+            for l in 0..count {
+                for p in 0..pairs {
+                    let at = base + l * lane_stride + 2 * p * depth_stride;
+                    panel[p * width + l] = if 2 * p + 1 < depth {
+                        two(data[at], data[at + depth_stride])
+                    } else {
+                        one(data[at])
+                    };
+                }
+            }
+        }
+        if count < width {
+            for slot in panel.chunks_exact_mut(width) {
+                slot[count..].fill(0);
+            }
+        }
     }
 }
 
@@ -278,8 +381,8 @@ pub fn gemm(lhs: &PackedLhs, rhs: &PackedRhs, alpha: f32, out: &mut [f32]) -> Re
     if !avx512_bf16() {
         return Err("bf16 GEMM: this CPU has no AVX512-BF16".into());
     }
-    out.fill(0.0);
-    if m == 0 || n == 0 {
+    if m == 0 || n == 0 || lhs.pairs == 0 {
+        out.fill(0.0);
         return Ok(());
     }
     let tasks: Vec<(usize, usize)> = (0..m.div_ceil(MC))
@@ -321,6 +424,7 @@ unsafe fn task(
     let mut tile = [0f32; MR * NR];
     for p0 in (0..lhs.pairs).step_by(KC) {
         let kc = KC.min(lhs.pairs - p0);
+        let last = p0 + kc == lhs.pairs;
         for c0 in (0..cols).step_by(NR) {
             let panel = (col0 + c0) / NR;
             let b = &rhs.data[(panel * rhs.pairs + p0) * NR..][..kc * NR];
@@ -338,19 +442,20 @@ unsafe fn task(
                             tile_cols,
                         )
                     };
-                    for (d, s) in dst.iter_mut().zip(&tile[r * NR..r * NR + tile_cols]) {
-                        *d += s;
+                    let sums = &tile[r * NR..r * NR + tile_cols];
+                    // The first depth block writes the output, later ones add to it, and the last applies
+                    // `alpha` to the whole sum.
+                    match (p0 == 0, last) {
+                        (true, false) => dst.copy_from_slice(sums),
+                        (true, true) => dst.iter_mut().zip(sums).for_each(|(d, s)| *d = s * alpha),
+                        (false, false) => dst.iter_mut().zip(sums).for_each(|(d, s)| *d += s),
+                        (false, true) => dst
+                            .iter_mut()
+                            .zip(sums)
+                            .for_each(|(d, s)| *d = (*d + s) * alpha),
                     }
                 }
             }
-        }
-    }
-    if alpha != 1.0 {
-        for r in 0..rows {
-            // SAFETY: as above.
-            let dst =
-                unsafe { std::slice::from_raw_parts_mut(out.add((row0 + r) * n + col0), cols) };
-            dst.iter_mut().for_each(|d| *d *= alpha);
         }
     }
 }
