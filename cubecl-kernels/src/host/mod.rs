@@ -61,7 +61,7 @@ pub fn quantize_with_amax(input: &[f32], scale: f32, format: Fp8Format) -> (Vec<
     (codes, f32::from_bits(bits))
 }
 
-#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
 fn encode_scaled(input: &[f32], scale: f32, format: Fp8Format, codes: &mut [u8]) {
     // One loop per format, so the format's constants fold into it.
     match format {
@@ -123,7 +123,7 @@ pub fn amax(input: &[f32]) -> f32 {
 }
 
 /// The largest `|x|` as bits (NaN's bits are above infinity's, so a NaN wins).
-#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
 fn amax_bits(input: &[f32]) -> u32 {
     input
         .iter()
@@ -154,7 +154,7 @@ pub fn non_finite_counts(input: &[f32]) -> TensorStats {
 }
 
 /// NaN, +inf, -inf counts of a chunk, by the bits (no branch per element).
-#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
 fn non_finite_chunk(input: &[f32]) -> [u64; 3] {
     let (mut nan, mut pos, mut neg) = (0u32, 0u32, 0u32);
     for x in input {
