@@ -415,3 +415,118 @@ fn training_on_the_bf16_path_follows_the_f32_path() {
     }
     assert!(bf16[5] < bf16[0], "the layer learns: {bf16:?}");
 }
+
+/// The kernels' packing read through strides: each operand stored with a depth-contiguous, a lane-contiguous and a
+/// general layout (both strides above one, an offset), as codes through a table and as bf16 bits. Values are
+/// multiples of 1/4 in [-2, 2), so every product and every partial sum is exact in f32: the output must equal the
+/// f64 product bit for bit. A source shorter than its strides reach is an error naming the element it would read.
+#[test]
+fn strided_packing_reads_every_layout_exactly() {
+    use burn_te_kernels::host::bf16_gemm::{self, Elements, Source};
+
+    let (m, k, n) = (13, 45, 33);
+    let mut rng = Rng::new(41);
+    let mut draw =
+        |len: usize| -> Vec<u8> { (0..len).map(|_| (rng.next_u64() % 16) as u8).collect() };
+    // Code c has the value (c − 8) / 4.
+    let value = |c: u8| (f32::from(c) - 8.0) / 4.0;
+    let table: [u16; 256] =
+        std::array::from_fn(|c| exact_bf16(value(c as u8)).expect("a multiple of 1/4"));
+    let (a, b) = (draw(m * k), draw(k * n));
+    let expected: Vec<f32> = (0..m * n)
+        .map(|i| {
+            let (r, c) = (i / n, i % n);
+            (0..k)
+                .map(|d| f64::from(value(a[r * k + d])) * f64::from(value(b[d * n + c])))
+                .sum::<f64>() as f32
+        })
+        .collect();
+    // The matrix `values` (rows × cols, row-major) stored at `offset` with `strides`, the rest filled with 0xff
+    // (a value no element has).
+    let store =
+        |values: &[u8], (rows, cols): (usize, usize), offset: usize, strides: (usize, usize)| {
+            let len = offset + (rows - 1) * strides.0 + (cols - 1) * strides.1 + 1;
+            let mut stored = vec![0xffu8; len];
+            for i in 0..rows * cols {
+                stored[offset + i / cols * strides.0 + i % cols * strides.1] = values[i];
+            }
+            stored
+        };
+    let layouts = |(rows, cols): (usize, usize)| {
+        [
+            ("rows of contiguous columns", 0, (cols, 1)),
+            ("columns of contiguous rows", 0, (1, rows)),
+            ("neither contiguous", 5, (2 * cols + 3, 2)),
+        ]
+    };
+    for (lhs_layout, lhs_offset, lhs_strides) in layouts((m, k)) {
+        for (rhs_layout, rhs_offset, rhs_strides) in layouts((k, n)) {
+            let lhs_codes = store(&a, (m, k), lhs_offset, lhs_strides);
+            let rhs_codes = store(&b, (k, n), rhs_offset, rhs_strides);
+            let lhs_bits: Vec<u16> = lhs_codes.iter().map(|&c| table[c as usize]).collect();
+            let rhs_bits: Vec<u16> = rhs_codes.iter().map(|&c| table[c as usize]).collect();
+            let as_codes = (
+                Elements::Codes(&lhs_codes, &table),
+                Elements::Codes(&rhs_codes, &table),
+            );
+            let as_bits = (Elements::Bits(&lhs_bits), Elements::Bits(&rhs_bits));
+            for (elements, (lhs_elements, rhs_elements)) in [("codes", as_codes), ("bits", as_bits)]
+            {
+                let what = format!("lhs {lhs_layout}, rhs {rhs_layout}, {elements}");
+                let lhs = bf16_gemm::pack_lhs(
+                    m,
+                    k,
+                    &Source {
+                        elements: lhs_elements,
+                        offset: lhs_offset,
+                        strides: lhs_strides,
+                    },
+                )
+                .expect("in bounds");
+                let rhs = bf16_gemm::pack_rhs(
+                    k,
+                    n,
+                    &Source {
+                        elements: rhs_elements,
+                        offset: rhs_offset,
+                        strides: rhs_strides,
+                    },
+                )
+                .expect("in bounds");
+                let mut out = vec![f32::NAN; m * n];
+                let ran = bf16_gemm::gemm(&lhs, &rhs, 1.0, &mut out);
+                if !HostGemmPath::Avx512Bf16.available() {
+                    // Not silent: this CPU must say why it cannot run the path.
+                    let err = ran.expect_err("no AVX512-BF16 here");
+                    assert!(err.contains("AVX512-BF16"), "{what}: {err}");
+                    continue;
+                }
+                ran.unwrap_or_else(|err| panic!("{what}: {err}"));
+                for (i, (got, want)) in out.iter().zip(&expected).enumerate() {
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{what}: output {i} = {got}, f64 {want}"
+                    );
+                }
+            }
+        }
+    }
+    // One element short of what the strides reach.
+    let short = vec![0u8; m * k - 1];
+    let err = bf16_gemm::pack_lhs(
+        m,
+        k,
+        &Source {
+            elements: Elements::Codes(&short, &table),
+            offset: 0,
+            strides: (k, 1),
+        },
+    )
+    .err()
+    .expect("out of bounds");
+    assert!(
+        err.contains(&format!("reads element {}", m * k - 1)),
+        "{err}"
+    );
+}
