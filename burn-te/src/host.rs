@@ -27,6 +27,7 @@ use crate::backend::{
 use crate::cube::rows_cols;
 use crate::error::TeError;
 use crate::host_gemm::{self, HostGemmPath, HostOperand};
+use burn_te_kernels::host::bf16_gemm;
 
 /// FP8 (or E2M1) codes, one per byte, and `scale_inv` values on the host, on a CPU backend's device `D`.
 #[derive(Clone, Debug)]
@@ -497,6 +498,7 @@ fn host_gemm<B: Backend>(
     let n = if rhs_t { rr } else { rc };
     let batch = lb.max(rb);
     let mut out = vec![0f32; batch * m * n];
+    bf16_gemm::advise_huge_pages(&out);
     let mut path = host_gemm::path_to_run();
     if path == HostGemmPath::Avx512Bf16 && !out.is_empty() && k > 0 {
         let (a, b) = (host_operand(&lhs, lhs_t), host_operand(&rhs, rhs_t));

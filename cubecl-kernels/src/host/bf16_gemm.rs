@@ -118,15 +118,19 @@ mod scratch {
         static FREE: RefCell<Vec<Vec<u32>>> = const { RefCell::new(Vec::new()) };
     }
 
-    /// A buffer of `len` values, not cleared: the packing writes every value.
+    /// A buffer of `len` values, not cleared: the packing writes every value. A kept one where one is large
+    /// enough, else a fresh one (in huge pages where the OS grants them: [`super::advise_huge_pages`]).
     pub fn take(len: usize) -> Vec<u32> {
-        let mut buffer = FREE
-            .with(|free| {
-                let mut free = free.borrow_mut();
-                let best = (0..free.len()).max_by_key(|&i| free[i].capacity().min(len))?;
-                Some(free.swap_remove(best))
-            })
-            .unwrap_or_default();
+        let kept = FREE.with(|free| {
+            let mut free = free.borrow_mut();
+            let fits = (0..free.len()).find(|&i| free[i].capacity() >= len)?;
+            Some(free.swap_remove(fits))
+        });
+        let mut buffer = kept.unwrap_or_else(|| {
+            let fresh = vec![0; len];
+            super::advise_huge_pages(&fresh);
+            fresh
+        });
         buffer.truncate(len);
         buffer.resize(len, 0);
         buffer
@@ -143,6 +147,28 @@ mod scratch {
             });
         }
     }
+}
+
+/// Asks the OS to back `buffer`'s pages with huge pages (Linux's `madvise(MADV_HUGEPAGE)`) when it spans at least
+/// 4 MiB, so that a large fresh buffer faults in 2 MiB at a time instead of 4 KiB (the largest shape of
+/// `benches/host_gemm.rs` spent ~60 ms of 264 in page faults). Call it on a fresh `vec![0; n]` before anything
+/// writes it: the allocator maps large zeroed buffers untouched. A hint: where the OS declines (transparent huge
+/// pages off) or the pages are already in, nothing changes.
+pub fn advise_huge_pages<T>(buffer: &[T]) {
+    let bytes = std::mem::size_of_val(buffer);
+    #[cfg(target_os = "linux")]
+    if bytes >= 4 << 20 {
+        const PAGE: usize = 4096;
+        let first = buffer.as_ptr() as usize;
+        let (start, end) = (first.next_multiple_of(PAGE), (first + bytes) / PAGE * PAGE);
+        if end > start {
+            // SAFETY: whole pages inside the buffer's allocation; the advice changes how they are backed, never
+            // their contents.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = bytes;
 }
 
 /// The left operand (`m × k`), as bf16 pairs along the depth in panels of [`MR`] rows: panel `i`'s pair `p` of
