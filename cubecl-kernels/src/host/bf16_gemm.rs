@@ -123,7 +123,10 @@ mod scratch {
     pub fn take(len: usize) -> Vec<u32> {
         let kept = FREE.with(|free| {
             let mut free = free.borrow_mut();
-            let fits = (0..free.len()).find(|&i| free[i].capacity() >= len)?;
+            // The smallest that fits, so the large ones stay for large operands.
+            let fits = (0..free.len())
+                .filter(|&i| free[i].capacity() >= len)
+                .min_by_key(|&i| free[i].capacity())?;
             Some(free.swap_remove(fits))
         });
         let mut buffer = kept.unwrap_or_else(|| {
@@ -136,16 +139,22 @@ mod scratch {
         buffer
     }
 
-    /// Keeps `buffer` for a later [`take`] on this thread (four at most, none beyond [`KEPT`] values).
+    /// Keeps `buffer` for a later [`take`] on this thread (none beyond [`KEPT`] values; four at most, a larger one
+    /// replacing the smallest).
     pub fn give(buffer: Vec<u32>) {
-        if buffer.capacity() <= KEPT {
-            let _ = FREE.try_with(|free| {
-                let mut free = free.borrow_mut();
-                if free.len() < 4 {
-                    free.push(buffer);
-                }
-            });
+        if buffer.capacity() > KEPT {
+            return;
         }
+        let _ = FREE.try_with(|free| {
+            let mut free = free.borrow_mut();
+            if free.len() < 4 {
+                free.push(buffer);
+            } else if let Some(smallest) = (0..free.len()).min_by_key(|&i| free[i].capacity())
+                && free[smallest].capacity() < buffer.capacity()
+            {
+                free[smallest] = buffer;
+            }
+        });
     }
 }
 
