@@ -230,3 +230,78 @@ fn buffer_ids_follow_clones_and_tell_tensors_apart() {
     buffer_ids::<burn::backend::Wgpu>("fusion<wgpu>", &device());
     buffer_ids::<burn::backend::Autodiff<Te<Wgpu>>>("autodiff<te<wgpu>>", &device());
 }
+
+/// `burn_te::nn::Linear::from` a plain linear: the same parameters (ids and values); over iterations of evolving
+/// delayed scales the same outputs and input, weight and bias gradients as the plain layer, bit for bit; and its
+/// input kept for the backward as FP8 (`tokens · in` codes and a 4-byte scale per step) where the plain layer's
+/// node keeps the f32 input (no FP8 bytes).
+#[test]
+fn a_plain_linear_converted_to_te_keeps_fp8_with_the_same_results() {
+    use burn_te::diagnostics::thread_counter_value;
+    type B = burn::backend::Autodiff<Te<burn::backend::Flex>>;
+    let device = Default::default();
+    let data = Data::new();
+    let recipe = DelayedScaling::default();
+    let plain = PlainConfig::new(D, D).init::<B>(&device);
+    // Burn's parameters initialize lazily, and a clone of an uninitialized one draws its own values: read them
+    // first, so the clone converted carries the same.
+    let initial = (
+        values(plain.weight.val()),
+        values(plain.bias.as_ref().unwrap().val()),
+    );
+    let converted = burn_te::nn::Linear::from(plain.clone());
+    assert_eq!(converted.weight.id, plain.weight.id);
+    let (plain_bias, converted_bias) = (
+        plain.bias.as_ref().unwrap(),
+        converted.bias.as_ref().unwrap(),
+    );
+    assert_eq!(converted_bias.id, plain_bias.id);
+    assert_eq!(values(converted.weight.val()), initial.0);
+    assert_eq!(values(converted_bias.val()), initial.1);
+    let states = PlainLinearStates::new();
+    let kept = || thread_counter_value("KeptForBackwardFp8Bytes").unwrap_or(0);
+    let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for n in 0..ITERATIONS {
+        let x = tensor::<B, 2>(data.x[n].clone(), [TOKENS, D], &device).require_grad();
+        let r = tensor::<B, 2>(data.r[n].clone(), [TOKENS, D], &device);
+        // Output, then the gradients of x, the weight and the bias.
+        let step = |forward: &dyn Fn(Tensor<B, 2>) -> Tensor<B, 2>,
+                    weight: &Param<Tensor<B, 2>>,
+                    bias: &Param<Tensor<B, 1>>| {
+            let z = forward(x.clone());
+            let grads = (z.clone() * r.clone()).sum().backward();
+            [
+                values(z),
+                values(x.grad(&grads).unwrap()),
+                values(weight.val().grad(&grads).unwrap()),
+                values(bias.val().grad(&grads).unwrap()),
+            ]
+        };
+        let before = kept();
+        let from_plain = fp8_autocast_with(&states, true, recipe.clone(), || {
+            step(&|x| plain.forward(x), &plain.weight, plain_bias)
+        })
+        .unwrap();
+        assert_eq!(
+            kept(),
+            before,
+            "it {n}: the plain linear keeps no FP8 input"
+        );
+        let from_converted = fp8_autocast(true, recipe.clone(), || {
+            step(&|x| converted.forward(x), &converted.weight, converted_bias)
+        })
+        .unwrap();
+        assert_eq!(
+            kept() - before,
+            (TOKENS * D + 4) as u64,
+            "it {n}: the converted linear keeps its input as FP8 codes and a scale"
+        );
+        for (k, name) in ["z", "dx", "dw", "db"].iter().enumerate() {
+            assert_eq!(
+                bits(from_plain[k].clone()),
+                bits(from_converted[k].clone()),
+                "it {n}: {name} of the converted linear differs from the plain one's"
+            );
+        }
+    }
+}

@@ -72,6 +72,22 @@ impl LinearConfig {
     }
 }
 
+/// A Burn linear layer as a TE one, with the same parameters (both keep the weight as `[in, out]`; the parameter
+/// ids, and so an optimizer's state, carry over): a model built from `burn::nn::Linear` moves to TE's layer, whose
+/// FP8 backward keeps the forward's FP8 input where Burn's linear node keeps the f32 one. Not named, no bias
+/// returned apart, a fresh delayed-scaling state.
+impl<B: Backend> From<burn::nn::Linear<B>> for Linear<B> {
+    fn from(linear: burn::nn::Linear<B>) -> Self {
+        Linear {
+            weight: linear.weight,
+            bias: linear.bias,
+            return_bias: false,
+            fp8_meta: Fp8Meta::new(),
+            name: LayerName::root(None, "linear"),
+        }
+    }
+}
+
 /// A GEMM layer's parameters: weight `[in, out]` from `initializer`, zero bias `[out]` if `bias`.
 pub(crate) fn gemm_params<B: Backend>(
     initializer: &Initializer,
