@@ -14,7 +14,7 @@
 use std::cell::Cell;
 use std::sync::OnceLock;
 
-use burn_te_kernels::host::bf16_gemm::{self, Elements, PackedLhs, PackedRhs, Source, exact_bf16};
+use burn_te_kernels::host::bf16_gemm::{self, Elements, Source, exact_bf16};
 use burn_te_kernels::{Fp8Format, ScaleBlock};
 
 pub use burn_te_kernels::host::bf16_gemm::HostGemmPath;
@@ -238,24 +238,6 @@ fn source<'a>(operand: &HostOperand<'_>, bits: &'a Bits<'_>, b: usize) -> Source
     }
 }
 
-fn pack_lhs(
-    operand: &HostOperand<'_>,
-    bits: &Bits<'_>,
-    b: usize,
-    (m, k): (usize, usize),
-) -> Result<PackedLhs, String> {
-    bf16_gemm::pack_lhs(m, k, &source(operand, bits, b))
-}
-
-fn pack_rhs(
-    operand: &HostOperand<'_>,
-    bits: &Bits<'_>,
-    b: usize,
-    (k, n): (usize, usize),
-) -> Result<PackedRhs, String> {
-    bf16_gemm::pack_rhs(k, n, &source(operand, bits, b))
-}
-
 /// `out[b] = lhs[b] · rhs[b]` (`m × n` each, row-major) on the bf16 path; `Err` with the reason when an operand is
 /// not exact in bf16 (the caller runs the f32 path then).
 pub(crate) fn bf16_gemm(
@@ -271,19 +253,19 @@ pub(crate) fn bf16_gemm(
     let alpha = (lhs_decoding.alpha * rhs_decoding.alpha) as f32;
     let (lhs_bits, rhs_bits) = (lhs_decoding.bits(lhs.dims.2), rhs_decoding.bits(rhs.dims.2));
     let shared_lhs = (lhs.dims.0 <= 1)
-        .then(|| pack_lhs(lhs, &lhs_bits, 0, (m, k)))
+        .then(|| bf16_gemm::pack_lhs(m, k, &source(lhs, &lhs_bits, 0)))
         .transpose()?;
     let shared_rhs = (rhs.dims.0 <= 1)
-        .then(|| pack_rhs(rhs, &rhs_bits, 0, (k, n)))
+        .then(|| bf16_gemm::pack_rhs(k, n, &source(rhs, &rhs_bits, 0)))
         .transpose()?;
     for (b, dst) in out.chunks_mut((m * n).max(1)).enumerate() {
         let own_lhs = shared_lhs
             .is_none()
-            .then(|| pack_lhs(lhs, &lhs_bits, b, (m, k)))
+            .then(|| bf16_gemm::pack_lhs(m, k, &source(lhs, &lhs_bits, b)))
             .transpose()?;
         let own_rhs = shared_rhs
             .is_none()
-            .then(|| pack_rhs(rhs, &rhs_bits, b, (k, n)))
+            .then(|| bf16_gemm::pack_rhs(k, n, &source(rhs, &rhs_bits, b)))
             .transpose()?;
         let a = shared_lhs
             .as_ref()
