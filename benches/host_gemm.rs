@@ -1,9 +1,9 @@
 //! The host FP8 GEMM's paths against Flex's f32 matmul, in one run (`cargo bench --bench host_gemm`):
-//! - `peak`: the bf16 dot-product instruction alone (`vdpbf16ps` on registers, independent accumulators) on one
-//!   thread and on every thread — the ceiling the bf16 path is measured against;
+//! - `peak`: each packed path's instruction alone (`vdpbf16ps`, `vfmadd231ps` on 256-bit registers; independent
+//!   accumulators) on one thread and on every thread — the ceiling each path is measured against;
 //! - at 1024³, 2048³ and a TransformerLayer's GEMM shapes: Flex's f32 matmul (what an f32 model runs), and the FP8
-//!   GEMM of pre-quantized E4M3 operands on each host path this CPU has (`avx512bf16`: decode to bf16, pack,
-//!   `vdpbf16ps`; `f32`: decode to f32 and the `gemm` crate).
+//!   GEMM of pre-quantized E4M3 operands on each host path this CPU has (`avx512bf16`: codes to bf16, pack,
+//!   `vdpbf16ps`; `avx2fma`: codes to f32, pack, `vfmadd231ps`; `f32`: decode to f32 and the `gemm` crate);
 //!
 //! - a TransformerLayer training step (hidden 1024, FFN 4096, 1024 tokens, DelayedScaling) on `Autodiff<Te<Flex>>`
 //!   on each path against the same step in f32 on `Autodiff<Flex>`.
@@ -15,15 +15,15 @@ mod common;
 use burn::backend::{Autodiff, Flex};
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use burn_te::host_gemm::{HostGemmPath, with_host_gemm_path};
+use burn_te::host::gemm::{HostGemmPath, with_host_gemm_path};
 use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
 use burn_te::{Te, TeBackend};
 use criterion::{Criterion, Throughput, criterion_group};
 
 use common::{input, quantize};
 
-/// `vdpbf16ps` throughput: `chains` independent accumulators, `iterations` rounds; returns the flops done
-/// (2 products and 2 adds per f32 lane per instruction, 16 lanes).
+/// `vdpbf16ps` throughput: 12 independent accumulators, `iterations` rounds; returns the flops done (2 products
+/// and 2 adds per f32 lane per instruction, 16 lanes).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
 fn dpbf16_loop(iterations: usize) -> (f32, u64) {
@@ -40,24 +40,53 @@ fn dpbf16_loop(iterations: usize) -> (f32, u64) {
     (sum, iterations as u64 * 12 * 64)
 }
 
+/// `vfmadd231ps` (256-bit) throughput: 12 independent accumulators, `iterations` rounds; returns the flops done
+/// (a product and an add per f32 lane per instruction, 8 lanes).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn fma_loop(iterations: usize) -> (f32, u64) {
+    use std::arch::x86_64::*;
+    let (a, b) = (_mm256_set1_ps(1.0), _mm256_set1_ps(1e-9));
+    let mut acc = [_mm256_setzero_ps(); 12];
+    for _ in 0..iterations {
+        for slot in &mut acc {
+            *slot = _mm256_fmadd_ps(a, b, *slot);
+        }
+    }
+    let mut lanes = [0f32; 8];
+    let total = acc
+        .iter()
+        .fold(_mm256_setzero_ps(), |s, v| _mm256_add_ps(s, *v));
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), total) };
+    (lanes.iter().sum(), iterations as u64 * 12 * 16)
+}
+
+/// The peak instruction of a packed path: its group name and loop (`None` for the `f32` path).
+#[cfg(target_arch = "x86_64")]
+fn peak_loop(path: HostGemmPath) -> Option<(&'static str, fn(usize) -> (f32, u64))> {
+    match path {
+        // SAFETY (both): the loops run only where the path is available (checked by the caller).
+        HostGemmPath::Avx512Bf16 => Some(("peak vdpbf16ps", |n| unsafe { dpbf16_loop(n) })),
+        HostGemmPath::Avx2Fma => Some(("peak vfmadd231ps", |n| unsafe { fma_loop(n) })),
+        HostGemmPath::F32 => None,
+    }
+}
+
 fn peak(c: &mut Criterion) {
     #[cfg(target_arch = "x86_64")]
-    if HostGemmPath::Avx512Bf16.available() {
-        let mut group = c.benchmark_group("peak vdpbf16ps");
+    for path in HostGemmPath::available_paths() {
+        let Some((name, kernel)) = peak_loop(path) else {
+            continue;
+        };
+        let mut group = c.benchmark_group(name);
         let iterations = 1 << 20;
-        group.throughput(Throughput::Elements(iterations as u64 * 12 * 64));
-        // SAFETY (both): the CPU has AVX512-BF16 (checked above).
-        group.bench_function("one thread", |bench| {
-            bench.iter(|| unsafe { dpbf16_loop(iterations) })
-        });
+        let flops = kernel(1).1 * iterations as u64;
+        group.throughput(Throughput::Elements(flops));
+        group.bench_function("one thread", |bench| bench.iter(|| kernel(iterations)));
         let threads = rayon::current_num_threads();
-        group.throughput(Throughput::Elements(
-            threads as u64 * iterations as u64 * 12 * 64,
-        ));
+        group.throughput(Throughput::Elements(threads as u64 * flops));
         group.bench_function(format!("{threads} threads"), |bench| {
-            bench.iter(|| {
-                rayon::broadcast(|_| unsafe { dpbf16_loop(iterations) });
-            })
+            bench.iter(|| rayon::broadcast(|_| kernel(iterations)))
         });
         group.finish();
     }
@@ -82,10 +111,7 @@ fn gemms(c: &mut Criterion) {
             bench.iter(|| a.clone().matmul(b.clone()).into_data())
         });
         let (qa, qb) = (quantize(&a), quantize(&b));
-        for path in [HostGemmPath::Avx512Bf16, HostGemmPath::F32] {
-            if !path.available() {
-                continue;
-            }
+        for path in HostGemmPath::available_paths() {
             group.bench_function(format!("fp8 gemm on {}", path.name()), |bench| {
                 bench.iter(|| {
                     with_host_gemm_path(path, || {
@@ -122,14 +148,10 @@ fn transformer_layer(c: &mut Criterion) {
         b.iter(|| common::train_step(&layer, &x, &target, false))
     });
     let (layer, x, target) = layer_inputs::<Autodiff<Te<Flex>>>(hidden);
-    for path in [HostGemmPath::Avx512Bf16, HostGemmPath::F32] {
-        if path.available() {
-            group.bench_function(format!("fp8 Autodiff<Te<Flex>> on {}", path.name()), |b| {
-                b.iter(|| {
-                    with_host_gemm_path(path, || common::train_step(&layer, &x, &target, true))
-                })
-            });
-        }
+    for path in HostGemmPath::available_paths() {
+        group.bench_function(format!("fp8 Autodiff<Te<Flex>> on {}", path.name()), |b| {
+            b.iter(|| with_host_gemm_path(path, || common::train_step(&layer, &x, &target, true)))
+        });
     }
     group.finish();
 }
@@ -182,17 +204,18 @@ fn measured(dir: &std::path::Path) -> Vec<(String, String, f64)> {
     out
 }
 
-/// GFLOP/s of every GEMM shape on each path as grouped bars, the bf16 peak of every thread as a line.
+/// GFLOP/s of every GEMM shape on each path as grouped bars, each instruction's peak on every thread as a line.
 fn draw_chart(
     criterion: &std::path::Path,
     svg: &std::path::Path,
 ) -> Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
     let results = measured(criterion);
-    let peak = results
+    let peaks: Vec<(String, f64)> = results
         .iter()
-        .find(|(g, f, _)| g == "peak vdpbf16ps" && f != "one thread")
-        .map(|r| r.2);
+        .filter(|(g, f, _)| g.starts_with("peak ") && f != "one thread")
+        .map(|(g, _, v)| (g.trim_start_matches("peak ").to_string(), *v))
+        .collect();
     let mut shapes: Vec<String> = results
         .iter()
         .filter_map(|(g, _, _)| g.strip_prefix("host gemm ").map(String::from))
@@ -216,6 +239,7 @@ fn draw_chart(
     let series = [
         ("flex f32 matmul", RGBColor(90, 90, 90)),
         ("fp8 gemm on f32", RGBColor(230, 150, 60)),
+        ("fp8 gemm on avx2fma", RGBColor(60, 160, 90)),
         ("fp8 gemm on avx512bf16", RGBColor(40, 120, 200)),
     ];
     let value = |shape: &str, function: &str| {
@@ -228,14 +252,17 @@ fn draw_chart(
         .iter()
         .filter(|(g, _, _)| g.starts_with("host gemm"))
         .map(|r| r.2)
-        .chain(peak)
+        .chain(peaks.iter().map(|p| p.1))
         .fold(0.0, f64::max)
         * 1.15;
     let root = SVGBackend::new(svg, (1000, 520)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            "host FP8 GEMM vs Flex's f32 matmul (GFLOP/s, 2 threads)",
+            format!(
+                "host FP8 GEMM vs Flex's f32 matmul (GFLOP/s, {} threads)",
+                rayon::current_num_threads()
+            ),
             ("sans-serif", 20),
         )
         .margin(12)
@@ -250,23 +277,23 @@ fn draw_chart(
         .draw()?;
     for (index, (function, color)) in series.iter().enumerate() {
         let bars = shapes.iter().enumerate().filter_map(|(i, shape)| {
-            let x0 = i as f64 + 0.1 + 0.27 * index as f64;
+            let x0 = i as f64 + 0.1 + 0.2 * index as f64;
             value(shape, function)
-                .map(|v| Rectangle::new([(x0, 0.0), (x0 + 0.25, v)], color.filled()))
+                .map(|v| Rectangle::new([(x0, 0.0), (x0 + 0.18, v)], color.filled()))
         });
         chart
             .draw_series(bars)?
             .label(*function)
             .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 12, y + 6)], color.filled()));
     }
-    if let Some(peak) = peak {
+    for ((name, peak), color) in peaks.iter().zip([RED, MAGENTA]) {
         chart
             .draw_series(LineSeries::new(
-                [(0.0, peak), (shapes.len() as f64, peak)],
-                RED.stroke_width(2),
+                [(0.0, *peak), (shapes.len() as f64, *peak)],
+                color.stroke_width(2),
             ))?
-            .label("vdpbf16ps peak (every thread)")
-            .legend(|(x, y)| PathElement::new([(x, y), (x + 12, y)], RED.stroke_width(2)));
+            .label(format!("{name} peak (every thread)"))
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 12, y)], color.stroke_width(2)));
     }
     chart
         .configure_series_labels()

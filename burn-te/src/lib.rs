@@ -23,7 +23,7 @@
 //! # Layers
 //! Plain types at the bottom (`error`, `gemm`, `recipe`, `primitive`, `metrics`), then the FP8 state (`fp8_state`),
 //! sites and autocast, the [`TeBackend`] trait (`backend`), the GEMMs built on it (`fp8_gemm`, `nvfp4`, `saved`,
-//! `microbatch`, `linear`), the backends that implement it (`cube`, `host`, `fusion`) and, on top, the decorators
+//! `microbatch`, `linear`), the backends that implement it (`cube`, `host` with its FP8 GEMM in `host::gemm`, `fusion`) and, on top, the decorators
 //! (`te`, `decorator`, `autodiff`), the diagnostics that observe them through the `metrics` registry and the
 //! modules (`nn`). No module imports one above it (`tests/kernels/layering.rs` checks every crate for circles).
 //!
@@ -36,7 +36,7 @@
 //!   `distributed`, `fp8_gemm`, `fp8_state`, `fusion`, `high_precision`, `host`, `linear`, `microbatch`, `nn`,
 //!   `nvfp4`, `plain_linear`, `saved`, `te`.
 //! - Plain: `autocast`, `data`, `diagnostics`, `diagnostics::trace`, `distributed::launch`, `error`, `fallback`,
-//!   `gemm`, `host_gemm`, `metrics`, `primitive`, `recipe`, `site`.
+//!   `gemm`, `host::gemm`, `metrics`, `primitive`, `recipe`, `site`.
 
 mod autocast;
 mod autodiff;
@@ -58,7 +58,6 @@ mod fusion;
 mod gemm;
 mod high_precision;
 pub mod host;
-pub mod host_gemm;
 pub mod linear;
 mod metrics;
 pub mod microbatch;

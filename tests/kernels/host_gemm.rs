@@ -1,6 +1,8 @@
-//! The host FP8 GEMM on the CPU's bf16 dot-product units (`burn_te::host_gemm`): the decode to bf16 is exact for
-//! every code, and every recipe's GEMM — fprop, dgrad and wgrad layouts, batches — agrees with an f64
-//! re-computation from the FP8 codes and scales on every path this CPU has, each test naming the path it ran.
+//! The host FP8 GEMM's paths (`burn_te::host::gemm`): the decode to bf16 is exact for every code; every recipe's
+//! GEMM — fprop, dgrad and wgrad layouts, batches — agrees with an f64 re-computation from the FP8 codes and scales
+//! on every path this CPU has, each test naming the paths it ran and failing where one this CPU's flags promise
+//! (`/proc/cpuinfo`) is missing; the packed kernels are bit-exact across several depth, row and column blocks; the
+//! probe picks its fastest path; the packing buffers kept per thread stay within their bound.
 //!
 //! The bound: a GEMM of depth `k` accumulated in f32 differs from the exact sum of its (exact) products by at most
 //! `γ_k · Σ|a·b|`, `γ_k = k·u / (1 − k·u)`, `u = 2⁻²⁴`; the output factor and the f32 path's decode (`code ·
@@ -11,14 +13,14 @@ use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
 use burn_te::fp8_gemm::{k_along_cols, quantize_operand};
-use burn_te::host_gemm::{HostGemmPath, with_host_gemm_path};
+use burn_te::host::gemm::{HostGemmPath, with_host_gemm_path};
 use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
 use burn_te::{
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Fp8Primitive, Gemm, GemmSite,
     MXFP8BlockScaling, NVFP4BlockScaling, Recipe, Te, TeBackend, TensorRole, fp8_autocast,
 };
 use burn_te_kernels::Fp8Format;
-use burn_te_kernels::host::bf16_gemm::exact_bf16;
+use burn_te_kernels::host::gemm::bf16::exact_bf16;
 use burn_te_kernels::nvfp4::decode_e2m1;
 
 use crate::common::{Rng, f32_from_hex, tsv_rows};
@@ -26,12 +28,37 @@ use crate::nvfp4::nvfp4_tsv;
 
 type B = Flex;
 
-/// The paths this CPU runs (f32 always; AVX512-BF16 where present).
+/// The paths this CPU runs, checked against the flags the kernel reports in `/proc/cpuinfo` (read independently of
+/// the crate's detection): a path those flags promise must be available, so that no test drops one silently.
 fn paths() -> Vec<HostGemmPath> {
-    [HostGemmPath::Avx512Bf16, HostGemmPath::F32]
-        .into_iter()
-        .filter(|path| path.available())
-        .collect()
+    let paths = HostGemmPath::available_paths();
+    for path in expected_paths() {
+        assert!(
+            paths.contains(&path),
+            "this CPU's flags promise the {path} path, but only {paths:?} are available"
+        );
+    }
+    assert!(paths.contains(&HostGemmPath::F32), "f32 runs everywhere");
+    paths
+}
+
+/// The packed paths `/proc/cpuinfo`'s flags promise (none where the file is missing: not Linux, not x86-64).
+fn expected_paths() -> Vec<HostGemmPath> {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let flags: Vec<&str> = cpuinfo
+        .lines()
+        .find(|line| line.starts_with("flags"))
+        .map(|line| line.split_whitespace().collect())
+        .unwrap_or_default();
+    let has = |flag: &str| flags.contains(&flag);
+    let mut expected = vec![];
+    if cfg!(target_arch = "x86_64") && has("avx512f") && has("avx512_bf16") {
+        expected.push(HostGemmPath::Avx512Bf16);
+    }
+    if cfg!(target_arch = "x86_64") && has("avx2") && has("fma") {
+        expected.push(HostGemmPath::Avx2Fma);
+    }
+    expected
 }
 
 fn bf16_value(bits: u16) -> f32 {
@@ -237,7 +264,8 @@ fn every_recipe_and_gemm_layout_matches_f64_on_every_path() {
                 &stored_f64(&rhs.tensor),
                 rhs_t,
             );
-            for path in paths() {
+            let ran = paths();
+            for &path in &ran {
                 let before = counted(path);
                 let out = with_host_gemm_path(path, || {
                     B::fp8_gemm(lhs.tensor.clone(), lhs_t, rhs.tensor.clone(), rhs_t)
@@ -258,6 +286,7 @@ fn every_recipe_and_gemm_layout_matches_f64_on_every_path() {
                     &expected,
                 );
             }
+            println!("{} {gemm:?}: ran on {ran:?}", recipe.name());
         }
     }
 }
@@ -307,11 +336,11 @@ fn batched_and_transposed_gemms_match_f64_on_every_path() {
     }
 }
 
-/// The bf16 path falls back to f32 — recorded, and still right — where it cannot run: on a CPU with AVX512-BF16, a
-/// block scale outside bf16's normal range (a block of values near f32's smallest normal); elsewhere, the path
-/// itself.
+/// A packed path falls back to f32 — recorded, and still right — where it cannot run, and takes what it can: a
+/// block scale outside bf16's normal range (a block of values near f32's smallest normal) makes the bf16 path fall
+/// back on a CPU with AVX512-BF16 (elsewhere the path itself is missing), while the f32 FMA path folds it and runs.
 #[test]
-fn the_bf16_path_falls_back_to_f32_and_says_so() {
+fn a_packed_path_falls_back_to_f32_and_says_so() {
     let (m, k, n) = (4, 128, 8);
     let mut x = vec![1.0f32; m * k];
     x[..k].iter_mut().for_each(|v| *v = 3e-38); // row 0: one 1×128 block with a tiny amax
@@ -340,39 +369,61 @@ fn the_bf16_path_falls_back_to_f32_and_says_so() {
         &stored_f64(&rhs.tensor),
         rhs.transposed,
     );
-    let reason = if HostGemmPath::Avx512Bf16.available() {
-        "host bf16 GEMM not exact"
-    } else {
-        "host GEMM path unavailable"
+    let run = |path| {
+        let out = with_host_gemm_path(path, || {
+            B::fp8_gemm(
+                lhs.tensor.clone(),
+                lhs.transposed,
+                rhs.tensor.clone(),
+                rhs.transposed,
+            )
+        })
+        .expect("gemm");
+        Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(out))
+            .into_data()
+            .into_vec::<f32>()
+            .unwrap()
     };
-    let recorded = || burn_te::fallback_counts().get(reason).copied().unwrap_or(0);
-    let (before, f32_before) = (recorded(), counted(HostGemmPath::F32));
-    let out = with_host_gemm_path(HostGemmPath::Avx512Bf16, || {
-        B::fp8_gemm(
-            lhs.tensor.clone(),
-            lhs.transposed,
-            rhs.tensor.clone(),
-            rhs.transposed,
-        )
-    })
-    .expect("gemm");
-    assert_eq!(counted(HostGemmPath::F32), f32_before + 1, "ran on f32");
-    assert!(recorded() > before, "the fallback {reason:?} is recorded");
-    let actual = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(out))
-        .into_data()
-        .into_vec::<f32>()
-        .unwrap();
-    check_gemm("the fallback on f32", &actual, &expected);
+    let recorded = |reason: &str| burn_te::fallback_counts().get(reason).copied().unwrap_or(0);
+    for path in [HostGemmPath::Avx512Bf16, HostGemmPath::Avx2Fma] {
+        let reason = if path.available() {
+            "host GEMM path not exact"
+        } else {
+            "host GEMM path unavailable"
+        };
+        let falls_back = path == HostGemmPath::Avx512Bf16 || !path.available();
+        let (before, f32_before, path_before) =
+            (recorded(reason), counted(HostGemmPath::F32), counted(path));
+        let actual = run(path);
+        if falls_back {
+            assert_eq!(
+                counted(HostGemmPath::F32),
+                f32_before + 1,
+                "{path}: ran on f32"
+            );
+            assert!(
+                recorded(reason) > before,
+                "{path}: the fallback {reason:?} is recorded"
+            );
+        } else {
+            assert_eq!(counted(path), path_before + 1, "{path}: ran on {path}");
+            assert_eq!(recorded(reason), before, "{path}: no fallback");
+        }
+        check_gemm(&format!("the tiny block on {path}"), &actual, &expected);
+    }
 }
 
-/// The same multi-step TransformerLayer training on both paths (DelayedScaling, whose scales evolve with the
-/// amaxes of the GEMMs' inputs): losses within the accumulation-order tolerance of each other at every step.
+/// The same multi-step TransformerLayer training on every path this CPU has (DelayedScaling, whose scales evolve
+/// with the amaxes of the GEMMs' inputs): every FP8 GEMM of the run counted under its path and none under another,
+/// and the losses within the accumulation-order tolerance of the f32 path's at every step.
 #[test]
-fn training_on_the_bf16_path_follows_the_f32_path() {
-    // (Without AVX512-BF16 both runs take the f32 path: the bf16 one falls back, recorded.)
+fn training_on_every_path_follows_the_f32_path() {
     type A = Autodiff<Te<Flex>>;
+    let launches = || burn_te::diagnostics::thread_counter_value("Fp8GemmLaunches").unwrap_or(0);
     let run = |path: HostGemmPath| -> Vec<f32> {
-        with_host_gemm_path(path, || {
+        let before: Vec<u64> = HostGemmPath::ALL.iter().map(|&p| counted(p)).collect();
+        let launched = launches();
+        let losses = with_host_gemm_path(path, || {
             let device = Default::default();
             A::seed(&device, 7);
             let mut layer: TransformerLayer<A> =
@@ -400,47 +451,74 @@ fn training_on_the_bf16_path_follows_the_f32_path() {
                     layer = optim.step(0.05, layer.clone(), grads);
                     value
                 })
-                .collect()
-        })
+                .collect::<Vec<f32>>()
+        });
+        let gemms = launches() - launched;
+        assert!(gemms >= 6 * 12, "{path}: {gemms} FP8 GEMMs in 6 steps");
+        for (&p, before) in HostGemmPath::ALL.iter().zip(before) {
+            let expected = if p == path { before + gemms } else { before };
+            assert_eq!(
+                counted(p),
+                expected,
+                "HostFp8Gemm({p}) after the run on {path}"
+            );
+        }
+        losses
     };
-    let bf16 = run(HostGemmPath::Avx512Bf16);
-    let f32 = run(HostGemmPath::F32);
-    for (step, (a, b)) in bf16.iter().zip(&f32).enumerate() {
-        // Same FP8 codes up to the accumulation order: the losses agree to ~1e-5 relative; a wrong GEMM (a scale
-        // applied twice, a transposed operand) moves them by percent.
+    let reference = run(HostGemmPath::F32);
+    for path in paths() {
+        let losses = run(path);
+        for (step, (a, b)) in losses.iter().zip(&reference).enumerate() {
+            // Same FP8 codes up to the accumulation order: the losses agree to ~1e-5 relative; a wrong GEMM (a
+            // scale applied twice, a transposed operand) moves them by percent.
+            assert!(
+                ((a - b) / b).abs() < 1e-4,
+                "step {step}: loss {a} on {path} vs {b} on f32"
+            );
+        }
         assert!(
-            ((a - b) / b).abs() < 1e-4,
-            "step {step}: loss {a} on bf16 vs {b} on f32"
+            losses[5] < losses[0],
+            "the layer learns on {path}: {losses:?}"
         );
+        println!("trained on {path}: {losses:?}");
     }
-    assert!(bf16[5] < bf16[0], "the layer learns: {bf16:?}");
 }
 
-/// The kernels' packing read through strides: each operand stored with a depth-contiguous, a lane-contiguous and a
-/// general layout (both strides above one, an offset), as codes through a table and as bf16 bits. Values are
-/// multiples of 1/4 in [-2, 2), so every product and every partial sum is exact in f32: the output must equal the
-/// f64 product bit for bit. A source shorter than its strides reach is an error naming the element it would read.
-#[test]
-fn strided_packing_reads_every_layout_exactly() {
-    use burn_te_kernels::host::bf16_gemm::{self, Elements, Source};
+/// Values that make every product and partial sum exact in f32: code `c` is `(c − 8) / 4`, a multiple of 1/4 in
+/// [-2, 2); at depth `k` every sum is a multiple of 1/16 below `4k`, exact for `k` up to 2¹⁸.
+fn quarter(c: u8) -> f32 {
+    (f32::from(c) - 8.0) / 4.0
+}
 
-    let (m, k, n) = (13, 45, 33);
-    let mut rng = Rng::new(41);
+/// `a · b` of such codes (`m × k` and `k × n`, row-major) in integers, as f32.
+fn exact_product(a: &[u8], b: &[u8], (m, k, n): (usize, usize, usize)) -> Vec<f32> {
+    let mut out = vec![0i64; m * n];
+    for r in 0..m {
+        for d in 0..k {
+            let x = i64::from(a[r * k + d]) - 8;
+            for (o, &y) in out[r * n..][..n].iter_mut().zip(&b[d * n..][..n]) {
+                *o += x * (i64::from(y) - 8);
+            }
+        }
+    }
+    out.into_iter().map(|v| v as f32 / 16.0).collect()
+}
+
+/// One packed kernel on every layout and both element sources, bit for bit against [`exact_product`]; `Err` from
+/// the GEMM where the CPU lacks the path.
+fn packed_gemm_matches<K: burn_te_kernels::host::gemm::Kernel>(
+    (m, k, n): (usize, usize, usize),
+    element: impl Fn(f32) -> K::Element,
+    seed: u64,
+) -> Result<(), burn_te_kernels::host::gemm::HostGemmError> {
+    use burn_te_kernels::host::gemm::{self, Elements, Source};
+
+    let mut rng = Rng::new(seed);
     let mut draw =
         |len: usize| -> Vec<u8> { (0..len).map(|_| (rng.next_u64() % 16) as u8).collect() };
-    // Code c has the value (c − 8) / 4.
-    let value = |c: u8| (f32::from(c) - 8.0) / 4.0;
-    let table: [u16; 256] =
-        std::array::from_fn(|c| exact_bf16(value(c as u8)).expect("a multiple of 1/4"));
+    let table: [K::Element; 256] = std::array::from_fn(|c| element(quarter(c as u8)));
     let (a, b) = (draw(m * k), draw(k * n));
-    let expected: Vec<f32> = (0..m * n)
-        .map(|i| {
-            let (r, c) = (i / n, i % n);
-            (0..k)
-                .map(|d| f64::from(value(a[r * k + d])) * f64::from(value(b[d * n + c])))
-                .sum::<f64>() as f32
-        })
-        .collect();
+    let expected = exact_product(&a, &b, (m, k, n));
     // The matrix `values` (rows × cols, row-major) stored at `offset` with `strides`, the rest filled with 0xff
     // (a value no element has).
     let store =
@@ -463,70 +541,205 @@ fn strided_packing_reads_every_layout_exactly() {
         for (rhs_layout, rhs_offset, rhs_strides) in layouts((k, n)) {
             let lhs_codes = store(&a, (m, k), lhs_offset, lhs_strides);
             let rhs_codes = store(&b, (k, n), rhs_offset, rhs_strides);
-            let lhs_bits: Vec<u16> = lhs_codes.iter().map(|&c| table[c as usize]).collect();
-            let rhs_bits: Vec<u16> = rhs_codes.iter().map(|&c| table[c as usize]).collect();
+            let lhs_values: Vec<K::Element> =
+                lhs_codes.iter().map(|&c| table[c as usize]).collect();
+            let rhs_values: Vec<K::Element> =
+                rhs_codes.iter().map(|&c| table[c as usize]).collect();
             let as_codes = (
                 Elements::Codes(&lhs_codes, &table),
                 Elements::Codes(&rhs_codes, &table),
             );
-            let as_bits = (Elements::Bits(&lhs_bits), Elements::Bits(&rhs_bits));
-            for (elements, (lhs_elements, rhs_elements)) in [("codes", as_codes), ("bits", as_bits)]
+            let as_values = (Elements::Values(&lhs_values), Elements::Values(&rhs_values));
+            for (source, (lhs_elements, rhs_elements)) in
+                [("codes", as_codes), ("values", as_values)]
             {
-                let what = format!("lhs {lhs_layout}, rhs {rhs_layout}, {elements}");
-                let lhs = bf16_gemm::pack_lhs(
-                    m,
-                    k,
-                    &Source {
-                        elements: lhs_elements,
-                        offset: lhs_offset,
-                        strides: lhs_strides,
-                    },
-                )
-                .expect("in bounds");
-                let rhs = bf16_gemm::pack_rhs(
-                    k,
-                    n,
-                    &Source {
-                        elements: rhs_elements,
-                        offset: rhs_offset,
-                        strides: rhs_strides,
-                    },
-                )
-                .expect("in bounds");
+                let what = format!(
+                    "{} {m}×{k}×{n}: lhs {lhs_layout}, rhs {rhs_layout}, {source}",
+                    K::PATH
+                );
+                let source = |elements, offset, strides| Source {
+                    elements,
+                    offset,
+                    strides,
+                };
+                let lhs = gemm::pack_lhs::<K>(m, k, &source(lhs_elements, lhs_offset, lhs_strides))
+                    .expect("in bounds");
+                let rhs = gemm::pack_rhs::<K>(k, n, &source(rhs_elements, rhs_offset, rhs_strides))
+                    .expect("in bounds");
                 let mut out = vec![f32::NAN; m * n];
-                let ran = bf16_gemm::gemm(&lhs, &rhs, 1.0, &mut out);
-                if !HostGemmPath::Avx512Bf16.available() {
-                    // Not silent: this CPU must say why it cannot run the path.
-                    let err = ran.expect_err("no AVX512-BF16 here");
-                    assert!(err.contains("AVX512-BF16"), "{what}: {err}");
-                    continue;
-                }
-                ran.unwrap_or_else(|err| panic!("{what}: {err}"));
+                gemm::gemm(&lhs, &rhs, 1.0, &mut out)?;
                 for (i, (got, want)) in out.iter().zip(&expected).enumerate() {
                     assert_eq!(
                         got.to_bits(),
                         want.to_bits(),
-                        "{what}: output {i} = {got}, f64 {want}"
+                        "{what}: output {i} = {got}, exact {want}"
                     );
                 }
             }
         }
     }
-    // One element short of what the strides reach.
+    Ok(())
+}
+
+/// The packed kernels read through strides (a depth-contiguous, a lane-contiguous and a general layout with an
+/// offset; codes through a table and elements), bit-exact against an integer re-computation: at a small shape,
+/// and at one that crosses several depth blocks, row blocks and column blocks of every path with partial last
+/// blocks (bf16: 384 depths per block, fma: 256; 144 rows and 256 columns per task), so that the loop adding each
+/// later depth block into the output is what the result depends on. A path this CPU lacks must say so.
+#[test]
+fn packed_kernels_are_exact_across_layouts_and_blocks() {
+    use burn_te_kernels::host::gemm::HostGemmError;
+    use burn_te_kernels::host::gemm::bf16::Avx512Bf16Kernel;
+    use burn_te_kernels::host::gemm::fma::Avx2FmaKernel;
+
+    let bf16 = |v: f32| exact_bf16(v).expect("a multiple of 1/4");
+    let f32_bits = |v: f32| v.to_bits();
+    let mut ran = vec![];
+    for (shape, seed) in [((13, 45, 33), 41), ((173, 899, 549), 42)] {
+        let results = [
+            (
+                HostGemmPath::Avx512Bf16,
+                packed_gemm_matches::<Avx512Bf16Kernel>(shape, bf16, seed),
+            ),
+            (
+                HostGemmPath::Avx2Fma,
+                packed_gemm_matches::<Avx2FmaKernel>(shape, f32_bits, seed),
+            ),
+        ];
+        for (path, result) in results {
+            match result {
+                Ok(()) => ran.push((path, shape)),
+                Err(err) => {
+                    assert!(!path.available(), "{path} at {shape:?}: {err}");
+                    assert_eq!(err, HostGemmError::Unavailable(path));
+                    assert!(err.to_string().contains(path.name()), "{err}");
+                }
+            }
+        }
+    }
+    let packed: Vec<_> = paths()
+        .into_iter()
+        .filter(|&p| p != HostGemmPath::F32)
+        .collect();
+    for path in &packed {
+        assert_eq!(
+            ran.iter().filter(|(p, _)| p == path).count(),
+            2,
+            "{path} ran at both shapes"
+        );
+    }
+    println!("packed kernels run: {ran:?}");
+}
+
+/// The packing's bounds: a source one element short is an error naming the element it would read, and strides
+/// whose reach overflows `usize` are an error too (checked arithmetic, not a wrapped index that passes the check).
+#[test]
+fn packing_out_of_bounds_is_an_error() {
+    use burn_te_kernels::host::gemm::fma::Avx2FmaKernel;
+    use burn_te_kernels::host::gemm::{self, Elements, HostGemmError, Source};
+
+    let (m, k) = (13, 45);
+    let table = [0u32; 256];
     let short = vec![0u8; m * k - 1];
-    let err = bf16_gemm::pack_lhs(
-        m,
-        k,
-        &Source {
-            elements: Elements::Codes(&short, &table),
-            offset: 0,
-            strides: (k, 1),
-        },
-    )
-    .err()
-    .expect("out of bounds");
+    let source = |codes, strides| Source {
+        elements: Elements::Codes(codes, &table),
+        offset: 0,
+        strides,
+    };
+    let err = gemm::pack_lhs::<Avx2FmaKernel>(m, k, &source(&short, (k, 1)))
+        .err()
+        .expect("out of bounds");
     assert!(
-        err.contains(&format!("reads element {}", m * k - 1)),
+        err.to_string()
+            .contains(&format!("reads element {}", m * k - 1)),
         "{err}"
     );
+    // Three rows 2⁶³ apart: a wrapping product would reach element 0 + (k − 1), inside the stored codes.
+    let codes = vec![0u8; 4096];
+    let err = gemm::pack_lhs::<Avx2FmaKernel>(3, k, &source(&codes, (1 << 63, 1)))
+        .err()
+        .expect("overflowing strides");
+    assert!(
+        matches!(err, HostGemmError::OutOfBounds { last: None, .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("beyond usize::MAX"), "{err}");
+}
+
+/// What one thread keeps of its packing buffers: at most 4 buffers of 64 MiB together, the smallest freed first
+/// (re-computed here from the sizes the packed operands take), none larger than that, nothing after `release`.
+#[test]
+fn kept_packing_buffers_stay_within_their_bound() {
+    use burn_te_kernels::host::gemm::fma::Avx2FmaKernel;
+    use burn_te_kernels::host::gemm::scratch::{KEPT_BUFFERS, KEPT_BYTES, held_bytes, release};
+    use burn_te_kernels::host::gemm::{self, Elements, Source};
+
+    release();
+    assert_eq!(held_bytes(), 0);
+    let table = [0u32; 256];
+    let depth = 1024;
+    let mut kept: Vec<usize> = vec![];
+    // Operands of 12, 20, 28, 36, 72 and 4 MiB packed (rows padded to 6), each dropped before the next.
+    for rows in [3072, 5120, 7168, 9216, 18432, 1024] {
+        let codes = vec![0u8; rows * depth];
+        let source = Source {
+            elements: Elements::Codes(&codes, &table),
+            offset: 0,
+            strides: (depth, 1),
+        };
+        let packed = gemm::pack_lhs::<Avx2FmaKernel>(rows, depth, &source).expect("packs");
+        drop(packed);
+        let needed = rows.div_ceil(6) * 6 * depth * 4;
+        // The policy, re-computed: the packing takes the smallest kept buffer that fits, else a fresh one; given
+        // back, a buffer above the bound is not kept, else it joins and the smallest go while there are too many
+        // or too many bytes.
+        let bytes = match kept.iter().position(|&b| b >= needed) {
+            Some(fits) => kept.remove(fits),
+            None => needed,
+        };
+        if bytes <= KEPT_BYTES {
+            kept.push(bytes);
+            kept.sort_unstable();
+            while kept.len() > KEPT_BUFFERS || kept.iter().sum::<usize>() > KEPT_BYTES {
+                kept.remove(0);
+            }
+        }
+        assert_eq!(
+            held_bytes(),
+            kept.iter().sum::<usize>(),
+            "after {rows} rows: {kept:?}"
+        );
+        assert!(held_bytes() <= KEPT_BYTES);
+    }
+    release();
+    assert_eq!(held_bytes(), 0, "release frees everything");
+}
+
+/// The probe: every path this CPU runs timed (f32 always), the fastest chosen, the choice made once per process
+/// and the one an unforced GEMM asks for (unless `BURN_TE_HOST_GEMM` names one).
+#[test]
+fn the_probe_times_every_path_and_chooses_the_fastest() {
+    use burn_te::host::gemm::{measure, probe, requested_host_gemm_path};
+
+    let available = paths();
+    let measured = measure(&available);
+    let timed: Vec<HostGemmPath> = measured.times.iter().map(|(p, _)| *p).collect();
+    assert_eq!(timed, available, "every available path timed, in order");
+    let fastest = measured.times.iter().min_by_key(|(_, t)| *t).unwrap().0;
+    assert_eq!(measured.chosen, fastest);
+    // A path this CPU lacks is not timed; f32 always is.
+    let only_missing: Vec<HostGemmPath> = HostGemmPath::ALL
+        .into_iter()
+        .filter(|p| !p.available())
+        .collect();
+    let fallback = measure(&only_missing);
+    assert_eq!(fallback.chosen, HostGemmPath::F32);
+    assert_eq!(fallback.times.len(), 1);
+    let first = probe();
+    assert!(std::ptr::eq(first, probe()), "measured once per process");
+    assert!(available.contains(&first.chosen));
+    if std::env::var("BURN_TE_HOST_GEMM").is_err() {
+        assert_eq!(requested_host_gemm_path(), first.chosen);
+    }
+    println!("probe: {:?}", first);
 }

@@ -1,8 +1,8 @@
 //! The host path: every kernel of this crate in plain Rust, bit-identical to the kernels. It is the reference of the
 //! tests and the implementation used by backends without a CubeCL device (burn-ndarray).
 
-pub mod bf16_gemm;
 mod fp8;
+pub mod gemm;
 pub mod nvfp4;
 
 use rayon::prelude::*;

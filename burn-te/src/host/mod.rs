@@ -1,7 +1,8 @@
 //! [`TeBackend`] for the CPU backends (burn-flex, burn-ndarray) with the host path: the same numerics as the kernels
 //! (bit-identical codes and scales), so machines without any Vulkan or CUDA device still train in FP8. The FP8 GEMM
-//! dequantizes its operands and runs the backend's own f32 matmul (a real GEMM library: `gemm` on Flex,
-//! `matrixmultiply` on NdArray). One implementation, instantiated per backend by `host_te_backend!`.
+//! ([`gemm`]) runs on the CPU's fastest exact instruction as measured at the first GEMM (bf16 dot products, f32
+//! FMAs, or the `gemm` crate on decoded operands). One implementation, instantiated per backend by
+//! `host_te_backend!`.
 
 use std::sync::{Arc, Mutex};
 
@@ -26,8 +27,11 @@ use crate::backend::{
 };
 use crate::cube::rows_cols;
 use crate::error::TeError;
-use crate::host_gemm::{self, HostGemmPath, HostOperand};
-use burn_te_kernels::host::bf16_gemm;
+use burn_te_kernels::host::gemm::advise_huge_pages;
+
+pub mod gemm;
+
+use gemm::operand::HostOperand;
 
 /// FP8 (or E2M1) codes, one per byte, and `scale_inv` values on the host, on a CPU backend's device `D`.
 #[derive(Clone, Debug)]
@@ -226,7 +230,7 @@ macro_rules! host_te_backend {
             }
 
             fn fp8_dequantize(tensor: Fp8Primitive<Self>) -> Result<FloatTensor<Self>, TeError> {
-                let values = dequantized(&tensor);
+                let values = gemm::dequantize(&host_operand(&tensor, false));
                 Ok(host_tensor::<$backend>(
                     values,
                     tensor.shape,
@@ -471,20 +475,8 @@ fn nvfp4_quantize<D>(
     })
 }
 
-/// Work (`m·n·k`) from which one GEMM is split across rayon's threads (burn-flex's threshold).
-const PARALLEL_GEMM: usize = 192 * 192 * 192;
-
-/// Scratch buffers kept for the decoded operands are dropped after a GEMM when larger than this (elements).
-const KEPT_SCRATCH: usize = 1 << 24;
-
-thread_local! {
-    /// The decoded operands of this thread's last host GEMM, reused so each GEMM does not fault in fresh pages.
-    static SCRATCH: std::cell::RefCell<[Vec<f32>; 2]> = const { std::cell::RefCell::new([Vec::new(), Vec::new()]) };
-}
-
-/// The FP8 GEMM on the host: both operands decoded to f32 (`decode(code) · scale_inv`, per tensor or per block),
-/// then the `gemm` crate (burn-flex's matmul) with f32 accumulation; transposed operands read through strides, a
-/// batch of one broadcast against the other operand's batch.
+/// The FP8 GEMM on the host ([`gemm::host_fp8_gemm`]: the probe's or the requested path); a batch of one
+/// broadcast against the other operand's batch.
 fn host_gemm<B: Backend>(
     lhs: Fp8Tensor<HostFp8Data<B::Device>>,
     lhs_t: bool,
@@ -496,37 +488,14 @@ fn host_gemm<B: Backend>(
     let (rb, rr, rc) = rhs.matrix_dims();
     let (m, k) = if lhs_t { (lc, lr) } else { (lr, lc) };
     let n = if rhs_t { rr } else { rc };
-    let batch = lb.max(rb);
-    let mut out = vec![0f32; batch * m * n];
-    bf16_gemm::advise_huge_pages(&out);
-    let mut path = host_gemm::path_to_run();
-    if path == HostGemmPath::Avx512Bf16 && !out.is_empty() && k > 0 {
-        let (a, b) = (host_operand(&lhs, lhs_t), host_operand(&rhs, rhs_t));
-        if let Err(reason) = host_gemm::bf16_gemm(&a, &b, (m, n, k), &mut out) {
-            crate::fallback::record(
-                "host bf16 GEMM not exact",
-                format!("host FP8 GEMM {m}x{n}x{k}: ran on f32, not on bf16: {reason}"),
-            );
-            path = HostGemmPath::F32;
-        }
-    }
-    host_gemm::count(path);
-    if path == HostGemmPath::F32 && !out.is_empty() && k > 0 {
-        with_decoded(&lhs, &rhs, |a, b| {
-            let gemm = GemmOperands {
-                m,
-                n,
-                k,
-                lhs: operand(a, lr, lc, lhs_t, lb > 1),
-                rhs: operand(b, rr, rc, rhs_t, rb > 1),
-            };
-            gemm.run(&mut out);
-        });
-    }
+    let mut out = vec![0f32; lb.max(rb) * m * n];
+    advise_huge_pages(&out);
+    let (a, b) = (host_operand(&lhs, lhs_t), host_operand(&rhs, rhs_t));
+    gemm::host_fp8_gemm(&a, &b, (m, n, k), &mut out);
     Ok(host_tensor::<B>(out, shape, &lhs.data.device))
 }
 
-/// A host FP8 GEMM's operand as [`host_gemm`](crate::host_gemm) reads it.
+/// A host FP8 tensor as [`gemm`] reads it.
 fn host_operand<D>(t: &Fp8Tensor<HostFp8Data<D>>, transposed: bool) -> HostOperand<'_> {
     HostOperand {
         codes: &t.data.codes,
@@ -536,153 +505,5 @@ fn host_operand<D>(t: &Fp8Tensor<HostFp8Data<D>>, transposed: bool) -> HostOpera
         nvfp4: t.data.nvfp4.as_deref(),
         dims: t.matrix_dims(),
         transposed,
-    }
-}
-
-/// One decoded operand: its values, (row, column) strides of the GEMM's view of it, and the stride between
-/// batch matrices (0 when one matrix serves every batch).
-struct Operand<'a> {
-    values: &'a [f32],
-    row_stride: isize,
-    col_stride: isize,
-    batch_stride: usize,
-}
-
-/// A `[rows, cols]` row-major matrix (per batch) read as is or transposed.
-fn operand(
-    values: &[f32],
-    rows: usize,
-    cols: usize,
-    transposed: bool,
-    batched: bool,
-) -> Operand<'_> {
-    let (row_stride, col_stride) = if transposed {
-        (1, cols as isize)
-    } else {
-        (cols as isize, 1)
-    };
-    Operand {
-        values,
-        row_stride,
-        col_stride,
-        batch_stride: if batched { rows * cols } else { 0 },
-    }
-}
-
-struct GemmOperands<'a> {
-    m: usize,
-    n: usize,
-    k: usize,
-    lhs: Operand<'a>,
-    rhs: Operand<'a>,
-}
-
-impl GemmOperands<'_> {
-    /// `out[b] = lhs[b] · rhs[b]` for every batch: large matrices split across threads, small ones one batch per
-    /// thread.
-    fn run(&self, out: &mut [f32]) {
-        use rayon::prelude::*;
-        let per_matrix = self.m * self.n;
-        let large = self.m * self.n * self.k >= PARALLEL_GEMM;
-        let batches = out.len() / per_matrix;
-        if large || batches == 1 {
-            let parallelism = if large {
-                gemm::Parallelism::Rayon(0)
-            } else {
-                gemm::Parallelism::None
-            };
-            for (b, dst) in out.chunks_mut(per_matrix).enumerate() {
-                self.one(b, dst, parallelism);
-            }
-        } else {
-            out.par_chunks_mut(per_matrix)
-                .enumerate()
-                .for_each(|(b, dst)| self.one(b, dst, gemm::Parallelism::None));
-        }
-    }
-
-    fn one(&self, batch: usize, dst: &mut [f32], parallelism: gemm::Parallelism) {
-        let (a, b) = (
-            &self.lhs.values[batch * self.lhs.batch_stride..],
-            &self.rhs.values[batch * self.rhs.batch_stride..],
-        );
-        // SAFETY: `dst` holds `m × n` elements written at row stride `n`; `a` and `b` hold every element their
-        // strides reach (`m × k` and `k × n` from their batch offsets, checked by `gemm_output_shape`'s dims).
-        unsafe {
-            gemm::gemm(
-                self.m,
-                self.n,
-                self.k,
-                dst.as_mut_ptr(),
-                1,
-                self.n as isize,
-                false,
-                a.as_ptr(),
-                self.lhs.col_stride,
-                self.lhs.row_stride,
-                b.as_ptr(),
-                self.rhs.col_stride,
-                self.rhs.row_stride,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                parallelism,
-            );
-        }
-    }
-}
-
-/// Runs `f` on both operands decoded to f32, in this thread's scratch buffers (fresh ones if they are in use, as
-/// when a rayon worker runs a second GEMM while waiting on the first).
-fn with_decoded<D, R>(
-    lhs: &Fp8Tensor<HostFp8Data<D>>,
-    rhs: &Fp8Tensor<HostFp8Data<D>>,
-    f: impl FnOnce(&[f32], &[f32]) -> R,
-) -> R {
-    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
-        Ok(mut buffers) => {
-            let [a, b] = &mut *buffers;
-            decode_into(lhs, a);
-            decode_into(rhs, b);
-            let result = f(a, b);
-            for buffer in buffers.iter_mut() {
-                if buffer.capacity() > KEPT_SCRATCH {
-                    *buffer = Vec::new();
-                }
-            }
-            result
-        }
-        Err(_) => f(&dequantized(lhs), &dequantized(rhs)),
-    })
-}
-
-/// `decode(code) · scale_inv` of every element (per tensor or per block).
-fn dequantized<D>(tensor: &Fp8Tensor<HostFp8Data<D>>) -> Vec<f32> {
-    let mut values = Vec::new();
-    decode_into(tensor, &mut values);
-    values
-}
-
-/// [`dequantized`] into `values`, resized to the tensor (only grown elements are initialised before decoding).
-fn decode_into<D>(tensor: &Fp8Tensor<HostFp8Data<D>>, values: &mut Vec<f32>) {
-    let data = &tensor.data;
-    values.resize(data.codes.len(), 0.0);
-    match (tensor.format, tensor.block) {
-        (ElementFormat::Fp8(format), None) => {
-            host::dequantize_into(&data.codes, data.scale_inv[0], format, values)
-        }
-        (ElementFormat::E2m1, None) => {
-            for (value, &code) in values.iter_mut().zip(data.codes.iter()) {
-                *value = ElementFormat::E2m1.decode(code) * data.scale_inv[0];
-            }
-        }
-        (_, Some(block)) => {
-            let (_, cols) = rows_cols(&tensor.shape);
-            for (i, (value, &code)) in values.iter_mut().zip(data.codes.iter()).enumerate() {
-                *value = tensor.format.decode(code) * data.scale_inv[block.slot(i, cols)];
-            }
-        }
     }
 }

@@ -1,0 +1,231 @@
+//! The packed paths (`avx512bf16`, `avx2fma`): each operand's codes become the path's element exactly — through a
+//! table of the 256 codes when nothing is folded, else decoded with the block scale folded in — and
+//! [`burn_te_kernels::host::gemm`] packs and multiplies them; per-tensor scales and NVFP4's global scales are
+//! applied to the f32 output as one factor.
+//!
+//! bf16 holds every FP8 value, E2M1 × E4M3 (NVFP4's element times its block scale) and an FP8 value times a power
+//! of two inside bf16's normal range; an operand with another block scale is not exact in bf16 and runs on f32,
+//! recorded as a fallback. f32 holds all of these too, and folds any other block scale with one rounding (as the
+//! `f32` path's decode does).
+
+use burn_te_kernels::Fp8Format;
+use burn_te_kernels::ScaleBlock;
+use burn_te_kernels::host::gemm::bf16::exact_bf16;
+use burn_te_kernels::host::gemm::{self, Elements, Kernel, PackedElement, Source};
+
+use super::operand::HostOperand;
+
+/// A packed path's element made from a decoded value.
+pub(super) trait PathElement: PackedElement {
+    /// Whether `value` is exactly an element (and not flushed by the instruction).
+    fn is_exact(value: f32) -> bool;
+    /// The element of `value`, exact where [`PathElement::is_exact`] holds.
+    fn of(value: f32) -> Self;
+    /// Whether a block scale that keeps some value inexact may be folded anyway, rounded once (f32), or must make
+    /// the operand fall back (bf16).
+    const ROUNDED_FOLDS: bool;
+}
+
+/// bf16 bits (`vdpbf16ps`).
+impl PathElement for u16 {
+    fn is_exact(value: f32) -> bool {
+        exact_bf16(value).is_some()
+    }
+    fn of(value: f32) -> Self {
+        exact_bf16(value).unwrap_or((value.to_bits() >> 16) as u16)
+    }
+    const ROUNDED_FOLDS: bool = false;
+}
+
+/// f32 bits (`vfmadd231ps`).
+impl PathElement for u32 {
+    fn is_exact(_: f32) -> bool {
+        true
+    }
+    fn of(value: f32) -> Self {
+        value.to_bits()
+    }
+    const ROUNDED_FOLDS: bool = true;
+}
+
+/// How an operand's stored codes become elements `E`: `value(code) · fold[block]`, and the factor left for the
+/// output.
+struct Decoding<'a, E> {
+    /// Each code's value.
+    table: [f32; 256],
+    /// Each code's element (nothing folded).
+    elements: [E; 256],
+    /// One factor per block folded into the elements (`None`: nothing folded): a block's `scale_inv`, or the value
+    /// of NVFP4's E4M3 block-scale code.
+    fold: Option<(ScaleBlock, Vec<f32>)>,
+    /// The factor applied to the output (the per-tensor scale, NVFP4's global part).
+    alpha: f64,
+    codes: &'a [u8],
+}
+
+impl<'a, E: PathElement> Decoding<'a, E> {
+    /// The decoding of `operand`, or why it is not exact in `E`.
+    fn new(operand: &HostOperand<'a>) -> Result<Self, String> {
+        let table: [f32; 256] = std::array::from_fn(|code| operand.format.decode(code as u8));
+        if let Some(value) = table.iter().find(|&&v| !E::is_exact(v)) {
+            return Err(format!(
+                "the {} value {value:e} is not exact in the path's element",
+                operand.format.name()
+            ));
+        }
+        let elements = table.map(E::of);
+        let (fold, alpha) = match (operand.block, operand.nvfp4) {
+            (None, _) => (None, f64::from(operand.scale_inv[0])),
+            // E2M1 × E4M3: at most 5 significant bits, exponents far inside bf16's (tested for every pair).
+            (Some(block), Some(nvfp4)) => (
+                Some((
+                    block,
+                    nvfp4
+                        .block_scales
+                        .iter()
+                        .map(|&code| Fp8Format::E4M3.decode(code))
+                        .collect(),
+                )),
+                f64::from(nvfp4.global_amax) / 2688.0,
+            ),
+            (Some(block), None) => {
+                if !E::ROUNDED_FOLDS {
+                    check_exact_folds::<E>(&table, operand)?;
+                }
+                (Some((block, operand.scale_inv.to_vec())), 1.0)
+            }
+        };
+        Ok(Self {
+            table,
+            elements,
+            fold,
+            alpha,
+            codes: operand.codes,
+        })
+    }
+
+    /// The stored tensor's elements: the codes through the table when nothing is folded, else decoded (row-major,
+    /// `cols` columns).
+    fn stored(&self, cols: usize) -> Stored<'_, E> {
+        use rayon::prelude::*;
+        let Some((block, factors)) = &self.fold else {
+            return Stored::Table(self.codes, &self.elements);
+        };
+        let mut out = vec![E::ZERO; self.codes.len()];
+        let grid_cols = cols.div_ceil(block.cols);
+        out.par_chunks_mut(cols.max(1))
+            .zip(self.codes.par_chunks(cols.max(1)))
+            .enumerate()
+            .for_each(|(row, (out, codes))| {
+                let base = row / block.rows * grid_cols;
+                for (b, (out, codes)) in out
+                    .chunks_mut(block.cols)
+                    .zip(codes.chunks(block.cols))
+                    .enumerate()
+                {
+                    let factor = factors[base + b];
+                    for (o, &c) in out.iter_mut().zip(codes) {
+                        *o = E::of(self.table[c as usize] * factor);
+                    }
+                }
+            });
+        Stored::Decoded(out)
+    }
+}
+
+/// Every block scale of `operand` a power of two that keeps each finite value of `table` exactly an element.
+fn check_exact_folds<E: PathElement>(
+    table: &[f32; 256],
+    operand: &HostOperand<'_>,
+) -> Result<(), String> {
+    let finite = table.iter().filter(|v| v.is_finite()).map(|v| v.abs());
+    let smallest = finite
+        .clone()
+        .filter(|&v| v > 0.0)
+        .fold(f32::INFINITY, f32::min);
+    let largest = finite.fold(0.0, f32::max);
+    for &scale in operand.scale_inv {
+        let power_of_two = scale.is_finite() && scale > 0.0 && scale.to_bits() & 0x7f_ffff == 0;
+        if !power_of_two || !E::is_exact(smallest * scale) || !(largest * scale).is_finite() {
+            return Err(format!(
+                "block scale_inv {scale:e} is not a power of two that keeps every {} value exact in the \
+                 path's element",
+                operand.format.name()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An operand's elements.
+enum Stored<'a, E> {
+    /// Codes and the element of each code.
+    Table(&'a [u8], &'a [E; 256]),
+    /// Each element.
+    Decoded(Vec<E>),
+}
+
+/// Batch `b`'s matrix of `operand` as the GEMM reads it, its elements from `stored`.
+fn source<'a, E: Copy>(
+    operand: &HostOperand<'_>,
+    stored: &'a Stored<'_, E>,
+    b: usize,
+) -> Source<'a, E> {
+    let (offset, strides) = operand.layout(b);
+    Source {
+        elements: match stored {
+            Stored::Table(codes, table) => Elements::Codes(codes, table),
+            Stored::Decoded(values) => Elements::Values(values),
+        },
+        offset,
+        strides,
+    }
+}
+
+/// `out[b] = lhs[b] · rhs[b]` (`m × n` each, row-major) on `K`'s path; `Err` with the reason when an operand is
+/// not exact in the path's element or the path cannot run (the caller runs the f32 path then).
+pub(super) fn gemm<K: Kernel>(
+    lhs: &HostOperand<'_>,
+    rhs: &HostOperand<'_>,
+    (m, n, k): (usize, usize, usize),
+    out: &mut [f32],
+) -> Result<(), String>
+where
+    K::Element: PathElement,
+{
+    let (lhs_decoding, rhs_decoding) = (
+        Decoding::<K::Element>::new(lhs).map_err(|err| format!("left operand: {err}"))?,
+        Decoding::<K::Element>::new(rhs).map_err(|err| format!("right operand: {err}"))?,
+    );
+    let alpha = (lhs_decoding.alpha * rhs_decoding.alpha) as f32;
+    let (lhs_stored, rhs_stored) = (
+        lhs_decoding.stored(lhs.dims.2),
+        rhs_decoding.stored(rhs.dims.2),
+    );
+    let pack_lhs = |b| gemm::pack_lhs::<K>(m, k, &source(lhs, &lhs_stored, b));
+    let pack_rhs = |b| gemm::pack_rhs::<K>(k, n, &source(rhs, &rhs_stored, b));
+    let shared_lhs = (lhs.dims.0 <= 1).then(|| pack_lhs(0)).transpose();
+    let shared_rhs = (rhs.dims.0 <= 1).then(|| pack_rhs(0)).transpose();
+    let (shared_lhs, shared_rhs) = (
+        shared_lhs.map_err(|err| err.to_string())?,
+        shared_rhs.map_err(|err| err.to_string())?,
+    );
+    for (b, dst) in out.chunks_mut((m * n).max(1)).enumerate() {
+        let own_lhs = shared_lhs.is_none().then(|| pack_lhs(b)).transpose();
+        let own_rhs = shared_rhs.is_none().then(|| pack_rhs(b)).transpose();
+        let (own_lhs, own_rhs) = (
+            own_lhs.map_err(|err| err.to_string())?,
+            own_rhs.map_err(|err| err.to_string())?,
+        );
+        let a = shared_lhs
+            .as_ref()
+            .or(own_lhs.as_ref())
+            .expect("one of the two");
+        let w = shared_rhs
+            .as_ref()
+            .or(own_rhs.as_ref())
+            .expect("one of the two");
+        gemm::gemm(a, w, alpha, dst).map_err(|err| err.to_string())?;
+    }
+    Ok(())
+}

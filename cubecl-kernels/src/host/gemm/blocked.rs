@@ -1,0 +1,131 @@
+//! The blocked GEMM around a micro-kernel: the output split into `MC × NC` tasks across rayon's threads, each over
+//! the depth in blocks of `KC` units; inside a block, one right panel (`KC × NR`, in L1) against every left panel
+//! of the task's rows (`MC × KC`, in L2).
+
+use rayon::prelude::*;
+
+use super::{HostGemmError, Kernel, PackedLhs, PackedRhs};
+
+/// The largest micro-kernel tile (`MR · NR`) of any path.
+const MAX_TILE: usize = 12 * 32;
+
+/// `out = alpha · lhs · rhs` (`out` row-major `m × n`, overwritten) on `K`'s path. An error when the CPU lacks the
+/// path ([`super::HostGemmPath::available`] tells), the depths differ or `out` does not hold `m × n` values.
+pub fn gemm<K: Kernel>(
+    lhs: &PackedLhs<K>,
+    rhs: &PackedRhs<K>,
+    alpha: f32,
+    out: &mut [f32],
+) -> Result<(), HostGemmError> {
+    const { assert!(K::MR * K::NR <= MAX_TILE) };
+    const { assert!(K::MC.is_multiple_of(K::MR) && K::NC.is_multiple_of(K::NR)) };
+    if lhs.depth != rhs.depth {
+        return Err(HostGemmError::DepthMismatch {
+            what: K::PATH,
+            lhs: lhs.depth,
+            rhs: rhs.depth,
+        });
+    }
+    let (m, n) = (lhs.rows, rhs.cols);
+    if out.len() != m * n {
+        return Err(HostGemmError::OutputLength {
+            what: K::PATH,
+            len: out.len(),
+            m,
+            n,
+        });
+    }
+    if !K::PATH.available() {
+        return Err(HostGemmError::Unavailable(K::PATH));
+    }
+    if m == 0 || n == 0 || lhs.units == 0 {
+        out.fill(0.0);
+        return Ok(());
+    }
+    let tasks: Vec<(usize, usize)> = (0..m.div_ceil(K::MC))
+        .flat_map(|i| (0..n.div_ceil(K::NC)).map(move |j| (i * K::MC, j * K::NC)))
+        .collect();
+    let base = Out(out.as_mut_ptr());
+    let run = |&(row0, col0): &(usize, usize)| {
+        // SAFETY: the CPU has the path (checked above); the task's tile lies inside `out` and no other task
+        // writes it.
+        unsafe { task(lhs, rhs, alpha, base.get(), n, row0, col0) };
+    };
+    if m * n * lhs.depth < 64 * 64 * 64 {
+        tasks.iter().for_each(run);
+    } else {
+        tasks.par_iter().for_each(run);
+    }
+    Ok(())
+}
+
+/// A pointer to the output shared by tasks that write disjoint tiles of it.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: each task writes only its own tile (disjoint rows × columns) of the output.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// The pointer (a method, so that closures capture the `Send` wrapper, not its field).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// The output tile `[row0, row0 + MC) × [col0, col0 + NC)` (clipped to the output), over the whole depth.
+///
+/// # Safety
+/// The CPU has `K`'s path; `out` is the row-major `m × n` output with `n` columns, and no other thread writes this
+/// tile.
+unsafe fn task<K: Kernel>(
+    lhs: &PackedLhs<K>,
+    rhs: &PackedRhs<K>,
+    alpha: f32,
+    out: *mut f32,
+    n: usize,
+    row0: usize,
+    col0: usize,
+) {
+    let (mr, nr) = (K::MR, K::NR);
+    let rows = K::MC.min(lhs.rows - row0);
+    let cols = K::NC.min(n - col0);
+    let mut tile = [0f32; MAX_TILE];
+    for p0 in (0..lhs.units).step_by(K::KC) {
+        let kc = K::KC.min(lhs.units - p0);
+        let (first, last) = (p0 == 0, p0 + kc == lhs.units);
+        for c0 in (0..cols).step_by(nr) {
+            let panel = (col0 + c0) / nr;
+            let b = &rhs.data[(panel * rhs.units + p0) * nr..][..kc * nr];
+            for r0 in (0..rows).step_by(mr) {
+                let panel = (row0 + r0) / mr;
+                let a = &lhs.data[(panel * lhs.units + p0) * mr..][..kc * mr];
+                // SAFETY: `a` holds `kc` units of MR rows, `b` `kc` units of NR columns, `tile` MR · NR values;
+                // the CPU has the path (the caller's contract).
+                unsafe { K::micro_kernel(a.as_ptr(), b.as_ptr(), kc, tile.as_mut_ptr()) };
+                let (tile_rows, tile_cols) = (mr.min(rows - r0), nr.min(cols - c0));
+                for r in 0..tile_rows {
+                    // SAFETY: row `row0 + r0 + r` < m and columns `col0 + c0 ..+ tile_cols` < n.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            out.add((row0 + r0 + r) * n + col0 + c0),
+                            tile_cols,
+                        )
+                    };
+                    let sums = &tile[r * nr..r * nr + tile_cols];
+                    // The first depth block writes the output, later ones add to it, and the last applies
+                    // `alpha` to the whole sum.
+                    match (first, last) {
+                        (true, false) => dst.copy_from_slice(sums),
+                        (true, true) => dst.iter_mut().zip(sums).for_each(|(d, s)| *d = s * alpha),
+                        (false, false) => dst.iter_mut().zip(sums).for_each(|(d, s)| *d += s),
+                        (false, true) => dst
+                            .iter_mut()
+                            .zip(sums)
+                            .for_each(|(d, s)| *d = (*d + s) * alpha),
+                    }
+                }
+            }
+        }
+    }
+}

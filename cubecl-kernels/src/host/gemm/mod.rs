@@ -1,0 +1,202 @@
+//! The host FP8 GEMM's packed paths: FP8 operands decoded exactly into the element type of one CPU instruction,
+//! packed into panels, and multiplied by that instruction's micro-kernel with f32 accumulation — TE's FP8 GEMM
+//! (FP8 operands, f32 accumulation) on a CPU.
+//!
+//! - [`bf16`]: bf16 pairs on AVX512-BF16's dot-product units (`vdpbf16ps`). Every FP8 value is a bf16 value, so
+//!   are E2M1 × E4M3 (NVFP4) and an FP8 value times a power of two inside bf16's normal range.
+//! - [`fma`]: f32 on AVX2's fused multiply-add (`vfmadd231ps`), for every x86-64 CPU since 2013. Every FP8 value
+//!   is an f32 value; a folded block scale that is not a power of two is rounded once in f32.
+//!
+//! Per-tensor scales (DelayedScaling, Float8CurrentScaling, NVFP4's global scale) are applied to the f32 output as
+//! one factor `alpha`; block scales are folded into the elements by the callers. The products are exact in f32 and
+//! each is added to its f32 accumulator with one rounding, so the result differs from the exact sum by at most
+//! `γ_k · Σ|a·b|` (`γ_k = k·u / (1 − k·u)`, `u = 2⁻²⁴`) plus one rounding of `alpha`'s product.
+//!
+//! The pieces: [`pack_lhs`] / [`pack_rhs`] lay a stored matrix (any offset and strides, FP8 codes through a table
+//! or decoded elements) out as the micro-kernel reads it ([`pack`]); [`gemm`] splits the output into tiles across
+//! rayon's threads and runs the micro-kernel over cache-sized depth blocks ([`blocked`]); the packed buffers come
+//! from a small per-thread pool ([`scratch`]). Which path runs is [`HostGemmPath`]'s business, measured by the
+//! caller (burn-te's host backend probes them at first use).
+//!
+//! AMX-BF16 and an AVX-512F f32 micro-kernel are not built: no CPU these were developed on grants them, and a path
+//! is built only where a test can run it.
+
+pub mod bf16;
+mod blocked;
+pub mod fma;
+mod pack;
+pub mod scratch;
+
+pub use blocked::gemm;
+pub use pack::{Elements, PackedElement, PackedLhs, PackedRhs, Source, pack_lhs, pack_rhs};
+pub use scratch::advise_huge_pages;
+
+/// Which host FP8 GEMM runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HostGemmPath {
+    /// bf16 dot products on AVX512-BF16 (`vdpbf16ps`), f32 accumulation ([`bf16`]).
+    Avx512Bf16,
+    /// f32 fused multiply-adds on AVX2 + FMA (`vfmadd231ps`) on exactly decoded operands ([`fma`]).
+    Avx2Fma,
+    /// Operands decoded to f32 (scales multiplied in), the `gemm` crate's f32 GEMM: any CPU.
+    F32,
+}
+
+impl HostGemmPath {
+    /// Every path, fastest instruction first.
+    pub const ALL: [HostGemmPath; 3] = [
+        HostGemmPath::Avx512Bf16,
+        HostGemmPath::Avx2Fma,
+        HostGemmPath::F32,
+    ];
+
+    /// The path's name, as in the metrics report and `BURN_TE_HOST_GEMM`.
+    pub fn name(self) -> &'static str {
+        match self {
+            HostGemmPath::Avx512Bf16 => "avx512bf16",
+            HostGemmPath::Avx2Fma => "avx2fma",
+            HostGemmPath::F32 => "f32",
+        }
+    }
+
+    /// The path named `name` (`avx512bf16`, `avx2fma`, `f32`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|path| path.name() == name)
+    }
+
+    /// Whether this CPU runs the path (its instructions detected once per process).
+    pub fn available(self) -> bool {
+        match self {
+            HostGemmPath::Avx512Bf16 => detected::avx512_bf16(),
+            HostGemmPath::Avx2Fma => detected::avx2_fma(),
+            HostGemmPath::F32 => true,
+        }
+    }
+
+    /// The paths this CPU runs, fastest instruction first.
+    pub fn available_paths() -> Vec<HostGemmPath> {
+        Self::ALL
+            .into_iter()
+            .filter(|path| path.available())
+            .collect()
+    }
+}
+
+impl std::fmt::Display for HostGemmPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The instruction sets, detected once per process.
+mod detected {
+    use std::sync::OnceLock;
+
+    pub fn avx512_bf16() -> bool {
+        static DETECTED: OnceLock<bool> = OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512bf16")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            false
+        })
+    }
+
+    pub fn avx2_fma() -> bool {
+        static DETECTED: OnceLock<bool> = OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            false
+        })
+    }
+}
+
+/// What a packed host GEMM cannot do with its arguments.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostGemmError {
+    /// The strides of an operand reach beyond its stored elements (`last` is `None` where the index overflows).
+    #[error(
+        "{what}: an operand of {lanes} × {depth} reads element {} of {stored} stored",
+        last.map_or_else(|| "beyond usize::MAX".to_string(), |last| last.to_string())
+    )]
+    OutOfBounds {
+        /// The path packing it.
+        what: HostGemmPath,
+        /// Its rows (left operand) or columns (right operand).
+        lanes: usize,
+        /// Its depth.
+        depth: usize,
+        /// The last element its strides reach.
+        last: Option<usize>,
+        /// How many are stored.
+        stored: usize,
+    },
+    /// The packed layout would not fit in memory's address range.
+    #[error("{what}: packing {lanes} × {depth} overflows usize")]
+    TooLarge {
+        /// The path packing it.
+        what: HostGemmPath,
+        /// Rows or columns.
+        lanes: usize,
+        /// Depth.
+        depth: usize,
+    },
+    /// The two operands' depths differ.
+    #[error("{what}: the left operand's depth {lhs} differs from the right's {rhs}")]
+    DepthMismatch {
+        /// The path.
+        what: HostGemmPath,
+        /// The left operand's depth.
+        lhs: usize,
+        /// The right operand's depth.
+        rhs: usize,
+    },
+    /// The output slice does not hold `m × n` values.
+    #[error("{what}: the output holds {len} values, not {m} × {n}")]
+    OutputLength {
+        /// The path.
+        what: HostGemmPath,
+        /// Its length.
+        len: usize,
+        /// Rows.
+        m: usize,
+        /// Columns.
+        n: usize,
+    },
+    /// This CPU lacks the path's instructions ([`HostGemmPath::available`] tells beforehand).
+    #[error("{0}: this CPU lacks the instructions of the path")]
+    Unavailable(HostGemmPath),
+}
+
+/// One path's micro-kernel and its blocking: the packed element, the output tile it holds in registers
+/// (`MR × NR`), and the depth (`KC` packed units), rows (`MC`) and columns (`NC`) of one task's cache blocks.
+pub trait Kernel: Send + Sync + 'static {
+    /// The path it is.
+    const PATH: HostGemmPath;
+    /// The element a packed unit holds: bf16 bits in pairs along the depth, or f32 bits.
+    type Element: PackedElement;
+    /// Rows of the micro-kernel's tile.
+    const MR: usize;
+    /// Columns of the micro-kernel's tile.
+    const NR: usize;
+    /// Packed units of depth per block (the right panel `KC × NR` stays in L1 while left panels stream by).
+    const KC: usize;
+    /// Rows per task (a multiple of `MR`).
+    const MC: usize;
+    /// Columns per task (a multiple of `NR`).
+    const NC: usize;
+
+    /// `tile[r · NR + c] = Σ_p a[p · MR + r] · b[p · NR + c]` over `kc` packed units.
+    ///
+    /// # Safety
+    /// The CPU has the path's instructions; `a` holds `kc · MR` units, `b` `kc · NR`, `tile` `MR · NR` values.
+    unsafe fn micro_kernel(a: *const u32, b: *const u32, kc: usize, tile: *mut f32);
+}

@@ -1,0 +1,286 @@
+//! The operands laid out as a micro-kernel reads them: 32-bit units along the depth (a bf16 pair, or one f32) in
+//! panels of the output tile's rows (left operand) or columns (right operand), read from any stored layout.
+
+use std::marker::PhantomData;
+
+use rayon::prelude::*;
+
+use super::{HostGemmError, Kernel, scratch};
+
+/// An element of a packed operand: `PER_UNIT` consecutive depth elements make one 32-bit unit.
+pub trait PackedElement: Copy + Send + Sync + 'static {
+    /// Depth elements per unit (2 for bf16 bits, 1 for f32 bits).
+    const PER_UNIT: usize;
+    /// The element past an odd depth's end (+0).
+    const ZERO: Self;
+    /// The unit of `lo` and, where `PER_UNIT` is 2, `hi` in the upper half (ignored otherwise).
+    fn unit(lo: Self, hi: Self) -> u32;
+}
+
+/// bf16 bits, in pairs along the depth (the pair's low half the even depth).
+impl PackedElement for u16 {
+    const PER_UNIT: usize = 2;
+    const ZERO: Self = 0;
+    #[inline(always)]
+    fn unit(lo: Self, hi: Self) -> u32 {
+        u32::from(lo) | u32::from(hi) << 16
+    }
+}
+
+/// f32 bits, one per unit.
+impl PackedElement for u32 {
+    const PER_UNIT: usize = 1;
+    const ZERO: Self = 0;
+    #[inline(always)]
+    fn unit(lo: Self, _: Self) -> u32 {
+        lo
+    }
+}
+
+/// A stored matrix as the GEMM reads it: element `(i, j)` is stored at `offset + i · strides.0 + j · strides.1`
+/// of `elements` (a transposed or batched matrix is a choice of offset and strides).
+#[derive(Clone, Copy)]
+pub struct Source<'a, E> {
+    /// The stored elements.
+    pub elements: Elements<'a, E>,
+    /// Where element `(0, 0)` is.
+    pub offset: usize,
+    /// The steps between consecutive rows and columns.
+    pub strides: (usize, usize),
+}
+
+/// Stored elements and their packed element (`E`: bf16 bits `u16`, f32 bits `u32`).
+#[derive(Clone, Copy)]
+pub enum Elements<'a, E> {
+    /// One code per byte, and each code's element.
+    Codes(&'a [u8], &'a [E; 256]),
+    /// The elements.
+    Values(&'a [E]),
+}
+
+impl<E> Elements<'_, E> {
+    fn len(&self) -> usize {
+        match self {
+            Elements::Codes(codes, _) => codes.len(),
+            Elements::Values(values) => values.len(),
+        }
+    }
+}
+
+/// The left operand (`m × k`) in panels of `K::MR` rows: panel `i`'s unit `p` of row `r` at
+/// `(i · units + p) · MR + r`.
+pub struct PackedLhs<K: Kernel> {
+    pub(super) rows: usize,
+    pub(super) depth: usize,
+    pub(super) units: usize,
+    pub(super) data: Vec<u32>,
+    kernel: PhantomData<K>,
+}
+
+/// The right operand (`k × n`) in panels of `K::NR` columns: panel `j`'s unit `p` of column `c` at
+/// `(j · units + p) · NR + c`.
+pub struct PackedRhs<K: Kernel> {
+    pub(super) cols: usize,
+    pub(super) depth: usize,
+    pub(super) units: usize,
+    pub(super) data: Vec<u32>,
+    kernel: PhantomData<K>,
+}
+
+impl<K: Kernel> Drop for PackedLhs<K> {
+    fn drop(&mut self) {
+        scratch::give(std::mem::take(&mut self.data));
+    }
+}
+
+impl<K: Kernel> Drop for PackedRhs<K> {
+    fn drop(&mut self) {
+        scratch::give(std::mem::take(&mut self.data));
+    }
+}
+
+/// Packs the `rows × depth` left operand read from `source` for `K`'s micro-kernel.
+pub fn pack_lhs<K: Kernel>(
+    rows: usize,
+    depth: usize,
+    source: &Source<'_, K::Element>,
+) -> Result<PackedLhs<K>, HostGemmError> {
+    let (row_stride, depth_stride) = source.strides;
+    let lines = Lines {
+        width: K::MR,
+        lanes: rows,
+        depth,
+        lane_stride: row_stride,
+        depth_stride,
+    };
+    Ok(PackedLhs {
+        rows,
+        depth,
+        units: depth.div_ceil(K::Element::PER_UNIT),
+        data: lines.pack(K::PATH, source)?,
+        kernel: PhantomData,
+    })
+}
+
+/// Packs the `depth × cols` right operand read from `source` for `K`'s micro-kernel.
+pub fn pack_rhs<K: Kernel>(
+    depth: usize,
+    cols: usize,
+    source: &Source<'_, K::Element>,
+) -> Result<PackedRhs<K>, HostGemmError> {
+    let (depth_stride, col_stride) = source.strides;
+    let lines = Lines {
+        width: K::NR,
+        lanes: cols,
+        depth,
+        lane_stride: col_stride,
+        depth_stride,
+    };
+    Ok(PackedRhs {
+        cols,
+        depth,
+        units: depth.div_ceil(K::Element::PER_UNIT),
+        data: lines.pack(K::PATH, source)?,
+        kernel: PhantomData,
+    })
+}
+
+/// `lanes` rows (or columns) of `depth` elements each, lane `l`'s depth `d` stored at
+/// `offset + l · lane_stride + d · depth_stride`, packed in panels of `width` lanes.
+#[derive(Clone, Copy)]
+struct Lines {
+    width: usize,
+    lanes: usize,
+    depth: usize,
+    lane_stride: usize,
+    depth_stride: usize,
+}
+
+impl Lines {
+    /// Lane `first + l` of panel `first / width` at `(panel · units + p) · width + l`; lanes past the end and
+    /// the depth past an odd end are zero. An error where the strides reach beyond `source` (checked
+    /// arithmetic: a stride that overflows is out of bounds too).
+    fn pack<E: PackedElement>(
+        self,
+        path: super::HostGemmPath,
+        source: &Source<'_, E>,
+    ) -> Result<Vec<u32>, HostGemmError> {
+        let Lines {
+            width,
+            lanes,
+            depth,
+            lane_stride,
+            depth_stride,
+        } = self;
+        let stored = source.elements.len();
+        if lanes > 0 && depth > 0 {
+            let last = (lanes - 1)
+                .checked_mul(lane_stride)
+                .zip((depth - 1).checked_mul(depth_stride))
+                .and_then(|(l, d)| l.checked_add(d))
+                .and_then(|reach| reach.checked_add(source.offset));
+            if last.is_none_or(|last| last >= stored) {
+                return Err(HostGemmError::OutOfBounds {
+                    what: path,
+                    lanes,
+                    depth,
+                    last,
+                    stored,
+                });
+            }
+        }
+        let units = depth.div_ceil(E::PER_UNIT);
+        let panel_len = units
+            .checked_mul(width)
+            .filter(|len| len.checked_mul(lanes.div_ceil(width)).is_some())
+            .ok_or(HostGemmError::TooLarge {
+                what: path,
+                lanes,
+                depth,
+            })?;
+        let mut data = scratch::take(lanes.div_ceil(width) * panel_len);
+        data.par_chunks_mut(panel_len.max(1))
+            .enumerate()
+            .for_each(|(i, panel)| {
+                let count = width.min(lanes - i * width);
+                let base = source.offset + i * width * lane_stride;
+                match source.elements {
+                    Elements::Codes(codes, table) => {
+                        self.panel(panel, count, base, codes, |c| table[usize::from(c)])
+                    }
+                    Elements::Values(values) => self.panel(panel, count, base, values, |e| e),
+                }
+            });
+        Ok(data)
+    }
+
+    /// Writes every unit of one panel (`count` lanes from `base`), reading the stored `data` through `element`.
+    #[inline(always)]
+    fn panel<S: Copy, E: PackedElement>(
+        &self,
+        panel: &mut [u32],
+        count: usize,
+        base: usize,
+        data: &[S],
+        element: impl Fn(S) -> E,
+    ) {
+        let Lines {
+            width,
+            depth,
+            lane_stride,
+            depth_stride,
+            ..
+        } = *self;
+        let per = E::PER_UNIT;
+        let units = depth.div_ceil(per);
+        let unit = |lo: S, hi: S| E::unit(element(lo), element(hi));
+        let last = |lo: S| E::unit(element(lo), E::ZERO);
+        if depth_stride == 1 {
+            // Each lane's depth is contiguous (a row-major left operand, a transposed right one).
+            for l in 0..count {
+                let line = &data[base + l * lane_stride..][..depth];
+                let mut whole = line.chunks_exact(per);
+                for (p, t) in (&mut whole).enumerate() {
+                    panel[p * width + l] = unit(t[0], t[per - 1]);
+                }
+                if let [rest] = whole.remainder() {
+                    panel[(units - 1) * width + l] = last(*rest);
+                }
+            }
+        } else if lane_stride == 1 {
+            // The lanes are contiguous at each depth (a row-major right operand, a transposed left one).
+            for p in 0..units {
+                let slot = &mut panel[p * width..][..count];
+                let lo = &data[base + per * p * depth_stride..][..count];
+                let hi_depth = per * p + per - 1;
+                if hi_depth < depth {
+                    let hi = &data[base + hi_depth * depth_stride..][..count];
+                    for ((o, &a), &b) in slot.iter_mut().zip(lo).zip(hi) {
+                        *o = unit(a, b);
+                    }
+                } else {
+                    for (o, &a) in slot.iter_mut().zip(lo) {
+                        *o = last(a);
+                    }
+                }
+            }
+        } else {
+            for l in 0..count {
+                for p in 0..units {
+                    let at = base + l * lane_stride + per * p * depth_stride;
+                    let hi_depth = per * p + per - 1;
+                    panel[p * width + l] = if hi_depth < depth {
+                        unit(data[at], data[at + (per - 1) * depth_stride])
+                    } else {
+                        last(data[at])
+                    };
+                }
+            }
+        }
+        if count < width {
+            for slot in panel.chunks_exact_mut(width) {
+                slot[count..].fill(0);
+            }
+        }
+    }
+}
