@@ -581,11 +581,43 @@ fn packed_gemm_matches<K: burn_te_kernels::host::gemm::Kernel>(
     Ok(())
 }
 
+/// The bf16 path's packing and blocking with a scalar micro-kernel in place of `vdpbf16ps` (each pair's two
+/// products added to an f32 accumulator), so that the pair layout, the 12 × 32 tiles and the bf16 blocks are
+/// checked on CPUs without AVX512-BF16 too. It claims the `f32` path, which every CPU has.
+struct EmulatedBf16;
+
+impl burn_te_kernels::host::gemm::Kernel for EmulatedBf16 {
+    const PATH: HostGemmPath = HostGemmPath::F32;
+    type Element = u16;
+    const MR: usize = 12;
+    const NR: usize = 32;
+    const KC: usize = 192;
+    const MC: usize = 144;
+    const NC: usize = 256;
+
+    unsafe fn micro_kernel(a: *const u32, b: *const u32, kc: usize, tile: *mut f32) {
+        let value = |bits: u32| f32::from_bits(bits << 16);
+        for r in 0..12 {
+            for c in 0..32 {
+                let mut acc = 0f32;
+                for p in 0..kc {
+                    // SAFETY: the trait's contract: `a` holds `kc · 12` units, `b` `kc · 32`, `tile` 384.
+                    let (x, y) = unsafe { (*a.add(p * 12 + r), *b.add(p * 32 + c)) };
+                    acc += value(x & 0xffff) * value(y & 0xffff);
+                    acc += value(x >> 16) * value(y >> 16);
+                }
+                unsafe { *tile.add(r * 32 + c) = acc };
+            }
+        }
+    }
+}
+
 /// The packed kernels read through strides (a depth-contiguous, a lane-contiguous and a general layout with an
 /// offset; codes through a table and elements), bit-exact against an integer re-computation: at a small shape,
 /// and at one that crosses several depth blocks, row blocks and column blocks of every path with partial last
 /// blocks (bf16: 384 depths per block, fma: 256; 144 rows and 256 columns per task), so that the loop adding each
-/// later depth block into the output is what the result depends on. A path this CPU lacks must say so.
+/// later depth block into the output is what the result depends on. A path this CPU lacks must say so; the bf16
+/// path's packing and blocking run everywhere with an emulated instruction.
 #[test]
 fn packed_kernels_are_exact_across_layouts_and_blocks() {
     use burn_te_kernels::host::gemm::HostGemmError;
@@ -596,6 +628,8 @@ fn packed_kernels_are_exact_across_layouts_and_blocks() {
     let f32_bits = |v: f32| v.to_bits();
     let mut ran = vec![];
     for (shape, seed) in [((13, 45, 33), 41), ((173, 899, 549), 42)] {
+        // The bf16 path's packing (pairs), tiles and blocks run on every CPU, its instruction emulated.
+        packed_gemm_matches::<EmulatedBf16>(shape, bf16, seed).expect("runs everywhere");
         let results = [
             (
                 HostGemmPath::Avx512Bf16,

@@ -4,6 +4,8 @@
 //! FMAs, or the `gemm` crate on decoded operands). One implementation, instantiated per backend by
 //! `host_te_backend!`.
 
+pub mod gemm;
+
 use std::sync::{Arc, Mutex};
 
 #[cfg(feature = "flex")]
@@ -25,13 +27,11 @@ use crate::backend::{
     ElementFormat, Fp8HostData, Fp8Primitive, Fp8Tensor, Nvfp4Scales, Scaling, TeBackend,
     gemm_output_shape,
 };
+use burn_te_kernels::host::gemm::advise_huge_pages;
+use gemm::operand::HostOperand;
+
 use crate::cube::rows_cols;
 use crate::error::TeError;
-use burn_te_kernels::host::gemm::advise_huge_pages;
-
-pub mod gemm;
-
-use gemm::operand::HostOperand;
 
 /// FP8 (or E2M1) codes, one per byte, and `scale_inv` values on the host, on a CPU backend's device `D`.
 #[derive(Clone, Debug)]

@@ -8,7 +8,8 @@ use super::operand::HostOperand;
 use super::{decoded, packed};
 
 /// `out[b] = lhs[b] · rhs[b]` (`m × n` each, row-major, overwritten) on `path`; `Err` with the reason where a
-/// packed path cannot take the operands exactly or the CPU lacks it (nothing is written then).
+/// packed path cannot take the operands exactly or the CPU lacks it (`out` is then to be overwritten by another
+/// path).
 pub(super) fn run_on(
     path: HostGemmPath,
     lhs: &HostOperand<'_>,

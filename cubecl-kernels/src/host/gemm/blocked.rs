@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use super::{HostGemmError, Kernel, PackedLhs, PackedRhs};
+use super::{HostGemmError, Kernel, PackedLhs, PackedRhs, Update};
 
 /// The largest micro-kernel tile (`MR · NR`) of any path.
 const MAX_TILE: usize = 12 * 32;
@@ -90,42 +90,54 @@ unsafe fn task<K: Kernel>(
     let (mr, nr) = (K::MR, K::NR);
     let rows = K::MC.min(lhs.rows - row0);
     let cols = K::NC.min(n - col0);
-    let mut tile = [0f32; MAX_TILE];
     for p0 in (0..lhs.units).step_by(K::KC) {
         let kc = K::KC.min(lhs.units - p0);
-        let (first, last) = (p0 == 0, p0 + kc == lhs.units);
+        let update = Update {
+            first: p0 == 0,
+            last: p0 + kc == lhs.units,
+            alpha,
+        };
         for c0 in (0..cols).step_by(nr) {
             let panel = (col0 + c0) / nr;
             let b = &rhs.data[(panel * rhs.units + p0) * nr..][..kc * nr];
             for r0 in (0..rows).step_by(mr) {
                 let panel = (row0 + r0) / mr;
                 let a = &lhs.data[(panel * lhs.units + p0) * mr..][..kc * mr];
-                // SAFETY: `a` holds `kc` units of MR rows, `b` `kc` units of NR columns, `tile` MR · NR values;
-                // the CPU has the path (the caller's contract).
-                unsafe { K::micro_kernel(a.as_ptr(), b.as_ptr(), kc, tile.as_mut_ptr()) };
-                let (tile_rows, tile_cols) = (mr.min(rows - r0), nr.min(cols - c0));
-                for r in 0..tile_rows {
-                    // SAFETY: row `row0 + r0 + r` < m and columns `col0 + c0 ..+ tile_cols` < n.
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut(
-                            out.add((row0 + r0 + r) * n + col0 + c0),
-                            tile_cols,
-                        )
-                    };
-                    let sums = &tile[r * nr..r * nr + tile_cols];
-                    // The first depth block writes the output, later ones add to it, and the last applies
-                    // `alpha` to the whole sum.
-                    match (first, last) {
-                        (true, false) => dst.copy_from_slice(sums),
-                        (true, true) => dst.iter_mut().zip(sums).for_each(|(d, s)| *d = s * alpha),
-                        (false, false) => dst.iter_mut().zip(sums).for_each(|(d, s)| *d += s),
-                        (false, true) => dst
-                            .iter_mut()
-                            .zip(sums)
-                            .for_each(|(d, s)| *d = (*d + s) * alpha),
-                    }
+                let tile = (mr.min(rows - r0), nr.min(cols - c0));
+                // SAFETY: `a` holds `kc` units of MR rows, `b` `kc` units of NR columns; the tile's rows
+                // `row0 + r0 ..` < m and columns `col0 + c0 ..` < n lie in `out` at stride `n`; the CPU has the
+                // path (the caller's contract).
+                unsafe {
+                    let out = out.add((row0 + r0) * n + col0 + c0);
+                    K::update(a.as_ptr(), b.as_ptr(), kc, out, n, tile, update);
                 }
             }
         }
+    }
+}
+
+/// [`Kernel::update`] through a tile on the stack: the micro-kernel's sums, then each output value updated.
+///
+/// # Safety
+/// As [`Kernel::update`].
+pub(super) unsafe fn through_tile<K: Kernel>(
+    a: *const u32,
+    b: *const u32,
+    kc: usize,
+    out: *mut f32,
+    ld: usize,
+    (rows, cols): (usize, usize),
+    update: Update,
+) {
+    let mut tile = [0f32; MAX_TILE];
+    // SAFETY: the caller's contract; `tile` holds MR · NR ≤ MAX_TILE values.
+    unsafe { K::micro_kernel(a, b, kc, tile.as_mut_ptr()) };
+    for r in 0..rows {
+        // SAFETY: the tile's row `r` lies in `out` at stride `ld` (the caller's contract).
+        let dst = unsafe { std::slice::from_raw_parts_mut(out.add(r * ld), cols) };
+        let sums = &tile[r * K::NR..r * K::NR + cols];
+        dst.iter_mut()
+            .zip(sums)
+            .for_each(|(d, &s)| *d = update.apply(*d, s));
     }
 }

@@ -2,7 +2,7 @@
 //! accumulated in f32 with one rounding per step. The choice of CPUs without AVX512-BF16 (and of those whose
 //! bf16 dot products run no faster than their f32 FMAs).
 
-use super::{HostGemmPath, Kernel};
+use super::{HostGemmPath, Kernel, Update};
 
 /// The FMA path's micro-kernel: 6 × 16 output tiles in 12 of AVX2's 16 registers (two for the right panel's row,
 /// one for the broadcast left value), as BLIS's Haswell and Zen kernels hold them.
@@ -31,16 +31,36 @@ impl Kernel for Avx2FmaKernel {
             "the FMA path runs only where AVX2 and FMA were detected: {a:?} {b:?} {kc} {tile:?}"
         )
     }
+
+    /// Whole tiles written from the registers (no pass through a tile on the stack); partial ones through it.
+    unsafe fn update(
+        a: *const u32,
+        b: *const u32,
+        kc: usize,
+        out: *mut f32,
+        ld: usize,
+        (rows, cols): (usize, usize),
+        update: Update,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if (rows, cols) == (Self::MR, Self::NR) {
+            // SAFETY: the caller's contract, for a whole tile.
+            return unsafe { update_whole(a.cast(), b.cast(), kc, out, ld, update) };
+        }
+        // SAFETY: the caller's contract.
+        unsafe { super::blocked::through_tile::<Self>(a, b, kc, out, ld, (rows, cols), update) }
+    }
 }
 
-/// `tile = a · b` for one 6 × 16 tile over `kc` depths: `a` the panel's `kc × 6` values, `b` the panel's
-/// `kc × 16`.
+/// The sums of one 6 × 16 tile over `kc` depths in 12 registers (row `r`'s columns 0–7 in `2r`, 8–15 in `2r + 1`):
+/// `a` the panel's `kc × 6` values, `b` the panel's `kc × 16`.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA; `a` holds `kc · 6` values, `b` `kc · 16` and `tile` 96.
+/// The CPU has AVX2 and FMA; `a` holds `kc · 6` values, `b` `kc · 16`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn micro_kernel(a: *const f32, b: *const f32, kc: usize, tile: *mut f32) {
+#[inline]
+unsafe fn sums(a: *const f32, b: *const f32, kc: usize) -> [std::arch::x86_64::__m256; 12] {
     use std::arch::x86_64::*;
     const MR: usize = Avx2FmaKernel::MR;
     const NR: usize = Avx2FmaKernel::NR;
@@ -57,11 +77,55 @@ unsafe fn micro_kernel(a: *const f32, b: *const f32, kc: usize, tile: *mut f32) 
             }
         }
     }
-    for r in 0..MR {
-        // SAFETY: `tile` holds MR · NR values.
+    acc
+}
+
+/// `tile = a · b` for one 6 × 16 tile over `kc` depths.
+///
+/// # Safety
+/// As [`sums`]; `tile` holds 96 values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn micro_kernel(a: *const f32, b: *const f32, kc: usize, tile: *mut f32) {
+    use std::arch::x86_64::*;
+    // SAFETY: the function's contract.
+    let acc = unsafe { sums(a, b, kc) };
+    for (i, v) in acc.into_iter().enumerate() {
+        // SAFETY: `tile` holds 12 vectors of 8.
+        unsafe { _mm256_storeu_ps(tile.add(8 * i), v) };
+    }
+}
+
+/// The whole 6 × 16 output tile at `out` (row stride `ld`) updated with `a · b` as `update` says, from the
+/// registers: the same operations as [`Update::apply`] on each value, so the same bits.
+///
+/// # Safety
+/// As [`sums`]; `out` holds 6 rows of 16 values at stride `ld`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn update_whole(
+    a: *const f32,
+    b: *const f32,
+    kc: usize,
+    out: *mut f32,
+    ld: usize,
+    update: Update,
+) {
+    use std::arch::x86_64::*;
+    // SAFETY: the function's contract.
+    let acc = unsafe { sums(a, b, kc) };
+    let alpha = _mm256_set1_ps(update.alpha);
+    for (i, s) in acc.into_iter().enumerate() {
+        // SAFETY: vector `i` is row `i / 2`, columns `8 · (i % 2)..+8`, inside the tile.
         unsafe {
-            _mm256_storeu_ps(tile.add(r * NR), acc[2 * r]);
-            _mm256_storeu_ps(tile.add(r * NR + 8), acc[2 * r + 1]);
+            let dst = out.add(i / 2 * ld + 8 * (i % 2));
+            let value = match (update.first, update.last) {
+                (true, false) => s,
+                (true, true) => _mm256_mul_ps(s, alpha),
+                (false, false) => _mm256_add_ps(_mm256_loadu_ps(dst), s),
+                (false, true) => _mm256_mul_ps(_mm256_add_ps(_mm256_loadu_ps(dst), s), alpha),
+            };
+            _mm256_storeu_ps(dst, value);
         }
     }
 }

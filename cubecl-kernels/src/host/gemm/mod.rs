@@ -178,7 +178,7 @@ pub enum HostGemmError {
 
 /// One path's micro-kernel and its blocking: the packed element, the output tile it holds in registers
 /// (`MR × NR`), and the depth (`KC` packed units), rows (`MC`) and columns (`NC`) of one task's cache blocks.
-pub trait Kernel: Send + Sync + 'static {
+pub trait Kernel: Sized + Send + Sync + 'static {
     /// The path it is.
     const PATH: HostGemmPath;
     /// The element a packed unit holds: bf16 bits in pairs along the depth, or f32 bits.
@@ -199,4 +199,48 @@ pub trait Kernel: Send + Sync + 'static {
     /// # Safety
     /// The CPU has the path's instructions; `a` holds `kc · MR` units, `b` `kc · NR`, `tile` `MR · NR` values.
     unsafe fn micro_kernel(a: *const u32, b: *const u32, kc: usize, tile: *mut f32);
+
+    /// The `rows × cols` output tile at `out` (row stride `ld`) updated with `a · b` over `kc` units as `update`
+    /// says. By default through [`Kernel::micro_kernel`] and a tile on the stack; a kernel may write whole tiles
+    /// from its registers instead (the same operations in the same order: the same bits).
+    ///
+    /// # Safety
+    /// As [`Kernel::micro_kernel`]; `rows ≤ MR`, `cols ≤ NR`, and `out` holds the tile's rows at stride `ld`.
+    unsafe fn update(
+        a: *const u32,
+        b: *const u32,
+        kc: usize,
+        out: *mut f32,
+        ld: usize,
+        (rows, cols): (usize, usize),
+        update: Update,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { blocked::through_tile::<Self>(a, b, kc, out, ld, (rows, cols), update) }
+    }
+}
+
+/// How a depth block's sums meet the output: the first block writes it, later ones add to it, and the last
+/// multiplies the whole sum by `alpha` (the per-tensor scales).
+#[derive(Clone, Copy, Debug)]
+pub struct Update {
+    /// The first depth block.
+    pub first: bool,
+    /// The last depth block.
+    pub last: bool,
+    /// The output factor.
+    pub alpha: f32,
+}
+
+impl Update {
+    /// The new output value from the old one `d` and the block's sum `s`.
+    #[inline(always)]
+    pub fn apply(self, d: f32, s: f32) -> f32 {
+        match (self.first, self.last) {
+            (true, false) => s,
+            (true, true) => s * self.alpha,
+            (false, false) => d + s,
+            (false, true) => (d + s) * self.alpha,
+        }
+    }
 }

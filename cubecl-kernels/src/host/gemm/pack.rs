@@ -105,6 +105,7 @@ pub fn pack_lhs<K: Kernel>(
     depth: usize,
     source: &Source<'_, K::Element>,
 ) -> Result<PackedLhs<K>, HostGemmError> {
+    const { assert!(K::MR <= MAX_WIDTH) };
     let (row_stride, depth_stride) = source.strides;
     let lines = Lines {
         width: K::MR,
@@ -128,6 +129,7 @@ pub fn pack_rhs<K: Kernel>(
     cols: usize,
     source: &Source<'_, K::Element>,
 ) -> Result<PackedRhs<K>, HostGemmError> {
+    const { assert!(K::NR <= MAX_WIDTH) };
     let (depth_stride, col_stride) = source.strides;
     let lines = Lines {
         width: K::NR,
@@ -144,6 +146,9 @@ pub fn pack_rhs<K: Kernel>(
         kernel: PhantomData,
     })
 }
+
+/// The widest panel of any path (the bf16 path's `NR`).
+const MAX_WIDTH: usize = 32;
 
 /// `lanes` rows (or columns) of `depth` elements each, lane `l`'s depth `d` stored at
 /// `offset + l · lane_stride + d · depth_stride`, packed in panels of `width` lanes.
@@ -236,15 +241,22 @@ impl Lines {
         let unit = |lo: S, hi: S| E::unit(element(lo), element(hi));
         let last = |lo: S| E::unit(element(lo), E::ZERO);
         if depth_stride == 1 {
-            // Each lane's depth is contiguous (a row-major left operand, a transposed right one).
-            for l in 0..count {
-                let line = &data[base + l * lane_stride..][..depth];
-                let mut whole = line.chunks_exact(per);
-                for (p, t) in (&mut whole).enumerate() {
-                    panel[p * width + l] = unit(t[0], t[per - 1]);
+            // Each lane's depth is contiguous (a row-major left operand, a transposed right one): the lanes read
+            // side by side, so the panel is written in order.
+            let mut lines = [&data[..0]; MAX_WIDTH];
+            for (l, line) in lines[..count].iter_mut().enumerate() {
+                *line = &data[base + l * lane_stride..][..depth];
+            }
+            let lines = &lines[..count];
+            for (p, slot) in panel.chunks_exact_mut(width).take(depth / per).enumerate() {
+                for (o, line) in slot.iter_mut().zip(lines) {
+                    *o = unit(line[per * p], line[per * p + per - 1]);
                 }
-                if let [rest] = whole.remainder() {
-                    panel[(units - 1) * width + l] = last(*rest);
+            }
+            if depth % per != 0 {
+                let slot = &mut panel[(units - 1) * width..][..count];
+                for (o, line) in slot.iter_mut().zip(lines) {
+                    *o = last(line[depth - 1]);
                 }
             }
         } else if lane_stride == 1 {
