@@ -241,22 +241,33 @@ impl Lines {
         let unit = |lo: S, hi: S| E::unit(element(lo), element(hi));
         let last = |lo: S| E::unit(element(lo), E::ZERO);
         if depth_stride == 1 {
-            // Each lane's depth is contiguous (a row-major left operand, a transposed right one): the lanes read
-            // side by side, so the panel is written in order.
+            // Each lane's depth is contiguous (a row-major left operand, a transposed right one): a few units of
+            // every lane at a time, so the reads run along each lane and the writes stay in a few cache lines.
+            const STEP: usize = 8;
             let mut lines = [&data[..0]; MAX_WIDTH];
             for (l, line) in lines[..count].iter_mut().enumerate() {
                 *line = &data[base + l * lane_stride..][..depth];
             }
             let lines = &lines[..count];
-            for (p, slot) in panel.chunks_exact_mut(width).take(depth / per).enumerate() {
-                for (o, line) in slot.iter_mut().zip(lines) {
-                    *o = unit(line[per * p], line[per * p + per - 1]);
+            let whole = depth / per;
+            for (s, slots) in panel[..whole / STEP * STEP * width]
+                .chunks_exact_mut(STEP * width)
+                .enumerate()
+            {
+                for (l, line) in lines.iter().enumerate() {
+                    let chunk = &line[s * STEP * per..][..STEP * per];
+                    for i in 0..STEP {
+                        slots[i * width + l] = unit(chunk[per * i], chunk[per * i + per - 1]);
+                    }
                 }
             }
-            if depth % per != 0 {
-                let slot = &mut panel[(units - 1) * width..][..count];
-                for (o, line) in slot.iter_mut().zip(lines) {
-                    *o = last(line[depth - 1]);
+            for p in whole / STEP * STEP..units {
+                for (l, line) in lines.iter().enumerate() {
+                    panel[p * width + l] = if p < whole {
+                        unit(line[per * p], line[per * p + per - 1])
+                    } else {
+                        last(line[depth - 1])
+                    };
                 }
             }
         } else if lane_stride == 1 {
