@@ -61,9 +61,12 @@ fn fma_loop(iterations: usize) -> (f32, u64) {
     (lanes.iter().sum(), iterations as u64 * 12 * 16)
 }
 
+/// An instruction's throughput loop: `iterations` rounds → (a sum that keeps the work, the flops done).
+type PeakLoop = fn(usize) -> (f32, u64);
+
 /// The peak instruction of a packed path: its group name and loop (`None` for the `f32` path).
 #[cfg(target_arch = "x86_64")]
-fn peak_loop(path: HostGemmPath) -> Option<(&'static str, fn(usize) -> (f32, u64))> {
+fn peak_loop(path: HostGemmPath) -> Option<(&'static str, PeakLoop)> {
     match path {
         // SAFETY (both): the loops run only where the path is available (checked by the caller).
         HostGemmPath::Avx512Bf16 => Some(("peak vdpbf16ps", |n| unsafe { dpbf16_loop(n) })),
@@ -275,7 +278,12 @@ fn draw_chart(
         .x_labels(0)
         .y_desc("GFLOP/s")
         .draw()?;
-    for (index, (function, color)) in series.iter().enumerate() {
+    // The series this CPU measured (a path it lacks has no bars and no legend entry).
+    let series: Vec<_> = series
+        .into_iter()
+        .filter(|(function, _)| shapes.iter().any(|shape| value(shape, function).is_some()))
+        .collect();
+    for (index, &(function, color)) in series.iter().enumerate() {
         let bars = shapes.iter().enumerate().filter_map(|(i, shape)| {
             let x0 = i as f64 + 0.1 + 0.2 * index as f64;
             value(shape, function)
@@ -283,7 +291,7 @@ fn draw_chart(
         });
         chart
             .draw_series(bars)?
-            .label(*function)
+            .label(function)
             .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 12, y + 6)], color.filled()));
     }
     for ((name, peak), color) in peaks.iter().zip([RED, MAGENTA]) {

@@ -4,7 +4,7 @@
 Optional and not part of CI: PyTorch is installed only by whoever runs it (`pip install torch`). The layer is the
 one burn-te benches: pre-LN `nn.TransformerEncoderLayer` (hidden h, FFN 4h, 16 heads, tanh GELU, no dropout),
 causal self-attention over 128 tokens × 8 sequences = 1024 tokens, an MSE loss against a random target, the
-backward. Runs f32 and bf16 autocast; prints the median step time of each.
+backward. Runs f32 and bf16 autocast (`--modes`); prints the median step time of each.
 
     python3 tools/torch_transformer_layer.py [--hidden 1024] [--threads 2] [--steps 10]
 """
@@ -21,6 +21,8 @@ def main():
     parser.add_argument("--hidden", type=int, default=1024, help="hidden size (FFN is 4x)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="intra-op threads")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per mode (after 2 warm-up steps)")
+    parser.add_argument("--modes", default="f32,bf16", help="f32, bf16 (autocast) or both, comma-separated; "
+                        "bf16 is emulated and very slow on CPUs without AVX512-BF16 or AMX")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -41,7 +43,8 @@ def main():
         loss.backward()
 
     print(f"torch {torch.__version__}, {args.threads} threads, hidden {h}, FFN {4 * h}, 1024 tokens")
-    for name, autocast in [("f32", False), ("bf16 autocast", True)]:
+    modes = {"f32": ("f32", False), "bf16": ("bf16 autocast", True)}
+    for name, autocast in (modes[m] for m in args.modes.split(",")):
         for _ in range(2):
             step(autocast)
         times = []

@@ -17,7 +17,7 @@ impl Kernel for Avx512Bf16Kernel {
     const MR: usize = 12;
     const NR: usize = 32;
     /// Depth pairs per block: a right panel of `KC × NR` pairs (24 KiB) and a left one of `KC × MR` (9 KiB) fit a
-    /// 48 KiB L1 cache together (the best of the sizes tried on a Zen 4 core).
+    /// 48 KiB L1 cache together (the best of the sizes tried on the AMD EPYC it was tuned on).
     const KC: usize = 192;
     const MC: usize = 144;
     const NC: usize = 256;
