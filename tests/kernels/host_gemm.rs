@@ -20,7 +20,7 @@ use burn_te::{
     MXFP8BlockScaling, NVFP4BlockScaling, Recipe, Te, TeBackend, TensorRole, fp8_autocast,
 };
 use burn_te_kernels::Fp8Format;
-use burn_te_kernels::host::gemm::bf16::exact_bf16;
+use burn_te_kernels::host::gemm::bf16::{Avx512Bf16Kernel as Bf16, exact_bf16};
 use burn_te_kernels::nvfp4::decode_e2m1;
 
 use crate::common::{Rng, f32_from_hex, tsv_rows};
@@ -589,24 +589,25 @@ struct EmulatedBf16;
 impl burn_te_kernels::host::gemm::Kernel for EmulatedBf16 {
     const PATH: HostGemmPath = HostGemmPath::F32;
     type Element = u16;
-    const MR: usize = 12;
-    const NR: usize = 32;
-    const KC: usize = 192;
-    const MC: usize = 144;
-    const NC: usize = 256;
+    const MR: usize = Bf16::MR;
+    const NR: usize = Bf16::NR;
+    const KC: usize = Bf16::KC;
+    const MC: usize = Bf16::MC;
+    const NC: usize = Bf16::NC;
 
     unsafe fn micro_kernel(a: *const u32, b: *const u32, kc: usize, tile: *mut f32) {
         let value = |bits: u32| f32::from_bits(bits << 16);
-        for r in 0..12 {
-            for c in 0..32 {
+        let (mr, nr) = (Self::MR, Self::NR);
+        for r in 0..mr {
+            for c in 0..nr {
                 let mut acc = 0f32;
                 for p in 0..kc {
-                    // SAFETY: the trait's contract: `a` holds `kc · 12` units, `b` `kc · 32`, `tile` 384.
-                    let (x, y) = unsafe { (*a.add(p * 12 + r), *b.add(p * 32 + c)) };
+                    // SAFETY: the trait's contract: `a` holds `kc · MR` units, `b` `kc · NR`, `tile` MR · NR.
+                    let (x, y) = unsafe { (*a.add(p * mr + r), *b.add(p * nr + c)) };
                     acc += value(x & 0xffff) * value(y & 0xffff);
                     acc += value(x >> 16) * value(y >> 16);
                 }
-                unsafe { *tile.add(r * 32 + c) = acc };
+                unsafe { *tile.add(r * nr + c) = acc };
             }
         }
     }
