@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use super::{HostGemmError, Kernel, PackedLhs, PackedRhs, Update};
+use super::{HostGemmError, Kernel, OutTile, PackedLhs, PackedRhs, Update};
 
 /// The largest micro-kernel tile (`MR · NR`) of any path.
 const MAX_TILE: usize = 12 * 32;
@@ -103,13 +103,17 @@ unsafe fn task<K: Kernel>(
             for r0 in (0..rows).step_by(mr) {
                 let panel = (row0 + r0) / mr;
                 let a = &lhs.data[(panel * lhs.units + p0) * mr..][..kc * mr];
-                let tile = (mr.min(rows - r0), nr.min(cols - c0));
                 // SAFETY: `a` holds `kc` units of MR rows, `b` `kc` units of NR columns; the tile's rows
                 // `row0 + r0 ..` < m and columns `col0 + c0 ..` < n lie in `out` at stride `n`; the CPU has the
                 // path (the caller's contract).
                 unsafe {
-                    let out = out.add((row0 + r0) * n + col0 + c0);
-                    K::update(a.as_ptr(), b.as_ptr(), kc, out, n, tile, update);
+                    let tile = OutTile {
+                        ptr: out.add((row0 + r0) * n + col0 + c0),
+                        ld: n,
+                        rows: mr.min(rows - r0),
+                        cols: nr.min(cols - c0),
+                    };
+                    K::update(a.as_ptr(), b.as_ptr(), kc, tile, update);
                 }
             }
         }
@@ -124,18 +128,16 @@ pub(super) unsafe fn through_tile<K: Kernel>(
     a: *const u32,
     b: *const u32,
     kc: usize,
-    out: *mut f32,
-    ld: usize,
-    (rows, cols): (usize, usize),
+    out: OutTile,
     update: Update,
 ) {
     let mut tile = [0f32; MAX_TILE];
     // SAFETY: the caller's contract; `tile` holds MR · NR ≤ MAX_TILE values.
     unsafe { K::micro_kernel(a, b, kc, tile.as_mut_ptr()) };
-    for r in 0..rows {
-        // SAFETY: the tile's row `r` lies in `out` at stride `ld` (the caller's contract).
-        let dst = unsafe { std::slice::from_raw_parts_mut(out.add(r * ld), cols) };
-        let sums = &tile[r * K::NR..r * K::NR + cols];
+    for r in 0..out.rows {
+        // SAFETY: the tile's row `r` lies at `out.ptr + r · out.ld` (the caller's contract).
+        let dst = unsafe { std::slice::from_raw_parts_mut(out.ptr.add(r * out.ld), out.cols) };
+        let sums = &tile[r * K::NR..r * K::NR + out.cols];
         dst.iter_mut()
             .zip(sums)
             .for_each(|(d, &s)| *d = update.apply(*d, s));

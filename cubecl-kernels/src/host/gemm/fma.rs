@@ -2,7 +2,7 @@
 //! accumulated in f32 with one rounding per step. The choice of CPUs without AVX512-BF16 (and of those whose
 //! bf16 dot products run no faster than their f32 FMAs).
 
-use super::{HostGemmPath, Kernel, Update};
+use super::{HostGemmPath, Kernel, OutTile, Update};
 
 /// The FMA path's micro-kernel: 6 × 16 output tiles in 12 of AVX2's 16 registers (two for the right panel's row,
 /// one for the broadcast left value), as BLIS's Haswell and Zen kernels hold them.
@@ -33,22 +33,14 @@ impl Kernel for Avx2FmaKernel {
     }
 
     /// Whole tiles written from the registers (no pass through a tile on the stack); partial ones through it.
-    unsafe fn update(
-        a: *const u32,
-        b: *const u32,
-        kc: usize,
-        out: *mut f32,
-        ld: usize,
-        (rows, cols): (usize, usize),
-        update: Update,
-    ) {
+    unsafe fn update(a: *const u32, b: *const u32, kc: usize, out: OutTile, update: Update) {
         #[cfg(target_arch = "x86_64")]
-        if (rows, cols) == (Self::MR, Self::NR) {
+        if (out.rows, out.cols) == (Self::MR, Self::NR) {
             // SAFETY: the caller's contract, for a whole tile.
-            return unsafe { update_whole(a.cast(), b.cast(), kc, out, ld, update) };
+            return unsafe { update_whole(a.cast(), b.cast(), kc, out.ptr, out.ld, update) };
         }
         // SAFETY: the caller's contract.
-        unsafe { super::blocked::through_tile::<Self>(a, b, kc, out, ld, (rows, cols), update) }
+        unsafe { super::blocked::through_tile::<Self>(a, b, kc, out, update) }
     }
 }
 

@@ -200,24 +200,29 @@ pub trait Kernel: Sized + Send + Sync + 'static {
     /// The CPU has the path's instructions; `a` holds `kc · MR` units, `b` `kc · NR`, `tile` `MR · NR` values.
     unsafe fn micro_kernel(a: *const u32, b: *const u32, kc: usize, tile: *mut f32);
 
-    /// The `rows × cols` output tile at `out` (row stride `ld`) updated with `a · b` over `kc` units as `update`
-    /// says. By default through [`Kernel::micro_kernel`] and a tile on the stack; a kernel may write whole tiles
-    /// from its registers instead (the same operations in the same order: the same bits).
+    /// The output tile `out` updated with `a · b` over `kc` units as `update` says. By default through
+    /// [`Kernel::micro_kernel`] and a tile on the stack; a kernel may write whole tiles from its registers instead
+    /// (the same operations in the same order: the same bits).
     ///
     /// # Safety
-    /// As [`Kernel::micro_kernel`]; `rows ≤ MR`, `cols ≤ NR`, and `out` holds the tile's rows at stride `ld`.
-    unsafe fn update(
-        a: *const u32,
-        b: *const u32,
-        kc: usize,
-        out: *mut f32,
-        ld: usize,
-        (rows, cols): (usize, usize),
-        update: Update,
-    ) {
+    /// As [`Kernel::micro_kernel`]; `out.rows ≤ MR`, `out.cols ≤ NR`, and `out` points at its rows.
+    unsafe fn update(a: *const u32, b: *const u32, kc: usize, out: OutTile, update: Update) {
         // SAFETY: the caller's contract.
-        unsafe { blocked::through_tile::<Self>(a, b, kc, out, ld, (rows, cols), update) }
+        unsafe { blocked::through_tile::<Self>(a, b, kc, out, update) }
     }
+}
+
+/// A tile of the output: `rows × cols` values from `ptr`, consecutive rows `ld` values apart.
+#[derive(Clone, Copy, Debug)]
+pub struct OutTile {
+    /// The tile's first value.
+    pub ptr: *mut f32,
+    /// The output's row stride.
+    pub ld: usize,
+    /// Rows in the tile.
+    pub rows: usize,
+    /// Columns in the tile.
+    pub cols: usize,
 }
 
 /// How a depth block's sums meet the output: the first block writes it, later ones add to it, and the last

@@ -105,20 +105,13 @@ pub fn pack_lhs<K: Kernel>(
     depth: usize,
     source: &Source<'_, K::Element>,
 ) -> Result<PackedLhs<K>, HostGemmError> {
-    const { assert!(K::MR <= MAX_WIDTH) };
     let (row_stride, depth_stride) = source.strides;
-    let lines = Lines {
-        width: K::MR,
-        lanes: rows,
-        depth,
-        lane_stride: row_stride,
-        depth_stride,
-    };
+    let (units, data) = pack::<K>(K::MR, rows, depth, row_stride, depth_stride, source)?;
     Ok(PackedLhs {
         rows,
         depth,
-        units: depth.div_ceil(K::Element::PER_UNIT),
-        data: lines.pack(K::PATH, source)?,
+        units,
+        data,
         kernel: PhantomData,
     })
 }
@@ -129,22 +122,37 @@ pub fn pack_rhs<K: Kernel>(
     cols: usize,
     source: &Source<'_, K::Element>,
 ) -> Result<PackedRhs<K>, HostGemmError> {
-    const { assert!(K::NR <= MAX_WIDTH) };
     let (depth_stride, col_stride) = source.strides;
-    let lines = Lines {
-        width: K::NR,
-        lanes: cols,
-        depth,
-        lane_stride: col_stride,
-        depth_stride,
-    };
+    let (units, data) = pack::<K>(K::NR, cols, depth, col_stride, depth_stride, source)?;
     Ok(PackedRhs {
         cols,
         depth,
-        units: depth.div_ceil(K::Element::PER_UNIT),
-        data: lines.pack(K::PATH, source)?,
+        units,
+        data,
         kernel: PhantomData,
     })
+}
+
+/// `lanes` lines of `depth` elements in panels of `width` lanes for `K` (its `MR` or `NR`): the units per lane
+/// and the packed data.
+fn pack<K: Kernel>(
+    width: usize,
+    lanes: usize,
+    depth: usize,
+    lane_stride: usize,
+    depth_stride: usize,
+    source: &Source<'_, K::Element>,
+) -> Result<(usize, Vec<u32>), HostGemmError> {
+    const { assert!(K::MR <= MAX_WIDTH && K::NR <= MAX_WIDTH) };
+    let lines = Lines {
+        width,
+        lanes,
+        depth,
+        lane_stride,
+        depth_stride,
+    };
+    let data = lines.pack(K::PATH, source)?;
+    Ok((depth.div_ceil(K::Element::PER_UNIT), data))
 }
 
 /// The widest panel of any path (the bf16 path's `NR`).
