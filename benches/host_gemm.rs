@@ -4,9 +4,9 @@
 //! - at 1024³, 2048³ and a TransformerLayer's GEMM shapes: Flex's f32 matmul (what an f32 model runs), and the FP8
 //!   GEMM of pre-quantized E4M3 operands on each host path this CPU has (`avx512bf16`: codes to bf16, pack,
 //!   `vdpbf16ps`; `avx2fma`: codes to f32, pack, `vfmadd231ps`; `f32`: decode to f32 and the `gemm` crate);
-//!
-//! - a TransformerLayer training step (hidden 1024, FFN 4096, 1024 tokens, DelayedScaling) on `Autodiff<Te<Flex>>`
-//!   on each path against the same step in f32 on `Autodiff<Flex>`.
+//! - a TransformerLayer training step (hidden 1024 and 2048, FFN 4×hidden, 1024 tokens, DelayedScaling) on
+//!   `Autodiff<Te<Flex>>` on each path against the same step in f32 on `Autodiff<Flex>`, and both with the TE
+//!   modules composing Burn ops for their element-wise work (`with_composed_elementwise`: without the fused ops).
 //!
 //! Read the GFLOP/s (2·m·n·k per iteration) and the ratios to the f32 matmul of the same shape.
 
@@ -15,6 +15,7 @@ mod common;
 use burn::backend::{Autodiff, Flex};
 use burn::prelude::*;
 use burn::tensor::Distribution;
+use burn_te::fused::with_composed_elementwise;
 use burn_te::host::gemm::{HostGemmPath, with_host_gemm_path};
 use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
 use burn_te::{Te, TeBackend};
@@ -139,24 +140,35 @@ fn layer_inputs<B: Backend>(h: usize) -> (TransformerLayer<B>, Tensor<B, 3>, Ten
     (layer, x, target)
 }
 
+/// The step at hidden 1024 and 2048: f32 and FP8 (each packed path, and the probe's choice with the TE modules
+/// composing Burn ops for their element-wise work, i.e. without the fused ops, the way it ran before them).
 fn transformer_layer(c: &mut Criterion) {
-    let hidden = 1024;
-    let mut group = c.benchmark_group(format!(
-        "flex transformer_layer h{hidden} ffn{} tokens1024 step",
-        4 * hidden
-    ));
-    group.sample_size(10);
-    let (layer, x, target) = layer_inputs::<Autodiff<Flex>>(hidden);
-    group.bench_function("f32 Autodiff<Flex>", |b| {
-        b.iter(|| common::train_step(&layer, &x, &target, false))
-    });
-    let (layer, x, target) = layer_inputs::<Autodiff<Te<Flex>>>(hidden);
-    for path in HostGemmPath::available_paths() {
-        group.bench_function(format!("fp8 Autodiff<Te<Flex>> on {}", path.name()), |b| {
-            b.iter(|| with_host_gemm_path(path, || common::train_step(&layer, &x, &target, true)))
+    for hidden in [1024, 2048] {
+        let mut group = c.benchmark_group(format!(
+            "flex transformer_layer h{hidden} ffn{} tokens1024 step",
+            4 * hidden
+        ));
+        group.sample_size(10);
+        let (layer, x, target) = layer_inputs::<Autodiff<Flex>>(hidden);
+        group.bench_function("f32 Autodiff<Flex>", |b| {
+            b.iter(|| common::train_step(&layer, &x, &target, false))
         });
+        group.bench_function("f32 Autodiff<Flex> composed element-wise", |b| {
+            b.iter(|| with_composed_elementwise(|| common::train_step(&layer, &x, &target, false)))
+        });
+        let (layer, x, target) = layer_inputs::<Autodiff<Te<Flex>>>(hidden);
+        for path in HostGemmPath::available_paths() {
+            group.bench_function(format!("fp8 Autodiff<Te<Flex>> on {}", path.name()), |b| {
+                b.iter(|| {
+                    with_host_gemm_path(path, || common::train_step(&layer, &x, &target, true))
+                })
+            });
+        }
+        group.bench_function("fp8 Autodiff<Te<Flex>> composed element-wise", |b| {
+            b.iter(|| with_composed_elementwise(|| common::train_step(&layer, &x, &target, true)))
+        });
+        group.finish();
     }
-    group.finish();
 }
 
 criterion_group!(benches, peak, gemms, transformer_layer);

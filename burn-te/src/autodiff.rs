@@ -10,11 +10,12 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::ops::FloatTensor;
+use burn::tensor::ops::{BoolTensor, FloatTensor};
 use burn_te_kernels::{Fp8Format, Fp8Stats, ScaleBlock};
 
-use crate::backend::{Fp8HostData, Fp8Primitive, Scaling, TeBackend};
+use crate::backend::{AutodiffInner, Fp8HostData, Fp8Primitive, Scaling, TeBackend};
 use crate::error::TeError;
+use crate::fused::{AttentionMask, NormSpec, Pointwise};
 use crate::gemm::Gemm;
 use crate::metrics::{increment_counter, names};
 use crate::primitive::SavedForBackward;
@@ -91,19 +92,6 @@ impl<B: TeBackend, const N: usize> Backward<B, N> for TeLinearBackward {
         }
     }
 }
-
-/// The inner backends of Burn's `Autodiff`: every backend, or with Burn's `distributed` feature (burn-te's `ddp`)
-/// the `DistributedBackend`s.
-#[cfg(not(feature = "ddp"))]
-pub trait AutodiffInner: burn::tensor::backend::Backend {}
-#[cfg(not(feature = "ddp"))]
-impl<B: burn::tensor::backend::Backend> AutodiffInner for B {}
-/// The inner backends of Burn's `Autodiff`: with Burn's `distributed` feature (burn-te's `ddp`), the
-/// `DistributedBackend`s.
-#[cfg(feature = "ddp")]
-pub trait AutodiffInner: burn::tensor::backend::distributed::DistributedBackend {}
-#[cfg(feature = "ddp")]
-impl<B: burn::tensor::backend::distributed::DistributedBackend> AutodiffInner for B {}
 
 impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff<B, C> {
     type Fp8Data = B::Fp8Data;
@@ -201,6 +189,29 @@ impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff
         margin: f32,
     ) -> Result<(), TeError> {
         B::fp8_delayed_state_update(state, algo, format, margin)
+    }
+
+    fn te_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: Option<FloatTensor<Self>>,
+        spec: NormSpec,
+    ) -> Result<Option<FloatTensor<Self>>, TeError> {
+        crate::fused::norm::autodiff_norm::<B, C>(x, gamma, beta, spec)
+    }
+    fn te_activation(
+        x: FloatTensor<Self>,
+        f: Pointwise,
+        gated: bool,
+    ) -> Result<Option<FloatTensor<Self>>, TeError> {
+        crate::fused::activation::autodiff_activation::<B, C>(x, f, gated)
+    }
+    fn te_softmax(
+        scores: FloatTensor<Self>,
+        scale: f32,
+        mask: AttentionMask<BoolTensor<Self>>,
+    ) -> Result<Option<FloatTensor<Self>>, TeError> {
+        crate::fused::softmax::autodiff_softmax::<B, C>(scores, scale, mask)
     }
 
     /// The forward alone (an autodiff backend keeps its operands in its own graph, see `te_linear`).

@@ -1,10 +1,11 @@
 //! The [`TeBackend`] extension trait: FP8 quantization, GEMM and statistics on a backend's tensors.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::ops::FloatTensor;
+use burn::tensor::ops::{BoolTensor, FloatTensor};
 use burn_te_kernels::{AmaxComputeAlgo, Fp8Format, Fp8Stats, ScaleBlock, TensorStats};
 
 use crate::error::TeError;
+use crate::fused::{AttentionMask, NormGrads, NormSaved, NormSpec, Pointwise};
 use crate::gemm::Gemm;
 use crate::high_precision::{high_precision_dgrad, high_precision_linear, high_precision_wgrad};
 pub use crate::primitive::{
@@ -13,6 +14,19 @@ pub use crate::primitive::{
 };
 use crate::recipe::Recipe;
 use crate::site::GemmSite;
+
+/// The inner backends of Burn's `Autodiff`: every backend, or with Burn's `distributed` feature (burn-te's `ddp`)
+/// the `DistributedBackend`s.
+#[cfg(not(feature = "ddp"))]
+pub trait AutodiffInner: burn::tensor::backend::Backend {}
+#[cfg(not(feature = "ddp"))]
+impl<B: burn::tensor::backend::Backend> AutodiffInner for B {}
+/// The inner backends of Burn's `Autodiff`: with Burn's `distributed` feature (burn-te's `ddp`), the
+/// `DistributedBackend`s.
+#[cfg(feature = "ddp")]
+pub trait AutodiffInner: burn::tensor::backend::distributed::DistributedBackend {}
+#[cfg(feature = "ddp")]
+impl<B: burn::tensor::backend::distributed::DistributedBackend> AutodiffInner for B {}
 
 /// A [`Saved`] of backend `B`'s tensors (the same type for `B` and its decorators).
 pub type SavedOperand<B> = Saved<FloatTensor<B>, <B as TeBackend>::Fp8Data>;
@@ -169,6 +183,102 @@ pub trait TeBackend: Backend {
         }
     }
 
+    /// The TE modules' LayerNorm/RMSNorm of `x [.., width]` with γ `[width]` (and β): the fused op of
+    /// `fused::norm`, or `None` where the backend has no fused kernel (the modules then compose Burn ops).
+    /// Autodiff backends register its backward.
+    fn te_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: Option<FloatTensor<Self>>,
+        spec: NormSpec,
+    ) -> Result<Option<FloatTensor<Self>>, TeError> {
+        Ok(Self::te_norm_forward(x, gamma, beta, spec)?.map(|(y, _)| y))
+    }
+
+    /// [`te_norm`](Self::te_norm)'s forward: the output and the row statistics its backward takes. `None` by
+    /// default (no fused kernel).
+    fn te_norm_forward(
+        _x: FloatTensor<Self>,
+        _gamma: FloatTensor<Self>,
+        _beta: Option<FloatTensor<Self>>,
+        _spec: NormSpec,
+    ) -> Result<Option<(FloatTensor<Self>, NormSaved<FloatTensor<Self>>)>, TeError> {
+        Ok(None)
+    }
+
+    /// [`te_norm`](Self::te_norm)'s backward for the output gradient `dy`. A backend whose
+    /// [`te_norm_forward`](Self::te_norm_forward) answers implements it.
+    fn te_norm_backward(
+        _dy: FloatTensor<Self>,
+        _x: FloatTensor<Self>,
+        _gamma: FloatTensor<Self>,
+        _saved: NormSaved<FloatTensor<Self>>,
+        _spec: NormSpec,
+    ) -> NormGrads<FloatTensor<Self>> {
+        panic!("{}", crate::fused::missing_backward("norm"))
+    }
+
+    /// The MLP activation `f` of `x [.., width]` (gated: `f(a) · v` of the halves `[a, v]`, giving `[.., width/2]`):
+    /// the fused op of `fused::activation`, or `None` where the backend has no fused kernel. Autodiff
+    /// backends register its backward.
+    fn te_activation(
+        x: FloatTensor<Self>,
+        f: Pointwise,
+        gated: bool,
+    ) -> Result<Option<FloatTensor<Self>>, TeError> {
+        Self::te_activation_forward(x, f, gated)
+    }
+
+    /// [`te_activation`](Self::te_activation)'s forward. `None` by default (no fused kernel).
+    fn te_activation_forward(
+        _x: FloatTensor<Self>,
+        _f: Pointwise,
+        _gated: bool,
+    ) -> Result<Option<FloatTensor<Self>>, TeError> {
+        Ok(None)
+    }
+
+    /// [`te_activation`](Self::te_activation)'s backward: the input's gradient for the output gradient `dy`. A
+    /// backend whose [`te_activation_forward`](Self::te_activation_forward) answers implements it.
+    fn te_activation_backward(
+        _dy: FloatTensor<Self>,
+        _x: FloatTensor<Self>,
+        _f: Pointwise,
+        _gated: bool,
+    ) -> FloatTensor<Self> {
+        panic!("{}", crate::fused::missing_backward("activation"))
+    }
+
+    /// The attention's `softmax(scores · scale)` over the keys of `scores [batch, heads, queries, keys]`, masked
+    /// keys 0 (a fully masked row all 0): the fused op of `fused::softmax`, or `None` where the backend
+    /// has no fused kernel. Autodiff backends register its backward.
+    fn te_softmax(
+        scores: FloatTensor<Self>,
+        scale: f32,
+        mask: AttentionMask<BoolTensor<Self>>,
+    ) -> Result<Option<FloatTensor<Self>>, TeError> {
+        Self::te_softmax_forward(scores, scale, mask)
+    }
+
+    /// [`te_softmax`](Self::te_softmax)'s forward. `None` by default (no fused kernel).
+    fn te_softmax_forward(
+        _scores: FloatTensor<Self>,
+        _scale: f32,
+        _mask: AttentionMask<BoolTensor<Self>>,
+    ) -> Result<Option<FloatTensor<Self>>, TeError> {
+        Ok(None)
+    }
+
+    /// [`te_softmax`](Self::te_softmax)'s backward: the scores' gradient from the output `probs` and its gradient
+    /// `dp`. A backend whose [`te_softmax_forward`](Self::te_softmax_forward) answers implements it.
+    fn te_softmax_backward(
+        _dp: FloatTensor<Self>,
+        _probs: FloatTensor<Self>,
+        _scale: f32,
+    ) -> FloatTensor<Self> {
+        panic!("{}", crate::fused::missing_backward("softmax"))
+    }
+
     /// A linear layer's forward GEMM at `site`: `x [.., in] · weight [in, out] + bias` in FP8 with `recipe`, or in
     /// high precision with `None`. On autodiff backends its backward runs [`te_linear_dgrad`](Self::te_linear_dgrad)
     /// and [`te_linear_wgrad`](Self::te_linear_wgrad) with the same recipe, on the operands
@@ -319,6 +429,80 @@ macro_rules! forward_fp8_ops {
             bias: Option<$crate::__private::FloatTensor<Self>>,
         ) -> $crate::__private::FloatTensor<Self> {
             $inner::te_reference_gemm(gemm, lhs, rhs, bias)
+        }
+        fn te_norm(
+            x: $crate::__private::FloatTensor<Self>,
+            gamma: $crate::__private::FloatTensor<Self>,
+            beta: Option<$crate::__private::FloatTensor<Self>>,
+            spec: $crate::fused::NormSpec,
+        ) -> Result<Option<$crate::__private::FloatTensor<Self>>, $crate::TeError> {
+            $inner::te_norm(x, gamma, beta, spec)
+        }
+        fn te_norm_forward(
+            x: $crate::__private::FloatTensor<Self>,
+            gamma: $crate::__private::FloatTensor<Self>,
+            beta: Option<$crate::__private::FloatTensor<Self>>,
+            spec: $crate::fused::NormSpec,
+        ) -> Result<
+            Option<(
+                $crate::__private::FloatTensor<Self>,
+                $crate::fused::NormSaved<$crate::__private::FloatTensor<Self>>,
+            )>,
+            $crate::TeError,
+        > {
+            $inner::te_norm_forward(x, gamma, beta, spec)
+        }
+        fn te_norm_backward(
+            dy: $crate::__private::FloatTensor<Self>,
+            x: $crate::__private::FloatTensor<Self>,
+            gamma: $crate::__private::FloatTensor<Self>,
+            saved: $crate::fused::NormSaved<$crate::__private::FloatTensor<Self>>,
+            spec: $crate::fused::NormSpec,
+        ) -> $crate::fused::NormGrads<$crate::__private::FloatTensor<Self>> {
+            $inner::te_norm_backward(dy, x, gamma, saved, spec)
+        }
+        fn te_activation(
+            x: $crate::__private::FloatTensor<Self>,
+            f: $crate::fused::Pointwise,
+            gated: bool,
+        ) -> Result<Option<$crate::__private::FloatTensor<Self>>, $crate::TeError> {
+            $inner::te_activation(x, f, gated)
+        }
+        fn te_activation_forward(
+            x: $crate::__private::FloatTensor<Self>,
+            f: $crate::fused::Pointwise,
+            gated: bool,
+        ) -> Result<Option<$crate::__private::FloatTensor<Self>>, $crate::TeError> {
+            $inner::te_activation_forward(x, f, gated)
+        }
+        fn te_activation_backward(
+            dy: $crate::__private::FloatTensor<Self>,
+            x: $crate::__private::FloatTensor<Self>,
+            f: $crate::fused::Pointwise,
+            gated: bool,
+        ) -> $crate::__private::FloatTensor<Self> {
+            $inner::te_activation_backward(dy, x, f, gated)
+        }
+        fn te_softmax(
+            scores: $crate::__private::FloatTensor<Self>,
+            scale: f32,
+            mask: $crate::fused::AttentionMask<$crate::__private::BoolTensor<Self>>,
+        ) -> Result<Option<$crate::__private::FloatTensor<Self>>, $crate::TeError> {
+            $inner::te_softmax(scores, scale, mask)
+        }
+        fn te_softmax_forward(
+            scores: $crate::__private::FloatTensor<Self>,
+            scale: f32,
+            mask: $crate::fused::AttentionMask<$crate::__private::BoolTensor<Self>>,
+        ) -> Result<Option<$crate::__private::FloatTensor<Self>>, $crate::TeError> {
+            $inner::te_softmax_forward(scores, scale, mask)
+        }
+        fn te_softmax_backward(
+            dp: $crate::__private::FloatTensor<Self>,
+            probs: $crate::__private::FloatTensor<Self>,
+            scale: f32,
+        ) -> $crate::__private::FloatTensor<Self> {
+            $inner::te_softmax_backward(dp, probs, scale)
         }
         fn fp8_delayed_state_update(
             state: &Self::DelayedState,

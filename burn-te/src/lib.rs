@@ -22,9 +22,9 @@
 //!
 //! # Layers
 //! Plain types at the bottom (`error`, `gemm`, `recipe`, `primitive`, `metrics`), then the FP8 state (`fp8_state`),
-//! sites and autocast, the [`TeBackend`] trait (`backend`), the GEMMs built on it (`fp8_gemm`, `nvfp4`, `saved`,
+//! sites and autocast, the [`TeBackend`] trait (`backend`, with the fused element-wise ops' types in `fused`), the GEMMs built on it (`fp8_gemm`, `nvfp4`, `saved`,
 //! `microbatch`, `linear`), the backends that implement it (`cube`, `host` with its FP8 GEMM in `host::gemm`, `fusion`) and, on top, the decorators
-//! (`te`, `decorator`, `autodiff`), the diagnostics that observe them through the `metrics` registry and the
+//! (`te`, `decorator`, `autodiff`, whose fused ops' backward nodes are in `fused::*`), the diagnostics that observe them through the `metrics` registry and the
 //! modules (`nn`). No module imports one above it (`tests/kernels/layering.rs` checks every crate for circles).
 //!
 //! # Burn coupling
@@ -33,10 +33,11 @@
 //! `B::` ops, `Module`), named here and checked by `tests/kernels/layering.rs`:
 //! - Burn-generic: `autodiff`, `backend`, `cube`, `ddp`, `decorator`, `diagnostics::closures`,
 //!   `diagnostics::eager`, `diagnostics::nonfinite`, `diagnostics::observe`, `diagnostics::snapshot`,
-//!   `distributed`, `fp8_gemm`, `fp8_state`, `fusion`, `high_precision`, `host`, `linear`, `microbatch`, `nn`,
+//!   `distributed`, `fp8_gemm`, `fp8_state`, `fused::activation`, `fused::norm`, `fused::softmax`, `fusion`,
+//!   `high_precision`, `host`, `linear`, `microbatch`, `nn`,
 //!   `nvfp4`, `plain_linear`, `saved`, `te`.
 //! - Plain: `autocast`, `data`, `diagnostics`, `diagnostics::trace`, `distributed::launch`, `error`, `fallback`,
-//!   `gemm`, `host::gemm`, `metrics`, `primitive`, `recipe`, `site`.
+//!   `fused`, `gemm`, `host::gemm`, `metrics`, `primitive`, `recipe`, `site`.
 
 mod autocast;
 mod autodiff;
@@ -53,6 +54,7 @@ mod error;
 pub mod fallback;
 pub mod fp8_gemm;
 pub mod fp8_state;
+pub mod fused;
 #[cfg(feature = "fusion")]
 mod fusion;
 mod gemm;
@@ -103,7 +105,7 @@ pub use te::Te;
 #[doc(hidden)]
 pub mod __private {
     pub use burn;
-    pub use burn::tensor::ops::FloatTensor;
+    pub use burn::tensor::ops::{BoolTensor, FloatTensor};
 }
 
 /// CubeCL backends without Burn's fusion (`Te` implements [`TeBackend`] on `CubeBackend` directly). With the

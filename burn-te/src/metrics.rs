@@ -450,6 +450,18 @@ pub mod names {
     /// Inputs an FP8 layer kept in high precision for its backward (a debug feature or `save_original_operands`
     /// asked, or the forward fell back to high precision).
     pub const KEPT_HIGH_PRECISION: &str = "KeptForBackwardHighPrecision";
+    /// Counter: fused LayerNorm/RMSNorm forwards (`fused::norm`; the host path).
+    pub const FUSED_NORM: &str = "FusedNorm";
+    /// Counter: fused LayerNorm/RMSNorm backwards.
+    pub const FUSED_NORM_BACKWARD: &str = "FusedNormBackward";
+    /// Counter: fused MLP activation forwards (`fused::activation`; the host path).
+    pub const FUSED_ACTIVATION: &str = "FusedActivation";
+    /// Counter: fused MLP activation backwards.
+    pub const FUSED_ACTIVATION_BACKWARD: &str = "FusedActivationBackward";
+    /// Counter: fused attention softmax forwards (`fused::softmax`; the host path).
+    pub const FUSED_SOFTMAX: &str = "FusedSoftmax";
+    /// Counter: fused attention softmax backwards.
+    pub const FUSED_SOFTMAX_BACKWARD: &str = "FusedSoftmaxBackward";
     /// Counter: FP8 GEMM kernel launches.
     pub const FP8_GEMM_LAUNCHES: &str = "Fp8GemmLaunches";
     /// Counter: amax kernel launches.

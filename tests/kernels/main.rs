@@ -16,6 +16,7 @@ mod distributed;
 mod elementwise;
 mod feature_effects;
 mod fp8_state;
+mod fused;
 mod gemm;
 mod host_gemm;
 mod layering;

@@ -4,6 +4,7 @@
 //! FMAs, or the `gemm` crate on decoded operands). One implementation, instantiated per backend by
 //! `host_te_backend!`.
 
+mod fused;
 pub mod gemm;
 
 use std::sync::{Arc, Mutex};
@@ -219,6 +220,61 @@ macro_rules! host_te_backend {
                     format: format.into(),
                     block,
                 })
+            }
+
+            fn te_norm_forward(
+                x: FloatTensor<Self>,
+                gamma: FloatTensor<Self>,
+                beta: Option<FloatTensor<Self>>,
+                spec: crate::fused::NormSpec,
+            ) -> Result<
+                Option<(FloatTensor<Self>, crate::fused::NormSaved<FloatTensor<Self>>)>,
+                TeError,
+            > {
+                fused::norm_forward::<$backend>($values, x, gamma, beta, spec)
+            }
+
+            fn te_norm_backward(
+                dy: FloatTensor<Self>,
+                x: FloatTensor<Self>,
+                gamma: FloatTensor<Self>,
+                saved: crate::fused::NormSaved<FloatTensor<Self>>,
+                spec: crate::fused::NormSpec,
+            ) -> crate::fused::NormGrads<FloatTensor<Self>> {
+                fused::norm_backward::<$backend>($values, dy, x, gamma, saved, spec)
+            }
+
+            fn te_activation_forward(
+                x: FloatTensor<Self>,
+                f: crate::fused::Pointwise,
+                gated: bool,
+            ) -> Result<Option<FloatTensor<Self>>, TeError> {
+                fused::activation_forward::<$backend>($values, x, f, gated)
+            }
+
+            fn te_activation_backward(
+                dy: FloatTensor<Self>,
+                x: FloatTensor<Self>,
+                f: crate::fused::Pointwise,
+                gated: bool,
+            ) -> FloatTensor<Self> {
+                fused::activation_backward::<$backend>($values, dy, x, f, gated)
+            }
+
+            fn te_softmax_forward(
+                scores: FloatTensor<Self>,
+                scale: f32,
+                mask: crate::fused::AttentionMask<burn::tensor::ops::BoolTensor<Self>>,
+            ) -> Result<Option<FloatTensor<Self>>, TeError> {
+                fused::softmax_forward::<$backend>($values, scores, scale, mask)
+            }
+
+            fn te_softmax_backward(
+                dp: FloatTensor<Self>,
+                probs: FloatTensor<Self>,
+                scale: f32,
+            ) -> FloatTensor<Self> {
+                fused::softmax_backward::<$backend>($values, dp, probs, scale)
             }
 
             fn fp8_read(tensor: &Fp8Primitive<Self>) -> Result<Fp8HostData, TeError> {

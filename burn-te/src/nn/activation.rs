@@ -5,7 +5,9 @@
 use burn::prelude::*;
 use burn::tensor::activation::{relu, sigmoid};
 
+use crate::backend::TeBackend;
 use crate::error::TeError;
+use crate::fused::{self, Pointwise};
 
 /// An MLP activation (TE's `activation=` names: `gelu`, `geglu`, `qgelu`, `qgeglu`, `relu`, `reglu`, `srelu`,
 /// `sreglu`, `silu`, `swiglu`).
@@ -92,16 +94,13 @@ impl Activation {
 
     /// The activation applied to `x [.., n]`; gated variants take `[.., 2n]` and return `[.., n]`, and give an
     /// error on an odd last dimension.
-    pub fn apply<B: Backend, const D: usize>(
+    pub fn apply<B: TeBackend, const D: usize>(
         self,
         x: Tensor<B, D>,
     ) -> Result<Tensor<B, D>, TeError> {
-        if !self.is_gated() {
-            return Ok(self.pointwise(x));
-        }
         let dims = x.dims();
         let width = dims[D - 1];
-        if !width.is_multiple_of(2) {
+        if self.is_gated() && !width.is_multiple_of(2) {
             return Err(TeError::InvalidShape {
                 module: self.te_name().to_string(),
                 reason: "a gated activation needs an even last dimension (gate and value halves)"
@@ -109,8 +108,25 @@ impl Activation {
                 shape: dims.to_vec(),
             });
         }
+        if let Some(y) = fused::activation::try_fused(&x, self.kernel(), self.is_gated())? {
+            return Ok(y);
+        }
+        if !self.is_gated() {
+            return Ok(self.pointwise(x));
+        }
         let value = x.clone().narrow(D - 1, width / 2, width / 2);
         Ok(self.pointwise(x.narrow(D - 1, 0, width / 2)) * value)
+    }
+
+    /// The fused kernel's pointwise function (a gated variant uses its base function's).
+    fn kernel(self) -> Pointwise {
+        match self {
+            Activation::Gelu | Activation::Geglu => Pointwise::Gelu,
+            Activation::Qgelu | Activation::Qgeglu => Pointwise::QuickGelu,
+            Activation::Relu | Activation::Reglu => Pointwise::Relu,
+            Activation::Srelu | Activation::Sreglu => Pointwise::SquaredRelu,
+            Activation::Silu | Activation::Swiglu => Pointwise::Silu,
+        }
     }
 
     fn pointwise<B: Backend, const D: usize>(self, x: Tensor<B, D>) -> Tensor<B, D> {

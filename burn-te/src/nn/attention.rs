@@ -9,7 +9,9 @@ use burn::tensor::activation::softmax;
 use super::names::LayerName;
 use super::{config_error, or_panic};
 use crate::autocast::high_precision_guard;
+use crate::backend::TeBackend;
 use crate::error::TeError;
+use crate::fused;
 
 /// Which positions a query may not attend to (TE's `attn_mask_type`).
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
@@ -136,7 +138,7 @@ impl DotProductAttentionConfig {
     }
 }
 
-impl<B: Backend> DotProductAttention<B> {
+impl<B: TeBackend> DotProductAttention<B> {
     /// Attention of `q` (`heads` heads) over `k`, `v` (`num_gqa_groups` heads) in the configured layout, e.g.
     /// `[s, b, h, d]` for `sbhd`; returns `[s, b, h·d]` (`[b, s, h·d]` for `bshd`). `attention_mask` (`[b, s_kv]`,
     /// `true` = padding) is required by the padding mask types and rejected by the others. Panics with
@@ -165,7 +167,7 @@ impl<B: Backend> DotProductAttention<B> {
         self.check("q", &q, self.heads, batch, queries)?;
         self.check("k", &k, self.groups, batch, keys)?;
         self.check("v", &v, self.groups, batch, keys)?;
-        let mask = self.mask(attention_mask, batch, queries, keys, &q.device())?;
+        let padding = self.padding(attention_mask, batch, keys)?;
 
         // Grouped-query heads: consecutive query heads share one key/value head.
         let per_group = self.heads / self.groups;
@@ -176,17 +178,28 @@ impl<B: Backend> DotProductAttention<B> {
         };
         let (k, v) = (repeat(k), repeat(v));
 
+        let device = q.device();
         let _high_precision = high_precision_guard();
-        let scores = q.matmul(k.swap_dims(2, 3)) * self.scale;
-        let probs = match mask {
-            None => softmax(scores, 3),
-            Some(mask) => {
-                // Repeated into its own buffer once: a broadcast mask is copied out again by every mask_fill
-                // (two here and two in their backward) on backends that need contiguous operands.
-                let mask = mask.repeat_dim(1, self.heads);
-                // Masked scores get a large negative value; zeroing them after the softmax also makes fully masked
-                // rows output zeros instead of a uniform average.
-                softmax(scores.mask_fill(mask.clone(), -1.0e30), 3).mask_fill(mask, 0.0)
+        let scores = q.matmul(k.swap_dims(2, 3));
+        let causal = self.mask_type.causal();
+        let fused =
+            fused::softmax::try_fused(&scores, self.scale as f32, causal, padding.as_ref())?;
+        let probs = match fused {
+            Some(probs) => probs,
+            None => {
+                let scores = scores * self.scale;
+                match Self::mask(padding, causal, batch, queries, keys, &device) {
+                    None => softmax(scores, 3),
+                    Some(mask) => {
+                        // Repeated into its own buffer once: a broadcast mask is copied out again by every
+                        // mask_fill (two here and two in their backward) on backends that need contiguous
+                        // operands.
+                        let mask = mask.repeat_dim(1, self.heads);
+                        // Masked scores get a large negative value; zeroing them after the softmax also makes
+                        // fully masked rows output zeros instead of a uniform average.
+                        softmax(scores.mask_fill(mask.clone(), -1.0e30), 3).mask_fill(mask, 0.0)
+                    }
+                }
             }
         };
         let context = probs.matmul(v); // [b, h, s, d]
@@ -233,16 +246,15 @@ impl<B: Backend> DotProductAttention<B> {
         })
     }
 
-    /// The combined mask `[b, 1, s_q, s_kv]` (`true` = masked), or `None` with nothing to mask.
-    fn mask(
+    /// The padding mask `[b, s_kv]` (`true` = padding) the mask type asks for, or an error naming a missing,
+    /// unexpected or misshapen one.
+    fn padding(
         &self,
         attention_mask: Option<Tensor<B, 2, Bool>>,
         batch: usize,
-        queries: usize,
         keys: usize,
-        device: &B::Device,
-    ) -> Result<Option<Tensor<B, 4, Bool>>, TeError> {
-        let padding = match (self.mask_type.padding(), attention_mask) {
+    ) -> Result<Option<Tensor<B, 2, Bool>>, TeError> {
+        Ok(match (self.mask_type.padding(), attention_mask) {
             (true, Some(mask)) => {
                 if mask.dims() != [batch, keys] {
                     return Err(TeError::InvalidShape {
@@ -251,7 +263,7 @@ impl<B: Backend> DotProductAttention<B> {
                         shape: mask.dims().to_vec(),
                     });
                 }
-                Some(mask.reshape([batch, 1, 1, keys]))
+                Some(mask)
             }
             (true, None) => {
                 return Err(config_error(
@@ -272,13 +284,26 @@ impl<B: Backend> DotProductAttention<B> {
                 ));
             }
             (false, None) => None,
-        };
-        let causal = self.mask_type.causal().then(|| {
+        })
+    }
+
+    /// The combined mask `[b, 1, s_q, s_kv]` (`true` = masked) of the composed softmax, or `None` with nothing to
+    /// mask.
+    fn mask(
+        padding: Option<Tensor<B, 2, Bool>>,
+        causal: bool,
+        batch: usize,
+        queries: usize,
+        keys: usize,
+        device: &B::Device,
+    ) -> Option<Tensor<B, 4, Bool>> {
+        let padding = padding.map(|mask| mask.reshape([batch, 1, 1, keys]));
+        let causal = causal.then(|| {
             let upper: Vec<bool> = (0..queries * keys).map(|i| i % keys > i / keys).collect();
             Tensor::<B, 2, Bool>::from_data(TensorData::new(upper, [queries, keys]), device)
                 .reshape([1, 1, queries, keys])
         });
-        Ok(match (padding, causal) {
+        match (padding, causal) {
             (Some(p), Some(c)) => Some(
                 p.expand([batch, 1, queries, keys])
                     .bool_or(c.expand([batch, 1, queries, keys])),
@@ -286,6 +311,6 @@ impl<B: Backend> DotProductAttention<B> {
             (Some(p), None) => Some(p.expand([batch, 1, queries, keys])),
             (None, Some(c)) => Some(c.expand([batch, 1, queries, keys])),
             (None, None) => None,
-        })
+        }
     }
 }

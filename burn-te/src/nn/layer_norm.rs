@@ -5,7 +5,9 @@ use burn::prelude::*;
 
 use super::names::LayerName;
 use super::{check_features, or_panic};
+use crate::backend::TeBackend;
 use crate::error::TeError;
+use crate::fused::{self, NormKind, NormSpec};
 
 /// Config of [`LayerNorm`].
 #[derive(Config, Debug)]
@@ -82,7 +84,7 @@ pub(crate) fn applied_gamma<B: Backend, const D: usize>(
     gamma.unsqueeze()
 }
 
-impl<B: Backend> LayerNorm<B> {
+impl<B: TeBackend> LayerNorm<B> {
     /// Normalizes `x [.., hidden_size]`. Panics with [`try_forward`](Self::try_forward)'s error.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         or_panic(self.try_forward(x))
@@ -91,6 +93,15 @@ impl<B: Backend> LayerNorm<B> {
     /// Normalizes `x [.., hidden_size]`, or an error naming the layer and the shape.
     pub fn try_forward<const D: usize>(&self, x: Tensor<B, D>) -> Result<Tensor<B, D>, TeError> {
         check_features(&self.name(), "input", &x, self.weight.dims()[0])?;
+        let spec = NormSpec {
+            kind: NormKind::LayerNorm,
+            eps: self.eps as f32,
+            zero_centered_gamma: self.zero_centered_gamma,
+        };
+        if let Some(y) = fused::norm::try_fused(&x, self.weight.val(), Some(self.bias.val()), spec)?
+        {
+            return Ok(y);
+        }
         let (var, mean) = x.clone().var_mean_bias(D - 1);
         let normalized = (x - mean) / (var + self.eps).sqrt();
         Ok(

@@ -5,6 +5,7 @@ use burn::prelude::*;
 use super::layer_norm::{LayerNorm, LayerNormConfig};
 use super::names::LayerName;
 use super::rms_norm::{RmsNorm, RmsNormConfig};
+use crate::backend::TeBackend;
 use crate::error::TeError;
 
 /// Which normalization a fused module applies (TE's `normalization="LayerNorm" | "RMSNorm"`).
@@ -51,7 +52,7 @@ impl Normalization {
     }
 }
 
-impl<B: Backend> Norm<B> {
+impl<B: TeBackend> Norm<B> {
     /// Normalizes `x [.., hidden]`, or an error naming the layer and the shape.
     pub fn try_forward<const D: usize>(&self, x: Tensor<B, D>) -> Result<Tensor<B, D>, TeError> {
         match self {

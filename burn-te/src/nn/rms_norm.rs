@@ -6,7 +6,9 @@ use burn::prelude::*;
 use super::layer_norm::{applied_gamma, gamma};
 use super::names::LayerName;
 use super::{check_features, or_panic};
+use crate::backend::TeBackend;
 use crate::error::TeError;
+use crate::fused::{self, NormKind, NormSpec};
 
 /// Config of [`RmsNorm`].
 #[derive(Config, Debug)]
@@ -51,7 +53,7 @@ impl RmsNormConfig {
     }
 }
 
-impl<B: Backend> RmsNorm<B> {
+impl<B: TeBackend> RmsNorm<B> {
     /// Normalizes `x [.., hidden_size]`. Panics with [`try_forward`](Self::try_forward)'s error.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         or_panic(self.try_forward(x))
@@ -60,6 +62,14 @@ impl<B: Backend> RmsNorm<B> {
     /// Normalizes `x [.., hidden_size]`, or an error naming the layer and the shape.
     pub fn try_forward<const D: usize>(&self, x: Tensor<B, D>) -> Result<Tensor<B, D>, TeError> {
         check_features(&self.name(), "input", &x, self.weight.dims()[0])?;
+        let spec = NormSpec {
+            kind: NormKind::RmsNorm,
+            eps: self.eps as f32,
+            zero_centered_gamma: self.zero_centered_gamma,
+        };
+        if let Some(y) = fused::norm::try_fused(&x, self.weight.val(), None, spec)? {
+            return Ok(y);
+        }
         let mean_square = x.clone().square().mean_dim(D - 1);
         Ok(x / (mean_square + self.eps).sqrt()
             * applied_gamma::<B, D>(&self.weight, self.zero_centered_gamma))

@@ -2,6 +2,7 @@
 //! tests and the implementation used by backends without a CubeCL device (burn-ndarray).
 
 mod fp8;
+pub mod fused;
 pub mod gemm;
 pub mod nvfp4;
 

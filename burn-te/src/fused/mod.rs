@@ -1,0 +1,79 @@
+//! The TE modules' element-wise work as fused [`TeBackend`](crate::TeBackend) ops with their own backward:
+//! LayerNorm/RMSNorm ([`norm`]), the MLP activations ([`activation`]) and the attention's scaled, masked softmax
+//! ([`softmax`]).
+//!
+//! Each op is three backend methods: `te_<op>` (what the modules call; `Autodiff` registers the op's backward
+//! node there), `te_<op>_forward` and `te_<op>_backward`. A backend that has no fused kernel answers `None` from
+//! the forward, and the module composes Burn ops as before: the CubeCL backends keep their path (Burn's fusion
+//! already fuses these there). The host path (burn-flex, burn-ndarray) runs
+//! [`burn_te_kernels::host::fused`]: one pass per op, blocks of rows on rayon's pool, AVX2/AVX-512 loops.
+//!
+//! What the backward keeps is the op's input (norm, activation) or output (softmax), plus two floats per row for
+//! the norm: less than the composed graph keeps.
+
+pub mod activation;
+pub mod norm;
+pub mod softmax;
+
+use std::cell::Cell;
+
+pub use burn_te_kernels::host::fused::activation::Pointwise;
+pub use burn_te_kernels::host::fused::norm::{NormKind, NormSpec};
+
+thread_local! {
+    static COMPOSED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with the TE modules composing Burn ops for their element-wise work on this thread, as on a backend
+/// without fused kernels: the reference the fused ops are measured and tested against.
+pub fn with_composed_elementwise<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            COMPOSED.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(COMPOSED.with(|c| c.replace(true)));
+    f()
+}
+
+/// Whether the modules may use the backend's fused ops on this thread.
+fn fused_allowed() -> bool {
+    !COMPOSED.with(Cell::get)
+}
+
+/// What a fused norm keeps per row for its backward.
+#[derive(Clone, Debug)]
+pub struct NormSaved<T> {
+    /// μ per row (LayerNorm; `None` for RMSNorm).
+    pub mean: Option<T>,
+    /// `1/√(σ² + ε)` per row.
+    pub rstd: T,
+}
+
+/// The gradients of a fused norm.
+#[derive(Clone, Debug)]
+pub struct NormGrads<T> {
+    /// The input's.
+    pub x: T,
+    /// γ's.
+    pub gamma: T,
+    /// β's (LayerNorm with a bias).
+    pub beta: Option<T>,
+}
+
+/// The attention mask of a fused softmax over scores `[batch, heads, queries, keys]`.
+#[derive(Clone, Debug)]
+pub struct AttentionMask<T> {
+    /// Key `j` is masked for query `i` when `j > i`.
+    pub causal: bool,
+    /// `[batch, keys]`, `true` = padding.
+    pub padding: Option<T>,
+}
+
+/// The message of a backend that has a fused forward and lacks its backward (a backend bug).
+pub(crate) fn missing_backward(op: &str) -> String {
+    format!(
+        "this backend's fused {op} has no backward: implement te_{op}_backward with te_{op}_forward"
+    )
+}

@@ -1,0 +1,192 @@
+//! The fused element-wise ops on the host path ([`burn_te_kernels::host::fused`]): the Burn glue that reads a CPU
+//! backend's tensors, runs the kernel and wraps its output. Only f32 tensors take them; other dtypes answer
+//! `None`, so the modules compose Burn ops and keep the dtype.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::{BoolTensor, FloatTensor};
+use burn::tensor::{DType, Shape, TensorMetadata};
+use burn_te_kernels::host::fused::{activation, norm, softmax};
+
+use super::{HostValues, host_tensor};
+use crate::error::TeError;
+use crate::fused::{AttentionMask, NormGrads, NormSaved, NormSpec, Pointwise};
+use crate::metrics::{count_launch, names};
+
+/// How a host backend reads its tensors (`flex_values`, `values::<NdArray>`).
+pub(super) type Read<B> = fn(FloatTensor<B>) -> Result<(HostValues, Shape), TeError>;
+
+fn f32_only<B: Backend>(t: &FloatTensor<B>) -> bool {
+    t.dtype() == DType::F32
+}
+
+/// Reads a tensor that the op's own forward produced or took (a backward's operands): a read failure here is a
+/// backend failure mid-backward, which has no error path.
+fn read_back<B: Backend>(read: Read<B>, t: FloatTensor<B>) -> (HostValues, Shape) {
+    read(t).unwrap_or_else(|err| panic!("fused backward: {err}"))
+}
+
+fn last_dim(shape: &Shape) -> usize {
+    shape.as_slice().last().copied().unwrap_or(1)
+}
+
+/// [`TeBackend::te_norm_forward`](crate::TeBackend::te_norm_forward) on the host.
+pub(super) fn norm_forward<B: Backend>(
+    read: Read<B>,
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    beta: Option<FloatTensor<B>>,
+    spec: NormSpec,
+) -> Result<Option<(FloatTensor<B>, NormSaved<FloatTensor<B>>)>, TeError> {
+    if !f32_only::<B>(&x) {
+        return Ok(None);
+    }
+    count_launch(names::FUSED_NORM);
+    let device = B::float_device(&x);
+    let (x, shape) = read(x)?;
+    let (gamma, _) = read(gamma)?;
+    let beta = beta.map(read).transpose()?;
+    let (y, stats) = norm::norm_forward(&x, &gamma, beta.as_ref().map(|(b, _)| &b[..]), spec);
+    let rows = Shape::new([stats.rstd.len()]);
+    let saved = NormSaved {
+        mean: (!stats.mean.is_empty()).then(|| host_tensor::<B>(stats.mean, rows.clone(), &device)),
+        rstd: host_tensor::<B>(stats.rstd, rows, &device),
+    };
+    Ok(Some((host_tensor::<B>(y, shape, &device), saved)))
+}
+
+/// [`TeBackend::te_norm_backward`](crate::TeBackend::te_norm_backward) on the host.
+pub(super) fn norm_backward<B: Backend>(
+    read: Read<B>,
+    dy: FloatTensor<B>,
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    saved: NormSaved<FloatTensor<B>>,
+    spec: NormSpec,
+) -> NormGrads<FloatTensor<B>> {
+    count_launch(names::FUSED_NORM_BACKWARD);
+    let device = B::float_device(&x);
+    let (dy, _) = read_back::<B>(read, dy);
+    let (x, shape) = read_back::<B>(read, x);
+    let (gamma, gamma_shape) = read_back::<B>(read, gamma);
+    let stats = norm::NormStats {
+        mean: saved
+            .mean
+            .map(|m| read_back::<B>(read, m).0.to_vec())
+            .unwrap_or_default(),
+        rstd: read_back::<B>(read, saved.rstd).0.to_vec(),
+    };
+    let (dx, dgamma, dbeta) = norm::norm_backward(&dy, &x, &gamma, &stats, spec);
+    NormGrads {
+        x: host_tensor::<B>(dx, shape, &device),
+        gamma: host_tensor::<B>(dgamma, gamma_shape.clone(), &device),
+        beta: (!dbeta.is_empty()).then(|| host_tensor::<B>(dbeta, gamma_shape, &device)),
+    }
+}
+
+/// [`TeBackend::te_activation_forward`](crate::TeBackend::te_activation_forward) on the host.
+pub(super) fn activation_forward<B: Backend>(
+    read: Read<B>,
+    x: FloatTensor<B>,
+    f: Pointwise,
+    gated: bool,
+) -> Result<Option<FloatTensor<B>>, TeError> {
+    if !f32_only::<B>(&x) {
+        return Ok(None);
+    }
+    count_launch(names::FUSED_ACTIVATION);
+    let device = B::float_device(&x);
+    let (x, shape) = read(x)?;
+    let width = last_dim(&shape);
+    let y = activation::activation_forward(&x, width, f, gated);
+    let mut dims = shape.as_slice().to_vec();
+    if let Some(last) = dims.last_mut() {
+        *last = if gated { width / 2 } else { width };
+    }
+    Ok(Some(host_tensor::<B>(y, Shape::from(dims), &device)))
+}
+
+/// [`TeBackend::te_activation_backward`](crate::TeBackend::te_activation_backward) on the host.
+pub(super) fn activation_backward<B: Backend>(
+    read: Read<B>,
+    dy: FloatTensor<B>,
+    x: FloatTensor<B>,
+    f: Pointwise,
+    gated: bool,
+) -> FloatTensor<B> {
+    count_launch(names::FUSED_ACTIVATION_BACKWARD);
+    let device = B::float_device(&x);
+    let (dy, _) = read_back::<B>(read, dy);
+    let (x, shape) = read_back::<B>(read, x);
+    let dx = activation::activation_backward(&dy, &x, last_dim(&shape), f, gated);
+    host_tensor::<B>(dx, shape, &device)
+}
+
+/// [`TeBackend::te_softmax_forward`](crate::TeBackend::te_softmax_forward) on the host.
+pub(super) fn softmax_forward<B: Backend>(
+    read: Read<B>,
+    scores: FloatTensor<B>,
+    scale: f32,
+    mask: AttentionMask<BoolTensor<B>>,
+) -> Result<Option<FloatTensor<B>>, TeError> {
+    if !f32_only::<B>(&scores) {
+        return Ok(None);
+    }
+    count_launch(names::FUSED_SOFTMAX);
+    let device = B::float_device(&scores);
+    let (s, shape) = read(scores)?;
+    let &[batch, heads, queries, keys] = shape.as_slice() else {
+        return Err(TeError::ShapeMismatch {
+            op: "te_softmax",
+            reason: "expected scores [batch, heads, queries, keys]".into(),
+            lhs: shape.as_slice().to_vec(),
+            rhs: vec![],
+        });
+    };
+    let padding = match mask.padding {
+        Some(padding) => {
+            let data = burn_te_kernels::cubecl::future::block_on(B::bool_into_data(padding))
+                .map_err(|err| TeError::Read(format!("{err:?}")))?;
+            if data.shape.as_slice() != [batch, keys] {
+                return Err(TeError::ShapeMismatch {
+                    op: "te_softmax",
+                    reason: "the padding mask must be [batch, keys] of the scores".into(),
+                    lhs: data.shape.as_slice().to_vec(),
+                    rhs: shape.as_slice().to_vec(),
+                });
+            }
+            let values = data
+                .convert::<bool>()
+                .into_vec::<bool>()
+                .map_err(|err| TeError::Read(format!("{err:?}")))?;
+            Some(values)
+        }
+        None => None,
+    };
+    let dims = softmax::ScoresShape {
+        batch,
+        heads,
+        queries,
+        keys,
+    };
+    let mask = softmax::SoftmaxMask {
+        causal: mask.causal,
+        padding: padding.as_deref(),
+    };
+    let probs = softmax::softmax_forward(&s, dims, scale, mask);
+    Ok(Some(host_tensor::<B>(probs, shape, &device)))
+}
+
+/// [`TeBackend::te_softmax_backward`](crate::TeBackend::te_softmax_backward) on the host.
+pub(super) fn softmax_backward<B: Backend>(
+    read: Read<B>,
+    dp: FloatTensor<B>,
+    probs: FloatTensor<B>,
+    scale: f32,
+) -> FloatTensor<B> {
+    count_launch(names::FUSED_SOFTMAX_BACKWARD);
+    let device = B::float_device(&probs);
+    let (dp, _) = read_back::<B>(read, dp);
+    let (p, shape) = read_back::<B>(read, probs);
+    let ds = softmax::softmax_backward(&dp, &p, last_dim(&shape), scale);
+    host_tensor::<B>(ds, shape, &device)
+}

@@ -1,0 +1,183 @@
+//! LayerNorm and RMSNorm over the last dimension, forward and backward, one block of rows per task.
+//!
+//! - LayerNorm: `y = (x − μ) · r · γ + β`, `r = 1/√(σ² + ε)` (σ² the biased variance);
+//! - RMSNorm: `y = x · r · γ`, `r = 1/√(mean(x²) + ε)`;
+//!
+//! with `γ` applied as `1 + γ` when it is zero-centred. The forward returns μ (LayerNorm) and `r` per row for the
+//! backward, which returns `dx`, `dγ` and `dβ`.
+
+use super::{add_in_order, dot, par_rows, sum_of};
+
+/// Which normalization, with its ε and γ's storage.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NormSpec {
+    /// LayerNorm (mean subtracted, β added) or RMSNorm.
+    pub kind: NormKind,
+    /// Added to the variance (mean square).
+    pub eps: f32,
+    /// γ is stored centred on zero and applied as `1 + γ`.
+    pub zero_centered_gamma: bool,
+}
+
+/// LayerNorm or RMSNorm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormKind {
+    /// `(x − μ) / √(σ² + ε) · γ + β`.
+    LayerNorm,
+    /// `x / √(mean(x²) + ε) · γ`.
+    RmsNorm,
+}
+
+/// What the forward keeps per row for the backward.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NormStats {
+    /// μ per row (empty for RMSNorm).
+    pub mean: Vec<f32>,
+    /// `1/√(σ² + ε)` (RMSNorm: `1/√(mean(x²) + ε)`) per row.
+    pub rstd: Vec<f32>,
+}
+
+/// γ as applied.
+fn applied_gamma(gamma: &[f32], spec: NormSpec) -> Vec<f32> {
+    let shift = if spec.zero_centered_gamma { 1.0 } else { 0.0 };
+    gamma.iter().map(|g| g + shift).collect()
+}
+
+/// The forward of `x` viewed as rows of `gamma.len()` values (`beta`: LayerNorm's β, `None` for RMSNorm or no
+/// bias): `y` and the per-row statistics.
+pub fn norm_forward(
+    x: &[f32],
+    gamma: &[f32],
+    beta: Option<&[f32]>,
+    spec: NormSpec,
+) -> (Vec<f32>, NormStats) {
+    let width = gamma.len();
+    let gamma = applied_gamma(gamma, spec);
+    let mut y = vec![0.0f32; x.len()];
+    let blocks = par_rows(x, width, &mut y, width, |_, x, y| {
+        forward_rows(x, y, &gamma, beta, spec)
+    });
+    let mut stats = NormStats::default();
+    for (mean, rstd) in blocks {
+        stats.mean.extend(mean);
+        stats.rstd.extend(rstd);
+    }
+    (y, stats)
+}
+
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
+fn forward_rows(
+    x: &[f32],
+    y: &mut [f32],
+    gamma: &[f32],
+    beta: Option<&[f32]>,
+    spec: NormSpec,
+) -> (Vec<f32>, Vec<f32>) {
+    let width = gamma.len();
+    let rows = x.len() / width;
+    let (mut means, mut rstds) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
+    for (x, y) in x.chunks_exact(width).zip(y.chunks_exact_mut(width)) {
+        let n = width as f32;
+        match spec.kind {
+            NormKind::LayerNorm => {
+                let mean = sum_of(x, |v| v) / n;
+                let var = sum_of(x, |v| (v - mean) * (v - mean)) / n;
+                let rstd = 1.0 / (var + spec.eps).sqrt();
+                match beta {
+                    Some(beta) => {
+                        for (((y, x), g), b) in y.iter_mut().zip(x).zip(gamma).zip(beta) {
+                            *y = (x - mean) * rstd * g + b;
+                        }
+                    }
+                    None => {
+                        for ((y, x), g) in y.iter_mut().zip(x).zip(gamma) {
+                            *y = (x - mean) * rstd * g;
+                        }
+                    }
+                }
+                means.push(mean);
+                rstds.push(rstd);
+            }
+            NormKind::RmsNorm => {
+                let rstd = 1.0 / (dot(x, x) / n + spec.eps).sqrt();
+                for ((y, x), g) in y.iter_mut().zip(x).zip(gamma) {
+                    *y = x * rstd * g;
+                }
+                rstds.push(rstd);
+            }
+        }
+    }
+    (means, rstds)
+}
+
+/// Gradients of [`norm_forward`] for the output gradient `dy`: `(dx, dγ, dβ)` (`dβ` for LayerNorm; a zero-centred
+/// γ gets the gradient of `1 + γ`, which is the same).
+pub fn norm_backward(
+    dy: &[f32],
+    x: &[f32],
+    gamma: &[f32],
+    stats: &NormStats,
+    spec: NormSpec,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let width = gamma.len();
+    let gamma = applied_gamma(gamma, spec);
+    let mut dx = vec![0.0f32; x.len()];
+    let blocks = par_rows(x, width, &mut dx, width, |first, x, dx| {
+        let rows = x.len() / width;
+        let dy = &dy[first * width..(first + rows) * width];
+        let mean = match spec.kind {
+            NormKind::LayerNorm => Some(&stats.mean[first..first + rows]),
+            NormKind::RmsNorm => None,
+        };
+        backward_rows(dy, x, dx, &gamma, mean, &stats.rstd[first..first + rows])
+    });
+    let (dgamma, dbeta): (Vec<_>, Vec<_>) = blocks.into_iter().unzip();
+    let dgamma = add_in_order(dgamma.into_iter(), width);
+    let dbeta = match spec.kind {
+        NormKind::LayerNorm => add_in_order(dbeta.into_iter(), width),
+        NormKind::RmsNorm => Vec::new(),
+    };
+    (dx, dgamma, dbeta)
+}
+
+/// One block's `dx` and its partial `dγ`, `dβ`: with `x̂ = (x − μ)·r` and `g = dy·γ`,
+/// `dx = r·(g − mean(g) − x̂·mean(g·x̂))` (RMSNorm: no `mean(g)` term), `dγ += dy·x̂`, `dβ += dy`.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
+fn backward_rows(
+    dy: &[f32],
+    x: &[f32],
+    dx: &mut [f32],
+    gamma: &[f32],
+    mean: Option<&[f32]>,
+    rstd: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
+    let width = gamma.len();
+    let n = width as f32;
+    let (mut dgamma, mut dbeta) = (vec![0.0f32; width], vec![0.0f32; width]);
+    let mut xhat = vec![0.0f32; width];
+    let mut g = vec![0.0f32; width];
+    let rows = dy.chunks_exact(width).zip(x.chunks_exact(width));
+    for (row, ((dy, x), dx)) in rows.zip(dx.chunks_exact_mut(width)).enumerate() {
+        let (mu, r) = (mean.map_or(0.0, |m| m[row]), rstd[row]);
+        for ((h, gv), ((x, dy), gamma)) in
+            xhat.iter_mut().zip(&mut g).zip(x.iter().zip(dy).zip(gamma))
+        {
+            *h = (x - mu) * r;
+            *gv = dy * gamma;
+        }
+        let mean_g = if mean.is_some() {
+            sum_of(&g, |v| v) / n
+        } else {
+            0.0
+        };
+        let mean_gx = dot(&g, &xhat) / n;
+        for ((dx, gv), h) in dx.iter_mut().zip(&g).zip(&xhat) {
+            *dx = r * (gv - mean_g - h * mean_gx);
+        }
+        for (((dg, db), dy), h) in dgamma.iter_mut().zip(&mut dbeta).zip(dy).zip(&xhat) {
+            *dg += dy * h;
+            *db += dy;
+        }
+    }
+    (dgamma, dbeta)
+}

@@ -1,0 +1,384 @@
+//! The fused element-wise ops of the host path (LayerNorm/RMSNorm, the MLP activations, the attention's masked
+//! softmax), forward and backward through `Autodiff<Flex>`, against the same functions composed of Burn ops in
+//! f64 on `Autodiff<NdArray<f64>>` and differentiated by Burn's autodiff (TE's own formulas, e.g. GELU's
+//! `0.5 x (1 + tanh u)`): an independent reference for the values and for the hand-written backward.
+
+use burn::backend::{Autodiff, Flex, NdArray};
+use burn::prelude::*;
+use burn::tensor::TensorPrimitive;
+use burn::tensor::activation::softmax;
+use burn_te::TeBackend;
+use burn_te::fused::{AttentionMask, NormKind, NormSpec, with_composed_elementwise};
+use burn_te::nn::{Activation, TransformerLayer, TransformerLayerConfig};
+
+use crate::common::Rng;
+
+type F = Autodiff<Flex>;
+type R = Autodiff<NdArray<f64>>;
+
+fn fused<const D: usize>(values: &[f32], shape: [usize; D]) -> Tensor<F, D> {
+    Tensor::from_data(TensorData::new(values.to_vec(), shape), &Default::default()).require_grad()
+}
+
+fn reference<const D: usize>(values: &[f32], shape: [usize; D]) -> Tensor<R, D> {
+    let values: Vec<f64> = values.iter().map(|&v| f64::from(v)).collect();
+    Tensor::from_data(TensorData::new(values, shape), &Default::default()).require_grad()
+}
+
+fn host<Bk: Backend, const D: usize>(t: Tensor<Bk, D>) -> Vec<f64> {
+    t.into_data()
+        .convert::<f64>()
+        .into_vec::<f64>()
+        .expect("float data")
+}
+
+fn primitive<const D: usize>(t: &Tensor<F, D>) -> burn::tensor::ops::FloatTensor<F> {
+    t.clone().into_primitive().tensor()
+}
+
+fn tensor<const D: usize>(t: burn::tensor::ops::FloatTensor<F>) -> Tensor<F, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(t))
+}
+
+/// Every element within `tol · (|expected| + mean |expected|)` (mean over the tensor: the scale of its values);
+/// returns the largest error in that unit.
+fn assert_close(what: &str, actual: &[f64], expected: &[f64], tol: f64) -> f64 {
+    assert_eq!(actual.len(), expected.len(), "{what}: lengths");
+    let scale = expected.iter().map(|v| v.abs()).sum::<f64>() / expected.len().max(1) as f64;
+    let mut worst = 0.0f64;
+    for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
+        let unit = e.abs() + scale;
+        let err = (a - e).abs() / unit.max(f64::MIN_POSITIVE);
+        assert!(
+            err <= tol,
+            "{what}: element {i} = {a:e}, f64 reference {e:e} (error {err:e} of |e| + mean |e|, > {tol:e})"
+        );
+        worst = worst.max(err);
+    }
+    worst
+}
+
+/// f32 results of row reductions over a few hundred elements: a few units of f32's 2⁻²⁴ per reduction step.
+const TOL: f64 = 2e-5;
+
+#[test]
+fn norms_forward_and_backward_match_f64() {
+    // 183 rows of 97: several row blocks per task split, a width that is no multiple of the 8 lanes.
+    let (shape, width) = ([3, 61, 97], 97);
+    let mut rng = Rng::new(11);
+    let x = rng.normal(3 * 61 * width, 0.5, 2.0);
+    let upstream = rng.normal(3 * 61 * width, 0.0, 1.0);
+    for kind in [NormKind::LayerNorm, NormKind::RmsNorm] {
+        for zero_centered_gamma in [false, true] {
+            let what = format!("{kind:?} (zero-centred γ: {zero_centered_gamma})");
+            let gamma = rng.normal(width, if zero_centered_gamma { 0.0 } else { 1.0 }, 0.3);
+            let beta = rng.normal(width, 0.0, 0.3);
+            let with_beta = kind == NormKind::LayerNorm;
+            let spec = NormSpec {
+                kind,
+                eps: 1e-5,
+                zero_centered_gamma,
+            };
+
+            let (fx, fg, fb) = (
+                fused(&x, shape),
+                fused(&gamma, [width]),
+                fused(&beta, [width]),
+            );
+            let y = F::te_norm(
+                primitive(&fx),
+                primitive(&fg),
+                with_beta.then(|| primitive(&fb)),
+                spec,
+            )
+            .expect("norm")
+            .expect("Flex has the fused norm");
+            let y: Tensor<F, 3> = tensor(y);
+            let grads = (y.clone() * fused(&upstream, shape)).sum().backward();
+
+            let (rx, rg, rb) = (
+                reference(&x, shape),
+                reference(&gamma, [width]),
+                reference(&beta, [width]),
+            );
+            let applied = if zero_centered_gamma {
+                rg.clone() + 1.0
+            } else {
+                rg.clone()
+            };
+            let applied = applied.unsqueeze::<3>();
+            let ry = match kind {
+                NormKind::LayerNorm => {
+                    let (var, mean) = rx.clone().var_mean_bias(2);
+                    (rx.clone() - mean) / (var + 1e-5).sqrt() * applied + rb.clone().unsqueeze()
+                }
+                NormKind::RmsNorm => {
+                    rx.clone() / (rx.clone().square().mean_dim(2) + 1e-5).sqrt() * applied
+                }
+            };
+            let rgrads = (ry.clone() * reference(&upstream, shape)).sum().backward();
+
+            assert_close(&format!("{what} y"), &host(y), &host(ry), TOL);
+            assert_close(
+                &format!("{what} dx"),
+                &host(fx.grad(&grads).expect("dx")),
+                &host(rx.grad(&rgrads).expect("dx")),
+                TOL,
+            );
+            assert_close(
+                &format!("{what} dγ"),
+                &host(fg.grad(&grads).expect("dγ")),
+                &host(rg.grad(&rgrads).expect("dγ")),
+                TOL,
+            );
+            if with_beta {
+                assert_close(
+                    &format!("{what} dβ"),
+                    &host(fb.grad(&grads).expect("dβ")),
+                    &host(rb.grad(&rgrads).expect("dβ")),
+                    TOL,
+                );
+            }
+        }
+    }
+}
+
+/// TE's activation formulas in f64 (GELU as `0.5 x (1 + tanh u)`, not the σ form the kernel uses).
+fn reference_activation(activation: Activation, x: Tensor<R, 2>) -> Tensor<R, 2> {
+    use burn::tensor::activation::{relu, sigmoid, tanh};
+    let f = |x: Tensor<R, 2>| match activation {
+        Activation::Gelu | Activation::Geglu => {
+            let u = (x.clone() + x.clone().powi_scalar(3) * 0.044715)
+                * (2.0 / std::f64::consts::PI).sqrt();
+            x * (tanh(u) + 1.0) * 0.5
+        }
+        Activation::Qgelu | Activation::Qgeglu => x.clone() * sigmoid(x * 1.702),
+        Activation::Relu | Activation::Reglu => relu(x),
+        Activation::Srelu | Activation::Sreglu => relu(x).powi_scalar(2),
+        Activation::Silu | Activation::Swiglu => x.clone() * sigmoid(x),
+    };
+    if !activation.is_gated() {
+        return f(x);
+    }
+    let [rows, width] = x.dims();
+    let value = x.clone().slice([0..rows, width / 2..width]);
+    f(x.slice([0..rows, 0..width / 2])) * value
+}
+
+#[test]
+fn activations_forward_and_backward_match_f64() {
+    let (rows, width) = (300, 2 * 45);
+    let mut rng = Rng::new(12);
+    // Wide enough to reach GELU's and σ's tails (|x| up to ~12), with exact zeros for ReLU's kink.
+    let mut x = rng.normal(rows * width, 0.0, 3.0);
+    x.iter_mut().step_by(53).for_each(|v| *v = 0.0);
+    for activation in Activation::ALL {
+        let out = if activation.is_gated() {
+            width / 2
+        } else {
+            width
+        };
+        let upstream = rng.normal(rows * out, 0.0, 1.0);
+        let fx = fused(&x, [rows, width]);
+        let launches = counter("FusedActivation");
+        let y = activation.apply(fx.clone()).expect("activation");
+        assert_eq!(
+            counter("FusedActivation"),
+            launches + 1,
+            "{activation:?}: the fused op ran"
+        );
+        let grads = (y.clone() * fused(&upstream, [rows, out])).sum().backward();
+        let rx = reference(&x, [rows, width]);
+        let ry = reference_activation(activation, rx.clone());
+        let rgrads = (ry.clone() * reference(&upstream, [rows, out]))
+            .sum()
+            .backward();
+        let what = format!("{activation:?}");
+        assert_close(&format!("{what} y"), &host(y), &host(ry), TOL);
+        assert_close(
+            &format!("{what} dx"),
+            &host(fx.grad(&grads).expect("dx")),
+            &host(rx.grad(&rgrads).expect("dx")),
+            TOL,
+        );
+    }
+}
+
+fn counter(name: &str) -> u64 {
+    burn_te::diagnostics::thread_counter_value(name).unwrap_or(0)
+}
+
+#[test]
+fn masked_softmax_forward_and_backward_match_f64() {
+    let [batch, heads, queries, keys] = [2, 3, 37, 37];
+    let shape = [batch, heads, queries, keys];
+    let scale = 0.125f32;
+    let mut rng = Rng::new(13);
+    let scores = rng.normal(batch * heads * queries * keys, 0.0, 8.0);
+    let upstream = rng.normal(batch * heads * queries * keys, 0.0, 1.0);
+    // Batch 0 pads its last 5 keys; batch 1 pads every key (its rows are all zeros, with zero gradients).
+    let padding: Vec<bool> = (0..batch * keys)
+        .map(|i| i / keys == 1 || i % keys >= keys - 5)
+        .collect();
+    for (causal, padded) in [(false, false), (true, false), (false, true), (true, true)] {
+        let what = format!("softmax (causal {causal}, padding {padded})");
+        let device = Default::default();
+        let pad = || {
+            padded.then(|| {
+                Tensor::<F, 2, Bool>::from_data(
+                    TensorData::new(padding.clone(), [batch, keys]),
+                    &device,
+                )
+            })
+        };
+        let fs = fused(&scores, shape);
+        let mask = AttentionMask {
+            causal,
+            padding: pad().map(|p| p.into_primitive()),
+        };
+        let p = F::te_softmax(primitive(&fs), scale, mask)
+            .expect("softmax")
+            .expect("Flex has the fused softmax");
+        let p: Tensor<F, 4> = tensor(p);
+        let grads = (p.clone() * fused(&upstream, shape)).sum().backward();
+
+        // The composed attention softmax, in f64.
+        let rs = reference(&scores, shape);
+        let masked: Vec<bool> = (0..batch * heads * queries * keys)
+            .map(|i| {
+                let (b, q, k) = (i / (heads * queries * keys), i / keys % queries, i % keys);
+                (causal && k > q) || (padded && padding[b * keys + k])
+            })
+            .collect();
+        let rmask =
+            Tensor::<R, 4, Bool>::from_data(TensorData::new(masked, shape), &Default::default());
+        let rp = softmax(
+            (rs.clone() * f64::from(scale)).mask_fill(rmask.clone(), -1.0e30),
+            3,
+        )
+        .mask_fill(rmask, 0.0);
+        let rgrads = (rp.clone() * reference(&upstream, shape)).sum().backward();
+
+        let (p, rp) = (host(p), host(rp));
+        if padded {
+            let row = heads * queries * keys;
+            assert!(
+                p[row..].iter().all(|&v| v == 0.0),
+                "{what}: a fully padded batch gives zeros"
+            );
+        }
+        assert_close(&format!("{what} p"), &p, &rp, TOL);
+        assert_close(
+            &format!("{what} ds"),
+            &host(fs.grad(&grads).expect("ds")),
+            &host(rs.grad(&rgrads).expect("ds")),
+            TOL,
+        );
+    }
+}
+
+/// The fused kernels' `exp` (what GELU's σ and the softmax use) against f64 over the whole f32 range it takes.
+#[test]
+fn fused_exp_is_within_two_ulp() {
+    use burn_te_kernels::host::fused::exp;
+    let mut worst = 0.0f64;
+    for i in 0..=200_000 {
+        let x = -87.0 + 175.0 * f64::from(i) / 200_000.0;
+        let x = x as f32;
+        let expected = f64::from(x).exp();
+        let ulp = f64::from(f32::EPSILON) * 2f64.powi(expected.log2().floor() as i32);
+        let err = (f64::from(exp(x)) - expected).abs() / ulp;
+        assert!(
+            err <= 2.0,
+            "exp({x}) = {:e}, f64 {expected:e}: {err} ulp",
+            exp(x)
+        );
+        worst = worst.max(err);
+    }
+    assert!(exp(f32::NAN).is_nan());
+    assert_eq!(exp(-1000.0), exp(-87.336_54), "clamped below");
+    assert_eq!(exp(1000.0), exp(88.0), "clamped above");
+}
+
+/// Column sums (dγ, dβ) add fixed row blocks in order: the same bits on one thread as on the whole pool.
+#[test]
+fn fused_norm_gradients_do_not_depend_on_the_thread_count() {
+    use burn_te_kernels::host::fused::norm::{NormSpec, norm_backward, norm_forward};
+    let (rows, width) = (4096, 64);
+    let mut rng = Rng::new(14);
+    let x = rng.normal(rows * width, 0.0, 1.0);
+    let dy = rng.normal(rows * width, 0.0, 1.0);
+    let gamma = rng.normal(width, 1.0, 0.1);
+    let spec = NormSpec {
+        kind: NormKind::LayerNorm,
+        eps: 1e-5,
+        zero_centered_gamma: false,
+    };
+    let run = || {
+        let (_, stats) = norm_forward(&x, &gamma, None, spec);
+        norm_backward(&dy, &x, &gamma, &stats, spec)
+    };
+    let pooled = run();
+    let single = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("pool")
+        .install(run);
+    assert_eq!(pooled, single);
+}
+
+/// A TransformerLayer's forward and backward with the fused ops against the same layer composing Burn ops: the
+/// output and every parameter's gradient within the f32 tolerance, and each fused op counted as it ran (two norms,
+/// one activation, one softmax, each forward and backward).
+#[test]
+fn transformer_layer_with_fused_ops_matches_the_composed_layer() {
+    let device = Default::default();
+    F::seed(&device, 5);
+    let layer: TransformerLayer<F> = TransformerLayerConfig::new(64, 256, 4).init(&device);
+    let x = Tensor::<F, 3>::random(
+        [24, 2, 64],
+        burn::tensor::Distribution::Normal(0.0, 1.0),
+        &device,
+    );
+    let names = [
+        "FusedNorm",
+        "FusedNormBackward",
+        "FusedActivation",
+        "FusedActivationBackward",
+        "FusedSoftmax",
+        "FusedSoftmaxBackward",
+    ];
+    let run = || {
+        let before: Vec<u64> = names.iter().map(|n| counter(n)).collect();
+        let y = layer.forward(x.clone(), None);
+        let grads = (y.clone() * y.clone()).sum().backward();
+        let counts: Vec<u64> = names
+            .iter()
+            .zip(&before)
+            .map(|(n, b)| counter(n) - b)
+            .collect();
+        let mut params = Vec::new();
+        struct Collect<'a>(
+            &'a burn::backend::autodiff::grads::Gradients,
+            &'a mut Vec<Vec<f64>>,
+        );
+        impl burn::module::ModuleVisitor<F> for Collect<'_> {
+            fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<F, D>>) {
+                if let Some(grad) = param.val().grad(self.0) {
+                    self.1.push(host(grad));
+                }
+            }
+        }
+        layer.visit(&mut Collect(&grads, &mut params));
+        (host(y), params, counts)
+    };
+    let (y, grads, counts) = run();
+    assert_eq!(counts, vec![2, 2, 1, 1, 1, 1], "fused ops run ({names:?})");
+    let (ry, rgrads, rcounts) = with_composed_elementwise(run);
+    assert_eq!(rcounts, vec![0; 6], "the composed layer runs none");
+    assert_close("layer output", &y, &ry, 1e-4);
+    assert_eq!(grads.len(), rgrads.len());
+    for (i, (g, r)) in grads.iter().zip(&rgrads).enumerate() {
+        assert_close(&format!("parameter {i}'s gradient"), g, r, 1e-4);
+    }
+}
