@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Where a host-path training step spends its time, from a `perf` recording of the step bench.
+
+Record (release bench binary, criterion's --profile-time runs only the measured routine after the setup):
+    perf record -e cpu-clock -F 999 -o step.data target/release/deps/host_gemm-* \
+        --bench "h1024.*fp8 Autodiff<Te<Flex>> on avx2fma" --profile-time 20
+Then:
+    python3 tools/step_profile.py step.data [--svg out.svg] [--title TEXT]
+
+Prints each category's share of the CPU samples (all threads) and of the calling thread's samples (work that runs
+on one thread while the pool waits), and optionally draws them as bars. The bench's setup (random inputs) is
+counted apart and left out of the shares.
+"""
+import argparse
+import collections
+import subprocess
+
+# (category, substrings of the symbol), first match wins.
+CATEGORIES = [
+    ("setup (left out)", ["common::input", "DistributionSampler", "StandardNormal", "TensorData::random",
+                          "chacha", "Distribution::sampler"]),
+    ("FP8 GEMM micro-kernel", ["host::gemm::fma", "host::gemm::bf16", "host::gemm::blocked", "Avx2FmaKernel",
+                               "Avx512Bf16Kernel"]),
+    ("FP8 GEMM packing (rayon closures)", ["FnMut<A> for &F>::call_mut", "host::gemm::pack"]),
+    ("f32 GEMM (attention, gemm crate)", ["gemm_f32", "gemm_common", "gemm::gemm"]),
+    ("quantize (encode, amax)", ["encode_scaled", "amax_bits", "host::fp8", "quantize"]),
+    ("fused element-wise (norm, activation, softmax)", ["host::fused"]),
+    ("layout copies", ["to_contiguous", "StridedIter", "memmove", "memcpy"]),
+    ("zeroing and page faults", ["memset", "clear_page", "page_fault", "get_page_from_freelist",
+                                 "do_anonymous_page", "handle_mm_fault", "folio"]),
+    ("Flex element-wise (with libm)", ["burn_flex::ops", "macerator", "__expf", "__powf", "__tanhf", "__logf",
+                                       "xflowf", "__sqrtf", "burn_flex::ops::unary"]),
+]
+
+
+def category(symbol):
+    for name, keys in CATEGORIES:
+        if any(k in symbol for k in keys):
+            return name
+    return "other"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("data")
+    ap.add_argument("--svg")
+    ap.add_argument("--title", default="Where the step's time goes")
+    args = ap.parse_args()
+    out = subprocess.run(["perf", "script", "-i", args.data, "-F", "tid,ip,sym"], capture_output=True, text=True,
+                         check=True).stdout
+    samples = []
+    for line in out.splitlines():
+        parts = line.split(None, 2)  # tid, address, symbol
+        if len(parts) == 3 and parts[0].isdigit():
+            samples.append((int(parts[0]), category(parts[2])))
+    if not samples:
+        raise SystemExit(f"{args.data}: no samples with symbols")
+    # The calling thread is the one that started first (lowest tid).
+    main_tid = min(t for t, _ in samples)
+    kept = [(t, c) for t, c in samples if c != "setup (left out)"]
+    total = collections.Counter(c for _, c in kept)
+    serial = collections.Counter(c for t, c in kept if t == main_tid)
+    n, n_serial = len(kept), sum(serial.values())
+    rows = sorted(total.items(), key=lambda kv: -kv[1])
+    print(f"{n} samples ({len(samples) - n} of setup left out); calling thread {n_serial} ({100 * n_serial / n:.1f} %)")
+    print(f"{'category':50} {'all threads':>12} {'calling thread':>15}")
+    for name, count in rows:
+        print(f"{name:50} {100 * count / n:11.1f}% {100 * serial[name] / n:14.1f}%")
+    if args.svg:
+        draw(args.svg, args.title, rows, serial, n)
+
+
+def draw(path, title, rows, serial, n):
+    width, bar_x, bar_w, row_h = 860, 360, 440, 26
+    height = 70 + row_h * len(rows) + 40
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+             f'font-size="13"><rect width="100%" height="100%" fill="white"/>',
+             f'<text x="{width / 2}" y="24" text-anchor="middle" font-size="15">{title}</text>',
+             f'<text x="{bar_x}" y="48" fill="#555">share of CPU samples (both threads); dark: on the calling thread '
+             f'alone</text>']
+    top = max(c for _, c in rows) / n
+    for i, (name, count) in enumerate(rows):
+        y = 62 + i * row_h
+        share, alone = count / n, serial[name] / n
+        parts.append(f'<text x="{bar_x - 8}" y="{y + 15}" text-anchor="end">{name}</text>')
+        parts.append(f'<rect x="{bar_x}" y="{y + 3}" width="{bar_w * share / top:.1f}" height="{row_h - 8}" '
+                     f'fill="#9ecae1"/>')
+        parts.append(f'<rect x="{bar_x}" y="{y + 3}" width="{bar_w * alone / top:.1f}" height="{row_h - 8}" '
+                     f'fill="#3182bd"/>')
+        parts.append(f'<text x="{bar_x + bar_w * share / top + 6:.1f}" y="{y + 15}">{100 * share:.1f} %</text>')
+    parts.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(parts) + "\n")
+    print(f"chart: {path}")
+
+
+if __name__ == "__main__":
+    main()
