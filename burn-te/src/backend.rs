@@ -324,7 +324,9 @@ pub trait TeBackend: Backend {
 }
 
 /// The FP8 ops of a [`TeBackend`] decorator whose primitives are its inner backend's: every op but the `te_linear`
-/// GEMMs forwards to `$inner`. Used inside `impl TeBackend for Decorator<B>` by `Te<B>` and the debug tools.
+/// GEMMs forwards to `$inner`, the fused element-wise ops through the decorator's
+/// [`op_started`](crate::Decorator::op_started)/[`op_finished`](crate::Decorator::op_finished) as its other ops.
+/// Used inside `impl TeBackend for Decorator<B>` by `Te<B>` and the debug tools.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! forward_fp8_ops {
@@ -430,14 +432,9 @@ macro_rules! forward_fp8_ops {
         ) -> $crate::__private::FloatTensor<Self> {
             $inner::te_reference_gemm(gemm, lhs, rhs, bias)
         }
-        fn te_norm(
-            x: $crate::__private::FloatTensor<Self>,
-            gamma: $crate::__private::FloatTensor<Self>,
-            beta: Option<$crate::__private::FloatTensor<Self>>,
-            spec: $crate::fused::NormSpec,
-        ) -> Result<Option<$crate::__private::FloatTensor<Self>>, $crate::TeError> {
-            $inner::te_norm(x, gamma, beta, spec)
-        }
+        // The fused element-wise ops: `te_norm`, `te_activation` and `te_softmax` keep their defaults (this
+        // decorator's forward), so that the forwards and backwards below are seen as ops by the decorator
+        // (counted, checked in eager mode) like every other op.
         fn te_norm_forward(
             x: $crate::__private::FloatTensor<Self>,
             gamma: $crate::__private::FloatTensor<Self>,
@@ -450,7 +447,12 @@ macro_rules! forward_fp8_ops {
             )>,
             $crate::TeError,
         > {
-            $inner::te_norm_forward(x, gamma, beta, spec)
+            let inputs = <Self as $crate::Decorator>::op_started("te_norm", &[&x, &gamma]);
+            let output = $inner::te_norm_forward(x, gamma, beta, spec)?;
+            if let Some((y, _)) = &output {
+                <Self as $crate::Decorator>::op_finished("te_norm", inputs, y);
+            }
+            Ok(output)
         }
         fn te_norm_backward(
             dy: $crate::__private::FloatTensor<Self>,
@@ -459,21 +461,22 @@ macro_rules! forward_fp8_ops {
             saved: $crate::fused::NormSaved<$crate::__private::FloatTensor<Self>>,
             spec: $crate::fused::NormSpec,
         ) -> $crate::fused::NormGrads<$crate::__private::FloatTensor<Self>> {
-            $inner::te_norm_backward(dy, x, gamma, saved, spec)
-        }
-        fn te_activation(
-            x: $crate::__private::FloatTensor<Self>,
-            f: $crate::fused::Pointwise,
-            gated: bool,
-        ) -> Result<Option<$crate::__private::FloatTensor<Self>>, $crate::TeError> {
-            $inner::te_activation(x, f, gated)
+            let inputs = <Self as $crate::Decorator>::op_started("te_norm_backward", &[&dy, &x]);
+            let grads = $inner::te_norm_backward(dy, x, gamma, saved, spec);
+            <Self as $crate::Decorator>::op_finished("te_norm_backward", inputs, &grads.x);
+            grads
         }
         fn te_activation_forward(
             x: $crate::__private::FloatTensor<Self>,
             f: $crate::fused::Pointwise,
             gated: bool,
         ) -> Result<Option<$crate::__private::FloatTensor<Self>>, $crate::TeError> {
-            $inner::te_activation_forward(x, f, gated)
+            let inputs = <Self as $crate::Decorator>::op_started("te_activation", &[&x]);
+            let output = $inner::te_activation_forward(x, f, gated)?;
+            if let Some(y) = &output {
+                <Self as $crate::Decorator>::op_finished("te_activation", inputs, y);
+            }
+            Ok(output)
         }
         fn te_activation_backward(
             dy: $crate::__private::FloatTensor<Self>,
@@ -481,28 +484,34 @@ macro_rules! forward_fp8_ops {
             f: $crate::fused::Pointwise,
             gated: bool,
         ) -> $crate::__private::FloatTensor<Self> {
-            $inner::te_activation_backward(dy, x, f, gated)
-        }
-        fn te_softmax(
-            scores: $crate::__private::FloatTensor<Self>,
-            scale: f32,
-            mask: $crate::fused::AttentionMask<$crate::__private::BoolTensor<Self>>,
-        ) -> Result<Option<$crate::__private::FloatTensor<Self>>, $crate::TeError> {
-            $inner::te_softmax(scores, scale, mask)
+            let inputs =
+                <Self as $crate::Decorator>::op_started("te_activation_backward", &[&dy, &x]);
+            let dx = $inner::te_activation_backward(dy, x, f, gated);
+            <Self as $crate::Decorator>::op_finished("te_activation_backward", inputs, &dx);
+            dx
         }
         fn te_softmax_forward(
             scores: $crate::__private::FloatTensor<Self>,
             scale: f32,
             mask: $crate::fused::AttentionMask<$crate::__private::BoolTensor<Self>>,
         ) -> Result<Option<$crate::__private::FloatTensor<Self>>, $crate::TeError> {
-            $inner::te_softmax_forward(scores, scale, mask)
+            let inputs = <Self as $crate::Decorator>::op_started("te_softmax", &[&scores]);
+            let output = $inner::te_softmax_forward(scores, scale, mask)?;
+            if let Some(probs) = &output {
+                <Self as $crate::Decorator>::op_finished("te_softmax", inputs, probs);
+            }
+            Ok(output)
         }
         fn te_softmax_backward(
             dp: $crate::__private::FloatTensor<Self>,
             probs: $crate::__private::FloatTensor<Self>,
             scale: f32,
         ) -> $crate::__private::FloatTensor<Self> {
-            $inner::te_softmax_backward(dp, probs, scale)
+            let inputs =
+                <Self as $crate::Decorator>::op_started("te_softmax_backward", &[&dp, &probs]);
+            let ds = $inner::te_softmax_backward(dp, probs, scale);
+            <Self as $crate::Decorator>::op_finished("te_softmax_backward", inputs, &ds);
+            ds
         }
         fn fp8_delayed_state_update(
             state: &Self::DelayedState,

@@ -382,3 +382,28 @@ fn transformer_layer_with_fused_ops_matches_the_composed_layer() {
         assert_close(&format!("parameter {i}'s gradient"), g, r, 1e-4);
     }
 }
+
+/// Under `Te<B>` the fused ops are ops like any other: eager mode names the one whose output first holds a NaN.
+#[test]
+fn eager_mode_names_the_fused_op_that_made_the_first_nan() {
+    use burn_te::Te;
+    use burn_te::diagnostics::{self, DiagnosticsConfig};
+    use burn_te::nn::LayerNormConfig;
+    type T = Te<Flex>;
+    diagnostics::configure_thread(DiagnosticsConfig::new().with_eager(true)).expect("config");
+    diagnostics::clear_non_finite();
+    let device = Default::default();
+    let norm = LayerNormConfig::new(16).init::<T>(&device);
+    // Row 1's sum overflows f32: its mean is +inf, and every output of the row NaN.
+    let mut values = vec![0.5f32; 4 * 16];
+    values[16..32].fill(3.0e38);
+    let _ = norm.forward(Tensor::<T, 2>::from_data(
+        TensorData::new(values, [4, 16]),
+        &device,
+    ));
+    let origin = diagnostics::first_non_finite();
+    diagnostics::clear_thread_config();
+    let origin = origin.expect("reported");
+    assert_eq!(origin.op, "te_norm", "{origin}");
+    assert_eq!(origin.nan_count, 16, "the overflowing row: {origin}");
+}
