@@ -5,7 +5,7 @@ use burn::tensor::ops::{BoolTensor, FloatTensor};
 use burn_te_kernels::{AmaxComputeAlgo, Fp8Format, Fp8Stats, ScaleBlock, TensorStats};
 
 use crate::error::TeError;
-use crate::fused::{AttentionMask, NormGrads, NormSaved, NormSpec, Pointwise};
+use crate::fused::{AttentionMask, NormForward, NormGrads, NormSaved, NormSpec, Pointwise};
 use crate::gemm::Gemm;
 use crate::high_precision::{high_precision_dgrad, high_precision_linear, high_precision_wgrad};
 pub use crate::primitive::{
@@ -202,7 +202,7 @@ pub trait TeBackend: Backend {
         _gamma: FloatTensor<Self>,
         _beta: Option<FloatTensor<Self>>,
         _spec: NormSpec,
-    ) -> Result<Option<(FloatTensor<Self>, NormSaved<FloatTensor<Self>>)>, TeError> {
+    ) -> Result<NormForward<FloatTensor<Self>>, TeError> {
         Ok(None)
     }
 
@@ -440,13 +440,8 @@ macro_rules! forward_fp8_ops {
             gamma: $crate::__private::FloatTensor<Self>,
             beta: Option<$crate::__private::FloatTensor<Self>>,
             spec: $crate::fused::NormSpec,
-        ) -> Result<
-            Option<(
-                $crate::__private::FloatTensor<Self>,
-                $crate::fused::NormSaved<$crate::__private::FloatTensor<Self>>,
-            )>,
-            $crate::TeError,
-        > {
+        ) -> Result<$crate::fused::NormForward<$crate::__private::FloatTensor<Self>>, $crate::TeError>
+        {
             let inputs = <Self as $crate::Decorator>::op_started("te_norm", &[&x, &gamma]);
             let output = $inner::te_norm_forward(x, gamma, beta, spec)?;
             if let Some((y, _)) = &output {

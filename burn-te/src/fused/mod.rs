@@ -51,6 +51,9 @@ pub struct NormSaved<T> {
     pub rstd: T,
 }
 
+/// What a fused norm's forward returns: its output and what its backward takes, or `None` (no fused kernel).
+pub type NormForward<T> = Option<(T, NormSaved<T>)>;
+
 /// The gradients of a fused norm.
 #[derive(Clone, Debug)]
 pub struct NormGrads<T> {

@@ -9,7 +9,7 @@ use burn_te_kernels::host::fused::{activation, norm, softmax};
 
 use super::{HostValues, host_tensor};
 use crate::error::TeError;
-use crate::fused::{AttentionMask, NormGrads, NormSaved, NormSpec, Pointwise};
+use crate::fused::{AttentionMask, NormForward, NormGrads, NormSaved, NormSpec, Pointwise};
 use crate::metrics::{count_launch, names};
 
 /// How a host backend reads its tensors (`flex_values`, `values::<NdArray>`).
@@ -36,7 +36,7 @@ pub(super) fn norm_forward<B: Backend>(
     gamma: FloatTensor<B>,
     beta: Option<FloatTensor<B>>,
     spec: NormSpec,
-) -> Result<Option<(FloatTensor<B>, NormSaved<FloatTensor<B>>)>, TeError> {
+) -> Result<NormForward<FloatTensor<B>>, TeError> {
     if !f32_only::<B>(&x) {
         return Ok(None);
     }

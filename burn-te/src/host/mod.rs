@@ -227,10 +227,7 @@ macro_rules! host_te_backend {
                 gamma: FloatTensor<Self>,
                 beta: Option<FloatTensor<Self>>,
                 spec: crate::fused::NormSpec,
-            ) -> Result<
-                Option<(FloatTensor<Self>, crate::fused::NormSaved<FloatTensor<Self>>)>,
-                TeError,
-            > {
+            ) -> Result<crate::fused::NormForward<FloatTensor<Self>>, TeError> {
                 fused::norm_forward::<$backend>($values, x, gamma, beta, spec)
             }
 

@@ -19,7 +19,7 @@ pub enum Pointwise {
 }
 
 /// √(8/π): `2u = √(8/π)(x + 0.044715 x³)`.
-const GELU_2U: f32 = 1.595_769_1;
+const GELU_2U: f32 = 1.595_769;
 const GELU_CUBIC: f32 = 0.044_715;
 
 impl Pointwise {

@@ -100,19 +100,13 @@ pub fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
-    let x = if x < -87.336_54 {
-        -87.336_54
-    } else if x > 88.0 {
-        88.0
-    } else {
-        x
-    };
+    let x = x.clamp(-87.336_54, 88.0);
     let n = (x * LOG2E + 0.5).floor();
     let r = x - n * LN2_HI - n * LN2_LO;
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
         + 1.666_666_5e-1)
         * r
-        + 5.000_000_1e-1;
+        + 5e-1;
     let p = p * r * r + r + 1.0;
     p * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
