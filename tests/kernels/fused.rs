@@ -58,6 +58,31 @@ fn assert_close(what: &str, actual: &[f64], expected: &[f64], tol: f64) -> f64 {
     worst
 }
 
+/// The gradient of `fused` (from `grads`) against that of `reference` (from `rgrads`), as [`assert_close`].
+fn assert_grad<const D: usize, const E: usize>(
+    what: &str,
+    (fused, grads): (
+        &Tensor<F, D>,
+        &<F as burn::tensor::backend::AutodiffBackend>::Gradients,
+    ),
+    (reference, rgrads): (
+        &Tensor<R, E>,
+        &<R as burn::tensor::backend::AutodiffBackend>::Gradients,
+    ),
+) {
+    let actual = host(
+        fused
+            .grad(grads)
+            .unwrap_or_else(|| panic!("{what}: no gradient")),
+    );
+    let expected = host(
+        reference
+            .grad(rgrads)
+            .unwrap_or_else(|| panic!("{what}: no reference gradient")),
+    );
+    assert_close(what, &actual, &expected, TOL);
+}
+
 /// f32 results of row reductions over a few hundred elements: a few units of f32's 2⁻²⁴ per reduction step.
 const TOL: f64 = 2e-5;
 
@@ -119,25 +144,10 @@ fn norms_forward_and_backward_match_f64() {
             let rgrads = (ry.clone() * reference(&upstream, shape)).sum().backward();
 
             assert_close(&format!("{what} y"), &host(y), &host(ry), TOL);
-            assert_close(
-                &format!("{what} dx"),
-                &host(fx.grad(&grads).expect("dx")),
-                &host(rx.grad(&rgrads).expect("dx")),
-                TOL,
-            );
-            assert_close(
-                &format!("{what} dγ"),
-                &host(fg.grad(&grads).expect("dγ")),
-                &host(rg.grad(&rgrads).expect("dγ")),
-                TOL,
-            );
+            assert_grad(&format!("{what} dx"), (&fx, &grads), (&rx, &rgrads));
+            assert_grad(&format!("{what} dγ"), (&fg, &grads), (&rg, &rgrads));
             if with_beta {
-                assert_close(
-                    &format!("{what} dβ"),
-                    &host(fb.grad(&grads).expect("dβ")),
-                    &host(rb.grad(&rgrads).expect("dβ")),
-                    TOL,
-                );
+                assert_grad(&format!("{what} dβ"), (&fb, &grads), (&rb, &rgrads));
             }
         }
     }
@@ -195,12 +205,7 @@ fn activations_forward_and_backward_match_f64() {
             .backward();
         let what = format!("{activation:?}");
         assert_close(&format!("{what} y"), &host(y), &host(ry), TOL);
-        assert_close(
-            &format!("{what} dx"),
-            &host(fx.grad(&grads).expect("dx")),
-            &host(rx.grad(&rgrads).expect("dx")),
-            TOL,
-        );
+        assert_grad(&format!("{what} dx"), (&fx, &grads), (&rx, &rgrads));
     }
 }
 
@@ -268,12 +273,7 @@ fn masked_softmax_forward_and_backward_match_f64() {
             );
         }
         assert_close(&format!("{what} p"), &p, &rp, TOL);
-        assert_close(
-            &format!("{what} ds"),
-            &host(fs.grad(&grads).expect("ds")),
-            &host(rs.grad(&rgrads).expect("ds")),
-            TOL,
-        );
+        assert_grad(&format!("{what} ds"), (&fs, &grads), (&rs, &rgrads));
     }
 }
 
