@@ -6,7 +6,8 @@
 //!   `burn::nn::Linear`), its dgrad and wgrad, and `matmul` run in FP8 with the scope's [`Recipe`]; every other op
 //!   forwards to `B`. Train with `Autodiff<Te<B>>`.
 //! - [`TeBackend`]: the FP8 ops on a backend's tensors (quantize, dequantize, FP8 GEMM, amax, fake-quant,
-//!   statistics, delayed-scaling states) — CubeCL kernels on wgpu/CUDA, the bit-identical host path on NdArray.
+//!   statistics, delayed-scaling states) — CubeCL kernels on wgpu/CUDA, the bit-identical host path on NdArray —
+//!   and the TE modules' fused element-wise ops (`fused`: norm, activation, softmax; fused kernels on the host path).
 //! - Recipes with TE's defaults: [`DelayedScaling`], [`Float8CurrentScaling`], [`Float8BlockScaling`],
 //!   [`MXFP8BlockScaling`].
 //! - [`GemmSite`]s name every GEMM (layer, fprop/dgrad/wgrad) for the debug tools.
