@@ -162,7 +162,7 @@ pub trait TeBackend: Backend {
 
     /// An identity of the tensor's device buffer: equal for clones of one tensor, different for tensors alive at
     /// the same time; `None` where the backend cannot tell. The backward GEMMs of plain Burn linears find their
-    /// forward by it (see [`crate::autocast`]).
+    /// forward by it (see the `autocast` module).
     fn buffer_id(_tensor: &FloatTensor<Self>) -> Option<u64> {
         None
     }

@@ -204,6 +204,6 @@ impl<F, D> Saved<F, D> {
     }
 }
 
-/// What [`linear_fprop`] keeps for the backward: `[input for wgrad, weight for dgrad]`, each quantized as the
-/// backward GEMM consumes it, or `None` (not asked for).
+/// What [`te_linear_fprop`](crate::TeBackend::te_linear_fprop) keeps for the backward: `[input for wgrad,
+/// weight for dgrad]`, each quantized as the backward GEMM consumes it, or `None` (not asked for).
 pub type SavedForBackward<D> = [Option<SavedQuantized<D>>; 2];

@@ -85,7 +85,7 @@ pub const PROBE_SHAPE: (usize, usize, usize) = (256, 1024, 512);
 const PROBE_RUNS: usize = 5;
 
 /// The probe, run once per process at the first host FP8 GEMM that is not forced (a few ms per path): each path
-/// this CPU runs takes the same GEMM ([`PROBE_SHAPE`]) [`PROBE_RUNS`] times on rayon's pool, and the fastest best
+/// this CPU runs takes the same GEMM ([`PROBE_SHAPE`]) `PROBE_RUNS` times on rayon's pool, and the fastest best
 /// time wins. Logged at `info`, and its times recorded in the metrics report.
 pub fn probe() -> &'static HostGemmProbe {
     static PROBE: OnceLock<HostGemmProbe> = OnceLock::new();
