@@ -407,3 +407,37 @@ fn eager_mode_names_the_fused_op_that_made_the_first_nan() {
     assert_eq!(origin.op, "te_norm", "{origin}");
     assert_eq!(origin.nan_count, 16, "the overflowing row: {origin}");
 }
+
+/// The ops themselves name bad shapes (the modules check before calling them; a direct caller gets the error).
+#[test]
+fn fused_ops_name_bad_shapes() {
+    let spec = NormSpec {
+        kind: NormKind::LayerNorm,
+        eps: 1e-5,
+        zero_centered_gamma: false,
+    };
+    let x = fused(&[1.0; 24], [4, 6]);
+    let err = F::te_norm(primitive(&x), primitive(&fused(&[1.0; 5], [5])), None, spec)
+        .expect_err("γ of 5 for rows of 6");
+    assert!(
+        err.to_string().contains("te_norm") && err.to_string().contains("[6]"),
+        "{err}"
+    );
+    let odd = fused(&[1.0; 20], [4, 5]);
+    let err = F::te_activation(primitive(&odd), burn_te::fused::Pointwise::Gelu, true)
+        .expect_err("gated on an odd width");
+    assert!(err.to_string().contains("te_activation"), "{err}");
+    let err = F::te_softmax(
+        primitive(&x),
+        1.0,
+        AttentionMask {
+            causal: true,
+            padding: None,
+        },
+    )
+    .expect_err("scores of rank 2");
+    assert!(
+        err.to_string().contains("[batch, heads, queries, keys]"),
+        "{err}"
+    );
+}

@@ -43,8 +43,22 @@ pub(super) fn norm_forward<B: Backend>(
     count_launch(names::FUSED_NORM);
     let device = B::float_device(&x);
     let (x, shape) = read(x)?;
-    let (gamma, _) = read(gamma)?;
+    let (gamma, gamma_shape) = read(gamma)?;
     let beta = beta.map(read).transpose()?;
+    let width = last_dim(&shape);
+    let params = [Some(&gamma_shape), beta.as_ref().map(|(_, s)| s)];
+    if let Some(bad) = params
+        .into_iter()
+        .flatten()
+        .find(|s| s.as_slice() != [width])
+    {
+        return Err(TeError::ShapeMismatch {
+            op: "te_norm",
+            reason: format!("γ and β must be [{width}], the input's last dimension"),
+            lhs: shape.as_slice().to_vec(),
+            rhs: bad.as_slice().to_vec(),
+        });
+    }
     let (y, stats) = norm::norm_forward(&x, &gamma, beta.as_ref().map(|(b, _)| &b[..]), spec);
     let rows = Shape::new([stats.rstd.len()]);
     let saved = NormSaved {
@@ -97,6 +111,15 @@ pub(super) fn activation_forward<B: Backend>(
     let device = B::float_device(&x);
     let (x, shape) = read(x)?;
     let width = last_dim(&shape);
+    if gated && !width.is_multiple_of(2) {
+        return Err(TeError::ShapeMismatch {
+            op: "te_activation",
+            reason: "a gated activation needs an even last dimension (value and gate halves)"
+                .into(),
+            lhs: shape.as_slice().to_vec(),
+            rhs: vec![],
+        });
+    }
     let y = activation::activation_forward(&x, width, f, gated);
     let mut dims = shape.as_slice().to_vec();
     if let Some(last) = dims.last_mut() {
