@@ -8,6 +8,7 @@ use burn::tensor::{DType, Shape, TensorMetadata};
 use burn_te_kernels::host::fused::{activation, norm, softmax};
 
 use super::{HostValues, host_tensor};
+use crate::cube::rows_cols;
 use crate::error::TeError;
 use crate::fused::{AttentionMask, NormForward, NormGrads, NormSaved, NormSpec, Pointwise};
 use crate::metrics::{count_launch, names};
@@ -23,10 +24,6 @@ fn f32_only<B: Backend>(t: &FloatTensor<B>) -> bool {
 /// backend failure mid-backward, which has no error path.
 fn read_back<B: Backend>(read: Read<B>, t: FloatTensor<B>) -> (HostValues, Shape) {
     read(t).unwrap_or_else(|err| panic!("fused backward: {err}"))
-}
-
-fn last_dim(shape: &Shape) -> usize {
-    shape.as_slice().last().copied().unwrap_or(1)
 }
 
 /// [`TeBackend::te_norm_forward`](crate::TeBackend::te_norm_forward) on the host.
@@ -45,7 +42,7 @@ pub(super) fn norm_forward<B: Backend>(
     let (x, shape) = read(x)?;
     let (gamma, gamma_shape) = read(gamma)?;
     let beta = beta.map(read).transpose()?;
-    let width = last_dim(&shape);
+    let width = rows_cols(&shape).1;
     let params = [Some(&gamma_shape), beta.as_ref().map(|(_, s)| s)];
     if let Some(bad) = params
         .into_iter()
@@ -110,7 +107,7 @@ pub(super) fn activation_forward<B: Backend>(
     count_launch(names::FUSED_ACTIVATION);
     let device = B::float_device(&x);
     let (x, shape) = read(x)?;
-    let width = last_dim(&shape);
+    let width = rows_cols(&shape).1;
     if gated && !width.is_multiple_of(2) {
         return Err(TeError::ShapeMismatch {
             op: "te_activation",
@@ -140,7 +137,7 @@ pub(super) fn activation_backward<B: Backend>(
     let device = B::float_device(&x);
     let (dy, _) = read_back::<B>(read, dy);
     let (x, shape) = read_back::<B>(read, x);
-    let dx = activation::activation_backward(&dy, &x, last_dim(&shape), f, gated);
+    let dx = activation::activation_backward(&dy, &x, rows_cols(&shape).1, f, gated);
     host_tensor::<B>(dx, shape, &device)
 }
 
@@ -210,6 +207,6 @@ pub(super) fn softmax_backward<B: Backend>(
     let device = B::float_device(&probs);
     let (dp, _) = read_back::<B>(read, dp);
     let (p, shape) = read_back::<B>(read, probs);
-    let ds = softmax::softmax_backward(&dp, &p, last_dim(&shape), scale);
+    let ds = softmax::softmax_backward(&dp, &p, rows_cols(&shape).1, scale);
     host_tensor::<B>(ds, shape, &device)
 }

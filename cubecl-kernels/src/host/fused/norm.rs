@@ -174,9 +174,14 @@ fn backward_rows(
         for ((dx, gv), h) in dx.iter_mut().zip(&g).zip(&xhat) {
             *dx = r * (gv - mean_g - h * mean_gx);
         }
-        for (((dg, db), dy), h) in dgamma.iter_mut().zip(&mut dbeta).zip(dy).zip(&xhat) {
+        for ((dg, dy), h) in dgamma.iter_mut().zip(dy).zip(&xhat) {
             *dg += dy * h;
-            *db += dy;
+        }
+        if mean.is_some() {
+            // β exists for LayerNorm only.
+            for (db, dy) in dbeta.iter_mut().zip(dy) {
+                *db += dy;
+            }
         }
     }
     (dgamma, dbeta)
