@@ -13,6 +13,11 @@
 //!   scope's [`Fp8LinearStates`](crate::Fp8LinearStates) (the one given to [`fp8_autocast_with`], else the
 //!   thread's default).
 //!
+//! # Recipe plans
+//! A scope takes a recipe, or a [`RecipePlan`](crate::plan::RecipePlan) over one ([`PlannedRecipe`]): then each
+//! layer's GEMMs run the recipes the plan gives them (see [`crate::plan`]). The innermost scope wins as a whole: a
+//! nested scope with a plain recipe runs that recipe everywhere inside it.
+//!
 //! # Generations
 //! Each outermost scope is a new *generation* (an iteration, in TE's terms): delayed-scaling states roll their
 //! amax history once per generation (see [`crate::fp8_state`]).
@@ -20,17 +25,66 @@
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use std::sync::Arc;
+
 use crate::error::TeError;
 use crate::fp8_state::PlainLinearStates;
-use crate::recipe::Recipe;
+use crate::plan::{LayerRecipes, PlannedRecipe};
+use crate::recipe::{
+    DelayedScaling, Float8BlockScaling, Float8CurrentScaling, MXFP8BlockScaling, NVFP4BlockScaling,
+    Recipe,
+};
 
 /// The last generation handed out (process-wide, so generations only grow).
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 
+/// What an autocast scope runs: one recipe, or a plan over one.
+#[derive(Clone, Debug)]
+pub enum ScopeRecipe {
+    /// Every GEMM runs this recipe.
+    Recipe(Recipe),
+    /// Each layer's GEMMs run the plan's choice (see [`crate::plan`]).
+    Planned(PlannedRecipe),
+}
+
+impl ScopeRecipe {
+    /// The recipe of the GEMMs no plan rule selects.
+    pub fn base(&self) -> &Recipe {
+        match self {
+            ScopeRecipe::Recipe(recipe) => recipe,
+            ScopeRecipe::Planned(planned) => planned.base(),
+        }
+    }
+}
+
+impl From<PlannedRecipe> for ScopeRecipe {
+    fn from(planned: PlannedRecipe) -> Self {
+        ScopeRecipe::Planned(planned)
+    }
+}
+
+macro_rules! scope_recipe_from {
+    ($($ty:ty),*) => {$(
+        impl From<$ty> for ScopeRecipe {
+            fn from(recipe: $ty) -> Self {
+                ScopeRecipe::Recipe(recipe.into())
+            }
+        }
+    )*};
+}
+scope_recipe_from!(
+    Recipe,
+    DelayedScaling,
+    Float8CurrentScaling,
+    Float8BlockScaling,
+    MXFP8BlockScaling,
+    NVFP4BlockScaling
+);
+
 #[derive(Debug)]
 struct Frame {
     id: u64,
-    recipe: Option<Recipe>,
+    recipe: Option<ScopeRecipe>,
     linears: PlainLinearStates,
 }
 
@@ -56,6 +110,28 @@ pub struct AutocastGuard {
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
+impl AutocastGuard {
+    /// Ends the scope. With a plan, the first scope in which layers ran under it fails if a rule selected none of
+    /// them (see [`PlannedRecipe::check_matched`]); dropping the guard ends it without that check.
+    pub fn finish(self) -> Result<(), TeError> {
+        let planned = STATE.with(|s| {
+            s.borrow()
+                .frames
+                .iter()
+                .find(|f| f.id == self.frame)
+                .and_then(|f| match &f.recipe {
+                    Some(ScopeRecipe::Planned(planned)) => Some(planned.clone()),
+                    _ => None,
+                })
+        });
+        drop(self);
+        match planned {
+            Some(planned) => Ok(planned.check_matched_once()?),
+            None => Ok(()),
+        }
+    }
+}
+
 impl Drop for AutocastGuard {
     fn drop(&mut self) {
         STATE.with(|s| {
@@ -67,7 +143,7 @@ impl Drop for AutocastGuard {
     }
 }
 
-fn push_frame(recipe: Option<Recipe>, linears: Option<&PlainLinearStates>) -> AutocastGuard {
+fn push_frame(recipe: Option<ScopeRecipe>, linears: Option<&PlainLinearStates>) -> AutocastGuard {
     STATE.with(|s| {
         let mut s = s.borrow_mut();
         if s.frames.is_empty() {
@@ -97,7 +173,7 @@ fn push_frame(recipe: Option<Recipe>, linears: Option<&PlainLinearStates>) -> Au
 /// Fails on a recipe TE rejects (e.g. pure E5M2).
 pub fn fp8_autocast_guard(
     enabled: bool,
-    recipe: impl Into<Recipe>,
+    recipe: impl Into<ScopeRecipe>,
 ) -> Result<AutocastGuard, TeError> {
     enter(None, enabled, recipe.into())
 }
@@ -107,7 +183,7 @@ pub fn fp8_autocast_guard(
 pub fn fp8_autocast_guard_with(
     linears: &PlainLinearStates,
     enabled: bool,
-    recipe: impl Into<Recipe>,
+    recipe: impl Into<ScopeRecipe>,
 ) -> Result<AutocastGuard, TeError> {
     enter(Some(linears), enabled, recipe.into())
 }
@@ -116,9 +192,9 @@ pub fn fp8_autocast_guard_with(
 fn enter(
     linears: Option<&PlainLinearStates>,
     enabled: bool,
-    recipe: Recipe,
+    recipe: ScopeRecipe,
 ) -> Result<AutocastGuard, TeError> {
-    recipe.validate()?;
+    recipe.base().validate()?;
     Ok(push_frame(enabled.then_some(recipe), linears))
 }
 
@@ -127,14 +203,18 @@ pub(crate) fn high_precision_guard() -> AutocastGuard {
     push_frame(None, None)
 }
 
-/// Runs `f` inside an autocast scope (see [`fp8_autocast_guard`]) and returns its result.
+/// Runs `f` inside an autocast scope (see [`fp8_autocast_guard`]) and returns its result. With a plan, the first
+/// scope in which layers ran under it fails if a rule selected none of them (see
+/// [`PlannedRecipe::check_matched`]).
 pub fn fp8_autocast<T>(
     enabled: bool,
-    recipe: impl Into<Recipe>,
+    recipe: impl Into<ScopeRecipe>,
     f: impl FnOnce() -> T,
 ) -> Result<T, TeError> {
-    let _guard = fp8_autocast_guard(enabled, recipe)?;
-    Ok(f())
+    let guard = fp8_autocast_guard(enabled, recipe)?;
+    let out = f();
+    guard.finish()?;
+    Ok(out)
 }
 
 /// [`fp8_autocast`] whose plain Burn linears keep their delayed-scaling states in `linears` (see
@@ -142,11 +222,13 @@ pub fn fp8_autocast<T>(
 pub fn fp8_autocast_with<T>(
     linears: &PlainLinearStates,
     enabled: bool,
-    recipe: impl Into<Recipe>,
+    recipe: impl Into<ScopeRecipe>,
     f: impl FnOnce() -> T,
 ) -> Result<T, TeError> {
-    let _guard = fp8_autocast_guard_with(linears, enabled, recipe)?;
-    Ok(f())
+    let guard = fp8_autocast_guard_with(linears, enabled, recipe)?;
+    let out = f();
+    guard.finish()?;
+    Ok(out)
 }
 
 /// The generation of the current (or, outside any scope, the latest) outermost scope of this thread.
@@ -154,8 +236,49 @@ pub fn generation() -> u64 {
     STATE.with(|s| s.borrow().generation)
 }
 
-/// The recipe of the innermost scope of this thread, if it enables FP8.
+/// The recipe of the innermost scope of this thread, if it enables FP8 (with a plan: the recipe of the GEMMs no
+/// rule selects).
 pub fn active_recipe() -> Option<Recipe> {
+    STATE.with(|s| {
+        s.borrow()
+            .frames
+            .last()
+            .and_then(|f| f.recipe.as_ref().map(|r| r.base().clone()))
+    })
+}
+
+/// The plan of the innermost scope of this thread, if it enables FP8 with one.
+pub fn active_plan() -> Option<PlannedRecipe> {
+    STATE.with(|s| {
+        s.borrow().frames.last().and_then(|f| match &f.recipe {
+            Some(ScopeRecipe::Planned(planned)) => Some(planned.clone()),
+            _ => None,
+        })
+    })
+}
+
+/// The recipes of `layer`'s GEMMs in `scope`: the fprop's (`None`: high precision), and all three where a plan
+/// chose them. Fails where the plan cannot run the layer.
+pub(crate) fn layer_recipes(
+    scope: Option<&ScopeRecipe>,
+    layer: &str,
+    kind: Option<&str>,
+) -> Result<(Option<Recipe>, Option<Arc<LayerRecipes>>), TeError> {
+    Ok(match scope {
+        None => (None, None),
+        Some(ScopeRecipe::Recipe(recipe)) => (Some(recipe.clone()), None),
+        Some(ScopeRecipe::Planned(planned)) => {
+            let recipes = planned.layer(layer, kind)?;
+            (
+                recipes.recipe(crate::gemm::Gemm::Fprop).cloned(),
+                Some(recipes),
+            )
+        }
+    })
+}
+
+/// The innermost scope's recipe or plan, if it enables FP8.
+pub(crate) fn active_scope_recipe() -> Option<ScopeRecipe> {
     STATE.with(|s| s.borrow().frames.last().and_then(|f| f.recipe.clone()))
 }
 
@@ -166,7 +289,7 @@ pub fn is_fp8_enabled() -> bool {
 
 /// The innermost scope of this thread, for plain linears: its recipe (if FP8), its plain-linear states and the
 /// generation. `None` outside any scope.
-pub(crate) fn current_scope() -> Option<(Option<Recipe>, PlainLinearStates, u64)> {
+pub(crate) fn current_scope() -> Option<(Option<ScopeRecipe>, PlainLinearStates, u64)> {
     STATE.with(|s| {
         let s = s.borrow();
         s.frames

@@ -65,7 +65,7 @@ impl<B: TeBackend, const N: usize> Backward<B, N> for TeLinearBackward {
     ) {
         let grad = grads.consume::<B>(&ops.node);
         let (x_state, weight_state) = ops.state;
-        let recipe = self.recipe.as_ref();
+        let recipe = |gemm| self.site.recipe_of(gemm, self.recipe.as_ref());
         let mut parents = ops.parents.into_iter();
         let (node_x, node_weight, node_bias) = (
             parents.next().flatten(),
@@ -79,13 +79,16 @@ impl<B: TeBackend, const N: usize> Backward<B, N> for TeLinearBackward {
             let site = self.site.with_gemm(Gemm::Dgrad);
             grads.register::<B>(
                 node.id,
-                B::te_linear_dgrad(weight, grad.clone(), &site, recipe),
+                B::te_linear_dgrad(weight, grad.clone(), &site, recipe(Gemm::Dgrad)),
             );
         }
         if let (Some(node), Some(x)) = (node_weight, x_state) {
             let x = x.retrieve::<B>(checkpointer);
             let site = self.site.with_gemm(Gemm::Wgrad).following_dgrad(dgrad_ran);
-            grads.register::<B>(node.id, B::te_linear_wgrad(x, grad.clone(), &site, recipe));
+            grads.register::<B>(
+                node.id,
+                B::te_linear_wgrad(x, grad.clone(), &site, recipe(Gemm::Wgrad)),
+            );
         }
         if let Some(node) = node_bias {
             grads.register::<B>(node.id, B::linear_bias_backward(grad));
@@ -240,12 +243,18 @@ impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff
         let (x_tracked, weight_tracked) = (x.is_tracked(), weight.is_tracked());
         // x is only needed for the weight gradient, and the weight only for x's; x is kept quantized unless the
         // user keeps the originals.
-        let quantize = recipe.is_some() && !crate::saved::saving_original_operands();
+        // An operand is kept quantized only for a backward GEMM that runs the forward's recipe (a plan may give it
+        // another).
+        let quantize = |gemm| {
+            recipe.is_some()
+                && site.recipe_of(gemm, recipe) == recipe
+                && !crate::saved::saving_original_operands()
+        };
         // The weight is a parameter, in memory anyway: the backward takes it (and quantizes it for dgrad), but for
         // the FP8 copy a micro-batch of gradient accumulation caches anyway (see `crate::microbatch`).
         let save = [
-            weight_tracked && quantize,
-            x_tracked && quantize && crate::microbatch::caching(),
+            weight_tracked && quantize(Gemm::Wgrad),
+            x_tracked && quantize(Gemm::Dgrad) && crate::microbatch::caching(),
         ];
         macro_rules! run {
             ($prep:expr, $bias:expr) => {

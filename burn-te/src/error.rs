@@ -53,7 +53,52 @@ pub enum TeError {
     /// A collective operation between peers failed (a peer died or timed out, a bad group setting).
     #[error("distributed: {0}")]
     Collective(String),
+    /// A recipe plan that cannot run (see the `plan` module).
+    #[error(transparent)]
+    Plan(#[from] PlanError),
     /// A kernel or host-path error.
     #[error(transparent)]
     Kernel(#[from] KernelError),
+}
+
+/// Where in a plan something is wrong: the file, the line, the rule and the key, as far as known.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PlanLocation {
+    /// The plan file (`None` for a plan built in code or parsed from a string).
+    pub file: Option<String>,
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// The rule's name.
+    pub rule: Option<String>,
+    /// The key inside the rule.
+    pub key: Option<String>,
+}
+
+impl std::fmt::Display for PlanLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "recipe plan")?;
+        if let Some(file) = &self.file {
+            write!(f, " {file}")?;
+        }
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if let Some(rule) = &self.rule {
+            write!(f, ", rule \"{rule}\"")?;
+        }
+        if let Some(key) = &self.key {
+            write!(f, ", key \"{key}\"")?;
+        }
+        Ok(())
+    }
+}
+
+/// A plan that cannot run: where, and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{location}: {reason}")]
+pub struct PlanError {
+    /// Where.
+    pub location: PlanLocation,
+    /// What is wrong.
+    pub reason: String,
 }

@@ -32,7 +32,9 @@ fn reason(err: &TeError) -> String {
     match err {
         TeError::UnsupportedDType { dtype, .. } => format!("unsupported dtype {dtype:?}"),
         TeError::ShapeMismatch { .. } | TeError::InvalidShape { .. } => "shape".into(),
-        TeError::InvalidConfig { .. } | TeError::InvalidRecipe(_) => "recipe or state".into(),
+        TeError::InvalidConfig { .. } | TeError::InvalidRecipe(_) | TeError::Plan(_) => {
+            "recipe or state".into()
+        }
         TeError::Read(_) => "read".into(),
         TeError::Kernel(_) => "kernel".into(),
         TeError::Collective(_) => "collective".into(),

@@ -2,7 +2,10 @@
 //! vocabulary of recipes, FP8 states, sites and the debug tools.
 
 /// One of a layer's three GEMMs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum Gemm {
     /// Forward: activation × weight.
     Fprop,
@@ -22,6 +25,20 @@ impl Gemm {
         }
     }
 
+    /// The three GEMMs in their order of a step.
+    pub const ALL: [Gemm; 3] = [Gemm::Fprop, Gemm::Dgrad, Gemm::Wgrad];
+
+    /// Index in [`Gemm::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Whether the GEMM multiplies `role`.
+    pub fn takes(self, role: TensorRole) -> bool {
+        let (lhs, rhs) = self.operands();
+        lhs == role || rhs == role
+    }
+
     /// The roles of the GEMM's operands `(lhs, rhs)`, as TE names them.
     pub fn operands(self) -> (TensorRole, TensorRole) {
         match self {
@@ -33,7 +50,10 @@ impl Gemm {
 }
 
 /// The role of a GEMM input tensor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum TensorRole {
     /// The layer's input.
     Activation,

@@ -67,6 +67,7 @@ pub mod microbatch;
 pub mod nn;
 pub mod nvfp4;
 pub mod plain_linear;
+pub mod plan;
 mod primitive;
 pub mod recipe;
 pub mod saved;
@@ -74,8 +75,8 @@ pub mod site;
 mod te;
 
 pub use autocast::{
-    AutocastGuard, active_recipe, fp8_autocast, fp8_autocast_guard, fp8_autocast_guard_with,
-    fp8_autocast_with, generation, is_fp8_enabled,
+    AutocastGuard, ScopeRecipe, active_plan, active_recipe, fp8_autocast, fp8_autocast_guard,
+    fp8_autocast_guard_with, fp8_autocast_with, generation, is_fp8_enabled,
 };
 pub use backend::{
     ElementFormat, Fp8HostData, Fp8Primitive, Fp8Tensor, Nvfp4Scales, Scaling, TeBackend,
@@ -95,6 +96,7 @@ pub use fp8_state::{
 pub use gemm::{Gemm, TensorRole};
 pub use microbatch::{microbatch, microbatch_guard};
 pub use plain_linear::{plain_linear_backward, plain_linear_forward};
+pub use plan::{PlanError, PlanRule, PlannedRecipe, RecipePlan};
 pub use recipe::{
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MXFP8BlockScaling,
     NVFP4BlockScaling, Recipe,

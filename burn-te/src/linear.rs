@@ -26,7 +26,7 @@ pub fn fprop<B: TeBackend>(
 ) -> (FloatTensor<B>, SavedForBackward<B::Fp8Data>) {
     match recipe {
         None => {
-            count_high_precision();
+            count_high_precision(site);
             (high_precision_linear::<B>(x, weight, bias), [None, None])
         }
         Some(recipe) => {
@@ -38,7 +38,8 @@ pub fn fprop<B: TeBackend>(
                 recipe,
                 [None, None],
                 save,
-            );
+            )
+            .inspect(|_| count_recipe(site, recipe));
             or_high_precision_saving::<B>(site, fp8, || high_precision_linear::<B>(x, weight, bias))
         }
     }
@@ -56,11 +57,12 @@ pub fn dgrad<B: TeBackend>(
     };
     match recipe {
         None => {
-            count_high_precision();
+            count_high_precision(site);
             or_panic::<B>(site, high_precision(weight, grad))
         }
         Some(recipe) => {
-            let fp8 = linear_dgrad::<B>(weight.clone(), grad.clone(), site, recipe, [None, None]);
+            let fp8 = linear_dgrad::<B>(weight.clone(), grad.clone(), site, recipe, [None, None])
+                .inspect(|_| count_recipe(site, recipe));
             or_high_precision::<B>(site, fp8, || {
                 or_panic::<B>(site, high_precision(weight, grad))
             })
@@ -79,19 +81,36 @@ pub fn wgrad<B: TeBackend>(
         |x: SavedOperand<B>, grad| values::<B>(x).map(|x| high_precision_wgrad::<B>(x, grad));
     match recipe {
         None => {
-            count_high_precision();
+            count_high_precision(site);
             or_panic::<B>(site, high_precision(x, grad))
         }
         Some(recipe) => {
-            let fp8 = linear_wgrad::<B>(x.clone(), grad.clone(), site, recipe, [None, None]);
+            let fp8 = linear_wgrad::<B>(x.clone(), grad.clone(), site, recipe, [None, None])
+                .inspect(|_| count_recipe(site, recipe));
             or_high_precision::<B>(site, fp8, || or_panic::<B>(site, high_precision(x, grad)))
         }
     }
 }
 
 /// Counts a layer GEMM run in high precision by choice (no recipe).
-fn count_high_precision() {
+fn count_high_precision(site: &GemmSite) {
     crate::metrics::increment_counter(crate::metrics::names::GEMM_HIGH_PRECISION, 1);
+    count_planned(site, crate::plan::HIGH_PRECISION);
+}
+
+/// Counts a layer GEMM run in FP8 by its recipe (`GemmRecipe(nvfp4)`), and under a plan by its site too.
+fn count_recipe(site: &GemmSite, recipe: &Recipe) {
+    use crate::metrics::{increment_counter, names};
+    increment_counter(&format!("{}({})", names::GEMM_RECIPE, recipe.name()), 1);
+    count_planned(site, recipe.name());
+}
+
+/// Under a plan, counts which recipe ran where: `GemmRecipe(layers.0.fc1.fprop=nvfp4)`.
+fn count_planned(site: &GemmSite, recipe: &str) {
+    use crate::metrics::{increment_counter, names};
+    if site.recipes.is_some() {
+        increment_counter(&format!("{}({site}={recipe})", names::GEMM_RECIPE), 1);
+    }
 }
 
 /// The `TeBackend` methods `te_linear_fprop`, `te_linear_dgrad` and `te_linear_wgrad` (those named) of a backend

@@ -438,6 +438,9 @@ pub mod names {
     pub const HOST_TO_DEVICE_BYTES: &str = "HostToDeviceBytes";
     /// Counter: GEMMs that ran in FP8.
     pub const GEMM_FP8: &str = "GemmFp8";
+    /// Counter prefix: layer GEMMs that ran in FP8, by recipe (`GemmRecipe(nvfp4)`); under a recipe plan also by
+    /// site, high precision included (`GemmRecipe(layers.0.fc1.fprop=mxfp8)`).
+    pub const GEMM_RECIPE: &str = "GemmRecipe";
     /// Counter: GEMMs that ran in high precision by choice (no recipe, or a debug feature).
     pub const GEMM_HIGH_PRECISION: &str = "GemmHighPrecision";
     /// Counter prefix: GEMMs that were to run in FP8 and fell back to high precision, by reason

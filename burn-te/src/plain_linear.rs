@@ -62,7 +62,9 @@ thread_local! {
     static STATE: RefCell<State> = RefCell::new(State::default());
 }
 
-/// A plain linear's forward, for backend decorators: its recipe (if FP8) and fprop site with its name and state.
+/// A plain linear's forward, for backend decorators: its recipe (if FP8; a scope's plan chooses by the name) and
+/// fprop site with its name and state. Panics with the plan's error where a plan cannot run the layer (Burn's
+/// linear cannot return one; the TE modules do).
 pub fn plain_linear_forward<B: TeBackend>(
     x: &FloatTensor<B>,
     weight: &FloatTensor<B>,
@@ -79,7 +81,7 @@ pub fn plain_linear_forward<B: TeBackend>(
             };
         }
         let (recipe, site) = match scope {
-            Some((Some(recipe), linears, generation)) => {
+            Some((Some(scope), linears, generation)) => {
                 let known = weight.and_then(|w| s.names.get(&w).cloned());
                 let name = match known {
                     Some(name) => name,
@@ -93,8 +95,17 @@ pub fn plain_linear_forward<B: TeBackend>(
                     }
                 };
                 let state = linears.layer(&name);
-                let site = GemmSite::new(name, Gemm::Fprop).with_state_at(&state, generation);
-                (Some(recipe), site)
+                // Burn's linear cannot fail: a plan that cannot run this layer stops here, with the plan's error.
+                let (recipe, planned) = autocast::layer_recipes(Some(&scope), &name, None)
+                    .unwrap_or_else(|err| panic!("{err}"));
+                state.follow_recipes(match &planned {
+                    Some(recipes) => recipes.all(),
+                    None => [recipe.as_ref(); 3],
+                });
+                let site = GemmSite::new(name, Gemm::Fprop)
+                    .with_state_at(&state, generation)
+                    .with_recipes(planned);
+                (recipe, site)
             }
             _ => (
                 None,
@@ -177,7 +188,7 @@ pub fn plain_linear_backward<B: TeBackend>(
             .site
             .with_gemm(gemm)
             .following_dgrad(gemm == Gemm::Wgrad && forward.dgrad);
-        let answer = (forward.recipe.clone(), site);
+        let answer = (site.recipe_of(gemm, forward.recipe.as_ref()).cloned(), site);
         if gemm == Gemm::Dgrad {
             s.last_dgrad = grad.map(|g| (g, index));
         }

@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use crate::fp8_state::LayerFp8State;
 pub use crate::gemm::{Gemm, TensorRole};
+use crate::plan::LayerRecipes;
+use crate::recipe::Recipe;
 
 /// Where a GEMM runs: the layer's name, its module type, which of its GEMMs, and the layer's FP8 state with the
 /// iteration (generation) the GEMM belongs to. Everything that quantizes a GEMM's operands (the GEMM itself, the
@@ -25,6 +27,9 @@ pub struct GemmSite {
     /// inspect a layer's incoming gradient once per backward, at the first backward GEMM that uses it: the dgrad,
     /// or the wgrad when the layer's input needs no gradient (so also a frozen layer's, which runs no wgrad).
     pub follows_dgrad: bool,
+    /// The recipes a plan chose for the layer's three GEMMs (`None`: no plan, each GEMM runs the recipe it is
+    /// given). The backward GEMMs take theirs from here.
+    pub recipes: Option<Arc<LayerRecipes>>,
 }
 
 impl GemmSite {
@@ -37,6 +42,21 @@ impl GemmSite {
             fp8: None,
             generation: 0,
             follows_dgrad: false,
+            recipes: None,
+        }
+    }
+
+    /// The same site, with the recipes a plan chose for the layer's GEMMs (`None`: no plan).
+    pub fn with_recipes(self, recipes: Option<Arc<LayerRecipes>>) -> Self {
+        Self { recipes, ..self }
+    }
+
+    /// The recipe `gemm` of this layer runs: the plan's choice where one chose, else `scope` (the recipe the
+    /// layer's forward ran with).
+    pub fn recipe_of<'a>(&'a self, gemm: Gemm, scope: Option<&'a Recipe>) -> Option<&'a Recipe> {
+        match &self.recipes {
+            Some(recipes) => recipes.recipe(gemm),
+            None => scope,
         }
     }
 

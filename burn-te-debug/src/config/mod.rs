@@ -218,7 +218,7 @@ impl SectionParser<'_> {
                 ConfigErrorKind::MissingKey("layers".into()),
             )
         })?;
-        let selector = LayerSelector::parse(layers).map_err(|(key, kind)| {
+        let selector = selector::parse(layers).map_err(|(key, kind)| {
             let path: Vec<&str> = ["layers"].into_iter().chain(key.as_deref()).collect();
             self.error(&path, Some(key.as_deref().unwrap_or("layers")), kind)
         })?;

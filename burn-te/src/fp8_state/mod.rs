@@ -30,7 +30,7 @@ use burn_te_kernels::{DelayedScalingHistory, Fp8Format, pow2_margin};
 
 use crate::error::TeError;
 use crate::gemm::TensorRole;
-use crate::recipe::DelayedScaling;
+use crate::recipe::{DelayedScaling, Recipe};
 
 mod device;
 
@@ -127,6 +127,36 @@ impl LayerFp8State {
     /// Caches the layer's FP8 weight (replacing any).
     pub(crate) fn cache_weight<T: Send + Sync + 'static>(&self, weight: T) {
         *self.weight_cache.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(weight));
+    }
+
+    /// Follows the recipes the layer's GEMMs run this step (fprop, dgrad, wgrad; `None`: high precision): the
+    /// delayed-scaling state of a role belongs to delayed scaling, so it starts again (zero history, scale 1) when
+    /// the GEMM that records it runs another FP8 recipe, as TE creates a new recipe state when a module's recipe
+    /// changes. The fprop records the activation and the weight; the dgrad and the wgrad the gradient, which is
+    /// reset when one of them runs another FP8 recipe and neither runs delayed scaling. High precision leaves the
+    /// state as it is (as TE, which does not touch it outside FP8).
+    pub fn follow_recipes(&self, recipes: [Option<&Recipe>; 3]) {
+        let other_fp8 =
+            |recipe: Option<&Recipe>| recipe.is_some_and(|r| !matches!(r, Recipe::Delayed(_)));
+        let delayed = |recipe: Option<&Recipe>| matches!(recipe, Some(Recipe::Delayed(_)));
+        let [fprop, dgrad, wgrad] = recipes;
+        let mut reset = Vec::new();
+        if other_fp8(fprop) {
+            reset.extend([TensorRole::Activation, TensorRole::Weight]);
+        }
+        if (other_fp8(dgrad) || other_fp8(wgrad)) && !delayed(dgrad) && !delayed(wgrad) {
+            reset.push(TensorRole::Gradient);
+        }
+        if reset.is_empty() {
+            return;
+        }
+        let mut roles = self.lock();
+        for role in reset {
+            let slot = &mut roles[slot_of(role)];
+            if slot.device.is_some() || slot.host.is_some() {
+                *slot = RoleState::default();
+            }
+        }
     }
 
     /// Notes that a GEMM recorded an amax of `role` into its history (rolled at the next generation's first use).

@@ -6,7 +6,7 @@ use burn::tensor::TensorPrimitive;
 
 use super::names::LayerName;
 use super::{ModuleOutput, check_features, or_panic};
-use crate::autocast::active_recipe;
+use crate::autocast::{active_scope_recipe, layer_recipes};
 use crate::backend::TeBackend;
 use crate::error::TeError;
 use crate::fp8_state::Fp8Meta;
@@ -107,7 +107,8 @@ pub(crate) fn gemm_params<B: Backend>(
 }
 
 /// `x [.., in] · weight [in, out] (+ bias)` through [`TeBackend::te_linear`] at the fprop site of `name`: FP8 with
-/// the autocast scope's recipe and the layer's `fp8_meta`, high precision outside one. The forwarding code of every TE GEMM module.
+/// the autocast scope's recipe (or its plan's choice for the layer) and the layer's `fp8_meta`, high precision
+/// outside one. The forwarding code of every TE GEMM module.
 pub(crate) fn te_gemm<B: TeBackend, const D: usize>(
     x: Tensor<B, D>,
     weight: &Param<Tensor<B, 2>>,
@@ -119,15 +120,25 @@ pub(crate) fn te_gemm<B: TeBackend, const D: usize>(
     let [in_features, _] = weight.dims();
     let layer = name.resolve(weight);
     check_features(&layer, "input", &x, in_features)?;
+    let scope = active_scope_recipe();
+    let (recipe, planned) = layer_recipes(scope.as_ref(), &layer, Some(kind))?;
+    if scope.is_some() {
+        let all = match &planned {
+            Some(recipes) => recipes.all(),
+            None => [recipe.as_ref(); 3],
+        };
+        fp8_meta.follow_recipes(all);
+    }
     let site = GemmSite::new(layer, Gemm::Fprop)
         .of_kind(kind)
-        .with_state(fp8_meta);
+        .with_state(fp8_meta)
+        .with_recipes(planned);
     let out = B::te_linear(
         x.into_primitive().tensor(),
         weight.val().into_primitive().tensor(),
         bias.map(|b| b.into_primitive().tensor()),
         &site,
-        active_recipe().as_ref(),
+        recipe.as_ref(),
     );
     Ok(Tensor::from_primitive(TensorPrimitive::Float(out)))
 }
