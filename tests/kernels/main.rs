@@ -25,6 +25,7 @@ mod modules;
 mod nvfp4;
 mod nvfp4_recipe;
 mod plain_linear;
+mod plan;
 mod quantization_error;
 mod saved_operands;
 mod scaling;

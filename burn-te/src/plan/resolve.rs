@@ -159,9 +159,10 @@ impl PlannedRecipe {
                 None => format!("{} runs {recipe} (the scope's recipe)", gemm.name()),
             }
         };
+        // The rule to blame: the GEMM's own, else the fprop's (which moved it off the scope's recipe).
         let error = |gemm: Gemm, reason: String| {
             self.inner.source.error(
-                chosen.rule(gemm),
+                chosen.rule(gemm).or_else(|| chosen.rule(Gemm::Fprop)),
                 Some("recipe"),
                 format!("layer \"{layer}\": {reason}"),
             )
