@@ -172,11 +172,53 @@ fn debug_gemm<B: TeBackend>(
         session::inspect(site, out_name, &output_view);
     }
     if let Some((lhs, rhs)) = originals {
-        let reference = B::te_reference_gemm(site.gemm, lhs, rhs, bias.cloned());
+        let reference = B::te_reference_gemm(site.gemm, lhs.clone(), rhs.clone(), bias.cloned());
         let (output_view, reference) = (view(output.clone(), None), view(reference, None));
         session::inspect_gemm_error(site, &output_view, &reference);
+        for name in &plan.candidates {
+            inspect_candidate::<B>(site, recipe, name, [&lhs, &rhs], bias, &reference);
+        }
     }
     output
+}
+
+/// Runs `site`'s GEMM under the candidate recipe `name` on the operands as they came and has the features
+/// compare it with `reference`; a candidate that cannot run is a counted fallback, named in the main log.
+fn inspect_candidate<B: TeBackend>(
+    site: &GemmSite,
+    recipe: Option<&Recipe>,
+    name: &str,
+    [lhs, rhs]: [&FloatTensor<B>; 2],
+    bias: Option<&FloatTensor<B>>,
+    reference: &SiteTensor<B>,
+) {
+    let base = recipe.cloned().unwrap_or_default();
+    let candidate = burn_te::plan::recipe_named(name, None, &base)
+        .map_err(|(_, reason)| burn_te::TeError::InvalidRecipe(reason))
+        .and_then(|candidate| {
+            let candidate = candidate.ok_or_else(|| {
+                burn_te::TeError::InvalidRecipe("high_precision is no candidate".into())
+            })?;
+            let output = fp8_gemm::candidate_gemm::<B>(
+                site.gemm,
+                lhs.clone(),
+                rhs.clone(),
+                bias.cloned(),
+                site,
+                &candidate,
+            )?;
+            Ok((candidate, output))
+        });
+    match candidate {
+        Ok((candidate, output)) => {
+            let view = SiteTensor::<B>::new(output, site, None, Some(&candidate));
+            session::inspect_gemm_candidate(site, name, &view, reference);
+        }
+        Err(err) => burn_te::fallback::record(
+            "debug feature error",
+            format!("{site}: candidate recipe {name} not measured: {err}"),
+        ),
+    }
 }
 
 /// Runs an FP8 GEMM with per-operand current-scaling overrides (observed by the diagnostics as `Te<B>` observes

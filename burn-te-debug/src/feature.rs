@@ -211,6 +211,30 @@ pub trait Feature: Send + Sync {
         Ok(())
     }
 
+    /// The recipes (by their plan names, e.g. `mxfp8`) this feature compares `gemm` under, where
+    /// [`gemm_error_enabled`](Self::gemm_error_enabled) is on (ours; default: none): the decorator runs the GEMM
+    /// under each on its operands as they came (a name of the GEMM's own recipe kind takes that recipe's settings)
+    /// and calls [`inspect_gemm_candidate`](Self::inspect_gemm_candidate) with the result.
+    fn gemm_candidates(&self, _layer: &str, _gemm: Gemm, _iteration: u64) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Inspects `output`, `gemm` run under the candidate `recipe`, against `reference` (as
+    /// [`inspect_gemm_error`](Self::inspect_gemm_error) does the GEMM's own output).
+    #[allow(clippy::too_many_arguments)]
+    fn inspect_gemm_candidate(
+        &self,
+        _layer: &str,
+        _gemm: Gemm,
+        _recipe: &str,
+        _output: &dyn DebugTensor,
+        _reference: &dyn DebugTensor,
+        _iteration: u64,
+        _out: &mut Inspection,
+    ) -> Result<(), DebugError> {
+        Ok(())
+    }
+
     /// Whether this feature inspects `tensor` after quantization for `gemm` (TE's older per-GEMM call; default: no).
     /// Asked at every GEMM that takes the tensor as an input.
     fn inspect_tensor_postquantize_enabled(

@@ -392,6 +392,19 @@ pub(crate) fn inspect_gemm_error(
     });
 }
 
+/// Runs the features that compare the GEMM under the candidate `recipe` (its result `output`) with `reference`.
+pub(crate) fn inspect_gemm_candidate(
+    site: &GemmSite,
+    recipe: &str,
+    output: &dyn DebugTensor,
+    reference: &dyn DebugTensor,
+) {
+    let tensor = TensorName::output_of(site.gemm);
+    inspection(site, tensor, (output, Some(reference)), |layer| {
+        run::inspect_gemm_candidate(layer, site, recipe, output, reference)
+    });
+}
+
 /// Runs the features that inspect `tensor` in high precision (TE's `inspect_tensor`).
 pub(crate) fn inspect(site: &GemmSite, tensor: TensorName, x: &dyn DebugTensor) {
     inspection(site, tensor, (x, None), |layer| {

@@ -202,7 +202,8 @@ impl Stat {
 
     /// An error stat's value from the merged statistics of the reference `r` and of the difference `y − r` (None:
     /// not an error stat, or no elements). A NaN or infinity in either propagates by IEEE arithmetic; a zero
-    /// difference gives an SQNR of +inf.
+    /// difference gives an SQNR of +inf and a relative error of 0, also where the reference is all zeros (a
+    /// zero-initialised weight's fprop: nothing was lost, where `0/0` would log NaN).
     pub fn error_value(self, reference: &TensorStats, difference: &TensorStats) -> Option<f64> {
         if reference.numel == 0 {
             return None;
@@ -210,7 +211,9 @@ impl Stat {
         let signal = reference.sum_of_squares()?;
         let noise = difference.sum_of_squares()?;
         match self {
+            Stat::Sqnr if noise == 0.0 => Some(f64::INFINITY),
             Stat::Sqnr => Some(10.0 * (signal / noise).log10()),
+            Stat::RelL2Error if noise == 0.0 => Some(0.0),
             Stat::RelL2Error => Some((noise / signal).sqrt()),
             Stat::MaxAbsError => difference.amax(),
             _ => None,

@@ -526,3 +526,35 @@ pub fn matmul<B: TeBackend>(
     let qr = quantize(rhs, false)?;
     gemm::<B>(ql, false, qr, false)
 }
+
+/// The layer GEMM `gemm` in FP8 with `recipe` on high-precision operands in [`Gemm::operands`]' order (fprop: `x`,
+/// `weight`, plus `bias`; dgrad: `grad`, `weight`; wgrad: `x`, `grad`), without the layer's FP8 state: what the
+/// recipe would make of these tensors, as the advisor compares recipes on the same tensors. Delayed scaling, whose
+/// scale comes from the layer's history, is refused.
+pub fn candidate_gemm<B: TeBackend>(
+    gemm: Gemm,
+    lhs: FloatTensor<B>,
+    rhs: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    site: &GemmSite,
+    recipe: &Recipe,
+) -> Result<FloatTensor<B>, TeError> {
+    if matches!(recipe, Recipe::Delayed(_)) {
+        return Err(TeError::InvalidRecipe(format!(
+            "{site}: fp8_delayed_scaling cannot be a candidate: its scale comes from the layer's amax history"
+        )));
+    }
+    let site = GemmSite {
+        fp8: None,
+        recipes: None,
+        ..site.with_gemm(gemm)
+    };
+    let none = [None, None];
+    match gemm {
+        Gemm::Fprop => {
+            linear_fprop::<B>(lhs, rhs, bias, &site, recipe, none, [false, false]).map(|(y, _)| y)
+        }
+        Gemm::Dgrad => linear_dgrad::<B>(Saved::HighPrecision(rhs), lhs, &site, recipe, none),
+        Gemm::Wgrad => linear_wgrad::<B>(Saved::HighPrecision(lhs), rhs, &site, recipe, none),
+    }
+}

@@ -1,6 +1,7 @@
 //! Features: what a config section runs on its layers, each built from its config entry. The built-in features
 //! have one file each and are registered under TE's names; the [`Feature`] trait they implement is TE's call API.
 
+pub(crate) mod advisor_probe;
 mod disable_fp8_gemm;
 mod disable_fp8_layer;
 mod dump_tensors;
@@ -8,12 +9,14 @@ mod fake_quant;
 mod log_fp8_tensor_stats;
 mod log_nvfp4_tensor_stats;
 mod log_quantization_error;
+mod log_recipe_candidates;
 mod log_tensor_stats;
 mod per_tensor_scaling;
 mod registry;
 
 use burn_te::Gemm;
 
+pub use advisor_probe::AdvisorProbe;
 pub use disable_fp8_gemm::DisableFp8Gemm;
 pub use disable_fp8_layer::DisableFp8Layer;
 pub use dump_tensors::DumpTensors;
@@ -21,6 +24,7 @@ pub use fake_quant::FakeQuant;
 pub use log_fp8_tensor_stats::LogFp8TensorStats;
 pub use log_nvfp4_tensor_stats::LogNvfp4TensorStats;
 pub use log_quantization_error::LogQuantizationError;
+pub use log_recipe_candidates::LogRecipeCandidates;
 pub use log_tensor_stats::LogTensorStats;
 pub use per_tensor_scaling::PerTensorScaling;
 pub use registry::{FeatureFactory, register_feature};

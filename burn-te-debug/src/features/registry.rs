@@ -6,8 +6,9 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use super::{
-    DisableFp8Gemm, DisableFp8Layer, DumpTensors, FakeQuant, LogFp8TensorStats,
-    LogNvfp4TensorStats, LogQuantizationError, LogTensorStats, PerTensorScaling,
+    AdvisorProbe, DisableFp8Gemm, DisableFp8Layer, DumpTensors, FakeQuant, LogFp8TensorStats,
+    LogNvfp4TensorStats, LogQuantizationError, LogRecipeCandidates, LogTensorStats,
+    PerTensorScaling,
 };
 use crate::config::{Config, FeatureSpec, Namespace};
 use crate::error::{ConfigError, ConfigErrorKind, DebugError};
@@ -70,6 +71,16 @@ fn registry() -> &'static Registry {
             te,
             "LogQuantizationError",
             Arc::new(LogQuantizationError::from_spec),
+        );
+        add(
+            te,
+            "LogRecipeCandidates",
+            Arc::new(LogRecipeCandidates::from_spec),
+        );
+        add(
+            Namespace::Base,
+            super::advisor_probe::PROBE,
+            Arc::new(AdvisorProbe::from_spec),
         );
         RwLock::new(map)
     })

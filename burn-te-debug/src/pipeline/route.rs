@@ -26,6 +26,8 @@ pub(crate) struct GemmPlan {
     pub(crate) inspect: Vec<TensorName>,
     /// Whether a feature measures the GEMM's error against its high-precision result.
     pub(crate) error: bool,
+    /// The recipes features compare the GEMM under (by plan name, each once).
+    pub(crate) candidates: Vec<String>,
 }
 
 impl GemmPlan {
@@ -37,6 +39,7 @@ impl GemmPlan {
             postquantize: [false, false],
             inspect: Vec::new(),
             error: false,
+            candidates: Vec::new(),
         }
     }
 
@@ -178,12 +181,26 @@ fn route(features: &[Box<dyn Feature>], site: &GemmSite, iteration: u64) -> Rout
             .filter_map(|f| f.gemm_error_enabled(layer, gemm, iteration)),
     );
     answers.extend(error);
+    let mut candidates: Vec<String> = Vec::new();
+    for feature in features {
+        if feature
+            .gemm_error_enabled(layer, gemm, iteration)
+            .is_some_and(|r| r.enabled)
+        {
+            for name in feature.gemm_candidates(layer, gemm, iteration) {
+                if !candidates.contains(&name) {
+                    candidates.push(name);
+                }
+            }
+        }
+    }
     let plan = GemmPlan {
         fp8: fp8.is_none_or(|r| r.enabled),
         modify,
         postquantize,
         inspect,
         error: error.is_some_and(|r| r.enabled),
+        candidates,
     };
     let next = merge_routing(answers).and_then(|r| r.next);
     Ok((plan, next))

@@ -75,6 +75,31 @@ pub(crate) fn inspect_gemm_error(
     })
 }
 
+/// Runs the features that compare `site`'s GEMM under the candidate `recipe` (its result `output`).
+pub(crate) fn inspect_gemm_candidate(
+    layer: &LayerFeatures,
+    site: &GemmSite,
+    recipe: &str,
+    output: &dyn DebugTensor,
+    reference: &dyn DebugTensor,
+) -> Ran {
+    let (name, gemm) = (&*site.layer, site.gemm);
+    let tensor = TensorName::output_of(gemm);
+    let api = format!(
+        "inspect_gemm_candidate, gemm {}, recipe {recipe}",
+        gemm.name()
+    );
+    inspect(layer, site, tensor, &api, |f, iteration, out| {
+        let on = f
+            .gemm_error_enabled(name, gemm, iteration)
+            .is_some_and(|r| r.enabled)
+            && f.gemm_candidates(name, gemm, iteration)
+                .iter()
+                .any(|c| c == recipe);
+        on.then(|| f.inspect_gemm_candidate(name, gemm, recipe, output, reference, iteration, out))
+    })
+}
+
 /// Runs the features that inspect `tensor` through `call` (`None`: the feature is not on for it), named `api` in
 /// the main log.
 fn inspect(

@@ -366,8 +366,7 @@ impl PlanRule {
                     .into(),
             ));
         }
-        let recipe = self
-            .recipe(base)
+        let recipe = recipe_named(&self.recipe, self.options.as_ref(), base)
             .map_err(|(key, reason)| error(key, reason))?;
         Ok(resolve::Rule {
             name: self.name.clone(),
@@ -376,122 +375,127 @@ impl PlanRule {
             recipe,
         })
     }
+}
 
-    /// The rule's recipe over `base` (`None`: high precision), or the key to blame and why not.
-    fn recipe(&self, base: &Recipe) -> Result<Option<Recipe>, (&'static str, String)> {
-        let name = self.recipe.as_str();
-        let options = self.options.clone().unwrap_or_default();
-        let kind_default = |wanted: &str| -> Option<Recipe> {
-            Some(match wanted {
-                "fp8_delayed_scaling" => DelayedScaling::default().into(),
-                "fp8_current_scaling" => Float8CurrentScaling::default().into(),
-                "fp8_block_scaling" => Float8BlockScaling::default().into(),
-                "mxfp8" => MXFP8BlockScaling::default().into(),
-                "nvfp4" => NVFP4BlockScaling::from_env().into(),
-                _ => return None,
-            })
+/// The recipe a plan names (`None`: `high_precision`) with `options`, over the scope's recipe `base`: a name of
+/// `base`'s kind takes `base`'s settings, another TE's defaults. Fails with the key to blame (`recipe` or
+/// `options`) and why.
+pub fn recipe_named(
+    name: &str,
+    options: Option<&RecipeOptions>,
+    base: &Recipe,
+) -> Result<Option<Recipe>, (&'static str, String)> {
+    let options = options.cloned().unwrap_or_default();
+    let kind_default = |wanted: &str| -> Option<Recipe> {
+        Some(match wanted {
+            "fp8_delayed_scaling" => DelayedScaling::default().into(),
+            "fp8_current_scaling" => Float8CurrentScaling::default().into(),
+            "fp8_block_scaling" => Float8BlockScaling::default().into(),
+            "mxfp8" => MXFP8BlockScaling::default().into(),
+            "nvfp4" => NVFP4BlockScaling::from_env().into(),
+            _ => return None,
+        })
+    };
+    if name == HIGH_PRECISION {
+        return match options == RecipeOptions::default() {
+            true => Ok(None),
+            false => Err(("options", "high_precision takes no options".into())),
         };
-        if name == HIGH_PRECISION {
-            return match options == RecipeOptions::default() {
-                true => Ok(None),
-                false => Err(("options", "high_precision takes no options".into())),
-            };
-        }
-        let mut recipe = if base.name() == name {
-            base.clone()
-        } else {
-            kind_default(name).ok_or_else(|| {
-                (
-                    "recipe",
-                    format!("unknown recipe \"{name}\" (expected one of {PLAN_RECIPES})"),
-                )
-            })?
-        };
-        let not_for = |key: &'static str, applies: &str| {
-            Err((
-                "options",
-                format!("{key} applies to {applies}, not to {name}"),
-            ))
-        };
-        if let Some(text) = &options.fp8_format {
-            let format = match text.to_ascii_uppercase().as_str() {
-                "HYBRID" => Format::Hybrid,
-                "E4M3" => Format::E4M3,
-                "E5M2" => Format::E5M2,
-                _ => {
-                    return Err((
-                        "options",
-                        format!("fp8_format \"{text}\" is not HYBRID, E4M3 or E5M2"),
-                    ));
-                }
-            };
-            match &mut recipe {
-                Recipe::Delayed(r) => r.fp8_format = format,
-                Recipe::Current(r) => r.fp8_format = format,
-                Recipe::Block(r) => r.fp8_format = format,
-                Recipe::Mxfp8(r) => r.fp8_format = format,
-                Recipe::Nvfp4(_) => return not_for("fp8_format", "the FP8 recipes"),
-            }
-        }
-        let delayed_keys = [
-            ("margin", options.margin.is_some()),
-            ("amax_history_len", options.amax_history_len.is_some()),
-            ("amax_compute_algo", options.amax_compute_algo.is_some()),
-        ];
-        match &mut recipe {
-            Recipe::Delayed(r) => {
-                if let Some(margin) = options.margin {
-                    r.margin = margin;
-                }
-                if let Some(len) = options.amax_history_len {
-                    r.amax_history_len = len;
-                }
-                if let Some(algo) = &options.amax_compute_algo {
-                    r.amax_compute_algo = match algo.as_str() {
-                        "max" => AmaxComputeAlgo::Max,
-                        "most_recent" => AmaxComputeAlgo::MostRecent,
-                        _ => {
-                            return Err((
-                                "options",
-                                format!("amax_compute_algo \"{algo}\" is not max or most_recent"),
-                            ));
-                        }
-                    };
-                }
-            }
-            _ => {
-                if let Some((key, _)) = delayed_keys.iter().find(|(_, set)| *set) {
-                    return not_for(key, "fp8_delayed_scaling");
-                }
-            }
-        }
-        let nvfp4_keys = [
-            ("disable_rht", options.disable_rht),
-            (
-                "disable_stochastic_rounding",
-                options.disable_stochastic_rounding,
-            ),
-            ("disable_2d_quantization", options.disable_2d_quantization),
-        ];
-        match &mut recipe {
-            Recipe::Nvfp4(r) => {
-                r.disable_rht = options.disable_rht.unwrap_or(r.disable_rht);
-                r.disable_stochastic_rounding = options
-                    .disable_stochastic_rounding
-                    .unwrap_or(r.disable_stochastic_rounding);
-                r.disable_2d_quantization = options
-                    .disable_2d_quantization
-                    .unwrap_or(r.disable_2d_quantization);
-            }
-            _ => {
-                if let Some((key, _)) = nvfp4_keys.iter().find(|(_, set)| set.is_some()) {
-                    return not_for(key, "nvfp4");
-                }
-            }
-        }
-        recipe
-            .validate()
-            .map_err(|err| ("options", err.to_string()))?;
-        Ok(Some(recipe))
     }
+    let mut recipe = if base.name() == name {
+        base.clone()
+    } else {
+        kind_default(name).ok_or_else(|| {
+            (
+                "recipe",
+                format!("unknown recipe \"{name}\" (expected one of {PLAN_RECIPES})"),
+            )
+        })?
+    };
+    let not_for = |key: &'static str, applies: &str| {
+        Err((
+            "options",
+            format!("{key} applies to {applies}, not to {name}"),
+        ))
+    };
+    if let Some(text) = &options.fp8_format {
+        let format = match text.to_ascii_uppercase().as_str() {
+            "HYBRID" => Format::Hybrid,
+            "E4M3" => Format::E4M3,
+            "E5M2" => Format::E5M2,
+            _ => {
+                return Err((
+                    "options",
+                    format!("fp8_format \"{text}\" is not HYBRID, E4M3 or E5M2"),
+                ));
+            }
+        };
+        match &mut recipe {
+            Recipe::Delayed(r) => r.fp8_format = format,
+            Recipe::Current(r) => r.fp8_format = format,
+            Recipe::Block(r) => r.fp8_format = format,
+            Recipe::Mxfp8(r) => r.fp8_format = format,
+            Recipe::Nvfp4(_) => return not_for("fp8_format", "the FP8 recipes"),
+        }
+    }
+    let delayed_keys = [
+        ("margin", options.margin.is_some()),
+        ("amax_history_len", options.amax_history_len.is_some()),
+        ("amax_compute_algo", options.amax_compute_algo.is_some()),
+    ];
+    match &mut recipe {
+        Recipe::Delayed(r) => {
+            if let Some(margin) = options.margin {
+                r.margin = margin;
+            }
+            if let Some(len) = options.amax_history_len {
+                r.amax_history_len = len;
+            }
+            if let Some(algo) = &options.amax_compute_algo {
+                r.amax_compute_algo = match algo.as_str() {
+                    "max" => AmaxComputeAlgo::Max,
+                    "most_recent" => AmaxComputeAlgo::MostRecent,
+                    _ => {
+                        return Err((
+                            "options",
+                            format!("amax_compute_algo \"{algo}\" is not max or most_recent"),
+                        ));
+                    }
+                };
+            }
+        }
+        _ => {
+            if let Some((key, _)) = delayed_keys.iter().find(|(_, set)| *set) {
+                return not_for(key, "fp8_delayed_scaling");
+            }
+        }
+    }
+    let nvfp4_keys = [
+        ("disable_rht", options.disable_rht),
+        (
+            "disable_stochastic_rounding",
+            options.disable_stochastic_rounding,
+        ),
+        ("disable_2d_quantization", options.disable_2d_quantization),
+    ];
+    match &mut recipe {
+        Recipe::Nvfp4(r) => {
+            r.disable_rht = options.disable_rht.unwrap_or(r.disable_rht);
+            r.disable_stochastic_rounding = options
+                .disable_stochastic_rounding
+                .unwrap_or(r.disable_stochastic_rounding);
+            r.disable_2d_quantization = options
+                .disable_2d_quantization
+                .unwrap_or(r.disable_2d_quantization);
+        }
+        _ => {
+            if let Some((key, _)) = nvfp4_keys.iter().find(|(_, set)| set.is_some()) {
+                return not_for(key, "nvfp4");
+            }
+        }
+    }
+    recipe
+        .validate()
+        .map_err(|err| ("options", err.to_string()))?;
+    Ok(Some(recipe))
 }

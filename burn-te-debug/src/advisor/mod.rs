@@ -27,20 +27,18 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::Once;
 
 use burn_te::Gemm;
 
-use crate::config::{FeatureSpec, Namespace};
-use crate::error::{ConfigError, DebugError};
-use crate::feature::{DebugTensor, Feature, Inspection};
-use crate::features::register_feature;
-use crate::routing::Routing;
+use crate::error::DebugError;
+use crate::features::advisor_probe::PROBE;
+pub use crate::features::advisor_probe::kurtosis;
 use crate::stats::StatValue;
 use crate::tensor::TensorName;
 
-/// The probe's feature name (base namespace).
-const PROBE: &str = "AdvisorProbe";
+mod plan;
+
+pub use plan::{GemmChoice, PlanAdvice, PlanBound, PlanOptions};
 
 /// The options of an advice.
 #[derive(Clone, Debug, PartialEq)]
@@ -109,15 +107,25 @@ pub struct Advisor;
 
 impl Advisor {
     /// The debug config that collects the advisor's evidence on the layers matching `layers` (a regex), every
-    /// `freq` steps. Registers the probe feature on first use.
+    /// `freq` steps.
     pub fn config(layers: &str, freq: u64) -> Result<String, DebugError> {
-        register_probe()?;
         let freq = freq.max(1);
+        let layers = yaml_quoted(layers);
+        let candidates = plan::CANDIDATES.join(", ");
+        // Each candidate's underflows in both orientations (per-tensor current scaling has one).
+        let what_if = plan::CANDIDATES
+            .iter()
+            .map(|recipe| match *recipe {
+                "fp8_current_scaling" => format!("{recipe}_underflows%"),
+                _ => format!("{recipe}_underflows%, {recipe}_underflows%_columnwise"),
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
         Ok(format!(
             "precision_advisor:
   enabled: True
   layers:
-    layer_name_regex_pattern: '{layers}'
+    layer_name_regex_pattern: {layers}
   transformer_engine:
     LogQuantizationError:
       enabled: True
@@ -127,12 +135,18 @@ impl Advisor {
     LogFp8TensorStats:
       enabled: True
       tensors: [activation, weight, gradient]
-      stats: [underflows%, overflows%, underflows%_columnwise, overflows%_columnwise]
+      stats: [underflows%, overflows%, underflows%_columnwise, overflows%_columnwise, {what_if}]
       freq: {freq}
     LogTensorStats:
       enabled: True
       tensors: [activation, gradient]
       stats: [cur_amax]
+      freq: {freq}
+    LogRecipeCandidates:
+      enabled: True
+      gemms: [fprop, dgrad, wgrad]
+      recipes: [{candidates}]
+      stats: [sqnr]
       freq: {freq}
   {PROBE}:
     enabled: True
@@ -225,9 +239,7 @@ impl Advisor {
         let mut ranked: Vec<GemmEvidence> = sqnr
             .into_iter()
             .map(|((layer, gemm), values)| {
-                // The mean noise power over the steps (a +inf SQNR contributes none).
-                let noise = values.iter().map(|db| 10f64.powf(-db / 10.0)).sum::<f64>()
-                    / values.len().max(1) as f64;
+                let noise = mean_noise_power(&values);
                 let (lhs, rhs) = gemm.operands();
                 let operands = [TensorName::from(lhs), TensorName::from(rhs)];
                 // The operand's stat in the orientation this GEMM quantizes it (the rowwise one where the
@@ -386,8 +398,8 @@ impl Advice {
             let _ = writeln!(yaml, "  layers:");
             let _ = writeln!(
                 yaml,
-                "    layer_name_regex_pattern: '^{}$'",
-                regex_escape(layer)
+                "    layer_name_regex_pattern: {}",
+                yaml_quoted(&format!("^{}$", regex_escape(layer)))
             );
             let _ = writeln!(yaml, "  transformer_engine:");
             if chosen.len() == 3 {
@@ -406,6 +418,25 @@ impl Advice {
     }
 }
 
+/// The mean noise power `10^(−sqnr/10)` of SQNR samples (dB): a +inf SQNR (no error) contributes none; a NaN one
+/// (NaN or infinite values in the GEMM's tensors) counts as infinite noise, so that GEMM ranks worst rather than
+/// at an arbitrary end.
+pub(crate) fn mean_noise_power(values: &[f64]) -> f64 {
+    let power = |db: f64| {
+        if db.is_nan() {
+            f64::INFINITY
+        } else {
+            10f64.powf(-db / 10.0)
+        }
+    };
+    values.iter().map(|&db| power(db)).sum::<f64>() / values.len().max(1) as f64
+}
+
+/// `text` as a single-quoted YAML scalar (a `'` inside is doubled, as YAML escapes it).
+pub(crate) fn yaml_quoted(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
 /// `text` with the regex metacharacters escaped (layer names carry dots).
 fn regex_escape(text: &str) -> String {
     let mut escaped = String::with_capacity(text.len());
@@ -416,105 +447,4 @@ fn regex_escape(text: &str) -> String {
         escaped.push(c);
     }
     escaped
-}
-
-/// Registers [`AdvisorProbe`] once per process.
-fn register_probe() -> Result<(), DebugError> {
-    static REGISTER: Once = Once::new();
-    let mut result = Ok(());
-    REGISTER.call_once(|| {
-        result = register_feature(Namespace::Base, PROBE, AdvisorProbe::from_spec);
-    });
-    result
-}
-
-/// The advisor's probe: logs `<layer>_activation_kurtosis` (read on the host: one sync per layer at its steps),
-/// `<layer>_activation_elements` (`tokens · in`) and `<layer>_weight_out` (`out`) of every layer it selects: the
-/// GEMM's FLOPs are `2 · tokens · in · out`.
-struct AdvisorProbe {
-    schedule: crate::config::Schedule,
-}
-
-impl AdvisorProbe {
-    fn from_spec(spec: &FeatureSpec) -> Result<Box<dyn Feature>, ConfigError> {
-        let items = spec.items(
-            crate::config::Need::No,
-            crate::config::Need::No,
-            &[],
-            Some(&crate::config::SCHEDULE_KEYS),
-        )?;
-        let schedule = match items.first() {
-            Some(item) => item.schedule()?,
-            None => crate::config::Schedule::default(),
-        };
-        Ok(Box::new(AdvisorProbe { schedule }))
-    }
-}
-
-impl Feature for AdvisorProbe {
-    fn name(&self) -> &str {
-        PROBE
-    }
-
-    fn inspect_tensor_enabled(
-        &self,
-        _layer: &str,
-        tensor: TensorName,
-        iteration: u64,
-    ) -> Option<Routing> {
-        let probed = tensor == TensorName::Activation || tensor == TensorName::Weight;
-        probed
-            .then(|| crate::config::Schedule::routing([&self.schedule], iteration))
-            .flatten()
-    }
-
-    fn inspect_tensor(
-        &self,
-        layer: &str,
-        tensor: TensorName,
-        x: &dyn DebugTensor,
-        _iteration: u64,
-        out: &mut Inspection,
-    ) -> Result<(), DebugError> {
-        let shape = x.shape();
-        match tensor {
-            TensorName::Activation => {
-                let values = x.to_vec()?;
-                out.log_scalar(format!("{layer}_activation_kurtosis"), kurtosis(&values));
-                out.log_scalar(
-                    format!("{layer}_activation_elements"),
-                    shape.iter().product::<usize>() as f64,
-                );
-            }
-            TensorName::Weight => {
-                // Burn's weight is [in, out]: the GEMM's FLOPs are 2 · (tokens · in) · out.
-                out.log_scalar(
-                    format!("{layer}_weight_out"),
-                    shape.last().copied().unwrap_or(0) as f64,
-                );
-            }
-            _ => {}
-        }
-        Ok(())
-    }
-}
-
-/// `E[(x − μ)⁴] / σ⁴` over the finite values (3 for a normal distribution; 3 when constant or empty).
-pub fn kurtosis(values: &[f32]) -> f64 {
-    let finite: Vec<f64> = values
-        .iter()
-        .filter(|v| v.is_finite())
-        .map(|&v| f64::from(v))
-        .collect();
-    let n = finite.len() as f64;
-    if n == 0.0 {
-        return 3.0;
-    }
-    let mean = finite.iter().sum::<f64>() / n;
-    let (m2, m4) = finite.iter().fold((0.0, 0.0), |(m2, m4), v| {
-        let d = (v - mean) * (v - mean);
-        (m2 + d, m4 + d * d)
-    });
-    let (m2, m4) = (m2 / n, m4 / n);
-    if m2 == 0.0 { 3.0 } else { m4 / (m2 * m2) }
 }
