@@ -38,7 +38,7 @@ use crate::tensor::TensorName;
 
 mod plan;
 
-pub use plan::{GemmChoice, PlanAdvice, PlanBound, PlanOptions};
+pub use plan::{GemmChoice, PlanAdvice, PlanBound, PlanOptions, recipe_cost};
 
 /// The options of an advice.
 #[derive(Clone, Debug, PartialEq)]
