@@ -19,6 +19,12 @@
 //! steps of the recipe with its statistics, then writes `advisor.yaml` (the GEMMs to keep in high precision, within
 //! `--budget` of the GEMM FLOPs, default 0.10) and adds the run `<recipe> + advisor` trained under it.
 //!
+//! `--plan <recipe>` runs the advisor's recipe plan (`Advisor::plan`): `--advise-steps` steps of the recipe with
+//! every candidate recipe measured on each GEMM's tensors, then writes `plan.yaml` (per GEMM, the cheapest recipe
+//! whose effective SQNR is at least `--plan-db`, default 10; high precision within `--budget` where none is) and
+//! adds the run `<recipe> + plan` trained under it (its curve in `valid_loss.svg`, its recipes per GEMM in
+//! `plan_<recipe>.svg`).
+//!
 //! `--replot` draws `valid_loss.svg` again from the `curves.csv` in `--out`.
 //!
 //! Run: `cargo run --release --example fp8_parity -- [corpus] [--steps 400] [--recipes f32,current,...]`
@@ -36,8 +42,9 @@ use burn::grad_clipping::GradientClippingConfig;
 use burn::module::AutodiffModule;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
+use burn_te::RecipePlan;
 use burn_te::{Recipe, Te};
-use burn_te_debug::advisor::{Advisor, AdvisorOptions};
+use burn_te_debug::advisor::{Advisor, AdvisorOptions, PlanAdvice, PlanBound, PlanOptions};
 use burn_te_debug::stats::StatValue;
 use burn_te_debug::{Debug, DebugOptions, StatLogger};
 use burn_te_suite::lm::{CharGpt, CharGptConfig, Corpus, LmBatcher, Windows, recipe_named};
@@ -61,6 +68,8 @@ struct Args {
     advised: Option<PathBuf>,
     advised_recipes: Vec<String>,
     advise: Option<String>,
+    plan: Option<String>,
+    plan_db: f64,
     advise_steps: usize,
     replot: bool,
     budget: f64,
@@ -85,6 +94,8 @@ impl Args {
             advised: None,
             advised_recipes: vec!["nvfp4".into()],
             advise: None,
+            plan: None,
+            plan_db: 10.0,
             advise_steps: 50,
             replot: false,
             budget: 0.10,
@@ -132,6 +143,13 @@ impl Args {
                 "--advised" => args.advised = Some(PathBuf::from(value("--advised")?)),
                 "--advised-recipes" => args.advised_recipes = list(value("--advised-recipes")?),
                 "--advise" => args.advise = Some(value("--advise")?),
+                "--plan" => args.plan = Some(value("--plan")?),
+                "--plan-db" => {
+                    let v = value("--plan-db")?;
+                    args.plan_db = v
+                        .parse()
+                        .map_err(|_| format!("--plan-db: expected a number of dB, got {v:?}"))?
+                }
                 "--advise-steps" => {
                     args.advise_steps = number("--advise-steps", value("--advise-steps")?)?
                 }
@@ -154,6 +172,7 @@ impl Args {
             .iter()
             .chain(&args.advised_recipes)
             .chain(&args.advise)
+            .chain(&args.plan)
         {
             recipe(name)?;
         }
@@ -201,6 +220,8 @@ struct Run {
     seed: u64,
     /// A debug config to train under (the advisor's), instead of the statistics.
     config: Option<PathBuf>,
+    /// A recipe plan to train under, over the recipe.
+    plan: Option<PathBuf>,
 }
 
 /// What a run measured.
@@ -275,7 +296,11 @@ fn train(
                 .logger(collect.clone()),
         )?;
     }
-    let mut model = args.model.try_init::<B>(&device)?.with_recipe(recipe);
+    let mut model = args.model.try_init::<B>(&device)?;
+    model = match (&run.plan, recipe) {
+        (Some(plan), Some(recipe)) => model.with_plan(RecipePlan::load_over(plan, recipe)?),
+        (_, recipe) => model.with_recipe(recipe),
+    };
     let mut optim = AdamWConfig::new()
         .with_weight_decay(0.01)
         .with_grad_clipping(Some(GradientClippingConfig::Norm(1.0)))
@@ -368,6 +393,7 @@ fn run() -> Result<(), Error> {
             recipe: r.clone(),
             seed: 0,
             config: None,
+            plan: None,
         })
         .collect();
     if args.recipes.iter().any(|r| r == "f32") {
@@ -376,6 +402,7 @@ fn run() -> Result<(), Error> {
             recipe: "f32".into(),
             seed,
             config: None,
+            plan: None,
         }));
     }
     if let Some(advised) = &args.advised {
@@ -384,6 +411,7 @@ fn run() -> Result<(), Error> {
             recipe: r.clone(),
             seed: 0,
             config: Some(advised.clone()),
+            plan: None,
         }));
     }
     if let Some(recipe) = &args.advise {
@@ -395,6 +423,7 @@ fn run() -> Result<(), Error> {
             recipe: recipe.clone(),
             seed: 0,
             config: Some(config),
+            plan: None,
         };
         println!("advisor: {} steps of {recipe}", args.advise_steps);
         let measured = train(&args, &corpus, &probe, args.advise_steps, &log_dir)?;
@@ -411,6 +440,40 @@ fn run() -> Result<(), Error> {
             recipe: recipe.clone(),
             seed: 0,
             config: Some(path),
+            plan: None,
+        });
+    }
+    if let Some(recipe) = &args.plan {
+        // The plan: K steps of the recipe with every candidate measured, then the plan file.
+        let config = log_dir.join("advisor_stats.yaml");
+        std::fs::write(&config, Advisor::config(".*", 1)?)?;
+        let probe = Run {
+            label: format!("plan probe {recipe}"),
+            recipe: recipe.clone(),
+            seed: 0,
+            config: Some(config),
+            plan: None,
+        };
+        println!("plan: {} steps of {recipe}", args.advise_steps);
+        let measured = train(&args, &corpus, &probe, args.advise_steps, &log_dir)?;
+        let base =
+            self::recipe(recipe)?.ok_or("--plan: f32 has no plan (give a low-precision recipe)")?;
+        let options = PlanOptions {
+            bound: PlanBound::AtLeastDb(args.plan_db),
+            budget: args.budget,
+            ..PlanOptions::over(base)
+        };
+        let advice = Advisor::plan(&measured.stats, options);
+        let path = args.out.join("plan.yaml");
+        std::fs::write(&path, advice.to_yaml())?;
+        draw_plan(&args.out.join(format!("plan_{recipe}.svg")), &advice)?;
+        println!("{}plan: wrote {}", advice.to_yaml(), path.display());
+        runs.push(Run {
+            label: format!("{recipe} + plan"),
+            recipe: recipe.clone(),
+            seed: 0,
+            config: None,
+            plan: Some(path),
         });
     }
     let mut results = Vec::new();
@@ -468,6 +531,7 @@ fn replot(out: &Path) -> Result<(), Error> {
                     recipe: recipe.into(),
                     seed: number(seed)? as u64,
                     config: None,
+                    plan: None,
                 },
                 Measured {
                     curve: vec![point],
@@ -585,7 +649,11 @@ fn write_outputs(args: &Args, results: &[(&Run, Measured)]) -> Result<(), Error>
     std::fs::write(args.out.join("summary.md"), summary)?;
     draw_valid_loss(&args.out.join("valid_loss.svg"), results)?;
     for (run, measured) in results {
-        if run.config.is_none() && run.recipe != "f32" && !measured.stats.is_empty() {
+        if run.config.is_none()
+            && run.plan.is_none()
+            && run.recipe != "f32"
+            && !measured.stats.is_empty()
+        {
             let path = args.out.join(format!("layer_stats_{}.svg", run.recipe));
             draw_layer_stats(&path, run, measured)?;
         }
@@ -773,6 +841,87 @@ fn draw_layer_stats(path: &Path, run: &Run, measured: &Measured) -> Result<(), E
                 .draw()?;
         }
     }
+    root.present()?;
+    Ok(())
+}
+
+/// The plan's recipe of every GEMM: one row per layer, one cell per GEMM coloured by its recipe, with each
+/// candidate's effective SQNR (dB) under the chosen one.
+fn draw_plan(path: &Path, advice: &PlanAdvice) -> Result<(), Error> {
+    use plotters::prelude::*;
+    let colour = |recipe: &str| match recipe {
+        "nvfp4" => RGBColor(200, 225, 245),
+        "fp8_current_scaling" => RGBColor(250, 210, 150),
+        "fp8_block_scaling" => RGBColor(245, 180, 120),
+        "mxfp8" => RGBColor(230, 150, 110),
+        _ => RGBColor(220, 120, 120),
+    };
+    let mut layers: Vec<&str> = advice.choices.iter().map(|c| c.layer.as_str()).collect();
+    layers.dedup();
+    let (row, cell, left, top) = (54, 300, 330, 70);
+    let height = top + row * layers.len() as i32 + 60;
+    let root =
+        SVGBackend::new(path, ((left + 3 * cell + 20) as u32, height as u32)).into_drawing_area();
+    root.fill(&WHITE)?;
+    root.draw(&Text::new(
+        format!(
+            "recipe plan over {} — each GEMM's recipe (effective SQNR of each candidate, dB)",
+            advice.options.base.name()
+        ),
+        (20, 14),
+        ("sans-serif", 19),
+    ))?;
+    for (g, gemm) in burn_te::Gemm::ALL.iter().enumerate() {
+        let x = left + g as i32 * cell;
+        root.draw(&Text::new(
+            gemm.name(),
+            (x + cell / 2 - 20, top - 22),
+            ("sans-serif", 16),
+        ))?;
+    }
+    for (l, layer) in layers.iter().enumerate() {
+        let y = top + l as i32 * row;
+        root.draw(&Text::new(
+            layer.to_string(),
+            (20, y + row / 2 - 8),
+            ("sans-serif", 14),
+        ))?;
+        for choice in advice.choices.iter().filter(|c| c.layer == *layer) {
+            let x = left + choice.gemm.index() as i32 * cell;
+            root.draw(&Rectangle::new(
+                [(x + 2, y + 2), (x + cell - 2, y + row - 2)],
+                colour(&choice.chosen).filled(),
+            ))?;
+            root.draw(&Text::new(
+                choice.chosen.clone(),
+                (x + 8, y + 6),
+                ("sans-serif", 14).into_font().style(FontStyle::Bold),
+            ))?;
+            let measured: Vec<String> = choice
+                .candidates
+                .iter()
+                .map(|(name, _, db)| {
+                    let short = name.trim_start_matches("fp8_").trim_end_matches("_scaling");
+                    format!("{short} {db:.1}")
+                })
+                .collect();
+            root.draw(&Text::new(
+                measured.join("  "),
+                (x + 8, y + 28),
+                ("sans-serif", 11),
+            ))?;
+        }
+    }
+    let shares: Vec<String> = advice
+        .fractions()
+        .iter()
+        .map(|(recipe, share)| format!("{recipe} {:.1} %", share * 100.0))
+        .collect();
+    root.draw(&Text::new(
+        format!("GEMM FLOPs: {}", shares.join(", ")),
+        (20, height - 36),
+        ("sans-serif", 15),
+    ))?;
     root.present()?;
     Ok(())
 }

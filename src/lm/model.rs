@@ -13,7 +13,7 @@ use burn_te::nn::{
     AttnMaskType, LayerNorm, LayerNormConfig, Linear, LinearConfig, QkvFormat, TransformerLayer,
     TransformerLayerConfig,
 };
-use burn_te::{Recipe, TeBackend, TeError, fp8_autocast};
+use burn_te::{PlannedRecipe, Recipe, ScopeRecipe, TeBackend, TeError, fp8_autocast};
 
 /// Config of [`CharGpt`]. The defaults train in minutes on a CPU.
 #[derive(Config, Debug)]
@@ -48,9 +48,9 @@ pub struct CharGpt<B: Backend> {
     norm: LayerNorm<B>,
     lm_head: Linear<B>,
     context: usize,
-    /// The recipe of every forward pass; `None`: f32 (high precision).
+    /// The recipe (or recipe plan) of every forward pass; `None`: f32 (high precision).
     #[module(skip)]
-    recipe: Option<Recipe>,
+    recipe: Option<ScopeRecipe>,
 }
 
 impl CharGptConfig {
@@ -124,13 +124,19 @@ impl CharGptConfig {
 impl<B: Backend> CharGpt<B> {
     /// The model with `recipe` for its forward passes (`None`: f32). The recipe is checked at the first forward.
     pub fn with_recipe(mut self, recipe: Option<Recipe>) -> Self {
-        self.recipe = recipe;
+        self.recipe = recipe.map(ScopeRecipe::from);
         self
     }
 
-    /// The recipe of the forward passes (`None`: f32).
+    /// The model with a recipe plan for its forward passes (each GEMM runs the plan's choice over its recipe).
+    pub fn with_plan(mut self, planned: PlannedRecipe) -> Self {
+        self.recipe = Some(planned.into());
+        self
+    }
+
+    /// The recipe of the forward passes (`None`: f32; with a plan, the recipe it goes over).
     pub fn recipe(&self) -> Option<&Recipe> {
-        self.recipe.as_ref()
+        self.recipe.as_ref().map(ScopeRecipe::base)
     }
 
     /// The longest input, in tokens.
@@ -184,7 +190,7 @@ impl<B: TeBackend> CharGpt<B> {
             Tensor::<B, 1, Int>::arange(0..seq as i64, &tokens.device()).reshape([1, seq]);
         let (enabled, recipe) = match &self.recipe {
             Some(recipe) => (true, recipe.clone()),
-            None => (false, Recipe::default()),
+            None => (false, ScopeRecipe::from(Recipe::default())),
         };
         // A disabled scope for f32: the model's recipe decides, whatever scope the caller is in.
         fp8_autocast(enabled, recipe, || {
