@@ -29,6 +29,9 @@ pub struct Fp8State;
 #[doc = include_str!("../docs/src/concepts/autocast.md")]
 pub struct Autocast;
 
+#[doc = include_str!("../docs/src/concepts/recipe-plans.md")]
+pub struct RecipePlans;
+
 #[doc = include_str!("../docs/src/concepts/backends.md")]
 pub struct Backends;
 
@@ -61,6 +64,9 @@ pub struct LogFp8TensorStats;
 
 #[doc = include_str!("../docs/src/debug/features/log-nvfp4-tensor-stats.md")]
 pub struct LogNvfp4TensorStats;
+
+#[doc = include_str!("../docs/src/debug/features/log-recipe-candidates.md")]
+pub struct LogRecipeCandidates;
 
 #[doc = include_str!("../docs/src/debug/features/log-quantization-error.md")]
 pub struct LogQuantizationError;

@@ -38,7 +38,7 @@
 //!   `high_precision`, `host`, `linear`, `microbatch`, `nn`,
 //!   `nvfp4`, `plain_linear`, `saved`, `te`.
 //! - Plain: `autocast`, `data`, `diagnostics`, `diagnostics::trace`, `distributed::launch`, `error`, `fallback`,
-//!   `fused`, `gemm`, `host::gemm`, `metrics`, `primitive`, `recipe`, `site`.
+//!   `fused`, `gemm`, `host::gemm`, `metrics`, `plan`, `primitive`, `recipe`, `site`.
 
 mod autocast;
 mod autodiff;
