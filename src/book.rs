@@ -119,8 +119,9 @@ pub struct Fuzzing;
 #[doc = include_str!("../docs/src/design.md")]
 pub struct Design;
 
-/// Every YAML block of the book and of the README, and the precision advisor's configs under `docs/src/configs`,
-/// loads through the debug config's parser (`Config::parse`), as `burn_te_debug::initialize` reads it.
+/// Every YAML block of the book and of the README, and the precision advisor's files under `docs/src/configs`,
+/// loads: a recipe plan (a top-level `rules:`) through `RecipePlan::from_yaml`, any other through the debug
+/// config's parser (`Config::parse`), as `burn_te_debug::initialize` reads it.
 ///
 /// ```
 /// use std::path::{Path, PathBuf};
@@ -169,7 +170,11 @@ pub struct Design;
 ///     };
 ///     for (i, config) in configs.iter().enumerate() {
 ///         let name = format!("{}, YAML block {}", path.display(), i + 1);
-///         if let Err(err) = Config::parse(config, &name) {
+///         if config.lines().any(|line| line.starts_with("rules:")) {
+///             if let Err(err) = burn_te::RecipePlan::from_yaml(config) {
+///                 panic!("{name}: {err}\n{config}");
+///             }
+///         } else if let Err(err) = Config::parse(config, &name) {
 ///             panic!("{err}\n{config}");
 ///         }
 ///         checked += 1;
