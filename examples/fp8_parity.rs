@@ -22,7 +22,8 @@
 //! `--plan <recipe>` runs the advisor's recipe plan (`Advisor::plan`): `--advise-steps` steps of the recipe with
 //! every candidate recipe measured on each GEMM's tensors, then writes `plan.yaml` (per GEMM, the cheapest recipe
 //! whose effective SQNR is at least `--plan-db`, default 10; high precision within `--budget` where none is) and
-//! adds the run `<recipe> + plan` trained under it (its curve in `valid_loss.svg`, its recipes per GEMM in
+//! adds the run `<recipe> + plan` trained under it; `--plan-seeds N` (default 1) also runs the recipe and the plan
+//! with seeds 1..N, for their own seed-to-seed spread (its curve in `valid_loss.svg`, its recipes per GEMM in
 //! `plan_<recipe>.svg`).
 //!
 //! `--replot` draws `valid_loss.svg` again from the `curves.csv` in `--out`.
@@ -70,6 +71,7 @@ struct Args {
     advise: Option<String>,
     plan: Option<String>,
     plan_db: f64,
+    plan_seeds: u64,
     advise_steps: usize,
     replot: bool,
     budget: f64,
@@ -96,6 +98,7 @@ impl Args {
             advise: None,
             plan: None,
             plan_db: 10.0,
+            plan_seeds: 1,
             advise_steps: 50,
             replot: false,
             budget: 0.10,
@@ -144,6 +147,9 @@ impl Args {
                 "--advised-recipes" => args.advised_recipes = list(value("--advised-recipes")?),
                 "--advise" => args.advise = Some(value("--advise")?),
                 "--plan" => args.plan = Some(value("--plan")?),
+                "--plan-seeds" => {
+                    args.plan_seeds = number("--plan-seeds", value("--plan-seeds")?)? as u64
+                }
                 "--plan-db" => {
                     let v = value("--plan-db")?;
                     args.plan_db = v
@@ -473,8 +479,24 @@ fn run() -> Result<(), Error> {
             recipe: recipe.clone(),
             seed: 0,
             config: None,
-            plan: Some(path),
+            plan: Some(path.clone()),
         });
+        // The recipe and the plan again over other seeds: their own seed-to-seed spread.
+        for seed in 1..args.plan_seeds {
+            for plan in [None, Some(path.clone())] {
+                let label = match plan {
+                    None => format!("{recipe} seed {seed}"),
+                    Some(_) => format!("{recipe} + plan seed {seed}"),
+                };
+                runs.push(Run {
+                    label,
+                    recipe: recipe.clone(),
+                    seed,
+                    config: None,
+                    plan,
+                });
+            }
+        }
     }
     let mut results = Vec::new();
     for run in &runs {
@@ -651,6 +673,7 @@ fn write_outputs(args: &Args, results: &[(&Run, Measured)]) -> Result<(), Error>
     for (run, measured) in results {
         if run.config.is_none()
             && run.plan.is_none()
+            && run.seed == 0
             && run.recipe != "f32"
             && !measured.stats.is_empty()
         {
