@@ -422,17 +422,7 @@ fn run() -> Result<(), Error> {
     }
     if let Some(recipe) = &args.advise {
         // The advisor: K steps of the recipe with its statistics, then the config of its advice.
-        let config = log_dir.join("advisor_stats.yaml");
-        std::fs::write(&config, Advisor::config(".*", 1)?)?;
-        let probe = Run {
-            label: format!("advisor probe {recipe}"),
-            recipe: recipe.clone(),
-            seed: 0,
-            config: Some(config),
-            plan: None,
-        };
-        println!("advisor: {} steps of {recipe}", args.advise_steps);
-        let measured = train(&args, &corpus, &probe, args.advise_steps, &log_dir)?;
+        let measured = probe(&args, &corpus, recipe, "advisor", &log_dir)?;
         let options = AdvisorOptions {
             budget: args.budget,
             ..AdvisorOptions::default()
@@ -451,17 +441,7 @@ fn run() -> Result<(), Error> {
     }
     if let Some(recipe) = &args.plan {
         // The plan: K steps of the recipe with every candidate measured, then the plan file.
-        let config = log_dir.join("advisor_stats.yaml");
-        std::fs::write(&config, Advisor::config(".*", 1)?)?;
-        let probe = Run {
-            label: format!("plan probe {recipe}"),
-            recipe: recipe.clone(),
-            seed: 0,
-            config: Some(config),
-            plan: None,
-        };
-        println!("plan: {} steps of {recipe}", args.advise_steps);
-        let measured = train(&args, &corpus, &probe, args.advise_steps, &log_dir)?;
+        let measured = probe(&args, &corpus, recipe, "plan", &log_dir)?;
         let base =
             self::recipe(recipe)?.ok_or("--plan: f32 has no plan (give a low-precision recipe)")?;
         let options = PlanOptions {
@@ -515,6 +495,28 @@ fn run() -> Result<(), Error> {
     }
     print!("{}", std::fs::read_to_string(args.out.join("summary.md"))?);
     Ok(())
+}
+
+/// The advisor's probe (`what`: `advisor` or `plan`): `--advise-steps` steps of `recipe` under
+/// `Advisor::config`, with what it logged.
+fn probe(
+    args: &Args,
+    corpus: &Corpus,
+    recipe: &str,
+    what: &str,
+    log_dir: &Path,
+) -> Result<Measured, Error> {
+    let config = log_dir.join("advisor_stats.yaml");
+    std::fs::write(&config, Advisor::config(".*", 1)?)?;
+    let probe = Run {
+        label: format!("{what} probe {recipe}"),
+        recipe: recipe.to_string(),
+        seed: 0,
+        config: Some(config),
+        plan: None,
+    };
+    println!("{what}: {} steps of {recipe}", args.advise_steps);
+    train(args, corpus, &probe, args.advise_steps, log_dir)
 }
 
 /// Draws `valid_loss.svg` again from the `curves.csv` of an earlier study in `out`.

@@ -53,42 +53,33 @@ fn layer(prefix: &str, name: &str, index: usize) -> Linear<B> {
     linear
 }
 
-/// One forward and backward of the three layers (`prefix.a`, `.b`, `.c`) inside `scope`, with fixed inputs and
-/// fixed output gradients (the loss is `Σ y·g`, so every run's backward starts from the same gradients).
-fn run(prefix: &str, enabled: bool, scope: impl Into<ScopeRecipe>) -> Run {
-    let device = Default::default();
-    let layers: Vec<Linear<B>> = LAYERS
+/// The three layers (`prefix.a`, `.b`, `.c`).
+fn layers(prefix: &str) -> Vec<Linear<B>> {
+    LAYERS
         .iter()
         .enumerate()
         .map(|(i, name)| layer(prefix, name, i))
-        .collect();
-    let xs: Vec<Tensor<B, 2>> = (0..3)
+        .collect()
+}
+
+/// Each layer's fixed input.
+fn inputs() -> Vec<Tensor<B, 2>> {
+    (0..3)
         .map(|i| {
-            tensor::<B, 2>(
-                Rng::new(200 + i).normal(TOKENS * IN, 0.0, 1.0),
-                [TOKENS, IN],
-                &device,
-            )
-            .require_grad()
+            let x = Rng::new(200 + i).normal(TOKENS * IN, 0.0, 1.0);
+            tensor::<B, 2>(x, [TOKENS, IN], &Default::default()).require_grad()
         })
-        .collect();
-    let ys = fp8_autocast(enabled, scope, || {
-        layers
-            .iter()
-            .zip(&xs)
-            .map(|(l, x)| l.try_forward(x.clone()))
-            .collect::<Result<Vec<_>, _>>()
-    })
-    .unwrap()
-    .unwrap();
+        .collect()
+}
+
+/// The backward of the loss `Σ y·g` with fixed output gradients `g` (so every run's backward starts from the same
+/// gradients), and each layer's fprop output, input gradient and weight gradient.
+fn backward(layers: &[Linear<B>], xs: &[Tensor<B, 2>], ys: &[Tensor<B, 2>]) -> Run {
+    let device = Default::default();
     let mut loss = Tensor::<B, 1>::zeros([1], &device);
     for (i, y) in ys.iter().enumerate() {
-        let g = tensor::<B, 2>(
-            Rng::new(300 + i as u64).normal(TOKENS * OUT, 0.0, 1.0),
-            [TOKENS, OUT],
-            &device,
-        );
-        loss = loss + (y.clone() * g).sum();
+        let g = Rng::new(300 + i as u64).normal(TOKENS * OUT, 0.0, 1.0);
+        loss = loss + (y.clone() * tensor::<B, 2>(g, [TOKENS, OUT], &device)).sum();
     }
     let grads = loss.backward();
     let gemms = (0..3)
@@ -101,6 +92,21 @@ fn run(prefix: &str, enabled: bool, scope: impl Into<ScopeRecipe>) -> Run {
         })
         .collect();
     Run { gemms }
+}
+
+/// One forward and backward of the three layers (`prefix.a`, `.b`, `.c`) inside `scope`.
+fn run(prefix: &str, enabled: bool, scope: impl Into<ScopeRecipe>) -> Run {
+    let (layers, xs) = (layers(prefix), inputs());
+    let ys = fp8_autocast(enabled, scope, || {
+        layers
+            .iter()
+            .zip(&xs)
+            .map(|(l, x)| l.try_forward(x.clone()))
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .unwrap()
+    .unwrap();
+    backward(&layers, &xs, &ys)
 }
 
 fn nvfp4_plain() -> NVFP4BlockScaling {
@@ -186,7 +192,6 @@ fn each_gemm_of_a_plan_equals_its_recipe_alone_bit_for_bit() {
 
 #[test]
 fn an_inner_scope_replaces_the_plan_and_the_backward_keeps_the_forwards_recipes() {
-    let device = Default::default();
     // A rule for a: b and c run in inner scopes, where the plan does not reach (a rule for them would select no
     // layer, an error).
     let plan = RecipePlan::new().rule(
@@ -195,21 +200,7 @@ fn an_inner_scope_replaces_the_plan_and_the_backward_keeps_the_forwards_recipes(
     let mxfp8 = run("nested_mxfp8", true, MXFP8BlockScaling::default());
     let f32_run = run("nested_f32", false, Float8CurrentScaling::default());
     let nvfp4 = run("nested_nvfp4", true, nvfp4_plain());
-    let layers: Vec<Linear<B>> = LAYERS
-        .iter()
-        .enumerate()
-        .map(|(i, name)| layer("nested", name, i))
-        .collect();
-    let xs: Vec<Tensor<B, 2>> = (0..3)
-        .map(|i| {
-            tensor::<B, 2>(
-                Rng::new(200 + i).normal(TOKENS * IN, 0.0, 1.0),
-                [TOKENS, IN],
-                &device,
-            )
-            .require_grad()
-        })
-        .collect();
+    let (layers, xs) = (layers("nested"), inputs());
     // a under the plan, b in an inner high-precision scope, c in an inner MXFP8 scope.
     let ys = fp8_autocast(true, plan.over(nvfp4_plain()).unwrap(), || {
         let a = layers[0].forward(xs[0].clone());
@@ -227,24 +218,8 @@ fn an_inner_scope_replaces_the_plan_and_the_backward_keeps_the_forwards_recipes(
         vec![a, b, c]
     })
     .unwrap();
-    let mut loss = Tensor::<B, 1>::zeros([1], &device);
-    for (i, y) in ys.iter().enumerate() {
-        let g = tensor::<B, 2>(
-            Rng::new(300 + i as u64).normal(TOKENS * OUT, 0.0, 1.0),
-            [TOKENS, OUT],
-            &device,
-        );
-        loss = loss + (y.clone() * g).sum();
-    }
     // The backward runs outside any scope, with the recipes of each forward.
-    let grads = loss.backward();
-    let got = |i: usize| {
-        [
-            bits(values(ys[i].clone().inner())),
-            bits(values(xs[i].grad(&grads).unwrap())),
-            bits(values(layers[i].weight.grad(&grads).unwrap())),
-        ]
-    };
+    let got = backward(&layers, &xs, &ys);
     // a: fprop by the plan's rule, its backward the scope's NVFP4; b: high precision; c: MXFP8.
     let expected: [[&Run; 3]; 3] = [
         [&mxfp8, &nvfp4, &nvfp4],
@@ -252,10 +227,9 @@ fn an_inner_scope_replaces_the_plan_and_the_backward_keeps_the_forwards_recipes(
         [&mxfp8, &mxfp8, &mxfp8],
     ];
     for (i, want) in expected.iter().enumerate() {
-        let got = got(i);
         for gemm in Gemm::ALL {
             assert!(
-                got[gemm.index()] == *want[gemm.index()].of(i, gemm),
+                got.of(i, gemm) == want[gemm.index()].of(i, gemm),
                 "layer {} {}",
                 LAYERS[i],
                 gemm.name()
