@@ -10,9 +10,8 @@ use super::{Advisor, AdvisorOptions, GemmEvidence, regex_escape, yaml_quoted};
 use crate::stats::StatValue;
 use crate::tensor::TensorName;
 
-/// The recipes the advisor measures (LogRecipeCandidates), cheapest first.
-pub(crate) const CANDIDATES: [&str; 4] =
-    ["nvfp4", "fp8_current_scaling", "fp8_block_scaling", "mxfp8"];
+/// The recipes the advisor measures (LogRecipeCandidates'), cheapest first.
+pub(crate) use crate::features::log_recipe_candidates::CANDIDATES;
 
 /// A recipe's cost per GEMM FLOP: the bytes of one operand value, scales included (NVFP4: 4 bits and an E4M3 scale
 /// per 16; FP8: 1 byte, plus an f32 per 128 for block scaling and an E8M0 per 32 for MXFP8; high precision: bf16),

@@ -38,27 +38,45 @@ pub struct LogQuantizationError {
 impl LogQuantizationError {
     /// Builds the feature from its config entry.
     pub fn from_spec(spec: &FeatureSpec) -> Result<Box<dyn Feature>, ConfigError> {
-        let keys: Vec<&str> = SCHEDULE_KEYS.iter().copied().chain(["stats"]).collect();
-        let known: Vec<String> = Stat::ERROR.iter().map(|s| s.name().to_string()).collect();
-        let entries = spec
-            .items(Need::Required, Need::No, &[], Some(&keys))?
+        let entries = error_stat_items(spec, &[], |_| Ok(()))?
             .into_iter()
-            .map(|item| {
-                let stats = parse_stats(&item, &known, |name| {
-                    Stat::ERROR.into_iter().find(|s| s.name() == name)
-                })?;
-                let gemm = item.gemm.expect("gemms are required");
-                Ok((
-                    TensorName::output_of(gemm),
-                    item.schedule()?,
-                    stats.into_iter().map(|(_, s)| s).collect(),
-                ))
-            })
-            .collect::<Result<_, ConfigError>>()?;
+            .map(|(tensor, schedule, (stats, ()))| (tensor, schedule, stats))
+            .collect();
         Ok(Box::new(LogQuantizationError {
             entries: Scheduled(entries),
         }))
     }
+}
+
+/// The items of a feature that logs error stats of GEMM outputs (`gemms` required, `stats` from
+/// [`Stat::ERROR`], the schedule keys and `extra_keys`): per item, the GEMM's output tensor, its schedule, and its
+/// stats with what `extra` reads from the item.
+pub(super) fn error_stat_items<T>(
+    spec: &FeatureSpec,
+    extra_keys: &[&'static str],
+    extra: impl Fn(&crate::config::Item) -> Result<T, ConfigError>,
+) -> Result<Vec<(TensorName, crate::config::Schedule, (Vec<Stat>, T))>, ConfigError> {
+    let keys: Vec<&str> = SCHEDULE_KEYS
+        .iter()
+        .copied()
+        .chain(["stats"])
+        .chain(extra_keys.iter().copied())
+        .collect();
+    let known: Vec<String> = Stat::ERROR.iter().map(|s| s.name().to_string()).collect();
+    spec.items(Need::Required, Need::No, &[], Some(&keys))?
+        .into_iter()
+        .map(|item| {
+            let stats = parse_stats(&item, &known, |name| {
+                Stat::ERROR.into_iter().find(|s| s.name() == name)
+            })?;
+            let gemm = item.gemm.expect("gemms are required");
+            Ok((
+                TensorName::output_of(gemm),
+                item.schedule()?,
+                (stats.into_iter().map(|(_, s)| s).collect(), extra(&item)?),
+            ))
+        })
+        .collect()
 }
 
 impl Feature for LogQuantizationError {

@@ -5,8 +5,8 @@ use burn_te::Gemm;
 use burn_te::plan::{HIGH_PRECISION, PLAN_RECIPES};
 
 use super::Scheduled;
-use super::log_tensor_stats::parse_stats;
-use crate::config::{FeatureSpec, Need, SCHEDULE_KEYS};
+use super::log_quantization_error::error_stat_items;
+use crate::config::FeatureSpec;
 use crate::error::{ConfigError, ConfigErrorKind, DebugError};
 use crate::feature::{DebugTensor, Feature, Inspection};
 use crate::routing::Routing;
@@ -38,34 +38,17 @@ pub struct LogRecipeCandidates {
     entries: Scheduled<(Vec<String>, Vec<Stat>)>,
 }
 
-/// The recipes a candidate may be.
-const CANDIDATES: [&str; 4] = ["fp8_current_scaling", "fp8_block_scaling", "mxfp8", "nvfp4"];
+/// The recipes a candidate may be, cheapest first (see the advisor's `recipe_cost`).
+pub(crate) const CANDIDATES: [&str; 4] =
+    ["nvfp4", "fp8_current_scaling", "fp8_block_scaling", "mxfp8"];
 
 impl LogRecipeCandidates {
     /// Builds the feature from its config entry.
     pub fn from_spec(spec: &FeatureSpec) -> Result<Box<dyn Feature>, ConfigError> {
-        let keys: Vec<&str> = SCHEDULE_KEYS
-            .iter()
-            .copied()
-            .chain(["stats", "recipes"])
-            .collect();
-        let known: Vec<String> = Stat::ERROR.iter().map(|s| s.name().to_string()).collect();
-        let entries = spec
-            .items(Need::Required, Need::No, &[], Some(&keys))?
+        let entries = error_stat_items(spec, &["recipes"], recipes)?
             .into_iter()
-            .map(|item| {
-                let stats = parse_stats(&item, &known, |name| {
-                    Stat::ERROR.into_iter().find(|s| s.name() == name)
-                })?;
-                let recipes = recipes(&item)?;
-                let gemm = item.gemm.expect("gemms are required");
-                Ok((
-                    TensorName::output_of(gemm),
-                    item.schedule()?,
-                    (recipes, stats.into_iter().map(|(_, s)| s).collect()),
-                ))
-            })
-            .collect::<Result<_, ConfigError>>()?;
+            .map(|(tensor, schedule, (stats, recipes))| (tensor, schedule, (recipes, stats)))
+            .collect();
         Ok(Box::new(LogRecipeCandidates {
             entries: Scheduled(entries),
         }))

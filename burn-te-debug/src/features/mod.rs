@@ -9,7 +9,7 @@ mod fake_quant;
 mod log_fp8_tensor_stats;
 mod log_nvfp4_tensor_stats;
 mod log_quantization_error;
-mod log_recipe_candidates;
+pub(crate) mod log_recipe_candidates;
 mod log_tensor_stats;
 mod per_tensor_scaling;
 mod registry;
