@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::error::TeError;
-use crate::fp8_state::PlainLinearStates;
+use crate::fp8_state::{LayerFp8State, PlainLinearStates};
 use crate::plan::{LayerRecipes, PlannedRecipe};
 use crate::recipe::{
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, MXFP8BlockScaling, NVFP4BlockScaling,
@@ -239,33 +239,28 @@ pub fn generation() -> u64 {
 /// The recipe of the innermost scope of this thread, if it enables FP8 (with a plan: the recipe of the GEMMs no
 /// rule selects).
 pub fn active_recipe() -> Option<Recipe> {
-    STATE.with(|s| {
-        s.borrow()
-            .frames
-            .last()
-            .and_then(|f| f.recipe.as_ref().map(|r| r.base().clone()))
-    })
+    active_scope_recipe().map(|scope| scope.base().clone())
 }
 
 /// The plan of the innermost scope of this thread, if it enables FP8 with one.
 pub fn active_plan() -> Option<PlannedRecipe> {
-    STATE.with(|s| {
-        s.borrow().frames.last().and_then(|f| match &f.recipe {
-            Some(ScopeRecipe::Planned(planned)) => Some(planned.clone()),
-            _ => None,
-        })
-    })
+    match active_scope_recipe()? {
+        ScopeRecipe::Planned(planned) => Some(planned),
+        ScopeRecipe::Recipe(_) => None,
+    }
 }
 
 /// The recipes of `layer`'s GEMMs in `scope`: the fprop's (`None`: high precision), and all three where a plan
-/// chose them. Fails where the plan cannot run the layer.
+/// chose them. In an FP8 scope, the layer's delayed `state` follows them (see
+/// [`LayerFp8State::follow_recipes`]). Fails where the plan cannot run the layer.
 pub(crate) fn layer_recipes(
     scope: Option<&ScopeRecipe>,
     layer: &str,
     kind: Option<&str>,
+    state: &LayerFp8State,
 ) -> Result<(Option<Recipe>, Option<Arc<LayerRecipes>>), TeError> {
-    Ok(match scope {
-        None => (None, None),
+    let (recipe, planned) = match scope {
+        None => return Ok((None, None)),
         Some(ScopeRecipe::Recipe(recipe)) => (Some(recipe.clone()), None),
         Some(ScopeRecipe::Planned(planned)) => {
             let recipes = planned.layer(layer, kind)?;
@@ -274,7 +269,12 @@ pub(crate) fn layer_recipes(
                 Some(recipes),
             )
         }
-    })
+    };
+    state.follow_recipes(match &planned {
+        Some(recipes) => recipes.all(),
+        None => [recipe.as_ref(); 3],
+    });
+    Ok((recipe, planned))
 }
 
 /// The innermost scope's recipe or plan, if it enables FP8.

@@ -96,12 +96,8 @@ pub fn plain_linear_forward<B: TeBackend>(
                 };
                 let state = linears.layer(&name);
                 // Burn's linear cannot fail: a plan that cannot run this layer stops here, with the plan's error.
-                let (recipe, planned) = autocast::layer_recipes(Some(&scope), &name, None)
+                let (recipe, planned) = autocast::layer_recipes(Some(&scope), &name, None, &state)
                     .unwrap_or_else(|err| panic!("{err}"));
-                state.follow_recipes(match &planned {
-                    Some(recipes) => recipes.all(),
-                    None => [recipe.as_ref(); 3],
-                });
                 let site = GemmSite::new(name, Gemm::Fprop)
                     .with_state_at(&state, generation)
                     .with_recipes(planned);

@@ -121,14 +121,7 @@ pub(crate) fn te_gemm<B: TeBackend, const D: usize>(
     let layer = name.resolve(weight);
     check_features(&layer, "input", &x, in_features)?;
     let scope = active_scope_recipe();
-    let (recipe, planned) = layer_recipes(scope.as_ref(), &layer, Some(kind))?;
-    if scope.is_some() {
-        let all = match &planned {
-            Some(recipes) => recipes.all(),
-            None => [recipe.as_ref(); 3],
-        };
-        fp8_meta.follow_recipes(all);
-    }
+    let (recipe, planned) = layer_recipes(scope.as_ref(), &layer, Some(kind), fp8_meta)?;
     let site = GemmSite::new(layer, Gemm::Fprop)
         .of_kind(kind)
         .with_state(fp8_meta)
