@@ -43,6 +43,9 @@ fn train_step<B: AutodiffBackend + TeBackend>(
 
 fn inputs<B: Backend>(device: &B::Device) -> (TransformerLayer<B>, Tensor<B, 3>, Tensor<B, 3>) {
     let layer = TransformerLayerConfig::new(256, 1024, 4)
+        // No dropout, as the baselines (and PyTorch's layer in the comparisons) have none.
+        .with_hidden_dropout(0.0)
+        .with_attention_dropout(0.0)
         .with_name(Some("layer".into()))
         .init::<B>(device);
     let x = Tensor::random([32, 8, 256], Distribution::Normal(0.0, 1.0), device);

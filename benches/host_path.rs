@@ -57,6 +57,9 @@ fn gemm(c: &mut Criterion) {
 fn inputs<B: Backend>(hidden: usize) -> (TransformerLayer<B>, Tensor<B, 3>, Tensor<B, 3>) {
     let device = Default::default();
     let layer = TransformerLayerConfig::new(hidden, 4 * hidden, 4)
+        // No dropout, as the baselines (and PyTorch's layer in the comparisons) have none.
+        .with_hidden_dropout(0.0)
+        .with_attention_dropout(0.0)
         .with_name(Some("layer".into()))
         .init::<B>(&device);
     let x = Tensor::random([32, 8, hidden], Distribution::Normal(0.0, 1.0), &device);

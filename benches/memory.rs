@@ -192,7 +192,11 @@ fn inputs<B: Backend>(size: Size, device: &B::Device) -> (Tensor<B, 3>, Tensor<B
 }
 
 fn layer<B: Backend>(size: Size, device: &B::Device) -> TransformerLayer<B> {
-    TransformerLayerConfig::new(size.hidden, 4 * size.hidden, size.hidden / 64).init::<B>(device)
+    TransformerLayerConfig::new(size.hidden, 4 * size.hidden, size.hidden / 64)
+        // No dropout, as the baselines (and PyTorch's layer in the comparisons) have none.
+        .with_hidden_dropout(0.0)
+        .with_attention_dropout(0.0)
+        .init::<B>(device)
 }
 
 /// Held and peak bytes of a step (after a warm-up step), and what the GEMMs kept.

@@ -48,7 +48,11 @@ fn bench_step<B: AutodiffBackend + TeBackend<Device = WgpuDevice>>(
     fp8: bool,
 ) {
     let device = WgpuDevice::default();
-    let layer = TransformerLayerConfig::new(hidden, ffn, heads).init::<B>(&device);
+    let layer = TransformerLayerConfig::new(hidden, ffn, heads)
+        // No dropout, as the baselines (and PyTorch's layer in the comparisons) have none.
+        .with_hidden_dropout(0.0)
+        .with_attention_dropout(0.0)
+        .init::<B>(&device);
     let x = Tensor::<B, 3>::random(
         [seq, batch, hidden],
         Distribution::Normal(0.0, 1.0),

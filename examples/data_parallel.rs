@@ -134,7 +134,10 @@ fn train<B: AutodiffBackend + TeBackend>(
 
     // The same initial parameters at every rank (the same seed).
     B::seed(device, 0);
+    // No dropout: `--nproc 1` must give the same losses, and each rank would draw its own masks.
     let mut layer = TransformerLayerConfig::new(HIDDEN_SIZE, HIDDEN_SIZE, NUM_ATTENTION_HEADS)
+        .with_hidden_dropout(0.0)
+        .with_attention_dropout(0.0)
         .with_name(Some("transformer_layer".into()))
         .try_init::<B>(device)?;
     let mut optimizer = SgdConfig::new().init();

@@ -38,8 +38,11 @@ const NUM_ATTENTION_HEADS: usize = 8;
 const INPUT_SHAPE: [usize; 3] = [10, 16, HIDDEN_SIZE];
 const LOG_DIR: &str = "./log/distributed";
 
+/// No dropout: the peers' losses are compared, and each peer would draw its own masks.
 fn layer_config() -> TransformerLayerConfig {
     TransformerLayerConfig::new(HIDDEN_SIZE, HIDDEN_SIZE, NUM_ATTENTION_HEADS)
+        .with_hidden_dropout(0.0)
+        .with_attention_dropout(0.0)
         .with_name(Some("transformer_layer".into()))
 }
 

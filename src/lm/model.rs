@@ -36,6 +36,10 @@ pub struct CharGptConfig {
     /// MLP width.
     #[config(default = 512)]
     pub ffn: usize,
+    /// Dropout probability of the layers (TE's `hidden_dropout` and `attention_dropout`). 0 by default: the parity
+    /// study compares recipes, and dropout would add a second source of noise to what it measures.
+    #[config(default = 0.0)]
+    pub dropout: f64,
 }
 
 /// A byte-level GPT. Layer names: `blocks.<i>.self_attention.{layernorm_qkv,proj}`,
@@ -103,6 +107,8 @@ impl CharGptConfig {
                 TransformerLayerConfig::new(self.hidden, self.ffn, self.heads)
                     .with_self_attn_mask_type(AttnMaskType::Causal)
                     .with_attn_input_format(QkvFormat::Bshd)
+                    .with_hidden_dropout(self.dropout)
+                    .with_attention_dropout(self.dropout)
                     .with_name(Some(format!("blocks.{i}")))
                     .try_init(device)
             })

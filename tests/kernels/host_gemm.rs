@@ -426,8 +426,10 @@ fn training_on_every_path_follows_the_f32_path() {
         let losses = with_host_gemm_path(path, || {
             let device = Default::default();
             A::seed(&device, 7);
-            let mut layer: TransformerLayer<A> =
-                TransformerLayerConfig::new(64, 256, 4).init(&device);
+            let mut layer: TransformerLayer<A> = TransformerLayerConfig::new(64, 256, 4)
+                .with_hidden_dropout(0.0)
+                .with_attention_dropout(0.0)
+                .init(&device);
             let mut optim = SgdConfig::new().init();
             let x = Tensor::<A, 3>::random(
                 [16, 4, 64],

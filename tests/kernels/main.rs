@@ -13,6 +13,7 @@ mod debug;
 mod decorator;
 mod diagnostics;
 mod distributed;
+mod dropout;
 mod elementwise;
 mod feature_effects;
 mod fp8_state;

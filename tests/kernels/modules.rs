@@ -199,6 +199,7 @@ fn gemm_modules_in_fp8_within_te_tolerances_of_f32() {
         );
     }
     let attention = MultiheadAttentionConfig::new(64, 8)
+        .with_attention_dropout(0.0)
         .with_num_gqa_groups(Some(2))
         .with_input_layernorm(true)
         .init::<B>(&device);
@@ -208,7 +209,10 @@ fn gemm_modules_in_fp8_within_te_tolerances_of_f32() {
         m.forward(x, None)
     });
     let layer = seeded(
-        TransformerLayerConfig::new(64, 128, 4).init::<B>(&device),
+        TransformerLayerConfig::new(64, 128, 4)
+            .with_hidden_dropout(0.0)
+            .with_attention_dropout(0.0)
+            .init::<B>(&device),
         0.1,
     );
     assert_fp8_close("TransformerLayer", &layer, &x, 0.01, |m, x| {
@@ -483,6 +487,8 @@ fn attention_matches_f64_reference_for_masks_gqa_and_layouts() {
 fn layer_names_explicit_inferred_and_generic() {
     let device = device();
     let layer = TransformerLayerConfig::new(32, 32, 4)
+        .with_hidden_dropout(0.0)
+        .with_attention_dropout(0.0)
         .with_name(Some("transformer_layer".into()))
         .init::<B>(&device);
     let attention = &layer.self_attention;
@@ -546,7 +552,12 @@ fn layer_names_explicit_inferred_and_generic() {
     }
     let model = Model {
         layers: (0..2)
-            .map(|_| TransformerLayerConfig::new(32, 32, 4).init::<B>(&device))
+            .map(|_| {
+                TransformerLayerConfig::new(32, 32, 4)
+                    .with_hidden_dropout(0.0)
+                    .with_attention_dropout(0.0)
+                    .init::<B>(&device)
+            })
             .collect(),
         head: LinearConfig::new(32, 4).init(&device),
     };
@@ -608,6 +619,8 @@ fn shape_and_config_errors_name_the_module() {
     );
 
     let layer = TransformerLayerConfig::new(32, 32, 4)
+        .with_hidden_dropout(0.0)
+        .with_attention_dropout(0.0)
         .with_self_attn_mask_type(AttnMaskType::Padding)
         .init::<B>(&device);
     let message = layer
@@ -627,6 +640,8 @@ fn shape_and_config_errors_name_the_module() {
     );
 
     let message = TransformerLayerConfig::new(30, 32, 4)
+        .with_hidden_dropout(0.0)
+        .with_attention_dropout(0.0)
         .try_init::<B>(&device)
         .unwrap_err()
         .to_string();
@@ -635,6 +650,8 @@ fn shape_and_config_errors_name_the_module() {
         "{message}"
     );
     let message = TransformerLayerConfig::new(32, 32, 4)
+        .with_hidden_dropout(0.0)
+        .with_attention_dropout(0.0)
         .with_num_gqa_groups(Some(3))
         .try_init::<B>(&device)
         .unwrap_err()
@@ -652,7 +669,9 @@ fn two_layer_transformer_stack_trains_in_fp8() {
     struct Stack<B: Backend> {
         layers: Vec<TransformerLayer<B>>,
     }
-    let config = TransformerLayerConfig::new(32, 64, 4);
+    let config = TransformerLayerConfig::new(32, 64, 4)
+        .with_hidden_dropout(0.0)
+        .with_attention_dropout(0.0);
     let mut model = Stack {
         layers: (0..2).map(|_| config.init::<B>(&device)).collect(),
     };
@@ -707,9 +726,13 @@ fn two_layer_transformer_stack_trains_in_fp8() {
 #[test]
 fn transformer_layer_trains_in_nvfp4_close_to_f32() {
     let device = device();
-    let config = TransformerLayerConfig::new(64, 256, 4);
+    let config = TransformerLayerConfig::new(64, 256, 4)
+        .with_hidden_dropout(0.0)
+        .with_attention_dropout(0.0);
     let student = seeded(config.init::<B>(&device), 0.1);
     let teacher = TransformerLayerConfig::new(64, 256, 4)
+        .with_hidden_dropout(0.0)
+        .with_attention_dropout(0.0)
         .init::<B>(&device)
         .map(&mut Reinit {
             rng: Rng::new(7),
@@ -839,7 +862,9 @@ fn transformer_layer_trains_the_same_on_burns_fused_wgpu() {
     use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
     type Fused = Autodiff<Te<burn::backend::Wgpu>>;
     let device = device();
-    let config = TransformerLayerConfig::new(64, 128, 4);
+    let config = TransformerLayerConfig::new(64, 128, 4)
+        .with_hidden_dropout(0.0)
+        .with_attention_dropout(0.0);
     let layer = seeded(config.init::<B>(&device), 0.1);
     let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
     let bytes = recorder.record(layer.clone().into_record(), ()).unwrap();

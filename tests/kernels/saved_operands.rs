@@ -93,6 +93,8 @@ pub(crate) fn counter(name: &str) -> u64 {
 /// A TransformerLayer named `block` with seeded weights.
 pub(crate) fn model<A: AutodiffBackend + TeBackend<Device = WgpuDevice>>() -> TransformerLayer<A> {
     let layer: TransformerLayer<A> = TransformerLayerConfig::new(HIDDEN, FFN, 4)
+        .with_hidden_dropout(0.0)
+        .with_attention_dropout(0.0)
         .init::<A>(&device())
         .map(&mut Reinit(Rng::new(7)));
     infer_layer_names(&layer, "block");

@@ -1,13 +1,14 @@
 //! `DotProductAttention`: `softmax(q·kᵀ · scale + mask) · v` per head, with grouped-query heads, causal and padding
-//! masks and TE's `sbhd` / `bshd` layouts (TE's `te.DotProductAttention`). It runs in high precision, also inside
-//! an autocast scope, as TE does by default.
+//! masks, dropout on the attention probabilities and TE's `sbhd` / `bshd` layouts (TE's `te.DotProductAttention`).
+//! It runs in high precision, also inside an autocast scope, as TE does by default.
 
+use burn::nn::Dropout;
 use burn::prelude::*;
 use burn::tensor::TensorData;
 use burn::tensor::activation::softmax;
 
 use super::names::LayerName;
-use super::{config_error, or_panic};
+use super::{config_error, dropout, or_panic};
 use crate::autocast::high_precision_guard;
 use crate::backend::TeBackend;
 use crate::error::TeError;
@@ -64,6 +65,9 @@ pub struct DotProductAttentionConfig {
     /// Softmax scale; `None`: `1/√kv_channels`.
     #[config(default = "None")]
     pub softmax_scale: Option<f64>,
+    /// Dropout probability of the attention probabilities while training (TE's default for this module: 0).
+    #[config(default = 0.0)]
+    pub attention_dropout: f64,
     /// The layer's name (see [`names`](super::names)).
     #[config(default = "None")]
     pub name: Option<String>,
@@ -72,6 +76,8 @@ pub struct DotProductAttentionConfig {
 /// Scaled dot-product attention (no parameters).
 #[derive(Module, Debug)]
 pub struct DotProductAttention<B: Backend> {
+    /// Dropout of the attention probabilities (active on autodiff backends only, as Burn's `Dropout`).
+    pub attention_dropout: Dropout,
     heads: usize,
     groups: usize,
     head_dim: usize,
@@ -91,7 +97,8 @@ impl DotProductAttentionConfig {
         or_panic(self.try_init())
     }
 
-    /// Attention as configured, or an error when the GQA groups do not divide the heads or a size is zero.
+    /// Attention as configured, or an error when the GQA groups do not divide the heads, a size is zero or the
+    /// dropout probability is outside `[0, 1)`.
     pub fn try_init<B: Backend>(&self) -> Result<DotProductAttention<B>, TeError> {
         self.try_init_named(LayerName::root(
             self.name.as_deref(),
@@ -124,6 +131,7 @@ impl DotProductAttentionConfig {
             ));
         }
         Ok(DotProductAttention {
+            attention_dropout: dropout(module, "attention_dropout", self.attention_dropout)?,
             heads: self.num_attention_heads,
             groups,
             head_dim: self.kv_channels,
@@ -202,6 +210,7 @@ impl<B: TeBackend> DotProductAttention<B> {
                 }
             }
         };
+        let probs = self.attention_dropout.forward(probs);
         let context = probs.matmul(v); // [b, h, s, d]
         let width = self.heads * self.head_dim;
         Ok(match self.format {

@@ -71,6 +71,18 @@ pub(crate) fn check_features<B: Backend, const D: usize>(
     Ok(())
 }
 
+/// Burn's `Dropout` with probability `prob` of config key `key`, or an error unless `0 ≤ prob < 1` (at 1 the
+/// survivors' scale `1/(1 - prob)` is infinite).
+pub(crate) fn dropout(module: &str, key: &str, prob: f64) -> Result<burn::nn::Dropout, TeError> {
+    if !(0.0..1.0).contains(&prob) {
+        return Err(config_error(
+            module,
+            format!("{key} must be in [0, 1), got {prob}"),
+        ));
+    }
+    Ok(burn::nn::DropoutConfig::new(prob).init())
+}
+
 /// A config error of `module`.
 pub(crate) fn config_error(module: &str, reason: impl Into<String>) -> TeError {
     TeError::InvalidConfig {

@@ -33,6 +33,9 @@ pub struct MultiheadAttentionConfig {
     /// The attention mask.
     #[config(default = "AttnMaskType::Causal")]
     pub attn_mask_type: AttnMaskType,
+    /// Dropout probability of the attention probabilities while training (TE's default: 0.1).
+    #[config(default = 0.1)]
+    pub attention_dropout: f64,
     /// Layout of the input and output: `sbhd` is `[seq, batch, hidden]`, `bshd` is `[batch, seq, hidden]`.
     #[config(default = "QkvFormat::Sbhd")]
     pub attn_input_format: QkvFormat,
@@ -116,6 +119,7 @@ impl MultiheadAttentionConfig {
             .with_num_gqa_groups(self.num_gqa_groups)
             .with_attn_mask_type(self.attn_mask_type)
             .with_qkv_format(self.attn_input_format)
+            .with_attention_dropout(self.attention_dropout)
             .try_init_named(name.child("core_attention", None))?;
         let groups = self.num_gqa_groups.unwrap_or(heads);
         let qkv_width = (heads + 2 * groups) * head_dim;

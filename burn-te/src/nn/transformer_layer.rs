@@ -2,8 +2,13 @@
 //! `te.TransformerLayer`, encoder layer). GEMM names, for a layer named `transformer_layer`:
 //! `transformer_layer.self_attention.layernorm_qkv`, `transformer_layer.self_attention.proj`,
 //! `transformer_layer.layernorm_mlp.fc1` and `transformer_layer.layernorm_mlp.fc2`.
+//!
+//! Dropout as in TE: `hidden_dropout` on each block's output before its residual add, `attention_dropout` on the
+//! attention probabilities; both 0.1 by default, active on autodiff backends only (Burn's `Dropout`: off under
+//! `model.valid()`), drawn from the backend's random generator (`B::seed` makes runs repeat).
 
 use burn::module::Initializer;
+use burn::nn::Dropout;
 use burn::prelude::*;
 
 use super::activation::Activation;
@@ -12,7 +17,7 @@ use super::layernorm_mlp::{LayerNormMLP, LayerNormMLPConfig};
 use super::multihead_attention::{MultiheadAttention, MultiheadAttentionConfig};
 use super::names::LayerName;
 use super::norm::Normalization;
-use super::or_panic;
+use super::{dropout, or_panic};
 use crate::backend::TeBackend;
 use crate::error::TeError;
 
@@ -40,6 +45,12 @@ pub struct TransformerLayerConfig {
     /// Both normalizations' γ are zero-centred.
     #[config(default = false)]
     pub zero_centered_gamma: bool,
+    /// Dropout probability of each block's output before its residual add, while training (TE's default: 0.1).
+    #[config(default = 0.1)]
+    pub hidden_dropout: f64,
+    /// Dropout probability of the attention probabilities while training (TE's default: 0.1).
+    #[config(default = 0.1)]
+    pub attention_dropout: f64,
     /// The MLP activation.
     #[config(default = "Activation::Gelu")]
     pub activation: Activation,
@@ -60,14 +71,16 @@ pub struct TransformerLayerConfig {
     pub initializer: Initializer,
 }
 
-/// A transformer (encoder) layer: `h = x + attn(x)`, `out = h + mlp(h)`, with the normalizations fused into the
-/// first GEMM of each block.
+/// A transformer (encoder) layer: `h = x + dropout(attn(x))`, `out = h + dropout(mlp(h))`, with the
+/// normalizations fused into the first GEMM of each block.
 #[derive(Module, Debug)]
 pub struct TransformerLayer<B: Backend> {
     /// The self-attention block (input normalization, QKV, attention, projection).
     pub self_attention: MultiheadAttention<B>,
     /// The MLP block (normalization, FC1, activation, FC2).
     pub layernorm_mlp: LayerNormMLP<B>,
+    /// Dropout of each block's output before its residual add (`hidden_dropout`).
+    pub hidden_dropout: Dropout,
 }
 
 impl TransformerLayerConfig {
@@ -76,7 +89,8 @@ impl TransformerLayerConfig {
         or_panic(self.try_init(device))
     }
 
-    /// A transformer layer on `device`, or an error naming the inconsistent sizes.
+    /// A transformer layer on `device`, or an error naming the inconsistent sizes or a dropout probability outside
+    /// `[0, 1)`.
     pub fn try_init<B: Backend>(&self, device: &B::Device) -> Result<TransformerLayer<B>, TeError> {
         let name = LayerName::root(self.name.as_deref(), "transformer_layer");
         let self_attention =
@@ -86,6 +100,7 @@ impl TransformerLayerConfig {
                 .with_layernorm_epsilon(self.layernorm_epsilon)
                 .with_attn_mask_type(self.self_attn_mask_type)
                 .with_attn_input_format(self.attn_input_format)
+                .with_attention_dropout(self.attention_dropout)
                 .with_input_layernorm(true)
                 .with_normalization(self.normalization)
                 .with_zero_centered_gamma(self.zero_centered_gamma)
@@ -103,6 +118,7 @@ impl TransformerLayerConfig {
         Ok(TransformerLayer {
             self_attention,
             layernorm_mlp,
+            hidden_dropout: dropout(&name.to_string(), "hidden_dropout", self.hidden_dropout)?,
         })
     }
 }
@@ -125,8 +141,10 @@ impl<B: TeBackend> TransformerLayer<B> {
         x: Tensor<B, 3>,
         attention_mask: Option<Tensor<B, 2, Bool>>,
     ) -> Result<Tensor<B, 3>, TeError> {
-        let hidden = x.clone() + self.self_attention.try_forward(x, attention_mask)?;
-        Ok(hidden.clone() + self.layernorm_mlp.try_forward(hidden)?)
+        let attention = self.self_attention.try_forward(x.clone(), attention_mask)?;
+        let hidden = x + self.hidden_dropout.forward(attention);
+        let mlp = self.layernorm_mlp.try_forward(hidden.clone())?;
+        Ok(hidden + self.hidden_dropout.forward(mlp))
     }
 
     /// The layer's name (its GEMMs are named below it).
