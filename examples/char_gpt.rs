@@ -14,13 +14,8 @@
 //!   (arrows switch metrics, `q` stops training early); otherwise the loss is printed every 10% of an epoch.
 //!   Checkpoints and metric logs: `/tmp/burn-te-char-gpt/`; debug logs: `/tmp/burn-te-char-gpt/log/`.
 //!
-//! Run: `cargo run --release --example char_gpt -- [PATH] [options]` (CUDA with `--features cuda`, else wgpu,
-//! else the CPU host path; `BURN_TE_DEVICE=cpu` forces the latter). Options:
-//!
-//! `--recipe f32|delayed|current|block|mxfp8|nvfp4|nvfp4-plain` (default f32), `--steps N` (steps per epoch, default 600),
-//! `--epochs N` (1), `--batch N` (16), `--lr X` (3e-3), `--context N` (64), `--hidden N` (128), `--layers N` (2),
-//! `--heads N` (4), `--seed N` (0), `--prompt TEXT` ("The "), `--sample N` (bytes to generate, 300),
-//! `--temperature X` (0.8; 0 is greedy), `--config FILE`.
+//! Run: `cargo run --release --example char_gpt -- [PATH] [OPTIONS]` (CUDA with `--features cuda`, else wgpu,
+//! else the CPU host path; `BURN_TE_DEVICE=cpu` forces the latter); `--help` lists the options and their defaults.
 //!
 //! Bad input (a missing or empty path, a directory without text files, a corpus too short for the context, a bad
 //! option) prints `error: <what is wrong>` and exits with status 1.
@@ -38,12 +33,11 @@ use burn::optim::AdamConfig;
 use burn::prelude::*;
 use burn::record::CompactRecorder;
 use burn::tensor::backend::AutodiffBackend;
-use burn_te::{Recipe, Te, TeBackend};
+use burn_te::{Te, TeBackend};
 use burn_te_debug::train::TrainStats;
 use burn_te_debug::{Debug, DebugConfig};
-use burn_te_suite::lm::{
-    CharGpt, CharGptConfig, Corpus, LmBatch, LmBatcher, Split, Windows, recipe_named,
-};
+use burn_te_suite::cli::{ModelArgs, at_least_one, progress, recipe_name};
+use burn_te_suite::lm::{CharGpt, Corpus, LmBatch, LmBatcher, Split, Windows, recipe_named};
 use burn_train::metric::{
     AccuracyMetric, LossMetric, MetricDefinition, MetricId, PerplexityMetric,
 };
@@ -54,6 +48,8 @@ use burn_train::renderer::{
 use burn_train::{
     ClassificationOutput, InferenceStep, Learner, SupervisedTraining, TrainOutput, TrainStep,
 };
+use clap::Parser;
+use indicatif::ProgressBar;
 
 type Error = Box<dyn std::error::Error>;
 
@@ -62,147 +58,64 @@ const DEFAULT_CORPUS: &str = "/usr/share/games/fortunes";
 /// Validation windows (per evaluation).
 const VALID_WINDOWS: usize = 512;
 
-/// A bad command line.
-#[derive(Debug, thiserror::Error)]
-enum ArgError {
-    #[error("unknown option {0} (the options are listed in examples/char_gpt.rs)")]
-    Unknown(String),
-    #[error("{0} needs a value")]
-    MissingValue(String),
-    #[error("{flag} {value}: {reason}")]
-    Invalid {
-        flag: String,
-        value: String,
-        reason: String,
-    },
-    #[error("two corpus paths given: {0} and {1} (name one file or directory)")]
-    TwoPaths(String, String),
-    #[error(
-        "no corpus given and {DEFAULT_CORPUS} does not exist: name a UTF-8 text file or directory \
-         (or `apt-get install fortunes`)"
-    )]
-    NoCorpus,
-}
-
-/// The command line.
-#[derive(Debug)]
+/// A byte-level GPT (TE modules) trained on any UTF-8 text with burn-train's Learner, in f32 or under an FP8
+/// recipe; then text sampled from it. CUDA with `--features cuda`, else wgpu, else the CPU host path
+/// (BURN_TE_DEVICE=cpu forces it). Checkpoints and metric logs: /tmp/burn-te-char-gpt/.
+#[derive(Parser, Debug)]
+#[command(version)]
 struct Args {
+    /// A text file or a directory of text files (`apt-get install fortunes` for the default).
+    #[arg(default_value = DEFAULT_CORPUS)]
     path: PathBuf,
-    recipe: Option<Recipe>,
-    recipe_name: String,
+    /// The recipe of every GEMM (f32, delayed, current, block, mxfp8, nvfp4, nvfp4-plain).
+    #[arg(long, default_value = "f32", value_parser = recipe_name)]
+    recipe: String,
+    /// Steps per epoch.
+    #[arg(long, default_value_t = 600, value_parser = at_least_one)]
     steps: usize,
+    /// Epochs.
+    #[arg(long, default_value_t = 1, value_parser = at_least_one)]
     epochs: usize,
+    /// Sequences per batch.
+    #[arg(long, default_value_t = 16, value_parser = at_least_one)]
     batch: usize,
+    /// Learning rate (Adam).
+    #[arg(long, default_value_t = 3e-3, value_parser = positive)]
     lr: f64,
-    context: usize,
-    hidden: usize,
-    layers: usize,
-    heads: usize,
+    /// Seed of the weights, the batch order and the sampling.
+    #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// The text the sample starts from.
+    #[arg(long, default_value = "The ")]
     prompt: String,
+    /// Bytes to generate after training.
+    #[arg(long, default_value_t = 300)]
     sample: usize,
+    /// Sampling temperature (0 is greedy).
+    #[arg(long, default_value_t = 0.8, value_parser = non_negative)]
     temperature: f64,
+    /// A debug config in TE's format: its precision stats become metrics of the dashboard (e.g.
+    /// examples/learner_dashboard_config.yaml).
+    #[arg(long, value_name = "FILE")]
     config: Option<String>,
+    #[command(flatten)]
+    model: ModelArgs,
 }
 
-impl Args {
-    fn parse(args: impl IntoIterator<Item = String>) -> Result<Self, ArgError> {
-        let mut parsed = Args {
-            path: PathBuf::new(),
-            recipe: None,
-            recipe_name: "f32".into(),
-            steps: 600,
-            epochs: 1,
-            batch: 16,
-            lr: 3e-3,
-            context: 64,
-            hidden: 128,
-            layers: 2,
-            heads: 4,
-            seed: 0,
-            prompt: "The ".into(),
-            sample: 300,
-            temperature: 0.8,
-            config: None,
-        };
-        let mut path: Option<String> = None;
-        let mut args = args.into_iter();
-        while let Some(arg) = args.next() {
-            if !arg.starts_with("--") {
-                match path {
-                    Some(first) => return Err(ArgError::TwoPaths(first, arg)),
-                    None => path = Some(arg),
-                }
-                continue;
-            }
-            let value = args
-                .next()
-                .ok_or_else(|| ArgError::MissingValue(arg.clone()))?;
-            let invalid = |reason: &str| ArgError::Invalid {
-                flag: arg.clone(),
-                value: value.clone(),
-                reason: reason.into(),
-            };
-            let count = |min: usize| {
-                value
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|&n| n >= min)
-                    .ok_or_else(|| invalid(&format!("expected a whole number of at least {min}")))
-            };
-            match arg.as_str() {
-                "--recipe" => {
-                    parsed.recipe = recipe_named(&value).map_err(|err| invalid(&err))?;
-                    parsed.recipe_name = value.clone();
-                }
-                "--steps" => parsed.steps = count(1)?,
-                "--epochs" => parsed.epochs = count(1)?,
-                "--batch" => parsed.batch = count(1)?,
-                "--context" => parsed.context = count(1)?,
-                "--hidden" => parsed.hidden = count(1)?,
-                "--layers" => parsed.layers = count(1)?,
-                "--heads" => parsed.heads = count(1)?,
-                "--sample" => parsed.sample = count(0)?,
-                "--seed" => {
-                    parsed.seed = value
-                        .parse()
-                        .map_err(|_| invalid("expected a whole number"))?
-                }
-                "--lr" => {
-                    parsed.lr = value
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|lr| lr.is_finite() && *lr > 0.0)
-                        .ok_or_else(|| invalid("expected a positive number"))?
-                }
-                "--temperature" => {
-                    parsed.temperature = value
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|t| t.is_finite() && *t >= 0.0)
-                        .ok_or_else(|| invalid("expected a number >= 0"))?
-                }
-                "--prompt" => parsed.prompt = value,
-                "--config" => parsed.config = Some(value),
-                _ => return Err(ArgError::Unknown(arg)),
-            }
-        }
-        parsed.path = match path {
-            Some(path) => path.into(),
-            None if std::path::Path::new(DEFAULT_CORPUS).exists() => DEFAULT_CORPUS.into(),
-            None => return Err(ArgError::NoCorpus),
-        };
-        Ok(parsed)
-    }
+fn positive(value: &str) -> Result<f64, String> {
+    value
+        .parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite() && *x > 0.0)
+        .ok_or_else(|| format!("expected a positive number, got {value:?}"))
+}
 
-    fn model(&self) -> CharGptConfig {
-        CharGptConfig::new()
-            .with_context(self.context)
-            .with_hidden(self.hidden)
-            .with_layers(self.layers)
-            .with_heads(self.heads)
-            .with_ffn(4 * self.hidden)
-    }
+fn non_negative(value: &str) -> Result<f64, String> {
+    value
+        .parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite() && *x >= 0.0)
+        .ok_or_else(|| format!("expected a number >= 0, got {value:?}"))
 }
 
 /// The model as burn-train trains it: [`CharGpt`] with the training and validation steps.
@@ -278,10 +191,10 @@ where
     B::InnerBackend: TeBackend,
 {
     B::seed(device, args.seed);
-    let config = args.model();
+    let config = args.model.config();
     let model = config
         .try_init::<B>(device)?
-        .with_recipe(args.recipe.clone());
+        .with_recipe(recipe_named(&args.recipe)?);
     std::fs::create_dir_all(ARTIFACTS)?;
     config.save(format!("{ARTIFACTS}/model.json"))?;
     let train = split
@@ -332,7 +245,7 @@ where
         .num_epochs(args.epochs)
         .summary();
     if !std::io::stdout().is_terminal() {
-        training = training.renderer(Lines::new(steps.div_ceil(10)));
+        training = training.renderer(Lines::new(steps.div_ceil(10), steps * args.epochs));
     }
     let optimizer = AdamConfig::new()
         .with_grad_clipping(Some(GradientClippingConfig::Norm(1.0)))
@@ -367,9 +280,11 @@ where
     Ok(())
 }
 
-/// Progress lines without a terminal: the training loss every `every` steps, the validation loss per epoch.
+/// Progress lines when stdout is not a terminal: the training loss every `every` steps, the validation loss per
+/// epoch, and a progress bar with an ETA on stderr when that is a terminal.
 struct Lines {
     every: usize,
+    bar: ProgressBar,
     names: HashMap<MetricId, String>,
     train_loss: Option<String>,
     /// The running validation loss of the epoch being validated, until it is printed.
@@ -377,9 +292,10 @@ struct Lines {
 }
 
 impl Lines {
-    fn new(every: usize) -> Self {
+    fn new(every: usize, total: usize) -> Self {
         Self {
             every: every.max(1),
+            bar: progress(total as u64, "char_gpt"),
             names: HashMap::new(),
             train_loss: None,
             valid_loss: None,
@@ -396,7 +312,7 @@ impl Lines {
     /// Prints the last validation's loss once it is over.
     fn flush_valid(&mut self) {
         if let Some(loss) = self.valid_loss.take() {
-            println!("validation loss {loss}");
+            self.bar.suspend(|| println!("validation loss {loss}"));
         }
     }
 }
@@ -421,10 +337,15 @@ impl MetricsRendererTraining for Lines {
         };
         let step = item.iteration.unwrap_or(progress.items_processed);
         let epoch = item.global_progress.items_processed;
+        self.bar.set_position(step as u64);
+        if let Some(loss) = &self.train_loss {
+            self.bar.set_message(format!("loss {loss}"));
+        }
         if (step.is_multiple_of(self.every) || progress.items_processed == progress.items_total)
             && let Some(loss) = &self.train_loss
         {
-            println!("epoch {epoch} step {step}: train loss {loss}");
+            self.bar
+                .suspend(|| println!("epoch {epoch} step {step}: train loss {loss}"));
         }
     }
 
@@ -435,6 +356,7 @@ impl MetricsRendererTraining for Lines {
         summary: Option<burn_train::LearnerSummary>,
     ) -> Result<(), Box<dyn std::error::Error>> {
         self.flush_valid();
+        self.bar.finish_and_clear();
         if let Some(summary) = summary {
             println!("{summary}");
         }
@@ -461,23 +383,37 @@ fn main() {
 }
 
 fn try_main() -> Result<(), Error> {
-    let args = Args::parse(std::env::args().skip(1))?;
+    let args = Args::parse();
+    if args.path.as_os_str() == DEFAULT_CORPUS && !args.path.exists() {
+        return Err(format!(
+            "no corpus given and {DEFAULT_CORPUS} does not exist: name a UTF-8 text file or directory \
+             (or `apt-get install fortunes`)"
+        )
+        .into());
+    }
     let corpus = Corpus::load(&args.path)?;
-    let split = corpus.split(args.context)?;
+    let model = args.model.config();
+    let split = corpus.split(model.context)?;
     println!(
         "corpus: {} ({} files, {} bytes); windows of {} bytes: {} training, {} validation",
         args.path.display(),
         corpus.files().len(),
         corpus.len(),
-        args.context + 1,
+        model.context + 1,
         split.train.len(),
         split.valid.len()
     );
     // Checks the sizes before a device starts.
-    args.model().try_init::<Flex>(&Default::default())?;
+    model.try_init::<Flex>(&Default::default())?;
     println!(
-        "model: context {}, hidden {}, {} layers, {} heads; recipe {}",
-        args.context, args.hidden, args.layers, args.heads, args.recipe_name
+        "model: context {}, hidden {}, {} layers, {} heads, ffn {}, dropout {}; recipe {}",
+        model.context,
+        model.hidden,
+        model.layers,
+        model.heads,
+        model.ffn,
+        model.dropout,
+        args.recipe
     );
 
     let debug = DebugConfig::new()

@@ -14,7 +14,7 @@
 //! The global batch of each step is the same whatever the number of processes (rank r takes rows r·b..(r+1)·b), so
 //! `--nproc 1` trains the same model on the whole batch in one process: compare the losses.
 //!
-//! Run: `cargo run --release --example data_parallel -- --nproc 2` (`--iterations N`, default 5).
+//! Run: `cargo run --release --example data_parallel -- --nproc 2` (`--help` lists the flags).
 //! Two machines: `--rank 0 --world-size 2 --address host-a:29500` on host-a, `--rank 1 ...` on host-b.
 
 use std::path::{Path, PathBuf};
@@ -25,11 +25,13 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use burn_te::distributed::launch::Launch;
+use burn_te::distributed::launch::{Launch, LaunchArgs};
 use burn_te::distributed::{Peer, PeerConfig};
 use burn_te::nn::TransformerLayerConfig;
 use burn_te::{DelayedScaling, Te, TeBackend, fp8_autocast};
 use burn_te_debug::{Debug, DebugOptions};
+use burn_te_suite::cli::at_least_one;
+use clap::Parser;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -43,15 +45,27 @@ fn main() {
     burn_te_suite::exit_on_error(try_main().map_err(|e| -> Box<dyn std::error::Error> { e }));
 }
 
+/// Data-parallel training across processes, launched as torchrun launches PyTorch's DDP: the getting-started
+/// TransformerLayer trained by N processes, each with its shard of every batch (the same global batch whatever N, so
+/// `--nproc 1` gives the losses to compare with).
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Training iterations.
+    #[arg(long, default_value_t = 5, value_parser = at_least_one)]
+    iterations: usize,
+    #[command(flatten)]
+    launch: LaunchArgs,
+}
+
 fn try_main() -> Result<(), Error> {
     // Warnings and errors only (burn-collective's server would otherwise log every transfer at INFO).
     let _ = tracing_subscriber::fmt()
         .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
         .try_init();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (launch, args) = Launch::from_args(&args)?;
-    let iterations: usize = arg(&args, "--iterations").map_or(Ok(5), |v| v.parse())?;
-    let config = match launch {
+    let args = Args::parse();
+    let iterations = args.iterations;
+    let config = match args.launch.launch()? {
         Launch::Local(launcher) => {
             println!(
                 "launching {} processes: {} {}",
@@ -74,11 +88,6 @@ fn try_main() -> Result<(), Error> {
     };
     let rank = config.rank;
     run(config, iterations).map_err(|err| format!("rank {rank}: {err}").into())
-}
-
-fn arg(args: &[String], name: &str) -> Option<String> {
-    let i = args.iter().position(|a| a == name)?;
-    args.get(i + 1).cloned()
 }
 
 fn run(config: PeerConfig, iterations: usize) -> Result<(), Error> {

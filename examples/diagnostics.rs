@@ -87,7 +87,15 @@ fn train<B: AutodiffBackend + TeBackend>(device: &B::Device) -> Result<(), Error
     Ok(())
 }
 
+/// Seed 004's diagnostics on a small MLP whose `hidden` weights overflow at iteration 3: where the first non-finite
+/// value appeared, a snapshot and a Chrome trace under ./diagnostics, and the metrics report.
+/// BURN_TE_EAGER_DEBUG_MODE=1 syncs and checks every op.
+#[derive(clap::Parser, Debug)]
+#[command(version)]
+struct Args {}
+
 fn main() {
+    <Args as clap::Parser>::parse();
     burn_te_suite::exit_on_error(try_main());
 }
 

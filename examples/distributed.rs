@@ -10,8 +10,7 @@
 //!   (`GradientsParams::all_reduce` over burn-collective), so the replicas stay identical.
 //!
 //! It prints each peer's losses and step times, then the reduced statistics as both peers logged them (the same
-//! values), and the per-rank log files. `--peers N` runs N peers (1 for a baseline); `--iterations N` sets the
-//! iterations (default 5); `--no-reduce-amax` keeps each peer's own delayed scales.
+//! values), and the per-rank log files. `--help` lists the flags (`--peers`, `--iterations`, `--no-reduce-amax`).
 //!
 //! Run: `cargo run --example distributed` (add `--release` for speed)
 
@@ -29,6 +28,8 @@ use burn_te::distributed::{Peer, PeerConfig};
 use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
 use burn_te::{DelayedScaling, Te, TeBackend, fp8_autocast};
 use burn_te_debug::{Debug, DebugOptions};
+use burn_te_suite::cli::at_least_one;
+use clap::Parser;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -79,7 +80,8 @@ fn train_peer<B: AutodiffBackend + TeBackend>(
     let target = Tensor::<B, 3>::from_data(target, device);
     let mut optimizer = AdamConfig::new().init();
     let recipe = DelayedScaling {
-        reduce_amax: !flag("--no-reduce-amax"),
+        // The peers are threads of this process: each reads the flag from the command line.
+        reduce_amax: !Args::parse().no_reduce_amax,
         ..DelayedScaling::default()
     };
     let mut report = PeerReport {
@@ -156,14 +158,21 @@ fn train<B: AutodiffBackend + TeBackend>(
     })
 }
 
-fn flag(name: &str) -> bool {
-    std::env::args().any(|a| a == name)
-}
-
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    let i = args.iter().position(|a| a == name)?;
-    args.get(i + 1).cloned()
+/// The getting-started TransformerLayer trained by peers (threads of this process), each with its shard of the
+/// data, under getting_started's debug config: each peer's losses and step times, the statistics both logged (reduced
+/// over the peers) and the per-rank log files.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Peers (1 for a baseline).
+    #[arg(long, default_value_t = 2, value_parser = at_least_one)]
+    peers: usize,
+    /// Training iterations.
+    #[arg(long, default_value_t = 5, value_parser = at_least_one)]
+    iterations: usize,
+    /// Keep each peer's own delayed scales (no amax reduction across the peers).
+    #[arg(long)]
+    no_reduce_amax: bool,
 }
 
 fn main() {
@@ -171,8 +180,8 @@ fn main() {
 }
 
 fn try_main() -> Result<(), Error> {
-    let peers: usize = arg("--peers").map_or(Ok(2), |v| v.parse())?;
-    let iterations: usize = arg("--iterations").map_or(Ok(5), |v| v.parse())?;
+    let args = Args::parse();
+    let (peers, iterations) = (args.peers, args.iterations);
     let config_file: PathBuf = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/examples/getting_started_config.yaml"

@@ -1,34 +1,12 @@
 //! The FP8 parity study: the byte-level GPT of `burn_te_suite::lm` trained on real text in f32 and under every
 //! low-precision recipe, same seed, same batch order, same steps, on the CPU (Flex host path).
 //!
-//! Runs: each recipe of `--recipes` with seed 0; f32 again with seeds 1.. (`--seeds`, default 3) for the
-//! seed-to-seed spread a recipe's gap is compared with; and, with `--advised <file>`, each recipe of
-//! `--advised-recipes` again under that debug config (e.g. the precision advisor's, which keeps chosen GEMMs in
-//! high precision). Recipes: `f32`, `delayed` (DelayedScaling, HYBRID), `current` (Float8CurrentScaling),
-//! `block` (Float8BlockScaling), `mxfp8`, `nvfp4` (TE's NVFP4 recipe: RHT on wgrad, 16×16 weight blocks,
-//! stochastic rounding of gradients) and `nvfp4-plain` (NVFP4 without RHT, stochastic rounding or 2D weight
-//! blocks: the setting where 4 bits visibly hurt).
+//! Runs: each recipe of `--recipes` with seed 0; f32 again with seeds 1.. (`--seeds`) for the seed-to-seed spread
+//! a recipe's gap is compared with; with `--advised`, `--advise` or `--plan`, runs under the precision advisor's
+//! config or recipe plan. The FP8 runs log LogFp8TensorStats and LogQuantizationError of every layer. `--help`
+//! lists every flag with its default; a progress bar with the study's ETA shows on a terminal.
 //!
-//! The FP8 runs log, every `--stats-every` steps, LogFp8TensorStats (underflows%, scale_inv_min, scale_inv_max of
-//! each GEMM input) and LogQuantizationError (SQNR of each GEMM) of every layer. Outputs in `--out` (default
-//! `target/fp8-parity`): `curves.csv` (train and validation loss per step and run), `stats.csv`, `summary.md`
-//! (the table: final validation loss, its ratio to f32, step time, f32's seed spread), `valid_loss.svg` and
-//! `layer_stats_<recipe>.svg`.
-//!
-//! `--advise <recipe>` first runs the precision advisor (`burn_te_debug::advisor`): `--advise-steps` (default 50)
-//! steps of the recipe with its statistics, then writes `advisor.yaml` (the GEMMs to keep in high precision, within
-//! `--budget` of the GEMM FLOPs, default 0.10) and adds the run `<recipe> + advisor` trained under it.
-//!
-//! `--plan <recipe>` runs the advisor's recipe plan (`Advisor::plan`): `--advise-steps` steps of the recipe with
-//! every candidate recipe measured on each GEMM's tensors, then writes `plan.yaml` (per GEMM, the cheapest recipe
-//! whose effective SQNR is at least `--plan-db`, default 10; high precision within `--budget` where none is) and
-//! adds the run `<recipe> + plan` trained under it; `--plan-seeds N` (default 1) also runs the recipe and the plan
-//! with seeds 1..N, for their own seed-to-seed spread (its curve in `valid_loss.svg`, its recipes per GEMM in
-//! `plan_<recipe>.svg`).
-//!
-//! `--replot` draws `valid_loss.svg` again from the `curves.csv` in `--out`.
-//!
-//! Run: `cargo run --release --example fp8_parity -- [corpus] [--steps 400] [--recipes f32,current,...]`
+//! Run: `cargo run --release --example fp8_parity -- [CORPUS] [--steps 400] [--recipes f32,current,...]`
 //! (corpus default `/usr/share/games/fortunes`: `apt-get install fortunes`).
 
 use std::collections::BTreeMap;
@@ -48,147 +26,84 @@ use burn_te::{Recipe, Te};
 use burn_te_debug::advisor::{Advisor, AdvisorOptions, PlanAdvice, PlanBound, PlanOptions};
 use burn_te_debug::stats::StatValue;
 use burn_te_debug::{Debug, DebugOptions, StatLogger};
-use burn_te_suite::lm::{CharGpt, CharGptConfig, Corpus, LmBatcher, Windows, recipe_named};
+use burn_te_suite::cli::{ModelArgs, at_least_one, progress, recipe_name};
+use burn_te_suite::lm::{CharGpt, Corpus, LmBatcher, Windows, recipe_named};
+use clap::Parser;
+use indicatif::ProgressBar;
 
 type Error = Box<dyn std::error::Error>;
 type Inner = Debug<Te<Flex>>;
 type B = Autodiff<Inner>;
 
-/// The study's settings.
+/// The FP8 parity study: the byte-level GPT trained on real text in f32 and under every low-precision recipe (same
+/// seed, batch order and steps, on the CPU), with f32's seed-to-seed spread, the precision advisor and recipe plans.
+/// Outputs in --out: curves.csv, stats.csv, summary.md, valid_loss.svg, layer_stats_<recipe>.svg.
+#[derive(Parser, Debug)]
+#[command(version)]
 struct Args {
+    /// A text file or a directory of text files (`apt-get install fortunes` for the default).
+    #[arg(default_value = "/usr/share/games/fortunes")]
     corpus: PathBuf,
+    /// The recipes to train, seed 0 (f32, delayed, current, block, mxfp8, nvfp4, nvfp4-plain).
+    #[arg(long, value_delimiter = ',', value_parser = recipe_name,
+          default_value = "f32,delayed,current,block,mxfp8,nvfp4")]
     recipes: Vec<String>,
+    /// Training steps of every run.
+    #[arg(long, default_value_t = 400, value_parser = at_least_one)]
     steps: usize,
+    /// f32 runs with seeds 0..N: the seed-to-seed spread a recipe's gap is compared with.
+    #[arg(long, default_value_t = 3)]
     seeds: u64,
+    /// Sequences per batch.
+    #[arg(long, default_value_t = 16, value_parser = at_least_one)]
     batch: usize,
+    /// Steps between validations.
+    #[arg(long, default_value_t = 25, value_parser = at_least_one)]
     eval_every: usize,
+    /// Steps between the FP8 runs' statistics (LogFp8TensorStats, LogQuantizationError).
+    #[arg(long, default_value_t = 25, value_parser = at_least_one)]
     stats_every: usize,
+    /// Validation batches per evaluation.
+    #[arg(long, default_value_t = 16, value_parser = at_least_one)]
     valid_batches: usize,
+    /// Peak learning rate (AdamW; linear warmup over a tenth of the steps, then cosine decay to a tenth).
+    #[arg(long, default_value_t = 2e-3)]
     lr: f64,
-    model: CharGptConfig,
+    /// A debug config to train --advised-recipes under again (e.g. the advisor's advisor.yaml).
+    #[arg(long, value_name = "FILE", help_heading = "Advisor and plans")]
     advised: Option<PathBuf>,
+    /// The recipes to train again under --advised.
+    #[arg(long, value_delimiter = ',', value_parser = recipe_name, default_value = "nvfp4",
+          help_heading = "Advisor and plans")]
     advised_recipes: Vec<String>,
+    /// Run the precision advisor on RECIPE first: it writes advisor.yaml (GEMMs to keep in high precision within
+    /// --budget) and adds the run `RECIPE + advisor`.
+    #[arg(long, value_name = "RECIPE", value_parser = recipe_name, help_heading = "Advisor and plans")]
     advise: Option<String>,
+    /// Run the advisor's recipe plan over RECIPE: it writes plan.yaml (per GEMM the cheapest recipe whose
+    /// effective SQNR is at least --plan-db) and adds the run `RECIPE + plan`.
+    #[arg(long, value_name = "RECIPE", value_parser = recipe_name, help_heading = "Advisor and plans")]
     plan: Option<String>,
+    /// The plan's bound: the least effective SQNR of a GEMM, in dB.
+    #[arg(long, default_value_t = 10.0, help_heading = "Advisor and plans")]
     plan_db: f64,
+    /// Also run the plan's recipe and the plan with seeds 1..N (their own seed-to-seed spread).
+    #[arg(long, default_value_t = 1, help_heading = "Advisor and plans")]
     plan_seeds: u64,
+    /// Steps the advisor measures before it writes its advice or plan.
+    #[arg(long, default_value_t = 50, value_parser = at_least_one, help_heading = "Advisor and plans")]
     advise_steps: usize,
-    replot: bool,
+    /// The share of the GEMM FLOPs the advisor may keep in high precision.
+    #[arg(long, default_value_t = 0.10, help_heading = "Advisor and plans")]
     budget: f64,
+    /// Only draw valid_loss.svg again from the curves.csv in --out.
+    #[arg(long)]
+    replot: bool,
+    /// Where the outputs go.
+    #[arg(long, default_value = "target/fp8-parity")]
     out: PathBuf,
-}
-
-impl Args {
-    fn parse() -> Result<Args, Error> {
-        let mut args = Args {
-            corpus: PathBuf::from("/usr/share/games/fortunes"),
-            recipes: ["f32", "delayed", "current", "block", "mxfp8", "nvfp4"]
-                .map(String::from)
-                .to_vec(),
-            steps: 400,
-            seeds: 3,
-            batch: 16,
-            eval_every: 25,
-            stats_every: 25,
-            valid_batches: 16,
-            lr: 2e-3,
-            model: CharGptConfig::new(),
-            advised: None,
-            advised_recipes: vec!["nvfp4".into()],
-            advise: None,
-            plan: None,
-            plan_db: 10.0,
-            plan_seeds: 1,
-            advise_steps: 50,
-            replot: false,
-            budget: 0.10,
-            out: PathBuf::from("target/fp8-parity"),
-        };
-        let mut it = std::env::args().skip(1);
-        while let Some(arg) = it.next() {
-            let mut value = |name: &str| {
-                it.next().ok_or_else(|| {
-                    format!("{name} needs a value (see the doc comment of examples/fp8_parity.rs)")
-                })
-            };
-            let number = |name: &str, v: String| -> Result<usize, Error> {
-                v.parse()
-                    .map_err(|_| format!("{name}: expected a whole number, got {v:?}").into())
-            };
-            let list = |v: String| {
-                v.split(',')
-                    .map(|s| s.trim().to_string())
-                    .collect::<Vec<_>>()
-            };
-            match arg.as_str() {
-                "--recipes" => args.recipes = list(value("--recipes")?),
-                "--steps" => args.steps = number("--steps", value("--steps")?)?,
-                "--seeds" => args.seeds = number("--seeds", value("--seeds")?)? as u64,
-                "--batch" => args.batch = number("--batch", value("--batch")?)?,
-                "--eval-every" => args.eval_every = number("--eval-every", value("--eval-every")?)?,
-                "--stats-every" => {
-                    args.stats_every = number("--stats-every", value("--stats-every")?)?
-                }
-                "--valid-batches" => {
-                    args.valid_batches = number("--valid-batches", value("--valid-batches")?)?
-                }
-                "--lr" => {
-                    let v = value("--lr")?;
-                    args.lr = v
-                        .parse()
-                        .map_err(|_| format!("--lr: expected a number, got {v:?}"))?
-                }
-                "--context" => args.model.context = number("--context", value("--context")?)?,
-                "--hidden" => args.model.hidden = number("--hidden", value("--hidden")?)?,
-                "--layers" => args.model.layers = number("--layers", value("--layers")?)?,
-                "--heads" => args.model.heads = number("--heads", value("--heads")?)?,
-                "--ffn" => args.model.ffn = number("--ffn", value("--ffn")?)?,
-                "--advised" => args.advised = Some(PathBuf::from(value("--advised")?)),
-                "--advised-recipes" => args.advised_recipes = list(value("--advised-recipes")?),
-                "--advise" => args.advise = Some(value("--advise")?),
-                "--plan" => args.plan = Some(value("--plan")?),
-                "--plan-seeds" => {
-                    args.plan_seeds = number("--plan-seeds", value("--plan-seeds")?)? as u64
-                }
-                "--plan-db" => {
-                    let v = value("--plan-db")?;
-                    args.plan_db = v
-                        .parse()
-                        .map_err(|_| format!("--plan-db: expected a number of dB, got {v:?}"))?
-                }
-                "--advise-steps" => {
-                    args.advise_steps = number("--advise-steps", value("--advise-steps")?)?
-                }
-                "--budget" => {
-                    let v = value("--budget")?;
-                    args.budget = v
-                        .parse()
-                        .map_err(|_| format!("--budget: expected a fraction, got {v:?}"))?
-                }
-                "--out" => args.out = PathBuf::from(value("--out")?),
-                "--replot" => args.replot = true,
-                flag if flag.starts_with("--") => {
-                    return Err(format!("unknown option {flag}").into());
-                }
-                path => args.corpus = PathBuf::from(path),
-            }
-        }
-        for name in args
-            .recipes
-            .iter()
-            .chain(&args.advised_recipes)
-            .chain(&args.advise)
-            .chain(&args.plan)
-        {
-            recipe(name)?;
-        }
-        if args.steps == 0 || args.batch == 0 || args.eval_every == 0 || args.stats_every == 0 {
-            return Err(
-                "--steps, --batch, --eval-every and --stats-every must be at least 1".into(),
-            );
-        }
-        Ok(args)
-    }
+    #[command(flatten)]
+    model: ModelArgs,
 }
 
 /// The recipe of a study name (`None`: f32).
@@ -279,8 +194,10 @@ fn train(
     run: &Run,
     steps: usize,
     log_dir: &Path,
+    bar: &ProgressBar,
 ) -> Result<Measured, Error> {
     let device = Default::default();
+    bar.set_message(run.label.clone());
     B::seed(&device, run.seed);
     let split = corpus.split(args.model.context)?;
     let train = split.train.shuffled(run.seed);
@@ -302,7 +219,7 @@ fn train(
                 .logger(collect.clone()),
         )?;
     }
-    let mut model = args.model.try_init::<B>(&device)?;
+    let mut model = args.model.config().try_init::<B>(&device)?;
     model = match (&run.plan, recipe) {
         (Some(plan), Some(recipe)) => model.with_plan(RecipePlan::load_over(plan, recipe)?),
         (_, recipe) => model.with_recipe(recipe),
@@ -341,11 +258,14 @@ fn train(
             let valid = (step % args.eval_every == 0 || last)
                 .then(|| validate(&model.valid(), &split.valid, args.batch, args.valid_batches));
             if let Some(valid) = valid {
-                println!(
-                    "  {:>16} step {step:>5}  train {loss:.4}  valid {valid:.4}",
-                    run.label
-                );
+                bar.suspend(|| {
+                    println!(
+                        "  {:>16} step {step:>5}  train {loss:.4}  valid {valid:.4}",
+                        run.label
+                    )
+                });
             }
+            bar.inc(1);
             if !loss.is_finite() {
                 return Err(format!("{}: the loss is {loss} at step {step}", run.label).into());
             }
@@ -370,13 +290,13 @@ fn main() {
 }
 
 fn run() -> Result<(), Error> {
-    let args = Args::parse()?;
+    let args = Args::parse();
     if args.replot {
         return replot(&args.out);
     }
     let corpus = Corpus::load(&args.corpus)?;
     println!(
-        "corpus: {} ({} files, {} bytes); model: context {}, hidden {}, {} layers, {} heads, ffn {}; {} steps of {} windows",
+        "corpus: {} ({} files, {} bytes); model: context {}, hidden {}, {} layers, {} heads, ffn {}, dropout {}; {} steps of {} windows",
         args.corpus.display(),
         corpus.files().len(),
         corpus.len(),
@@ -384,10 +304,13 @@ fn run() -> Result<(), Error> {
         args.model.hidden,
         args.model.layers,
         args.model.heads,
-        args.model.ffn,
+        args.model.config().ffn,
+        args.model.dropout,
         args.steps,
         args.batch
     );
+    // The whole study's progress: each probe's steps are added when it starts, the runs' once they are known.
+    let bar = progress(0, "fp8_parity");
     std::fs::create_dir_all(&args.out)?;
     let log_dir = args.out.join("logs");
     std::fs::create_dir_all(&log_dir)?;
@@ -422,7 +345,7 @@ fn run() -> Result<(), Error> {
     }
     if let Some(recipe) = &args.advise {
         // The advisor: K steps of the recipe with its statistics, then the config of its advice.
-        let measured = probe(&args, &corpus, recipe, "advisor", &log_dir)?;
+        let measured = probe(&args, &corpus, recipe, "advisor", &log_dir, &bar)?;
         let options = AdvisorOptions {
             budget: args.budget,
             ..AdvisorOptions::default()
@@ -430,7 +353,7 @@ fn run() -> Result<(), Error> {
         let advice = Advisor::advise(&measured.stats, options);
         let path = args.out.join("advisor.yaml");
         std::fs::write(&path, advice.to_yaml())?;
-        println!("{}advisor: wrote {}", advice.to_yaml(), path.display());
+        bar.suspend(|| println!("{}advisor: wrote {}", advice.to_yaml(), path.display()));
         runs.push(Run {
             label: format!("{recipe} + advisor"),
             recipe: recipe.clone(),
@@ -441,7 +364,7 @@ fn run() -> Result<(), Error> {
     }
     if let Some(recipe) = &args.plan {
         // The plan: K steps of the recipe with every candidate measured, then the plan file.
-        let measured = probe(&args, &corpus, recipe, "plan", &log_dir)?;
+        let measured = probe(&args, &corpus, recipe, "plan", &log_dir, &bar)?;
         let base =
             self::recipe(recipe)?.ok_or("--plan: f32 has no plan (give a low-precision recipe)")?;
         let options = PlanOptions {
@@ -453,7 +376,7 @@ fn run() -> Result<(), Error> {
         let path = args.out.join("plan.yaml");
         std::fs::write(&path, advice.to_yaml())?;
         draw_plan(&args.out.join(format!("plan_{recipe}.svg")), &advice)?;
-        println!("{}plan: wrote {}", advice.to_yaml(), path.display());
+        bar.suspend(|| println!("{}plan: wrote {}", advice.to_yaml(), path.display()));
         runs.push(Run {
             label: format!("{recipe} + plan"),
             recipe: recipe.clone(),
@@ -478,21 +401,25 @@ fn run() -> Result<(), Error> {
             }
         }
     }
+    bar.inc_length((runs.len() * args.steps) as u64);
     let mut results = Vec::new();
     for run in &runs {
-        println!("run: {}", run.label);
+        bar.suspend(|| println!("run: {}", run.label));
         let started = Instant::now();
-        let measured = train(&args, &corpus, run, args.steps, &log_dir)?;
-        println!(
-            "  {} done in {:.0} s, {:.1} ms per step",
-            run.label,
-            started.elapsed().as_secs_f64(),
-            measured.step_ms
-        );
+        let measured = train(&args, &corpus, run, args.steps, &log_dir, &bar)?;
+        bar.suspend(|| {
+            println!(
+                "  {} done in {:.0} s, {:.1} ms per step",
+                run.label,
+                started.elapsed().as_secs_f64(),
+                measured.step_ms
+            )
+        });
         results.push((run, measured));
         // Written after every run: a long study leaves what it has.
         write_outputs(&args, &results)?;
     }
+    bar.finish_and_clear();
     print!("{}", std::fs::read_to_string(args.out.join("summary.md"))?);
     Ok(())
 }
@@ -505,6 +432,7 @@ fn probe(
     recipe: &str,
     what: &str,
     log_dir: &Path,
+    bar: &ProgressBar,
 ) -> Result<Measured, Error> {
     let config = log_dir.join("advisor_stats.yaml");
     std::fs::write(&config, Advisor::config(".*", 1)?)?;
@@ -515,8 +443,9 @@ fn probe(
         config: Some(config),
         plan: None,
     };
-    println!("{what}: {} steps of {recipe}", args.advise_steps);
-    train(args, corpus, &probe, args.advise_steps, log_dir)
+    bar.suspend(|| println!("{what}: {} steps of {recipe}", args.advise_steps));
+    bar.inc_length(args.advise_steps as u64);
+    train(args, corpus, &probe, args.advise_steps, log_dir, bar)
 }
 
 /// Draws `valid_loss.svg` again from the `curves.csv` of an earlier study in `out`.

@@ -57,17 +57,15 @@ fn train<B: AutodiffBackend + TeBackend>(device: &B::Device) -> Result<Vec<f32>,
     Ok(losses)
 }
 
-/// The config file: `--config <file>`, else the docs' config next to this example.
-fn config_file() -> std::path::PathBuf {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == "--config") {
-        Some(i) if i + 1 < args.len() => args[i + 1].clone().into(),
-        _ => concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/examples/getting_started_config.yaml"
-        )
-        .into(),
-    }
+/// TE's getting-started example in Burn: a TransformerLayer trained for five steps in FP8 under a debug config
+/// (LogFp8TensorStats); the stats go to ./log. CUDA with `--features cuda`, else wgpu, else the CPU host path.
+#[derive(clap::Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// The debug config (TE's YAML format).
+    #[arg(long, value_name = "FILE",
+          default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/getting_started_config.yaml"))]
+    config: std::path::PathBuf,
 }
 
 fn main() {
@@ -75,7 +73,8 @@ fn main() {
 }
 
 fn try_main() -> Result<(), Error> {
-    burn_te_debug::initialize(DebugOptions::new(config_file()).log_dir("./log"))?;
+    let args = <Args as clap::Parser>::parse();
+    burn_te_debug::initialize(DebugOptions::new(args.config).log_dir("./log"))?;
     run()?;
     burn_te_debug::end()?;
     println!("debug logs: ./log/nvdlfw_inspect_logs and ./log/nvdlfw_inspect_statistics_logs");

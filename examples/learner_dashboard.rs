@@ -225,11 +225,18 @@ where
     Ok(())
 }
 
-/// The value after `flag`, if given.
-fn arg(flag: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    let i = args.iter().position(|a| a == flag)?;
-    args.get(i + 1).cloned()
+/// A tiny language model trained with burn-train's Learner and dashboard, the precision stats of a TE debug config
+/// (LogFp8TensorStats, LogTensorStats) shown as metrics beside the loss and written to TensorBoard under ./log.
+#[derive(clap::Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Epochs.
+    #[arg(long, default_value_t = 3, value_parser = burn_te_suite::cli::at_least_one)]
+    epochs: usize,
+    /// The debug config (TE's YAML format).
+    #[arg(long, value_name = "FILE",
+          default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/learner_dashboard_config.yaml"))]
+    config: String,
 }
 
 fn main() {
@@ -237,14 +244,10 @@ fn main() {
 }
 
 fn try_main() -> Result<(), Error> {
-    let epochs = arg("--epochs").map_or(Ok(3), |e| e.parse())?;
-    let config_file = arg("--config").unwrap_or_else(|| {
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/examples/learner_dashboard_config.yaml"
-        )
-        .into()
-    });
+    let Args {
+        epochs,
+        config: config_file,
+    } = <Args as clap::Parser>::parse();
     // The run's debug settings: a Burn config, saved beside the run like any other.
     let debug = DebugConfig::new()
         .with_config_file(Some(config_file))

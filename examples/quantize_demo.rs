@@ -120,7 +120,14 @@ fn synthetic_activation() -> Vec<f32> {
         .collect()
 }
 
+/// Quantizes a synthetic activation tensor to FP8 on the best device available (CUDA, wgpu, else the host path)
+/// and prints Transformer Engine's statistics of it.
+#[derive(clap::Parser, Debug)]
+#[command(version)]
+struct Args {}
+
 fn main() {
+    <Args as clap::Parser>::parse();
     burn_te_suite::exit_on_error(try_main());
 }
 

@@ -31,6 +31,7 @@ pub fn wgpu_device() -> Option<(burn_te_kernels::cubecl::wgpu::WgpuDevice, Strin
 
 #[cfg(doctest)]
 mod book;
+pub mod cli;
 pub mod lm;
 
 /// The end of an example's `main`: on error, prints `error: <message>` and each cause not already part of the

@@ -9,7 +9,8 @@
 //! host-b$ my_training --rank 1 --world-size 2 --address host-a:29500
 //! ```
 //!
-//! A program asks [`Launch::from_args`] what it is: the launcher ([`Launch::Local`], which it [runs](LocalLaunch::run)
+//! A program asks [`LaunchArgs::launch`] (its clap command line flattens [`LaunchArgs`]) or [`Launch::from_args`]
+//! what it is: the launcher ([`Launch::Local`], which it [runs](LocalLaunch::run)
 //! and exits with), one peer ([`Launch::Peer`], whose [`PeerConfig`] it [joins](super::Peer::join)), or a single
 //! process ([`Launch::Single`]). A process started by the launcher, or by a scheduler that sets torchrun's
 //! variables, finds its rank in the environment ([`PeerConfig::from_env`]).
@@ -38,7 +39,33 @@ pub enum Launch {
     Peer(PeerConfig),
 }
 
-/// The launcher's flags, as torchrun spells them (`--nproc` is short for `--nproc-per-node`).
+/// The launcher's flags, as torchrun spells them (`--nproc` is short for `--nproc-per-node`): a clap argument
+/// group a program flattens into its own command line (`#[command(flatten)] launch: LaunchArgs`), so its `--help`
+/// lists them. [`launch`](Self::launch) says what they make this process.
+#[derive(clap::Args, Clone, Debug, Default, PartialEq, Eq)]
+#[command(next_help_heading = "Distributed (torchrun's flags)")]
+pub struct LaunchArgs {
+    /// Start N peer processes on this machine: copies of this program with its other arguments.
+    #[arg(long, visible_alias = "nproc-per-node", value_name = "N")]
+    pub nproc: Option<u64>,
+    /// This process's rank in a group spread over machines (with --world-size and --address).
+    #[arg(long, value_name = "R")]
+    pub rank: Option<u64>,
+    /// The number of processes of the group spread over machines.
+    #[arg(long, value_name = "W")]
+    pub world_size: Option<u64>,
+    /// The group's rendezvous, hosted by rank 0.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub address: Option<String>,
+    /// This machine's address for the other peers [default: found from the route to --address].
+    #[arg(long, value_name = "HOST")]
+    pub node_address: Option<String>,
+    /// Seconds a collective waits for the other peers before it fails.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub collective_timeout: u64,
+}
+
+/// The launcher's flags, each with the names it is given by.
 const FLAGS: [&str; 7] = [
     "--nproc",
     "--nproc-per-node",
@@ -51,11 +78,27 @@ const FLAGS: [&str; 7] = [
 
 impl Launch {
     /// What `args` (a program's arguments, without its name) make this process, and the arguments that are not
-    /// the launcher's. The flags: `--nproc N`; `--rank R --world-size W --address HOST:PORT` (with
-    /// `--node-address HOST`, this machine's address for the other peers, found from the route to `--address`
-    /// when not given); `--collective-timeout SECONDS` (default 60).
+    /// the launcher's (see [`LaunchArgs`]; a program with a clap command line flattens that instead).
     pub fn from_args(args: &[String]) -> Result<(Launch, Vec<String>), TeError> {
-        let mut flags = std::collections::BTreeMap::new();
+        let (flags, rest) = LaunchArgs::split(args)?;
+        Ok((flags.launch_with(rest.clone())?, rest))
+    }
+}
+
+impl LaunchArgs {
+    /// What these flags make this process. The peers a launcher starts run this program with its arguments less
+    /// the launcher's flags.
+    pub fn launch(&self) -> Result<Launch, TeError> {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        self.launch_with(Self::split(&args)?.1)
+    }
+
+    /// The launcher's flags in `args`, and the other arguments.
+    fn split(args: &[String]) -> Result<(LaunchArgs, Vec<String>), TeError> {
+        let mut flags = LaunchArgs {
+            collective_timeout: 60,
+            ..LaunchArgs::default()
+        };
         let mut rest = Vec::new();
         let mut args = args.iter();
         while let Some(arg) = args.next() {
@@ -63,35 +106,41 @@ impl Launch {
                 Some((name, value)) => (name, Some(value.to_string())),
                 None => (arg.as_str(), None),
             };
-            if FLAGS.contains(&name) {
-                let value = inline.or_else(|| args.next().cloned()).ok_or_else(|| {
-                    TeError::Collective(format!("launcher flag {name} needs a value"))
-                })?;
-                let name = if name == "--nproc-per-node" {
-                    "--nproc"
-                } else {
-                    name
-                };
-                flags.insert(name, value);
-            } else {
+            if !FLAGS.contains(&name) {
                 rest.push(arg.clone());
+                continue;
+            }
+            let value = inline.or_else(|| args.next().cloned()).ok_or_else(|| {
+                TeError::Collective(format!("launcher flag {name} needs a value"))
+            })?;
+            let number = || {
+                value.trim().parse::<u64>().map_err(|_| {
+                    TeError::Collective(format!("{name} {value:?} is not a non-negative integer"))
+                })
+            };
+            match name {
+                "--nproc" | "--nproc-per-node" => flags.nproc = Some(number()?),
+                "--rank" => flags.rank = Some(number()?),
+                "--world-size" => flags.world_size = Some(number()?),
+                "--collective-timeout" => flags.collective_timeout = number()?,
+                "--address" => flags.address = Some(value),
+                _ => flags.node_address = Some(value),
             }
         }
-        let number = |name: &str| -> Result<Option<u64>, TeError> {
-            flags
-                .get(name)
-                .map(|v| {
-                    v.trim().parse::<u64>().map_err(|_| {
-                        TeError::Collective(format!("{name} {v:?} is not a non-negative integer"))
-                    })
-                })
-                .transpose()
-        };
-        let timeout = Duration::from_secs(number("--collective-timeout")?.unwrap_or(60));
-        if let Some(nproc) = number("--nproc")? {
-            if let Some(other) = ["--rank", "--world-size", "--address"]
-                .into_iter()
-                .find(|f| flags.contains_key(f))
+        Ok((flags, rest))
+    }
+
+    /// What these flags make this process, a launcher's peers running this program with `rest`.
+    fn launch_with(&self, rest: Vec<String>) -> Result<Launch, TeError> {
+        let timeout = Duration::from_secs(self.collective_timeout);
+        if let Some(nproc) = self.nproc {
+            if let Some(other) = [
+                ("--rank", self.rank.is_some()),
+                ("--world-size", self.world_size.is_some()),
+                ("--address", self.address.is_some()),
+            ]
+            .into_iter()
+            .find_map(|(flag, given)| given.then_some(flag))
             {
                 return Err(TeError::Collective(format!(
                     "--nproc starts the peers of this machine itself: it does not go with {other}"
@@ -103,29 +152,25 @@ impl Launch {
             let program = std::env::current_exe().map_err(|err| {
                 TeError::Collective(format!("the launcher cannot find its own program: {err}"))
             })?;
-            let launch = LocalLaunch {
+            return Ok(Launch::Local(LocalLaunch {
                 nproc: nproc as usize,
                 program,
-                args: rest.clone(),
+                args: rest,
                 timeout,
-            };
-            return Ok((Launch::Local(launch), rest));
+            }));
         }
-        match (number("--rank")?, number("--world-size")?, flags.get("--address")) {
-            (Some(rank), Some(world_size), Some(address)) => {
-                let config = machine_peer(
-                    rank as usize,
-                    world_size as usize,
-                    address,
-                    flags.get("--node-address").map(String::as_str),
-                    timeout,
-                )?;
-                Ok((Launch::Peer(config), rest))
-            }
+        match (self.rank, self.world_size, &self.address) {
+            (Some(rank), Some(world_size), Some(address)) => Ok(Launch::Peer(machine_peer(
+                rank as usize,
+                world_size as usize,
+                address,
+                self.node_address.as_deref(),
+                timeout,
+            )?)),
             (None, None, None) if std::env::var_os("RANK").is_some() => {
-                Ok((Launch::Peer(PeerConfig::from_env()?), rest))
+                Ok(Launch::Peer(PeerConfig::from_env()?))
             }
-            (None, None, None) => Ok((Launch::Single, rest)),
+            (None, None, None) => Ok(Launch::Single),
             _ => Err(TeError::Collective(
                 "a peer on another machine needs --rank, --world-size and --address HOST:PORT together".into(),
             )),
