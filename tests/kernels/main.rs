@@ -19,6 +19,7 @@ mod feature_effects;
 mod fp8_state;
 mod fused;
 mod gemm;
+mod grouped_linear;
 mod host_gemm;
 mod layering;
 mod microbatch;

@@ -11,6 +11,7 @@
 
 mod activation;
 mod attention;
+mod grouped_linear;
 mod layer_norm;
 mod layernorm_linear;
 mod layernorm_mlp;
@@ -23,6 +24,7 @@ mod transformer_layer;
 
 pub use activation::Activation;
 pub use attention::{AttnMaskType, DotProductAttention, DotProductAttentionConfig, QkvFormat};
+pub use grouped_linear::{GroupedLinear, GroupedLinearConfig};
 pub use layer_norm::{LayerNorm, LayerNormConfig};
 pub use layernorm_linear::{LayerNormLinear, LayerNormLinearConfig};
 pub use layernorm_mlp::{LayerNormMLP, LayerNormMLPConfig};

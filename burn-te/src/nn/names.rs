@@ -36,6 +36,16 @@ impl LayerName {
         }
     }
 
+    /// A fixed name (a layer whose name its parent derives, such as a [`GroupedLinear`](super::GroupedLinear)'s
+    /// experts).
+    pub(crate) fn fixed(name: &str) -> Self {
+        let name: Arc<str> = name.into();
+        Self {
+            explicit: Some(name.clone()),
+            generic: name,
+        }
+    }
+
     /// The name of the sublayer in `field`: an explicit `name` of its own config wins, then this name plus
     /// `.field`.
     pub fn child(&self, field: &str, explicit: Option<&str>) -> Self {

@@ -1,0 +1,228 @@
+//! `GroupedLinear` (`burn_te::nn`) on `Autodiff<Te<Flex>>`: every expert's output rows, input gradient rows and
+//! weight and bias gradients equal, bit for bit, those of the expert's own `Linear` with the same parameters and
+//! name, in f32 and under every recipe, over steps in which the delayed-scaling histories evolve (so each expert
+//! keeps its own state); zero-sized splits; experts named `{group}.{i}`, explicitly or by their place in a model;
+//! bad splits named.
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::Param;
+use burn::prelude::*;
+use burn_te::nn::{GroupedLinear, GroupedLinearConfig, Linear, LinearConfig, infer_layer_names};
+use burn_te::{
+    DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Fp8Format, MXFP8BlockScaling,
+    NVFP4BlockScaling, Recipe, TensorRole, fp8_autocast,
+};
+
+use crate::common::Rng;
+use crate::te::{tensor, values};
+
+type B = Autodiff<burn_te::Te<Flex>>;
+
+const IN: usize = 64;
+const OUT: usize = 48;
+
+/// Each expert's `Linear`, with the group's parameters (copied, so the two train apart) and the expert's name.
+fn standalone(group: &GroupedLinear<B>) -> Vec<Linear<B>> {
+    let device = Default::default();
+    group
+        .gemm_layers()
+        .into_iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let mut linear = LinearConfig::new(IN, OUT)
+                .with_name(Some(name))
+                .init::<B>(&device);
+            linear.weight = Param::from_tensor(group.weights[i].val().detach().require_grad());
+            linear.bias = Some(Param::from_tensor(
+                group.biases[i].val().detach().require_grad(),
+            ));
+            linear
+        })
+        .collect()
+}
+
+fn bits(t: Vec<f32>) -> Vec<u32> {
+    t.into_iter().map(f32::to_bits).collect()
+}
+
+/// One step of both: the group on `x`, each expert's `Linear` on its rows, one loss `Σ y·r` over both (one autocast
+/// scope, so both run in the same iteration: NVFP4's stochastic rounding draws the same bits for the same layer).
+/// Asserts the outputs and every gradient equal bit for bit.
+fn step(
+    what: &str,
+    group: &GroupedLinear<B>,
+    experts: &[Linear<B>],
+    splits: &[usize],
+    recipe: Option<&Recipe>,
+    seed: u64,
+) {
+    let device = Default::default();
+    let rows: usize = splits.iter().sum();
+    let mut rng = Rng::new(seed);
+    let x = rng.normal(rows * IN, 0.0, 1.0);
+    let r = rng.normal(rows * OUT, 0.0, 1.0);
+    let xg = tensor::<B, 2>(x.clone(), [rows, IN], &device).require_grad();
+    let xs = tensor::<B, 2>(x, [rows, IN], &device).require_grad();
+    let r = tensor::<B, 2>(r, [rows, OUT], &device);
+    let forward = || {
+        let grouped = group.forward(xg.clone(), splits);
+        let mut start = 0;
+        let mut alone = Vec::new();
+        for (expert, &m) in experts.iter().zip(splits) {
+            if m > 0 {
+                alone.push(expert.forward(xs.clone().narrow(0, start, m)));
+            }
+            start += m;
+        }
+        (grouped, Tensor::cat(alone, 0))
+    };
+    let (grouped, alone) = match recipe {
+        Some(recipe) => fp8_autocast(true, recipe.clone(), forward).unwrap(),
+        None => forward(),
+    };
+    let grads = ((grouped.clone() * r.clone()).sum() + (alone.clone() * r).sum()).backward();
+    assert_eq!(bits(values(grouped)), bits(values(alone)), "{what}: output");
+    assert_eq!(
+        bits(values(xg.grad(&grads).unwrap())),
+        bits(values(xs.grad(&grads).unwrap())),
+        "{what}: input gradient"
+    );
+    for (i, (expert, &m)) in experts.iter().zip(splits).enumerate() {
+        let grad = |p: &Param<Tensor<B, 2>>| p.val().grad(&grads);
+        let (dw, dw_alone) = (grad(&group.weights[i]), grad(&expert.weight));
+        assert_eq!(
+            dw.is_some(),
+            m > 0,
+            "{what}: expert {i} has a weight gradient iff it has rows"
+        );
+        if let (Some(dw), Some(dw_alone)) = (dw, dw_alone) {
+            assert_eq!(
+                bits(values(dw)),
+                bits(values(dw_alone)),
+                "{what}: expert {i} dW"
+            );
+            let db = group.biases[i].val().grad(&grads).unwrap();
+            let db_alone = expert.bias.as_ref().unwrap().val().grad(&grads).unwrap();
+            assert_eq!(
+                bits(values(db)),
+                bits(values(db_alone)),
+                "{what}: expert {i} db"
+            );
+        }
+    }
+}
+
+/// In f32 and under each recipe, three steps with different inputs and splits (one expert empty in the second):
+/// under DelayedScaling each step quantizes with the scales the expert's own history gives, so equality at steps 2
+/// and 3 says each expert kept its own state, as its `Linear` does.
+#[test]
+fn every_expert_equals_its_own_linear_bit_for_bit_under_every_recipe() {
+    let recipes: Vec<Option<Recipe>> = vec![
+        None,
+        Some(DelayedScaling::default().into()),
+        Some(Float8CurrentScaling::default().into()),
+        Some(Float8BlockScaling::default().into()),
+        Some(MXFP8BlockScaling::default().into()),
+        Some(NVFP4BlockScaling::default().into()),
+    ];
+    for recipe in recipes {
+        let name = recipe
+            .as_ref()
+            .map_or("f32".to_string(), |r| r.name().to_string());
+        let group = GroupedLinearConfig::new(4, IN, OUT)
+            .with_name(Some(format!("moe_{name}.experts")))
+            .init::<B>(&Default::default());
+        let experts = standalone(&group);
+        for (step_index, splits) in [[40, 8, 24, 56], [16, 0, 96, 16], [32, 32, 32, 32]]
+            .iter()
+            .enumerate()
+        {
+            step(
+                &format!("{name} step {step_index}"),
+                &group,
+                &experts,
+                splits,
+                recipe.as_ref(),
+                100 + step_index as u64,
+            );
+        }
+        if let Some(Recipe::Delayed(delayed)) = &recipe {
+            // Each expert's histories equal its Linear's, and differ from the other experts'.
+            let read = |meta: &burn_te::Fp8Meta<B>, role| {
+                meta.read(role, delayed, Fp8Format::E4M3)
+                    .unwrap()
+                    .unwrap()
+                    .history
+            };
+            for role in [TensorRole::Activation, TensorRole::Weight] {
+                let histories: Vec<Vec<f32>> =
+                    group.fp8_meta.iter().map(|m| read(m, role)).collect();
+                for (i, expert) in experts.iter().enumerate() {
+                    assert_eq!(
+                        histories[i],
+                        read(&expert.fp8_meta, role),
+                        "expert {i} {role:?}"
+                    );
+                }
+                assert!(
+                    histories.windows(2).all(|w| w[0] != w[1]),
+                    "the experts share a {role:?} history: {histories:?}"
+                );
+            }
+        }
+    }
+}
+
+/// All splits zero: an empty output; names `{group}.{i}` explicit and inferred from the model; bad splits and
+/// widths are errors naming the group.
+#[test]
+fn empty_splits_names_and_errors() {
+    let device = Default::default();
+    let group = GroupedLinearConfig::new(3, IN, OUT)
+        .with_name(Some("moe.experts".into()))
+        .init::<B>(&device);
+    assert_eq!(
+        group.gemm_layers(),
+        ["moe.experts.0", "moe.experts.1", "moe.experts.2"]
+    );
+    let empty = group.forward(Tensor::zeros([0, IN], &device), &[0, 0, 0]);
+    assert_eq!(empty.dims(), [0, OUT]);
+
+    #[derive(Module, Debug)]
+    struct Moe<B: Backend> {
+        experts: GroupedLinear<B>,
+    }
+    let model = Moe {
+        experts: GroupedLinearConfig::new(2, IN, OUT).init::<B>(&device),
+    };
+    infer_layer_names(&model, "layers.3");
+    assert_eq!(
+        model.experts.gemm_layers(),
+        ["layers.3.experts.0", "layers.3.experts.1"]
+    );
+
+    let x = Tensor::<B, 2>::zeros([10, IN], &device);
+    for splits in [&[4, 6][..], &[4, 6, 1], &[5, 5, 5]] {
+        let message = group
+            .try_forward(x.clone(), splits)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.starts_with("moe.experts: m_splits") && message.contains("[10, 64]"),
+            "{message}"
+        );
+    }
+    let message = group
+        .try_forward(Tensor::zeros([10, 32], &device), &[4, 6, 0])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("moe.experts") && message.contains("64"),
+        "{message}"
+    );
+    assert!(
+        GroupedLinearConfig::new(0, IN, OUT)
+            .try_init::<B>(&device)
+            .is_err()
+    );
+}
