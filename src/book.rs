@@ -38,6 +38,9 @@ pub struct Backends;
 #[doc = include_str!("../docs/src/concepts/modules.md")]
 pub struct Modules;
 
+#[doc = include_str!("../docs/src/concepts/grouped-linear.md")]
+pub struct GroupedLinear;
+
 #[doc = include_str!("../docs/src/concepts/nvfp4.md")]
 pub struct Nvfp4;
 

@@ -5,6 +5,7 @@ mod advisor;
 mod bad_tensors;
 mod burn_data;
 mod char_lm;
+mod cli;
 mod common;
 mod conformance;
 mod dashboard;
