@@ -1,8 +1,8 @@
 //! `GroupedLinear` (`burn_te::nn`) on `Autodiff<Te<Flex>>`: every expert's output rows, input gradient rows and
 //! weight and bias gradients equal, bit for bit, those of the expert's own `Linear` with the same parameters and
 //! name, in f32 and under every recipe, over steps in which the delayed-scaling histories evolve (so each expert
-//! keeps its own state); zero-sized splits; experts named `{group}.{i}`, explicitly or by their place in a model;
-//! bad splits named.
+//! keeps its own state); zero-sized splits; experts named `{group}.{i}`, explicitly or by their place in a model,
+//! and routed by those names in the debug tools; bad splits named.
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::Param;
@@ -14,6 +14,7 @@ use burn_te::{
 };
 
 use crate::common::Rng;
+use crate::debug::{SESSION, start_session};
 use crate::te::{tensor, values};
 
 type B = Autodiff<burn_te::Te<Flex>>;
@@ -225,4 +226,52 @@ fn empty_splits_names_and_errors() {
             .try_init::<B>(&device)
             .is_err()
     );
+}
+
+/// The debug tools route each expert by its name: DisableFP8GEMM on `dbg.experts.1`'s fprop gives that expert's rows
+/// in high precision (bit for bit its Linear outside autocast), and leaves experts 0 and 2 in FP8 (bit for bit their
+/// Linears under the recipe).
+#[test]
+fn debug_features_apply_per_expert() {
+    type S = Autodiff<burn_te_debug::Debug<burn_te::Te<Flex>>>;
+    let _guard = SESSION.lock().unwrap_or_else(|p| p.into_inner());
+    let config = "off_expert_1:\n  enabled: True\n  layers:\n    layer_name_regex_pattern: '^dbg\\.experts\\.1$'\n  \
+                  transformer_engine:\n    DisableFP8GEMM:\n      enabled: True\n      gemms: [fprop]\n";
+    start_session("grouped-linear-experts", config);
+    let device = Default::default();
+    let group = GroupedLinearConfig::new(3, IN, OUT)
+        .with_name(Some("dbg.experts".into()))
+        .init::<S>(&device);
+    let linear = |i: usize, name: &str| {
+        let mut linear = LinearConfig::new(IN, OUT)
+            .with_name(Some(name.into()))
+            .init::<S>(&device);
+        linear.weight = Param::from_tensor(group.weights[i].val());
+        linear.bias = Some(Param::from_tensor(group.biases[i].val()));
+        linear
+    };
+    let rows = 16;
+    let x = tensor::<S, 2>(
+        Rng::new(3).normal(3 * rows * IN, 0.0, 1.0),
+        [3 * rows, IN],
+        &device,
+    );
+    let block = |i: usize| x.clone().narrow(0, i * rows, rows);
+    let recipe = Float8CurrentScaling::default();
+    let fp8 =
+        |layer: &Linear<S>, x| fp8_autocast(true, recipe.clone(), || layer.forward(x)).unwrap();
+    let grouped = fp8_autocast(true, recipe.clone(), || {
+        group.forward(x.clone(), &[rows; 3])
+    })
+    .unwrap();
+    let got = |i: usize| bits(values(grouped.clone().narrow(0, i * rows, rows)));
+    for i in [0, 2] {
+        let want = fp8(&linear(i, &format!("dbg.experts.{i}")), block(i));
+        assert_eq!(got(i), bits(values(want)), "expert {i} in FP8");
+    }
+    let high = linear(1, "plain").forward(block(1));
+    assert_eq!(got(1), bits(values(high)), "expert 1 in high precision");
+    let fp8_one = fp8(&linear(1, "solo.1"), block(1));
+    assert_ne!(got(1), bits(values(fp8_one)), "the FP8 GEMM differs");
+    burn_te_debug::end().unwrap();
 }
