@@ -1,11 +1,15 @@
-//! `GroupedLinear`'s training step (forward and backward, Float8CurrentScaling, `Autodiff<Te<Flex>>`) against one
-//! `Linear` over all the rows: the same FLOPs in one GEMM per pass, the bound any batching of the experts could
-//! reach. 8 experts of 512 → 2048 (an MoE layer's fc1), 1024 and 256 tokens split evenly (128 and 32 rows each).
+//! `GroupedLinear`'s training step (forward and backward, Float8CurrentScaling, `Autodiff<Te<Flex>>`) against
+//! - the experts' own `Linear`s, each on its own input: the same GEMMs and per-expert weight work, without the
+//!   group's split of the input and concatenation of the outputs (what the loop adds);
+//! - one `Linear` over all the rows: the same GEMM FLOPs with one weight (a bound no MoE layer reaches: it
+//!   quantizes, and produces the gradient of, `num_gemms` weights).
+//!
+//! 8 experts of 512 → 2048 (an MoE layer's fc1), 1024 and 256 tokens split evenly (128 and 32 rows each).
 
 use burn::backend::{Autodiff, Flex};
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use burn_te::nn::{GroupedLinearConfig, LinearConfig};
+use burn_te::nn::{GroupedLinearConfig, Linear, LinearConfig};
 use burn_te::{Float8CurrentScaling, Te, fp8_autocast};
 use criterion::{Criterion, criterion_group, criterion_main};
 
@@ -34,6 +38,26 @@ fn grouped(c: &mut Criterion) {
                 })
                 .unwrap();
                 y.sum().backward()
+            })
+        });
+        let alone: Vec<Linear<B>> = (0..EXPERTS)
+            .map(|_| LinearConfig::new(IN, OUT).init::<B>(&device))
+            .collect();
+        let inputs: Vec<Tensor<B, 2>> = (0..EXPERTS)
+            .map(|i| x.clone().narrow(0, i * tokens / EXPERTS, tokens / EXPERTS))
+            .collect();
+        group.bench_function("each expert's Linear on its own input", |bench| {
+            bench.iter(|| {
+                let grads = fp8_autocast(true, Float8CurrentScaling::default(), || {
+                    alone
+                        .iter()
+                        .zip(&inputs)
+                        .map(|(linear, x)| linear.forward(x.clone().require_grad()).sum())
+                        .reduce(|a, b| a + b)
+                        .unwrap()
+                })
+                .unwrap();
+                grads.backward()
             })
         });
         group.bench_function("GroupedLinear", |bench| {

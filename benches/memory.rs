@@ -32,7 +32,9 @@ use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
 use burn_te::{DelayedScaling, Te, TeBackend, fp8_autocast, save_original_operands};
 use burn_te_kernels::cubecl::Runtime;
 use burn_te_kernels::cubecl::wgpu::WgpuRuntime;
+use burn_te_suite::cli::progress;
 use criterion::{Criterion, criterion_group, criterion_main};
+use indicatif::ProgressBar;
 
 /// Host bytes in use and their peak since the last reset (Flex's tensors are host allocations).
 struct Counting;
@@ -255,6 +257,7 @@ fn table_rows<
     device: &W::Device,
     meter: &dyn Meter,
     rows: &mut Vec<String>,
+    bar: &ProgressBar,
 ) {
     for size in sizes() {
         for (strategy, balanced) in [("default", false), ("balanced", true)] {
@@ -267,6 +270,7 @@ fn table_rows<
                         } else {
                             measure::<W>(size, p, device, meter)
                         };
+                        bar.inc(1);
                         (p, m)
                     })
                     .collect();
@@ -291,7 +295,7 @@ fn table_rows<
                     mib(m.gemm_kept),
                     m.gemm_kept as f64 / f32_kept as f64,
                 );
-                println!("{row}");
+                bar.suspend(|| println!("{row}"));
                 rows.push(row);
             }
         }
@@ -302,19 +306,24 @@ fn memory_table() {
     let header = "backend,hidden,tokens,checkpointing,precision,held MiB,held vs f32,peak MiB,peak vs f32,GEMM kept MiB,GEMM kept vs f32";
     println!("{header}");
     let mut rows = vec![header.to_string()];
+    // Two backends × sizes × two checkpointing strategies × three precisions, each a few training steps.
+    let bar = progress(2 * sizes().len() as u64 * 2 * 3, "memory table");
     let device = WgpuDevice::default();
     table_rows::<Autodiff<Te<Wgpu>>, Autodiff<Te<Wgpu>, BalancedCheckpointing>>(
         "wgpu",
         &device,
         &WgpuMeter(device.clone()),
         &mut rows,
+        &bar,
     );
     table_rows::<Autodiff<Te<Flex>>, Autodiff<Te<Flex>, BalancedCheckpointing>>(
         "flex",
         &Default::default(),
         &HostMeter,
         &mut rows,
+        &bar,
     );
+    bar.finish_and_clear();
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/burn-te-memory.csv");
     if let Err(err) = std::fs::write(&path, rows.join("\n") + "\n") {
         eprintln!("{}: {err}", path.display());
