@@ -54,16 +54,16 @@ struct PeerReport {
     times: Vec<[Duration; 3]>,
 }
 
-/// Peer `rank` of `peers`: trains its replica `layer` on its shard for `iterations`.
+/// Peer `rank` of `args.peers`: trains its replica `layer` on its shard for `args.iterations`.
 fn train_peer<B: AutodiffBackend + TeBackend>(
     rank: usize,
-    peers: usize,
-    iterations: usize,
+    args: &Args,
     device: &B::Device,
     mut layer: TransformerLayer<B>,
     [input, target]: [TensorData; 2],
     config_file: &Path,
 ) -> Result<PeerReport, Error> {
+    let peers = args.peers;
     let peer = Peer::join(PeerConfig::local(rank, peers))?;
     let _bound = peer.bind();
     burn_te_debug::initialize(DebugOptions::new(config_file).log_dir(LOG_DIR))?;
@@ -80,15 +80,14 @@ fn train_peer<B: AutodiffBackend + TeBackend>(
     let target = Tensor::<B, 3>::from_data(target, device);
     let mut optimizer = AdamConfig::new().init();
     let recipe = DelayedScaling {
-        // The peers are threads of this process: each reads the flag from the command line.
-        reduce_amax: !Args::parse().no_reduce_amax,
+        reduce_amax: !args.no_reduce_amax,
         ..DelayedScaling::default()
     };
     let mut report = PeerReport {
         losses: Vec::new(),
         times: Vec::new(),
     };
-    for _ in 0..iterations {
+    for _ in 0..args.iterations {
         let started = Instant::now();
         let output = fp8_autocast(true, recipe.clone(), || {
             layer.try_forward(input.clone(), None)
@@ -116,13 +115,13 @@ fn train_peer<B: AutodiffBackend + TeBackend>(
     Ok(report)
 }
 
-/// Runs `peers` peers as threads on `device` (the same device for all: one GPU, lavapipe, or the CPU).
+/// Runs `args.peers` peers as threads on `device` (the same device for all: one GPU, lavapipe, or the CPU).
 fn train<B: AutodiffBackend + TeBackend>(
-    peers: usize,
-    iterations: usize,
+    args: &Args,
     device: &B::Device,
     config_file: &Path,
 ) -> Result<Vec<PeerReport>, Error> {
+    let peers = args.peers;
     // One initialization; each replica loads its record: the same parameters (and parameter ids, which Burn's
     // gradient all-reduce orders by), each with its own FP8 state (a clone would share it across peers).
     B::seed(device, 0);
@@ -146,9 +145,7 @@ fn train<B: AutodiffBackend + TeBackend>(
             .zip(shards)
             .enumerate()
             .map(|(rank, (layer, shard))| {
-                s.spawn(move || {
-                    train_peer::<B>(rank, peers, iterations, device, layer, shard, config_file)
-                })
+                s.spawn(move || train_peer::<B>(rank, args, device, layer, shard, config_file))
             })
             .collect();
         handles
@@ -181,14 +178,13 @@ fn main() {
 
 fn try_main() -> Result<(), Error> {
     let args = Args::parse();
-    let (peers, iterations) = (args.peers, args.iterations);
     let config_file: PathBuf = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/examples/getting_started_config.yaml"
     )
     .into();
     let _ = std::fs::remove_dir_all(LOG_DIR);
-    let reports = run(peers, iterations, &config_file)?;
+    let reports = run(&args, &config_file)?;
 
     for (rank, report) in reports.iter().enumerate() {
         let losses: Vec<String> = report.losses.iter().map(|l| format!("{l:.6}")).collect();
@@ -207,6 +203,7 @@ fn try_main() -> Result<(), Error> {
             );
         }
     }
+    let peers = args.peers;
     println!("\nthe statistics every peer logged (reduced over the {peers} peers' batches):");
     for rank in 0..peers {
         let path = Path::new(LOG_DIR).join(format!(
@@ -221,16 +218,12 @@ fn try_main() -> Result<(), Error> {
     Ok(())
 }
 
-fn run(peers: usize, iterations: usize, config_file: &Path) -> Result<Vec<PeerReport>, Error> {
+fn run(args: &Args, config_file: &Path) -> Result<Vec<PeerReport>, Error> {
+    let peers = args.peers;
     #[cfg(feature = "wgpu")]
     if let Some((device, name)) = burn_te_suite::wgpu_device() {
         println!("{peers} peers on the default wgpu device ({name}), Autodiff<Debug<Te<Wgpu>>>");
-        return train::<Autodiff<Debug<Te<burn::backend::Wgpu>>>>(
-            peers,
-            iterations,
-            &device,
-            config_file,
-        );
+        return train::<Autodiff<Debug<Te<burn::backend::Wgpu>>>>(args, &device, config_file);
     }
     if !burn_te_suite::cpu_only() {
         println!(
@@ -238,5 +231,5 @@ fn run(peers: usize, iterations: usize, config_file: &Path) -> Result<Vec<PeerRe
         );
     }
     println!("{peers} peers on the CPU host path, Autodiff<Debug<Te<Flex>>>");
-    train::<Autodiff<Debug<Te<Flex>>>>(peers, iterations, &Default::default(), config_file)
+    train::<Autodiff<Debug<Te<Flex>>>>(args, &Default::default(), config_file)
 }
