@@ -275,3 +275,44 @@ fn debug_features_apply_per_expert() {
     assert_ne!(got(1), bits(values(fp8_one)), "the FP8 GEMM differs");
     burn_te_debug::end().unwrap();
 }
+
+/// A recipe plan selects experts by name: `plan.experts.1` under MXFP8 and the others under the scope's current
+/// scaling, each expert's rows bit for bit its `Linear` under the recipe the plan names for it.
+#[test]
+fn recipe_plans_select_experts_by_name() {
+    let plan = burn_te::RecipePlan::from_yaml(
+        "rules:\n  - name: expert_1_in_mxfp8\n    layers:\n      exact_layer_names: [plan.experts.1]\n    recipe: mxfp8\n",
+    )
+    .unwrap();
+    let device = Default::default();
+    let group = GroupedLinearConfig::new(3, IN, OUT)
+        .with_name(Some("plan.experts".into()))
+        .init::<B>(&device);
+    let experts = standalone(&group);
+    let rows = 32;
+    let x = tensor::<B, 2>(
+        Rng::new(8).normal(3 * rows * IN, 0.0, 1.0),
+        [3 * rows, IN],
+        &device,
+    );
+    let current = Float8CurrentScaling::default();
+    let grouped = fp8_autocast(true, plan.over(current.clone()).unwrap(), || {
+        group.forward(x.clone(), &[rows; 3])
+    })
+    .unwrap();
+    for (i, expert) in experts.iter().enumerate() {
+        let recipe: Recipe = match i {
+            1 => MXFP8BlockScaling::default().into(),
+            _ => current.clone().into(),
+        };
+        let want = fp8_autocast(true, recipe, || {
+            expert.forward(x.clone().narrow(0, i * rows, rows))
+        })
+        .unwrap();
+        assert_eq!(
+            bits(values(grouped.clone().narrow(0, i * rows, rows))),
+            bits(values(want)),
+            "expert {i}"
+        );
+    }
+}
