@@ -172,7 +172,7 @@ fn debug_gemm<B: TeBackend>(
         session::inspect(site, out_name, &output_view);
     }
     if let Some((lhs, rhs)) = originals {
-        let reference = B::te_reference_gemm(site.gemm, lhs.clone(), rhs.clone(), bias.cloned());
+        let reference = B::te_reference_gemm(site, lhs.clone(), rhs.clone(), bias.cloned());
         let (output_view, reference) = (view(output.clone(), None), view(reference, None));
         session::inspect_gemm_error(site, &output_view, &reference);
         for name in &plan.candidates {

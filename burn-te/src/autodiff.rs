@@ -252,9 +252,10 @@ impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff
         };
         // The weight is a parameter, in memory anyway: the backward takes it (and quantizes it for dgrad), but for
         // the FP8 copy a micro-batch of gradient accumulation caches anyway (see `crate::microbatch`).
+        // A batched site's "weight" is an activation (attention's k or v): kept quantized as x is.
         let save = [
             weight_tracked && quantize(Gemm::Wgrad),
-            x_tracked && quantize(Gemm::Dgrad) && crate::microbatch::caching(),
+            x_tracked && quantize(Gemm::Dgrad) && (site.batched || crate::microbatch::caching()),
         ];
         macro_rules! run {
             ($prep:expr, $bias:expr) => {

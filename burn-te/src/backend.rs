@@ -167,19 +167,20 @@ pub trait TeBackend: Backend {
         None
     }
 
-    /// The layer GEMM `gemm` in high precision on its operands in [`Gemm::operands`]' order (fprop: `x`, `weight`,
+    /// The GEMM of `site` in high precision on its operands in [`Gemm::operands`]' order (fprop: `x`, `weight`,
     /// plus `bias`; dgrad: `grad`, `weight`; wgrad: `x`, `grad`), neither counted nor observed: the reference the
     /// debug tools measure a low-precision GEMM's error against. Decorators forward it to their inner backend.
     fn te_reference_gemm(
-        gemm: Gemm,
+        site: &GemmSite,
         lhs: FloatTensor<Self>,
         rhs: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
     ) -> FloatTensor<Self> {
-        match gemm {
-            Gemm::Fprop => high_precision_linear::<Self>(lhs, rhs, bias),
-            Gemm::Dgrad => high_precision_dgrad::<Self>(rhs, lhs),
-            Gemm::Wgrad => high_precision_wgrad::<Self>(lhs, rhs),
+        match (site.gemm, site.batched) {
+            (gemm, true) => crate::high_precision::high_precision_batched::<Self>(gemm, lhs, rhs),
+            (Gemm::Fprop, false) => high_precision_linear::<Self>(lhs, rhs, bias),
+            (Gemm::Dgrad, false) => high_precision_dgrad::<Self>(rhs, lhs),
+            (Gemm::Wgrad, false) => high_precision_wgrad::<Self>(lhs, rhs),
         }
     }
 
@@ -425,12 +426,12 @@ macro_rules! forward_fp8_ops {
             $inner::buffer_id(tensor)
         }
         fn te_reference_gemm(
-            gemm: $crate::Gemm,
+            site: &$crate::GemmSite,
             lhs: $crate::__private::FloatTensor<Self>,
             rhs: $crate::__private::FloatTensor<Self>,
             bias: Option<$crate::__private::FloatTensor<Self>>,
         ) -> $crate::__private::FloatTensor<Self> {
-            $inner::te_reference_gemm(gemm, lhs, rhs, bias)
+            $inner::te_reference_gemm(site, lhs, rhs, bias)
         }
         // The fused element-wise ops: `te_norm`, `te_activation` and `te_softmax` keep their defaults (this
         // decorator's forward), so that the forwards and backwards below are seen as ops by the decorator

@@ -322,6 +322,9 @@ pub fn linear_fprop<B: TeBackend>(
     overrides: CurrentScalingOverrides,
     save: [bool; 2],
 ) -> Result<(FloatTensor<B>, SavedForBackward<B::Fp8Data>), TeError> {
+    if site.batched {
+        return batched_fprop::<B>(x, weight, site, recipe, overrides, save);
+    }
     let (x_dims, w_dims) = (dims::<B>(&x), dims::<B>(&weight));
     if w_dims.len() != 2 || x_dims.last() != w_dims.first() {
         return Err(shape_error::<B>(
@@ -375,7 +378,10 @@ fn backward_operand<B: TeBackend>(
 ) -> Result<QuantizedOperand<B>, TeError> {
     match saved {
         Saved::HighPrecision(tensor) => {
-            let (tensor, _) = fold_rows::<B>(tensor);
+            let tensor = match site.batched {
+                true => tensor,
+                false => fold_rows::<B>(tensor).0,
+            };
             let k = k_along_cols(site.gemm, role);
             quantize_operand::<B>(tensor, recipe, site, role, k, false, override_margin)
         }
@@ -406,6 +412,9 @@ pub fn linear_dgrad<B: TeBackend>(
     recipe: &Recipe,
     overrides: CurrentScalingOverrides,
 ) -> Result<FloatTensor<B>, TeError> {
+    if site.batched {
+        return batched_dgrad::<B>(weight, grad, site, recipe, overrides);
+    }
     let (w_dims, g_dims) = (saved_dims::<B>(&weight), dims::<B>(&grad));
     if w_dims.len() != 2 || g_dims.last() != w_dims.get(1) {
         return Err(TeError::ShapeMismatch {
@@ -441,6 +450,9 @@ pub fn linear_wgrad<B: TeBackend>(
     recipe: &Recipe,
     overrides: CurrentScalingOverrides,
 ) -> Result<FloatTensor<B>, TeError> {
+    if site.batched {
+        return batched_wgrad::<B>(x, grad, site, recipe, overrides);
+    }
     let (x_dims, g_dims) = (saved_dims::<B>(&x), dims::<B>(&grad));
     let tokens = |d: &[usize]| d[..d.len().saturating_sub(1)].iter().product::<usize>();
     let same_leading = match &x {
@@ -473,6 +485,139 @@ pub fn linear_wgrad<B: TeBackend>(
         true,
         overrides[1],
     )?;
+    gemm::<B>(qx, true, qg, false)
+}
+
+/// An attention GEMM's recipe (see [`GemmSite::batched`]): per-tensor scales only, as TE's `fp8_dpa` runs under
+/// DelayedScaling or Float8CurrentScaling (each operand one tensor, so every batch shares its scale).
+fn per_tensor_recipe(site: &GemmSite, recipe: &Recipe) -> Result<(), TeError> {
+    match recipe {
+        Recipe::Delayed(_) | Recipe::Current(_) => Ok(()),
+        other => Err(TeError::InvalidRecipe(format!(
+            "{site}: an attention GEMM (fp8_dpa) takes per-tensor scaling (fp8_delayed_scaling or \
+             fp8_current_scaling), as in TE; got {}",
+            other.name()
+        ))),
+    }
+}
+
+/// `Err` unless `lhs [.., M, K]` and `rhs [.., K', N]` have rank ≥ 3, the same batch dimensions and `K == K'`
+/// (`rhs_t`: rhs is `[.., N, K']`).
+fn check_batched(
+    op: &'static str,
+    lhs: Vec<usize>,
+    rhs: Vec<usize>,
+    lhs_t: bool,
+    rhs_t: bool,
+) -> Result<(), TeError> {
+    let n = lhs.len();
+    let k = |d: &[usize], t: bool| d[if t { n - 2 } else { n - 1 }];
+    let ok = n >= 3
+        && rhs.len() == n
+        && lhs[..n - 2] == rhs[..n - 2]
+        && k(&lhs, lhs_t) == k(&rhs, !rhs_t);
+    if ok {
+        return Ok(());
+    }
+    Err(TeError::ShapeMismatch {
+        op,
+        reason: "expected [.., M, K] · [.., K, N] per batch, with the same batch dimensions".into(),
+        lhs,
+        rhs,
+    })
+}
+
+/// The fprop of a batched site: `x [.., M, K] · w [.., K, N]`, each operand one tensor with one scale.
+fn batched_fprop<B: TeBackend>(
+    x: FloatTensor<B>,
+    w: FloatTensor<B>,
+    site: &GemmSite,
+    recipe: &Recipe,
+    overrides: CurrentScalingOverrides,
+    save: [bool; 2],
+) -> Result<(FloatTensor<B>, SavedForBackward<B::Fp8Data>), TeError> {
+    per_tensor_recipe(site, recipe)?;
+    check_batched(
+        "attention fprop",
+        dims::<B>(&x),
+        dims::<B>(&w),
+        false,
+        false,
+    )?;
+    let (x_kept, w_kept) = (save[0].then(|| x.clone()), save[1].then(|| w.clone()));
+    let (activation, weight) = (TensorRole::Activation, TensorRole::Weight);
+    let qx = quantize_operand::<B>(x, recipe, site, activation, true, true, overrides[0])?;
+    let qw = quantize_operand::<B>(w, recipe, site, weight, false, true, overrides[1])?;
+    let saved_x = x_kept
+        .map(|x| {
+            save_for::<B>(
+                x,
+                &qx,
+                overrides[0].is_some(),
+                recipe,
+                site,
+                Gemm::Wgrad,
+                activation,
+            )
+        })
+        .transpose()?;
+    let saved_w = w_kept
+        .map(|w| {
+            save_for::<B>(
+                w,
+                &qw,
+                overrides[1].is_some(),
+                recipe,
+                site,
+                Gemm::Dgrad,
+                weight,
+            )
+        })
+        .transpose()?;
+    Ok((gemm::<B>(qx, false, qw, false)?, [saved_x, saved_w]))
+}
+
+/// The dgrad of a batched site: `grad [.., M, N] · wᵀ` → `[.., M, K]`.
+fn batched_dgrad<B: TeBackend>(
+    w: SavedOperand<B>,
+    grad: FloatTensor<B>,
+    site: &GemmSite,
+    recipe: &Recipe,
+    overrides: CurrentScalingOverrides,
+) -> Result<FloatTensor<B>, TeError> {
+    per_tensor_recipe(site, recipe)?;
+    check_batched(
+        "attention dgrad",
+        dims::<B>(&grad),
+        saved_dims::<B>(&w),
+        false,
+        true,
+    )?;
+    let role = TensorRole::Gradient;
+    let qg = quantize_operand::<B>(grad, recipe, site, role, true, true, overrides[0])?;
+    let qw = backward_operand::<B>(w, recipe, site, TensorRole::Weight, overrides[1])?;
+    gemm::<B>(qg, false, qw, true)
+}
+
+/// The wgrad of a batched site: `xᵀ · grad` → `[.., K, N]`, per batch (no sum over the batches).
+fn batched_wgrad<B: TeBackend>(
+    x: SavedOperand<B>,
+    grad: FloatTensor<B>,
+    site: &GemmSite,
+    recipe: &Recipe,
+    overrides: CurrentScalingOverrides,
+) -> Result<FloatTensor<B>, TeError> {
+    per_tensor_recipe(site, recipe)?;
+    check_batched(
+        "attention wgrad",
+        saved_dims::<B>(&x),
+        dims::<B>(&grad),
+        true,
+        false,
+    )?;
+    let qx = backward_operand::<B>(x, recipe, site, TensorRole::Activation, overrides[0])?;
+    let role = TensorRole::Gradient;
+    let qg = quantize_operand::<B>(grad, recipe, site, role, false, true, overrides[1])?;
     gemm::<B>(qx, true, qg, false)
 }
 

@@ -91,6 +91,25 @@ pub(crate) fn high_precision_wgrad<B: Backend>(
         .unwrap_or_else(|| B::linear_weight_backward(fold_rows::<B>(x).0, fold_rows::<B>(grad).0))
 }
 
+/// The batched GEMMs of an attention site (see [`GemmSite::batched`](crate::GemmSite::batched)) in high
+/// precision: fprop `x · w`, dgrad `grad · wᵀ`, wgrad `xᵀ · grad`, per batch.
+pub(crate) fn high_precision_batched<B: Backend>(
+    gemm: crate::gemm::Gemm,
+    lhs: FloatTensor<B>,
+    rhs: FloatTensor<B>,
+) -> FloatTensor<B> {
+    use crate::gemm::Gemm;
+    let transpose = |t: FloatTensor<B>| {
+        let rank = dims::<B>(&t).len();
+        B::float_swap_dims(t, rank - 2, rank - 1)
+    };
+    match gemm {
+        Gemm::Fprop => B::float_matmul(lhs, rhs),
+        Gemm::Dgrad => B::float_matmul(lhs, transpose(rhs)),
+        Gemm::Wgrad => B::float_matmul(transpose(lhs), rhs),
+    }
+}
+
 /// `[.., d]` folded to `[rows, d]` (a scalar to `[1, 1]`), with the leading dimensions to unfold the result.
 pub fn fold_rows<B: Backend>(tensor: FloatTensor<B>) -> (FloatTensor<B>, Vec<usize>) {
     let shape = dims::<B>(&tensor);

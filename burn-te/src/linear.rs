@@ -8,7 +8,10 @@ use crate::backend::{SavedOperand, TeBackend};
 use crate::fp8_gemm::{
     linear_dgrad, linear_fprop, linear_wgrad, or_high_precision, or_high_precision_saving,
 };
-use crate::high_precision::{high_precision_dgrad, high_precision_linear, high_precision_wgrad};
+use crate::gemm::Gemm;
+use crate::high_precision::{
+    high_precision_batched, high_precision_dgrad, high_precision_linear, high_precision_wgrad,
+};
 use crate::primitive::SavedForBackward;
 use crate::recipe::Recipe;
 use crate::saved::{or_panic, values};
@@ -24,10 +27,14 @@ pub fn fprop<B: TeBackend>(
     recipe: Option<&Recipe>,
     save: [bool; 2],
 ) -> (FloatTensor<B>, SavedForBackward<B::Fp8Data>) {
+    let high_precision = |x, weight, bias| match site.batched {
+        true => high_precision_batched::<B>(Gemm::Fprop, x, weight),
+        false => high_precision_linear::<B>(x, weight, bias),
+    };
     match recipe {
         None => {
             count_high_precision(site);
-            (high_precision_linear::<B>(x, weight, bias), [None, None])
+            (high_precision(x, weight, bias), [None, None])
         }
         Some(recipe) => {
             let fp8 = linear_fprop::<B>(
@@ -40,7 +47,7 @@ pub fn fprop<B: TeBackend>(
                 save,
             )
             .inspect(|_| count_recipe(site, recipe));
-            or_high_precision_saving::<B>(site, fp8, || high_precision_linear::<B>(x, weight, bias))
+            or_high_precision_saving::<B>(site, fp8, || high_precision(x, weight, bias))
         }
     }
 }
@@ -53,7 +60,10 @@ pub fn dgrad<B: TeBackend>(
     recipe: Option<&Recipe>,
 ) -> FloatTensor<B> {
     let high_precision = |weight: SavedOperand<B>, grad| {
-        values::<B>(weight).map(|w| high_precision_dgrad::<B>(w, grad))
+        values::<B>(weight).map(|w| match site.batched {
+            true => high_precision_batched::<B>(Gemm::Dgrad, grad, w),
+            false => high_precision_dgrad::<B>(w, grad),
+        })
     };
     match recipe {
         None => {
@@ -77,8 +87,12 @@ pub fn wgrad<B: TeBackend>(
     site: &GemmSite,
     recipe: Option<&Recipe>,
 ) -> FloatTensor<B> {
-    let high_precision =
-        |x: SavedOperand<B>, grad| values::<B>(x).map(|x| high_precision_wgrad::<B>(x, grad));
+    let high_precision = |x: SavedOperand<B>, grad| {
+        values::<B>(x).map(|x| match site.batched {
+            true => high_precision_batched::<B>(Gemm::Wgrad, x, grad),
+            false => high_precision_wgrad::<B>(x, grad),
+        })
+    };
     match recipe {
         None => {
             count_high_precision(site);

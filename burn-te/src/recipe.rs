@@ -41,6 +41,11 @@ pub struct DelayedScaling {
     /// Reduce amaxes across data-parallel ranks (default true). burn-te runs delayed scaling in one process, where
     /// there is nothing to reduce; the flag is kept for TE compatibility (see the README).
     pub reduce_amax: bool,
+    /// TE's `fp8_dpa`: the attention's two GEMMs (`q·kᵀ`, `p·v`) and their backward in FP8 too (default false).
+    pub fp8_dpa: bool,
+    /// TE's `fp8_mha`: FP8 attention with FP8 tensors between the projections and the attention. burn-te keeps
+    /// no FP8 tensors between modules, so it runs as `fp8_dpa` (default false).
+    pub fp8_mha: bool,
 }
 
 impl Default for DelayedScaling {
@@ -51,6 +56,8 @@ impl Default for DelayedScaling {
             amax_history_len: 1024,
             amax_compute_algo: AmaxComputeAlgo::Max,
             reduce_amax: true,
+            fp8_dpa: false,
+            fp8_mha: false,
         }
     }
 }
@@ -60,6 +67,10 @@ impl Default for DelayedScaling {
 pub struct Float8CurrentScaling {
     /// FP8 formats (default `Hybrid`).
     pub fp8_format: Format,
+    /// TE's `fp8_dpa`: the attention's two GEMMs and their backward in FP8 too (default false).
+    pub fp8_dpa: bool,
+    /// TE's `fp8_mha`: runs as `fp8_dpa` (see [`DelayedScaling::fp8_mha`]; default false).
+    pub fp8_mha: bool,
 }
 
 /// Block scaling (DeepSeek-v3 style): 1×128 tiles for activations and gradients, 128×128 blocks for weights,
@@ -179,6 +190,16 @@ pub const TILE: usize = 128;
 pub const MX_BLOCK: usize = 32;
 
 impl Recipe {
+    /// Whether the attention's GEMMs run in FP8 under this recipe (TE's `fp8_dpa` or `fp8_mha`, per-tensor
+    /// recipes only).
+    pub fn fp8_attention(&self) -> bool {
+        match self {
+            Recipe::Delayed(r) => r.fp8_dpa || r.fp8_mha,
+            Recipe::Current(r) => r.fp8_dpa || r.fp8_mha,
+            _ => false,
+        }
+    }
+
     /// The recipe's FP8 formats (NVFP4: E4M3, its block scales' format, as TE's `fp8_format`).
     pub fn format(&self) -> Format {
         match self {

@@ -30,6 +30,9 @@ pub struct GemmSite {
     /// The recipes a plan chose for the layer's three GEMMs (`None`: no plan, each GEMM runs the recipe it is
     /// given). The backward GEMMs take theirs from here.
     pub recipes: Option<Arc<LayerRecipes>>,
+    /// The "weight" operand carries the input's leading (batch) dimensions: an attention GEMM (`q·kᵀ`, `p·v`), per
+    /// batch `x [.., M, K] · w [.., K, N]`, whose wgrad keeps the batches instead of summing over them.
+    pub batched: bool,
 }
 
 impl GemmSite {
@@ -43,6 +46,15 @@ impl GemmSite {
             generation: 0,
             follows_dgrad: false,
             recipes: None,
+            batched: false,
+        }
+    }
+
+    /// The same site, of a batched GEMM (see [`batched`](Self::batched)).
+    pub fn batched(self) -> Self {
+        Self {
+            batched: true,
+            ..self
         }
     }
 

@@ -121,13 +121,13 @@ fn high_precision_all<P: Backend>(ops: &Operands, device: &P::Device) -> Gemms {
 
 /// `values` quantized at `scale` with the host encoder (conformance-tested bit-exact against ml_dtypes) and
 /// dequantized as `decode(code) · (1 / scale)`.
-fn quantized_at(values: &[f32], scale: f32, format: Fp8Format) -> Vec<f32> {
+pub(crate) fn quantized_at(values: &[f32], scale: f32, format: Fp8Format) -> Vec<f32> {
     let codes = burn_te_kernels::host::quantize(values, scale, format);
     burn_te_kernels::host::dequantize(&codes, 1.0 / scale, format)
 }
 
 /// Per-tensor current scaling recomputed here: `scale = fp8_max / amax / 2^margin` over the whole tensor.
-fn current(values: &[f32], format: Fp8Format, margin: i32) -> Vec<f32> {
+pub(crate) fn current(values: &[f32], format: Fp8Format, margin: i32) -> Vec<f32> {
     let amax = values.iter().fold(0f32, |a, v| a.max(v.abs()));
     assert!(amax > 0.0 && amax.is_finite());
     let scale = format.max() / amax / 2f32.powi(margin);

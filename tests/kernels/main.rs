@@ -17,6 +17,7 @@ mod distributed;
 mod dropout;
 mod elementwise;
 mod feature_effects;
+mod fp8_attention;
 mod fp8_state;
 mod fused;
 mod gemm;

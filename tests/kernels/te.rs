@@ -523,6 +523,7 @@ fn bad_inputs_give_clear_errors_or_te_behaviour() {
         }),
         Float8CurrentScaling {
             fp8_format: Format::E5M2,
+            ..Default::default()
         }
         .into(),
         Float8BlockScaling {

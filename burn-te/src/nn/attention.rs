@@ -1,18 +1,27 @@
 //! `DotProductAttention`: `softmax(q·kᵀ · scale + mask) · v` per head, with grouped-query heads, causal and padding
 //! masks, dropout on the attention probabilities and TE's `sbhd` / `bshd` layouts (TE's `te.DotProductAttention`).
-//! It runs in high precision, also inside an autocast scope, as TE does by default.
+//! It runs in high precision, also inside an autocast scope, as TE does by default. Under a recipe with TE's
+//! `fp8_dpa` (or `fp8_mha`), its two GEMMs run in FP8 with their backward, as the layer GEMMs `{name}.bmm1`
+//! (`q·kᵀ`: q the activation, k the weight, dS the gradient) and `{name}.bmm2` (`p·v`: p, v, dO), each with
+//! per-tensor scales kept in its FP8 state (`bmm1_fp8_meta`, `bmm2_fp8_meta`, saved with the record); the softmax
+//! stays in f32, as in TE. The debug tools and recipe plans see the two GEMMs under those names.
 
 use burn::nn::Dropout;
 use burn::prelude::*;
 use burn::tensor::TensorData;
 use burn::tensor::activation::softmax;
 
+use super::linear::te_bmm;
 use super::names::LayerName;
 use super::{config_error, dropout, or_panic};
 use crate::autocast::high_precision_guard;
 use crate::backend::TeBackend;
 use crate::error::TeError;
+use crate::fp8_state::Fp8Meta;
 use crate::fused;
+
+/// The module type of the attention GEMMs' sites (TE's snake case).
+const KIND: &str = "dot_product_attention";
 
 /// Which positions a query may not attend to (TE's `attn_mask_type`).
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
@@ -78,6 +87,10 @@ pub struct DotProductAttentionConfig {
 pub struct DotProductAttention<B: Backend> {
     /// Dropout of the attention probabilities (active on autodiff backends only, as Burn's `Dropout`).
     pub attention_dropout: Dropout,
+    /// The FP8 state of `q·kᵀ` under `fp8_dpa` (delayed-scaling histories of q, k and dS).
+    pub bmm1_fp8_meta: Fp8Meta<B>,
+    /// The FP8 state of `p·v` under `fp8_dpa` (delayed-scaling histories of p, v and dO).
+    pub bmm2_fp8_meta: Fp8Meta<B>,
     heads: usize,
     groups: usize,
     head_dim: usize,
@@ -88,7 +101,6 @@ pub struct DotProductAttention<B: Backend> {
     format: QkvFormat,
     #[module(skip)]
     name: LayerName,
-    _backend: core::marker::PhantomData<B>,
 }
 
 impl DotProductAttentionConfig {
@@ -141,7 +153,8 @@ impl DotProductAttentionConfig {
             mask_type: self.attn_mask_type,
             format: self.qkv_format,
             name,
-            _backend: core::marker::PhantomData,
+            bmm1_fp8_meta: Fp8Meta::new(),
+            bmm2_fp8_meta: Fp8Meta::new(),
         })
     }
 }
@@ -169,6 +182,23 @@ impl<B: TeBackend> DotProductAttention<B> {
         v: Tensor<B, 4>,
         attention_mask: Option<Tensor<B, 2, Bool>>,
     ) -> Result<Tensor<B, 3>, TeError> {
+        self.forward_as(&self.name.to_string(), q, k, v, attention_mask)
+    }
+
+    /// The module's name (its FP8 GEMMs are `{name}.bmm1` and `{name}.bmm2`).
+    pub fn name(&self) -> String {
+        self.name.to_string()
+    }
+
+    /// [`try_forward`](Self::try_forward) under the layer name `name` (a parent's resolved name for its core).
+    pub(crate) fn forward_as(
+        &self,
+        name: &str,
+        q: Tensor<B, 4>,
+        k: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+        attention_mask: Option<Tensor<B, 2, Bool>>,
+    ) -> Result<Tensor<B, 3>, TeError> {
         let (q, k, v) = (self.to_bhsd(q), self.to_bhsd(k), self.to_bhsd(v));
         let [batch, _, queries, _] = q.dims();
         let keys = k.dims()[2];
@@ -187,8 +217,21 @@ impl<B: TeBackend> DotProductAttention<B> {
         let (k, v) = (repeat(k), repeat(v));
 
         let device = q.device();
+        let bmm = |a: Tensor<B, 4>, b: Tensor<B, 4>, site: &str, meta| match te_bmm(
+            a.clone(),
+            b.clone(),
+            &format!("{name}.{site}"),
+            meta,
+            KIND,
+        )? {
+            Some(fp8) => Ok::<_, TeError>(fp8),
+            None => {
+                let _high_precision = high_precision_guard();
+                Ok(a.matmul(b))
+            }
+        };
+        let scores = bmm(q, k.swap_dims(2, 3), "bmm1", &self.bmm1_fp8_meta)?;
         let _high_precision = high_precision_guard();
-        let scores = q.matmul(k.swap_dims(2, 3));
         let causal = self.mask_type.causal();
         let fused =
             fused::softmax::try_fused(&scores, self.scale as f32, causal, padding.as_ref())?;
@@ -211,7 +254,8 @@ impl<B: TeBackend> DotProductAttention<B> {
             }
         };
         let probs = self.attention_dropout.forward(probs);
-        let context = probs.matmul(v); // [b, h, s, d]
+        drop(_high_precision);
+        let context = bmm(probs, v, "bmm2", &self.bmm2_fp8_meta)?; // [b, h, s, d]
         let width = self.heads * self.head_dim;
         Ok(match self.format {
             QkvFormat::Sbhd => context

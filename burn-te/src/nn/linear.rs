@@ -6,11 +6,12 @@ use burn::tensor::TensorPrimitive;
 
 use super::names::LayerName;
 use super::{ModuleOutput, check_features, or_panic};
-use crate::autocast::{active_scope_recipe, layer_recipes};
+use crate::autocast::{ScopeRecipe, active_scope_recipe, layer_recipes};
 use crate::backend::TeBackend;
 use crate::error::TeError;
 use crate::fp8_state::Fp8Meta;
 use crate::gemm::Gemm;
+use crate::recipe::Recipe;
 use crate::site::GemmSite;
 
 /// Config of [`Linear`].
@@ -120,20 +121,63 @@ pub(crate) fn te_gemm<B: TeBackend, const D: usize>(
     let [in_features, _] = weight.dims();
     let layer = name.resolve(weight);
     check_features(&layer, "input", &x, in_features)?;
+    let (site, recipe) = fprop_site(layer, kind, fp8_meta)?;
+    Ok(run_gemm(x, weight.val(), bias, &site, recipe.as_ref()))
+}
+
+/// An attention GEMM, `a [.., M, K] · b [.., K, N]` per batch, in FP8 through [`TeBackend::te_linear`] at the
+/// batched fprop site `layer` (see [`GemmSite::batched`]), `fp8_meta` keeping its operands' scales (`a` as the
+/// activation, `b` as the weight, and the gradient); `None` where the scope (or its plan, for this site) gives no
+/// recipe with TE's `fp8_dpa`/`fp8_mha`: the attention then stays in high precision, as TE's does.
+pub(crate) fn te_bmm<B: TeBackend, const D: usize>(
+    a: Tensor<B, D>,
+    b: Tensor<B, D>,
+    layer: &str,
+    fp8_meta: &Fp8Meta<B>,
+    kind: &'static str,
+) -> Result<Option<Tensor<B, D>>, TeError> {
+    match active_scope_recipe() {
+        None => return Ok(None),
+        Some(ScopeRecipe::Recipe(recipe)) if !recipe.fp8_attention() => return Ok(None),
+        Some(_) => {}
+    }
+    let (site, recipe) = fprop_site(layer.into(), kind, fp8_meta)?;
+    Ok(match recipe.filter(Recipe::fp8_attention) {
+        Some(recipe) => Some(run_gemm(a, b, None, &site.batched(), Some(&recipe))),
+        None => None,
+    })
+}
+
+/// The fprop site of `layer` with its state and the recipes the scope (or its plan) gives it.
+fn fprop_site<B: TeBackend>(
+    layer: std::sync::Arc<str>,
+    kind: &'static str,
+    fp8_meta: &Fp8Meta<B>,
+) -> Result<(GemmSite, Option<Recipe>), TeError> {
     let scope = active_scope_recipe();
     let (recipe, planned) = layer_recipes(scope.as_ref(), &layer, Some(kind), fp8_meta)?;
     let site = GemmSite::new(layer, Gemm::Fprop)
         .of_kind(kind)
         .with_state(fp8_meta)
         .with_recipes(planned);
+    Ok((site, recipe))
+}
+
+fn run_gemm<B: TeBackend, const D: usize, const W: usize>(
+    x: Tensor<B, D>,
+    weight: Tensor<B, W>,
+    bias: Option<Tensor<B, 1>>,
+    site: &GemmSite,
+    recipe: Option<&Recipe>,
+) -> Tensor<B, D> {
     let out = B::te_linear(
         x.into_primitive().tensor(),
-        weight.val().into_primitive().tensor(),
+        weight.into_primitive().tensor(),
         bias.map(|b| b.into_primitive().tensor()),
-        &site,
-        recipe.as_ref(),
+        site,
+        recipe,
     );
-    Ok(Tensor::from_primitive(TensorPrimitive::Float(out)))
+    Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
 /// Splits a layer's bias into (added in the GEMM, returned beside the output) by `return_bias`.

@@ -202,7 +202,11 @@ impl<B: TeBackend> MultiheadAttention<B> {
             self.groups,
             self.head_dim,
         ]);
-        let context = self.core_attention.try_forward(q, k, v, attention_mask)?;
+        // The core under this module's resolved name (its FP8 GEMMs: `{name}.core_attention.bmm1`, `.bmm2`).
+        let core = format!("{}.core_attention", self.name());
+        let context = self
+            .core_attention
+            .forward_as(&core, q, k, v, attention_mask)?;
         self.proj.try_forward(context)
     }
 

@@ -105,6 +105,12 @@ pub struct RecipeOptions {
     /// `fp8_delayed_scaling`: `max` or `most_recent`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub amax_compute_algo: Option<String>,
+    /// `fp8_delayed_scaling`, `fp8_current_scaling`: the attention's GEMMs in FP8 too (TE's `fp8_dpa`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8_dpa: Option<bool>,
+    /// `fp8_delayed_scaling`, `fp8_current_scaling`: TE's `fp8_mha` (runs as `fp8_dpa`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8_mha: Option<bool>,
     /// `nvfp4`: no random Hadamard transform on the wgrad's operands.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disable_rht: Option<bool>,
@@ -467,6 +473,26 @@ pub fn recipe_named(
         _ => {
             if let Some((key, _)) = delayed_keys.iter().find(|(_, set)| *set) {
                 return not_for(key, "fp8_delayed_scaling");
+            }
+        }
+    }
+    let attention = (options.fp8_dpa, options.fp8_mha);
+    match &mut recipe {
+        Recipe::Delayed(r) => {
+            r.fp8_dpa = attention.0.unwrap_or(r.fp8_dpa);
+            r.fp8_mha = attention.1.unwrap_or(r.fp8_mha);
+        }
+        Recipe::Current(r) => {
+            r.fp8_dpa = attention.0.unwrap_or(r.fp8_dpa);
+            r.fp8_mha = attention.1.unwrap_or(r.fp8_mha);
+        }
+        _ => {
+            let per_tensor = "fp8_delayed_scaling and fp8_current_scaling";
+            if attention.0.is_some() {
+                return not_for("fp8_dpa", per_tensor);
+            }
+            if attention.1.is_some() {
+                return not_for("fp8_mha", per_tensor);
             }
         }
     }
