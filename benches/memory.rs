@@ -6,7 +6,9 @@
 //!   buffers as `Autodiff<B>`);
 //! - `fp8 (original operands)`: DelayedScaling with the high-precision operands kept for the backward, as before
 //!   (`burn_te::save_original_operands`);
-//! - `fp8`: DelayedScaling with the forward's FP8 operands kept (`burn_te::saved`).
+//! - `fp8`: DelayedScaling with the forward's FP8 operands kept (`burn_te::saved`);
+//! - `fp8 + fp8_dpa`: the same with TE's `fp8_dpa`, the attention's two GEMMs in FP8 too (their operands kept in
+//!   FP8: q, k, p, v).
 //!
 //! Written: a table on stdout, `target/burn-te-memory.csv` and its chart `target/burn-te-memory.svg` (the book's
 //! `docs/src/images/memory.svg`). Columns: *held* — bytes alive between the forward and the backward beyond the step's
@@ -77,6 +79,16 @@ enum Precision {
     F32,
     Fp8Original,
     Fp8,
+    Fp8Attention,
+}
+
+impl Precision {
+    const ALL: [Precision; 4] = [
+        Precision::F32,
+        Precision::Fp8Original,
+        Precision::Fp8,
+        Precision::Fp8Attention,
+    ];
 }
 
 impl Precision {
@@ -85,6 +97,7 @@ impl Precision {
             Precision::F32 => "f32",
             Precision::Fp8Original => "fp8 (original operands)",
             Precision::Fp8 => "fp8",
+            Precision::Fp8Attention => "fp8 + fp8_dpa",
         }
     }
 }
@@ -170,6 +183,13 @@ fn forward<B: AutodiffBackend + TeBackend>(
         Precision::Fp8 => {
             fp8_autocast(true, DelayedScaling::default(), forward).expect("valid recipe")
         }
+        Precision::Fp8Attention => {
+            let recipe = DelayedScaling {
+                fp8_dpa: true,
+                ..Default::default()
+            };
+            fp8_autocast(true, recipe, forward).expect("valid recipe")
+        }
     }
 }
 
@@ -219,7 +239,7 @@ fn measure<B: AutodiffBackend + TeBackend>(
     B::sync(device).expect("sync");
     let held = meter.in_use().saturating_sub(before);
     let gemm_kept = match precision {
-        Precision::Fp8 => {
+        Precision::Fp8 | Precision::Fp8Attention => {
             (thread_counter_value(names::KEPT_FP8_BYTES).unwrap_or(0) - kept_before) as usize
         }
         _ => size.f32_gemm_inputs(),
@@ -261,19 +281,18 @@ fn table_rows<
 ) {
     for size in sizes() {
         for (strategy, balanced) in [("default", false), ("balanced", true)] {
-            let measured: Vec<(Precision, Measured)> =
-                [Precision::F32, Precision::Fp8Original, Precision::Fp8]
-                    .into_iter()
-                    .map(|p| {
-                        let m = if balanced {
-                            measure::<Wb>(size, p, device, meter)
-                        } else {
-                            measure::<W>(size, p, device, meter)
-                        };
-                        bar.inc(1);
-                        (p, m)
-                    })
-                    .collect();
+            let measured: Vec<(Precision, Measured)> = Precision::ALL
+                .into_iter()
+                .map(|p| {
+                    let m = if balanced {
+                        measure::<Wb>(size, p, device, meter)
+                    } else {
+                        measure::<W>(size, p, device, meter)
+                    };
+                    bar.inc(1);
+                    (p, m)
+                })
+                .collect();
             let f32_held = measured[0].1.held.max(1);
             let f32_peak = measured[0].1.peak;
             let f32_kept = measured[0].1.gemm_kept.max(1);
@@ -306,8 +325,11 @@ fn memory_table() {
     let header = "backend,hidden,tokens,checkpointing,precision,held MiB,held vs f32,peak MiB,peak vs f32,GEMM kept MiB,GEMM kept vs f32";
     println!("{header}");
     let mut rows = vec![header.to_string()];
-    // Two backends × sizes × two checkpointing strategies × three precisions, each a few training steps.
-    let bar = progress(2 * sizes().len() as u64 * 2 * 3, "memory table");
+    // Two backends × sizes × two checkpointing strategies × the precisions, each a few training steps.
+    let bar = progress(
+        2 * sizes().len() as u64 * 2 * Precision::ALL.len() as u64,
+        "memory table",
+    );
     let device = WgpuDevice::default();
     table_rows::<Autodiff<Te<Wgpu>>, Autodiff<Te<Wgpu>, BalancedCheckpointing>>(
         "wgpu",
@@ -338,11 +360,12 @@ fn draw_chart(csv: &str, svg: &std::path::Path) -> Result<(), Box<dyn std::error
         .skip(1)
         .map(|l| l.split(',').collect())
         .collect();
-    let precisions = ["f32", "fp8 (original operands)", "fp8"];
+    let precisions = Precision::ALL.map(Precision::name);
     let colors = [
         RGBColor(90, 90, 90),
         RGBColor(230, 150, 60),
         RGBColor(40, 120, 200),
+        RGBColor(60, 170, 90),
     ];
     let root = SVGBackend::new(svg, (1000, 760)).into_drawing_area();
     root.fill(&WHITE)?;
@@ -382,8 +405,8 @@ fn draw_chart(csv: &str, svg: &std::path::Path) -> Result<(), Box<dyn std::error
             let bars = of_backend.iter().filter(|r| r[4] == *precision).map(|r| {
                 let group = format!("h{} × {} tok, {}", r[1], r[2], r[3]);
                 let g = groups.iter().position(|x| *x == group).unwrap_or(0) as f64;
-                let x0 = g + 0.1 + 0.27 * index as f64;
-                Rectangle::new([(x0, 0.0), (x0 + 0.25, value(r))], color.filled())
+                let x0 = g + 0.08 + 0.21 * index as f64;
+                Rectangle::new([(x0, 0.0), (x0 + 0.19, value(r))], color.filled())
             });
             chart
                 .draw_series(bars)?
@@ -489,7 +512,7 @@ fn time_steps<B: AutodiffBackend + TeBackend>(
     group.sample_size(10);
     let layer = layer::<B>(size, device);
     let (x, target) = inputs::<B>(size, device);
-    for precision in [Precision::F32, Precision::Fp8Original, Precision::Fp8] {
+    for precision in Precision::ALL {
         group.bench_function(precision.name(), |b| {
             b.iter(|| step(&layer, &x, &target, precision))
         });

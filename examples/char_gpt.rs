@@ -67,7 +67,8 @@ struct Args {
     /// A text file or a directory of text files (`apt-get install fortunes` for the default).
     #[arg(default_value = DEFAULT_CORPUS)]
     path: PathBuf,
-    /// The recipe of every GEMM (f32, delayed, current, block, mxfp8, nvfp4, nvfp4-plain).
+    /// The recipe of every GEMM (f32, delayed, current, block, mxfp8, nvfp4, nvfp4-plain; delayed-dpa and current-dpa
+    /// run the attention in FP8 too).
     #[arg(long, default_value = "f32", value_parser = recipe_name)]
     recipe: String,
     /// Steps per epoch.

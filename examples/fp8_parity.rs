@@ -44,7 +44,8 @@ struct Args {
     /// A text file or a directory of text files (`apt-get install fortunes` for the default).
     #[arg(default_value = "/usr/share/games/fortunes")]
     corpus: PathBuf,
-    /// The recipes to train, seed 0 (f32, delayed, current, block, mxfp8, nvfp4, nvfp4-plain).
+    /// The recipes to train, seed 0 (f32, delayed, current, block, mxfp8, nvfp4, nvfp4-plain, and delayed-dpa,
+    /// current-dpa: with the attention in FP8 too).
     #[arg(long, value_delimiter = ',', value_parser = recipe_name,
           default_value = "f32,delayed,current,block,mxfp8,nvfp4")]
     recipes: Vec<String>,

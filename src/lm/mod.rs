@@ -22,13 +22,15 @@ use burn_te::{
 };
 
 /// The recipe names the examples take.
-pub const RECIPE_NAMES: &str = "f32, delayed, current, block, mxfp8, nvfp4, nvfp4-plain";
+pub const RECIPE_NAMES: &str =
+    "f32, delayed, current, block, mxfp8, nvfp4, nvfp4-plain, delayed-dpa, current-dpa";
 
 /// The recipe of a name of [`RECIPE_NAMES`] with TE's defaults (`Ok(None)`: f32): `delayed` (DelayedScaling,
 /// HYBRID), `current` (Float8CurrentScaling), `block` (Float8BlockScaling), `mxfp8`, `nvfp4` (TE's NVFP4 recipe:
 /// RHT on wgrad, 16×16 weight blocks, stochastic rounding of gradients; TE's `NVTE_NVFP4_DISABLE_*` variables
-/// apply) and `nvfp4-plain` (NVFP4 without RHT, stochastic rounding or 2D weight blocks). An unknown name is an
-/// error naming the known ones.
+/// apply), `nvfp4-plain` (NVFP4 without RHT, stochastic rounding or 2D weight blocks), and `delayed-dpa` and
+/// `current-dpa` (the per-tensor recipes with TE's `fp8_dpa`: the attention's GEMMs in FP8 too). An unknown name is
+/// an error naming the known ones.
 pub fn recipe_named(name: &str) -> Result<Option<Recipe>, String> {
     Ok(Some(match name {
         "f32" => return Ok(None),
@@ -37,6 +39,16 @@ pub fn recipe_named(name: &str) -> Result<Option<Recipe>, String> {
         "block" => Float8BlockScaling::default().into(),
         "mxfp8" => MXFP8BlockScaling::default().into(),
         "nvfp4" => NVFP4BlockScaling::from_env().into(),
+        "delayed-dpa" => DelayedScaling {
+            fp8_dpa: true,
+            ..Default::default()
+        }
+        .into(),
+        "current-dpa" => Float8CurrentScaling {
+            fp8_dpa: true,
+            ..Default::default()
+        }
+        .into(),
         "nvfp4-plain" => NVFP4BlockScaling {
             disable_rht: true,
             disable_stochastic_rounding: true,
