@@ -334,3 +334,62 @@ fn recipe_plans_turn_fp8_attention_on_per_layer() {
         "{message}"
     );
 }
+
+/// Statistics and quantization errors apply to the attention GEMMs like any layer's: LogTensorStats' max of q
+/// (bmm1's activation), k (its weight), v (bmm2's weight) and dO (bmm2's gradient) equal the inputs' maxima, and
+/// LogQuantizationError's SQNR of bmm1's output equals `10·log10(Σ s² / Σ (s − s₈)²)` recomputed in f64 from
+/// `s = q·kᵀ` and `s₈` of the current-scaled q and k.
+#[test]
+fn statistics_and_quantization_error_apply_to_the_attention_gemms() {
+    type S = Autodiff<burn_te_debug::Debug<burn_te::Te<Flex>>>;
+    let _guard = SESSION.lock().unwrap_or_else(|p| p.into_inner());
+    let config = "attention_stats:\n  enabled: True\n  layers:\n    layer_name_regex_pattern: '^stats_attn\\.bmm[12]$'\n  \
+                  transformer_engine:\n    LogTensorStats:\n      enabled: True\n      tensors: [activation, weight, gradient]\n      \
+                  stats: [max]\n    LogQuantizationError:\n      enabled: True\n      gemms: [fprop]\n      stats: [sqnr]\n";
+    let (_, collect) = start_session("fp8-attention-stats", config);
+    let layer = attention::<S>("stats_attn");
+    let ops = operands(4);
+    let dpa = Float8CurrentScaling {
+        fp8_dpa: true,
+        ..Default::default()
+    };
+    run(&layer, &ops, Some(dpa.into()));
+    burn_te_debug::step().unwrap();
+    burn_te_debug::end().unwrap();
+    let logged = collect.0.lock().unwrap().clone();
+    let get = |name: &str| {
+        logged
+            .iter()
+            .find(|(_, v)| v.name == name)
+            .map(|(_, v)| v.value)
+            .unwrap_or_else(|| panic!("{name} not logged: {logged:?}"))
+    };
+    let max = |x: &[f32]| x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+    for (name, x) in [
+        ("stats_attn.bmm1_activation_max", &ops[0]),
+        ("stats_attn.bmm1_weight_max", &ops[1]),
+        ("stats_attn.bmm2_weight_max", &ops[2]),
+        ("stats_attn.bmm2_gradient_max", &ops[3]),
+    ] {
+        assert_eq!(get(name), max(x), "{name}");
+    }
+    let [_, _, s, d] = SHAPE;
+    let (q, k) = (f64s(&ops[0]), f64s(&ops[1]));
+    let exact = bmm(&q, &k, (s, d, s), false, true);
+    let e4 = Fp8Format::E4M3;
+    let fp8 = bmm(
+        &quantized(&q, e4),
+        &quantized(&k, e4),
+        (s, d, s),
+        false,
+        true,
+    );
+    let noise: f64 = exact.iter().zip(&fp8).map(|(a, b)| (a - b).powi(2)).sum();
+    let signal: f64 = exact.iter().map(|a| a * a).sum();
+    let sqnr = 10.0 * (signal / noise).log10();
+    let logged_sqnr = get("stats_attn.bmm1_output_sqnr");
+    assert!(
+        (logged_sqnr - sqnr).abs() < 1e-3,
+        "bmm1 SQNR: logged {logged_sqnr}, f64 {sqnr}"
+    );
+}
