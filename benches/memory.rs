@@ -16,7 +16,8 @@
 //! baseline (Flex only: CubeCL does not report one); *GEMM kept* — what the linear layers keep for their backward
 //! (FP8: counted by burn-te; f32: their inputs in f32, the weights being parameters anyway). Then the f32 tensors
 //! the non-GEMM ops keep (layer norm, attention core, GELU), each measured alone on Flex. Last, criterion times the
-//! three steps at the smallest and the largest size (the ratios are what to read: these machines are noisy).
+//! steps at the smallest and the largest size, on Flex under both checkpointings (the ratios are what to read: these
+//! machines are noisy).
 //! `BURN_TE_MEMORY_QUICK=1` measures hidden 512 × 256 tokens only; `BURN_TE_MEMORY_TABLE=0` skips the table.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -498,7 +499,7 @@ fn breakdown(size: Size) {
     });
 }
 
-/// Criterion: step time of the three precisions at one size on one backend.
+/// Criterion: step time of the precisions at one size on one backend.
 fn time_steps<B: AutodiffBackend + TeBackend>(
     c: &mut Criterion,
     backend: &str,
@@ -541,6 +542,12 @@ fn memory(c: &mut Criterion) {
     for size in &timed[..if sizes.len() > 1 { 2 } else { 1 }] {
         time_steps::<Autodiff<Te<Wgpu>>>(c, "wgpu", *size, &WgpuDevice::default());
         time_steps::<Autodiff<Te<Flex>>>(c, "flex", *size, &Default::default());
+        time_steps::<Autodiff<Te<Flex>, BalancedCheckpointing>>(
+            c,
+            "flex balanced",
+            *size,
+            &Default::default(),
+        );
     }
 }
 

@@ -231,7 +231,8 @@ impl<B: TeBackend> DotProductAttention<B> {
             }
         };
         let scores = bmm(q, k.swap_dims(2, 3), "bmm1", &self.bmm1_fp8_meta)?;
-        let _high_precision = high_precision_guard();
+        // The softmax and its masks in high precision, as in TE.
+        let high_precision = high_precision_guard();
         let causal = self.mask_type.causal();
         let fused =
             fused::softmax::try_fused(&scores, self.scale as f32, causal, padding.as_ref())?;
@@ -254,7 +255,7 @@ impl<B: TeBackend> DotProductAttention<B> {
             }
         };
         let probs = self.attention_dropout.forward(probs);
-        drop(_high_precision);
+        drop(high_precision);
         let context = bmm(probs, v, "bmm2", &self.bmm2_fp8_meta)?; // [b, h, s, d]
         let width = self.heads * self.head_dim;
         Ok(match self.format {

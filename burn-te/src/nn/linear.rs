@@ -142,10 +142,9 @@ pub(crate) fn te_bmm<B: TeBackend, const D: usize>(
         Some(_) => {}
     }
     let (site, recipe) = fprop_site(layer.into(), kind, fp8_meta)?;
-    Ok(match recipe.filter(Recipe::fp8_attention) {
-        Some(recipe) => Some(run_gemm(a, b, None, &site.batched(), Some(&recipe))),
-        None => None,
-    })
+    Ok(recipe
+        .filter(Recipe::fp8_attention)
+        .map(|recipe| run_gemm(a, b, None, &site.batched(), Some(&recipe))))
 }
 
 /// The fprop site of `layer` with its state and the recipes the scope (or its plan) gives it.
