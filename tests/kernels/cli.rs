@@ -122,3 +122,43 @@ fn book_command_lines_use_the_flags_help_lists() {
         );
     }
 }
+
+/// The launcher's flags as a clap group parse as `Launch::from_args` reads them: torchrun's alias, the default
+/// timeout, and a program's own flags beside them.
+#[test]
+fn launcher_flags_parse_in_a_programs_clap_command_line() {
+    use burn_te::distributed::launch::{Launch, LaunchArgs};
+    use clap::Parser;
+    #[derive(Parser, Debug)]
+    struct Program {
+        #[arg(long, default_value_t = 5)]
+        iterations: usize,
+        #[command(flatten)]
+        launch: LaunchArgs,
+    }
+    let parsed = Program::parse_from(["p", "--nproc-per-node", "3", "--iterations", "7"]);
+    assert_eq!(parsed.iterations, 7);
+    assert_eq!(
+        parsed.launch,
+        LaunchArgs {
+            nproc: Some(3),
+            collective_timeout: 60,
+            ..LaunchArgs::default()
+        }
+    );
+    let args: Vec<String> = ["--nproc-per-node", "3", "--iterations", "7"]
+        .map(String::from)
+        .to_vec();
+    let (Launch::Local(launcher), rest) = Launch::from_args(&args).unwrap() else {
+        panic!("--nproc makes a launcher")
+    };
+    assert_eq!(
+        (launcher.nproc, rest),
+        (3, vec!["--iterations".to_string(), "7".into()])
+    );
+    assert_eq!(LaunchArgs::default().collective_timeout, 60);
+    let err = Program::try_parse_from(["p", "--nproc", "two"])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--nproc <N>") && err.contains("two"), "{err}");
+}

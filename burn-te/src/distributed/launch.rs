@@ -42,7 +42,7 @@ pub enum Launch {
 /// The launcher's flags, as torchrun spells them (`--nproc` is short for `--nproc-per-node`): a clap argument
 /// group a program flattens into its own command line (`#[command(flatten)] launch: LaunchArgs`), so its `--help`
 /// lists them. [`launch`](Self::launch) says what they make this process.
-#[derive(clap::Args, Clone, Debug, Default, PartialEq, Eq)]
+#[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
 #[command(next_help_heading = "Distributed (torchrun's flags)")]
 pub struct LaunchArgs {
     /// Start N peer processes on this machine: copies of this program with its other arguments.
@@ -61,8 +61,25 @@ pub struct LaunchArgs {
     #[arg(long, value_name = "HOST")]
     pub node_address: Option<String>,
     /// Seconds a collective waits for the other peers before it fails.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    #[arg(long, value_name = "SECONDS", default_value_t = COLLECTIVE_TIMEOUT_S)]
     pub collective_timeout: u64,
+}
+
+/// The default of `--collective-timeout`, in seconds.
+const COLLECTIVE_TIMEOUT_S: u64 = 60;
+
+/// No launcher flag: a single process, with the default collective timeout.
+impl Default for LaunchArgs {
+    fn default() -> Self {
+        Self {
+            nproc: None,
+            rank: None,
+            world_size: None,
+            address: None,
+            node_address: None,
+            collective_timeout: COLLECTIVE_TIMEOUT_S,
+        }
+    }
 }
 
 /// The launcher's flags, each with the names it is given by.
@@ -95,10 +112,7 @@ impl LaunchArgs {
 
     /// The launcher's flags in `args`, and the other arguments.
     fn split(args: &[String]) -> Result<(LaunchArgs, Vec<String>), TeError> {
-        let mut flags = LaunchArgs {
-            collective_timeout: 60,
-            ..LaunchArgs::default()
-        };
+        let mut flags = LaunchArgs::default();
         let mut rest = Vec::new();
         let mut args = args.iter();
         while let Some(arg) = args.next() {
