@@ -6,8 +6,7 @@ use burn_te_kernels::{AmaxComputeAlgo, Fp8Format, Fp8Stats, ScaleBlock, TensorSt
 
 use crate::error::TeError;
 use crate::fused::{AttentionMask, NormForward, NormGrads, NormSaved, NormSpec, Pointwise};
-use crate::gemm::Gemm;
-use crate::high_precision::{high_precision_dgrad, high_precision_linear, high_precision_wgrad};
+use crate::high_precision::high_precision_gemm;
 pub use crate::primitive::{
     ElementFormat, Fp8HostData, Fp8Tensor, Nvfp4Scales, Saved, SavedForBackward, SavedQuantized,
     Scaling, gemm_output_shape,
@@ -167,21 +166,17 @@ pub trait TeBackend: Backend {
         None
     }
 
-    /// The GEMM of `site` in high precision on its operands in [`Gemm::operands`]' order (fprop: `x`, `weight`,
-    /// plus `bias`; dgrad: `grad`, `weight`; wgrad: `x`, `grad`), neither counted nor observed: the reference the
-    /// debug tools measure a low-precision GEMM's error against. Decorators forward it to their inner backend.
+    /// The GEMM of `site` in high precision on its operands in [`Gemm::operands`](crate::Gemm::operands)' order
+    /// (fprop: `x`, `weight`, plus `bias`; dgrad: `grad`, `weight`; wgrad: `x`, `grad`), neither counted nor
+    /// observed: the reference the debug tools measure a low-precision GEMM's error against. Decorators forward it to
+    /// their inner backend.
     fn te_reference_gemm(
         site: &GemmSite,
         lhs: FloatTensor<Self>,
         rhs: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
     ) -> FloatTensor<Self> {
-        match (site.gemm, site.batched) {
-            (gemm, true) => crate::high_precision::high_precision_batched::<Self>(gemm, lhs, rhs),
-            (Gemm::Fprop, false) => high_precision_linear::<Self>(lhs, rhs, bias),
-            (Gemm::Dgrad, false) => high_precision_dgrad::<Self>(rhs, lhs),
-            (Gemm::Wgrad, false) => high_precision_wgrad::<Self>(lhs, rhs),
-        }
+        high_precision_gemm::<Self>(site.gemm, site.batched, lhs, rhs, bias)
     }
 
     /// The TE modules' LayerNorm/RMSNorm of `x [.., width]` with γ `[width]` (and β): the fused op of

@@ -6,6 +6,8 @@ use burn::tensor::Shape;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
+use crate::gemm::Gemm;
+
 /// The zeros a GEMM with a zero-sized dimension gives (`out` elements; `None` when neither operand is empty):
 /// answered here because Burn's ndarray matmul divides by zero on an empty operand. An empty batch gives an empty
 /// output, and a weight gradient over no tokens is a zero matrix.
@@ -34,7 +36,7 @@ fn last_dim<B: Backend>(tensor: &FloatTensor<B>) -> usize {
 
 /// `x · weight + bias` in high precision (the inner backend's `linear` on rows folded to rank 2: Flex's rank-3
 /// `linear` with its backward takes 13× the time, `benches/host_path.rs`; zero-sized operands answered here).
-pub(crate) fn high_precision_linear<B: Backend>(
+fn high_precision_linear<B: Backend>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     bias: Option<FloatTensor<B>>,
@@ -64,7 +66,7 @@ pub(crate) fn high_precision_linear<B: Backend>(
 }
 
 /// `grad · weightᵀ` in high precision (zero-sized operands answered here).
-pub(crate) fn high_precision_dgrad<B: Backend>(
+fn high_precision_dgrad<B: Backend>(
     weight: FloatTensor<B>,
     grad: FloatTensor<B>,
 ) -> FloatTensor<B> {
@@ -82,31 +84,34 @@ pub(crate) fn high_precision_dgrad<B: Backend>(
 }
 
 /// `xᵀ · grad` summed over the leading dimensions, in high precision (zero-sized operands answered here).
-pub(crate) fn high_precision_wgrad<B: Backend>(
-    x: FloatTensor<B>,
-    grad: FloatTensor<B>,
-) -> FloatTensor<B> {
+fn high_precision_wgrad<B: Backend>(x: FloatTensor<B>, grad: FloatTensor<B>) -> FloatTensor<B> {
     let out = vec![last_dim::<B>(&x), last_dim::<B>(&grad)];
     zero_sized_gemm::<B>(&x, &grad, out)
         .unwrap_or_else(|| B::linear_weight_backward(fold_rows::<B>(x).0, fold_rows::<B>(grad).0))
 }
 
-/// The batched GEMMs of an attention site (see [`GemmSite::batched`](crate::GemmSite::batched)) in high
-/// precision: fprop `x · w`, dgrad `grad · wᵀ`, wgrad `xᵀ · grad`, per batch.
-pub(crate) fn high_precision_batched<B: Backend>(
-    gemm: crate::gemm::Gemm,
+/// A layer GEMM in high precision on its operands in [`Gemm::operands`](crate::Gemm::operands)' order (fprop:
+/// `x`, `weight`, plus `bias`; dgrad: `grad`, `weight`; wgrad: `x`, `grad`). `batched`: the GEMM of an attention
+/// site (see [`GemmSite::batched`](crate::GemmSite::batched)), per batch and without a bias: fprop `x · w`, dgrad
+/// `grad · wᵀ`, wgrad `xᵀ · grad`.
+pub(crate) fn high_precision_gemm<B: Backend>(
+    gemm: Gemm,
+    batched: bool,
     lhs: FloatTensor<B>,
     rhs: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
 ) -> FloatTensor<B> {
-    use crate::gemm::Gemm;
     let transpose = |t: FloatTensor<B>| {
         let rank = dims::<B>(&t).len();
         B::float_swap_dims(t, rank - 2, rank - 1)
     };
-    match gemm {
-        Gemm::Fprop => B::float_matmul(lhs, rhs),
-        Gemm::Dgrad => B::float_matmul(lhs, transpose(rhs)),
-        Gemm::Wgrad => B::float_matmul(transpose(lhs), rhs),
+    match (gemm, batched) {
+        (Gemm::Fprop, false) => high_precision_linear::<B>(lhs, rhs, bias),
+        (Gemm::Dgrad, false) => high_precision_dgrad::<B>(rhs, lhs),
+        (Gemm::Wgrad, false) => high_precision_wgrad::<B>(lhs, rhs),
+        (Gemm::Fprop, true) => B::float_matmul(lhs, rhs),
+        (Gemm::Dgrad, true) => B::float_matmul(lhs, transpose(rhs)),
+        (Gemm::Wgrad, true) => B::float_matmul(transpose(lhs), rhs),
     }
 }
 

@@ -9,9 +9,7 @@ use crate::fp8_gemm::{
     linear_dgrad, linear_fprop, linear_wgrad, or_high_precision, or_high_precision_saving,
 };
 use crate::gemm::Gemm;
-use crate::high_precision::{
-    high_precision_batched, high_precision_dgrad, high_precision_linear, high_precision_wgrad,
-};
+use crate::high_precision::high_precision_gemm;
 use crate::primitive::SavedForBackward;
 use crate::recipe::Recipe;
 use crate::saved::{or_panic, values};
@@ -27,10 +25,8 @@ pub fn fprop<B: TeBackend>(
     recipe: Option<&Recipe>,
     save: [bool; 2],
 ) -> (FloatTensor<B>, SavedForBackward<B::Fp8Data>) {
-    let high_precision = |x, weight, bias| match site.batched {
-        true => high_precision_batched::<B>(Gemm::Fprop, x, weight),
-        false => high_precision_linear::<B>(x, weight, bias),
-    };
+    let high_precision =
+        |x, weight, bias| high_precision_gemm::<B>(Gemm::Fprop, site.batched, x, weight, bias);
     match recipe {
         None => {
             count_high_precision(site);
@@ -60,10 +56,8 @@ pub fn dgrad<B: TeBackend>(
     recipe: Option<&Recipe>,
 ) -> FloatTensor<B> {
     let high_precision = |weight: SavedOperand<B>, grad| {
-        values::<B>(weight).map(|w| match site.batched {
-            true => high_precision_batched::<B>(Gemm::Dgrad, grad, w),
-            false => high_precision_dgrad::<B>(w, grad),
-        })
+        values::<B>(weight)
+            .map(|w| high_precision_gemm::<B>(Gemm::Dgrad, site.batched, grad, w, None))
     };
     match recipe {
         None => {
@@ -88,10 +82,7 @@ pub fn wgrad<B: TeBackend>(
     recipe: Option<&Recipe>,
 ) -> FloatTensor<B> {
     let high_precision = |x: SavedOperand<B>, grad| {
-        values::<B>(x).map(|x| match site.batched {
-            true => high_precision_batched::<B>(Gemm::Wgrad, x, grad),
-            false => high_precision_wgrad::<B>(x, grad),
-        })
+        values::<B>(x).map(|x| high_precision_gemm::<B>(Gemm::Wgrad, site.batched, x, grad, None))
     };
     match recipe {
         None => {

@@ -3,7 +3,7 @@
 //!
 //! Expert `i` is a GEMM layer of its own: its weight and bias, its FP8 state (delayed-scaling histories), and its
 //! name `{name}.{i}` (a group named `moe.experts` has experts `moe.experts.0`, `moe.experts.1`, ...), which the
-//! debug tools and recipe plans select. Each expert's rows go through the same GEMM path as a [`Linear`]'s, so
+//! debug tools and recipe plans select. Each expert's rows go through the same GEMM path as a [`Linear`](super::Linear)'s, so
 //! the result equals running each expert's `Linear` alone, bit for bit. An expert given no rows runs no GEMM and
 //! its FP8 state stays as it was (TE records an amax of 0 for it).
 
@@ -42,7 +42,7 @@ pub struct GroupedLinearConfig {
 /// `num_gemms` experts, each `y = x·Wᵢ + bᵢ` on its block of rows, every GEMM in FP8 inside an autocast scope.
 #[derive(Module, Debug)]
 pub struct GroupedLinear<B: Backend> {
-    /// Expert `i`'s weight `[in_features, out_features]` (TE's `weight{i}`, transposed as in [`Linear`]).
+    /// Expert `i`'s weight `[in_features, out_features]` (TE's `weight{i}`, transposed as in [`Linear`](super::Linear)).
     pub weights: Vec<Param<Tensor<B, 2>>>,
     /// Expert `i`'s bias `[out_features]` (empty without biases).
     pub biases: Vec<Param<Tensor<B, 1>>>,
