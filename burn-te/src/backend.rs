@@ -12,7 +12,7 @@ pub use crate::primitive::{
     Scaling, gemm_output_shape,
 };
 use crate::recipe::Recipe;
-use crate::site::GemmSite;
+use crate::site::{ExpertGemms, GemmSite};
 
 /// The inner backends of Burn's `Autodiff`: every backend, or with Burn's `distributed` feature (burn-te's `ddp`)
 /// the `DistributedBackend`s.
@@ -317,6 +317,91 @@ pub trait TeBackend: Backend {
         site: &GemmSite,
         recipe: Option<&Recipe>,
     ) -> FloatTensor<Self>;
+
+    /// A grouped linear layer's forward (TE's `GroupedLinear`): expert `i` multiplies its rows of `x [rows, in]`
+    /// ([`ExpertGemms::rows`]) by `weights[i]` (+ `biases[i]`) at its site with its recipe, as
+    /// [`te_linear`](Self::te_linear) does for one layer; the outputs' rows in order. At least one expert has
+    /// rows; an expert without runs nothing. On autodiff backends one backward node runs
+    /// [`te_grouped_linear_dgrad`](Self::te_grouped_linear_dgrad) and
+    /// [`te_grouped_linear_wgrad`](Self::te_grouped_linear_wgrad).
+    fn te_grouped_linear(
+        x: FloatTensor<Self>,
+        weights: Vec<FloatTensor<Self>>,
+        biases: Vec<Option<FloatTensor<Self>>>,
+        experts: &ExpertGemms,
+    ) -> FloatTensor<Self> {
+        let save = vec![[false; 2]; weights.len()];
+        Self::te_grouped_linear_fprop(x, weights, biases, experts, &save).0
+    }
+
+    /// [`te_grouped_linear`](Self::te_grouped_linear) keeping, per expert, what `save[i]` asks (as
+    /// [`te_linear_fprop`](Self::te_linear_fprop)). The default runs each expert's `te_linear_fprop` in turn (so a
+    /// decorator sees each expert's GEMM); a backend may run them as one grouped GEMM.
+    fn te_grouped_linear_fprop(
+        x: FloatTensor<Self>,
+        weights: Vec<FloatTensor<Self>>,
+        biases: Vec<Option<FloatTensor<Self>>>,
+        experts: &ExpertGemms,
+        save: &[[bool; 2]],
+    ) -> (FloatTensor<Self>, Vec<SavedForBackward<Self::Fp8Data>>) {
+        let mut outputs = Vec::new();
+        let mut kept = Vec::with_capacity(weights.len());
+        for (i, (weight, bias)) in weights.into_iter().zip(biases).enumerate() {
+            let rows = experts.rows(i);
+            if rows.is_empty() {
+                kept.push([None, None]);
+                continue;
+            }
+            let (site, recipe) = &experts.experts[i];
+            let x = ExpertGemms::slice_rows::<Self>(x.clone(), rows);
+            let (output, saved) =
+                Self::te_linear_fprop(x, weight, bias, site, recipe.as_ref(), save[i]);
+            outputs.push(output);
+            kept.push(saved);
+        }
+        (ExpertGemms::concat_rows::<Self>(outputs), kept)
+    }
+
+    /// A grouped linear layer's input gradient: expert `i`'s rows of `grad` times its kept weight transposed, the
+    /// rows in order. Experts without rows (given no weight) are skipped. The default runs each expert's
+    /// [`te_linear_dgrad`](Self::te_linear_dgrad) in turn.
+    fn te_grouped_linear_dgrad(
+        weights: Vec<Option<SavedOperand<Self>>>,
+        grad: FloatTensor<Self>,
+        experts: &ExpertGemms,
+    ) -> FloatTensor<Self> {
+        let mut blocks = Vec::new();
+        for (i, weight) in weights.into_iter().enumerate() {
+            let rows = experts.rows(i);
+            let Some(weight) = weight.filter(|_| !rows.is_empty()) else {
+                continue;
+            };
+            let (site, recipe) = &experts.experts[i];
+            let grad = ExpertGemms::slice_rows::<Self>(grad.clone(), rows);
+            blocks.push(Self::te_linear_dgrad(weight, grad, site, recipe.as_ref()));
+        }
+        ExpertGemms::concat_rows::<Self>(blocks)
+    }
+
+    /// A grouped linear layer's weight gradients: for each expert given its kept input (`Some`) and with rows,
+    /// `xᵢᵀ · gradᵢ`; `None` for the others. The default runs each expert's
+    /// [`te_linear_wgrad`](Self::te_linear_wgrad) in turn.
+    fn te_grouped_linear_wgrad(
+        xs: Vec<Option<SavedOperand<Self>>>,
+        grad: FloatTensor<Self>,
+        experts: &ExpertGemms,
+    ) -> Vec<Option<FloatTensor<Self>>> {
+        xs.into_iter()
+            .enumerate()
+            .map(|(i, x)| {
+                let rows = experts.rows(i);
+                let x = x.filter(|_| !rows.is_empty())?;
+                let (site, recipe) = &experts.experts[i];
+                let grad = ExpertGemms::slice_rows::<Self>(grad.clone(), rows);
+                Some(Self::te_linear_wgrad(x, grad, site, recipe.as_ref()))
+            })
+            .collect()
+    }
 }
 
 /// The FP8 ops of a [`TeBackend`] decorator whose primitives are its inner backend's: every op but the `te_linear`

@@ -127,3 +127,55 @@ impl fmt::Display for GemmSite {
         write!(f, "{}.{}", self.layer, self.gemm.name())
     }
 }
+
+/// The experts of one grouped GEMM (TE's `GroupedLinear` with `m_splits`): expert `i` takes rows
+/// [`rows(i)`](Self::rows) of the input, at its own site with its own recipe.
+#[derive(Clone, Debug)]
+pub struct ExpertGemms {
+    /// Rows of the input per expert, in order (TE's `m_splits`).
+    pub m_splits: Vec<usize>,
+    /// Expert `i`'s site and the recipe its GEMM runs (`None`: high precision).
+    pub experts: Vec<(GemmSite, Option<Recipe>)>,
+}
+
+impl ExpertGemms {
+    /// Expert `i`'s rows of the input (and of the output).
+    pub fn rows(&self, i: usize) -> std::ops::Range<usize> {
+        let start: usize = self.m_splits[..i].iter().sum();
+        start..start + self.m_splits[i]
+    }
+
+    /// The experts' sites of another GEMM, each with the recipe that GEMM runs (its plan's choice, else the
+    /// forward's recipe); `follows_dgrad` as [`GemmSite::following_dgrad`].
+    pub fn with_gemm(&self, gemm: Gemm, follows_dgrad: bool) -> Self {
+        Self {
+            m_splits: self.m_splits.clone(),
+            experts: self
+                .experts
+                .iter()
+                .map(|(site, recipe)| {
+                    let recipe = site.recipe_of(gemm, recipe.as_ref()).cloned();
+                    (site.with_gemm(gemm).following_dgrad(follows_dgrad), recipe)
+                })
+                .collect(),
+        }
+    }
+
+    /// Rows `rows` of a rank-2 tensor.
+    pub fn slice_rows<B: burn::tensor::backend::Backend>(
+        tensor: burn::tensor::ops::FloatTensor<B>,
+        rows: std::ops::Range<usize>,
+    ) -> burn::tensor::ops::FloatTensor<B> {
+        B::float_slice(tensor, &[burn::tensor::Slice::from(rows)])
+    }
+
+    /// The experts' row blocks stacked in order (at least one).
+    pub fn concat_rows<B: burn::tensor::backend::Backend>(
+        mut blocks: Vec<burn::tensor::ops::FloatTensor<B>>,
+    ) -> burn::tensor::ops::FloatTensor<B> {
+        match blocks.len() {
+            1 => blocks.pop().expect("one block"),
+            _ => B::float_cat(blocks, 0),
+        }
+    }
+}

@@ -316,3 +316,87 @@ fn recipe_plans_select_experts_by_name() {
         );
     }
 }
+
+/// A group larger than one backward node (32 experts) runs in chunks: 35 experts, some without rows, each bit for
+/// bit its own `Linear` (outputs, input and parameter gradients) over two DelayedScaling steps.
+#[test]
+fn groups_beyond_one_node_run_in_chunks_bit_for_bit() {
+    let group = GroupedLinearConfig::new(35, IN, OUT)
+        .with_name(Some("wide.experts".into()))
+        .init::<B>(&Default::default());
+    let experts = standalone(&group);
+    let recipe: Recipe = DelayedScaling::default().into();
+    for (step_index, rows) in [[3, 0, 5, 1, 2], [0, 4, 1, 6, 2]].iter().enumerate() {
+        let splits: Vec<usize> = (0..35).map(|i| rows[i % rows.len()]).collect();
+        step(
+            &format!("35 experts step {step_index}"),
+            &group,
+            &experts,
+            &splits,
+            Some(&recipe),
+            300 + step_index as u64,
+        );
+    }
+}
+
+/// The backward takes what the grouped forward kept through Burn's checkpointer: under balanced checkpointing, with
+/// the input a memory-bound op's output (recomputed in the backward), the outputs and weight gradients equal the
+/// default strategy's bit for bit, in f32 (the input kept in high precision) and in FP8; an input that needs no
+/// gradient gets none, and the weights still do.
+#[test]
+fn checkpointed_inputs_and_inputs_without_gradient() {
+    use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+    type Bc = Autodiff<burn_te::Te<Flex>, BalancedCheckpointing>;
+    fn run<A: burn::tensor::backend::AutodiffBackend + burn_te::TeBackend>(
+        recipe: Option<Recipe>,
+        input_grad: bool,
+    ) -> (Vec<u32>, Option<Vec<u32>>, Vec<Vec<u32>>) {
+        let device = Default::default();
+        let group = GroupedLinearConfig::new(3, IN, OUT)
+            .with_name(Some("ckpt.experts".into()))
+            .init::<A>(&device);
+        let mut rng = Rng::new(11);
+        let weights: Vec<Tensor<A, 2>> = (0..3)
+            .map(|_| tensor::<A, 2>(rng.normal(IN * OUT, 0.0, 0.1), [IN, OUT], &device))
+            .collect();
+        let mut group = group;
+        for (param, w) in group.weights.iter_mut().zip(&weights) {
+            *param = Param::from_tensor(w.clone().require_grad());
+        }
+        let input = tensor::<A, 2>(rng.normal(40 * IN, 0.0, 1.0), [40, IN], &device);
+        let input = if input_grad {
+            input.require_grad()
+        } else {
+            input
+        };
+        let r = tensor::<A, 2>(rng.normal(40 * OUT, 0.0, 1.0), [40, OUT], &device);
+        let forward = || group.forward(burn::tensor::activation::gelu(input.clone()), &[16, 0, 24]);
+        let y = match recipe {
+            Some(recipe) => fp8_autocast(true, recipe, forward).unwrap(),
+            None => forward(),
+        };
+        let grads = (y.clone() * r).sum().backward();
+        let dx = input.grad(&grads).map(|g| bits(values(g)));
+        let dws = group
+            .weights
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != 1)
+            .map(|(_, w)| bits(values(w.val().grad(&grads).expect("a weight gradient"))))
+            .collect();
+        assert!(group.weights[1].val().grad(&grads).is_none());
+        (bits(values(y)), dx, dws)
+    }
+    for recipe in [None, Some(Float8CurrentScaling::default().into())] {
+        for input_grad in [true, false] {
+            let what = format!(
+                "{:?}, input gradient {input_grad}",
+                recipe.as_ref().map(Recipe::name)
+            );
+            let default = run::<B>(recipe.clone(), input_grad);
+            let balanced = run::<Bc>(recipe.clone(), input_grad);
+            assert_eq!(default.1.is_some(), input_grad, "{what}");
+            assert_eq!(default, balanced, "{what}");
+        }
+    }
+}

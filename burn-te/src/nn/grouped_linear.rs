@@ -12,12 +12,17 @@ use std::sync::Arc;
 use burn::module::{Initializer, Param};
 use burn::prelude::*;
 
-use super::linear::{gemm_params, te_gemm};
+use burn::tensor::TensorPrimitive;
+
+use super::linear::{fprop_site, gemm_params};
 use super::names::LayerName;
 use super::{check_features, config_error, or_panic};
+use crate::autodiff::MAX_EXPERTS;
 use crate::backend::TeBackend;
 use crate::error::TeError;
 use crate::fp8_state::Fp8Meta;
+use crate::gemm::Gemm;
+use crate::site::{ExpertGemms, GemmSite};
 
 /// Config of [`GroupedLinear`], with TE's argument names.
 #[derive(Config, Debug)]
@@ -115,27 +120,63 @@ impl<B: TeBackend> GroupedLinear<B> {
                 shape: x.dims().to_vec(),
             });
         }
-        let mut outputs = Vec::with_capacity(m_splits.len());
+        let mut outputs = Vec::new();
         let mut start = 0;
-        for (i, &rows) in m_splits.iter().enumerate() {
-            if rows == 0 {
+        let experts: Vec<usize> = (0..m_splits.len()).collect();
+        for chunk in experts.chunks(MAX_EXPERTS) {
+            let chunk_rows: usize = chunk.iter().map(|&i| m_splits[i]).sum();
+            if chunk_rows == 0 {
                 continue;
             }
-            outputs.push(te_gemm(
-                x.clone().narrow(0, start, rows),
-                &self.weights[i],
-                self.biases.get(i).map(Param::val),
-                &self.expert_name(i),
-                &self.fp8_meta[i],
-                "grouped_linear",
-            )?);
-            start += rows;
+            let x = match chunk_rows == rows {
+                true => x.clone(),
+                false => x.clone().narrow(0, start, chunk_rows),
+            };
+            outputs.push(self.run_experts(x, chunk, m_splits)?);
+            start += chunk_rows;
         }
         Ok(match outputs.len() {
             0 => Tensor::zeros([0, out_features], &x.device()),
             1 => outputs.pop().expect("one output"),
             _ => Tensor::cat(outputs, 0),
         })
+    }
+
+    /// Experts `chunk` (at most [`MAX_EXPERTS`], together given `x`'s rows) as one grouped GEMM.
+    fn run_experts(
+        &self,
+        x: Tensor<B, 2>,
+        chunk: &[usize],
+        m_splits: &[usize],
+    ) -> Result<Tensor<B, 2>, TeError> {
+        let experts = ExpertGemms {
+            m_splits: chunk.iter().map(|&i| m_splits[i]).collect(),
+            experts: chunk
+                .iter()
+                .map(|&i| {
+                    let layer = self.expert_name(i).resolve(&self.weights[i]);
+                    match m_splits[i] {
+                        // An expert without rows runs nothing: its state and plan stay untouched.
+                        0 => Ok((GemmSite::new(layer, Gemm::Fprop), None)),
+                        _ => fprop_site(layer, "grouped_linear", &self.fp8_meta[i]),
+                    }
+                })
+                .collect::<Result<_, TeError>>()?,
+        };
+        let weights = chunk
+            .iter()
+            .map(|&i| self.weights[i].val().into_primitive().tensor())
+            .collect();
+        let biases = chunk
+            .iter()
+            .map(|&i| {
+                self.biases
+                    .get(i)
+                    .map(|b| b.val().into_primitive().tensor())
+            })
+            .collect();
+        let out = B::te_grouped_linear(x.into_primitive().tensor(), weights, biases, &experts);
+        Ok(Tensor::from_primitive(TensorPrimitive::Float(out)))
     }
 
     /// The group's name (its experts are `{name}.{i}`).

@@ -148,7 +148,7 @@ pub(crate) fn te_bmm<B: TeBackend, const D: usize>(
 }
 
 /// The fprop site of `layer` with its state and the recipes the scope (or its plan) gives it.
-fn fprop_site<B: TeBackend>(
+pub(super) fn fprop_site<B: TeBackend>(
     layer: std::sync::Arc<str>,
     kind: &'static str,
     fp8_meta: &Fp8Meta<B>,

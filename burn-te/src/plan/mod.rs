@@ -155,12 +155,9 @@ impl PlanSource {
 fn find_rule_line(text: &str, rule: &str, key: Option<&str>) -> Option<usize> {
     let names_rule = |line: &str| {
         let line = line.trim_start().trim_start_matches("- ").trim_start();
-        let Some(rest) = line
+        let rest = line
             .strip_prefix("name:")
-            .or_else(|| line.strip_prefix("\"name\":"))
-        else {
-            return None;
-        };
+            .or_else(|| line.strip_prefix("\"name\":"))?;
         let value = rest.trim().trim_end_matches(',').trim();
         Some(value.trim_matches(|c| c == '"' || c == '\'').to_string())
     };

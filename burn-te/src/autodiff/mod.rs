@@ -1,0 +1,176 @@
+//! [`TeBackend`] for `Autodiff<B>`: the FP8 ops forward to `B` (quantized tensors carry no gradient), and
+//! [`te_linear`](TeBackend::te_linear) registers its own backward node ([`linear`]), which runs the dgrad and wgrad
+//! GEMMs through `B::te_linear_dgrad` / `B::te_linear_wgrad` with the forward's recipe and the layer's sites — so a
+//! decorator below (the debug tools) sees all three GEMMs of every layer. A grouped linear layer's experts share
+//! one node ([`grouped`]).
+
+mod grouped;
+mod linear;
+
+pub(crate) use grouped::MAX_EXPERTS;
+
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::ops::{BoolTensor, FloatTensor};
+use burn_te_kernels::{Fp8Format, Fp8Stats, ScaleBlock};
+
+use crate::backend::{AutodiffInner, Fp8HostData, Fp8Primitive, Scaling, TeBackend};
+use crate::error::TeError;
+use crate::fused::{AttentionMask, NormSpec, Pointwise};
+use crate::primitive::SavedForBackward;
+use crate::recipe::Recipe;
+use crate::site::{ExpertGemms, GemmSite};
+
+impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff<B, C> {
+    type Fp8Data = B::Fp8Data;
+    type DelayedState = B::DelayedState;
+    type PendingStats = B::PendingStats;
+
+    crate::te_linear_gemms!(dgrad wgrad);
+
+    fn fp8_quantize(
+        tensor: FloatTensor<Self>,
+        format: Fp8Format,
+        scaling: Scaling<'_, Self::DelayedState>,
+    ) -> Result<Fp8Primitive<Self>, TeError> {
+        B::fp8_quantize(Self::inner(tensor), format, scaling)
+    }
+    fn fp8_read(tensor: &Fp8Primitive<Self>) -> Result<Fp8HostData, TeError> {
+        B::fp8_read(tensor)
+    }
+    fn fp8_dequantize(tensor: Fp8Primitive<Self>) -> Result<FloatTensor<Self>, TeError> {
+        Ok(Self::from_inner(B::fp8_dequantize(tensor)?))
+    }
+    fn fp8_gemm(
+        lhs: Fp8Primitive<Self>,
+        lhs_t: bool,
+        rhs: Fp8Primitive<Self>,
+        rhs_t: bool,
+    ) -> Result<FloatTensor<Self>, TeError> {
+        Ok(Self::from_inner(B::fp8_gemm(lhs, lhs_t, rhs, rhs_t)?))
+    }
+    fn fp8_amax(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, TeError> {
+        Ok(Self::from_inner(B::fp8_amax(Self::inner(tensor))?))
+    }
+    fn fp8_max_block_dynamic_range(
+        tensor: FloatTensor<Self>,
+        block: ScaleBlock,
+    ) -> Result<FloatTensor<Self>, TeError> {
+        Ok(Self::from_inner(B::fp8_max_block_dynamic_range(
+            Self::inner(tensor),
+            block,
+        )?))
+    }
+    fn fp8_fake_quant(
+        tensor: FloatTensor<Self>,
+        format: Fp8Format,
+        margin: f32,
+    ) -> Result<FloatTensor<Self>, TeError> {
+        Ok(Self::from_inner(B::fp8_fake_quant(
+            Self::inner(tensor),
+            format,
+            margin,
+        )?))
+    }
+    fn fp8_stats_launch(
+        tensor: FloatTensor<Self>,
+        quantization: Option<(Fp8Format, Scaling<'_, Self::DelayedState>)>,
+    ) -> Result<Self::PendingStats, TeError> {
+        B::fp8_stats_launch(Self::inner(tensor), quantization)
+    }
+    fn fp8_non_finite_launch(tensor: FloatTensor<Self>) -> Result<Self::PendingStats, TeError> {
+        B::fp8_non_finite_launch(Self::inner(tensor))
+    }
+    fn fp8_stats_read(pending: Self::PendingStats) -> Result<Fp8Stats, TeError> {
+        B::fp8_stats_read(pending)
+    }
+    fn fp8_stats_read_many(pending: Vec<Self::PendingStats>) -> Result<Vec<Fp8Stats>, TeError> {
+        B::fp8_stats_read_many(pending)
+    }
+    fn fp8_quantization_stats(
+        tensor: FloatTensor<Self>,
+        format: Fp8Format,
+        scale: f32,
+    ) -> Result<Fp8Stats, TeError> {
+        B::fp8_quantization_stats(Self::inner(tensor), format, scale)
+    }
+    fn fp8_delayed_state_read(state: &Self::DelayedState) -> Result<(Vec<f32>, f32), TeError> {
+        B::fp8_delayed_state_read(state)
+    }
+    fn fp8_delayed_state_load(
+        device: &Self::Device,
+        history: &[f32],
+        scale: f32,
+    ) -> Result<Self::DelayedState, TeError> {
+        B::fp8_delayed_state_load(device, history, scale)
+    }
+    fn fp8_delayed_state_len(state: &Self::DelayedState) -> usize {
+        B::fp8_delayed_state_len(state)
+    }
+    fn buffer_id(tensor: &FloatTensor<Self>) -> Option<u64> {
+        B::buffer_id(&tensor.primitive)
+    }
+    fn fp8_delayed_state_update(
+        state: &Self::DelayedState,
+        algo: burn_te_kernels::AmaxComputeAlgo,
+        format: Fp8Format,
+        margin: f32,
+    ) -> Result<(), TeError> {
+        B::fp8_delayed_state_update(state, algo, format, margin)
+    }
+
+    fn te_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: Option<FloatTensor<Self>>,
+        spec: NormSpec,
+    ) -> Result<Option<FloatTensor<Self>>, TeError> {
+        crate::fused::norm::autodiff_norm::<B, C>(x, gamma, beta, spec)
+    }
+    fn te_activation(
+        x: FloatTensor<Self>,
+        f: Pointwise,
+        gated: bool,
+    ) -> Result<Option<FloatTensor<Self>>, TeError> {
+        crate::fused::activation::autodiff_activation::<B, C>(x, f, gated)
+    }
+    fn te_softmax(
+        scores: FloatTensor<Self>,
+        scale: f32,
+        mask: AttentionMask<BoolTensor<Self>>,
+    ) -> Result<Option<FloatTensor<Self>>, TeError> {
+        crate::fused::softmax::autodiff_softmax::<B, C>(scores, scale, mask)
+    }
+
+    /// The forward alone (an autodiff backend keeps its operands in its own graph, see `te_linear`).
+    fn te_linear_fprop(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        site: &GemmSite,
+        recipe: Option<&Recipe>,
+        _save: [bool; 2],
+    ) -> (FloatTensor<Self>, SavedForBackward<Self::Fp8Data>) {
+        (Self::te_linear(x, weight, bias, site, recipe), [None, None])
+    }
+
+    fn te_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        site: &GemmSite,
+        recipe: Option<&Recipe>,
+    ) -> FloatTensor<Self> {
+        linear::te_linear::<B, C>(x, weight, bias, site, recipe)
+    }
+
+    fn te_grouped_linear(
+        x: FloatTensor<Self>,
+        weights: Vec<FloatTensor<Self>>,
+        biases: Vec<Option<FloatTensor<Self>>>,
+        experts: &ExpertGemms,
+    ) -> FloatTensor<Self> {
+        grouped::te_grouped_linear::<B, C>(x, weights, biases, experts)
+    }
+}
