@@ -4,7 +4,9 @@
 //! - one `Linear` over all the rows: the same GEMM FLOPs with one weight (a bound no MoE layer reaches: it
 //!   quantizes, and produces the gradient of, `num_gemms` weights).
 //!
-//! 8 experts of 512 → 2048 (an MoE layer's fc1), 1024 and 256 tokens split evenly (128 and 32 rows each).
+//! 8 experts of 512 → 2048 (an MoE layer's fc1), 1024 and 256 tokens split evenly (128 and 32 rows each); and a
+//! fine-grained MoE's 32 small experts of 256 → 512 on 512 tokens (16 rows each): GEMMs too small to split across
+//! threads, which the group runs side by side.
 
 use burn::backend::{Autodiff, Flex};
 use burn::prelude::*;
@@ -15,21 +17,24 @@ use criterion::{Criterion, criterion_group, criterion_main};
 
 type B = Autodiff<Te<Flex>>;
 
-const EXPERTS: usize = 8;
-const IN: usize = 512;
-const OUT: usize = 2048;
+/// `(experts, in, out, tokens)` per benchmark group.
+const SHAPES: [(usize, usize, usize, usize); 3] = [
+    (8, 512, 2048, 1024),
+    (8, 512, 2048, 256),
+    (32, 256, 512, 512),
+];
 
 fn grouped(c: &mut Criterion) {
     let device = Default::default();
-    for tokens in [1024, 256] {
+    for (count, d_in, d_out, tokens) in SHAPES {
         let mut group = c.benchmark_group(format!(
-            "grouped linear {EXPERTS}x({IN}->{OUT}), {tokens} tokens, fwd+bwd current scaling"
+            "grouped linear {count}x({d_in}->{d_out}), {tokens} tokens, fwd+bwd current scaling"
         ));
         group.sample_size(10);
-        let x = Tensor::<B, 2>::random([tokens, IN], Distribution::Normal(0.0, 1.0), &device);
-        let splits = vec![tokens / EXPERTS; EXPERTS];
-        let experts = GroupedLinearConfig::new(EXPERTS, IN, OUT).init::<B>(&device);
-        let one = LinearConfig::new(IN, OUT).init::<B>(&device);
+        let x = Tensor::<B, 2>::random([tokens, d_in], Distribution::Normal(0.0, 1.0), &device);
+        let splits = vec![tokens / count; count];
+        let experts = GroupedLinearConfig::new(count, d_in, d_out).init::<B>(&device);
+        let one = LinearConfig::new(d_in, d_out).init::<B>(&device);
         group.bench_function("one Linear over all rows", |bench| {
             bench.iter(|| {
                 let x = x.clone().require_grad();
@@ -40,11 +45,11 @@ fn grouped(c: &mut Criterion) {
                 y.sum().backward()
             })
         });
-        let alone: Vec<Linear<B>> = (0..EXPERTS)
-            .map(|_| LinearConfig::new(IN, OUT).init::<B>(&device))
+        let alone: Vec<Linear<B>> = (0..count)
+            .map(|_| LinearConfig::new(d_in, d_out).init::<B>(&device))
             .collect();
-        let inputs: Vec<Tensor<B, 2>> = (0..EXPERTS)
-            .map(|i| x.clone().narrow(0, i * tokens / EXPERTS, tokens / EXPERTS))
+        let inputs: Vec<Tensor<B, 2>> = (0..count)
+            .map(|i| x.clone().narrow(0, i * tokens / count, tokens / count))
             .collect();
         group.bench_function("each expert's Linear on its own input", |bench| {
             bench.iter(|| {

@@ -247,6 +247,8 @@ fn with_overrides<B: TeBackend>(
 }
 
 impl<B: TeBackend> TeBackend for Debug<B> {
+    // Each expert's GEMM through this decorator's own layer GEMMs, so that every feature applies per expert.
+    burn_te::te_linear_gemms!(grouped_in_turn);
     burn_te::forward_fp8_ops!(B);
 
     fn te_linear_fprop(

@@ -33,6 +33,9 @@ pub type SavedOperand<B> = Saved<FloatTensor<B>, <B as TeBackend>::Fp8Data>;
 /// The FP8 quantized primitive of a [`TeBackend`].
 pub type Fp8Primitive<B> = Fp8Tensor<<B as TeBackend>::Fp8Data>;
 
+/// One GEMM of [`TeBackend::fp8_gemm_grouped`]: `(lhs, lhs_t, rhs, rhs_t)` as [`TeBackend::fp8_gemm`] takes them.
+pub type GroupedGemmOperands<B> = (Fp8Primitive<B>, bool, Fp8Primitive<B>, bool);
+
 /// FP8 operations a backend provides to burn-te: Burn's extension-trait pattern.
 ///
 /// Implemented with the CubeCL kernels for `CubeBackend` (wgpu, CUDA), with the bit-identical host path for
@@ -66,6 +69,17 @@ pub trait TeBackend: Backend {
         rhs: Fp8Primitive<Self>,
         rhs_t: bool,
     ) -> Result<FloatTensor<Self>, TeError>;
+
+    /// Several [`fp8_gemm`](Self::fp8_gemm)s issued together (a grouped linear layer's experts), each result as
+    /// `fp8_gemm` gives it. The default runs them in turn; the host path runs them in one parallel region.
+    fn fp8_gemm_grouped(
+        gemms: Vec<GroupedGemmOperands<Self>>,
+    ) -> Result<Vec<FloatTensor<Self>>, TeError> {
+        gemms
+            .into_iter()
+            .map(|(lhs, lhs_t, rhs, rhs_t)| Self::fp8_gemm(lhs, lhs_t, rhs, rhs_t))
+            .collect()
+    }
 
     /// max |x| as a one-element tensor (NaN propagates; 0 for an empty tensor).
     fn fp8_amax(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, TeError>;
@@ -335,73 +349,32 @@ pub trait TeBackend: Backend {
     }
 
     /// [`te_grouped_linear`](Self::te_grouped_linear) keeping, per expert, what `save[i]` asks (as
-    /// [`te_linear_fprop`](Self::te_linear_fprop)). The default runs each expert's `te_linear_fprop` in turn (so a
-    /// decorator sees each expert's GEMM); a backend may run them as one grouped GEMM.
+    /// [`te_linear_fprop`](Self::te_linear_fprop)). A backend that runs its layer GEMMs itself issues the experts'
+    /// GEMMs together ([`te_linear_gemms!`](crate::te_linear_gemms)`(grouped)`); a decorator that looks at each GEMM
+    /// runs each expert's `te_linear_fprop` in turn (`(grouped_in_turn)`).
     fn te_grouped_linear_fprop(
         x: FloatTensor<Self>,
         weights: Vec<FloatTensor<Self>>,
         biases: Vec<Option<FloatTensor<Self>>>,
         experts: &ExpertGemms,
         save: &[[bool; 2]],
-    ) -> (FloatTensor<Self>, Vec<SavedForBackward<Self::Fp8Data>>) {
-        let mut outputs = Vec::new();
-        let mut kept = Vec::with_capacity(weights.len());
-        for (i, (weight, bias)) in weights.into_iter().zip(biases).enumerate() {
-            let rows = experts.rows(i);
-            if rows.is_empty() {
-                kept.push([None, None]);
-                continue;
-            }
-            let (site, recipe) = &experts.experts[i];
-            let x = ExpertGemms::slice_rows::<Self>(x.clone(), rows);
-            let (output, saved) =
-                Self::te_linear_fprop(x, weight, bias, site, recipe.as_ref(), save[i]);
-            outputs.push(output);
-            kept.push(saved);
-        }
-        (ExpertGemms::concat_rows::<Self>(outputs), kept)
-    }
+    ) -> (FloatTensor<Self>, Vec<SavedForBackward<Self::Fp8Data>>);
 
     /// A grouped linear layer's input gradient: expert `i`'s rows of `grad` times its kept weight transposed, the
-    /// rows in order. Experts without rows (given no weight) are skipped. The default runs each expert's
-    /// [`te_linear_dgrad`](Self::te_linear_dgrad) in turn.
+    /// rows in order. Experts without rows (given no weight) are skipped.
     fn te_grouped_linear_dgrad(
         weights: Vec<Option<SavedOperand<Self>>>,
         grad: FloatTensor<Self>,
         experts: &ExpertGemms,
-    ) -> FloatTensor<Self> {
-        let mut blocks = Vec::new();
-        for (i, weight) in weights.into_iter().enumerate() {
-            let rows = experts.rows(i);
-            let Some(weight) = weight.filter(|_| !rows.is_empty()) else {
-                continue;
-            };
-            let (site, recipe) = &experts.experts[i];
-            let grad = ExpertGemms::slice_rows::<Self>(grad.clone(), rows);
-            blocks.push(Self::te_linear_dgrad(weight, grad, site, recipe.as_ref()));
-        }
-        ExpertGemms::concat_rows::<Self>(blocks)
-    }
+    ) -> FloatTensor<Self>;
 
     /// A grouped linear layer's weight gradients: for each expert given its kept input (`Some`) and with rows,
-    /// `xᵢᵀ · gradᵢ`; `None` for the others. The default runs each expert's
-    /// [`te_linear_wgrad`](Self::te_linear_wgrad) in turn.
+    /// `xᵢᵀ · gradᵢ`; `None` for the others.
     fn te_grouped_linear_wgrad(
         xs: Vec<Option<SavedOperand<Self>>>,
         grad: FloatTensor<Self>,
         experts: &ExpertGemms,
-    ) -> Vec<Option<FloatTensor<Self>>> {
-        xs.into_iter()
-            .enumerate()
-            .map(|(i, x)| {
-                let rows = experts.rows(i);
-                let x = x.filter(|_| !rows.is_empty())?;
-                let (site, recipe) = &experts.experts[i];
-                let grad = ExpertGemms::slice_rows::<Self>(grad.clone(), rows);
-                Some(Self::te_linear_wgrad(x, grad, site, recipe.as_ref()))
-            })
-            .collect()
-    }
+    ) -> Vec<Option<FloatTensor<Self>>>;
 }
 
 /// The FP8 ops of a [`TeBackend`] decorator whose primitives are its inner backend's: every op but the `te_linear`
@@ -440,6 +413,11 @@ macro_rules! forward_fp8_ops {
             rhs_t: bool,
         ) -> Result<$crate::__private::FloatTensor<Self>, $crate::TeError> {
             $inner::fp8_gemm(lhs, lhs_t, rhs, rhs_t)
+        }
+        fn fp8_gemm_grouped(
+            gemms: Vec<$crate::backend::GroupedGemmOperands<Self>>,
+        ) -> Result<Vec<$crate::__private::FloatTensor<Self>>, $crate::TeError> {
+            $inner::fp8_gemm_grouped(gemms)
         }
         fn fp8_amax(
             tensor: $crate::__private::FloatTensor<Self>,

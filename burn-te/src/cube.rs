@@ -278,7 +278,7 @@ where
     type Fp8Data = CubeFp8Data<R>;
     type DelayedState = CubeDelayedState<R>;
 
-    crate::te_linear_gemms!(fprop dgrad wgrad);
+    crate::te_linear_gemms!(fprop dgrad wgrad grouped);
     type PendingStats = CubePendingStats<R>;
 
     fn fp8_quantize(

@@ -5,7 +5,7 @@ use burn::tensor::Shape;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
-use crate::backend::{Fp8Primitive, SavedOperand, TeBackend};
+use crate::backend::{Fp8Primitive, GroupedGemmOperands, SavedOperand, TeBackend};
 use crate::error::TeError;
 use crate::gemm::{Gemm, TensorRole};
 pub use crate::high_precision::fold_rows;
@@ -325,6 +325,99 @@ pub fn linear_fprop<B: TeBackend>(
     if site.batched {
         return batched_fprop::<B>(x, weight, site, recipe, overrides, save);
     }
+    let (gemm, saved) = prepare_fprop::<B>(x, weight, bias, site, recipe, overrides, save)?;
+    Ok((gemm.run()?, saved))
+}
+
+/// A layer GEMM with its operands quantized, not yet multiplied: run alone ([`PreparedGemm::run`]) or with other
+/// layers' in one [`TeBackend::fp8_gemm_grouped`] ([`run_prepared`]), as a grouped linear layer's experts are.
+pub struct PreparedGemm<B: TeBackend> {
+    lhs: QuantizedOperand<B>,
+    lhs_t: bool,
+    rhs: QuantizedOperand<B>,
+    rhs_t: bool,
+    finish: Finish<B>,
+}
+
+/// What makes the layer's result of a prepared GEMM's output.
+enum Finish<B: TeBackend> {
+    /// fprop: the bias added, the input's leading dimensions restored (`leading` ends with the output features).
+    Fprop {
+        bias: Option<FloatTensor<B>>,
+        leading: Vec<usize>,
+    },
+    /// dgrad: the gradient's leading dimensions restored (`leading` ends with the input features).
+    Dgrad { leading: Vec<usize> },
+    /// wgrad: the output as is.
+    Wgrad,
+}
+
+impl<B: TeBackend> Finish<B> {
+    fn apply(self, out: FloatTensor<B>) -> FloatTensor<B> {
+        match self {
+            Finish::Fprop { bias, leading } => {
+                let out_features = *leading.last().expect("the output features");
+                // An empty batch stays empty (Burn's broadcasting does not take a zero-length dimension against 1).
+                let empty = leading.contains(&0);
+                let out = match bias.filter(|_| !empty) {
+                    Some(bias) => {
+                        let bias = B::float_reshape(bias, Shape::from(vec![1, out_features]));
+                        B::float_add(out, bias)
+                    }
+                    None => out,
+                };
+                B::float_reshape(out, Shape::from(leading))
+            }
+            Finish::Dgrad { leading } => B::float_reshape(out, Shape::from(leading)),
+            Finish::Wgrad => out,
+        }
+    }
+}
+
+impl<B: TeBackend> PreparedGemm<B> {
+    /// The GEMM by itself ([`TeBackend::fp8_gemm`]).
+    pub fn run(self) -> Result<FloatTensor<B>, TeError> {
+        let out = gemm::<B>(self.lhs, self.lhs_t, self.rhs, self.rhs_t)?;
+        Ok(self.finish.apply(out))
+    }
+}
+
+/// Prepared GEMMs run together in one [`TeBackend::fp8_gemm_grouped`], each result finished as
+/// [`PreparedGemm::run`] would give it.
+pub fn run_prepared<B: TeBackend>(
+    gemms: Vec<PreparedGemm<B>>,
+) -> Result<Vec<FloatTensor<B>>, TeError> {
+    let (operands, finishes): (Vec<GroupedGemmOperands<B>>, Vec<Finish<B>>) = gemms
+        .into_iter()
+        .map(|g| {
+            let operands = (
+                g.lhs.tensor,
+                g.lhs_t != g.lhs.transposed,
+                g.rhs.tensor,
+                g.rhs_t != g.rhs.transposed,
+            );
+            (operands, g.finish)
+        })
+        .unzip();
+    let outputs = B::fp8_gemm_grouped(operands)?;
+    Ok(outputs
+        .into_iter()
+        .zip(finishes)
+        .map(|(out, finish)| finish.apply(out))
+        .collect())
+}
+
+/// [`linear_fprop`]'s quantization of a (not batched) layer's operands: the GEMM to run, and what the backward
+/// keeps.
+pub fn prepare_fprop<B: TeBackend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    site: &GemmSite,
+    recipe: &Recipe,
+    overrides: CurrentScalingOverrides,
+    save: [bool; 2],
+) -> Result<(PreparedGemm<B>, SavedForBackward<B::Fp8Data>), TeError> {
     let (x_dims, w_dims) = (dims::<B>(&x), dims::<B>(&weight));
     if w_dims.len() != 2 || x_dims.last() != w_dims.first() {
         return Err(shape_error::<B>(
@@ -352,19 +445,15 @@ pub fn linear_fprop<B: TeBackend>(
         })
         .transpose()?;
     let (qw, saved_w) = fprop_weight::<B>(weight, site, recipe, overrides[1], save[1])?;
-    let mut out = gemm::<B>(qx, false, qw, false)?;
-    let out_features = w_dims[1];
-    // An empty batch stays empty (Burn's broadcasting does not take a zero-length dimension against 1).
-    let empty = leading.contains(&0);
-    if let Some(bias) = bias.filter(|_| !empty) {
-        let bias = B::float_reshape(bias, Shape::from(vec![1, out_features]));
-        out = B::float_add(out, bias);
-    }
-    leading.push(out_features);
-    Ok((
-        B::float_reshape(out, Shape::from(leading)),
-        [saved_x, saved_w],
-    ))
+    leading.push(w_dims[1]);
+    let gemm = PreparedGemm {
+        lhs: qx,
+        lhs_t: false,
+        rhs: qw,
+        rhs_t: false,
+        finish: Finish::Fprop { bias, leading },
+    };
+    Ok((gemm, [saved_x, saved_w]))
 }
 
 /// A backward operand as the GEMM takes it: quantized for `role` (a high-precision one, with its override), or
@@ -415,6 +504,17 @@ pub fn linear_dgrad<B: TeBackend>(
     if site.batched {
         return batched_dgrad::<B>(weight, grad, site, recipe, overrides);
     }
+    prepare_dgrad::<B>(weight, grad, site, recipe, overrides)?.run()
+}
+
+/// [`linear_dgrad`]'s quantization of a (not batched) layer's operands.
+pub fn prepare_dgrad<B: TeBackend>(
+    weight: SavedOperand<B>,
+    grad: FloatTensor<B>,
+    site: &GemmSite,
+    recipe: &Recipe,
+    overrides: CurrentScalingOverrides,
+) -> Result<PreparedGemm<B>, TeError> {
     let (w_dims, g_dims) = (saved_dims::<B>(&weight), dims::<B>(&grad));
     if w_dims.len() != 2 || g_dims.last() != w_dims.get(1) {
         return Err(TeError::ShapeMismatch {
@@ -437,9 +537,14 @@ pub fn linear_dgrad<B: TeBackend>(
         overrides[0],
     )?;
     let qw = backward_operand::<B>(weight, recipe, site, TensorRole::Weight, overrides[1])?;
-    let out = gemm::<B>(qg, false, qw, true)?;
     leading.push(w_dims[0]);
-    Ok(B::float_reshape(out, Shape::from(leading)))
+    Ok(PreparedGemm {
+        lhs: qg,
+        lhs_t: false,
+        rhs: qw,
+        rhs_t: true,
+        finish: Finish::Dgrad { leading },
+    })
 }
 
 /// wgrad: `xᵀ · grad` → `[in, out]` in FP8, reducing over every leading dimension (x read transposed, no copy).
@@ -453,6 +558,17 @@ pub fn linear_wgrad<B: TeBackend>(
     if site.batched {
         return batched_wgrad::<B>(x, grad, site, recipe, overrides);
     }
+    prepare_wgrad::<B>(x, grad, site, recipe, overrides)?.run()
+}
+
+/// [`linear_wgrad`]'s quantization of a (not batched) layer's operands.
+pub fn prepare_wgrad<B: TeBackend>(
+    x: SavedOperand<B>,
+    grad: FloatTensor<B>,
+    site: &GemmSite,
+    recipe: &Recipe,
+    overrides: CurrentScalingOverrides,
+) -> Result<PreparedGemm<B>, TeError> {
     let (x_dims, g_dims) = (saved_dims::<B>(&x), dims::<B>(&grad));
     let tokens = |d: &[usize]| d[..d.len().saturating_sub(1)].iter().product::<usize>();
     let same_leading = match &x {
@@ -485,7 +601,13 @@ pub fn linear_wgrad<B: TeBackend>(
         true,
         overrides[1],
     )?;
-    gemm::<B>(qx, true, qg, false)
+    Ok(PreparedGemm {
+        lhs: qx,
+        lhs_t: true,
+        rhs: qg,
+        rhs_t: false,
+        finish: Finish::Wgrad,
+    })
 }
 
 /// An attention GEMM's recipe (see [`GemmSite::batched`]): per-tensor scales only, as TE's `fp8_dpa` runs under

@@ -160,22 +160,4 @@ impl ExpertGemms {
                 .collect(),
         }
     }
-
-    /// Rows `rows` of a rank-2 tensor.
-    pub fn slice_rows<B: burn::tensor::backend::Backend>(
-        tensor: burn::tensor::ops::FloatTensor<B>,
-        rows: std::ops::Range<usize>,
-    ) -> burn::tensor::ops::FloatTensor<B> {
-        B::float_slice(tensor, &[burn::tensor::Slice::from(rows)])
-    }
-
-    /// The experts' row blocks stacked in order (at least one).
-    pub fn concat_rows<B: burn::tensor::backend::Backend>(
-        mut blocks: Vec<burn::tensor::ops::FloatTensor<B>>,
-    ) -> burn::tensor::ops::FloatTensor<B> {
-        match blocks.len() {
-            1 => blocks.pop().expect("one block"),
-            _ => B::float_cat(blocks, 0),
-        }
-    }
 }

@@ -22,7 +22,8 @@ use crate::backend::TeBackend;
 use crate::decorator::Decorator;
 use crate::diagnostics;
 use crate::gemm::Gemm;
-use crate::site::GemmSite;
+use crate::linear::grouped;
+use crate::site::{ExpertGemms, GemmSite};
 
 use crate::plain_linear::{plain_linear_backward, plain_linear_forward};
 use crate::primitive::SavedForBackward;
@@ -196,4 +197,53 @@ impl<B: TeBackend> TeBackend for Te<B> {
             B::te_linear_wgrad(x, saved::values_or_panic::<B>(site, grad), site, recipe)
         })
     }
+
+    // A grouped linear layer's experts: together on `B` (one trace span), or one at a time, each observed as a layer
+    // GEMM, when the diagnostics look at each GEMM.
+    fn te_grouped_linear_fprop(
+        x: FloatTensor<Self>,
+        weights: Vec<FloatTensor<Self>>,
+        biases: Vec<Option<FloatTensor<Self>>>,
+        experts: &ExpertGemms,
+        save: &[[bool; 2]],
+    ) -> (FloatTensor<Self>, Vec<SavedForBackward<Self::Fp8Data>>) {
+        if diagnostics::observes_each_gemm() {
+            return grouped::in_turn::fprop::<Self>(x, weights, biases, experts, save);
+        }
+        let _span = grouped_span(experts, Gemm::Fprop).entered();
+        B::te_grouped_linear_fprop(x, weights, biases, experts, save)
+    }
+    fn te_grouped_linear_dgrad(
+        weights: Vec<Option<SavedOperand<Self>>>,
+        grad: FloatTensor<Self>,
+        experts: &ExpertGemms,
+    ) -> FloatTensor<Self> {
+        if diagnostics::observes_each_gemm() {
+            return grouped::in_turn::dgrad::<Self>(weights, grad, experts);
+        }
+        let _span = grouped_span(experts, Gemm::Dgrad).entered();
+        B::te_grouped_linear_dgrad(weights, grad, experts)
+    }
+    fn te_grouped_linear_wgrad(
+        xs: Vec<Option<SavedOperand<Self>>>,
+        grad: FloatTensor<Self>,
+        experts: &ExpertGemms,
+    ) -> Vec<Option<FloatTensor<Self>>> {
+        if diagnostics::observes_each_gemm() {
+            return grouped::in_turn::wgrad::<Self>(xs, grad, experts);
+        }
+        let _span = grouped_span(experts, Gemm::Wgrad).entered();
+        B::te_grouped_linear_wgrad(xs, grad, experts)
+    }
+}
+
+/// The trace span of a grouped linear layer's GEMMs issued together (named by its first expert).
+fn grouped_span(experts: &ExpertGemms, gemm: Gemm) -> tracing::Span {
+    let first = experts.experts.first().map(|(site, _)| &*site.layer);
+    tracing::info_span!(
+        "grouped_gemm",
+        first_expert = first.unwrap_or(""),
+        experts = experts.experts.len(),
+        gemm = gemm.name()
+    )
 }

@@ -25,12 +25,13 @@ const OUT: usize = 48;
 /// Each expert's `Linear`, with the group's parameters (copied, so the two train apart) and the expert's name.
 fn standalone(group: &GroupedLinear<B>) -> Vec<Linear<B>> {
     let device = Default::default();
+    let [inputs, outputs] = group.weights[0].dims();
     group
         .gemm_layers()
         .into_iter()
         .enumerate()
         .map(|(i, name)| {
-            let mut linear = LinearConfig::new(IN, OUT)
+            let mut linear = LinearConfig::new(inputs, outputs)
                 .with_name(Some(name))
                 .init::<B>(&device);
             linear.weight = Param::from_tensor(group.weights[i].val().detach().require_grad());
@@ -58,13 +59,14 @@ fn step(
     seed: u64,
 ) {
     let device = Default::default();
+    let [inputs, outputs] = group.weights[0].dims();
     let rows: usize = splits.iter().sum();
     let mut rng = Rng::new(seed);
-    let x = rng.normal(rows * IN, 0.0, 1.0);
-    let r = rng.normal(rows * OUT, 0.0, 1.0);
-    let xg = tensor::<B, 2>(x.clone(), [rows, IN], &device).require_grad();
-    let xs = tensor::<B, 2>(x, [rows, IN], &device).require_grad();
-    let r = tensor::<B, 2>(r, [rows, OUT], &device);
+    let x = rng.normal(rows * inputs, 0.0, 1.0);
+    let r = rng.normal(rows * outputs, 0.0, 1.0);
+    let xg = tensor::<B, 2>(x.clone(), [rows, inputs], &device).require_grad();
+    let xs = tensor::<B, 2>(x, [rows, inputs], &device).require_grad();
+    let r = tensor::<B, 2>(r, [rows, outputs], &device);
     let forward = || {
         let grouped = group.forward(xg.clone(), splits);
         let mut start = 0;
@@ -398,5 +400,69 @@ fn checkpointed_inputs_and_inputs_without_gradient() {
             assert_eq!(default.1.is_some(), input_grad, "{what}");
             assert_eq!(default, balanced, "{what}");
         }
+    }
+}
+
+/// On every host GEMM path this CPU runs, the experts' GEMMs issued together (one parallel region per GEMM kind,
+/// a large expert split across threads beside small ones running side by side) give each expert's `Linear`'s
+/// numbers bit for bit, over DelayedScaling steps and under MXFP8; the grouped call counts one FP8 GEMM launch
+/// per GEMM kind where the experts' `Linear`s count one per expert, and every expert's GEMM under the path asked for.
+#[test]
+fn grouped_gemms_issue_together_on_every_host_path() {
+    use burn_te::diagnostics::thread_counter_value;
+    use burn_te::host::gemm::{HostGemmPath, with_host_gemm_path};
+    let counter = |name: &str| thread_counter_value(name).unwrap_or(0);
+    // Expert 0: 300 × 256 × 192, split across threads; the others a few rows each.
+    let splits = [300, 5, 0, 17, 64, 1];
+    let paths = HostGemmPath::available_paths();
+    assert!(
+        paths.contains(&HostGemmPath::F32),
+        "the f32 path runs everywhere: {paths:?}"
+    );
+    for path in paths {
+        for recipe in [
+            Recipe::from(DelayedScaling::default()),
+            MXFP8BlockScaling::default().into(),
+        ] {
+            let what = format!("{path}, {}", recipe.name());
+            let group = GroupedLinearConfig::new(splits.len(), 256, 192)
+                .with_name(Some(format!("paths.{path}.{}", recipe.name())))
+                .init::<B>(&Default::default());
+            let experts = standalone(&group);
+            with_host_gemm_path(path, || {
+                for seed in 0..2 {
+                    step(&what, &group, &experts, &splits, Some(&recipe), 500 + seed);
+                }
+            });
+        }
+        // Counted: the group alone, one step.
+        let group = GroupedLinearConfig::new(splits.len(), 256, 192).init::<B>(&Default::default());
+        let x = tensor::<B, 2>(
+            Rng::new(9).normal(387 * 256, 0.0, 1.0),
+            [387, 256],
+            &Default::default(),
+        )
+        .require_grad();
+        let (launches, on_path) = (
+            counter("Fp8GemmLaunches"),
+            counter(&format!("HostFp8Gemm({path})")),
+        );
+        with_host_gemm_path(path, || {
+            let y = fp8_autocast(true, Float8CurrentScaling::default(), || {
+                group.forward(x.clone(), &splits)
+            })
+            .unwrap();
+            y.sum().backward();
+        });
+        assert_eq!(
+            counter("Fp8GemmLaunches") - launches,
+            3,
+            "{path}: fprop, dgrad, wgrad"
+        );
+        assert_eq!(
+            counter(&format!("HostFp8Gemm({path})")) - on_path,
+            3 * 5,
+            "{path}: three GEMMs of each of the five experts with rows"
+        );
     }
 }

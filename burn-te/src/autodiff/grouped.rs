@@ -15,6 +15,7 @@ use burn::tensor::ops::FloatTensor;
 use super::linear::{Kept, save_flags};
 use crate::backend::{AutodiffInner, TeBackend};
 use crate::gemm::Gemm;
+use crate::linear::grouped::slice_rows;
 use crate::saved::{Saved, SavedOperand};
 use crate::site::ExpertGemms;
 
@@ -91,9 +92,9 @@ impl GroupedLinearBackward {
             .map(|(i, kept)| {
                 kept.map(|kept| match (kept, &x) {
                     (Kept::Quantized(quantized), _) => Saved::Quantized(quantized),
-                    (Kept::Checkpointed(_), Some(x)) => Saved::HighPrecision(
-                        ExpertGemms::slice_rows::<B>(x.clone(), self.experts.rows(i)),
-                    ),
+                    (Kept::Checkpointed(_), Some(x)) => {
+                        Saved::HighPrecision(slice_rows::<B>(x.clone(), self.experts.rows(i)))
+                    }
                     (Kept::Checkpointed(_), None) => unreachable!("the input was retrieved"),
                 })
             })
@@ -108,7 +109,7 @@ impl GroupedLinearBackward {
         for (&i, node) in self.bias_of.iter().zip(&parents[1 + experts..]) {
             let rows = self.experts.rows(i);
             if let (Some(node), false) = (node, rows.is_empty()) {
-                let grad = ExpertGemms::slice_rows::<B>(grad.clone(), rows);
+                let grad = slice_rows::<B>(grad.clone(), rows);
                 grads.register::<B>(*node, B::linear_bias_backward(grad));
             }
         }

@@ -15,7 +15,9 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::{BoolTensor, FloatTensor};
 use burn_te_kernels::{Fp8Format, Fp8Stats, ScaleBlock};
 
-use crate::backend::{AutodiffInner, Fp8HostData, Fp8Primitive, Scaling, TeBackend};
+use crate::backend::{
+    AutodiffInner, Fp8HostData, Fp8Primitive, GroupedGemmOperands, Scaling, TeBackend,
+};
 use crate::error::TeError;
 use crate::fused::{AttentionMask, NormSpec, Pointwise};
 use crate::primitive::SavedForBackward;
@@ -27,7 +29,7 @@ impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff
     type DelayedState = B::DelayedState;
     type PendingStats = B::PendingStats;
 
-    crate::te_linear_gemms!(dgrad wgrad);
+    crate::te_linear_gemms!(dgrad wgrad grouped_in_turn);
 
     fn fp8_quantize(
         tensor: FloatTensor<Self>,
@@ -49,6 +51,14 @@ impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff
         rhs_t: bool,
     ) -> Result<FloatTensor<Self>, TeError> {
         Ok(Self::from_inner(B::fp8_gemm(lhs, lhs_t, rhs, rhs_t)?))
+    }
+    fn fp8_gemm_grouped(
+        gemms: Vec<GroupedGemmOperands<Self>>,
+    ) -> Result<Vec<FloatTensor<Self>>, TeError> {
+        Ok(B::fp8_gemm_grouped(gemms)?
+            .into_iter()
+            .map(Self::from_inner)
+            .collect())
     }
     fn fp8_amax(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, TeError> {
         Ok(Self::from_inner(B::fp8_amax(Self::inner(tensor))?))

@@ -51,6 +51,13 @@ pub fn op_finished<B: TeBackend>(
     eager::check::<B>(op, None, inputs.unwrap_or_default(), output);
 }
 
+/// Whether [`observe_gemm`] looks at each layer GEMM beyond its trace span (device time, eager checks, non-finite
+/// tracking, snapshots): a grouped linear layer then runs its experts' GEMMs one at a time, each observed.
+pub fn observes_each_gemm() -> bool {
+    let flags = flags();
+    flags.eager || flags.device_time || flags.track_non_finite || flags.snapshots
+}
+
 /// Runs one layer GEMM at `site` (`run` issues it) under a `gemm` trace span: with `device_time` or in eager mode,
 /// synced before and after to record `GemmExecuteTime`; with non-finite tracking, its operands and output get a
 /// statistics pass read at [`step`](super::step); in eager mode its output is checked; held for a snapshot when

@@ -170,7 +170,7 @@ macro_rules! host_te_backend {
             type DelayedState = HostDelayedState;
             type PendingStats = Fp8Stats;
 
-            $crate::te_linear_gemms!(fprop dgrad wgrad);
+            $crate::te_linear_gemms!(fprop dgrad wgrad grouped);
 
             fn fp8_quantize(
                 tensor: FloatTensor<Self>,
@@ -299,6 +299,14 @@ macro_rules! host_te_backend {
             ) -> Result<FloatTensor<Self>, TeError> {
                 crate::metrics::count_launch(crate::metrics::names::FP8_GEMM_LAUNCHES);
                 host_gemm::<$backend>(lhs, lhs_t, rhs, rhs_t)
+            }
+
+            fn fp8_gemm_grouped(
+                gemms: Vec<crate::backend::GroupedGemmOperands<Self>>,
+            ) -> Result<Vec<FloatTensor<Self>>, TeError> {
+                // One parallel region for the group: counted as one launch.
+                crate::metrics::count_launch(crate::metrics::names::FP8_GEMM_LAUNCHES);
+                host_gemm_grouped::<$backend>(gemms)
             }
 
             fn fp8_amax(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, TeError> {
@@ -536,16 +544,63 @@ fn host_gemm<B: Backend>(
     rhs: Fp8Tensor<HostFp8Data<B::Device>>,
     rhs_t: bool,
 ) -> Result<FloatTensor<B>, TeError> {
-    let shape = gemm_output_shape(&lhs, lhs_t, &rhs, rhs_t)?;
+    let (shape, dims, mut out) = gemm_output(&lhs, lhs_t, &rhs, rhs_t)?;
+    let (a, b) = (host_operand(&lhs, lhs_t), host_operand(&rhs, rhs_t));
+    gemm::host_fp8_gemm(&a, &b, dims, &mut out);
+    Ok(host_tensor::<B>(out, shape, &lhs.data.device))
+}
+
+/// [`host_gemm`] of several GEMMs issued together ([`gemm::host_fp8_gemm_grouped`]).
+fn host_gemm_grouped<B: Backend>(
+    gemms: Vec<HostGemmOperands<B::Device>>,
+) -> Result<Vec<FloatTensor<B>>, TeError> {
+    let mut shapes = Vec::with_capacity(gemms.len());
+    let mut grouped = Vec::with_capacity(gemms.len());
+    for (lhs, lhs_t, rhs, rhs_t) in &gemms {
+        let (shape, dims, out) = gemm_output(lhs, *lhs_t, rhs, *rhs_t)?;
+        shapes.push(shape);
+        grouped.push(gemm::GroupedHostGemm {
+            lhs: host_operand(lhs, *lhs_t),
+            rhs: host_operand(rhs, *rhs_t),
+            dims,
+            out,
+        });
+    }
+    gemm::host_fp8_gemm_grouped(&mut grouped);
+    Ok(grouped
+        .into_iter()
+        .zip(shapes)
+        .zip(&gemms)
+        .map(|((gemm, shape), (lhs, ..))| host_tensor::<B>(gemm.out, shape, &lhs.data.device))
+        .collect())
+}
+
+/// One GEMM of [`host_gemm_grouped`]: `(lhs, lhs_t, rhs, rhs_t)`.
+type HostGemmOperands<D> = (
+    Fp8Tensor<HostFp8Data<D>>,
+    bool,
+    Fp8Tensor<HostFp8Data<D>>,
+    bool,
+);
+
+/// A GEMM's output shape, `(m, n, k)` and zeroed output buffer.
+type GemmOutput = (Shape, (usize, usize, usize), Vec<f32>);
+
+/// The [`GemmOutput`] of `lhs · rhs` (each used transposed where asked).
+fn gemm_output<D>(
+    lhs: &Fp8Tensor<HostFp8Data<D>>,
+    lhs_t: bool,
+    rhs: &Fp8Tensor<HostFp8Data<D>>,
+    rhs_t: bool,
+) -> Result<GemmOutput, TeError> {
+    let shape = gemm_output_shape(lhs, lhs_t, rhs, rhs_t)?;
     let (lb, lr, lc) = lhs.matrix_dims();
     let (rb, rr, rc) = rhs.matrix_dims();
     let (m, k) = if lhs_t { (lc, lr) } else { (lr, lc) };
     let n = if rhs_t { rr } else { rc };
-    let mut out = vec![0f32; lb.max(rb) * m * n];
+    let out = vec![0f32; lb.max(rb) * m * n];
     advise_huge_pages(&out);
-    let (a, b) = (host_operand(&lhs, lhs_t), host_operand(&rhs, rhs_t));
-    gemm::host_fp8_gemm(&a, &b, (m, n, k), &mut out);
-    Ok(host_tensor::<B>(out, shape, &lhs.data.device))
+    Ok((shape, (m, n, k), out))
 }
 
 /// A host FP8 tensor as [`gemm`] reads it.

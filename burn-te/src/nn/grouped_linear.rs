@@ -3,9 +3,15 @@
 //!
 //! Expert `i` is a GEMM layer of its own: its weight and bias, its FP8 state (delayed-scaling histories), and its
 //! name `{name}.{i}` (a group named `moe.experts` has experts `moe.experts.0`, `moe.experts.1`, ...), which the
-//! debug tools and recipe plans select. Each expert's rows go through the same GEMM path as a [`Linear`](super::Linear)'s, so
+//! debug tools and recipe plans select. Each expert's GEMMs are quantized and computed as a [`Linear`](super::Linear)'s, so
 //! the result equals running each expert's `Linear` alone, bit for bit. An expert given no rows runs no GEMM and
 //! its FP8 state stays as it was (TE records an amax of 0 for it).
+//!
+//! The experts run as one grouped call: one autodiff node for the whole group (up to 32 experts; more run in chunks
+//! of 32), whose forward and backward issue each GEMM kind once for all experts
+//! ([`TeBackend::te_grouped_linear_fprop`] and its dgrad and wgrad). The input gradient is assembled from the
+//! experts' rows, and a backend that runs its GEMMs itself issues the experts' FP8 GEMMs together
+//! ([`TeBackend::fp8_gemm_grouped`]: on the host path one parallel region).
 
 use std::sync::Arc;
 

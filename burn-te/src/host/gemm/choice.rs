@@ -167,8 +167,26 @@ pub(crate) fn host_fp8_gemm(
     dims: (usize, usize, usize),
     out: &mut [f32],
 ) -> HostGemmPath {
-    let requested = requested_host_gemm_path();
-    let path = match run_on(requested, lhs, rhs, dims, out) {
+    let path = host_fp8_gemm_asking(requested_host_gemm_path(), lhs, rhs, dims, out);
+    count_path(path);
+    path
+}
+
+/// Counts a host FP8 GEMM under its path (`HostFp8Gemm(<path>)`), on the thread that issued it.
+pub(super) fn count_path(path: HostGemmPath) {
+    metrics::increment_counter(&format!("{HOST_FP8_GEMM}({path})"), 1);
+}
+
+/// [`host_fp8_gemm`] asking for path `requested` (read on the thread that issued the GEMM: a GEMM run on a
+/// worker thread takes the issuing thread's path), not counted (the issuing thread counts it).
+pub(super) fn host_fp8_gemm_asking(
+    requested: HostGemmPath,
+    lhs: &HostOperand<'_>,
+    rhs: &HostOperand<'_>,
+    dims: (usize, usize, usize),
+    out: &mut [f32],
+) -> HostGemmPath {
+    match run_on(requested, lhs, rhs, dims, out) {
         Ok(()) => requested,
         Err(reason) => {
             let (m, n, k) = dims;
@@ -184,7 +202,5 @@ pub(crate) fn host_fp8_gemm(
             run_on(HostGemmPath::F32, lhs, rhs, dims, out).expect("the f32 path runs everywhere");
             HostGemmPath::F32
         }
-    };
-    metrics::increment_counter(&format!("{HOST_FP8_GEMM}({path})"), 1);
-    path
+    }
 }

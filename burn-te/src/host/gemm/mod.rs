@@ -1,8 +1,10 @@
 //! The host FP8 GEMM of the CPU backends: which path runs ([`choice`]), the packed paths on one CPU instruction
-//! each (`packed`: `avx512bf16`, `avx2fma`) and the portable `f32` path (`decoded`).
+//! each (`packed`: `avx512bf16`, `avx2fma`) and the portable `f32` path (`decoded`); several issued together
+//! (`grouped`).
 
 pub mod choice;
 mod decoded;
+mod grouped;
 pub(crate) mod operand;
 mod packed;
 mod run;
@@ -14,3 +16,4 @@ pub use choice::{
     requested_host_gemm_path, with_host_gemm_path,
 };
 pub(crate) use decoded::dequantize;
+pub(crate) use grouped::{GroupedHostGemm, host_fp8_gemm_grouped};

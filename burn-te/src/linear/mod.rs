@@ -1,6 +1,9 @@
 //! The layer GEMMs of a backend that runs them itself (CubeCL, the host path, Burn's fusion): fprop, dgrad and
 //! wgrad in FP8 under a recipe ([`crate::fp8_gemm`]), in high precision without one, and in high precision again
-//! when the FP8 GEMM fails (counted as a fallback). Decorators forward to their inner backend's instead.
+//! when the FP8 GEMM fails (counted as a fallback). Decorators forward to their inner backend's instead. A grouped
+//! linear layer's experts: [`grouped`].
+
+pub mod grouped;
 
 use burn::tensor::ops::FloatTensor;
 
@@ -120,7 +123,9 @@ fn count_planned(site: &GemmSite, recipe: &str) {
 
 /// The `TeBackend` methods `te_linear_fprop`, `te_linear_dgrad` and `te_linear_wgrad` (those named) of a backend
 /// that runs its layer GEMMs itself, by the functions of [`linear`](crate::linear): inside `impl TeBackend for ..`,
-/// `burn_te::te_linear_gemms!(fprop dgrad wgrad);`.
+/// `burn_te::te_linear_gemms!(fprop dgrad wgrad grouped);`. `grouped` gives the grouped linear layer's three
+/// (`te_grouped_linear_*`) with the experts' GEMMs issued together ([`grouped`]); `grouped_in_turn` runs each
+/// expert's layer GEMM in turn through the backend's own `te_linear_*` (for a decorator that looks at each).
 #[macro_export]
 macro_rules! te_linear_gemms {
     ($($gemm:ident)*) => { $($crate::te_linear_gemms!(@$gemm);)* };
@@ -144,6 +149,56 @@ macro_rules! te_linear_gemms {
             recipe: Option<&$crate::Recipe>,
         ) -> $crate::__private::FloatTensor<Self> {
             $crate::linear::dgrad::<Self>(weight, grad, site, recipe)
+        }
+    };
+    (@grouped) => {
+        fn te_grouped_linear_fprop(
+            x: $crate::__private::FloatTensor<Self>,
+            weights: Vec<$crate::__private::FloatTensor<Self>>,
+            biases: Vec<Option<$crate::__private::FloatTensor<Self>>>,
+            experts: &$crate::site::ExpertGemms,
+            save: &[[bool; 2]],
+        ) -> ($crate::__private::FloatTensor<Self>, Vec<$crate::fp8_gemm::SavedForBackward<Self::Fp8Data>>) {
+            $crate::linear::grouped::fprop::<Self>(x, weights, biases, experts, save)
+        }
+        fn te_grouped_linear_dgrad(
+            weights: Vec<Option<$crate::SavedOperand<Self>>>,
+            grad: $crate::__private::FloatTensor<Self>,
+            experts: &$crate::site::ExpertGemms,
+        ) -> $crate::__private::FloatTensor<Self> {
+            $crate::linear::grouped::dgrad::<Self>(weights, grad, experts)
+        }
+        fn te_grouped_linear_wgrad(
+            xs: Vec<Option<$crate::SavedOperand<Self>>>,
+            grad: $crate::__private::FloatTensor<Self>,
+            experts: &$crate::site::ExpertGemms,
+        ) -> Vec<Option<$crate::__private::FloatTensor<Self>>> {
+            $crate::linear::grouped::wgrad::<Self>(xs, grad, experts)
+        }
+    };
+    (@grouped_in_turn) => {
+        fn te_grouped_linear_fprop(
+            x: $crate::__private::FloatTensor<Self>,
+            weights: Vec<$crate::__private::FloatTensor<Self>>,
+            biases: Vec<Option<$crate::__private::FloatTensor<Self>>>,
+            experts: &$crate::site::ExpertGemms,
+            save: &[[bool; 2]],
+        ) -> ($crate::__private::FloatTensor<Self>, Vec<$crate::fp8_gemm::SavedForBackward<Self::Fp8Data>>) {
+            $crate::linear::grouped::in_turn::fprop::<Self>(x, weights, biases, experts, save)
+        }
+        fn te_grouped_linear_dgrad(
+            weights: Vec<Option<$crate::SavedOperand<Self>>>,
+            grad: $crate::__private::FloatTensor<Self>,
+            experts: &$crate::site::ExpertGemms,
+        ) -> $crate::__private::FloatTensor<Self> {
+            $crate::linear::grouped::in_turn::dgrad::<Self>(weights, grad, experts)
+        }
+        fn te_grouped_linear_wgrad(
+            xs: Vec<Option<$crate::SavedOperand<Self>>>,
+            grad: $crate::__private::FloatTensor<Self>,
+            experts: &$crate::site::ExpertGemms,
+        ) -> Vec<Option<$crate::__private::FloatTensor<Self>>> {
+            $crate::linear::grouped::in_turn::wgrad::<Self>(xs, grad, experts)
         }
     };
     (@wgrad) => {

@@ -1,0 +1,29 @@
+//! Several host FP8 GEMMs issued together (a grouped linear layer's experts): one parallel region over all of
+//! them on rayon's pool, each GEMM as [`host_fp8_gemm`](super::host_fp8_gemm) runs it alone (the issuing thread's
+//! path, its own split across threads when large, its fallback; counted on the issuing thread), so each result is
+//! the same bit for bit. What it
+//! changes is the scheduling: GEMMs too small to split (most of a mixture-of-experts layer's, a few rows per
+//! expert) run side by side on the threads instead of one after another on one.
+
+use rayon::prelude::*;
+
+use super::choice::{count_path, host_fp8_gemm_asking, requested_host_gemm_path};
+use super::operand::HostOperand;
+
+/// One GEMM of [`host_fp8_gemm_grouped`]: its operands, `(m, n, k)`, and its output (`batch · m · n` values).
+pub(crate) struct GroupedHostGemm<'a> {
+    pub lhs: HostOperand<'a>,
+    pub rhs: HostOperand<'a>,
+    pub dims: (usize, usize, usize),
+    pub out: Vec<f32>,
+}
+
+/// Runs every GEMM of `gemms` into its `out`, together, on the path this thread asks for.
+pub(crate) fn host_fp8_gemm_grouped(gemms: &mut [GroupedHostGemm<'_>]) {
+    let requested = requested_host_gemm_path();
+    let paths: Vec<_> = gemms
+        .par_iter_mut()
+        .map(|gemm| host_fp8_gemm_asking(requested, &gemm.lhs, &gemm.rhs, gemm.dims, &mut gemm.out))
+        .collect();
+    paths.into_iter().for_each(count_path);
+}

@@ -1,0 +1,300 @@
+//! A grouped linear layer's GEMMs (TE's `GroupedLinear`): every expert's GEMM as its own layer's would run, issued
+//! either together ([`fprop`], [`dgrad`], [`wgrad`]: a backend that runs its layer GEMMs itself) or in turn
+//! through the backend's layer-GEMM ops ([`in_turn`]: decorators that look at each GEMM, autodiff).
+//!
+//! Together: each expert's operands are quantized as its layer's would be (`crate::fp8_gemm`'s `prepare_*`), then
+//! the FP8 experts' GEMMs run in one [`TeBackend::fp8_gemm_grouped`]. An expert without a recipe runs its
+//! high-precision GEMM; one whose quantization fails falls back alone; if the grouped GEMM fails, every expert in it
+//! falls back. Each is counted and recorded as its own layer GEMM would be, so the numbers and the report are those
+//! of each expert's GEMM run alone.
+
+use std::ops::Range;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+
+use super::{count_high_precision, count_recipe};
+use crate::backend::{SavedOperand, TeBackend};
+use crate::error::TeError;
+use crate::fp8_gemm::{
+    PreparedGemm, or_high_precision, prepare_dgrad, prepare_fprop, prepare_wgrad, run_prepared,
+};
+use crate::gemm::Gemm;
+use crate::high_precision::high_precision_gemm;
+use crate::primitive::SavedForBackward;
+use crate::recipe::Recipe;
+use crate::saved::{or_panic, values};
+use crate::site::{ExpertGemms, GemmSite};
+
+/// Rows `rows` of a rank-2 tensor (an expert's rows of the input or of the gradient).
+pub(crate) fn slice_rows<B: Backend>(tensor: FloatTensor<B>, rows: Range<usize>) -> FloatTensor<B> {
+    B::float_slice(tensor, &[burn::tensor::Slice::from(rows)])
+}
+
+/// The experts' row blocks stacked in order (at least one).
+pub(crate) fn concat_rows<B: Backend>(mut blocks: Vec<FloatTensor<B>>) -> FloatTensor<B> {
+    match blocks.len() {
+        1 => blocks.pop().expect("one block"),
+        _ => B::float_cat(blocks, 0),
+    }
+}
+
+/// One expert's GEMM on its way: answered already (no recipe, or a quantization that failed and fell back), or
+/// prepared, with the high-precision GEMM to fall back to.
+enum Pending<'a, B: TeBackend> {
+    Done(FloatTensor<B>),
+    Prepared {
+        gemm: Box<PreparedGemm<B>>,
+        site: &'a GemmSite,
+        recipe: &'a Recipe,
+        high_precision: Box<dyn FnOnce() -> FloatTensor<B> + 'a>,
+    },
+}
+
+impl<'a, B: TeBackend> Pending<'a, B> {
+    /// The GEMM at `site`: in high precision without a recipe, else prepared by `prepare` (falling back to
+    /// `high_precision` where that fails).
+    fn new(
+        site: &'a GemmSite,
+        recipe: Option<&'a Recipe>,
+        prepare: impl FnOnce(&Recipe) -> Result<PreparedGemm<B>, TeError>,
+        high_precision: impl FnOnce() -> FloatTensor<B> + 'a,
+    ) -> Self {
+        let Some(recipe) = recipe else {
+            count_high_precision(site);
+            return Pending::Done(high_precision());
+        };
+        match prepare(recipe) {
+            Ok(gemm) => Pending::Prepared {
+                gemm: Box::new(gemm),
+                site,
+                recipe,
+                high_precision: Box::new(high_precision),
+            },
+            Err(err) => Pending::Done(or_high_precision::<B>(site, Err(err), high_precision)),
+        }
+    }
+}
+
+/// The experts' results in order (`None` for an expert that ran nothing), the prepared ones from one grouped GEMM;
+/// and whether that grouped GEMM failed (its experts then ran in high precision).
+fn run_together<B: TeBackend>(
+    pending: Vec<Option<Pending<'_, B>>>,
+) -> (Vec<Option<FloatTensor<B>>>, bool) {
+    let mut results = Vec::with_capacity(pending.len());
+    let (mut gemms, mut prepared) = (Vec::new(), Vec::new());
+    for (i, expert) in pending.into_iter().enumerate() {
+        results.push(None);
+        match expert {
+            None => {}
+            Some(Pending::Done(output)) => results[i] = Some(output),
+            Some(Pending::Prepared {
+                gemm,
+                site,
+                recipe,
+                high_precision,
+            }) => {
+                gemms.push(*gemm);
+                prepared.push((i, site, recipe, high_precision));
+            }
+        }
+    }
+    if gemms.is_empty() {
+        return (results, false);
+    }
+    match run_prepared::<B>(gemms) {
+        Ok(outputs) => {
+            for ((i, site, recipe, _), output) in prepared.into_iter().zip(outputs) {
+                count_recipe(site, recipe);
+                crate::metrics::increment_counter(crate::metrics::names::GEMM_FP8, 1);
+                results[i] = Some(output);
+            }
+            (results, false)
+        }
+        Err(err) => {
+            for (i, site, _, high_precision) in prepared {
+                crate::fallback::record_fallback(site, &err);
+                results[i] = Some(high_precision());
+            }
+            (results, true)
+        }
+    }
+}
+
+/// `TeBackend::te_grouped_linear_fprop`, the experts' GEMMs together.
+pub fn fprop<B: TeBackend>(
+    x: FloatTensor<B>,
+    weights: Vec<FloatTensor<B>>,
+    biases: Vec<Option<FloatTensor<B>>>,
+    experts: &ExpertGemms,
+    save: &[[bool; 2]],
+) -> (FloatTensor<B>, Vec<SavedForBackward<B::Fp8Data>>) {
+    let mut kept: Vec<SavedForBackward<B::Fp8Data>> =
+        weights.iter().map(|_| [None, None]).collect();
+    let pending = weights
+        .into_iter()
+        .zip(biases)
+        .enumerate()
+        .map(|(i, (weight, bias))| {
+            let rows = experts.rows(i);
+            if rows.is_empty() {
+                return None;
+            }
+            let (site, recipe) = &experts.experts[i];
+            let x = slice_rows::<B>(x.clone(), rows);
+            let high_precision = {
+                let (x, weight, bias) = (x.clone(), weight.clone(), bias.clone());
+                move || high_precision_gemm::<B>(Gemm::Fprop, false, x, weight, bias)
+            };
+            let prepare = |recipe: &Recipe| {
+                let (gemm, saved) =
+                    prepare_fprop::<B>(x, weight, bias, site, recipe, [None, None], save[i])?;
+                kept[i] = saved;
+                Ok(gemm)
+            };
+            Some(Pending::new(site, recipe.as_ref(), prepare, high_precision))
+        })
+        .collect();
+    let (outputs, fell_back) = run_together::<B>(pending);
+    if fell_back {
+        // A high-precision forward keeps nothing quantized (the backward then takes the high-precision tensors).
+        kept.iter_mut().for_each(|saved| *saved = [None, None]);
+    }
+    (
+        concat_rows::<B>(outputs.into_iter().flatten().collect()),
+        kept,
+    )
+}
+
+/// `TeBackend::te_grouped_linear_dgrad`, the experts' GEMMs together.
+pub fn dgrad<B: TeBackend>(
+    weights: Vec<Option<SavedOperand<B>>>,
+    grad: FloatTensor<B>,
+    experts: &ExpertGemms,
+) -> FloatTensor<B> {
+    let pending = weights
+        .into_iter()
+        .enumerate()
+        .map(|(i, weight)| {
+            let rows = experts.rows(i);
+            let weight = weight.filter(|_| !rows.is_empty())?;
+            let (site, recipe) = &experts.experts[i];
+            let grad = slice_rows::<B>(grad.clone(), rows);
+            let high_precision = {
+                let (weight, grad) = (weight.clone(), grad.clone());
+                move || {
+                    let product = values::<B>(weight)
+                        .map(|w| high_precision_gemm::<B>(Gemm::Dgrad, false, grad, w, None));
+                    or_panic::<B>(site, product)
+                }
+            };
+            let prepare =
+                |recipe: &Recipe| prepare_dgrad::<B>(weight, grad, site, recipe, [None, None]);
+            Some(Pending::new(site, recipe.as_ref(), prepare, high_precision))
+        })
+        .collect();
+    concat_rows::<B>(run_together::<B>(pending).0.into_iter().flatten().collect())
+}
+
+/// `TeBackend::te_grouped_linear_wgrad`, the experts' GEMMs together.
+pub fn wgrad<B: TeBackend>(
+    xs: Vec<Option<SavedOperand<B>>>,
+    grad: FloatTensor<B>,
+    experts: &ExpertGemms,
+) -> Vec<Option<FloatTensor<B>>> {
+    let pending = xs
+        .into_iter()
+        .enumerate()
+        .map(|(i, x)| {
+            let rows = experts.rows(i);
+            let x = x.filter(|_| !rows.is_empty())?;
+            let (site, recipe) = &experts.experts[i];
+            let grad = slice_rows::<B>(grad.clone(), rows);
+            let high_precision = {
+                let (x, grad) = (x.clone(), grad.clone());
+                move || {
+                    let product = values::<B>(x)
+                        .map(|x| high_precision_gemm::<B>(Gemm::Wgrad, false, x, grad, None));
+                    or_panic::<B>(site, product)
+                }
+            };
+            let prepare = |recipe: &Recipe| prepare_wgrad::<B>(x, grad, site, recipe, [None, None]);
+            Some(Pending::new(site, recipe.as_ref(), prepare, high_precision))
+        })
+        .collect();
+    run_together::<B>(pending).0
+}
+
+/// The experts' GEMMs one after another through the backend's own layer-GEMM ops (`te_linear_fprop`,
+/// `te_linear_dgrad`, `te_linear_wgrad`), so that a decorator sees each expert's GEMM as a layer GEMM of its own.
+pub mod in_turn {
+    use burn::tensor::ops::FloatTensor;
+
+    use super::{concat_rows, slice_rows};
+    use crate::backend::{SavedOperand, TeBackend};
+    use crate::primitive::SavedForBackward;
+    use crate::site::ExpertGemms;
+
+    /// `TeBackend::te_grouped_linear_fprop`, each expert's `te_linear_fprop` in turn.
+    pub fn fprop<B: TeBackend>(
+        x: FloatTensor<B>,
+        weights: Vec<FloatTensor<B>>,
+        biases: Vec<Option<FloatTensor<B>>>,
+        experts: &ExpertGemms,
+        save: &[[bool; 2]],
+    ) -> (FloatTensor<B>, Vec<SavedForBackward<B::Fp8Data>>) {
+        let mut outputs = Vec::new();
+        let mut kept = Vec::with_capacity(weights.len());
+        for (i, (weight, bias)) in weights.into_iter().zip(biases).enumerate() {
+            let rows = experts.rows(i);
+            if rows.is_empty() {
+                kept.push([None, None]);
+                continue;
+            }
+            let (site, recipe) = &experts.experts[i];
+            let x = slice_rows::<B>(x.clone(), rows);
+            let (output, saved) =
+                B::te_linear_fprop(x, weight, bias, site, recipe.as_ref(), save[i]);
+            outputs.push(output);
+            kept.push(saved);
+        }
+        (concat_rows::<B>(outputs), kept)
+    }
+
+    /// `TeBackend::te_grouped_linear_dgrad`, each expert's `te_linear_dgrad` in turn.
+    pub fn dgrad<B: TeBackend>(
+        weights: Vec<Option<SavedOperand<B>>>,
+        grad: FloatTensor<B>,
+        experts: &ExpertGemms,
+    ) -> FloatTensor<B> {
+        let mut blocks = Vec::new();
+        for (i, weight) in weights.into_iter().enumerate() {
+            let rows = experts.rows(i);
+            let Some(weight) = weight.filter(|_| !rows.is_empty()) else {
+                continue;
+            };
+            let (site, recipe) = &experts.experts[i];
+            let grad = slice_rows::<B>(grad.clone(), rows);
+            blocks.push(B::te_linear_dgrad(weight, grad, site, recipe.as_ref()));
+        }
+        concat_rows::<B>(blocks)
+    }
+
+    /// `TeBackend::te_grouped_linear_wgrad`, each expert's `te_linear_wgrad` in turn.
+    pub fn wgrad<B: TeBackend>(
+        xs: Vec<Option<SavedOperand<B>>>,
+        grad: FloatTensor<B>,
+        experts: &ExpertGemms,
+    ) -> Vec<Option<FloatTensor<B>>> {
+        xs.into_iter()
+            .enumerate()
+            .map(|(i, x)| {
+                let rows = experts.rows(i);
+                let x = x.filter(|_| !rows.is_empty())?;
+                let (site, recipe) = &experts.experts[i];
+                let grad = slice_rows::<B>(grad.clone(), rows);
+                Some(B::te_linear_wgrad(x, grad, site, recipe.as_ref()))
+            })
+            .collect()
+    }
+}
