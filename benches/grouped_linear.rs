@@ -1,4 +1,6 @@
-//! `GroupedLinear`'s training step (forward and backward, Float8CurrentScaling, `Autodiff<Te<Flex>>`) against
+//! `GroupedLinear`'s training step (forward and backward, Float8CurrentScaling, `Autodiff<Te<Flex>>`), its experts'
+//! GEMMs issued together, against
+//! - the same layer issuing them in turn (`with_experts_in_turn`: what grouping saves);
 //! - the experts' own `Linear`s, each on its own input: the same GEMMs and per-expert weight work, without the
 //!   group's split of the input and concatenation of the outputs (what the loop adds);
 //! - one `Linear` over all the rows: the same GEMM FLOPs with one weight (a bound no MoE layer reaches: it
@@ -11,6 +13,7 @@
 use burn::backend::{Autodiff, Flex};
 use burn::prelude::*;
 use burn::tensor::Distribution;
+use burn_te::linear::grouped::with_experts_in_turn;
 use burn_te::nn::{GroupedLinearConfig, Linear, LinearConfig};
 use burn_te::{Float8CurrentScaling, Te, fp8_autocast};
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -63,6 +66,18 @@ fn grouped(c: &mut Criterion) {
                 })
                 .unwrap();
                 grads.backward()
+            })
+        });
+        group.bench_function("GroupedLinear, experts in turn", |bench| {
+            bench.iter(|| {
+                with_experts_in_turn(|| {
+                    let x = x.clone().require_grad();
+                    let y = fp8_autocast(true, Float8CurrentScaling::default(), || {
+                        experts.forward(x.clone(), &splits)
+                    })
+                    .unwrap();
+                    y.sum().backward()
+                })
             })
         });
         group.bench_function("GroupedLinear", |bench| {

@@ -375,6 +375,17 @@ impl<B: TeBackend> Finish<B> {
 }
 
 impl<B: TeBackend> PreparedGemm<B> {
+    /// Its multiply-adds, `batch · m · n · k`.
+    pub fn work(&self) -> usize {
+        let (batch, rows, cols) = self.lhs.tensor.matrix_dims();
+        let k = match self.lhs_t != self.lhs.transposed {
+            true => rows,
+            false => cols,
+        };
+        let (_, rhs_rows, rhs_cols) = self.rhs.tensor.matrix_dims();
+        batch * rows * cols * (rhs_rows * rhs_cols / k.max(1))
+    }
+
     /// The GEMM by itself ([`TeBackend::fp8_gemm`]).
     pub fn run(self) -> Result<FloatTensor<B>, TeError> {
         let out = gemm::<B>(self.lhs, self.lhs_t, self.rhs, self.rhs_t)?;

@@ -403,14 +403,16 @@ fn checkpointed_inputs_and_inputs_without_gradient() {
     }
 }
 
-/// On every host GEMM path this CPU runs, the experts' GEMMs issued together (one parallel region per GEMM kind,
-/// a large expert split across threads beside small ones running side by side) give each expert's `Linear`'s
-/// numbers bit for bit, over DelayedScaling steps and under MXFP8; the grouped call counts one FP8 GEMM launch
-/// per GEMM kind where the experts' `Linear`s count one per expert, and every expert's GEMM under the path asked for.
+/// On every host GEMM path this CPU runs, the experts' GEMMs issued together (a large expert's by itself, split
+/// across threads; the small ones side by side in one parallel region) give each expert's `Linear`'s
+/// numbers bit for bit, over DelayedScaling steps and under MXFP8; the grouped call counts two FP8 GEMM launches
+/// per GEMM kind (the large expert's, the small ones' together), and one per expert's GEMM with the experts in turn
+/// (the same output and input gradient bit for bit), every expert's GEMM under the path asked for.
 #[test]
 fn grouped_gemms_issue_together_on_every_host_path() {
     use burn_te::diagnostics::thread_counter_value;
     use burn_te::host::gemm::{HostGemmPath, with_host_gemm_path};
+    use burn_te::linear::grouped::with_experts_in_turn;
     let counter = |name: &str| thread_counter_value(name).unwrap_or(0);
     // Expert 0: 300 × 256 × 192, split across threads; the others a few rows each.
     let splits = [300, 5, 0, 17, 64, 1];
@@ -435,7 +437,7 @@ fn grouped_gemms_issue_together_on_every_host_path() {
                 }
             });
         }
-        // Counted: the group alone, one step.
+        // Counted: the group alone, one step, its experts' GEMMs together and in turn (the same numbers).
         let group = GroupedLinearConfig::new(splits.len(), 256, 192).init::<B>(&Default::default());
         let x = tensor::<B, 2>(
             Rng::new(9).normal(387 * 256, 0.0, 1.0),
@@ -443,26 +445,41 @@ fn grouped_gemms_issue_together_on_every_host_path() {
             &Default::default(),
         )
         .require_grad();
-        let (launches, on_path) = (
-            counter("Fp8GemmLaunches"),
-            counter(&format!("HostFp8Gemm({path})")),
-        );
-        with_host_gemm_path(path, || {
-            let y = fp8_autocast(true, Float8CurrentScaling::default(), || {
-                group.forward(x.clone(), &splits)
-            })
-            .unwrap();
-            y.sum().backward();
-        });
+        let run = || {
+            let (launches, on_path) = (
+                counter("Fp8GemmLaunches"),
+                counter(&format!("HostFp8Gemm({path})")),
+            );
+            let (y, dx) = with_host_gemm_path(path, || {
+                let y = fp8_autocast(true, Float8CurrentScaling::default(), || {
+                    group.forward(x.clone(), &splits)
+                })
+                .unwrap();
+                let grads = y.clone().sum().backward();
+                (bits(values(y)), bits(values(x.grad(&grads).unwrap())))
+            });
+            let on_path = counter(&format!("HostFp8Gemm({path})")) - on_path;
+            (counter("Fp8GemmLaunches") - launches, on_path, y, dx)
+        };
+        let (launches, on_path, y, dx) = run();
+        // Per GEMM kind: expert 0's (300 × 256 × 192, large enough to split) issued by itself as soon as it is
+        // quantized, the four small ones together.
+        assert_eq!(launches, 3 * 2, "{path}: fprop, dgrad, wgrad");
         assert_eq!(
-            counter("Fp8GemmLaunches") - launches,
-            3,
-            "{path}: fprop, dgrad, wgrad"
-        );
-        assert_eq!(
-            counter(&format!("HostFp8Gemm({path})")) - on_path,
+            on_path,
             3 * 5,
             "{path}: three GEMMs of each of the five experts with rows"
+        );
+        let in_turn = with_experts_in_turn(run);
+        assert_eq!(
+            in_turn.0,
+            3 * 5,
+            "{path}: one launch per expert's GEMM in turn"
+        );
+        assert_eq!(
+            (in_turn.1, &in_turn.2, &in_turn.3),
+            (on_path, &y, &dx),
+            "{path}: in turn"
         );
     }
 }

@@ -8,6 +8,7 @@
 //! falls back. Each is counted and recorded as its own layer GEMM would be, so the numbers and the report are those
 //! of each expert's GEMM run alone.
 
+use std::cell::Cell;
 use std::ops::Range;
 
 use burn::tensor::backend::Backend;
@@ -25,6 +26,28 @@ use crate::primitive::SavedForBackward;
 use crate::recipe::Recipe;
 use crate::saved::{or_panic, values};
 use crate::site::{ExpertGemms, GemmSite};
+
+thread_local! {
+    static IN_TURN: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with this thread's grouped linear layers issuing their experts' GEMMs one after another, each as its own
+/// layer GEMM (what grouping saves: the baseline of `cargo bench --bench grouped_linear`); back when `f` returns or
+/// panics. The numbers are the same.
+pub fn with_experts_in_turn<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            IN_TURN.with(|in_turn| in_turn.set(self.0));
+        }
+    }
+    let _restore = Restore(IN_TURN.with(|in_turn| in_turn.replace(true)));
+    f()
+}
+
+fn experts_in_turn() -> bool {
+    IN_TURN.with(Cell::get)
+}
 
 /// Rows `rows` of a rank-2 tensor (an expert's rows of the input or of the gradient).
 pub(crate) fn slice_rows<B: Backend>(tensor: FloatTensor<B>, rows: Range<usize>) -> FloatTensor<B> {
@@ -76,14 +99,22 @@ impl<'a, B: TeBackend> Pending<'a, B> {
     }
 }
 
-/// The experts' results in order (`None` for an expert that ran nothing), the prepared ones from one grouped GEMM;
-/// and whether that grouped GEMM failed (its experts then ran in high precision).
-fn run_together<B: TeBackend>(
-    pending: Vec<Option<Pending<'_, B>>>,
-) -> (Vec<Option<FloatTensor<B>>>, bool) {
-    let mut results = Vec::with_capacity(pending.len());
-    let (mut gemms, mut prepared) = (Vec::new(), Vec::new());
-    for (i, expert) in pending.into_iter().enumerate() {
+/// The work (multiply-adds) from which a GEMM keeps the host path's threads busy by itself (the host GEMM's split
+/// threshold): such a GEMM is issued as soon as it is quantized (its operands still in cache), while smaller ones
+/// wait to be issued together.
+const LARGE_GEMM: usize = 192 * 192 * 192;
+
+/// The experts' results in order (`None` for an expert that ran nothing), taken from `pending` in turn (each
+/// expert prepared only after the GEMMs issued before it ran): small prepared GEMMs are issued together, in one
+/// [`TeBackend::fp8_gemm_grouped`] before the next large one and at the end; a large one ([`LARGE_GEMM`]) by itself
+/// as soon as it is prepared. Also the experts whose grouped GEMM failed (they ran in high precision).
+fn run_together<'a, B: TeBackend>(
+    pending: impl Iterator<Item = Option<Pending<'a, B>>>,
+) -> (Vec<Option<FloatTensor<B>>>, Vec<usize>) {
+    let mut results = Vec::new();
+    let mut fell_back = Vec::new();
+    let mut small = Vec::new();
+    for (i, expert) in pending.enumerate() {
         results.push(None);
         match expert {
             None => {}
@@ -94,29 +125,58 @@ fn run_together<B: TeBackend>(
                 recipe,
                 high_precision,
             }) => {
-                gemms.push(*gemm);
-                prepared.push((i, site, recipe, high_precision));
+                let large = gemm.work() >= LARGE_GEMM;
+                let prepared = (i, *gemm, site, recipe, high_precision);
+                if large {
+                    issue::<B>(std::mem::take(&mut small), &mut results, &mut fell_back);
+                    issue::<B>(vec![prepared], &mut results, &mut fell_back);
+                } else {
+                    small.push(prepared);
+                }
             }
         }
     }
-    if gemms.is_empty() {
-        return (results, false);
+    issue::<B>(small, &mut results, &mut fell_back);
+    (results, fell_back)
+}
+
+/// A prepared expert GEMM: its index, the GEMM, its site and recipe, and its high-precision fallback.
+type Prepared<'a, B> = (
+    usize,
+    PreparedGemm<B>,
+    &'a GemmSite,
+    &'a Recipe,
+    Box<dyn FnOnce() -> FloatTensor<B> + 'a>,
+);
+
+/// Issues `group` in one grouped GEMM into `results`, counted as each GEMM alone would be; if it fails, each of its
+/// experts falls back to high precision (recorded, and listed in `fell_back`).
+fn issue<B: TeBackend>(
+    group: Vec<Prepared<'_, B>>,
+    results: &mut [Option<FloatTensor<B>>],
+    fell_back: &mut Vec<usize>,
+) {
+    if group.is_empty() {
+        return;
     }
+    let (gemms, rest): (Vec<_>, Vec<_>) = group
+        .into_iter()
+        .map(|(i, gemm, site, recipe, high_precision)| (gemm, (i, site, recipe, high_precision)))
+        .unzip();
     match run_prepared::<B>(gemms) {
         Ok(outputs) => {
-            for ((i, site, recipe, _), output) in prepared.into_iter().zip(outputs) {
+            for ((i, site, recipe, _), output) in rest.into_iter().zip(outputs) {
                 count_recipe(site, recipe);
                 crate::metrics::increment_counter(crate::metrics::names::GEMM_FP8, 1);
                 results[i] = Some(output);
             }
-            (results, false)
         }
         Err(err) => {
-            for (i, site, _, high_precision) in prepared {
+            for (i, site, _, high_precision) in rest {
                 crate::fallback::record_fallback(site, &err);
                 results[i] = Some(high_precision());
+                fell_back.push(i);
             }
-            (results, true)
         }
     }
 }
@@ -129,6 +189,9 @@ pub fn fprop<B: TeBackend>(
     experts: &ExpertGemms,
     save: &[[bool; 2]],
 ) -> (FloatTensor<B>, Vec<SavedForBackward<B::Fp8Data>>) {
+    if experts_in_turn() {
+        return in_turn::fprop::<B>(x, weights, biases, experts, save);
+    }
     let mut kept: Vec<SavedForBackward<B::Fp8Data>> =
         weights.iter().map(|_| [None, None]).collect();
     let pending = weights
@@ -153,12 +216,11 @@ pub fn fprop<B: TeBackend>(
                 Ok(gemm)
             };
             Some(Pending::new(site, recipe.as_ref(), prepare, high_precision))
-        })
-        .collect();
+        });
     let (outputs, fell_back) = run_together::<B>(pending);
-    if fell_back {
-        // A high-precision forward keeps nothing quantized (the backward then takes the high-precision tensors).
-        kept.iter_mut().for_each(|saved| *saved = [None, None]);
+    // A high-precision forward keeps nothing quantized (the backward then takes the high-precision tensors).
+    for i in fell_back {
+        kept[i] = [None, None];
     }
     (
         concat_rows::<B>(outputs.into_iter().flatten().collect()),
@@ -172,28 +234,11 @@ pub fn dgrad<B: TeBackend>(
     grad: FloatTensor<B>,
     experts: &ExpertGemms,
 ) -> FloatTensor<B> {
-    let pending = weights
-        .into_iter()
-        .enumerate()
-        .map(|(i, weight)| {
-            let rows = experts.rows(i);
-            let weight = weight.filter(|_| !rows.is_empty())?;
-            let (site, recipe) = &experts.experts[i];
-            let grad = slice_rows::<B>(grad.clone(), rows);
-            let high_precision = {
-                let (weight, grad) = (weight.clone(), grad.clone());
-                move || {
-                    let product = values::<B>(weight)
-                        .map(|w| high_precision_gemm::<B>(Gemm::Dgrad, false, grad, w, None));
-                    or_panic::<B>(site, product)
-                }
-            };
-            let prepare =
-                |recipe: &Recipe| prepare_dgrad::<B>(weight, grad, site, recipe, [None, None]);
-            Some(Pending::new(site, recipe.as_ref(), prepare, high_precision))
-        })
-        .collect();
-    concat_rows::<B>(run_together::<B>(pending).0.into_iter().flatten().collect())
+    if experts_in_turn() {
+        return in_turn::dgrad::<B>(weights, grad, experts);
+    }
+    let blocks = backward::<B>(Gemm::Dgrad, weights, grad, experts);
+    concat_rows::<B>(blocks.into_iter().flatten().collect())
 }
 
 /// `TeBackend::te_grouped_linear_wgrad`, the experts' GEMMs together.
@@ -202,26 +247,41 @@ pub fn wgrad<B: TeBackend>(
     grad: FloatTensor<B>,
     experts: &ExpertGemms,
 ) -> Vec<Option<FloatTensor<B>>> {
-    let pending = xs
-        .into_iter()
-        .enumerate()
-        .map(|(i, x)| {
-            let rows = experts.rows(i);
-            let x = x.filter(|_| !rows.is_empty())?;
-            let (site, recipe) = &experts.experts[i];
-            let grad = slice_rows::<B>(grad.clone(), rows);
-            let high_precision = {
-                let (x, grad) = (x.clone(), grad.clone());
-                move || {
-                    let product = values::<B>(x)
-                        .map(|x| high_precision_gemm::<B>(Gemm::Wgrad, false, x, grad, None));
-                    or_panic::<B>(site, product)
-                }
-            };
-            let prepare = |recipe: &Recipe| prepare_wgrad::<B>(x, grad, site, recipe, [None, None]);
-            Some(Pending::new(site, recipe.as_ref(), prepare, high_precision))
-        })
-        .collect();
+    if experts_in_turn() {
+        return in_turn::wgrad::<B>(xs, grad, experts);
+    }
+    backward::<B>(Gemm::Wgrad, xs, grad, experts)
+}
+
+/// The experts' backward GEMM `gemm` (dgrad: on each kept weight; wgrad: on each kept input) with their rows of
+/// `grad`, together; `None` for an expert without rows or kept operand.
+fn backward<B: TeBackend>(
+    gemm: Gemm,
+    kept: Vec<Option<SavedOperand<B>>>,
+    grad: FloatTensor<B>,
+    experts: &ExpertGemms,
+) -> Vec<Option<FloatTensor<B>>> {
+    let pending = kept.into_iter().enumerate().map(|(i, operand)| {
+        let rows = experts.rows(i);
+        let operand = operand.filter(|_| !rows.is_empty())?;
+        let (site, recipe) = &experts.experts[i];
+        let grad = slice_rows::<B>(grad.clone(), rows);
+        let high_precision = {
+            let (operand, grad) = (operand.clone(), grad.clone());
+            move || {
+                let product = values::<B>(operand).map(|operand| match gemm {
+                    Gemm::Dgrad => high_precision_gemm::<B>(gemm, false, grad, operand, None),
+                    _ => high_precision_gemm::<B>(gemm, false, operand, grad, None),
+                });
+                or_panic::<B>(site, product)
+            }
+        };
+        let prepare = |recipe: &Recipe| match gemm {
+            Gemm::Dgrad => prepare_dgrad::<B>(operand, grad, site, recipe, [None, None]),
+            _ => prepare_wgrad::<B>(operand, grad, site, recipe, [None, None]),
+        };
+        Some(Pending::new(site, recipe.as_ref(), prepare, high_precision))
+    });
     run_together::<B>(pending).0
 }
 

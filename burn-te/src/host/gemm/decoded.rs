@@ -8,7 +8,7 @@ use super::operand::HostOperand;
 use crate::primitive::ElementFormat;
 
 /// Work (`m·n·k`) from which one GEMM is split across rayon's threads (burn-flex's threshold).
-const PARALLEL_GEMM: usize = 192 * 192 * 192;
+pub(super) const PARALLEL_GEMM: usize = 192 * 192 * 192;
 
 /// Scratch buffers kept for the decoded operands are dropped after a GEMM when larger than this (elements).
 const KEPT_SCRATCH: usize = 1 << 24;

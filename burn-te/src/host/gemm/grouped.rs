@@ -8,6 +8,7 @@
 use rayon::prelude::*;
 
 use super::choice::{count_path, host_fp8_gemm_asking, requested_host_gemm_path};
+use super::decoded::PARALLEL_GEMM;
 use super::operand::HostOperand;
 
 /// One GEMM of [`host_fp8_gemm_grouped`]: its operands, `(m, n, k)`, and its output (`batch · m · n` values).
@@ -18,12 +19,23 @@ pub(crate) struct GroupedHostGemm<'a> {
     pub out: Vec<f32>,
 }
 
-/// Runs every GEMM of `gemms` into its `out`, together, on the path this thread asks for.
+/// Runs every GEMM of `gemms` into its `out` on the path this thread asks for: those large enough to split across
+/// the threads one after another (two at once would contend for the same threads and caches), then the small ones
+/// side by side in one parallel region.
 pub(crate) fn host_fp8_gemm_grouped(gemms: &mut [GroupedHostGemm<'_>]) {
     let requested = requested_host_gemm_path();
-    let paths: Vec<_> = gemms
-        .par_iter_mut()
-        .map(|gemm| host_fp8_gemm_asking(requested, &gemm.lhs, &gemm.rhs, gemm.dims, &mut gemm.out))
-        .collect();
+    let run = |gemm: &mut GroupedHostGemm<'_>| {
+        host_fp8_gemm_asking(requested, &gemm.lhs, &gemm.rhs, gemm.dims, &mut gemm.out)
+    };
+    let (mut large, mut small): (Vec<_>, Vec<_>) = gemms
+        .iter_mut()
+        .partition(|gemm| gemm.dims.0 * gemm.dims.1 * gemm.dims.2 >= PARALLEL_GEMM);
+    let mut paths: Vec<_> = large.iter_mut().map(|gemm| run(gemm)).collect();
+    paths.extend(
+        small
+            .par_iter_mut()
+            .map(|gemm| run(gemm))
+            .collect::<Vec<_>>(),
+    );
     paths.into_iter().for_each(count_path);
 }
