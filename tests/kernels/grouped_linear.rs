@@ -7,10 +7,11 @@
 use burn::backend::{Autodiff, Flex};
 use burn::module::Param;
 use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
 use burn_te::nn::{GroupedLinear, GroupedLinearConfig, Linear, LinearConfig, infer_layer_names};
 use burn_te::{
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Fp8Format, MXFP8BlockScaling,
-    NVFP4BlockScaling, Recipe, TensorRole, fp8_autocast,
+    NVFP4BlockScaling, Recipe, TeBackend, TensorRole, fp8_autocast,
 };
 
 use crate::common::Rng;
@@ -23,8 +24,8 @@ const IN: usize = 64;
 const OUT: usize = 48;
 
 /// Each expert's `Linear`, with the group's parameters (copied, so the two train apart) and the expert's name.
-fn standalone(group: &GroupedLinear<B>) -> Vec<Linear<B>> {
-    let device = Default::default();
+fn standalone<A: AutodiffBackend + TeBackend>(group: &GroupedLinear<A>) -> Vec<Linear<A>> {
+    let device = group.weights[0].device();
     let [inputs, outputs] = group.weights[0].dims();
     group
         .gemm_layers()
@@ -33,7 +34,7 @@ fn standalone(group: &GroupedLinear<B>) -> Vec<Linear<B>> {
         .map(|(i, name)| {
             let mut linear = LinearConfig::new(inputs, outputs)
                 .with_name(Some(name))
-                .init::<B>(&device);
+                .init::<A>(&device);
             linear.weight = Param::from_tensor(group.weights[i].val().detach().require_grad());
             linear.bias = Some(Param::from_tensor(
                 group.biases[i].val().detach().require_grad(),
@@ -50,23 +51,23 @@ fn bits(t: Vec<f32>) -> Vec<u32> {
 /// One step of both: the group on `x`, each expert's `Linear` on its rows, one loss `Σ y·r` over both (one autocast
 /// scope, so both run in the same iteration: NVFP4's stochastic rounding draws the same bits for the same layer).
 /// Asserts the outputs and every gradient equal bit for bit.
-fn step(
+fn step<A: AutodiffBackend + TeBackend>(
     what: &str,
-    group: &GroupedLinear<B>,
-    experts: &[Linear<B>],
+    group: &GroupedLinear<A>,
+    experts: &[Linear<A>],
     splits: &[usize],
     recipe: Option<&Recipe>,
     seed: u64,
 ) {
-    let device = Default::default();
+    let device = group.weights[0].device();
     let [inputs, outputs] = group.weights[0].dims();
     let rows: usize = splits.iter().sum();
     let mut rng = Rng::new(seed);
     let x = rng.normal(rows * inputs, 0.0, 1.0);
     let r = rng.normal(rows * outputs, 0.0, 1.0);
-    let xg = tensor::<B, 2>(x.clone(), [rows, inputs], &device).require_grad();
-    let xs = tensor::<B, 2>(x, [rows, inputs], &device).require_grad();
-    let r = tensor::<B, 2>(r, [rows, outputs], &device);
+    let xg = tensor::<A, 2>(x.clone(), [rows, inputs], &device).require_grad();
+    let xs = tensor::<A, 2>(x, [rows, inputs], &device).require_grad();
+    let r = tensor::<A, 2>(r, [rows, outputs], &device);
     let forward = || {
         let grouped = group.forward(xg.clone(), splits);
         let mut start = 0;
@@ -91,7 +92,7 @@ fn step(
         "{what}: input gradient"
     );
     for (i, (expert, &m)) in experts.iter().zip(splits).enumerate() {
-        let grad = |p: &Param<Tensor<B, 2>>| p.val().grad(&grads);
+        let grad = |p: &Param<Tensor<A, 2>>| p.val().grad(&grads);
         let (dw, dw_alone) = (grad(&group.weights[i]), grad(&expert.weight));
         assert_eq!(
             dw.is_some(),
@@ -481,5 +482,21 @@ fn grouped_gemms_issue_together_on_every_host_path() {
             (on_path, &y, &dx),
             "{path}: in turn"
         );
+    }
+}
+
+/// On wgpu (lavapipe here), where the experts' GEMMs are launched one after another, each expert's numbers equal its
+/// own `Linear`'s bit for bit over two DelayedScaling steps (each expert quantizing with its own history).
+#[test]
+fn experts_equal_their_linears_on_wgpu() {
+    type W = Autodiff<burn_te::Te<burn_te::backends::Wgpu>>;
+    let splits = [24, 0, 40, 8];
+    let recipe = Recipe::from(DelayedScaling::default());
+    let group = GroupedLinearConfig::new(splits.len(), IN, OUT)
+        .with_name(Some("wgpu.experts".into()))
+        .init::<W>(&Default::default());
+    let experts = standalone(&group);
+    for seed in 0..2 {
+        step("wgpu", &group, &experts, &splits, Some(&recipe), 700 + seed);
     }
 }
