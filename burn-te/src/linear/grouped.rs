@@ -3,7 +3,8 @@
 //! through the backend's layer-GEMM ops ([`in_turn`]: decorators that look at each GEMM, autodiff).
 //!
 //! Together: each expert's operands are quantized as its layer's would be (`crate::fp8_gemm`'s `prepare_*`), then
-//! the FP8 experts' GEMMs run in one [`TeBackend::fp8_gemm_grouped`]. An expert without a recipe runs its
+//! the FP8 experts' GEMMs go through [`TeBackend::fp8_gemm_grouped`]: the small ones in one call, a large one by
+//! itself as soon as it is quantized (see `run_together`). An expert without a recipe runs its
 //! high-precision GEMM; one whose quantization fails falls back alone; if the grouped GEMM fails, every expert in it
 //! falls back. Each is counted and recorded as its own layer GEMM would be, so the numbers and the report are those
 //! of each expert's GEMM run alone.
