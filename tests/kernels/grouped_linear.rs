@@ -500,3 +500,62 @@ fn experts_equal_their_linears_on_wgpu() {
         step("wgpu", &group, &experts, &splits, Some(&recipe), 700 + seed);
     }
 }
+
+/// Each expert's delayed-scaling state goes through the group's record: after two DelayedScaling steps, a group
+/// loaded from the record (under another name, so nothing but the record carries the state) has every expert's
+/// histories and runs the third step bit for bit as the original (output and input gradient), where a fresh group
+/// with the same parameters does not.
+#[test]
+fn experts_fp8_state_goes_through_the_record() {
+    use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
+    let device = Default::default();
+    let config = |name: &str| GroupedLinearConfig::new(3, IN, OUT).with_name(Some(name.into()));
+    let group = config("rec.experts").init::<B>(&device);
+    let recipe = DelayedScaling::default();
+    let splits = [16, 8, 24];
+    let run = |g: &GroupedLinear<B>, seed| {
+        let x = tensor::<B, 2>(Rng::new(seed).normal(48 * IN, 0.0, 1.0), [48, IN], &device)
+            .require_grad();
+        let y = fp8_autocast(true, recipe.clone(), || g.forward(x.clone(), &splits)).unwrap();
+        let grads = y.clone().sum().backward();
+        (bits(values(y)), bits(values(x.grad(&grads).unwrap())))
+    };
+    run(&group, 1);
+    run(&group, 2);
+    let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
+    let bytes = recorder.record(group.clone().into_record(), ()).unwrap();
+    let record = recorder.load(bytes, &device).unwrap();
+    let loaded = config("rec_loaded.experts")
+        .init::<B>(&device)
+        .load_record(record);
+    let history = |meta: &burn_te::Fp8Meta<B>, role| {
+        meta.read(role, &recipe, Fp8Format::E4M3)
+            .unwrap()
+            .unwrap()
+            .history
+    };
+    for role in [TensorRole::Activation, TensorRole::Weight] {
+        for i in 0..3 {
+            let want = history(&group.fp8_meta[i], role);
+            assert!(
+                want.iter().any(|&a| a > 0.0),
+                "expert {i} {role:?} recorded"
+            );
+            assert_eq!(
+                history(&loaded.fp8_meta[i], role),
+                want,
+                "expert {i} {role:?}"
+            );
+        }
+    }
+    let mut fresh = config("rec_fresh.experts").init::<B>(&device);
+    fresh.weights = group.weights.clone();
+    fresh.biases = group.biases.clone();
+    let want = run(&group, 3);
+    assert_eq!(run(&loaded, 3), want, "the loaded group's third step");
+    assert_ne!(
+        run(&fresh, 3).0,
+        want.0,
+        "a fresh state quantizes otherwise"
+    );
+}
