@@ -15,7 +15,7 @@ use std::ops::Range;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
-use super::{count_high_precision, count_recipe};
+use super::{count_high_precision, count_recipe, high_precision_backward};
 use crate::backend::{SavedOperand, TeBackend};
 use crate::error::TeError;
 use crate::fp8_gemm::{
@@ -270,10 +270,8 @@ fn backward<B: TeBackend>(
         let high_precision = {
             let (operand, grad) = (operand.clone(), grad.clone());
             move || {
-                let product = values::<B>(operand).map(|operand| match gemm {
-                    Gemm::Dgrad => high_precision_gemm::<B>(gemm, false, grad, operand, None),
-                    _ => high_precision_gemm::<B>(gemm, false, operand, grad, None),
-                });
+                let product = values::<B>(operand)
+                    .map(|operand| high_precision_backward::<B>(gemm, false, operand, grad));
                 or_panic::<B>(site, product)
             }
         };

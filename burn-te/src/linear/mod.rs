@@ -58,23 +58,7 @@ pub fn dgrad<B: TeBackend>(
     site: &GemmSite,
     recipe: Option<&Recipe>,
 ) -> FloatTensor<B> {
-    let high_precision = |weight: SavedOperand<B>, grad| {
-        values::<B>(weight)
-            .map(|w| high_precision_gemm::<B>(Gemm::Dgrad, site.batched, grad, w, None))
-    };
-    match recipe {
-        None => {
-            count_high_precision(site);
-            or_panic::<B>(site, high_precision(weight, grad))
-        }
-        Some(recipe) => {
-            let fp8 = linear_dgrad::<B>(weight.clone(), grad.clone(), site, recipe, [None, None])
-                .inspect(|_| count_recipe(site, recipe));
-            or_high_precision::<B>(site, fp8, || {
-                or_panic::<B>(site, high_precision(weight, grad))
-            })
-        }
-    }
+    backward::<B>(Gemm::Dgrad, weight, grad, site, recipe)
 }
 
 /// `TeBackend::te_linear_wgrad`: `xᵀ · grad` on the input the forward kept.
@@ -84,19 +68,49 @@ pub fn wgrad<B: TeBackend>(
     site: &GemmSite,
     recipe: Option<&Recipe>,
 ) -> FloatTensor<B> {
-    let high_precision = |x: SavedOperand<B>, grad| {
-        values::<B>(x).map(|x| high_precision_gemm::<B>(Gemm::Wgrad, site.batched, x, grad, None))
+    backward::<B>(Gemm::Wgrad, x, grad, site, recipe)
+}
+
+/// The backward GEMM `gemm` on the operand the forward kept (dgrad: the weight; wgrad: the input) and the gradient.
+fn backward<B: TeBackend>(
+    gemm: Gemm,
+    kept: SavedOperand<B>,
+    grad: FloatTensor<B>,
+    site: &GemmSite,
+    recipe: Option<&Recipe>,
+) -> FloatTensor<B> {
+    let high_precision = |kept: SavedOperand<B>, grad| {
+        let product = values::<B>(kept)
+            .map(|kept| high_precision_backward::<B>(gemm, site.batched, kept, grad));
+        or_panic::<B>(site, product)
     };
     match recipe {
         None => {
             count_high_precision(site);
-            or_panic::<B>(site, high_precision(x, grad))
+            high_precision(kept, grad)
         }
         Some(recipe) => {
-            let fp8 = linear_wgrad::<B>(x.clone(), grad.clone(), site, recipe, [None, None])
-                .inspect(|_| count_recipe(site, recipe));
-            or_high_precision::<B>(site, fp8, || or_panic::<B>(site, high_precision(x, grad)))
+            let fp8 = match gemm {
+                Gemm::Dgrad => linear_dgrad::<B>,
+                _ => linear_wgrad::<B>,
+            }(kept.clone(), grad.clone(), site, recipe, [None, None])
+            .inspect(|_| count_recipe(site, recipe));
+            or_high_precision::<B>(site, fp8, || high_precision(kept, grad))
         }
+    }
+}
+
+/// A backward GEMM in high precision on the kept operand's values and the gradient (dgrad: `grad · keptᵀ`;
+/// wgrad: `keptᵀ · grad`).
+fn high_precision_backward<B: TeBackend>(
+    gemm: Gemm,
+    batched: bool,
+    kept: FloatTensor<B>,
+    grad: FloatTensor<B>,
+) -> FloatTensor<B> {
+    match gemm {
+        Gemm::Dgrad => high_precision_gemm::<B>(gemm, batched, grad, kept, None),
+        _ => high_precision_gemm::<B>(gemm, batched, kept, grad, None),
     }
 }
 
