@@ -485,20 +485,24 @@ fn grouped_gemms_issue_together_on_every_host_path() {
     }
 }
 
-/// On wgpu (lavapipe here), where the experts' GEMMs are launched one after another, each expert's numbers equal its
-/// own `Linear`'s bit for bit over two DelayedScaling steps (each expert quantizing with its own history).
+/// On wgpu (lavapipe here), where the experts' GEMMs are launched one after another, unfused and through Burn's
+/// fusion (`burn::backend::Wgpu`, what users get): each expert's numbers equal its own `Linear`'s bit for bit over
+/// two DelayedScaling steps (each expert quantizing with its own history).
 #[test]
 fn experts_equal_their_linears_on_wgpu() {
-    type W = Autodiff<burn_te::Te<burn_te::backends::Wgpu>>;
-    let splits = [24, 0, 40, 8];
-    let recipe = Recipe::from(DelayedScaling::default());
-    let group = GroupedLinearConfig::new(splits.len(), IN, OUT)
-        .with_name(Some("wgpu.experts".into()))
-        .init::<W>(&Default::default());
-    let experts = standalone(&group);
-    for seed in 0..2 {
-        step("wgpu", &group, &experts, &splits, Some(&recipe), 700 + seed);
+    fn check<W: AutodiffBackend + TeBackend>(what: &str) {
+        let splits = [24, 0, 40, 8];
+        let recipe = Recipe::from(DelayedScaling::default());
+        let group = GroupedLinearConfig::new(splits.len(), IN, OUT)
+            .with_name(Some(format!("{what}.experts")))
+            .init::<W>(&Default::default());
+        let experts = standalone(&group);
+        for seed in 0..2 {
+            step(what, &group, &experts, &splits, Some(&recipe), 700 + seed);
+        }
     }
+    check::<Autodiff<burn_te::Te<burn_te::backends::Wgpu>>>("wgpu");
+    check::<Autodiff<burn_te::Te<burn::backend::Wgpu>>>("wgpu_fusion");
 }
 
 /// Each expert's delayed-scaling state goes through the group's record: after two DelayedScaling steps, a group
