@@ -48,6 +48,9 @@ impl LogQuantizationError {
     }
 }
 
+/// One item of [`error_stat_items`]: the GEMM's output tensor, its schedule, and its stats with the extra value.
+pub(super) type ErrorStatItem<T> = (TensorName, crate::config::Schedule, (Vec<Stat>, T));
+
 /// The items of a feature that logs error stats of GEMM outputs (`gemms` required, `stats` from
 /// [`Stat::ERROR`], the schedule keys and `extra_keys`): per item, the GEMM's output tensor, its schedule, and its
 /// stats with what `extra` reads from the item.
@@ -55,7 +58,7 @@ pub(super) fn error_stat_items<T>(
     spec: &FeatureSpec,
     extra_keys: &[&'static str],
     extra: impl Fn(&crate::config::Item) -> Result<T, ConfigError>,
-) -> Result<Vec<(TensorName, crate::config::Schedule, (Vec<Stat>, T))>, ConfigError> {
+) -> Result<Vec<ErrorStatItem<T>>, ConfigError> {
     let keys: Vec<&str> = SCHEDULE_KEYS
         .iter()
         .copied()
