@@ -37,7 +37,7 @@ burn_te::forward_backend!(Bare);
 
 impl<B: TeBackend> TeBackend for Bare<B> {
     burn_te::forward_fp8_ops!(B);
-    burn_te::te_linear_gemms!(fprop dgrad wgrad);
+    burn_te::te_linear_gemms!(fprop dgrad wgrad grouped);
 }
 
 fn train_step<B: AutodiffBackend + TeBackend>(
