@@ -165,7 +165,9 @@ macro_rules! te_linear_gemms {
             $crate::linear::dgrad::<Self>(weight, grad, site, recipe)
         }
     };
-    (@grouped) => {
+    (@grouped) => { $crate::te_linear_gemms!(@grouped_by grouped); };
+    (@grouped_in_turn) => { $crate::te_linear_gemms!(@grouped_by grouped::in_turn); };
+    (@grouped_by $($functions:ident)::+) => {
         fn te_grouped_linear_fprop(
             x: $crate::__private::FloatTensor<Self>,
             weights: Vec<$crate::__private::FloatTensor<Self>>,
@@ -173,46 +175,21 @@ macro_rules! te_linear_gemms {
             experts: &$crate::site::ExpertGemms,
             save: &[[bool; 2]],
         ) -> ($crate::__private::FloatTensor<Self>, Vec<$crate::fp8_gemm::SavedForBackward<Self::Fp8Data>>) {
-            $crate::linear::grouped::fprop::<Self>(x, weights, biases, experts, save)
+            $crate::linear::$($functions)::+::fprop::<Self>(x, weights, biases, experts, save)
         }
         fn te_grouped_linear_dgrad(
             weights: Vec<Option<$crate::SavedOperand<Self>>>,
             grad: $crate::__private::FloatTensor<Self>,
             experts: &$crate::site::ExpertGemms,
         ) -> $crate::__private::FloatTensor<Self> {
-            $crate::linear::grouped::dgrad::<Self>(weights, grad, experts)
+            $crate::linear::$($functions)::+::dgrad::<Self>(weights, grad, experts)
         }
         fn te_grouped_linear_wgrad(
             xs: Vec<Option<$crate::SavedOperand<Self>>>,
             grad: $crate::__private::FloatTensor<Self>,
             experts: &$crate::site::ExpertGemms,
         ) -> Vec<Option<$crate::__private::FloatTensor<Self>>> {
-            $crate::linear::grouped::wgrad::<Self>(xs, grad, experts)
-        }
-    };
-    (@grouped_in_turn) => {
-        fn te_grouped_linear_fprop(
-            x: $crate::__private::FloatTensor<Self>,
-            weights: Vec<$crate::__private::FloatTensor<Self>>,
-            biases: Vec<Option<$crate::__private::FloatTensor<Self>>>,
-            experts: &$crate::site::ExpertGemms,
-            save: &[[bool; 2]],
-        ) -> ($crate::__private::FloatTensor<Self>, Vec<$crate::fp8_gemm::SavedForBackward<Self::Fp8Data>>) {
-            $crate::linear::grouped::in_turn::fprop::<Self>(x, weights, biases, experts, save)
-        }
-        fn te_grouped_linear_dgrad(
-            weights: Vec<Option<$crate::SavedOperand<Self>>>,
-            grad: $crate::__private::FloatTensor<Self>,
-            experts: &$crate::site::ExpertGemms,
-        ) -> $crate::__private::FloatTensor<Self> {
-            $crate::linear::grouped::in_turn::dgrad::<Self>(weights, grad, experts)
-        }
-        fn te_grouped_linear_wgrad(
-            xs: Vec<Option<$crate::SavedOperand<Self>>>,
-            grad: $crate::__private::FloatTensor<Self>,
-            experts: &$crate::site::ExpertGemms,
-        ) -> Vec<Option<$crate::__private::FloatTensor<Self>>> {
-            $crate::linear::grouped::in_turn::wgrad::<Self>(xs, grad, experts)
+            $crate::linear::$($functions)::+::wgrad::<Self>(xs, grad, experts)
         }
     };
     (@wgrad) => {
