@@ -1,9 +1,8 @@
-//! Several host FP8 GEMMs issued together (a grouped linear layer's experts): one parallel region over all of
-//! them on rayon's pool, each GEMM as [`host_fp8_gemm`](super::host_fp8_gemm) runs it alone (the issuing thread's
-//! path, its own split across threads when large, its fallback; counted on the issuing thread), so each result is
-//! the same bit for bit. What it
-//! changes is the scheduling: GEMMs too small to split (most of a mixture-of-experts layer's, a few rows per
-//! expert) run side by side on the threads instead of one after another on one.
+//! Several host FP8 GEMMs issued together (a grouped linear layer's experts). Each GEMM runs as
+//! [`host_fp8_gemm`](super::host_fp8_gemm) runs it alone (the issuing thread's path, its own split across threads
+//! when large, its fallback; counted on the issuing thread), so each result is the same bit for bit. What changes is
+//! the scheduling: GEMMs too small to split (most of a mixture-of-experts layer's, a few rows per expert) run side
+//! by side in one parallel region on rayon's pool instead of one after another on one thread.
 
 use rayon::prelude::*;
 
