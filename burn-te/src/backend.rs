@@ -348,6 +348,19 @@ pub trait TeBackend: Backend {
         Self::te_grouped_linear_fprop(x, weights, biases, experts, &save).0
     }
 
+    /// A tensor-parallel layer's exchange of `tensor` over `group` (see [`TpCollective`]): the forward's exchange
+    /// here; on autodiff backends, the adjoint exchange on the gradient in the backward. A collective call.
+    ///
+    /// [`TpCollective`]: crate::distributed::tensor_parallel::TpCollective
+    #[cfg(feature = "distributed")]
+    fn te_tp_collective(
+        tensor: FloatTensor<Self>,
+        collective: crate::distributed::tensor_parallel::TpCollective,
+        group: &crate::distributed::tensor_parallel::TpGroup,
+    ) -> Result<FloatTensor<Self>, TeError> {
+        collective.forward().apply::<Self>(tensor, group)
+    }
+
     /// [`te_grouped_linear`](Self::te_grouped_linear) keeping, per expert, what `save[i]` asks (as
     /// [`te_linear_fprop`](Self::te_linear_fprop)). A backend that runs its layer GEMMs itself issues the experts'
     /// GEMMs together ([`te_linear_gemms!`](crate::te_linear_gemms)`(grouped)`); a decorator that looks at each GEMM

@@ -165,7 +165,10 @@ pub fn quantize_operand<B: TeBackend>(
             }
             quantized
         }
-        Recipe::Current(_) => B::fp8_quantize(tensor, format, Scaling::Current { margin: 0.0 })?,
+        Recipe::Current(_) => match site.amax_group(role) {
+            None => B::fp8_quantize(tensor, format, Scaling::Current { margin: 0.0 })?,
+            Some(group) => quantize_shard::<B>(tensor, format, group, site, role)?,
+        },
         Recipe::Block(_) | Recipe::Mxfp8(_) => {
             let (block, rule) = recipe
                 .block(role, k_along_cols)
@@ -180,6 +183,34 @@ pub fn quantize_operand<B: TeBackend>(
         }
     };
     Ok(QuantizedOperand::stored(quantized))
+}
+
+/// Current scaling of one shard of a tensor: the scale from the amax over every shard (reduced over `group`), so
+/// each rank quantizes its shard exactly as the whole tensor would be — TE's amax reduction for tensors sharded
+/// over a tensor-parallel group. Quantized through a delayed-scaling state holding that scale.
+fn quantize_shard<B: TeBackend>(
+    tensor: FloatTensor<B>,
+    format: burn_te_kernels::Fp8Format,
+    group: &dyn crate::site::AmaxGroup,
+    site: &GemmSite,
+    role: TensorRole,
+) -> Result<Fp8Primitive<B>, TeError> {
+    let device = B::float_device(&tensor);
+    let amax = B::fp8_amax(tensor.clone())?;
+    let local = crate::readback::read_f32::<B>(amax, "a shard's amax")?;
+    let what = format!("{site} {} amax", role.name());
+    let amax = group.max(&what, &local)?[0];
+    // Current scaling's margin is 0: a factor 2^0.
+    let scale = burn_te_kernels::scale_from_amax(amax, 1.0, format, 1.0);
+    let state = B::fp8_delayed_state_load(&device, &[amax], scale)?;
+    B::fp8_quantize(
+        tensor,
+        format,
+        Scaling::Delayed {
+            state: &state,
+            record: false,
+        },
+    )
 }
 
 fn dims<B: Backend>(tensor: &FloatTensor<B>) -> Vec<usize> {

@@ -36,7 +36,7 @@
 //!   `diagnostics::eager`, `diagnostics::nonfinite`, `diagnostics::observe`, `diagnostics::snapshot`,
 //!   `distributed`, `fp8_gemm`, `fp8_state`, `fused::activation`, `fused::norm`, `fused::softmax`, `fusion`,
 //!   `high_precision`, `host`, `linear`, `microbatch`, `nn`,
-//!   `nvfp4`, `plain_linear`, `saved`, `te`.
+//!   `nvfp4`, `plain_linear`, `readback`, `saved`, `te`.
 //! - Plain: `autocast`, `data`, `diagnostics`, `diagnostics::trace`, `distributed::launch`, `error`, `fallback`,
 //!   `fused`, `gemm`, `host::gemm`, `metrics`, `plan`, `primitive`, `recipe`, `site`.
 
@@ -69,6 +69,7 @@ pub mod nvfp4;
 pub mod plain_linear;
 pub mod plan;
 mod primitive;
+mod readback;
 pub mod recipe;
 pub mod saved;
 pub mod site;

@@ -483,6 +483,10 @@ pub mod names {
     pub const NON_FINITE_STEPS: &str = "NonFiniteSteps";
     /// Counter: device errors reported by eager mode's syncs.
     pub const DEVICE_ERRORS: &str = "DeviceErrors";
+    /// Metric: the time of one tensor-parallel exchange of activations or gradients (device read, exchange, write).
+    pub const TP_EXCHANGE_TIME: &str = "TpExchangeTime";
+    /// Counter: the bytes tensor-parallel exchanges returned to this rank.
+    pub const TP_EXCHANGED_BYTES: &str = "TpExchangedBytes";
 }
 
 /// Counts and times a blocking device→host read of `bytes` by the FP8 ops (codes, statistics, amax histories).

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::error::TeError;
 use crate::fp8_state::LayerFp8State;
 pub use crate::gemm::{Gemm, TensorRole};
 use crate::plan::LayerRecipes;
@@ -33,7 +34,34 @@ pub struct GemmSite {
     /// The "weight" operand carries the input's leading (batch) dimensions: an attention GEMM (`q·kᵀ`, `p·v`), per
     /// batch `x [.., M, K] · w [.., K, N]`, whose wgrad keeps the batches instead of summing over them.
     pub batched: bool,
+    /// The operands this rank holds one shard of (a tensor-parallel layer's), whose current-scaling amax is
+    /// reduced over the ranks holding the others, so every rank quantizes with the whole tensor's scale.
+    pub sharded: Option<Sharding>,
 }
+
+/// Reduces a sharded tensor's amax over the ranks that hold its shards (a tensor-parallel group).
+pub trait AmaxGroup: fmt::Debug + Send + Sync {
+    /// The element-wise maximum of `values` over the group (NaN where any rank's is NaN); a collective call.
+    fn max(&self, what: &str, values: &[f32]) -> Result<Vec<f32>, TeError>;
+}
+
+/// Which operands of a layer's GEMMs this rank holds a shard of, and the group holding the others.
+#[derive(Clone, Debug)]
+pub struct Sharding {
+    /// The sharded roles: the weight and gradient of a column-parallel layer, the activation and weight of a
+    /// row-parallel one.
+    pub roles: Vec<TensorRole>,
+    /// The ranks holding the other shards.
+    pub group: Arc<dyn AmaxGroup>,
+}
+
+impl PartialEq for Sharding {
+    fn eq(&self, other: &Self) -> bool {
+        self.roles == other.roles && Arc::ptr_eq(&self.group, &other.group)
+    }
+}
+
+impl Eq for Sharding {}
 
 impl GemmSite {
     /// The site of `gemm` in `layer`, without FP8 state (give one with [`with_state`](Self::with_state)).
@@ -47,7 +75,21 @@ impl GemmSite {
             follows_dgrad: false,
             recipes: None,
             batched: false,
+            sharded: None,
         }
+    }
+
+    /// The same site, of a layer sharded as `sharded` says (`None`: not sharded).
+    pub fn with_sharding(self, sharded: Option<Sharding>) -> Self {
+        Self { sharded, ..self }
+    }
+
+    /// The group to reduce `role`'s amax over, where this rank holds a shard of it.
+    pub fn amax_group(&self, role: TensorRole) -> Option<&dyn AmaxGroup> {
+        self.sharded
+            .as_ref()
+            .filter(|s| s.roles.contains(&role))
+            .map(|s| s.group.as_ref())
     }
 
     /// The same site, of a batched GEMM (see [`batched`](Self::batched)).

@@ -23,7 +23,7 @@ use crate::fp8_state::{D_IN, D_OUT, TOKENS, amax, assert_linear_gemms, delayed_s
 use crate::te::{tensor, values};
 
 /// Tests that exchange over this process's collective server run one at a time.
-static GROUP: Mutex<()> = Mutex::new(());
+pub(crate) static GROUP: Mutex<()> = Mutex::new(());
 
 const PEERS: usize = 2;
 const ITERATIONS: usize = 4;

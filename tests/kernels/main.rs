@@ -35,3 +35,4 @@ mod saved_operands;
 mod scaling;
 mod statistics;
 mod te;
+mod tensor_parallel;

@@ -2,10 +2,12 @@
 //! [`te_linear`](TeBackend::te_linear) registers its own backward node ([`linear`]), which runs the dgrad and wgrad
 //! GEMMs through `B::te_linear_dgrad` / `B::te_linear_wgrad` with the forward's recipe and the layer's sites — so a
 //! decorator below (the debug tools) sees all three GEMMs of every layer. A grouped linear layer's experts share
-//! one node ([`grouped`]).
+//! one node ([`grouped`]). A tensor-parallel exchange's backward is the adjoint exchange (`tensor_parallel`).
 
 mod grouped;
 mod linear;
+#[cfg(feature = "distributed")]
+mod tensor_parallel;
 
 pub(crate) use grouped::MAX_EXPERTS;
 
@@ -182,5 +184,14 @@ impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff
         experts: &ExpertGemms,
     ) -> FloatTensor<Self> {
         grouped::te_grouped_linear::<B, C>(x, weights, biases, experts)
+    }
+
+    #[cfg(feature = "distributed")]
+    fn te_tp_collective(
+        tensor: FloatTensor<Self>,
+        collective: crate::distributed::tensor_parallel::TpCollective,
+        group: &crate::distributed::tensor_parallel::TpGroup,
+    ) -> Result<FloatTensor<Self>, TeError> {
+        tensor_parallel::te_tp_collective::<B, C>(tensor, collective, group)
     }
 }

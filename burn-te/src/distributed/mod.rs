@@ -43,6 +43,7 @@ use crate::error::TeError;
 
 pub mod gradients;
 pub mod launch;
+pub mod tensor_parallel;
 
 /// How a [`Peer`] joins its group.
 #[derive(Clone, Debug)]

@@ -4,6 +4,7 @@ use burn::module::{Initializer, Param};
 use burn::prelude::*;
 
 use super::names::LayerName;
+use super::parallel::TensorParallel;
 use super::{check_features, or_panic};
 use crate::backend::TeBackend;
 use crate::error::TeError;
@@ -37,6 +38,10 @@ pub struct LayerNorm<B: Backend> {
     zero_centered_gamma: bool,
     #[module(skip)]
     name: LayerName,
+    /// Sequence parallelism: the input is this rank's token shard, and the parameters' gradients are summed over
+    /// the tensor-parallel group.
+    #[module(skip)]
+    token_shards: Option<TensorParallel>,
 }
 
 impl LayerNormConfig {
@@ -56,6 +61,7 @@ impl LayerNormConfig {
             eps: self.eps,
             zero_centered_gamma: self.zero_centered_gamma,
             name,
+            token_shards: None,
         }
     }
 }
@@ -76,12 +82,32 @@ pub(crate) fn gamma<B: Backend>(
 
 /// γ as applied: `1 + γ` when zero-centred, broadcastable against `[.., hidden]`.
 pub(crate) fn applied_gamma<B: Backend, const D: usize>(
-    weight: &Param<Tensor<B, 1>>,
+    gamma: Tensor<B, 1>,
     zero_centered: bool,
 ) -> Tensor<B, D> {
-    let gamma = weight.val();
     let gamma = if zero_centered { gamma + 1.0 } else { gamma };
     gamma.unsqueeze()
+}
+
+/// A norm's parameter as applied: through a copy into the tensor-parallel group on token shards.
+pub(crate) fn token_shard_param<B: TeBackend>(
+    token_shards: &Option<TensorParallel>,
+    param: Tensor<B, 1>,
+) -> Result<Tensor<B, 1>, TeError> {
+    match token_shards {
+        Some(parallel) => parallel.token_shard_param(param),
+        None => Ok(param),
+    }
+}
+
+impl<B: Backend> LayerNorm<B> {
+    /// The same norm on token shards of the group of `parallel` when it is sequence-parallel.
+    pub(crate) fn on_token_shards(self, parallel: Option<&TensorParallel>) -> Self {
+        Self {
+            token_shards: parallel.filter(|p| p.sequence_parallel()).cloned(),
+            ..self
+        }
+    }
 }
 
 impl<B: TeBackend> LayerNorm<B> {
@@ -98,16 +124,14 @@ impl<B: TeBackend> LayerNorm<B> {
             eps: self.eps as f32,
             zero_centered_gamma: self.zero_centered_gamma,
         };
-        if let Some(y) = fused::norm::try_fused(&x, self.weight.val(), Some(self.bias.val()), spec)?
-        {
+        let weight = token_shard_param(&self.token_shards, self.weight.val())?;
+        let bias = token_shard_param(&self.token_shards, self.bias.val())?;
+        if let Some(y) = fused::norm::try_fused(&x, weight.clone(), Some(bias.clone()), spec)? {
             return Ok(y);
         }
         let (var, mean) = x.clone().var_mean_bias(D - 1);
         let normalized = (x - mean) / (var + self.eps).sqrt();
-        Ok(
-            normalized * applied_gamma::<B, D>(&self.weight, self.zero_centered_gamma)
-                + self.bias.val().unsqueeze(),
-        )
+        Ok(normalized * applied_gamma::<B, D>(weight, self.zero_centered_gamma) + bias.unsqueeze())
     }
 
     /// The layer's name (see [`names`](super::names)).

@@ -9,6 +9,7 @@ use super::layernorm_linear::rename;
 use super::linear::{Linear, LinearConfig};
 use super::names::LayerName;
 use super::norm::{Norm, Normalization};
+use super::parallel::ParallelMode;
 use super::{ModuleOutput, or_panic};
 use crate::backend::TeBackend;
 use crate::error::TeError;
@@ -47,6 +48,16 @@ pub struct LayerNormMLPConfig {
     /// Weight initializer of FC1 and FC2 (TE's default: normal, std 0.023).
     #[config(default = "Initializer::Normal { mean: 0.0, std: 0.023 }")]
     pub initializer: Initializer,
+    /// Split over the tensor-parallel group as TE's `set_parallel_mode`: FC1 column-parallel, FC2 row-parallel
+    /// (see [`parallel`](super::parallel)).
+    #[config(default = false)]
+    pub set_parallel_mode: bool,
+    /// Ranks in the tensor-parallel group: consecutive ranks of the peer bound to this thread.
+    #[config(default = 1)]
+    pub tp_size: usize,
+    /// Sequence parallelism: input and output are this rank's token shards; the normalization runs on them.
+    #[config(default = false)]
+    pub sequence_parallel: bool,
 }
 
 /// Normalization and a two-layer MLP whose six GEMMs (fprop, dgrad, wgrad of FC1 and FC2) run in FP8 inside
@@ -66,8 +77,14 @@ pub struct LayerNormMLP<B: Backend> {
 }
 
 impl LayerNormMLPConfig {
-    /// A LayerNormMLP on `device`.
+    /// A LayerNormMLP on `device`. Panics with [`try_init`](Self::try_init)'s error.
     pub fn init<B: Backend>(&self, device: &B::Device) -> LayerNormMLP<B> {
+        or_panic(self.try_init(device))
+    }
+
+    /// A LayerNormMLP on `device`, or an error when its tensor-parallel split does not fit (see
+    /// [`LinearConfig::try_init`]).
+    pub fn try_init<B: Backend>(&self, device: &B::Device) -> Result<LayerNormMLP<B>, TeError> {
         self.init_named(
             LayerName::root(self.name.as_deref(), "layernorm_mlp"),
             device,
@@ -78,35 +95,84 @@ impl LayerNormMLPConfig {
         &self,
         name: LayerName,
         device: &B::Device,
-    ) -> LayerNormMLP<B> {
-        let fc1_width = self.ffn_hidden_size * if self.activation.is_gated() { 2 } else { 1 };
-        let linear = |d_in, d_out, field, return_bias| {
-            LinearConfig::new(d_in, d_out)
-                .with_bias(self.bias)
-                .with_return_bias(return_bias)
-                .with_initializer(self.initializer.clone())
-                .init_named(name.child(field, None), device)
-        };
-        LayerNormMLP {
-            layer_norm: self.normalization.init(
+    ) -> Result<LayerNormMLP<B>, TeError> {
+        let (fc1, fc2, pieces) = self.linear_configs();
+        let fc1 = fc1.init_in_pieces(name.child("fc1", None), pieces, device)?;
+        let fc2 = fc2.init_named(name.child("fc2", None), device)?;
+        let layer_norm = self
+            .normalization
+            .init(
                 self.hidden_size,
                 self.eps,
                 self.zero_centered_gamma,
                 name.child("layer_norm", None),
                 device,
-            ),
-            fc1: linear(self.hidden_size, fc1_width, "fc1", false),
-            // FC2 returns its bias instead of adding it with `return_bias`.
-            fc2: linear(
-                self.ffn_hidden_size,
-                self.hidden_size,
-                "fc2",
-                self.return_bias,
-            ),
+            )
+            .on_token_shards(fc1.parallel());
+        Ok(LayerNormMLP {
+            layer_norm,
+            fc1,
+            fc2,
             activation: self.activation,
             return_layernorm_output: self.return_layernorm_output,
             name,
-        }
+        })
+    }
+
+    /// This rank's shard of `whole`, a LayerNormMLP of this config without tensor parallelism: FC1's and FC2's
+    /// shards (see [`LinearConfig::shard`]), the normalization whole. [`LayerNormMLP::gather`] is the inverse.
+    pub fn shard<B: Backend>(&self, whole: LayerNormMLP<B>) -> Result<LayerNormMLP<B>, TeError> {
+        let (fc1, fc2, pieces) = self.linear_configs();
+        let fc1 = fc1.shard_in_pieces(whole.fc1, pieces)?;
+        let fc2 = fc2.shard(whole.fc2)?;
+        Ok(LayerNormMLP {
+            layer_norm: whole.layer_norm.on_token_shards(fc1.parallel()),
+            fc1,
+            fc2,
+            ..whole
+        })
+    }
+
+    /// FC1's and FC2's configs, and FC1's pieces: a gated FC1's outputs are the gate's and the value's, each split
+    /// over the group on its own.
+    fn linear_configs(&self) -> (LinearConfig, LinearConfig, usize) {
+        let pieces = if self.activation.is_gated() { 2 } else { 1 };
+        let linear = |d_in, d_out, return_bias, mode| {
+            LinearConfig::new(d_in, d_out)
+                .with_bias(self.bias)
+                .with_return_bias(return_bias)
+                .with_initializer(self.initializer.clone())
+                .with_parallel_mode(self.set_parallel_mode.then_some(mode))
+                .with_tp_size(self.tp_size)
+                .with_sequence_parallel(self.sequence_parallel)
+        };
+        let fc1 = linear(
+            self.hidden_size,
+            self.ffn_hidden_size * pieces,
+            false,
+            ParallelMode::Column,
+        );
+        // FC2 returns its bias instead of adding it with `return_bias`.
+        let fc2 = linear(
+            self.ffn_hidden_size,
+            self.hidden_size,
+            self.return_bias,
+            ParallelMode::Row,
+        );
+        (fc1, fc2, pieces)
+    }
+}
+
+impl<B: Backend> LayerNormMLP<B> {
+    /// The whole module from every rank's shard (a collective call over the tensor-parallel group; see
+    /// [`Linear::gather`]). [`LayerNormMLPConfig::shard`] is the inverse.
+    pub fn gather(&self) -> Result<LayerNormMLP<B>, TeError> {
+        Ok(LayerNormMLP {
+            layer_norm: self.layer_norm.clone().on_token_shards(None),
+            fc1: self.fc1.gather()?,
+            fc2: self.fc2.gather()?,
+            ..self.clone()
+        })
     }
 }
 

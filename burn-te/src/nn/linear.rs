@@ -5,6 +5,7 @@ use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
 
 use super::names::LayerName;
+use super::parallel::{ParallelMode, TensorParallel};
 use super::{ModuleOutput, check_features, or_panic};
 use crate::autocast::{ScopeRecipe, active_scope_recipe, layer_recipes};
 use crate::backend::TeBackend;
@@ -33,6 +34,17 @@ pub struct LinearConfig {
     /// Weight initializer; TE's default is a normal distribution with std 0.023. Biases start at zero.
     #[config(default = "Initializer::Normal { mean: 0.0, std: 0.023 }")]
     pub initializer: Initializer,
+    /// Split the layer over a tensor-parallel group: `column` (outputs) or `row` (inputs); `None`: whole
+    /// (see [`parallel`](super::parallel)).
+    #[config(default = "None")]
+    pub parallel_mode: Option<ParallelMode>,
+    /// Ranks in the tensor-parallel group: consecutive ranks of the peer bound to this thread.
+    #[config(default = 1)]
+    pub tp_size: usize,
+    /// Sequence parallelism: a column layer's input arrives as token shards (gathered before the GEMM), a row
+    /// layer's output leaves as token shards (reduce-scattered).
+    #[config(default = false)]
+    pub sequence_parallel: bool,
 }
 
 /// A linear layer whose GEMMs (fprop, dgrad, wgrad) run in FP8 inside an autocast scope.
@@ -47,15 +59,40 @@ pub struct Linear<B: Backend> {
     pub fp8_meta: Fp8Meta<B>,
     #[module(skip)]
     name: LayerName,
+    /// The layer's tensor-parallel split (`None`: whole).
+    #[module(skip)]
+    parallel: Option<TensorParallel>,
 }
 
 impl LinearConfig {
-    /// A linear layer on `device`.
+    /// A linear layer on `device`. Panics with [`try_init`](Self::try_init)'s error.
     pub fn init<B: Backend>(&self, device: &B::Device) -> Linear<B> {
+        or_panic(self.try_init(device))
+    }
+
+    /// A linear layer on `device`; split over the tensor-parallel group, this rank's shard of the whole layer's
+    /// parameters (drawn whole, then split: the same seed gives the same whole layer whatever `tp_size`). An error
+    /// when the split does not divide the features or no peer is bound for `tp_size` > 1.
+    pub fn try_init<B: Backend>(&self, device: &B::Device) -> Result<Linear<B>, TeError> {
         self.init_named(LayerName::root(self.name.as_deref(), "linear"), device)
     }
 
-    pub(crate) fn init_named<B: Backend>(&self, name: LayerName, device: &B::Device) -> Linear<B> {
+    pub(crate) fn init_named<B: Backend>(
+        &self,
+        name: LayerName,
+        device: &B::Device,
+    ) -> Result<Linear<B>, TeError> {
+        self.init_in_pieces(name, 1, device)
+    }
+
+    /// [`init_named`](Self::init_named) of a layer whose outputs (column) or inputs (row) are `pieces`
+    /// independent parts, each split over the group on its own (a gated FC1: gate and value).
+    pub(crate) fn init_in_pieces<B: Backend>(
+        &self,
+        name: LayerName,
+        pieces: usize,
+        device: &B::Device,
+    ) -> Result<Linear<B>, TeError> {
         let (weight, bias) = gemm_params(
             &self.initializer,
             self.in_features,
@@ -63,13 +100,54 @@ impl LinearConfig {
             self.bias,
             device,
         );
-        Linear {
+        self.shard_in_pieces(
+            Linear {
+                weight,
+                bias,
+                return_bias: self.return_bias,
+                fp8_meta: Fp8Meta::new(),
+                name,
+                parallel: None,
+            },
+            pieces,
+        )
+    }
+
+    /// This rank's shard of `whole`, a layer of this config without tensor parallelism (its parameters as this
+    /// config's `tp_size` = 1 gives them): the scatter of a whole model onto the group, without communication.
+    /// [`Linear::gather`] is the inverse.
+    pub fn shard<B: Backend>(&self, whole: Linear<B>) -> Result<Linear<B>, TeError> {
+        self.shard_in_pieces(whole, 1)
+    }
+
+    pub(crate) fn shard_in_pieces<B: Backend>(
+        &self,
+        whole: Linear<B>,
+        pieces: usize,
+    ) -> Result<Linear<B>, TeError> {
+        let module = "Linear";
+        let Some(parallel) = TensorParallel::new(
+            module,
+            self.parallel_mode,
+            self.tp_size,
+            self.sequence_parallel,
+        )?
+        else {
+            return Ok(whole);
+        };
+        let parallel = parallel.in_pieces(pieces);
+        let [in_features, out_features] = whole.weight.dims();
+        match parallel.mode() {
+            ParallelMode::Column => parallel.check_divides(module, "out_features", out_features)?,
+            ParallelMode::Row => parallel.check_divides(module, "in_features", in_features)?,
+        }
+        let (weight, bias) = parallel.shard_params(whole.weight, whole.bias);
+        Ok(Linear {
             weight,
             bias,
-            return_bias: self.return_bias,
-            fp8_meta: Fp8Meta::new(),
-            name,
-        }
+            parallel: Some(parallel),
+            ..whole
+        })
     }
 }
 
@@ -85,6 +163,7 @@ impl<B: Backend> From<burn::nn::Linear<B>> for Linear<B> {
             return_bias: false,
             fp8_meta: Fp8Meta::new(),
             name: LayerName::root(None, "linear"),
+            parallel: None,
         }
     }
 }
@@ -118,11 +197,40 @@ pub(crate) fn te_gemm<B: TeBackend, const D: usize>(
     fp8_meta: &Fp8Meta<B>,
     kind: &'static str,
 ) -> Result<Tensor<B, D>, TeError> {
+    te_gemm_split(x, weight, bias, name, fp8_meta, kind, None)
+}
+
+/// [`te_gemm`] of a layer split over a tensor-parallel group (`None`: whole): the input exchanged in, the GEMM on
+/// this rank's shard with the sharded operands marked at its sites, the output exchanged out, then the bias (a row
+/// layer adds the whole bias after the sum).
+pub(crate) fn te_gemm_split<B: TeBackend, const D: usize>(
+    x: Tensor<B, D>,
+    weight: &Param<Tensor<B, 2>>,
+    bias: Option<Tensor<B, 1>>,
+    name: &LayerName,
+    fp8_meta: &Fp8Meta<B>,
+    kind: &'static str,
+    parallel: Option<&TensorParallel>,
+) -> Result<Tensor<B, D>, TeError> {
     let [in_features, _] = weight.dims();
     let layer = name.resolve(weight);
     check_features(&layer, "input", &x, in_features)?;
     let (site, recipe) = fprop_site(layer, kind, fp8_meta)?;
-    Ok(run_gemm(x, weight.val(), bias, &site, recipe.as_ref()))
+    let Some(parallel) = parallel else {
+        return Ok(run_gemm(x, weight.val(), bias, &site, recipe.as_ref()));
+    };
+    let site = site.with_sharding(parallel.sharding());
+    let x = parallel.input(x)?;
+    match parallel.mode() {
+        ParallelMode::Column => Ok(run_gemm(x, weight.val(), bias, &site, recipe.as_ref())),
+        ParallelMode::Row => {
+            let y = parallel.output(run_gemm(x, weight.val(), None, &site, recipe.as_ref()))?;
+            Ok(match bias {
+                Some(bias) => y + parallel.token_shard_param(bias)?.unsqueeze(),
+                None => y,
+            })
+        }
+    }
 }
 
 /// An attention GEMM, `a [.., M, K] · b [.., K, N]` per batch, in FP8 through [`TeBackend::te_linear`] at the
@@ -212,7 +320,15 @@ impl<B: TeBackend> Linear<B> {
     ) -> Result<ModuleOutput<B, D>, TeError> {
         let (added, returned) = split_bias(&self.bias, self.return_bias);
         Ok(ModuleOutput {
-            output: te_gemm(x, &self.weight, added, &self.name, &self.fp8_meta, "linear")?,
+            output: te_gemm_split(
+                x,
+                &self.weight,
+                added,
+                &self.name,
+                &self.fp8_meta,
+                "linear",
+                self.parallel.as_ref(),
+            )?,
             bias: returned,
             layernorm_output: None,
         })
@@ -221,5 +337,34 @@ impl<B: TeBackend> Linear<B> {
     /// The layer's name (see [`names`](super::names)).
     pub fn name(&self) -> String {
         self.name.resolve(&self.weight).to_string()
+    }
+}
+
+impl<B: Backend> Linear<B> {
+    /// The layer's tensor-parallel split (`None`: whole).
+    pub fn parallel(&self) -> Option<&TensorParallel> {
+        self.parallel.as_ref()
+    }
+
+    /// The whole layer from every rank's shard (a collective call over the tensor-parallel group; a whole layer is
+    /// returned as is): the parameters as one rank holds them at `tp_size` = 1, the FP8 state this rank's.
+    /// [`LinearConfig::shard`] is the inverse.
+    pub fn gather(&self) -> Result<Linear<B>, TeError> {
+        let Some(parallel) = &self.parallel else {
+            return Ok(self.clone());
+        };
+        let weight = parallel.gather_param(self.weight.val().detach(), true)?;
+        let bias = match &self.bias {
+            Some(bias) => Some(Param::from_tensor(
+                parallel.gather_param(bias.val().detach(), false)?,
+            )),
+            None => None,
+        };
+        Ok(Linear {
+            weight: Param::from_tensor(weight),
+            bias,
+            parallel: None,
+            ..self.clone()
+        })
     }
 }

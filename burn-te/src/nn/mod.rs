@@ -19,6 +19,7 @@ mod linear;
 mod multihead_attention;
 pub mod names;
 mod norm;
+pub mod parallel;
 mod rms_norm;
 mod transformer_layer;
 
@@ -32,6 +33,7 @@ pub use linear::{Linear, LinearConfig};
 pub use multihead_attention::{MultiheadAttention, MultiheadAttentionConfig};
 pub use names::{LayerName, infer_layer_names};
 pub use norm::{Norm, Normalization};
+pub use parallel::{ParallelMode, TensorParallel};
 pub use rms_norm::{RmsNorm, RmsNormConfig};
 pub use transformer_layer::{TransformerLayer, TransformerLayerConfig};
 

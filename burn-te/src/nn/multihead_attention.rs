@@ -140,13 +140,13 @@ impl MultiheadAttentionConfig {
                 .with_initializer(self.initializer.clone());
             (
                 None,
-                Some(config.init_named(name.child("qkv", None), device)),
+                Some(config.init_named(name.child("qkv", None), device)?),
             )
         };
         let proj = LinearConfig::new(heads * head_dim, self.hidden_size)
             .with_bias(self.bias)
             .with_initializer(self.initializer.clone())
-            .init_named(name.child("proj", None), device);
+            .init_named(name.child("proj", None), device)?;
         Ok(MultiheadAttention {
             layernorm_qkv,
             qkv,

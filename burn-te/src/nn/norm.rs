@@ -4,6 +4,7 @@ use burn::prelude::*;
 
 use super::layer_norm::{LayerNorm, LayerNormConfig};
 use super::names::LayerName;
+use super::parallel::TensorParallel;
 use super::rms_norm::{RmsNorm, RmsNormConfig};
 use crate::backend::TeBackend;
 use crate::error::TeError;
@@ -48,6 +49,17 @@ impl Normalization {
                     .with_zero_centered_gamma(zero_centered_gamma)
                     .init_named(name, device),
             ),
+        }
+    }
+}
+
+impl<B: Backend> Norm<B> {
+    /// The same norm on token shards of the group of `parallel` when it is sequence-parallel (its parameters'
+    /// gradients summed over the group).
+    pub(crate) fn on_token_shards(self, parallel: Option<&TensorParallel>) -> Self {
+        match self {
+            Norm::LayerNorm(norm) => Norm::LayerNorm(norm.on_token_shards(parallel)),
+            Norm::RmsNorm(norm) => Norm::RmsNorm(norm.on_token_shards(parallel)),
         }
     }
 }

@@ -3,8 +3,9 @@
 use burn::module::Param;
 use burn::prelude::*;
 
-use super::layer_norm::{applied_gamma, gamma};
+use super::layer_norm::{applied_gamma, gamma, token_shard_param};
 use super::names::LayerName;
+use super::parallel::TensorParallel;
 use super::{check_features, or_panic};
 use crate::backend::TeBackend;
 use crate::error::TeError;
@@ -35,6 +36,10 @@ pub struct RmsNorm<B: Backend> {
     zero_centered_gamma: bool,
     #[module(skip)]
     name: LayerName,
+    /// Sequence parallelism: the input is this rank's token shard, and the parameters' gradients are summed over
+    /// the tensor-parallel group.
+    #[module(skip)]
+    token_shards: Option<TensorParallel>,
 }
 
 impl RmsNormConfig {
@@ -49,6 +54,17 @@ impl RmsNormConfig {
             eps: self.eps,
             zero_centered_gamma: self.zero_centered_gamma,
             name,
+            token_shards: None,
+        }
+    }
+}
+
+impl<B: Backend> RmsNorm<B> {
+    /// The same norm on token shards of the group of `parallel` when it is sequence-parallel.
+    pub(crate) fn on_token_shards(self, parallel: Option<&TensorParallel>) -> Self {
+        Self {
+            token_shards: parallel.filter(|p| p.sequence_parallel()).cloned(),
+            ..self
         }
     }
 }
@@ -67,12 +83,13 @@ impl<B: TeBackend> RmsNorm<B> {
             eps: self.eps as f32,
             zero_centered_gamma: self.zero_centered_gamma,
         };
-        if let Some(y) = fused::norm::try_fused(&x, self.weight.val(), None, spec)? {
+        let weight = token_shard_param(&self.token_shards, self.weight.val())?;
+        if let Some(y) = fused::norm::try_fused(&x, weight.clone(), None, spec)? {
             return Ok(y);
         }
         let mean_square = x.clone().square().mean_dim(D - 1);
         Ok(x / (mean_square + self.eps).sqrt()
-            * applied_gamma::<B, D>(&self.weight, self.zero_centered_gamma))
+            * applied_gamma::<B, D>(weight, self.zero_centered_gamma))
     }
 
     /// The layer's name (see [`names`](super::names)).

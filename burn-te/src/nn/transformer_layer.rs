@@ -114,7 +114,7 @@ impl TransformerLayerConfig {
             .with_activation(self.activation)
             .with_bias(self.bias)
             .with_initializer(self.initializer.clone())
-            .init_named(name.child("layernorm_mlp", None), device);
+            .init_named(name.child("layernorm_mlp", None), device)?;
         Ok(TransformerLayer {
             self_attention,
             layernorm_mlp,

@@ -1,0 +1,596 @@
+//! Tensor parallelism, with peers as threads of this process on `Autodiff<Te<Flex>>`:
+//! - every collective (Megatron's mappings) and its adjoint in the backward equal a host re-computation from every
+//!   rank's values, bit for bit, in a world of 4 with two groups of 2 exchanging at once;
+//! - a LayerNormMLP split over 2 ranks (FC1 column-, FC2 row-parallel), trained for several steps in f32, under
+//!   DelayedScaling and Float8CurrentScaling, with sequence parallelism on and off, gives the whole model's (TP = 1)
+//!   losses and gathered parameters within the f32 accumulation-order tolerance (below), and every rank quantizes
+//!   the sharded tensors with the same scale as the whole model;
+//! - without the amax reduction the same check fails, and a wrong shard layout fails it too;
+//! - a sharded layer's record (FP8 state included) round-trips; bad splits are clear errors.
+
+use std::time::Duration;
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::Param;
+use burn::optim::{GradientsParams, Optimizer, SgdConfig};
+use burn::prelude::*;
+use burn::tensor::TensorPrimitive;
+use burn_te::distributed::tensor_parallel::{TpCollective, TpGroup};
+use burn_te::distributed::{Peer, PeerConfig};
+use burn_te::nn::{LayerNormMLP, LayerNormMLPConfig, LinearConfig, ParallelMode};
+use burn_te::{
+    DelayedScaling, Float8CurrentScaling, Recipe, RoleRecord, Te, TeBackend, fp8_autocast,
+};
+
+use crate::common::Rng;
+use crate::distributed::GROUP;
+use crate::te::{tensor, values};
+
+type A = Autodiff<Te<Flex>>;
+
+const HIDDEN: usize = 32;
+const FFN: usize = 64;
+const TOKENS: usize = 16;
+const STEPS: usize = 4;
+const LR: f64 = 0.5;
+
+/// Runs `work(rank)` on `world` peers, each a thread joined to this process's group and bound to it.
+fn on_peers<T: Send>(world: usize, work: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    burn_te::distributed::reset_local_group();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                let work = &work;
+                s.spawn(move || {
+                    let config =
+                        PeerConfig::local(rank, world).with_timeout(Duration::from_secs(120));
+                    let peer = Peer::join(config).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+                    let bound = peer.bind();
+                    let out = work(rank);
+                    drop(bound);
+                    peer.leave().unwrap();
+                    out
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| panic!("a peer panicked")))
+            .collect()
+    })
+}
+
+/// `[rows, cols]` row-major values' chunk `index` of `parts` along `dim`.
+fn chunk(
+    values: &[f32],
+    [rows, cols]: [usize; 2],
+    dim: usize,
+    parts: usize,
+    index: usize,
+) -> Vec<f32> {
+    match dim {
+        0 => values[index * rows / parts * cols..][..rows / parts * cols].to_vec(),
+        _ => (0..rows)
+            .flat_map(|r| &values[r * cols + index * cols / parts..][..cols / parts])
+            .copied()
+            .collect(),
+    }
+}
+
+/// The parts (each `[rows, cols]`) concatenated along `dim`.
+fn concat(parts: &[Vec<f32>], [rows, cols]: [usize; 2], dim: usize) -> Vec<f32> {
+    match dim {
+        0 => parts.concat(),
+        _ => (0..rows)
+            .flat_map(|r| parts.iter().flat_map(move |p| &p[r * cols..][..cols]))
+            .copied()
+            .collect(),
+    }
+}
+
+/// The element-wise sum in f64 in index order, rounded once.
+fn sum(parts: &[Vec<f32>]) -> Vec<f32> {
+    (0..parts[0].len())
+        .map(|i| parts.iter().map(|p| f64::from(p[i])).sum::<f64>() as f32)
+        .collect()
+}
+
+/// What `exchange` gives rank `index` of a group whose ranks hold `xs` (each `[rows, cols]`), and its shape.
+fn expected(
+    exchange: burn_te::distributed::tensor_parallel::TpExchange,
+    xs: &[Vec<f32>],
+    shape: [usize; 2],
+    index: usize,
+) -> (Vec<f32>, [usize; 2]) {
+    use burn_te::distributed::tensor_parallel::TpExchange as E;
+    let n = xs.len();
+    let split = |dim: usize| {
+        let mut s = shape;
+        s[dim] /= n;
+        s
+    };
+    match exchange {
+        E::Identity => (xs[index].clone(), shape),
+        E::AllReduce => (sum(xs), shape),
+        E::AllGather(dim) => {
+            let mut s = shape;
+            s[dim] *= n;
+            (concat(xs, shape, dim), s)
+        }
+        E::ReduceScatter(dim) => (chunk(&sum(xs), shape, dim, n, index), split(dim)),
+        E::Split(dim) => (chunk(&xs[index], shape, dim, n, index), split(dim)),
+    }
+}
+
+#[test]
+fn collectives_and_their_backward_equal_host_recomputations() {
+    let _group = GROUP.lock().unwrap_or_else(|p| p.into_inner());
+    const WORLD: usize = 4;
+    const TP: usize = 2;
+    let shape = [4, 6];
+    let x_of = |rank: usize| Rng::new(10 + rank as u64).normal(24, 0.0, 1.0);
+    // Each collective with what its forward and its backward do (Megatron's mappings), written out here.
+    use burn_te::distributed::tensor_parallel::TpExchange as E;
+    let table = [
+        (TpCollective::Copy, E::Identity, E::AllReduce),
+        (TpCollective::Reduce, E::AllReduce, E::Identity),
+        (
+            TpCollective::Gather(0),
+            E::AllGather(0),
+            E::ReduceScatter(0),
+        ),
+        (
+            TpCollective::Gather(1),
+            E::AllGather(1),
+            E::ReduceScatter(1),
+        ),
+        (
+            TpCollective::ReduceScatter(0),
+            E::ReduceScatter(0),
+            E::AllGather(0),
+        ),
+        (
+            TpCollective::ReduceScatter(1),
+            E::ReduceScatter(1),
+            E::AllGather(1),
+        ),
+        (TpCollective::Split(0), E::Split(0), E::AllGather(0)),
+        (TpCollective::Split(1), E::Split(1), E::AllGather(1)),
+    ];
+    let collectives = table.map(|(c, _, _)| c);
+    let runs = on_peers(WORLD, |rank| {
+        let device = Default::default();
+        let group = TpGroup::current(TP).unwrap();
+        assert_eq!((group.size(), group.index()), (TP, rank % TP));
+        collectives
+            .iter()
+            .map(|&c| {
+                let x = tensor::<A, 2>(x_of(rank), shape, &device).require_grad();
+                let y = A::te_tp_collective(x.clone().into_primitive().tensor(), c, &group)
+                    .unwrap_or_else(|e| panic!("{c:?}: {e}"));
+                let y = Tensor::<A, 2>::from_primitive(TensorPrimitive::Float(y));
+                let dims = y.dims();
+                let g = tensor::<A, 2>(
+                    Rng::new(100 + rank as u64).normal(dims[0] * dims[1], 0.0, 1.0),
+                    dims,
+                    &device,
+                );
+                let grads = (y.clone() * g.clone()).sum().backward();
+                (values(y), dims, values(g), values(x.grad(&grads).unwrap()))
+            })
+            .collect::<Vec<_>>()
+    });
+    for (i, (c, forward, backward)) in table.iter().enumerate() {
+        for rank in 0..WORLD {
+            let first = rank - rank % TP;
+            let members = first..first + TP;
+            let xs: Vec<Vec<f32>> = members.clone().map(x_of).collect();
+            let (y, y_shape) = expected(*forward, &xs, shape, rank % TP);
+            let (actual_y, actual_shape, _, dx) = &runs[rank][i];
+            assert_eq!(actual_shape, &y_shape, "{c:?} rank {rank}: output shape");
+            assert_eq!(actual_y, &y, "{c:?} rank {rank}: output");
+            // The backward: the adjoint exchange of every member's output gradient.
+            let gs: Vec<Vec<f32>> = members.map(|r| runs[r][i].2.clone()).collect();
+            let (expected_dx, dx_shape) = expected(*backward, &gs, y_shape, rank % TP);
+            assert_eq!(dx_shape, shape, "{c:?} rank {rank}: the gradient's shape");
+            assert_eq!(dx, &expected_dx, "{c:?} rank {rank}: the input's gradient");
+        }
+    }
+}
+
+/// The whole model's parameters, drawn on the host (the same in every thread).
+fn whole_mlp<B: Backend>(config: &LayerNormMLPConfig, device: &B::Device) -> LayerNormMLP<B> {
+    let mut whole = LayerNormMLPConfig {
+        set_parallel_mode: false,
+        tp_size: 1,
+        sequence_parallel: false,
+        ..config.clone()
+    }
+    .init::<B>(device);
+    let ffn = config.ffn_hidden_size;
+    let param = |seed, shape: [usize; 2], std| {
+        Param::from_tensor(tensor::<B, 2>(
+            Rng::new(seed).normal(shape[0] * shape[1], 0.0, std),
+            shape,
+            device,
+        ))
+    };
+    let vector = |seed, len, mean, std| {
+        Param::from_tensor(tensor::<B, 1>(
+            Rng::new(seed).normal(len, mean, std),
+            [len],
+            device,
+        ))
+    };
+    whole.fc1.weight = param(1, [HIDDEN, ffn], 0.2);
+    whole.fc1.bias = Some(vector(2, ffn, 0.0, 0.1));
+    whole.fc2.weight = param(3, [ffn, HIDDEN], 0.2);
+    whole.fc2.bias = Some(vector(4, HIDDEN, 0.0, 0.1));
+    if let burn_te::nn::Norm::LayerNorm(norm) = &mut whole.layer_norm {
+        norm.weight = vector(5, HIDDEN, 1.0, 0.1);
+        norm.bias = vector(6, HIDDEN, 0.0, 0.1);
+    }
+    whole
+}
+
+/// Inputs and targets per step, `[TOKENS, HIDDEN]` (the whole batch).
+fn batch(step: usize) -> (Vec<f32>, Vec<f32>) {
+    let x = Rng::new(1000 + step as u64).normal(TOKENS * HIDDEN, 0.5, 2.0);
+    let t = Rng::new(2000 + step as u64).normal(TOKENS * HIDDEN, 0.0, 1.0);
+    (x, t)
+}
+
+/// One run: the loss per step (the whole batch's mean square error), the parameters at the end as the whole model
+/// holds them (gathered), and each rank's delayed-scaling records of FC1 and FC2.
+struct Run {
+    losses: Vec<f32>,
+    params: Vec<Vec<f32>>,
+    records: Vec<Vec<RoleRecord>>,
+}
+
+/// Trains `config`'s LayerNormMLP for [`STEPS`] SGD steps under `recipe` (`None`: f32) on this thread's group (its
+/// peer bound, or none for TP = 1); returns this rank's loss contributions and the gathered parameters.
+fn train(config: &LayerNormMLPConfig, recipe: Option<Recipe>) -> Run {
+    let device = Default::default();
+    let mut model: LayerNormMLP<A> = config.shard(whole_mlp(config, &device)).unwrap();
+    let (tp, index) = model
+        .fc1
+        .parallel()
+        .map_or((1, 0), |p| (p.size(), p.index()));
+    let sp = config.sequence_parallel && tp > 1;
+    let mut optim = SgdConfig::new().init();
+    let mut losses = Vec::new();
+    for step in 0..STEPS {
+        let (x, t) = batch(step);
+        // Under sequence parallelism each rank holds its token shard of the input, the output and the loss.
+        let rows = if sp { TOKENS / tp } else { TOKENS };
+        let offset = if sp { index * rows * HIDDEN } else { 0 };
+        let x = tensor::<A, 2>(
+            x[offset..][..rows * HIDDEN].to_vec(),
+            [rows, HIDDEN],
+            &device,
+        );
+        let t = tensor::<A, 2>(
+            t[offset..][..rows * HIDDEN].to_vec(),
+            [rows, HIDDEN],
+            &device,
+        );
+        let forward = || model.try_forward(x.clone());
+        let y = match &recipe {
+            Some(recipe) => fp8_autocast(true, recipe.clone(), forward).unwrap(),
+            None => forward(),
+        }
+        .unwrap();
+        let loss = (y - t).square().sum() / (TOKENS * HIDDEN) as f64;
+        losses.push(values(loss.clone())[0]);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(LR, model, grads);
+    }
+    let whole = model.gather().unwrap();
+    let norm = match &whole.layer_norm {
+        burn_te::nn::Norm::LayerNorm(norm) => [values(norm.weight.val()), values(norm.bias.val())],
+        burn_te::nn::Norm::RmsNorm(_) => unreachable!("a LayerNorm"),
+    };
+    let mut params = vec![
+        values(whole.fc1.weight.val()),
+        values(whole.fc1.bias.as_ref().unwrap().val()),
+        values(whole.fc2.weight.val()),
+        values(whole.fc2.bias.as_ref().unwrap().val()),
+    ];
+    params.extend(norm);
+    let records = [&model.fc1, &model.fc2]
+        .iter()
+        .map(|fc| fc.fp8_meta.state().to_record().unwrap())
+        .collect();
+    Run {
+        losses,
+        params,
+        records,
+    }
+}
+
+/// The TP = 2 runs' losses (summed over the ranks' token shards under sequence parallelism, else rank 0's: every
+/// rank computes the whole loss) and parameters against TP = 1's.
+///
+/// The tolerance: the row-parallel GEMM sums its two halves of K apart and adds the partial sums (in f64, rounded
+/// once), where TP = 1 sums all of K in one order, so FC2's outputs differ by the f32 accumulation-order error, an
+/// ulp or two (2⁻²³ ≈ 1.2e-7 relative); the loss, the gradients and 4 SGD steps carry it on. So 1e-6 relative to
+/// each tensor's largest value (8 ulps), and the same for the loss. Measured: at most 1.8e-7 in every
+/// configuration; without the amax reduction the loss moves by 2e-3 (below). An FP8 rounding tipped onto the next
+/// code by such a difference would exceed the tolerance: none happened here.
+fn compare(what: &str, whole: &Run, split: &[Run], sp: bool) -> Result<(), String> {
+    let tol = 1e-6;
+    for step in 0..STEPS {
+        let loss = if sp {
+            split.iter().map(|r| f64::from(r.losses[step])).sum::<f64>() as f32
+        } else {
+            split[0].losses[step]
+        };
+        let expected = whole.losses[step];
+        if (loss - expected).abs() > tol * expected.abs() {
+            return Err(format!(
+                "{what}: step {step} loss {loss} against the whole model's {expected}"
+            ));
+        }
+    }
+    for (p, (a, b)) in split[0].params.iter().zip(&whole.params).enumerate() {
+        let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let worst = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        if worst > tol * scale {
+            return Err(format!(
+                "{what}: parameter {p} differs by {worst:e} (largest value {scale})"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Each role's amax history and scale against the whole model's, within the tolerance of [`compare`].
+fn check_records(what: &str, split: &[RoleRecord], whole: &[RoleRecord]) {
+    assert_eq!(split.len(), whole.len(), "{what}: roles");
+    for ((role, history, scale, _), (_, whole_history, whole_scale, _)) in split.iter().zip(whole) {
+        let close = |a: f32, b: f32| (a - b).abs() <= 1e-5 * b.abs();
+        assert!(
+            close(*scale, *whole_scale),
+            "{what} {role}: scale {scale} against {whole_scale}"
+        );
+        for (i, (a, b)) in history.iter().zip(whole_history).enumerate() {
+            assert!(
+                close(*a, *b),
+                "{what} {role}: amax history[{i}] {a} against {b}"
+            );
+        }
+    }
+}
+
+fn mlp_config(sp: bool) -> LayerNormMLPConfig {
+    LayerNormMLPConfig::new(HIDDEN, FFN)
+        .with_set_parallel_mode(true)
+        .with_tp_size(2)
+        .with_sequence_parallel(sp)
+}
+
+fn recipes() -> Vec<(&'static str, Option<Recipe>)> {
+    vec![
+        ("f32", None),
+        ("delayed", Some(DelayedScaling::default().into())),
+        ("current", Some(Float8CurrentScaling::default().into())),
+    ]
+}
+
+#[test]
+fn layernorm_mlp_split_over_two_ranks_trains_as_the_whole_model() {
+    let _group = GROUP.lock().unwrap_or_else(|p| p.into_inner());
+    for sp in [false, true] {
+        for (name, recipe) in recipes() {
+            let config = mlp_config(sp);
+            let whole = train(
+                &LayerNormMLPConfig {
+                    set_parallel_mode: false,
+                    tp_size: 1,
+                    sequence_parallel: false,
+                    ..config.clone()
+                },
+                recipe.clone(),
+            );
+            let split = on_peers(2, |_| train(&config, recipe.clone()));
+            let what = format!("{name}, sequence parallel {sp}");
+            compare(&what, &whole, &split, sp).unwrap_or_else(|e| panic!("{e}"));
+            // Delayed scaling: every rank holds the same scales and rolled amax histories, bit for bit (the
+            // reduction over the group at each roll), and the whole model's within the tolerance (its amaxes come
+            // from the same tensors, summed in another order). The newest amax, recorded by the last step and not
+            // rolled yet, is each rank's own: their maximum is the whole tensor's.
+            if name == "delayed" {
+                for fc in 0..2 {
+                    let (r0, r1) = (&split[0].records[fc], &split[1].records[fc]);
+                    for ((role, h0, s0, _), (_, h1, s1, _)) in r0.iter().zip(r1) {
+                        let fc = fc + 1;
+                        assert_eq!(
+                            s0.to_bits(),
+                            s1.to_bits(),
+                            "{what}: fc{fc} {role} scale, ranks 0 and 1"
+                        );
+                        assert_eq!(
+                            h0[1..],
+                            h1[1..],
+                            "{what}: fc{fc} {role} rolled history, ranks 0 and 1"
+                        );
+                    }
+                    let newest_max: Vec<RoleRecord> = r0
+                        .iter()
+                        .zip(r1)
+                        .map(|((role, h0, s, f), (_, h1, _, _))| {
+                            let mut h = h0.clone();
+                            h[0] = h0[0].max(h1[0]);
+                            (role.clone(), h, *s, *f)
+                        })
+                        .collect();
+                    check_records(&what, &newest_max, &whole.records[fc]);
+                }
+            }
+        }
+    }
+}
+
+/// The check above has teeth: without the amax reduction (each rank scales its shards by their own amax), and
+/// with a wrong shard layout (the ranks' shards swapped), the split model no longer trains as the whole one.
+#[test]
+fn without_the_amax_reduction_or_with_swapped_shards_the_split_model_differs() {
+    let _group = GROUP.lock().unwrap_or_else(|p| p.into_inner());
+    let config = mlp_config(false);
+    let whole_config = LayerNormMLPConfig {
+        set_parallel_mode: false,
+        tp_size: 1,
+        ..config.clone()
+    };
+    let unreduced: Recipe = DelayedScaling {
+        reduce_amax: false,
+        ..Default::default()
+    }
+    .into();
+    let whole = train(&whole_config, Some(unreduced.clone()));
+    let split = on_peers(2, |_| train(&config, Some(unreduced.clone())));
+    let err = compare("delayed without reduce_amax", &whole, &split, false)
+        .expect_err("without the amax reduction the ranks' scales differ from the whole model's");
+    assert!(err.contains("differs") || err.contains("loss"), "{err}");
+
+    // A wrong shard layout: each rank takes the other rank's FC1 columns, but its own FC2 rows.
+    let device = Default::default();
+    let reference = whole_mlp::<A>(&config, &device);
+    let (x, _) = batch(0);
+    let expected = values(reference.forward(tensor::<A, 2>(x, [TOKENS, HIDDEN], &device)));
+    let close = |a: &[f32]| {
+        a.iter()
+            .zip(&expected)
+            .all(|(x, y)| (x - y).abs() <= 1e-5 * y.abs().max(1.0))
+    };
+    let own = on_peers(2, |_| {
+        let device = Default::default();
+        let model = config.shard(whole_mlp::<A>(&config, &device)).unwrap();
+        let (x, _) = batch(0);
+        values(model.forward(tensor::<A, 2>(x, [TOKENS, HIDDEN], &device)))
+    });
+    assert!(
+        close(&own[0]),
+        "the right shards give the whole model's output"
+    );
+    let one_swapped = on_peers(2, |rank| {
+        let device = Default::default();
+        let whole = whole_mlp::<A>(&config, &device);
+        let mut model = config.shard(whole.clone()).unwrap();
+        let half = FFN / 2;
+        model.fc1.weight = Param::from_tensor(
+            whole
+                .fc1
+                .weight
+                .val()
+                .detach()
+                .set_require_grad(false)
+                .narrow(1, (1 - rank) * half, half),
+        );
+        let (x, _) = batch(0);
+        values(model.forward(tensor::<A, 2>(x, [TOKENS, HIDDEN], &device)))
+    });
+    assert!(
+        !close(&one_swapped[0]),
+        "FC1's shards swapped but not FC2's: the output must differ from the whole model's"
+    );
+}
+
+/// A sharded layer's record (its shard of the weight and its FP8 state) goes through a recorder's bytes: the
+/// loaded layer, split again, gives the same output bit for bit and holds the same delayed-scaling state.
+#[test]
+fn a_sharded_layers_record_round_trips_with_its_fp8_state() {
+    use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
+    let _group = GROUP.lock().unwrap_or_else(|p| p.into_inner());
+    let config = LinearConfig::new(HIDDEN, FFN)
+        .with_parallel_mode(Some(ParallelMode::Column))
+        .with_tp_size(2);
+    on_peers(2, |rank| {
+        let device = Default::default();
+        let layer = config.init::<A>(&device);
+        assert_eq!(layer.weight.dims(), [HIDDEN, FFN / 2]);
+        let recipe = DelayedScaling::default();
+        let (x, _) = batch(0);
+        let x = tensor::<A, 2>(x, [TOKENS, HIDDEN], &device);
+        for _ in 0..2 {
+            let y = fp8_autocast(true, recipe.clone(), || layer.forward(x.clone())).unwrap();
+            let _ = y.sum().backward();
+        }
+        let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
+        let bytes = recorder.record(layer.clone().into_record(), ()).unwrap();
+        let loaded = config
+            .init::<A>(&device)
+            .load_record(recorder.load(bytes, &device).unwrap());
+        assert_eq!(
+            loaded.fp8_meta.state().to_record().unwrap(),
+            layer.fp8_meta.state().to_record().unwrap(),
+            "rank {rank}: the FP8 state"
+        );
+        let run = |l: &burn_te::nn::Linear<A>| {
+            values(fp8_autocast(true, recipe.clone(), || l.forward(x.clone())).unwrap())
+        };
+        assert_eq!(
+            run(&loaded),
+            run(&layer),
+            "rank {rank}: the loaded shard's output"
+        );
+    });
+}
+
+#[test]
+fn splits_that_do_not_fit_are_clear_errors() {
+    let _group = GROUP.lock().unwrap_or_else(|p| p.into_inner());
+    let device = burn::backend::flex::FlexDevice;
+    // No peer bound.
+    let err = LinearConfig::new(HIDDEN, FFN)
+        .with_parallel_mode(Some(ParallelMode::Column))
+        .with_tp_size(2)
+        .try_init::<A>(&device)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("tp_size 2") && err.contains("Peer::bind"),
+        "{err}"
+    );
+    // Sequence parallelism without a split.
+    let err = LinearConfig::new(HIDDEN, FFN)
+        .with_sequence_parallel(true)
+        .try_init::<A>(&device)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("sequence_parallel needs a parallel_mode"),
+        "{err}"
+    );
+    let errors = on_peers(2, |_| {
+        let device = Default::default();
+        let odd = LinearConfig::new(HIDDEN, 33)
+            .with_parallel_mode(Some(ParallelMode::Column))
+            .with_tp_size(2)
+            .try_init::<A>(&device)
+            .unwrap_err()
+            .to_string();
+        let world = LinearConfig::new(HIDDEN, FFN)
+            .with_parallel_mode(Some(ParallelMode::Row))
+            .with_tp_size(3)
+            .try_init::<A>(&device)
+            .unwrap_err()
+            .to_string();
+        (odd, world)
+    });
+    for (odd, world) in errors {
+        assert!(
+            odd.contains("out_features = 33 is not divisible by tp_size 2"),
+            "{odd}"
+        );
+        assert!(
+            world.contains("tensor-parallel size of 3 does not divide the world of 2"),
+            "{world}"
+        );
+    }
+}
