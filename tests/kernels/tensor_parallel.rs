@@ -11,13 +11,16 @@
 use std::time::Duration;
 
 use burn::backend::{Autodiff, Flex};
-use burn::module::Param;
+use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
 use burn_te::distributed::tensor_parallel::{TpCollective, TpGroup};
 use burn_te::distributed::{Peer, PeerConfig};
-use burn_te::nn::{LayerNormMLP, LayerNormMLPConfig, LinearConfig, ParallelMode};
+use burn_te::nn::{
+    LayerNormMLP, LayerNormMLPConfig, LinearConfig, ParallelMode, TransformerLayer,
+    TransformerLayerConfig,
+};
 use burn_te::{
     DelayedScaling, Float8CurrentScaling, Recipe, RoleRecord, Te, TeBackend, fp8_autocast,
 };
@@ -30,7 +33,6 @@ type A = Autodiff<Te<Flex>>;
 
 const HIDDEN: usize = 32;
 const FFN: usize = 64;
-const TOKENS: usize = 16;
 const STEPS: usize = 4;
 const LR: f64 = 0.5;
 
@@ -43,7 +45,7 @@ fn on_peers<T: Send>(world: usize, work: impl Fn(usize) -> T + Sync) -> Vec<T> {
                 let work = &work;
                 s.spawn(move || {
                     let config =
-                        PeerConfig::local(rank, world).with_timeout(Duration::from_secs(120));
+                        PeerConfig::local(rank, world).with_timeout(Duration::from_secs(20));
                     let peer = Peer::join(config).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
                     let bound = peer.bind();
                     let out = work(rank);
@@ -198,129 +200,223 @@ fn collectives_and_their_backward_equal_host_recomputations() {
     }
 }
 
-/// The whole model's parameters, drawn on the host (the same in every thread).
-fn whole_mlp<B: Backend>(config: &LayerNormMLPConfig, device: &B::Device) -> LayerNormMLP<B> {
-    let mut whole = LayerNormMLPConfig {
-        set_parallel_mode: false,
-        tp_size: 1,
-        sequence_parallel: false,
-        ..config.clone()
-    }
-    .init::<B>(device);
-    let ffn = config.ffn_hidden_size;
-    let param = |seed, shape: [usize; 2], std| {
-        Param::from_tensor(tensor::<B, 2>(
-            Rng::new(seed).normal(shape[0] * shape[1], 0.0, std),
-            shape,
-            device,
+/// Every float parameter drawn from a seeded host generator, in module order (the same values in every thread):
+/// matrices N(0, 0.2), vectors N(0.5, 0.2).
+struct Draw(u64);
+
+impl<B: Backend> ModuleMapper<B> for Draw {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        self.0 += 1;
+        let dims = param.dims();
+        let (mean, std) = if D == 2 { (0.0, 0.2) } else { (0.5, 0.2) };
+        let values = Rng::new(self.0).normal(dims.iter().product(), mean, std);
+        Param::from_tensor(Tensor::from_data(
+            TensorData::new(values, dims),
+            &param.device(),
         ))
-    };
-    let vector = |seed, len, mean, std| {
-        Param::from_tensor(tensor::<B, 1>(
-            Rng::new(seed).normal(len, mean, std),
-            [len],
-            device,
-        ))
-    };
-    whole.fc1.weight = param(1, [HIDDEN, ffn], 0.2);
-    whole.fc1.bias = Some(vector(2, ffn, 0.0, 0.1));
-    whole.fc2.weight = param(3, [ffn, HIDDEN], 0.2);
-    whole.fc2.bias = Some(vector(4, HIDDEN, 0.0, 0.1));
-    if let burn_te::nn::Norm::LayerNorm(norm) = &mut whole.layer_norm {
-        norm.weight = vector(5, HIDDEN, 1.0, 0.1);
-        norm.bias = vector(6, HIDDEN, 0.0, 0.1);
     }
-    whole
 }
 
-/// Inputs and targets per step, `[TOKENS, HIDDEN]` (the whole batch).
+/// Every float parameter's values, in module order.
+struct Collect(Vec<Vec<f32>>);
+
+impl<B: Backend> ModuleVisitor<B> for Collect {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.0.push(values(param.val()));
+    }
+}
+
+/// A TE module that splits over a tensor-parallel group: built as this rank's shard of the whole module (whose
+/// parameters [`Draw`] gives), trained on `[seq, batch, hidden]`, gathered whole at the end.
+trait Split: AutodiffModule<A> + Clone + Sized {
+    type Config: Clone + Sync;
+    /// The config without tensor parallelism.
+    fn whole_config(config: &Self::Config) -> Self::Config;
+    fn init(config: &Self::Config) -> Self;
+    fn shard(config: &Self::Config, whole: Self) -> Self;
+    fn run(&self, x: Tensor<A, 3>) -> Tensor<A, 3>;
+    fn gather(&self) -> Self;
+    /// `(size, index)` of the group.
+    fn group(&self) -> (usize, usize);
+    fn sequence_parallel(config: &Self::Config) -> bool;
+    /// The delayed-scaling records of its GEMM layers.
+    fn records(&self) -> Vec<Vec<RoleRecord>>;
+}
+
+impl Split for LayerNormMLP<A> {
+    type Config = LayerNormMLPConfig;
+    fn whole_config(config: &Self::Config) -> Self::Config {
+        LayerNormMLPConfig {
+            set_parallel_mode: false,
+            tp_size: 1,
+            sequence_parallel: false,
+            ..config.clone()
+        }
+    }
+    fn init(config: &Self::Config) -> Self {
+        config.init(&Default::default())
+    }
+    fn shard(config: &Self::Config, whole: Self) -> Self {
+        config.shard(whole).unwrap()
+    }
+    fn run(&self, x: Tensor<A, 3>) -> Tensor<A, 3> {
+        self.try_forward(x).unwrap()
+    }
+    fn gather(&self) -> Self {
+        LayerNormMLP::gather(self).unwrap()
+    }
+    fn group(&self) -> (usize, usize) {
+        self.fc1
+            .parallel()
+            .map_or((1, 0), |p| (p.size(), p.index()))
+    }
+    fn sequence_parallel(config: &Self::Config) -> bool {
+        config.sequence_parallel
+    }
+    fn records(&self) -> Vec<Vec<RoleRecord>> {
+        [&self.fc1, &self.fc2]
+            .iter()
+            .map(|fc| fc.fp8_meta.state().to_record().unwrap())
+            .collect()
+    }
+}
+
+impl Split for TransformerLayer<A> {
+    type Config = TransformerLayerConfig;
+    fn whole_config(config: &Self::Config) -> Self::Config {
+        TransformerLayerConfig {
+            set_parallel_mode: false,
+            tp_size: 1,
+            sequence_parallel: false,
+            ..config.clone()
+        }
+    }
+    fn init(config: &Self::Config) -> Self {
+        config.init(&Default::default())
+    }
+    fn shard(config: &Self::Config, whole: Self) -> Self {
+        config.shard(whole).unwrap()
+    }
+    fn run(&self, x: Tensor<A, 3>) -> Tensor<A, 3> {
+        self.try_forward(x, None).unwrap()
+    }
+    fn gather(&self) -> Self {
+        TransformerLayer::gather(self).unwrap()
+    }
+    fn group(&self) -> (usize, usize) {
+        let proj = &self.self_attention.proj;
+        proj.parallel().map_or((1, 0), |p| (p.size(), p.index()))
+    }
+    fn sequence_parallel(config: &Self::Config) -> bool {
+        config.sequence_parallel
+    }
+    fn records(&self) -> Vec<Vec<RoleRecord>> {
+        let attention = &self.self_attention;
+        let mlp = &self.layernorm_mlp;
+        let qkv = attention.layernorm_qkv.as_ref().unwrap();
+        let core = &attention.core_attention;
+        [
+            &qkv.fp8_meta,
+            &core.bmm1_fp8_meta,
+            &core.bmm2_fp8_meta,
+            &attention.proj.fp8_meta,
+            &mlp.fc1.fp8_meta,
+            &mlp.fc2.fp8_meta,
+        ]
+        .iter()
+        .map(|meta| meta.state().to_record().unwrap())
+        .collect()
+    }
+}
+
+const SEQ: usize = 8;
+const BATCH: usize = 2;
+
+/// Inputs and targets per step, `[SEQ, BATCH, HIDDEN]` (the whole batch).
 fn batch(step: usize) -> (Vec<f32>, Vec<f32>) {
-    let x = Rng::new(1000 + step as u64).normal(TOKENS * HIDDEN, 0.5, 2.0);
-    let t = Rng::new(2000 + step as u64).normal(TOKENS * HIDDEN, 0.0, 1.0);
+    let n = SEQ * BATCH * HIDDEN;
+    let x = Rng::new(1000 + step as u64).normal(n, 0.5, 2.0);
+    let t = Rng::new(2000 + step as u64).normal(n, 0.0, 1.0);
     (x, t)
 }
 
-/// One run: the loss per step (the whole batch's mean square error), the parameters at the end as the whole model
-/// holds them (gathered), and each rank's delayed-scaling records of FC1 and FC2.
+/// One run: the loss per step (this rank's part of the whole batch's mean square error), the parameters at the end
+/// as the whole model holds them (gathered), and the delayed-scaling records of its GEMM layers.
 struct Run {
     losses: Vec<f32>,
     params: Vec<Vec<f32>>,
     records: Vec<Vec<RoleRecord>>,
 }
 
-/// Trains `config`'s LayerNormMLP for [`STEPS`] SGD steps under `recipe` (`None`: f32) on this thread's group (its
-/// peer bound, or none for TP = 1); returns this rank's loss contributions and the gathered parameters.
-fn train(config: &LayerNormMLPConfig, recipe: Option<Recipe>) -> Run {
+/// The whole module of `config` with the drawn parameters.
+fn whole<M: Split>(config: &M::Config) -> M {
+    M::init(&M::whole_config(config)).map(&mut Draw(0))
+}
+
+/// Trains `config`'s module for `steps` SGD steps under `recipe` (`None`: f32) on this thread's group (its peer
+/// bound, or none for TP = 1).
+fn train<M: Split>(config: &M::Config, recipe: Option<Recipe>, steps: usize) -> Run {
     let device = Default::default();
-    let mut model: LayerNormMLP<A> = config.shard(whole_mlp(config, &device)).unwrap();
-    let (tp, index) = model
-        .fc1
-        .parallel()
-        .map_or((1, 0), |p| (p.size(), p.index()));
-    let sp = config.sequence_parallel && tp > 1;
+    let mut model = M::shard(config, whole::<M>(config));
+    let (tp, index) = model.group();
+    let sp = M::sequence_parallel(config) && tp > 1;
     let mut optim = SgdConfig::new().init();
     let mut losses = Vec::new();
-    for step in 0..STEPS {
+    // Under sequence parallelism each rank holds its token shard (of the first dimension) of the input, the
+    // output and the loss.
+    let seq = if sp { SEQ / tp } else { SEQ };
+    let shard = |values: Vec<f32>| {
+        let len = seq * BATCH * HIDDEN;
+        let offset = if sp { index * len } else { 0 };
+        tensor::<A, 3>(
+            values[offset..][..len].to_vec(),
+            [seq, BATCH, HIDDEN],
+            &device,
+        )
+    };
+    for step in 0..steps {
         let (x, t) = batch(step);
-        // Under sequence parallelism each rank holds its token shard of the input, the output and the loss.
-        let rows = if sp { TOKENS / tp } else { TOKENS };
-        let offset = if sp { index * rows * HIDDEN } else { 0 };
-        let x = tensor::<A, 2>(
-            x[offset..][..rows * HIDDEN].to_vec(),
-            [rows, HIDDEN],
-            &device,
-        );
-        let t = tensor::<A, 2>(
-            t[offset..][..rows * HIDDEN].to_vec(),
-            [rows, HIDDEN],
-            &device,
-        );
-        let forward = || model.try_forward(x.clone());
+        let (x, t) = (shard(x), shard(t));
+        let forward = || Ok::<_, burn_te::TeError>(model.run(x.clone()));
         let y = match &recipe {
             Some(recipe) => fp8_autocast(true, recipe.clone(), forward).unwrap(),
             None => forward(),
         }
         .unwrap();
-        let loss = (y - t).square().sum() / (TOKENS * HIDDEN) as f64;
+        let loss = (y - t).square().sum() / (SEQ * BATCH * HIDDEN) as f64;
         losses.push(values(loss.clone())[0]);
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(LR, model, grads);
     }
-    let whole = model.gather().unwrap();
-    let norm = match &whole.layer_norm {
-        burn_te::nn::Norm::LayerNorm(norm) => [values(norm.weight.val()), values(norm.bias.val())],
-        burn_te::nn::Norm::RmsNorm(_) => unreachable!("a LayerNorm"),
-    };
-    let mut params = vec![
-        values(whole.fc1.weight.val()),
-        values(whole.fc1.bias.as_ref().unwrap().val()),
-        values(whole.fc2.weight.val()),
-        values(whole.fc2.bias.as_ref().unwrap().val()),
-    ];
-    params.extend(norm);
-    let records = [&model.fc1, &model.fc2]
-        .iter()
-        .map(|fc| fc.fp8_meta.state().to_record().unwrap())
-        .collect();
+    let mut params = Collect(Vec::new());
+    model.gather().visit(&mut params);
     Run {
         losses,
-        params,
-        records,
+        params: params.0,
+        records: model.records(),
     }
 }
 
 /// The TP = 2 runs' losses (summed over the ranks' token shards under sequence parallelism, else rank 0's: every
 /// rank computes the whole loss) and parameters against TP = 1's.
 ///
-/// The tolerance: the row-parallel GEMM sums its two halves of K apart and adds the partial sums (in f64, rounded
-/// once), where TP = 1 sums all of K in one order, so FC2's outputs differ by the f32 accumulation-order error, an
-/// ulp or two (2⁻²³ ≈ 1.2e-7 relative); the loss, the gradients and 4 SGD steps carry it on. So 1e-6 relative to
-/// each tensor's largest value (8 ulps), and the same for the loss. Measured: at most 1.8e-7 in every
-/// configuration; without the amax reduction the loss moves by 2e-3 (below). An FP8 rounding tipped onto the next
-/// code by such a difference would exceed the tolerance: none happened here.
+/// The tolerance: the row-parallel GEMMs sum their two halves of K apart and add the partial sums (in f64, rounded
+/// once), where TP = 1 sums all of K in one order, so their outputs differ by the f32 accumulation-order error, an
+/// ulp or two (2⁻²³ ≈ 1.2e-7 relative); the column-parallel GEMMs and the attention per head compute exactly what
+/// TP = 1 does. The loss, the gradients and 4 SGD steps carry the difference on. So 1e-6 relative to each tensor's
+/// largest value (8 ulps), and the same for the loss. Measured: at most 2e-7, in every configuration but one;
+/// without the amax reduction the loss moves by 2e-3 (below).
+///
+/// Where that does not hold: an ulp's difference in a value that is then quantized can tip its FP8 rounding onto
+/// the next code (an E4M3 step is 2⁻³ of the value), and under current scaling an ulp's difference in a tensor's
+/// amax moves its scale and so every code near a rounding boundary. With `fp8_dpa` under current scaling the
+/// softmax probabilities and their gradient are quantized that way too, and in this run it tips at the third step
+/// (the loss then differs by 9.5e-5, by 1.4e-3 at the fourth); delayed scaling with `fp8_dpa`, whose scales come
+/// from the reduced histories, holds 2e-7. So that recipe is compared over its first two steps (both losses and
+/// the parameters after two updates).
 fn compare(what: &str, whole: &Run, split: &[Run], sp: bool) -> Result<(), String> {
     let tol = 1e-6;
-    for step in 0..STEPS {
+    for step in 0..whole.losses.len() {
         let loss = if sp {
             split.iter().map(|r| f64::from(r.losses[step])).sum::<f64>() as f32
         } else {
@@ -374,51 +470,73 @@ fn mlp_config(sp: bool) -> LayerNormMLPConfig {
         .with_sequence_parallel(sp)
 }
 
-fn recipes() -> Vec<(&'static str, Option<Recipe>)> {
+/// 4 query heads in 2 GQA groups (each rank: 2 heads, 1 group), causal, no dropout.
+fn layer_config(sp: bool) -> TransformerLayerConfig {
+    TransformerLayerConfig::new(HIDDEN, FFN, 4)
+        .with_num_gqa_groups(Some(2))
+        .with_hidden_dropout(0.0)
+        .with_attention_dropout(0.0)
+        .with_set_parallel_mode(true)
+        .with_tp_size(2)
+        .with_sequence_parallel(sp)
+}
+
+/// The recipes with the steps each is compared over (see `compare`).
+fn recipes() -> Vec<(&'static str, Option<Recipe>, usize)> {
     vec![
-        ("f32", None),
-        ("delayed", Some(DelayedScaling::default().into())),
-        ("current", Some(Float8CurrentScaling::default().into())),
+        ("f32", None, STEPS),
+        ("delayed", Some(DelayedScaling::default().into()), STEPS),
+        (
+            "current",
+            Some(Float8CurrentScaling::default().into()),
+            STEPS,
+        ),
+        (
+            "delayed + fp8_dpa",
+            Some(
+                DelayedScaling {
+                    fp8_dpa: true,
+                    ..Default::default()
+                }
+                .into(),
+            ),
+            STEPS,
+        ),
+        (
+            "current + fp8_dpa",
+            Some(
+                Float8CurrentScaling {
+                    fp8_dpa: true,
+                    ..Default::default()
+                }
+                .into(),
+            ),
+            2,
+        ),
     ]
 }
 
-#[test]
-fn layernorm_mlp_split_over_two_ranks_trains_as_the_whole_model() {
+/// `M` split over 2 ranks against the whole `M`, for every recipe, with sequence parallelism off and on.
+fn check_split_trains_as_whole<M: Split>(config: impl Fn(bool) -> M::Config) {
     let _group = GROUP.lock().unwrap_or_else(|p| p.into_inner());
     for sp in [false, true] {
-        for (name, recipe) in recipes() {
-            let config = mlp_config(sp);
-            let whole = train(
-                &LayerNormMLPConfig {
-                    set_parallel_mode: false,
-                    tp_size: 1,
-                    sequence_parallel: false,
-                    ..config.clone()
-                },
-                recipe.clone(),
-            );
-            let split = on_peers(2, |_| train(&config, recipe.clone()));
+        for (name, recipe, steps) in recipes() {
+            let config = config(sp);
+            let whole = train::<M>(&M::whole_config(&config), recipe.clone(), steps);
+            let split = on_peers(2, |_| train::<M>(&config, recipe.clone(), steps));
             let what = format!("{name}, sequence parallel {sp}");
             compare(&what, &whole, &split, sp).unwrap_or_else(|e| panic!("{e}"));
             // Delayed scaling: every rank holds the same scales and rolled amax histories, bit for bit (the
             // reduction over the group at each roll), and the whole model's within the tolerance (its amaxes come
             // from the same tensors, summed in another order). The newest amax, recorded by the last step and not
             // rolled yet, is each rank's own: their maximum is the whole tensor's.
-            if name == "delayed" {
-                for fc in 0..2 {
-                    let (r0, r1) = (&split[0].records[fc], &split[1].records[fc]);
+            if name.starts_with("delayed") {
+                for layer in 0..whole.records.len() {
+                    let (r0, r1) = (&split[0].records[layer], &split[1].records[layer]);
                     for ((role, h0, s0, _), (_, h1, s1, _)) in r0.iter().zip(r1) {
-                        let fc = fc + 1;
-                        assert_eq!(
-                            s0.to_bits(),
-                            s1.to_bits(),
-                            "{what}: fc{fc} {role} scale, ranks 0 and 1"
-                        );
-                        assert_eq!(
-                            h0[1..],
-                            h1[1..],
-                            "{what}: fc{fc} {role} rolled history, ranks 0 and 1"
-                        );
+                        let at = format!("{what}: GEMM layer {layer} {role}");
+                        assert_eq!(s0.to_bits(), s1.to_bits(), "{at} scale, ranks 0 and 1");
+                        assert_eq!(h0[1..], h1[1..], "{at} rolled history, ranks 0 and 1");
                     }
                     let newest_max: Vec<RoleRecord> = r0
                         .iter()
@@ -429,71 +547,64 @@ fn layernorm_mlp_split_over_two_ranks_trains_as_the_whole_model() {
                             (role.clone(), h, *s, *f)
                         })
                         .collect();
-                    check_records(&what, &newest_max, &whole.records[fc]);
+                    check_records(&what, &newest_max, &whole.records[layer]);
                 }
             }
         }
     }
 }
 
+#[test]
+fn layernorm_mlp_split_over_two_ranks_trains_as_the_whole_model() {
+    check_split_trains_as_whole::<LayerNormMLP<A>>(mlp_config);
+}
+
+#[test]
+fn transformer_layer_split_over_two_ranks_trains_as_the_whole_model() {
+    check_split_trains_as_whole::<TransformerLayer<A>>(layer_config);
+}
+
 /// The check above has teeth: without the amax reduction (each rank scales its shards by their own amax), and
-/// with a wrong shard layout (the ranks' shards swapped), the split model no longer trains as the whole one.
+/// with a wrong shard layout (one layer's shards swapped between the ranks), the split model no longer trains as
+/// the whole one.
 #[test]
 fn without_the_amax_reduction_or_with_swapped_shards_the_split_model_differs() {
     let _group = GROUP.lock().unwrap_or_else(|p| p.into_inner());
     let config = mlp_config(false);
-    let whole_config = LayerNormMLPConfig {
-        set_parallel_mode: false,
-        tp_size: 1,
-        ..config.clone()
-    };
     let unreduced: Recipe = DelayedScaling {
         reduce_amax: false,
         ..Default::default()
     }
     .into();
-    let whole = train(&whole_config, Some(unreduced.clone()));
-    let split = on_peers(2, |_| train(&config, Some(unreduced.clone())));
-    let err = compare("delayed without reduce_amax", &whole, &split, false)
+    type M = LayerNormMLP<A>;
+    let whole_run = train::<M>(&M::whole_config(&config), Some(unreduced.clone()), STEPS);
+    let split = on_peers(2, |_| train::<M>(&config, Some(unreduced.clone()), STEPS));
+    let err = compare("delayed without reduce_amax", &whole_run, &split, false)
         .expect_err("without the amax reduction the ranks' scales differ from the whole model's");
     assert!(err.contains("differs") || err.contains("loss"), "{err}");
 
     // A wrong shard layout: each rank takes the other rank's FC1 columns, but its own FC2 rows.
-    let device = Default::default();
-    let reference = whole_mlp::<A>(&config, &device);
-    let (x, _) = batch(0);
-    let expected = values(reference.forward(tensor::<A, 2>(x, [TOKENS, HIDDEN], &device)));
+    let x = || tensor::<A, 3>(batch(0).0, [SEQ, BATCH, HIDDEN], &Default::default());
+    let expected = values(whole::<M>(&config).forward(x()));
     let close = |a: &[f32]| {
         a.iter()
             .zip(&expected)
             .all(|(x, y)| (x - y).abs() <= 1e-5 * y.abs().max(1.0))
     };
     let own = on_peers(2, |_| {
-        let device = Default::default();
-        let model = config.shard(whole_mlp::<A>(&config, &device)).unwrap();
-        let (x, _) = batch(0);
-        values(model.forward(tensor::<A, 2>(x, [TOKENS, HIDDEN], &device)))
+        values(M::shard(&config, whole::<M>(&config)).forward(x()))
     });
     assert!(
         close(&own[0]),
         "the right shards give the whole model's output"
     );
     let one_swapped = on_peers(2, |rank| {
-        let device = Default::default();
-        let whole = whole_mlp::<A>(&config, &device);
-        let mut model = config.shard(whole.clone()).unwrap();
+        let whole = whole::<M>(&config);
+        let mut model = M::shard(&config, whole.clone());
         let half = FFN / 2;
-        model.fc1.weight = Param::from_tensor(
-            whole
-                .fc1
-                .weight
-                .val()
-                .detach()
-                .set_require_grad(false)
-                .narrow(1, (1 - rank) * half, half),
-        );
-        let (x, _) = batch(0);
-        values(model.forward(tensor::<A, 2>(x, [TOKENS, HIDDEN], &device)))
+        let other = whole.fc1.weight.val().detach().set_require_grad(false);
+        model.fc1.weight = Param::from_tensor(other.narrow(1, (1 - rank) * half, half));
+        values(model.forward(x()))
     });
     assert!(
         !close(&one_swapped[0]),
@@ -516,7 +627,7 @@ fn a_sharded_layers_record_round_trips_with_its_fp8_state() {
         assert_eq!(layer.weight.dims(), [HIDDEN, FFN / 2]);
         let recipe = DelayedScaling::default();
         let (x, _) = batch(0);
-        let x = tensor::<A, 2>(x, [TOKENS, HIDDEN], &device);
+        let x = tensor::<A, 3>(x, [SEQ, BATCH, HIDDEN], &device);
         for _ in 0..2 {
             let y = fp8_autocast(true, recipe.clone(), || layer.forward(x.clone())).unwrap();
             let _ = y.sum().backward();

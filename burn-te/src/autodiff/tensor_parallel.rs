@@ -9,7 +9,7 @@ use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::tensor::ops::FloatTensor;
 
 use crate::backend::{AutodiffInner, TeBackend};
-use crate::distributed::tensor_parallel::{TpCollective, TpGroup};
+use crate::distributed::tensor_parallel::{TpCollective, TpExchange, TpGroup};
 use crate::error::TeError;
 
 #[derive(Debug)]
@@ -38,15 +38,18 @@ impl<B: TeBackend> Backward<B, 1> for TpCollectiveBackward {
 }
 
 /// `Autodiff<B>`'s `te_tp_collective`: the forward exchange on `B`, and [`TpCollectiveBackward`]. Compute-bound,
-/// so no checkpointing strategy recomputes it (a recomputation would be another collective call).
+/// so no checkpointing strategy recomputes it (a recomputation would be another collective call). A collective
+/// whose only exchange is in the backward first passes [`TpGroup::sync_threads`].
 pub(super) fn te_tp_collective<B: TeBackend + AutodiffInner, C: CheckpointStrategy>(
     tensor: FloatTensor<Autodiff<B, C>>,
     collective: TpCollective,
     group: &TpGroup,
 ) -> Result<FloatTensor<Autodiff<B, C>>, TeError> {
-    let output = collective
-        .forward()
-        .apply::<B>(tensor.primitive.clone(), group)?;
+    let forward = collective.forward();
+    if matches!(forward, TpExchange::Identity | TpExchange::Split(_)) {
+        group.sync_threads()?;
+    }
+    let output = forward.apply::<B>(tensor.primitive.clone(), group)?;
     let step = TpCollectiveBackward {
         collective,
         group: group.clone(),

@@ -230,6 +230,8 @@ struct PeerState {
     world_size: usize,
     timeout: Duration,
     gradient_bucket: usize,
+    /// Every peer is a thread of this process (no global orchestrator).
+    threads: bool,
     exchange: Arc<Exchange>,
     /// The first collective failure: the group is broken from then on.
     broken: Mutex<Option<String>>,
@@ -285,6 +287,7 @@ impl Peer {
             world_size: config.world_size,
             timeout: config.timeout,
             gradient_bucket: config.gradient_bucket,
+            threads: config.global.is_none(),
             exchange: Arc::new(Exchange { id }),
             broken: Mutex::new(None),
         };
@@ -312,6 +315,11 @@ impl Peer {
     /// The number of peers.
     pub fn world_size(&self) -> usize {
         self.state.world_size
+    }
+
+    /// Whether every peer is a thread of this process.
+    pub(crate) fn threads(&self) -> bool {
+        self.state.threads
     }
 
     /// Runs `op` (a blocking collective call) on a helper thread and waits for it at most the timeout.

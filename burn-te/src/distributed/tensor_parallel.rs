@@ -95,6 +95,22 @@ impl TpGroup {
             .collect())
     }
 
+    /// Waits until every rank of the world reaches this point, where the peers are threads of this process (a
+    /// collective call; nothing across processes).
+    ///
+    /// Why: after a backward, Burn's autodiff cleans its graphs up by locking every graph of the process in turn,
+    /// other threads' too, and a rank in a backward holds its graph's lock while it waits for a tensor-parallel
+    /// exchange. A rank still cleaning up after its last backward would wait for a faster rank that already
+    /// entered its next backward and waits in an exchange for it: a deadlock. A collective whose forward
+    /// exchanges nothing but whose backward does (`Copy`, `Split`) passes this barrier in the forward, so no rank
+    /// enters that backward before every rank finished the previous one.
+    pub fn sync_threads(&self) -> Result<(), TeError> {
+        match &self.peer {
+            Some(peer) if peer.threads() => peer.all_reduce_max(&[0.0]).map(|_| ()),
+            _ => Ok(()),
+        }
+    }
+
     /// The element-wise maximum over the group (NaN where any rank's is NaN): the amax of a tensor sharded over it.
     pub fn all_reduce_max(&self, what: &str, values: &[f32]) -> Result<Vec<f32>, TeError> {
         let mut max = values.to_vec();

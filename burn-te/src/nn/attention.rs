@@ -19,6 +19,7 @@ use crate::backend::TeBackend;
 use crate::error::TeError;
 use crate::fp8_state::Fp8Meta;
 use crate::fused;
+use crate::site::Sharding;
 
 /// The module type of the attention GEMMs' sites (TE's snake case).
 const KIND: &str = "dot_product_attention";
@@ -101,6 +102,28 @@ pub struct DotProductAttention<B: Backend> {
     format: QkvFormat,
     #[module(skip)]
     name: LayerName,
+    /// Under tensor parallelism (this rank's share of the heads): the group over which `fp8_dpa`'s per-tensor
+    /// amaxes are reduced, every operand of the attention GEMMs being sharded by heads.
+    #[module(skip)]
+    sharded: Option<Sharding>,
+}
+
+impl<B: Backend> DotProductAttention<B> {
+    /// The same attention over `heads` query heads in `groups` GQA groups (a rank's share under tensor
+    /// parallelism, `sharded` its group; or all of them, `None`).
+    pub(crate) fn with_heads(
+        &self,
+        heads: usize,
+        groups: usize,
+        sharded: Option<Sharding>,
+    ) -> Self {
+        Self {
+            heads,
+            groups,
+            sharded,
+            ..self.clone()
+        }
+    }
 }
 
 impl DotProductAttentionConfig {
@@ -155,6 +178,7 @@ impl DotProductAttentionConfig {
             name,
             bmm1_fp8_meta: Fp8Meta::new(),
             bmm2_fp8_meta: Fp8Meta::new(),
+            sharded: None,
         })
     }
 }
@@ -223,6 +247,7 @@ impl<B: TeBackend> DotProductAttention<B> {
             &format!("{name}.{site}"),
             meta,
             KIND,
+            self.sharded.clone(),
         )? {
             Some(fp8) => Ok::<_, TeError>(fp8),
             None => {

@@ -7,6 +7,7 @@ use burn::prelude::*;
 use super::linear::{gemm_params, split_bias, te_gemm};
 use super::names::LayerName;
 use super::norm::{Norm, Normalization};
+use super::parallel::{ParallelMode, TensorParallel};
 use super::{ModuleOutput, or_panic};
 use crate::backend::TeBackend;
 use crate::error::TeError;
@@ -43,6 +44,17 @@ pub struct LayerNormLinearConfig {
     /// Weight initializer (TE's default: normal, std 0.023).
     #[config(default = "Initializer::Normal { mean: 0.0, std: 0.023 }")]
     pub initializer: Initializer,
+    /// Split the GEMM over a tensor-parallel group: `column` or `row`; `None`: whole (see
+    /// [`parallel`](super::parallel)).
+    #[config(default = "None")]
+    pub parallel_mode: Option<ParallelMode>,
+    /// Ranks in the tensor-parallel group: consecutive ranks of the peer bound to this thread.
+    #[config(default = 1)]
+    pub tp_size: usize,
+    /// Sequence parallelism: the input is this rank's token shard, normalized there and gathered before a column
+    /// GEMM.
+    #[config(default = false)]
+    pub sequence_parallel: bool,
 }
 
 /// Normalization, then a linear layer whose GEMMs run in FP8 inside an autocast scope.
@@ -60,22 +72,35 @@ pub struct LayerNormLinear<B: Backend> {
     pub fp8_meta: Fp8Meta<B>,
     #[module(skip)]
     name: LayerName,
+    /// The GEMM's tensor-parallel split (`None`: whole).
+    #[module(skip)]
+    parallel: Option<TensorParallel>,
 }
 
 impl LayerNormLinearConfig {
-    /// A LayerNormLinear on `device`.
+    /// A LayerNormLinear on `device`. Panics with [`try_init`](Self::try_init)'s error.
     pub fn init<B: Backend>(&self, device: &B::Device) -> LayerNormLinear<B> {
+        or_panic(self.try_init(device))
+    }
+
+    /// A LayerNormLinear on `device`, or an error when its tensor-parallel split does not fit (see
+    /// [`LinearConfig::try_init`](super::LinearConfig::try_init)).
+    pub fn try_init<B: Backend>(&self, device: &B::Device) -> Result<LayerNormLinear<B>, TeError> {
         self.init_named(
             LayerName::root(self.name.as_deref(), "layernorm_linear"),
             device,
+            vec![1],
         )
     }
 
+    /// The layer named `name`, its outputs (column) or inputs (row) independent parts in the proportions `pieces`,
+    /// each split over the group on its own (QKV's queries, keys and values).
     pub(crate) fn init_named<B: Backend>(
         &self,
         name: LayerName,
         device: &B::Device,
-    ) -> LayerNormLinear<B> {
+        pieces: Vec<usize>,
+    ) -> Result<LayerNormLinear<B>, TeError> {
         let (weight, bias) = gemm_params(
             &self.initializer,
             self.in_features,
@@ -83,7 +108,7 @@ impl LayerNormLinearConfig {
             self.bias,
             device,
         );
-        LayerNormLinear {
+        let whole = LayerNormLinear {
             layer_norm: self.normalization.init(
                 self.in_features,
                 self.eps,
@@ -97,7 +122,77 @@ impl LayerNormLinearConfig {
             return_layernorm_output: self.return_layernorm_output,
             fp8_meta: Fp8Meta::new(),
             name,
+            parallel: None,
+        };
+        self.shard_in_pieces(whole, pieces)
+    }
+
+    /// This rank's shard of `whole`, a layer of this config without tensor parallelism (see
+    /// [`LinearConfig::shard`](super::LinearConfig::shard)). [`LayerNormLinear::gather`] is the inverse.
+    pub fn shard<B: Backend>(
+        &self,
+        whole: LayerNormLinear<B>,
+    ) -> Result<LayerNormLinear<B>, TeError> {
+        self.shard_in_pieces(whole, vec![1])
+    }
+
+    pub(crate) fn shard_in_pieces<B: Backend>(
+        &self,
+        whole: LayerNormLinear<B>,
+        pieces: Vec<usize>,
+    ) -> Result<LayerNormLinear<B>, TeError> {
+        let module = "LayerNormLinear";
+        let Some(parallel) = TensorParallel::new(
+            module,
+            self.parallel_mode,
+            self.tp_size,
+            self.sequence_parallel,
+        )?
+        else {
+            return Ok(whole);
+        };
+        let parallel = parallel.in_pieces(pieces);
+        let [in_features, out_features] = whole.weight.dims();
+        match parallel.mode() {
+            ParallelMode::Column => parallel.check_divides(module, "out_features", out_features)?,
+            ParallelMode::Row => parallel.check_divides(module, "in_features", in_features)?,
         }
+        let (weight, bias) = parallel.shard_params(whole.weight, whole.bias);
+        Ok(LayerNormLinear {
+            layer_norm: whole.layer_norm.on_token_shards(Some(&parallel)),
+            weight,
+            bias,
+            parallel: Some(parallel),
+            ..whole
+        })
+    }
+}
+
+impl<B: Backend> LayerNormLinear<B> {
+    /// The GEMM's tensor-parallel split (`None`: whole).
+    pub fn parallel(&self) -> Option<&TensorParallel> {
+        self.parallel.as_ref()
+    }
+
+    /// The whole layer from every rank's shard (a collective call; see [`Linear::gather`](super::Linear::gather)).
+    pub fn gather(&self) -> Result<LayerNormLinear<B>, TeError> {
+        let Some(parallel) = &self.parallel else {
+            return Ok(self.clone());
+        };
+        let weight = parallel.gather_param(self.weight.val().detach(), true)?;
+        let bias = match &self.bias {
+            Some(bias) => Some(Param::from_tensor(
+                parallel.gather_param(bias.val().detach(), false)?,
+            )),
+            None => None,
+        };
+        Ok(LayerNormLinear {
+            layer_norm: self.layer_norm.clone().on_token_shards(None),
+            weight: Param::from_tensor(weight),
+            bias,
+            parallel: None,
+            ..self.clone()
+        })
     }
 }
 
@@ -130,6 +225,7 @@ impl<B: TeBackend> LayerNormLinear<B> {
                 &self.name,
                 &self.fp8_meta,
                 "layernorm_linear",
+                self.parallel.as_ref(),
             )?,
             bias: returned,
             layernorm_output: self.return_layernorm_output.then_some(normalized),

@@ -135,8 +135,8 @@ impl LayerNormMLPConfig {
 
     /// FC1's and FC2's configs, and FC1's pieces: a gated FC1's outputs are the gate's and the value's, each split
     /// over the group on its own.
-    fn linear_configs(&self) -> (LinearConfig, LinearConfig, usize) {
-        let pieces = if self.activation.is_gated() { 2 } else { 1 };
+    fn linear_configs(&self) -> (LinearConfig, LinearConfig, Vec<usize>) {
+        let gated = self.activation.is_gated();
         let linear = |d_in, d_out, return_bias, mode| {
             LinearConfig::new(d_in, d_out)
                 .with_bias(self.bias)
@@ -148,7 +148,7 @@ impl LayerNormMLPConfig {
         };
         let fc1 = linear(
             self.hidden_size,
-            self.ffn_hidden_size * pieces,
+            self.ffn_hidden_size * if gated { 2 } else { 1 },
             false,
             ParallelMode::Column,
         );
@@ -159,6 +159,7 @@ impl LayerNormMLPConfig {
             self.return_bias,
             ParallelMode::Row,
         );
+        let pieces = if gated { vec![1, 1] } else { vec![1] };
         (fc1, fc2, pieces)
     }
 }

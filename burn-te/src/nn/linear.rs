@@ -13,7 +13,7 @@ use crate::error::TeError;
 use crate::fp8_state::Fp8Meta;
 use crate::gemm::Gemm;
 use crate::recipe::Recipe;
-use crate::site::GemmSite;
+use crate::site::{GemmSite, Sharding};
 
 /// Config of [`Linear`].
 #[derive(Config, Debug)]
@@ -82,15 +82,15 @@ impl LinearConfig {
         name: LayerName,
         device: &B::Device,
     ) -> Result<Linear<B>, TeError> {
-        self.init_in_pieces(name, 1, device)
+        self.init_in_pieces(name, vec![1], device)
     }
 
-    /// [`init_named`](Self::init_named) of a layer whose outputs (column) or inputs (row) are `pieces`
-    /// independent parts, each split over the group on its own (a gated FC1: gate and value).
+    /// [`init_named`](Self::init_named) of a layer whose outputs (column) or inputs (row) are independent parts in
+    /// the proportions `pieces`, each split over the group on its own (a gated FC1: gate and value).
     pub(crate) fn init_in_pieces<B: Backend>(
         &self,
         name: LayerName,
-        pieces: usize,
+        pieces: Vec<usize>,
         device: &B::Device,
     ) -> Result<Linear<B>, TeError> {
         let (weight, bias) = gemm_params(
@@ -117,13 +117,13 @@ impl LinearConfig {
     /// config's `tp_size` = 1 gives them): the scatter of a whole model onto the group, without communication.
     /// [`Linear::gather`] is the inverse.
     pub fn shard<B: Backend>(&self, whole: Linear<B>) -> Result<Linear<B>, TeError> {
-        self.shard_in_pieces(whole, 1)
+        self.shard_in_pieces(whole, vec![1])
     }
 
     pub(crate) fn shard_in_pieces<B: Backend>(
         &self,
         whole: Linear<B>,
-        pieces: usize,
+        pieces: Vec<usize>,
     ) -> Result<Linear<B>, TeError> {
         let module = "Linear";
         let Some(parallel) = TensorParallel::new(
@@ -189,21 +189,11 @@ pub(crate) fn gemm_params<B: Backend>(
 /// `x [.., in] · weight [in, out] (+ bias)` through [`TeBackend::te_linear`] at the fprop site of `name`: FP8 with
 /// the autocast scope's recipe (or its plan's choice for the layer) and the layer's `fp8_meta`, high precision
 /// outside one. The forwarding code of every TE GEMM module.
+///
+/// Split over a tensor-parallel group (`parallel`; `None`: whole): the input exchanged in, the GEMM on this rank's
+/// shard with the sharded operands marked at its sites, the output exchanged out, then the bias (a row layer adds
+/// the whole bias after the sum).
 pub(crate) fn te_gemm<B: TeBackend, const D: usize>(
-    x: Tensor<B, D>,
-    weight: &Param<Tensor<B, 2>>,
-    bias: Option<Tensor<B, 1>>,
-    name: &LayerName,
-    fp8_meta: &Fp8Meta<B>,
-    kind: &'static str,
-) -> Result<Tensor<B, D>, TeError> {
-    te_gemm_split(x, weight, bias, name, fp8_meta, kind, None)
-}
-
-/// [`te_gemm`] of a layer split over a tensor-parallel group (`None`: whole): the input exchanged in, the GEMM on
-/// this rank's shard with the sharded operands marked at its sites, the output exchanged out, then the bias (a row
-/// layer adds the whole bias after the sum).
-pub(crate) fn te_gemm_split<B: TeBackend, const D: usize>(
     x: Tensor<B, D>,
     weight: &Param<Tensor<B, 2>>,
     bias: Option<Tensor<B, 1>>,
@@ -243,6 +233,7 @@ pub(crate) fn te_bmm<B: TeBackend, const D: usize>(
     layer: &str,
     fp8_meta: &Fp8Meta<B>,
     kind: &'static str,
+    sharded: Option<Sharding>,
 ) -> Result<Option<Tensor<B, D>>, TeError> {
     match active_scope_recipe() {
         None => return Ok(None),
@@ -250,9 +241,10 @@ pub(crate) fn te_bmm<B: TeBackend, const D: usize>(
         Some(_) => {}
     }
     let (site, recipe) = fprop_site(layer.into(), kind, fp8_meta)?;
+    let site = site.batched().with_sharding(sharded);
     Ok(recipe
         .filter(Recipe::fp8_attention)
-        .map(|recipe| run_gemm(a, b, None, &site.batched(), Some(&recipe))))
+        .map(|recipe| run_gemm(a, b, None, &site, Some(&recipe))))
 }
 
 /// The fprop site of `layer` with its state and the recipes the scope (or its plan) gives it.
@@ -320,7 +312,7 @@ impl<B: TeBackend> Linear<B> {
     ) -> Result<ModuleOutput<B, D>, TeError> {
         let (added, returned) = split_bias(&self.bias, self.return_bias);
         Ok(ModuleOutput {
-            output: te_gemm_split(
+            output: te_gemm(
                 x,
                 &self.weight,
                 added,

@@ -10,6 +10,7 @@ use super::layernorm_linear::{LayerNormLinear, LayerNormLinearConfig};
 use super::linear::{Linear, LinearConfig};
 use super::names::LayerName;
 use super::norm::Normalization;
+use super::parallel::ParallelMode;
 use super::{check_features, config_error, or_panic};
 use crate::backend::TeBackend;
 use crate::error::TeError;
@@ -57,6 +58,17 @@ pub struct MultiheadAttentionConfig {
     /// Weight initializer of the projections (TE's default: normal, std 0.023).
     #[config(default = "Initializer::Normal { mean: 0.0, std: 0.023 }")]
     pub initializer: Initializer,
+    /// Split over the tensor-parallel group as TE's `set_parallel_mode`: the QKV projection column-parallel (each
+    /// rank its share of the query heads and of the GQA groups), the output projection row-parallel (see
+    /// [`parallel`](super::parallel)).
+    #[config(default = false)]
+    pub set_parallel_mode: bool,
+    /// Ranks in the tensor-parallel group: consecutive ranks of the peer bound to this thread.
+    #[config(default = 1)]
+    pub tp_size: usize,
+    /// Sequence parallelism: input and output are this rank's token shards (of the first dimension).
+    #[config(default = false)]
+    pub sequence_parallel: bool,
 }
 
 /// Multi-head (or grouped-query) self-attention whose projections run in FP8 inside an autocast scope.
@@ -71,7 +83,9 @@ pub struct MultiheadAttention<B: Backend> {
     /// The output projection.
     pub proj: Linear<B>,
     hidden_size: usize,
+    /// Query heads on this rank (all of them without tensor parallelism).
     heads: usize,
+    /// GQA groups on this rank.
     groups: usize,
     head_dim: usize,
     #[module(skip)]
@@ -115,38 +129,42 @@ impl MultiheadAttentionConfig {
                 ));
             }
         };
-        let core_attention = DotProductAttentionConfig::new(heads, head_dim)
-            .with_num_gqa_groups(self.num_gqa_groups)
+        let groups = self.num_gqa_groups.unwrap_or(heads);
+        let tp = if self.set_parallel_mode {
+            self.tp_size
+        } else {
+            1
+        };
+        if tp == 0 || !heads.is_multiple_of(tp) || !groups.is_multiple_of(tp) {
+            return Err(config_error(
+                "MultiheadAttention",
+                format!(
+                    "tp_size {tp} must divide num_attention_heads ({heads}) and the GQA groups ({groups}): each \
+                     rank holds whole heads"
+                ),
+            ));
+        }
+        let core_attention = DotProductAttentionConfig::new(heads / tp, head_dim)
+            .with_num_gqa_groups(self.num_gqa_groups.map(|g| g / tp))
             .with_attn_mask_type(self.attn_mask_type)
             .with_qkv_format(self.attn_input_format)
             .with_attention_dropout(self.attention_dropout)
             .try_init_named(name.child("core_attention", None))?;
-        let groups = self.num_gqa_groups.unwrap_or(heads);
-        let qkv_width = (heads + 2 * groups) * head_dim;
+        let (layernorm_qkv, qkv, proj) = self.projections();
+        // The QKV outputs are [q: heads · d | k: groups · d | v: groups · d]: each part split over the group.
+        let pieces = vec![heads, groups, groups];
         let (layernorm_qkv, qkv) = if self.input_layernorm {
-            let config = LayerNormLinearConfig::new(self.hidden_size, qkv_width)
-                .with_eps(self.layernorm_epsilon)
-                .with_normalization(self.normalization)
-                .with_zero_centered_gamma(self.zero_centered_gamma)
-                .with_bias(self.bias)
-                .with_initializer(self.initializer.clone());
-            (
-                Some(config.init_named(name.child("layernorm_qkv", None), device)),
-                None,
-            )
+            let layer =
+                layernorm_qkv.init_named(name.child("layernorm_qkv", None), device, pieces)?;
+            (Some(layer), None)
         } else {
-            let config = LinearConfig::new(self.hidden_size, qkv_width)
-                .with_bias(self.bias)
-                .with_initializer(self.initializer.clone());
-            (
-                None,
-                Some(config.init_named(name.child("qkv", None), device)?),
-            )
+            let layer = qkv.init_in_pieces(name.child("qkv", None), pieces, device)?;
+            (None, Some(layer))
         };
-        let proj = LinearConfig::new(heads * head_dim, self.hidden_size)
-            .with_bias(self.bias)
-            .with_initializer(self.initializer.clone())
-            .init_named(name.child("proj", None), device)?;
+        let proj = proj.init_named(name.child("proj", None), device)?;
+        let (heads, groups) = (heads / tp, groups / tp);
+        let core_attention =
+            core_attention.with_heads(heads, groups, proj.parallel().and_then(|p| p.all_sharded()));
         Ok(MultiheadAttention {
             layernorm_qkv,
             qkv,
@@ -157,6 +175,107 @@ impl MultiheadAttentionConfig {
             groups,
             head_dim,
             name,
+        })
+    }
+}
+
+impl MultiheadAttentionConfig {
+    /// The QKV projection's configs (with and without the input norm) and the output projection's, split over the
+    /// group with `set_parallel_mode`.
+    fn projections(&self) -> (LayerNormLinearConfig, LinearConfig, LinearConfig) {
+        let heads = self.num_attention_heads;
+        let head_dim = self.kv_channels.unwrap_or(self.hidden_size / heads.max(1));
+        let groups = self.num_gqa_groups.unwrap_or(heads);
+        let qkv_width = (heads + 2 * groups) * head_dim;
+        let mode = |mode| self.set_parallel_mode.then_some(mode);
+        let layernorm_qkv = LayerNormLinearConfig::new(self.hidden_size, qkv_width)
+            .with_eps(self.layernorm_epsilon)
+            .with_normalization(self.normalization)
+            .with_zero_centered_gamma(self.zero_centered_gamma)
+            .with_bias(self.bias)
+            .with_initializer(self.initializer.clone())
+            .with_parallel_mode(mode(ParallelMode::Column))
+            .with_tp_size(self.tp_size)
+            .with_sequence_parallel(self.sequence_parallel);
+        let qkv = LinearConfig::new(self.hidden_size, qkv_width)
+            .with_bias(self.bias)
+            .with_initializer(self.initializer.clone())
+            .with_parallel_mode(mode(ParallelMode::Column))
+            .with_tp_size(self.tp_size)
+            .with_sequence_parallel(self.sequence_parallel);
+        let proj = LinearConfig::new(heads * head_dim, self.hidden_size)
+            .with_bias(self.bias)
+            .with_initializer(self.initializer.clone())
+            .with_parallel_mode(mode(ParallelMode::Row))
+            .with_tp_size(self.tp_size)
+            .with_sequence_parallel(self.sequence_parallel);
+        (layernorm_qkv, qkv, proj)
+    }
+
+    /// This rank's shard of `whole`, a MultiheadAttention of this config without tensor parallelism: its share of
+    /// the heads and GQA groups (see [`LinearConfig::shard`]). [`MultiheadAttention::gather`] is the inverse.
+    pub fn shard<B: Backend>(
+        &self,
+        whole: MultiheadAttention<B>,
+    ) -> Result<MultiheadAttention<B>, TeError> {
+        let (layernorm_qkv, qkv, proj) = self.projections();
+        let pieces = vec![whole.heads, whole.groups, whole.groups];
+        let layernorm_qkv = whole
+            .layernorm_qkv
+            .map(|l| layernorm_qkv.shard_in_pieces(l, pieces.clone()))
+            .transpose()?;
+        let qkv = whole
+            .qkv
+            .map(|l| qkv.shard_in_pieces(l, pieces))
+            .transpose()?;
+        let proj = proj.shard(whole.proj)?;
+        let tp = proj.parallel().map_or(1, |p| p.size());
+        if !whole.heads.is_multiple_of(tp) || !whole.groups.is_multiple_of(tp) {
+            return Err(config_error(
+                "MultiheadAttention",
+                format!(
+                    "tp_size {tp} must divide num_attention_heads ({}) and the GQA groups ({}): each rank holds \
+                     whole heads",
+                    whole.heads, whole.groups
+                ),
+            ));
+        }
+        let (heads, groups) = (whole.heads / tp, whole.groups / tp);
+        Ok(MultiheadAttention {
+            core_attention: whole.core_attention.with_heads(
+                heads,
+                groups,
+                proj.parallel().and_then(|p| p.all_sharded()),
+            ),
+            layernorm_qkv,
+            qkv,
+            proj,
+            heads,
+            groups,
+            ..whole
+        })
+    }
+}
+
+impl<B: Backend> MultiheadAttention<B> {
+    /// The whole module from every rank's shard (a collective call over the tensor-parallel group; see
+    /// [`Linear::gather`]). [`MultiheadAttentionConfig::shard`] is the inverse.
+    pub fn gather(&self) -> Result<MultiheadAttention<B>, TeError> {
+        let tp = self.proj.parallel().map_or(1, |p| p.size());
+        Ok(MultiheadAttention {
+            layernorm_qkv: self
+                .layernorm_qkv
+                .as_ref()
+                .map(|l| l.gather())
+                .transpose()?,
+            qkv: self.qkv.as_ref().map(|l| l.gather()).transpose()?,
+            proj: self.proj.gather()?,
+            core_attention: self
+                .core_attention
+                .with_heads(self.heads * tp, self.groups * tp, None),
+            heads: self.heads * tp,
+            groups: self.groups * tp,
+            ..self.clone()
         })
     }
 }
@@ -180,12 +299,13 @@ impl<B: TeBackend> MultiheadAttention<B> {
         attention_mask: Option<Tensor<B, 2, Bool>>,
     ) -> Result<Tensor<B, 3>, TeError> {
         check_features(&self.name(), "hidden states", &x, self.hidden_size)?;
-        let [d0, d1, _] = x.dims();
         let qkv = match (&self.layernorm_qkv, &self.qkv) {
             (Some(layer), _) => layer.try_forward(x)?,
             (None, Some(layer)) => layer.try_forward(x)?,
             (None, None) => unreachable!("init creates one QKV projection"),
         };
+        // Under sequence parallelism the QKV projection gathered the tokens: the attention sees all of them.
+        let [d0, d1, _] = qkv.dims();
         // [q: heads · d | k: groups · d | v: groups · d] along the last dimension.
         let (q_width, kv_width) = (self.heads * self.head_dim, self.groups * self.head_dim);
         let q = qkv

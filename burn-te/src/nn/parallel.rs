@@ -21,7 +21,6 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::config_error;
-#[cfg(feature = "distributed")]
 use crate::TensorRole;
 use crate::backend::TeBackend;
 #[cfg(feature = "distributed")]
@@ -47,9 +46,9 @@ pub struct TensorParallel {
     sequence_parallel: bool,
     size: usize,
     index: usize,
-    /// Independent pieces along the split dimension, each split on its own (2 for a gated activation's FC1,
-    /// whose outputs are the gate's and the value's).
-    pieces: usize,
+    /// Independent pieces along the split dimension, in proportion, each split on its own (`[1]`: one; a gated
+    /// FC1's gate and value `[1, 1]`; QKV's queries, keys and values `[heads, groups, groups]`).
+    pieces: Vec<usize>,
     #[cfg(feature = "distributed")]
     group: TpGroup,
     #[cfg(feature = "distributed")]
@@ -103,7 +102,7 @@ impl TensorParallel {
                 sequence_parallel,
                 size: group.size(),
                 index: group.index(),
-                pieces: 1,
+                pieces: vec![1],
                 sharding: Sharding {
                     roles,
                     group: std::sync::Arc::new(GroupAmax(group.clone())),
@@ -124,15 +123,21 @@ impl TensorParallel {
                 sequence_parallel,
                 size: 1,
                 index: 0,
-                pieces: 1,
+                pieces: vec![1],
             }))
         }
     }
 
-    /// The same split, of a layer whose split dimension holds `pieces` independent parts, each split on its own
-    /// (a gated FC1's gate and value).
-    pub(crate) fn in_pieces(self, pieces: usize) -> Self {
+    /// The same split, of a layer whose split dimension holds independent parts in the proportions `pieces`, each
+    /// split on its own (a gated FC1's gate and value; QKV's queries, keys and values).
+    pub(crate) fn in_pieces(self, pieces: Vec<usize>) -> Self {
         Self { pieces, ..self }
+    }
+
+    /// The widths of the pieces of a split dimension of `whole`.
+    fn widths(&self, whole: usize) -> Vec<usize> {
+        let total: usize = self.pieces.iter().sum();
+        self.pieces.iter().map(|p| whole / total * p).collect()
     }
 
     /// Whether the layer's input or output is token shards.
@@ -170,10 +175,16 @@ impl TensorParallel {
         key: &str,
         features: usize,
     ) -> Result<(), TeError> {
-        if !features.is_multiple_of(self.size * self.pieces) {
-            let pieces = match self.pieces {
+        let total: usize = self.pieces.iter().sum();
+        let fits = features.is_multiple_of(total)
+            && self
+                .widths(features)
+                .iter()
+                .all(|w| w.is_multiple_of(self.size));
+        if !fits {
+            let pieces = match self.pieces.len() {
                 1 => String::new(),
-                n => format!(" times its {n} pieces"),
+                _ => format!(" in each of its parts (proportions {:?})", self.pieces),
             };
             return Err(config_error(
                 module,
@@ -249,6 +260,18 @@ impl TensorParallel {
         Ok(param)
     }
 
+    /// The group's amax reduction for GEMMs all of whose operands are sharded (the attention's, split by heads).
+    pub(crate) fn all_sharded(&self) -> Option<crate::site::Sharding> {
+        self.sharding().map(|s| crate::site::Sharding {
+            roles: vec![
+                TensorRole::Activation,
+                TensorRole::Weight,
+                TensorRole::Gradient,
+            ],
+            ..s
+        })
+    }
+
     /// The sharded operands of the layer's GEMMs and their group, for its GEMM sites.
     pub(crate) fn sharding(&self) -> Option<crate::site::Sharding> {
         #[cfg(feature = "distributed")]
@@ -309,15 +332,17 @@ impl TensorParallel {
             return param;
         }
         let whole = param.val().detach().set_require_grad(false);
-        let piece = whole.dims()[dim] / self.pieces;
-        let chunk = piece / self.size;
-        let parts = (0..self.pieces)
-            .map(|p| {
+        let mut offset = 0;
+        let mut parts = Vec::new();
+        for width in self.widths(whole.dims()[dim]) {
+            let chunk = width / self.size;
+            parts.push(
                 whole
                     .clone()
-                    .narrow(dim, p * piece + self.index * chunk, chunk)
-            })
-            .collect();
+                    .narrow(dim, offset + self.index * chunk, chunk),
+            );
+            offset += width;
+        }
         Param::from_tensor(Tensor::cat(parts, dim))
     }
 
@@ -328,14 +353,22 @@ impl TensorParallel {
         gathered: Tensor<B, D>,
         dim: usize,
     ) -> Tensor<B, D> {
-        if self.pieces == 1 {
+        if self.pieces.len() == 1 {
             return gathered;
         }
-        let chunks = gathered.chunk(self.size * self.pieces, dim);
-        let ordered = (0..self.pieces)
-            .flat_map(|p| (0..self.size).map(move |r| r * self.pieces + p))
-            .map(|i| chunks[i].clone())
+        let chunks: Vec<usize> = self
+            .widths(gathered.dims()[dim])
+            .iter()
+            .map(|w| w / self.size)
             .collect();
+        let block: usize = chunks.iter().sum();
+        let mut ordered = Vec::new();
+        for (p, &chunk) in chunks.iter().enumerate() {
+            let within: usize = chunks[..p].iter().sum();
+            for r in 0..self.size {
+                ordered.push(gathered.clone().narrow(dim, r * block + within, chunk));
+            }
+        }
         Tensor::cat(ordered, dim)
     }
 }

@@ -69,6 +69,18 @@ pub struct TransformerLayerConfig {
     /// Weight initializer (TE's default: normal, std 0.023).
     #[config(default = "Initializer::Normal { mean: 0.0, std: 0.023 }")]
     pub initializer: Initializer,
+    /// Split over the tensor-parallel group as TE's `set_parallel_mode`: QKV and FC1 column-parallel, the
+    /// attention's projection and FC2 row-parallel, the heads split among the ranks (see
+    /// [`parallel`](super::parallel)).
+    #[config(default = false)]
+    pub set_parallel_mode: bool,
+    /// Ranks in the tensor-parallel group: consecutive ranks of the peer bound to this thread.
+    #[config(default = 1)]
+    pub tp_size: usize,
+    /// Sequence parallelism: input and output are this rank's token shards (of the first dimension); the norms,
+    /// dropouts and residual adds run on them.
+    #[config(default = false)]
+    pub sequence_parallel: bool,
 }
 
 /// A transformer (encoder) layer: `h = x + dropout(attn(x))`, `out = h + dropout(mlp(h))`, with the
@@ -93,32 +105,68 @@ impl TransformerLayerConfig {
     /// `[0, 1)`.
     pub fn try_init<B: Backend>(&self, device: &B::Device) -> Result<TransformerLayer<B>, TeError> {
         let name = LayerName::root(self.name.as_deref(), "transformer_layer");
-        let self_attention =
-            MultiheadAttentionConfig::new(self.hidden_size, self.num_attention_heads)
-                .with_kv_channels(self.kv_channels)
-                .with_num_gqa_groups(self.num_gqa_groups)
-                .with_layernorm_epsilon(self.layernorm_epsilon)
-                .with_attn_mask_type(self.self_attn_mask_type)
-                .with_attn_input_format(self.attn_input_format)
-                .with_attention_dropout(self.attention_dropout)
-                .with_input_layernorm(true)
-                .with_normalization(self.normalization)
-                .with_zero_centered_gamma(self.zero_centered_gamma)
-                .with_bias(self.bias)
-                .with_initializer(self.initializer.clone())
-                .try_init_named(name.child("self_attention", None), device)?;
-        let layernorm_mlp = LayerNormMLPConfig::new(self.hidden_size, self.ffn_hidden_size)
+        let (attention, mlp) = self.blocks();
+        Ok(TransformerLayer {
+            self_attention: attention.try_init_named(name.child("self_attention", None), device)?,
+            layernorm_mlp: mlp.init_named(name.child("layernorm_mlp", None), device)?,
+            hidden_dropout: dropout(&name.to_string(), "hidden_dropout", self.hidden_dropout)?,
+        })
+    }
+
+    /// This rank's shard of `whole`, a TransformerLayer of this config without tensor parallelism (see
+    /// [`MultiheadAttentionConfig::shard`] and [`LayerNormMLPConfig::shard`]). [`TransformerLayer::gather`] is the
+    /// inverse.
+    pub fn shard<B: Backend>(
+        &self,
+        whole: TransformerLayer<B>,
+    ) -> Result<TransformerLayer<B>, TeError> {
+        let (attention, mlp) = self.blocks();
+        Ok(TransformerLayer {
+            self_attention: attention.shard(whole.self_attention)?,
+            layernorm_mlp: mlp.shard(whole.layernorm_mlp)?,
+            hidden_dropout: whole.hidden_dropout,
+        })
+    }
+
+    /// The attention and MLP blocks' configs.
+    fn blocks(&self) -> (MultiheadAttentionConfig, LayerNormMLPConfig) {
+        let attention = MultiheadAttentionConfig::new(self.hidden_size, self.num_attention_heads)
+            .with_kv_channels(self.kv_channels)
+            .with_num_gqa_groups(self.num_gqa_groups)
+            .with_layernorm_epsilon(self.layernorm_epsilon)
+            .with_attn_mask_type(self.self_attn_mask_type)
+            .with_attn_input_format(self.attn_input_format)
+            .with_attention_dropout(self.attention_dropout)
+            .with_input_layernorm(true)
+            .with_normalization(self.normalization)
+            .with_zero_centered_gamma(self.zero_centered_gamma)
+            .with_bias(self.bias)
+            .with_initializer(self.initializer.clone())
+            .with_set_parallel_mode(self.set_parallel_mode)
+            .with_tp_size(self.tp_size)
+            .with_sequence_parallel(self.sequence_parallel);
+        let mlp = LayerNormMLPConfig::new(self.hidden_size, self.ffn_hidden_size)
             .with_eps(self.layernorm_epsilon)
             .with_normalization(self.normalization)
             .with_zero_centered_gamma(self.zero_centered_gamma)
             .with_activation(self.activation)
             .with_bias(self.bias)
             .with_initializer(self.initializer.clone())
-            .init_named(name.child("layernorm_mlp", None), device)?;
+            .with_set_parallel_mode(self.set_parallel_mode)
+            .with_tp_size(self.tp_size)
+            .with_sequence_parallel(self.sequence_parallel);
+        (attention, mlp)
+    }
+}
+
+impl<B: Backend> TransformerLayer<B> {
+    /// The whole layer from every rank's shard (a collective call over the tensor-parallel group).
+    /// [`TransformerLayerConfig::shard`] is the inverse.
+    pub fn gather(&self) -> Result<TransformerLayer<B>, TeError> {
         Ok(TransformerLayer {
-            self_attention,
-            layernorm_mlp,
-            hidden_dropout: dropout(&name.to_string(), "hidden_dropout", self.hidden_dropout)?,
+            self_attention: self.self_attention.gather()?,
+            layernorm_mlp: self.layernorm_mlp.gather()?,
+            hidden_dropout: self.hidden_dropout.clone(),
         })
     }
 }
