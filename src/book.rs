@@ -107,6 +107,9 @@ pub struct DataParallel;
 #[doc = include_str!("../docs/src/distributed/ddp.md")]
 pub struct Ddp;
 
+#[doc = include_str!("../docs/src/distributed/tensor-parallel.md")]
+pub struct TensorParallel;
+
 #[doc = include_str!("../docs/src/fp8-on-real-text.md")]
 pub struct Fp8OnRealText;
 

@@ -166,6 +166,13 @@ fn collectives_and_their_backward_equal_host_recomputations() {
         let device = Default::default();
         let group = TpGroup::current(TP).unwrap();
         assert_eq!((group.size(), group.index()), (TP, rank % TP));
+        let first = rank - rank % TP;
+        assert_eq!(group.ranks(), [first, first + 1], "rank {rank}'s group");
+        assert_eq!(
+            group.data_parallel_ranks(),
+            [rank % TP, rank % TP + TP],
+            "rank {rank}'s replicas"
+        );
         collectives
             .iter()
             .map(|&c| {
@@ -753,4 +760,41 @@ fn splits_that_do_not_fit_are_clear_errors() {
             "{world}"
         );
     }
+}
+
+/// A tensor-parallel peer that dies (here: joins, then stops answering) ends the others' forward with a clear
+/// error within the group's timeout, not a hang.
+#[test]
+fn a_dead_tensor_parallel_peer_fails_the_others_within_the_timeout() {
+    let _group = GROUP.lock().unwrap_or_else(|p| p.into_inner());
+    burn_te::distributed::reset_local_group();
+    let timeout = Duration::from_secs(3);
+    let config = mlp_config(false);
+    let (err, waited) = std::thread::scope(|s| {
+        let survivor = s.spawn(|| {
+            let peer = Peer::join(PeerConfig::local(0, 2).with_timeout(timeout)).unwrap();
+            let _bound = peer.bind();
+            let model = config.try_init::<A>(&Default::default()).unwrap();
+            let x = tensor::<A, 3>(batch(0).0, [SEQ, BATCH, HIDDEN], &Default::default());
+            let started = std::time::Instant::now();
+            let err = model
+                .try_forward(x)
+                .expect_err("the other rank never answers");
+            (err.to_string(), started.elapsed())
+        });
+        s.spawn(|| {
+            // Joins, then dies without another call.
+            drop(Peer::join(PeerConfig::local(1, 2).with_timeout(timeout)).unwrap());
+        });
+        survivor.join().unwrap()
+    });
+    burn_te::distributed::reset_local_group();
+    assert!(
+        err.contains("peer 0 of 2") && err.contains("no answer from every peer within 3.0 s"),
+        "{err}"
+    );
+    assert!(
+        waited < timeout + Duration::from_secs(2),
+        "waited {waited:?}"
+    );
 }

@@ -4,11 +4,11 @@
 //! sequence-parallel layers place around their GEMMs, each with the exchange its backward makes.
 //!
 //! burn-collective offers only an all-reduce over every peer of the world, by sum or mean. The group exchanges are
-//! built on it the way [`Peer`]'s are: every rank of the world writes its values, bit for bit, into its own slot of
-//! a zero tensor, the world sums it, and each rank keeps the slots of its own group. So every rank of a group gets
-//! the same bits, the sum of an all-reduce is taken on the host in rank order (identical at every rank, whatever
-//! order burn-collective adds in), and one exchange serves every group of the world at once (each group's ranks
-//! reach the same exchange at the same point of the same program). The cost is a world-sized message per call and
+//! built on it: an all-gather writes every rank's values, bit for bit, into its own slot of a zero tensor, which
+//! the world sums, and each rank keeps its group's slots; an all-reduce writes each rank's values as `f64` into its
+//! group's slot, and the world's sum adds every group apart, exactly. Every rank of a group gets the same bits, and
+//! one exchange serves every group of the world at once (each group's ranks reach the same exchange at the same
+//! point of the same program). The cost is a world-sized message per call and
 //! a host round trip, measured per call in the metrics report (`TpExchangeTime`, `TpExchangedBytes`).
 
 use std::time::Instant;
@@ -81,6 +81,20 @@ impl TpGroup {
         self.index
     }
 
+    /// The world ranks of the group, in index order (for the debug tools' `ReductionGroup::Ranks`, to reduce their
+    /// statistics over the tensor-parallel group).
+    pub fn ranks(&self) -> Vec<usize> {
+        let first = self.peer.as_ref().map_or(0, |p| p.rank() - self.index);
+        (first..first + self.size).collect()
+    }
+
+    /// The world ranks of this rank's data-parallel group: those holding the same shard (the same index in their
+    /// tensor-parallel groups).
+    pub fn data_parallel_ranks(&self) -> Vec<usize> {
+        let world = self.peer.as_ref().map_or(1, Peer::world_size);
+        (self.index..world).step_by(self.size).collect()
+    }
+
     /// Every rank's `values` (the same number at every rank of the world), by index in the group.
     pub fn gather(&self, what: &str, values: &[f32]) -> Result<Vec<Vec<f32>>, TeError> {
         let Some(peer) = &self.peer else {
@@ -124,17 +138,25 @@ impl TpGroup {
         Ok(max)
     }
 
-    /// The element-wise sum over the group, added in index order in `f64` and rounded once to `f32` (for two ranks,
-    /// the correctly rounded sum).
+    /// The element-wise sum over the group, in `f64`, rounded once to `f32` (for two ranks, the correctly rounded
+    /// sum; for more, exact unless the ranks' values lie more than 2²⁹ apart in magnitude, so every rank gets the
+    /// same bits whatever order burn-collective adds in). Each rank writes its values into its group's slot of a
+    /// message of one slot per group, and the world's sum adds each group's apart.
     pub fn all_reduce_sum(&self, what: &str, values: &[f32]) -> Result<Vec<f32>, TeError> {
-        let shards = self.gather(what, values)?;
-        let mut sum = vec![0.0f64; values.len()];
-        for shard in &shards {
-            for (s, &v) in sum.iter_mut().zip(shard) {
-                *s += f64::from(v);
-            }
+        let Some(peer) = &self.peer else {
+            return Ok(values.to_vec());
+        };
+        let n = values.len();
+        let (group, groups) = (peer.rank() / self.size, peer.world_size() / self.size);
+        let mut message = vec![0.0f64; n * groups];
+        for (slot, &v) in message[group * n..(group + 1) * n].iter_mut().zip(values) {
+            *slot = f64::from(v);
         }
-        Ok(sum.into_iter().map(|s| s as f32).collect())
+        let sum = peer.sum(what, message)?;
+        Ok(sum[group * n..(group + 1) * n]
+            .iter()
+            .map(|&s| s as f32)
+            .collect())
     }
 }
 
