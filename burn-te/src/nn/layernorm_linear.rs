@@ -141,28 +141,17 @@ impl LayerNormLinearConfig {
         whole: LayerNormLinear<B>,
         pieces: Vec<usize>,
     ) -> Result<LayerNormLinear<B>, TeError> {
-        let module = "LayerNormLinear";
-        let Some(parallel) = TensorParallel::new(
-            module,
-            self.parallel_mode,
-            self.tp_size,
-            self.sequence_parallel,
-        )?
-        else {
-            return Ok(whole);
-        };
-        let parallel = parallel.in_pieces(pieces);
-        let [in_features, out_features] = whole.weight.dims();
-        match parallel.mode() {
-            ParallelMode::Column => parallel.check_divides(module, "out_features", out_features)?,
-            ParallelMode::Row => parallel.check_divides(module, "in_features", in_features)?,
-        }
-        let (weight, bias) = parallel.shard_params(whole.weight, whole.bias);
+        let (parallel, (weight, bias)) = TensorParallel::split_gemm(
+            "LayerNormLinear",
+            (self.parallel_mode, self.tp_size, self.sequence_parallel),
+            pieces,
+            (whole.weight, whole.bias),
+        )?;
         Ok(LayerNormLinear {
-            layer_norm: whole.layer_norm.on_token_shards(Some(&parallel)),
+            layer_norm: whole.layer_norm.on_token_shards(parallel.as_ref()),
             weight,
             bias,
-            parallel: Some(parallel),
+            parallel,
             ..whole
         })
     }
@@ -179,16 +168,10 @@ impl<B: Backend> LayerNormLinear<B> {
         let Some(parallel) = &self.parallel else {
             return Ok(self.clone());
         };
-        let weight = parallel.gather_param(self.weight.val().detach(), true)?;
-        let bias = match &self.bias {
-            Some(bias) => Some(Param::from_tensor(
-                parallel.gather_param(bias.val().detach(), false)?,
-            )),
-            None => None,
-        };
+        let (weight, bias) = parallel.gather_gemm(&(self.weight.clone(), self.bias.clone()))?;
         Ok(LayerNormLinear {
             layer_norm: self.layer_norm.clone().on_token_shards(None),
-            weight: Param::from_tensor(weight),
+            weight,
             bias,
             parallel: None,
             ..self.clone()

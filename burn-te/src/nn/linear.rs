@@ -125,27 +125,16 @@ impl LinearConfig {
         whole: Linear<B>,
         pieces: Vec<usize>,
     ) -> Result<Linear<B>, TeError> {
-        let module = "Linear";
-        let Some(parallel) = TensorParallel::new(
-            module,
-            self.parallel_mode,
-            self.tp_size,
-            self.sequence_parallel,
-        )?
-        else {
-            return Ok(whole);
-        };
-        let parallel = parallel.in_pieces(pieces);
-        let [in_features, out_features] = whole.weight.dims();
-        match parallel.mode() {
-            ParallelMode::Column => parallel.check_divides(module, "out_features", out_features)?,
-            ParallelMode::Row => parallel.check_divides(module, "in_features", in_features)?,
-        }
-        let (weight, bias) = parallel.shard_params(whole.weight, whole.bias);
+        let (parallel, (weight, bias)) = TensorParallel::split_gemm(
+            "Linear",
+            (self.parallel_mode, self.tp_size, self.sequence_parallel),
+            pieces,
+            (whole.weight, whole.bias),
+        )?;
         Ok(Linear {
             weight,
             bias,
-            parallel: Some(parallel),
+            parallel,
             ..whole
         })
     }
@@ -345,15 +334,9 @@ impl<B: Backend> Linear<B> {
         let Some(parallel) = &self.parallel else {
             return Ok(self.clone());
         };
-        let weight = parallel.gather_param(self.weight.val().detach(), true)?;
-        let bias = match &self.bias {
-            Some(bias) => Some(Param::from_tensor(
-                parallel.gather_param(bias.val().detach(), false)?,
-            )),
-            None => None,
-        };
+        let (weight, bias) = parallel.gather_gemm(&(self.weight.clone(), self.bias.clone()))?;
         Ok(Linear {
-            weight: Param::from_tensor(weight),
+            weight,
             bias,
             parallel: None,
             ..self.clone()

@@ -29,6 +29,9 @@ use crate::error::TeError;
 #[cfg(feature = "distributed")]
 use crate::site::{AmaxGroup, Sharding};
 
+/// A GEMM layer's weight `[in, out]` and bias `[out]`.
+pub(crate) type GemmParams<B> = (Param<Tensor<B, 2>>, Option<Param<Tensor<B, 1>>>);
+
 /// How a GEMM layer is split over its tensor-parallel group (TE's `parallel_mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -197,12 +200,46 @@ impl TensorParallel {
         Ok(())
     }
 
-    /// This rank's shards of a whole layer's weight `[in, out]` and bias `[out]` (a row layer keeps the whole bias).
-    pub(crate) fn shard_params<B: Backend>(
+    /// The split `module`'s config asks for (its parallel mode, `tp_size`, `sequence_parallel`) of a GEMM whose
+    /// split dimension holds independent parts in the proportions `pieces`, and this rank's shards of the whole
+    /// GEMM's `params`; without a parallel mode, no split and the params as they are. An error when the split does
+    /// not fit the features (or [`new`](Self::new)'s).
+    pub(crate) fn split_gemm<B: Backend>(
+        module: &str,
+        (mode, tp_size, sequence_parallel): (Option<ParallelMode>, usize, bool),
+        pieces: Vec<usize>,
+        params: GemmParams<B>,
+    ) -> Result<(Option<Self>, GemmParams<B>), TeError> {
+        let Some(parallel) = Self::new(module, mode, tp_size, sequence_parallel)? else {
+            return Ok((None, params));
+        };
+        let parallel = parallel.in_pieces(pieces);
+        let [in_features, out_features] = params.0.dims();
+        match parallel.mode {
+            ParallelMode::Column => parallel.check_divides(module, "out_features", out_features)?,
+            ParallelMode::Row => parallel.check_divides(module, "in_features", in_features)?,
+        }
+        let params = parallel.shard_params(params);
+        Ok((Some(parallel), params))
+    }
+
+    /// The whole GEMM's parameters from every rank's shards of them (a collective call).
+    pub(crate) fn gather_gemm<B: Backend>(
         &self,
-        weight: Param<Tensor<B, 2>>,
-        bias: Option<Param<Tensor<B, 1>>>,
-    ) -> (Param<Tensor<B, 2>>, Option<Param<Tensor<B, 1>>>) {
+        (weight, bias): &GemmParams<B>,
+    ) -> Result<GemmParams<B>, TeError> {
+        let weight = self.gather_param(weight.val().detach(), true)?;
+        let bias = match bias {
+            Some(bias) => Some(Param::from_tensor(
+                self.gather_param(bias.val().detach(), false)?,
+            )),
+            None => None,
+        };
+        Ok((Param::from_tensor(weight), bias))
+    }
+
+    /// This rank's shards of a whole layer's weight `[in, out]` and bias `[out]` (a row layer keeps the whole bias).
+    fn shard_params<B: Backend>(&self, (weight, bias): GemmParams<B>) -> GemmParams<B> {
         let dim = self.weight_dim();
         let weight = self.shard(weight, dim);
         let bias = match self.mode {
@@ -282,7 +319,7 @@ impl TensorParallel {
 
     /// The whole parameter from every rank's shard of it (a collective call): `weight` split along the weight's
     /// split dimension, or a bias (split along its only dimension by a column layer; a row layer's is whole).
-    pub(crate) fn gather_param<B: Backend, const D: usize>(
+    fn gather_param<B: Backend, const D: usize>(
         &self,
         tensor: Tensor<B, D>,
         weight: bool,
