@@ -15,6 +15,9 @@ use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
+use burn::tensor::backend::AutodiffBackend;
+use burn_te::backends::Wgpu;
+use burn_te::distributed::launch::Launch;
 use burn_te::distributed::tensor_parallel::{TpCollective, TpGroup};
 use burn_te::distributed::{Peer, PeerConfig};
 use burn_te::nn::{
@@ -237,13 +240,13 @@ impl<B: Backend> ModuleVisitor<B> for Collect {
 
 /// A TE module that splits over a tensor-parallel group: built as this rank's shard of the whole module (whose
 /// parameters [`Draw`] gives), trained on `[seq, batch, hidden]`, gathered whole at the end.
-trait Split: AutodiffModule<A> + Clone + Sized {
+trait Split<B: AutodiffBackend + TeBackend>: AutodiffModule<B> + Clone + Sized {
     type Config: Clone + Sync;
     /// The config without tensor parallelism.
     fn whole_config(config: &Self::Config) -> Self::Config;
-    fn init(config: &Self::Config) -> Self;
+    fn init(config: &Self::Config, device: &B::Device) -> Self;
     fn shard(config: &Self::Config, whole: Self) -> Self;
-    fn run(&self, x: Tensor<A, 3>) -> Tensor<A, 3>;
+    fn run(&self, x: Tensor<B, 3>) -> Tensor<B, 3>;
     fn gather(&self) -> Self;
     /// `(size, index)` of the group.
     fn group(&self) -> (usize, usize);
@@ -252,7 +255,7 @@ trait Split: AutodiffModule<A> + Clone + Sized {
     fn records(&self) -> Vec<Vec<RoleRecord>>;
 }
 
-impl Split for LayerNormMLP<A> {
+impl<B: AutodiffBackend + TeBackend> Split<B> for LayerNormMLP<B> {
     type Config = LayerNormMLPConfig;
     fn whole_config(config: &Self::Config) -> Self::Config {
         LayerNormMLPConfig {
@@ -262,13 +265,13 @@ impl Split for LayerNormMLP<A> {
             ..config.clone()
         }
     }
-    fn init(config: &Self::Config) -> Self {
-        config.init(&Default::default())
+    fn init(config: &Self::Config, device: &B::Device) -> Self {
+        config.init(device)
     }
     fn shard(config: &Self::Config, whole: Self) -> Self {
         config.shard(whole).unwrap()
     }
-    fn run(&self, x: Tensor<A, 3>) -> Tensor<A, 3> {
+    fn run(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         self.try_forward(x).unwrap()
     }
     fn gather(&self) -> Self {
@@ -290,7 +293,7 @@ impl Split for LayerNormMLP<A> {
     }
 }
 
-impl Split for TransformerLayer<A> {
+impl<B: AutodiffBackend + TeBackend> Split<B> for TransformerLayer<B> {
     type Config = TransformerLayerConfig;
     fn whole_config(config: &Self::Config) -> Self::Config {
         TransformerLayerConfig {
@@ -300,13 +303,13 @@ impl Split for TransformerLayer<A> {
             ..config.clone()
         }
     }
-    fn init(config: &Self::Config) -> Self {
-        config.init(&Default::default())
+    fn init(config: &Self::Config, device: &B::Device) -> Self {
+        config.init(device)
     }
     fn shard(config: &Self::Config, whole: Self) -> Self {
         config.shard(whole).unwrap()
     }
-    fn run(&self, x: Tensor<A, 3>) -> Tensor<A, 3> {
+    fn run(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         self.try_forward(x, None).unwrap()
     }
     fn gather(&self) -> Self {
@@ -358,26 +361,26 @@ struct Run {
 }
 
 /// The whole module of `config` with the drawn parameters.
-fn whole<M: Split>(config: &M::Config) -> M {
-    M::init(&M::whole_config(config)).map(&mut Draw(0))
+fn whole<B: AutodiffBackend + TeBackend, M: Split<B>>(config: &M::Config, device: &B::Device) -> M {
+    M::init(&M::whole_config(config), device).map(&mut Draw(0))
 }
 
 /// Trains `config`'s module for `steps` SGD steps under `recipe` (`None`: f32) on this thread's group (its peer
 /// bound, or none for TP = 1).
-fn train<M: Split>(config: &M::Config, recipe: Option<Recipe>, steps: usize) -> Run {
-    train_data_parallel::<M>(config, recipe, steps, 1)
+fn train<M: Split<A>>(config: &M::Config, recipe: Option<Recipe>, steps: usize) -> Run {
+    train_data_parallel::<A, M>(config, recipe, steps, 1, &Default::default())
 }
 
 /// [`train`] on one of `dp` data-parallel replicas (the world's ranks `d·tp .. (d+1)·tp` hold replica `d`, which
 /// trains on batch element `d` of each step; the gradients are averaged over the replicas holding the same shard).
-fn train_data_parallel<M: Split>(
+fn train_data_parallel<B: AutodiffBackend + TeBackend, M: Split<B>>(
     config: &M::Config,
     recipe: Option<Recipe>,
     steps: usize,
     dp: usize,
+    device: &B::Device,
 ) -> Run {
-    let device = Default::default();
-    let mut model = M::shard(config, whole::<M>(config));
+    let mut model = M::shard(config, whole::<B, M>(config, device));
     let (tp, index) = model.group();
     let sp = M::sequence_parallel(config) && tp > 1;
     let replica = burn_te::distributed::rank() / tp;
@@ -388,7 +391,7 @@ fn train_data_parallel<M: Split>(
     let (seq, batch_size) = (if sp { SEQ / tp } else { SEQ }, BATCH / dp);
     let shard = |values: Vec<f32>| {
         let whole =
-            Tensor::<A, 3>::from_data(TensorData::new(values, [SEQ, BATCH, HIDDEN]), &device);
+            Tensor::<B, 3>::from_data(TensorData::new(values, [SEQ, BATCH, HIDDEN]), device);
         let seq_start = if sp { index * seq } else { 0 };
         whole
             .narrow(0, seq_start, seq)
@@ -543,12 +546,12 @@ fn recipes() -> Vec<(&'static str, Option<Recipe>, usize)> {
 }
 
 /// `M` split over 2 ranks against the whole `M`, for every recipe, with sequence parallelism off and on.
-fn check_split_trains_as_whole<M: Split>(config: impl Fn(bool) -> M::Config) {
+fn check_split_trains_as_whole<M: Split<A>>(config: impl Fn(bool) -> M::Config) {
     check_split_replicas_train_as_whole::<M>(config, 1);
 }
 
 /// [`check_split_trains_as_whole`] with `dp` data-parallel replicas of the split model (`2·dp` ranks).
-fn check_split_replicas_train_as_whole<M: Split>(config: impl Fn(bool) -> M::Config, dp: usize) {
+fn check_split_replicas_train_as_whole<M: Split<A>>(config: impl Fn(bool) -> M::Config, dp: usize) {
     let _group = GROUP.lock().unwrap_or_else(|p| p.into_inner());
     for sp in [false, true] {
         for (name, recipe, steps) in recipes() {
@@ -558,11 +561,17 @@ fn check_split_replicas_train_as_whole<M: Split>(config: impl Fn(bool) -> M::Con
             let whole = match dp {
                 1 => vec![train::<M>(&whole_config, recipe.clone(), steps)],
                 _ => on_peers(dp, |_| {
-                    train_data_parallel::<M>(&whole_config, recipe.clone(), steps, dp)
+                    train_data_parallel::<A, M>(
+                        &whole_config,
+                        recipe.clone(),
+                        steps,
+                        dp,
+                        &Default::default(),
+                    )
                 }),
             };
             let split = on_peers(2 * dp, |_| {
-                train_data_parallel::<M>(&config, recipe.clone(), steps, dp)
+                train_data_parallel::<A, M>(&config, recipe.clone(), steps, dp, &Default::default())
             });
             let what = format!("{name}, sequence parallel {sp}, {dp} data-parallel replicas");
             compare_replicas(&what, &whole, &split, sp, dp).unwrap_or_else(|e| panic!("{e}"));
@@ -641,21 +650,21 @@ fn without_the_amax_reduction_or_with_swapped_shards_the_split_model_differs() {
 
     // A wrong shard layout: each rank takes the other rank's FC1 columns, but its own FC2 rows.
     let x = || tensor::<A, 3>(batch(0).0, [SEQ, BATCH, HIDDEN], &Default::default());
-    let expected = values(whole::<M>(&config).forward(x()));
+    let expected = values(whole::<A, M>(&config, &Default::default()).forward(x()));
     let close = |a: &[f32]| {
         a.iter()
             .zip(&expected)
             .all(|(x, y)| (x - y).abs() <= 1e-5 * y.abs().max(1.0))
     };
     let own = on_peers(2, |_| {
-        values(M::shard(&config, whole::<M>(&config)).forward(x()))
+        values(M::shard(&config, whole::<A, M>(&config, &Default::default())).forward(x()))
     });
     assert!(
         close(&own[0]),
         "the right shards give the whole model's output"
     );
     let one_swapped = on_peers(2, |rank| {
-        let whole = whole::<M>(&config);
+        let whole = whole::<A, M>(&config, &Default::default());
         let mut model = M::shard(&config, whole.clone());
         let half = FFN / 2;
         let other = whole.fc1.weight.val().detach().set_require_grad(false);
@@ -797,4 +806,162 @@ fn a_dead_tensor_parallel_peer_fails_the_others_within_the_timeout() {
         waited < timeout + Duration::from_secs(2),
         "waited {waited:?}"
     );
+}
+
+/// The runs of the TransformerLayer (sequence parallel) split over this process's group on `B`, one per recipe.
+fn process_runs<B: AutodiffBackend + TeBackend>(device: &B::Device) -> Vec<Run> {
+    recipes()
+        .into_iter()
+        .map(|(_, recipe, steps)| {
+            train_data_parallel::<B, TransformerLayer<B>>(
+                &layer_config(true),
+                recipe,
+                steps,
+                1,
+                device,
+            )
+        })
+        .collect()
+}
+
+/// A tensor-parallel peer process of the launcher (its rank in the environment the launcher set): trains the
+/// sequence-parallel TransformerLayer split over the 2 processes under every recipe, on the backend
+/// `BURN_TE_TP_BACKEND` names (`flex`, `wgpu`), and writes its runs to `tp_peer_<rank>.json` in `BURN_TE_TP_DIR`.
+#[test]
+#[ignore = "a child process of the tensor-parallel tests"]
+fn tp_peer_process() {
+    let Ok(dir) = std::env::var("BURN_TE_TP_DIR") else {
+        return;
+    };
+    let Ok((Launch::Peer(config), _)) = Launch::from_args(&[]) else {
+        panic!("not started by the launcher");
+    };
+    let rank = config.rank;
+    let peer = Peer::join(config).unwrap();
+    let bound = peer.bind();
+    let runs = match std::env::var("BURN_TE_TP_BACKEND").as_deref() {
+        Ok("wgpu") => process_runs::<Autodiff<Te<Wgpu>>>(&crate::te::device()),
+        _ => process_runs::<A>(&Default::default()),
+    };
+    drop(bound);
+    peer.leave().unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let json: Vec<_> = runs
+        .iter()
+        .map(|run| {
+            serde_json::json!({
+                "losses": bits(&run.losses),
+                "params": run.params.iter().map(|p| bits(p)).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let path = std::path::Path::new(&dir).join(format!("tp_peer_{rank}.json"));
+    std::fs::write(path, serde_json::Value::from(json).to_string()).unwrap();
+}
+
+/// The launcher as a child process: 2 processes of [`tp_peer_process`].
+#[test]
+#[ignore = "a child process of the tensor-parallel tests"]
+fn tp_launcher_process() {
+    if std::env::var("BURN_TE_TP_DIR").is_err() {
+        return;
+    }
+    let args: Vec<String> = [
+        "--nproc",
+        "2",
+        "--collective-timeout",
+        "120",
+        "--exact",
+        "tensor_parallel::tp_peer_process",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]
+    .map(String::from)
+    .into();
+    let Ok((Launch::Local(launch), _)) = Launch::from_args(&args) else {
+        panic!("--nproc did not make a launcher");
+    };
+    let exits = launch.run().unwrap();
+    assert!(
+        exits.iter().all(|e| e.status.is_some_and(|s| s.success())),
+        "the peers' ends: {:?}",
+        exits.iter().map(|e| (e.rank, e.status)).collect::<Vec<_>>()
+    );
+}
+
+/// Through the launcher, on `backend` (`flex`, `wgpu`): the sequence-parallel TransformerLayer split over 2
+/// processes trains as the whole layer on the same backend, for every recipe (see [`compare`]).
+fn check_launched<B: AutodiffBackend + TeBackend>(backend: &str, device: &B::Device) {
+    let dir = crate::debug::temp_dir(&format!("tp-launcher-{backend}"));
+    let envs = [
+        ("BURN_TE_TP_DIR", dir.display().to_string()),
+        ("BURN_TE_TP_BACKEND", backend.to_string()),
+    ];
+    let started = std::time::Instant::now();
+    let mut launcher = crate::distributed::child("tensor_parallel::tp_launcher_process", &envs);
+    let status = crate::distributed::wait_until(&mut launcher, started + Duration::from_secs(600));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{backend}: the launcher {status:?} after {:?}",
+        started.elapsed()
+    );
+    let floats = |v: &serde_json::Value| -> Vec<f32> {
+        let bits: Vec<u32> = serde_json::from_value(v.clone()).unwrap();
+        bits.into_iter().map(f32::from_bits).collect()
+    };
+    let peer_runs: Vec<Vec<Run>> = (0..2)
+        .map(|rank| {
+            let path = dir.join(format!("tp_peer_{rank}.json"));
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let json: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
+            json.iter()
+                .map(|run| Run {
+                    losses: floats(&run["losses"]),
+                    params: run["params"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(floats)
+                        .collect(),
+                    records: Vec::new(),
+                })
+                .collect()
+        })
+        .collect();
+    let config = layer_config(true);
+    for (i, (name, recipe, steps)) in recipes().into_iter().enumerate() {
+        let whole_config = <TransformerLayer<B> as Split<B>>::whole_config(&config);
+        let whole =
+            train_data_parallel::<B, TransformerLayer<B>>(&whole_config, recipe, steps, 1, device);
+        let split: Vec<Run> = peer_runs
+            .iter()
+            .map(|runs| Run {
+                losses: runs[i].losses.clone(),
+                params: runs[i].params.clone(),
+                records: Vec::new(),
+            })
+            .collect();
+        compare(
+            &format!("{backend}, {name}, 2 processes"),
+            &whole,
+            &split,
+            true,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+#[test]
+fn tensor_parallel_processes_through_the_launcher_train_as_the_whole_layer() {
+    check_launched::<A>("flex", &Default::default());
+}
+
+/// The same on wgpu (lavapipe here). Each process compiles and autotunes every kernel anew on lavapipe: about 5
+/// minutes, so it runs on request (`cargo test --test kernels tensor_parallel_processes_on_wgpu -- --ignored`).
+#[test]
+#[ignore = "about 5 minutes on lavapipe; run on request"]
+fn tensor_parallel_processes_on_wgpu_through_the_launcher_train_as_the_whole_layer() {
+    check_launched::<Autodiff<Te<Wgpu>>>("wgpu", &crate::te::device());
 }
