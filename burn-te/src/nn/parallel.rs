@@ -385,6 +385,7 @@ impl TensorParallel {
 
     /// The inverse of [`shard`](Self::shard) on the ranks' parts concatenated in rank order: each piece's chunks
     /// back together.
+    #[cfg(feature = "distributed")]
     fn unshard<B: Backend, const D: usize>(
         &self,
         gathered: Tensor<B, D>,
