@@ -757,6 +757,17 @@ fn splits_that_do_not_fit_are_clear_errors() {
             .try_init::<A>(&device)
             .unwrap_err()
             .to_string();
+        let gqa = burn_te::nn::MultiheadAttentionConfig::new(HIDDEN, 2)
+            .with_num_gqa_groups(Some(1))
+            .with_set_parallel_mode(true)
+            .with_tp_size(2)
+            .try_init::<A>(&device)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            gqa.contains("tp_size 2 must divide num_attention_heads (2) and the GQA groups (1)"),
+            "{gqa}"
+        );
         (odd, world)
     });
     for (odd, world) in errors {

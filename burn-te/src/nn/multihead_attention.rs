@@ -135,15 +135,7 @@ impl MultiheadAttentionConfig {
         } else {
             1
         };
-        if tp == 0 || !heads.is_multiple_of(tp) || !groups.is_multiple_of(tp) {
-            return Err(config_error(
-                "MultiheadAttention",
-                format!(
-                    "tp_size {tp} must divide num_attention_heads ({heads}) and the GQA groups ({groups}): each \
-                     rank holds whole heads"
-                ),
-            ));
-        }
+        heads_per_rank(heads, groups, tp)?;
         let core_attention = DotProductAttentionConfig::new(heads / tp, head_dim)
             .with_num_gqa_groups(self.num_gqa_groups.map(|g| g / tp))
             .with_attn_mask_type(self.attn_mask_type)
@@ -177,6 +169,21 @@ impl MultiheadAttentionConfig {
             name,
         })
     }
+}
+
+/// Each rank's query heads and GQA groups over a tensor-parallel group of `tp`, or an error unless `tp` divides
+/// both (each rank holds whole heads).
+fn heads_per_rank(heads: usize, groups: usize, tp: usize) -> Result<(usize, usize), TeError> {
+    if tp == 0 || !heads.is_multiple_of(tp) || !groups.is_multiple_of(tp) {
+        return Err(config_error(
+            "MultiheadAttention",
+            format!(
+                "tp_size {tp} must divide num_attention_heads ({heads}) and the GQA groups ({groups}): each rank \
+                 holds whole heads"
+            ),
+        ));
+    }
+    Ok((heads / tp, groups / tp))
 }
 
 impl MultiheadAttentionConfig {
@@ -230,17 +237,7 @@ impl MultiheadAttentionConfig {
             .transpose()?;
         let proj = proj.shard(whole.proj)?;
         let tp = proj.parallel().map_or(1, |p| p.size());
-        if !whole.heads.is_multiple_of(tp) || !whole.groups.is_multiple_of(tp) {
-            return Err(config_error(
-                "MultiheadAttention",
-                format!(
-                    "tp_size {tp} must divide num_attention_heads ({}) and the GQA groups ({}): each rank holds \
-                     whole heads",
-                    whole.heads, whole.groups
-                ),
-            ));
-        }
-        let (heads, groups) = (whole.heads / tp, whole.groups / tp);
+        let (heads, groups) = heads_per_rank(whole.heads, whole.groups, tp)?;
         Ok(MultiheadAttention {
             core_attention: whole.core_attention.with_heads(
                 heads,
