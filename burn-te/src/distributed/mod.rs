@@ -460,16 +460,12 @@ impl Peer {
     pub fn all_reduce_max(&self, values: &[f32]) -> Result<Vec<f32>, TeError> {
         let bits: Vec<u32> = values.iter().map(|v| v.to_bits()).collect();
         let gathered = self.gather_words("max", &bits)?;
-        let mut max = values.to_vec();
-        for words in gathered {
-            for (m, word) in max.iter_mut().zip(words) {
-                let v = f32::from_bits(word);
-                if v.is_nan() || *m < v {
-                    *m = v;
-                }
-            }
-        }
-        Ok(max)
+        Ok(elementwise_max(
+            values,
+            gathered
+                .into_iter()
+                .map(|words| words.into_iter().map(f32::from_bits).collect()),
+        ))
     }
 
     /// The element-wise mean of every peer's `values` (the same number at every peer; e.g. the step's loss), the
@@ -526,6 +522,20 @@ impl Peer {
         }
         Ok(())
     }
+}
+
+/// The element-wise maximum of `values` and every one of `others` (NaN where any is NaN): the combine of the
+/// max all-reduces ([`Peer::all_reduce_max`], a tensor-parallel group's).
+fn elementwise_max(values: &[f32], others: impl IntoIterator<Item = Vec<f32>>) -> Vec<f32> {
+    let mut max = values.to_vec();
+    for other in others {
+        for (m, v) in max.iter_mut().zip(other) {
+            if v.is_nan() || *m < v {
+                *m = v;
+            }
+        }
+    }
+    max
 }
 
 /// How long the orchestrator's host waits after leaving, for the other peers' leaves (see [`Peer::leave`]).

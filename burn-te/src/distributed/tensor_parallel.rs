@@ -127,15 +127,7 @@ impl TpGroup {
 
     /// The element-wise maximum over the group (NaN where any rank's is NaN): the amax of a tensor sharded over it.
     pub fn all_reduce_max(&self, what: &str, values: &[f32]) -> Result<Vec<f32>, TeError> {
-        let mut max = values.to_vec();
-        for shard in self.gather(what, values)? {
-            for (m, v) in max.iter_mut().zip(shard) {
-                if v.is_nan() || *m < v {
-                    *m = v;
-                }
-            }
-        }
-        Ok(max)
+        Ok(super::elementwise_max(values, self.gather(what, values)?))
     }
 
     /// The element-wise sum over the group, in `f64`, rounded once to `f32` (for two ranks, the correctly rounded
