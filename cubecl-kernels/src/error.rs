@@ -29,6 +29,14 @@ pub enum KernelError {
     /// The tensor is longer than the kernels can index (u32 element counts).
     #[error("tensor of {0} elements is too large for one launch (at most {max})", max = u32::MAX)]
     TooLarge(usize),
+    /// A GPU library (cuBLASLt) refused or failed a call.
+    #[error("{library}: {reason}")]
+    Library {
+        /// Which library.
+        library: &'static str,
+        /// What it said.
+        reason: String,
+    },
     /// The compute server failed (out of memory, lost device, failed compilation, ...).
     #[error("compute server error: {0}")]
     Server(#[from] ServerError),

@@ -80,7 +80,7 @@ pub struct GemmOperand<'a> {
 
 impl GemmOperand<'_> {
     /// `(outer, depth)` extents as used in the product: A is `M × K`, B is `K × N` (returned as `(N, K)`).
-    fn used_dims(&self, is_lhs: bool) -> (usize, usize) {
+    pub(crate) fn used_dims(&self, is_lhs: bool) -> (usize, usize) {
         // For A, "outer" = rows unless transposed; for B the product reads K along rows unless transposed.
         let (r, c) = (self.rows, self.cols);
         match (is_lhs, self.transposed) {
@@ -180,7 +180,7 @@ impl GemmOperand<'_> {
         }
     }
 
-    fn check(&self, what: &'static str) -> Result<(), KernelError> {
+    pub(crate) fn check(&self, what: &'static str) -> Result<(), KernelError> {
         let len = self.batch * self.rows * self.cols;
         if self.codes.len() != len {
             return Err(KernelError::LengthMismatch {

@@ -10,7 +10,8 @@
 //! - one-pass statistics ([`ops::tensor_stats`], [`ops::fp8_tensor_stats`]) whose [`TensorStats`] /
 //!   [`Fp8Stats`] records merge exactly across tensors and micro-batches;
 //! - FP8 GEMM with f32 accumulation, batched, any shape, operands used as is or transposed, per-tensor or
-//!   per-block scales ([`gemm::fp8_gemm`]), and block quantization for Float8BlockScaling and MXFP8 ([`block`]);
+//!   per-block scales ([`gemm::fp8_gemm`]); on CUDA also cuBLASLt's FP8 matmul on the tensor cores
+//!   (`cublaslt`, feature `cuda`); and block quantization for Float8BlockScaling and MXFP8 ([`block`]);
 //! - the host path ([`host`]), bit-identical to the kernels, which the tests use as reference and burn-te uses on
 //!   backends without a CubeCL device.
 //!
@@ -19,11 +20,13 @@
 //! # Burn coupling
 //! None: the kernels and the host reference are plain Rust and CubeCL, usable without Burn.
 //! - Burn-generic: none.
-//! - Plain: `block`, `block_range`, `error`, `format`, `gemm`, `host`, `kernel`, `nvfp4`, `ops`, `scale_block`,
-//!   `scaling`, `stats`.
+//! - Plain: `block`, `block_range`, `cublaslt`, `error`, `format`, `gemm`, `host`, `kernel`, `nvfp4`, `ops`,
+//!   `scale_block`, `scaling`, `stats`, `transpose`.
 
 pub mod block;
 pub mod block_range;
+#[cfg(feature = "cuda")]
+pub mod cublaslt;
 mod error;
 mod format;
 pub mod gemm;
@@ -34,6 +37,7 @@ pub mod ops;
 mod scale_block;
 mod scaling;
 mod stats;
+pub mod transpose;
 
 pub use error::KernelError;
 pub use format::Fp8Format;

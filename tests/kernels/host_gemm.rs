@@ -116,8 +116,10 @@ fn every_fp8_and_nvfp4_value_is_exactly_a_bf16_value() {
 
 /// The stored matrices of a quantized tensor in f64 (`decode(code) · factor`, NVFP4's factor as `e4m3(s) · amax /
 /// 2688` in f64), and its `(batch, rows, cols)`.
-fn stored_f64(tensor: &Fp8Primitive<B>) -> (Vec<f64>, (usize, usize, usize)) {
-    let data = B::fp8_read(tensor).expect("read");
+pub(crate) fn stored_f64<T: TeBackend>(
+    tensor: &Fp8Primitive<T>,
+) -> (Vec<f64>, (usize, usize, usize)) {
+    let data = T::fp8_read(tensor).expect("read");
     let dims = tensor.matrix_dims();
     let cols = dims.2;
     let values = data
@@ -142,7 +144,7 @@ fn stored_f64(tensor: &Fp8Primitive<B>) -> (Vec<f64>, (usize, usize, usize)) {
 }
 
 /// `lhs · rhs` of the stored matrices read as the GEMM reads them, in f64, with `Σ|a·b|` of each output.
-fn reference(
+pub(crate) fn reference(
     (a, (ab, ar, ac)): &(Vec<f64>, (usize, usize, usize)),
     lhs_t: bool,
     (w, (wb, wr, wc)): &(Vec<f64>, (usize, usize, usize)),
@@ -177,10 +179,25 @@ fn reference(
     (out, abs, k)
 }
 
-fn check_gemm(what: &str, actual: &[f32], (expected, abs, k): &(Vec<f64>, Vec<f64>, usize)) {
-    assert_eq!(actual.len(), expected.len(), "{what}: output size");
+fn check_gemm(what: &str, actual: &[f32], expected: &(Vec<f64>, Vec<f64>, usize)) {
+    let k = expected.2 as f64;
     let u = 2f64.powi(-24);
-    let gamma = (*k as f64 + 4.0) * u / (1.0 - (*k as f64 + 4.0) * u);
+    check_gemm_within(
+        what,
+        actual,
+        expected,
+        (k + 4.0) * u / (1.0 - (k + 4.0) * u),
+    );
+}
+
+/// Checks every output against the f64 reference: `|y − e| ≤ gamma · Σ|a·b| + k · f32::MIN_POSITIVE`.
+pub(crate) fn check_gemm_within(
+    what: &str,
+    actual: &[f32],
+    (expected, abs, k): &(Vec<f64>, Vec<f64>, usize),
+    gamma: f64,
+) {
+    assert_eq!(actual.len(), expected.len(), "{what}: output size");
     for (i, ((&y, &e), &s)) in actual.iter().zip(expected).zip(abs).enumerate() {
         let bound = gamma * s + f64::from(f32::MIN_POSITIVE) * (*k as f64);
         assert!(
@@ -259,9 +276,9 @@ fn every_recipe_and_gemm_layout_matches_f64_on_every_path() {
             let (lhs, rhs) = (quantize(lv, ls, lrole), quantize(rv, rs, rrole));
             let (lhs_t, rhs_t) = (lt != lhs.transposed, rt != rhs.transposed);
             let expected = reference(
-                &stored_f64(&lhs.tensor),
+                &stored_f64::<B>(&lhs.tensor),
                 lhs_t,
-                &stored_f64(&rhs.tensor),
+                &stored_f64::<B>(&rhs.tensor),
                 rhs_t,
             );
             let ran = paths();
@@ -315,7 +332,7 @@ fn batched_and_transposed_gemms_match_f64_on_every_path() {
             };
             let lhs = quantize(rng.normal(3 * m * k, 0.0, 1.0), lshape);
             let rhs = quantize(rng.normal(rhs_batch * k * n, 0.0, 1.0), rshape);
-            let expected = reference(&stored_f64(&lhs), lhs_t, &stored_f64(&rhs), rhs_t);
+            let expected = reference(&stored_f64::<B>(&lhs), lhs_t, &stored_f64::<B>(&rhs), rhs_t);
             for path in paths() {
                 let out = with_host_gemm_path(path, || {
                     B::fp8_gemm(lhs.clone(), lhs_t, rhs.clone(), rhs_t)
@@ -364,9 +381,9 @@ fn a_packed_path_falls_back_to_f32_and_says_so() {
         q(w, [k, n], TensorRole::Weight),
     );
     let expected = reference(
-        &stored_f64(&lhs.tensor),
+        &stored_f64::<B>(&lhs.tensor),
         lhs.transposed,
-        &stored_f64(&rhs.tensor),
+        &stored_f64::<B>(&rhs.tensor),
         rhs.transposed,
     );
     let run = |path| {

@@ -94,16 +94,13 @@ pub fn block_scale_kernel(
                 }
                 // E8M0 spans 2^-127 (exponent 0) .. 2^127 (exponent 254).
                 exponent = select(exponent > 254, 254u32, exponent);
-                s_inv = select(
+                // Select the bits, then reinterpret: CUDA C++ cannot reinterpret a constant (an rvalue).
+                s_inv = f32::reinterpret(select(exponent == 0, 0x40_0000u32, exponent << 23));
+                s = f32::reinterpret(select(
                     exponent == 0,
-                    f32::reinterpret(0x40_0000u32),
-                    f32::reinterpret(exponent << 23),
-                );
-                s = select(
-                    exponent == 0,
-                    f32::reinterpret(0x7f00_0000u32),
-                    f32::reinterpret((254 - exponent) << 23),
-                );
+                    0x7f00_0000u32,
+                    (254 - exponent) << 23,
+                ));
             }
         }
         scale[block] = s;

@@ -11,3 +11,4 @@ pub mod quantize;
 pub mod reduce;
 pub mod scale;
 pub mod stats;
+pub mod transpose;

@@ -83,7 +83,7 @@ pub fn global_encode_scale(amax: f32) -> f32 {
 /// The E4M3 code of a block's decode scale: `e4m3(fminf(block_amax · (S_enc · (1/6)), FLT_MAX))` (saturating).
 #[cube]
 pub fn block_scale_code(block_amax: f32, encode_scale: f32, zero: u32) -> u32 {
-    let one_sixth = f32::reinterpret(0x3e2a_aaabu32);
+    let one_sixth = comptime!(f32::from_bits(0x3e2a_aaab));
     let scaled = min_f32_max(block_amax * ordered(encode_scale * one_sixth, zero));
     encode_fp8(u32::reinterpret(scaled), Fp8Format::E4M3)
 }
@@ -97,7 +97,7 @@ pub fn block_encode_scale(scale_code: u32, decode_scale: f32) -> f32 {
 /// The dequantization factor of a block: `(float(s) · amax) · (1/2688)`, in that order.
 #[cube]
 pub fn dequantize_factor(scale_code: u32, amax: f32, zero: u32) -> f32 {
-    let one_over = f32::reinterpret(0x39c3_0c31u32);
+    let one_over = comptime!(f32::from_bits(0x39c3_0c31));
     ordered(decode_fp8(scale_code, Fp8Format::E4M3) * amax, zero) * one_over
 }
 
@@ -110,7 +110,8 @@ pub fn stochastic_round_e2m1(bits: u32, random: u32) -> u32 {
     if abs <= INF_BITS {
         let a = f32::reinterpret(abs);
         // (r/256)·step is exact (a multiple of 2^-9), so `+` rounds once, as fmaf does.
-        let t = a + f32::cast_from(random & 0xff) * (sr_step(a) * f32::reinterpret(0x3b80_0000u32));
+        let t = a + f32::cast_from(random & 0xff)
+            * (sr_step(a) * comptime!(f32::from_bits(0x3b80_0000)));
         let step_t = sr_step(t);
         let q = (t / step_t).floor() * step_t;
         code = encode_e2m1(u32::reinterpret(q)) | ((bits >> 28) & 0x8);

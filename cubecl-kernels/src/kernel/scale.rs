@@ -17,7 +17,7 @@ pub fn scale_from_amax(amax: f32, previous: f32, fp8_max: f32, pow2_margin: f32)
     if amax_bits > 0 && amax_bits < INF_BITS {
         scale = (fp8_max / amax) / pow2_margin;
         if (u32::reinterpret(scale) & 0x7fff_ffff) == INF_BITS {
-            scale = f32::reinterpret(0x7f7f_ffffu32);
+            scale = comptime!(f32::MAX).runtime();
         }
     }
     scale

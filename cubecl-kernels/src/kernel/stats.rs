@@ -131,8 +131,8 @@ pub fn stats_kernel<F: Float>(
     let mut mean = 0.0f32;
     let mut m2 = 0.0f32;
     let mut l1 = 0.0f32;
-    let mut min = f32::reinterpret(0x7f7f_ffffu32);
-    let mut max = f32::reinterpret(0xff7f_ffffu32);
+    let mut min = comptime!(f32::MAX).runtime();
+    let mut max = comptime!(-f32::MAX).runtime();
     let mut min_nonzero_abs = INF_BITS.runtime();
     let mut nonzero = 0u32;
     let mut nan = 0u32;
@@ -169,9 +169,9 @@ pub fn stats_kernel<F: Float>(
             run_sum += y;
             run_sum_sq += y * y;
             l1 += select(finite, f32::reinterpret(abs), 0.0f32);
-            let low = select(finite, x, f32::reinterpret(0x7f7f_ffffu32));
+            let low = select(finite, x, comptime!(f32::MAX));
             min = select(low < min, low, min);
-            let high = select(finite, x, f32::reinterpret(0xff7f_ffffu32));
+            let high = select(finite, x, comptime!(-f32::MAX));
             max = select(high > max, high, max);
             // Nonzero and finite: `abs - 1` (wrapping) below `INF_BITS - 1`.
             let nonzero_abs = select(abs - 1 < INF_BITS - 1, abs, INF_BITS);

@@ -1,6 +1,8 @@
 //! [`TeBackend`] for Burn's CubeCL backends (wgpu, CUDA): the kernels of `burn-te-kernels` on the tensors' device
 //! buffers. Scales and amax histories stay on the device, so no op waits for the host except the statistics.
 
+pub mod gemm_path;
+
 use burn::tensor::{DType, Shape};
 use burn_cubecl::element::{BoolElement, FloatElement, IntElement};
 use burn_cubecl::kernel::into_contiguous;
@@ -8,7 +10,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
 use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::cubecl::server::Handle;
-use burn_te_kernels::gemm::{GemmOperand, OperandCodes, fp8_gemm};
+use burn_te_kernels::gemm::{GemmOperand, OperandCodes};
 use burn_te_kernels::nvfp4::{self, Nvfp4Buffer, RHT_SIGN_MASK};
 use burn_te_kernels::ops::{self, Fp8Buffer, ScaleBuffers};
 use burn_te_kernels::{Fp8Format, Fp8Stats, KernelError, block};
@@ -403,7 +405,7 @@ where
         let a = gemm_operand(&lhs, lhs_fp8.as_ref(), lhs_t);
         let b = gemm_operand(&rhs, rhs_fp8.as_ref(), rhs_t);
         let client = &lhs.data.client;
-        let handle = fp8_gemm::<R, F>(client, &a, &b)?;
+        let handle = gemm_path::device_fp8_gemm::<R, F>(client, &lhs.data.device, &a, &b)?;
         Ok(CubeTensor::new_contiguous(
             client.clone(),
             lhs.data.device.clone(),

@@ -1,0 +1,184 @@
+//! The GPU targets of the FP8 GEMM, on CUDA device 0, in one run
+//! (`cargo bench --features cuda,autotune --bench cuda`; a few minutes on an H100):
+//! - GEMM throughput (criterion's `elem/s` are FLOP/s: 2·M·N·K per GEMM) at 4096³ and a TransformerLayer's FC1
+//!   shape: Burn's f32 and bf16 matmul (autotuned, as users get them), and FP8 E4M3 with per-tensor scales on
+//!   cuBLASLt (fprop's K-major layout, and dgrad's, which takes a transposed copy) and on the SIMT kernel.
+//! - A TransformerLayer training step (forward, MSE, backward): f32 and bf16 on Burn's `Cuda` (fused), FP8
+//!   (DelayedScaling) on `Te<Cuda>` with f32 and with f16 activations.
+//!
+//! Targets (issue 44): FP8 GEMM ≥ 1.5× Burn's bf16 matmul at 4096³ on sm89/sm90; the FP8 step ≤ 0.8× the bf16 step.
+
+use burn::backend::Autodiff;
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Distribution, TensorPrimitive};
+use burn_te::cube::gemm_path::{DeviceGemmPath, with_device_gemm_path};
+use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
+use burn_te::{DelayedScaling, Fp8Format, Scaling, Te, TeBackend, fp8_autocast};
+use burn_te_kernels::cubecl::cuda::CudaDevice;
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
+use half::{bf16, f16};
+
+/// burn-te's FP8 ops on CUDA: `CubeBackend<CudaRuntime, f32>` (no fusion).
+type Plain = burn_te::backends::Cuda;
+/// Burn's CUDA backend as users get it (fused), with float element `F`.
+type Fused<F> = burn::backend::Cuda<F>;
+
+fn device() -> CudaDevice {
+    CudaDevice::new(0)
+}
+
+fn sync<B: Backend<Device = CudaDevice>>() {
+    B::sync(&device()).expect("sync");
+}
+
+fn bench_matmul<B: Backend<Device = CudaDevice>>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    (m, k, n): (usize, usize, usize),
+) {
+    let a = Tensor::<B, 2>::random([m, k], Distribution::Normal(0.0, 1.0), &device());
+    let b = Tensor::<B, 2>::random([k, n], Distribution::Normal(0.0, 1.0), &device());
+    group.bench_function(name, |bench| {
+        bench.iter(|| {
+            let out = a.clone().matmul(b.clone());
+            sync::<B>();
+            out
+        })
+    });
+}
+
+fn bench_fp8(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    path: DeviceGemmPath,
+    rhs_transposed: bool,
+    (m, k, n): (usize, usize, usize),
+) {
+    let quantize = |shape: [usize; 2]| {
+        let t = Tensor::<Plain, 2>::random(shape, Distribution::Normal(0.0, 1.0), &device());
+        Plain::fp8_quantize(
+            t.into_primitive().tensor(),
+            Fp8Format::E4M3,
+            Scaling::Current { margin: 0.0 },
+        )
+        .expect("quantize")
+    };
+    let a = quantize([m, k]);
+    let b = quantize(if rhs_transposed { [n, k] } else { [k, n] });
+    group.bench_function(name, |bench| {
+        bench.iter(|| {
+            let out = with_device_gemm_path(path, || {
+                Plain::fp8_gemm(a.clone(), false, b.clone(), rhs_transposed)
+            })
+            .expect("gemm");
+            sync::<Plain>();
+            Tensor::<Plain, 2>::from_primitive(TensorPrimitive::Float(out))
+        })
+    });
+}
+
+fn gemm(c: &mut Criterion) {
+    for shape in [(4096, 4096, 4096), (8192, 2048, 8192)] {
+        let (m, k, n) = shape;
+        let mut group = c.benchmark_group(format!("cuda gemm {m}x{k}x{n}"));
+        group.sample_size(10);
+        group.throughput(Throughput::Elements((2 * m * n * k) as u64));
+        bench_matmul::<Fused<f32>>(&mut group, "burn f32 matmul", shape);
+        bench_matmul::<Fused<bf16>>(&mut group, "burn bf16 matmul", shape);
+        bench_fp8(
+            &mut group,
+            "fp8 cublaslt (A·Bᵀ)",
+            DeviceGemmPath::CublasLt,
+            true,
+            shape,
+        );
+        bench_fp8(
+            &mut group,
+            "fp8 cublaslt (A·B, transposed copy)",
+            DeviceGemmPath::CublasLt,
+            false,
+            shape,
+        );
+        bench_fp8(
+            &mut group,
+            "fp8 simt kernel",
+            DeviceGemmPath::Simt,
+            true,
+            shape,
+        );
+        group.finish();
+    }
+    let paths = burn_te::diagnostics::counter_names()
+        .into_iter()
+        .filter(|name| name.starts_with("DeviceFp8Gemm"))
+        .map(|name| {
+            format!(
+                "{name} = {}",
+                burn_te::diagnostics::counter_value(&name).unwrap_or(0)
+            )
+        })
+        .collect::<Vec<_>>();
+    println!(
+        "device GEMM paths: {paths:?}; fallbacks: {:?}",
+        burn_te::fallback_counts()
+    );
+}
+
+/// One step: forward (in FP8 when `fp8`), MSE loss, backward; synchronized so the device work is timed.
+fn step<B: AutodiffBackend + TeBackend>(
+    layer: &TransformerLayer<B>,
+    x: &Tensor<B, 3>,
+    target: &Tensor<B, 3>,
+    fp8: bool,
+) {
+    let forward = || layer.forward(x.clone(), None);
+    let y = if fp8 {
+        fp8_autocast(true, DelayedScaling::default(), forward).expect("valid recipe")
+    } else {
+        forward()
+    };
+    let grads = (y - target.clone()).square().mean().backward();
+    drop(grads);
+    B::sync(&x.device()).expect("sync");
+}
+
+fn bench_step<B: AutodiffBackend + TeBackend<Device = CudaDevice>>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    (hidden, ffn, heads, seq, batch): (usize, usize, usize, usize, usize),
+    fp8: bool,
+) {
+    let layer = TransformerLayerConfig::new(hidden, ffn, heads)
+        .with_hidden_dropout(0.0)
+        .with_attention_dropout(0.0)
+        .init::<B>(&device());
+    let x = Tensor::<B, 3>::random(
+        [seq, batch, hidden],
+        Distribution::Normal(0.0, 1.0),
+        &device(),
+    );
+    let target = Tensor::random(
+        [seq, batch, hidden],
+        Distribution::Normal(0.0, 1.0),
+        &device(),
+    );
+    group.bench_function(name, |b| b.iter(|| step(&layer, &x, &target, fp8)));
+}
+
+fn transformer_layer(c: &mut Criterion) {
+    // (hidden, ffn, heads, seq, batch): 4096 tokens.
+    let shape = (2048, 8192, 16, 1024, 4);
+    let mut group = c.benchmark_group("cuda transformer_layer h2048 ffn8192 tokens4096");
+    group.sample_size(10);
+    bench_step::<Autodiff<Te<Fused<f32>>>>(&mut group, "f32 Cuda (fused)", shape, false);
+    bench_step::<Autodiff<Te<Fused<bf16>>>>(&mut group, "bf16 Cuda (fused)", shape, false);
+    bench_step::<Autodiff<Te<Fused<f32>>>>(&mut group, "fp8 Te<Cuda> f32", shape, true);
+    bench_step::<Autodiff<Te<Fused<f16>>>>(&mut group, "fp8 Te<Cuda> f16", shape, true);
+    group.finish();
+    println!("fallbacks: {:?}", burn_te::fallback_counts());
+}
+
+criterion_group!(benches, gemm, transformer_layer);
+criterion_main!(benches);

@@ -1,0 +1,444 @@
+//! cuBLASLt's FP8 matmul on CUDA, the library Transformer Engine's GEMMs call: E4M3/E5M2 operands on the tensor
+//! cores (sm ≥ 89), f32 accumulation with cuBLASLt's split accumulator (no fast accumulation), per-tensor scales
+//! through its scale pointers, f32 or f16 output.
+//!
+//! cuBLASLt takes FP8 operands in one layout only, "TN" (both operands K-major). In row-major terms that is
+//! `out[M, N] = A[M, K] · B[N, K]ᵀ`: a layer's fprop. Operands stored the other way (dgrad's weight, wgrad's
+//! operands) are transposed into K-major copies first ([`crate::transpose::transpose_fp8_codes`]); a permutation of
+//! the codes, so the product is the same.
+//!
+//! The library runs on its own stream of the device's primary context (CubeCL's context): CubeCL's queue is synced
+//! before the call and the library's stream after it, so that neither reads a buffer before the other wrote it.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use cubecl::cuda::{CudaDevice, CudaRuntime};
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+use cudarc::cublaslt::{result as lt, sys};
+use cudarc::driver::{result as driver, sys as driver_sys};
+
+use crate::error::KernelError;
+use crate::format::Fp8Format;
+use crate::gemm::{GemmOperand, OperandCodes};
+use crate::transpose::transpose_fp8_codes;
+
+/// cuBLASLt's workspace per device (NVIDIA's recommendation for Hopper; 4 MiB suffice before it).
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// Why cuBLASLt cannot run `a × b` into `F` exactly as the kernel would (`None`: it can). The reason names the
+/// operand and what it lacks; the caller runs the SIMT kernel instead and records the reason.
+pub fn unsupported<F: CubeElement>(a: &GemmOperand<'_>, b: &GemmOperand<'_>) -> Option<String> {
+    let out_bytes = size_of::<F>();
+    if !matches!(F::type_name(), "f32" | "f16") {
+        return Some(format!(
+            "{} outputs (cuBLASLt writes f32 or f16 here)",
+            F::type_name()
+        ));
+    }
+    let format = |operand: &GemmOperand<'_>, what: &str| match operand.codes {
+        OperandCodes::Fp8(buffer) => Ok(buffer.format),
+        OperandCodes::E2m1 { .. } => Err(format!(
+            "the {what} is NVFP4 (cuBLASLt's block-scaled FP4 needs sm100)"
+        )),
+    };
+    let formats = format(a, "lhs").and_then(|fa| format(b, "rhs").map(|fb| (fa, fb)));
+    let (fa, fb) = match formats {
+        Ok(formats) => formats,
+        Err(reason) => return Some(reason),
+    };
+    if fa == Fp8Format::E5M2 && fb == Fp8Format::E5M2 {
+        return Some("both operands are E5M2 (cuBLASLt multiplies E5M2 only by E4M3)".into());
+    }
+    for (operand, what) in [(a, "lhs"), (b, "rhs")] {
+        if let Some(block) = operand.block {
+            return Some(format!(
+                "the {what} has {}x{} scale blocks (cuBLASLt takes per-tensor scales here)",
+                block.rows, block.cols
+            ));
+        }
+    }
+    let (m, k) = a.used_dims(true);
+    let (n, _) = b.used_dims(false);
+    if !k.is_multiple_of(16) {
+        return Some(format!(
+            "K = {k} is not a multiple of 16 (cuBLASLt's FP8 rows are 16-byte aligned)"
+        ));
+    }
+    if !(n * out_bytes).is_multiple_of(16) {
+        return Some(format!(
+            "N = {n} output columns are not 16-byte aligned rows"
+        ));
+    }
+    if m == 0 || n == 0 {
+        return Some("an empty output".into());
+    }
+    if [m, n, k, a.batch.max(b.batch)]
+        .iter()
+        .any(|&d| i32::try_from(d).is_err())
+    {
+        return Some("a dimension beyond cuBLASLt's 32-bit sizes".into());
+    }
+    None
+}
+
+/// `out[b] = dequant(A[b]) × dequant(B[b])` by cuBLASLt, contiguous `[batch, M, N]` as `F` (f32 or f16), on the
+/// CUDA device `device`. The operands must pass [`unsupported`]; their scales are per-tensor `scale_inv` values,
+/// which cuBLASLt applies to the f32 accumulator (`scale_a · scale_b · Σ a·b`).
+pub fn fp8_gemm<F: Float + CubeElement>(
+    client: &ComputeClient<CudaRuntime>,
+    device: &CudaDevice,
+    a: &GemmOperand<'_>,
+    b: &GemmOperand<'_>,
+) -> Result<Handle, KernelError> {
+    if let Some(reason) = unsupported::<F>(a, b) {
+        return Err(KernelError::InvalidArgument {
+            what: "cuBLASLt FP8 GEMM operands",
+            reason,
+        });
+    }
+    a.check("gemm lhs")?;
+    b.check("gemm rhs")?;
+    let (m, k) = a.used_dims(true);
+    let (n, k_b) = b.used_dims(false);
+    if k != k_b {
+        return Err(KernelError::LengthMismatch {
+            what: "gemm inner dimension (rhs rows vs lhs columns)",
+            expected: k,
+            actual: k_b,
+        });
+    }
+    let batch = a.batch.max(b.batch);
+    for (what, operand_batch) in [("gemm lhs batch", a.batch), ("gemm rhs batch", b.batch)] {
+        if operand_batch != batch && operand_batch != 1 {
+            return Err(KernelError::LengthMismatch {
+                what,
+                expected: batch,
+                actual: operand_batch,
+            });
+        }
+    }
+    // K-major codes: A as [M, K] rows, B as [N, K] rows.
+    let k_major =
+        |operand: &GemmOperand<'_>, k_major_as_stored: bool| -> Result<Handle, KernelError> {
+            let OperandCodes::Fp8(buffer) = operand.codes else {
+                unreachable!("checked by `unsupported`")
+            };
+            if k_major_as_stored {
+                Ok(buffer.codes.clone())
+            } else {
+                transpose_fp8_codes(
+                    client,
+                    &buffer.codes,
+                    operand.batch,
+                    operand.rows,
+                    operand.cols,
+                )
+            }
+        };
+    let a_codes = k_major(a, !a.transposed)?;
+    let b_codes = k_major(b, b.transposed)?;
+    let output = client.empty(batch * m * n * size_of::<F>());
+
+    let pointer = |handle: &Handle| -> Result<u64, KernelError> {
+        let resource = client.get_resource(handle.clone())?;
+        Ok(resource.resource().ptr)
+    };
+    let ptrs = LtPointers {
+        a: pointer(&a_codes)?,
+        b: pointer(&b_codes)?,
+        a_scale: pointer(a.scale_inv)?,
+        b_scale: pointer(b.scale_inv)?,
+        out: pointer(&output)?,
+    };
+    let fp8 = |operand: &GemmOperand<'_>| match operand.codes {
+        OperandCodes::Fp8(buffer) => buffer.format,
+        OperandCodes::E2m1 { .. } => unreachable!("checked by `unsupported`"),
+    };
+    let shape = LtShape {
+        m,
+        n,
+        k,
+        batch,
+        a_stride: if a.batch == 1 { 0 } else { m * k },
+        b_stride: if b.batch == 1 { 0 } else { n * k },
+        a_format: fp8(a),
+        b_format: fp8(b),
+        out_f16: F::type_name() == "f16",
+    };
+    // CubeCL's queue has written the operands (and allocated the output) before the library reads them.
+    cubecl::future::block_on(client.sync())?;
+    let devices = DEVICES.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut devices = devices
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let lt_device = match devices.entry(device.index) {
+        std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+        std::collections::hash_map::Entry::Vacant(entry) => {
+            entry.insert(LtDevice::new(device.index)?)
+        }
+    };
+    lt_device.matmul(&shape, &ptrs)?;
+    // `a_codes`/`b_codes` (transposed copies) and the inputs stay alive until here: the library has read them.
+    drop((a_codes, b_codes));
+    Ok(output)
+}
+
+static DEVICES: OnceLock<Mutex<HashMap<usize, LtDevice>>> = OnceLock::new();
+
+/// Device pointers of one call.
+struct LtPointers {
+    a: u64,
+    b: u64,
+    a_scale: u64,
+    b_scale: u64,
+    out: u64,
+}
+
+/// One call's sizes, in the row-major terms of [`fp8_gemm`]; a batch stride of 0 broadcasts.
+struct LtShape {
+    m: usize,
+    n: usize,
+    k: usize,
+    batch: usize,
+    a_stride: usize,
+    b_stride: usize,
+    a_format: Fp8Format,
+    b_format: Fp8Format,
+    out_f16: bool,
+}
+
+/// cuBLASLt on one device: its primary context (shared with CubeCL), a stream, a handle and a workspace.
+struct LtDevice {
+    context: driver_sys::CUcontext,
+    stream: driver_sys::CUstream,
+    handle: sys::cublasLtHandle_t,
+    workspace: driver_sys::CUdeviceptr,
+}
+
+// SAFETY: the raw handles are used under the `DEVICES` mutex only, with the context bound to the calling thread.
+unsafe impl Send for LtDevice {}
+
+fn library_error(what: &str, error: impl core::fmt::Debug) -> KernelError {
+    KernelError::Library {
+        library: "cuBLASLt",
+        reason: format!("{what}: {error:?}"),
+    }
+}
+
+impl LtDevice {
+    fn new(ordinal: usize) -> Result<Self, KernelError> {
+        // SAFETY: probing for the shared library loads nothing into the process's CUDA state.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(KernelError::Library {
+                library: "cuBLASLt",
+                reason: "libcublasLt.so was not found on the loader path (LD_LIBRARY_PATH); it ships with the \
+                         CUDA toolkit and the `nvidia-cublas` wheel"
+                    .into(),
+            });
+        }
+        let ordinal =
+            i32::try_from(ordinal).map_err(|_| library_error("device ordinal", ordinal))?;
+        driver::init().map_err(|e| library_error("cuInit", e))?;
+        let device = driver::device::get(ordinal).map_err(|e| library_error("cuDeviceGet", e))?;
+        // SAFETY: `device` is valid; the primary context is the one CubeCL's CUDA runtime retained.
+        let context = unsafe { driver::primary_ctx::retain(device) }
+            .map_err(|e| library_error("cuDevicePrimaryCtxRetain", e))?;
+        unsafe { driver::ctx::set_current(context) }
+            .map_err(|e| library_error("cuCtxSetCurrent", e))?;
+        let stream = driver::stream::create(driver::stream::StreamKind::NonBlocking)
+            .map_err(|e| library_error("cuStreamCreate", e))?;
+        let handle = lt::create_handle().map_err(|e| library_error("cublasLtCreate", e))?;
+        // SAFETY: the context is current; the workspace lives as long as the process.
+        let workspace = unsafe { driver::malloc_sync(WORKSPACE_BYTES) }
+            .map_err(|e| library_error("cuMemAlloc (workspace)", e))?;
+        Ok(Self {
+            context,
+            stream,
+            handle,
+            workspace,
+        })
+    }
+
+    /// `out = scale_a · scale_b · A·Bᵀ` (row-major), then waits for the library's stream.
+    ///
+    /// In cuBLASLt's column-major terms the row-major `out[M, N]` is `D[N, M] = op(B-side) · op(A-side)` with
+    /// cuBLASLt's A our `b` ([N, K] rows = K × N column-major, used transposed) and its B our `a` ([M, K] rows =
+    /// K × M column-major, used as is): the "TN" layout FP8 requires.
+    fn matmul(&mut self, shape: &LtShape, ptrs: &LtPointers) -> Result<(), KernelError> {
+        use sys::cublasLtMatmulDescAttributes_t as Desc;
+        unsafe { driver::ctx::set_current(self.context) }
+            .map_err(|e| library_error("cuCtxSetCurrent", e))?;
+        let data_type = |format: Fp8Format| match format {
+            Fp8Format::E4M3 => sys::cudaDataType::CUDA_R_8F_E4M3,
+            Fp8Format::E5M2 => sys::cudaDataType::CUDA_R_8F_E5M2,
+        };
+        let out_type = if shape.out_f16 {
+            sys::cudaDataType::CUDA_R_16F
+        } else {
+            sys::cudaDataType::CUDA_R_32F
+        };
+        let desc = Guard::new(
+            lt::create_matmul_desc(
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                sys::cudaDataType::CUDA_R_32F,
+            )
+            .map_err(|e| library_error("cublasLtMatmulDescCreate", e))?,
+            |d| unsafe { lt::destroy_matmul_desc(d) }.map(|_| ()),
+        );
+        let set_desc = |attribute: Desc, value: *const core::ffi::c_void, size: usize| {
+            unsafe { lt::set_matmul_desc_attribute(desc.0, attribute, value, size) }
+                .map_err(|e| library_error("cublasLtMatmulDescSetAttribute", e))
+        };
+        let transposed: i32 = 1; // CUBLAS_OP_T
+        let as_is: i32 = 0; // CUBLAS_OP_N
+        set_desc(
+            Desc::CUBLASLT_MATMUL_DESC_TRANSA,
+            (&transposed as *const i32).cast(),
+            size_of::<i32>(),
+        )?;
+        set_desc(
+            Desc::CUBLASLT_MATMUL_DESC_TRANSB,
+            (&as_is as *const i32).cast(),
+            size_of::<i32>(),
+        )?;
+        // cuBLASLt's A is our B and its B our A: the scales swap with them.
+        let (scale_lt_a, scale_lt_b) = (ptrs.b_scale, ptrs.a_scale);
+        set_desc(
+            Desc::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+            (&scale_lt_a as *const u64).cast(),
+            size_of::<u64>(),
+        )?;
+        set_desc(
+            Desc::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+            (&scale_lt_b as *const u64).cast(),
+            size_of::<u64>(),
+        )?;
+        let fast_accumulation: i8 = 0;
+        set_desc(
+            Desc::CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+            (&fast_accumulation as *const i8).cast(),
+            size_of::<i8>(),
+        )?;
+
+        let layout = |data_type, rows: usize, cols: usize, ld: usize, stride: usize| {
+            let layout = Guard::new(
+                lt::create_matrix_layout(data_type, rows as u64, cols as u64, ld as i64)
+                    .map_err(|e| library_error("cublasLtMatrixLayoutCreate", e))?,
+                |l| unsafe { lt::destroy_matrix_layout(l) }.map(|_| ()),
+            );
+            if shape.batch > 1 {
+                use sys::cublasLtMatrixLayoutAttribute_t as Layout;
+                let count = shape.batch as i32;
+                let offset = stride as i64;
+                unsafe {
+                    lt::set_matrix_layout_attribute(
+                        layout.0,
+                        Layout::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                        (&count as *const i32).cast(),
+                        size_of::<i32>(),
+                    )
+                    .and_then(|_| {
+                        lt::set_matrix_layout_attribute(
+                            layout.0,
+                            Layout::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                            (&offset as *const i64).cast(),
+                            size_of::<i64>(),
+                        )
+                    })
+                }
+                .map_err(|e| library_error("cublasLtMatrixLayoutSetAttribute", e))?;
+            }
+            Ok::<_, KernelError>(layout)
+        };
+        let lt_a = layout(
+            data_type(shape.b_format),
+            shape.k,
+            shape.n,
+            shape.k,
+            shape.b_stride,
+        )?;
+        let lt_b = layout(
+            data_type(shape.a_format),
+            shape.k,
+            shape.m,
+            shape.k,
+            shape.a_stride,
+        )?;
+        let lt_d = layout(out_type, shape.n, shape.m, shape.n, shape.m * shape.n)?;
+
+        let preference = Guard::new(
+            lt::create_matmul_pref()
+                .map_err(|e| library_error("cublasLtMatmulPreferenceCreate", e))?,
+            |p| unsafe { lt::destroy_matmul_pref(p) }.map(|_| ()),
+        );
+        let workspace_bytes = WORKSPACE_BYTES;
+        unsafe {
+            lt::set_matmul_pref_attribute(
+                preference.0,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&workspace_bytes as *const usize).cast(),
+                size_of::<usize>(),
+            )
+        }
+        .map_err(|e| library_error("cublasLtMatmulPreferenceSetAttribute", e))?;
+        let heuristic = unsafe {
+            lt::get_matmul_algo_heuristic(
+                self.handle,
+                desc.0,
+                lt_a.0,
+                lt_b.0,
+                lt_d.0,
+                lt_d.0,
+                preference.0,
+            )
+        }
+        .map_err(|e| {
+            library_error(
+                "cublasLtMatmulAlgoGetHeuristic (no algorithm for these operands)",
+                e,
+            )
+        })?;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        unsafe {
+            lt::matmul(
+                self.handle,
+                desc.0,
+                (&alpha as *const f32).cast(),
+                (&beta as *const f32).cast(),
+                ptrs.b as *const core::ffi::c_void,
+                lt_a.0,
+                ptrs.a as *const core::ffi::c_void,
+                lt_b.0,
+                ptrs.out as *const core::ffi::c_void,
+                lt_d.0,
+                ptrs.out as *mut core::ffi::c_void,
+                lt_d.0,
+                &heuristic.algo,
+                self.workspace as *mut core::ffi::c_void,
+                WORKSPACE_BYTES,
+                self.stream as sys::cudaStream_t,
+            )
+        }
+        .map_err(|e| library_error("cublasLtMatmul", e))?;
+        unsafe { driver::stream::synchronize(self.stream) }
+            .map_err(|e| library_error("cuStreamSynchronize", e))
+    }
+}
+
+/// A cuBLASLt descriptor destroyed when dropped.
+struct Guard<T: Copy>(T, fn(T) -> Result<(), lt::CublasError>);
+
+impl<T: Copy> Guard<T> {
+    fn new(value: T, destroy: fn(T) -> Result<(), lt::CublasError>) -> Self {
+        Self(value, destroy)
+    }
+}
+
+impl<T: Copy> Drop for Guard<T> {
+    fn drop(&mut self) {
+        // A failed destroy leaks one small descriptor; the GEMM's result stands either way.
+        let _ = (self.1)(self.0);
+    }
+}

@@ -1,0 +1,41 @@
+//! Transposed copies of FP8 codes, for GEMM libraries that read one layout only (cuBLASLt's FP8 matmul takes
+//! `A · Bᵀ` with both operands K-major).
+
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+use crate::error::KernelError;
+use crate::kernel::transpose::transpose_codes_kernel;
+use crate::ops::{check_len, check_size, elementwise_grid};
+
+/// Each of the `batch` row-major `rows × cols` matrices of FP8 `codes` (four per word) transposed into a new
+/// buffer of `batch` row-major `cols × rows` matrices. Exact: the codes are permuted, not decoded.
+pub fn transpose_fp8_codes<R: Runtime>(
+    client: &ComputeClient<R>,
+    codes: &Handle,
+    batch: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<Handle, KernelError> {
+    let len = batch * rows * cols;
+    let len32 = check_len(len)?;
+    let words = len.div_ceil(4);
+    check_size("transposed codes", codes, 4, words)?;
+    let output = client.empty(words.max(1) * 4);
+    if len > 0 {
+        let (cube_count, cube_dim) = elementwise_grid(client, words);
+        unsafe {
+            transpose_codes_kernel::launch_unchecked::<R>(
+                client,
+                cube_count,
+                cube_dim,
+                ArrayArg::from_raw_parts(codes.clone(), words),
+                ArrayArg::from_raw_parts(output.clone(), words),
+                rows as u32,
+                cols as u32,
+                len32,
+            );
+        }
+    }
+    Ok(output)
+}

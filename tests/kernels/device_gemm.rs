@@ -1,0 +1,332 @@
+//! The device FP8 GEMM's paths (`burn_te::cube::gemm_path`): cuBLASLt's FP8 matmul on CUDA (`--features cuda`),
+//! the SIMT kernel everywhere, on the test runtime's `CubeBackend`.
+//!
+//! - The K-major copies cuBLASLt reads are an exact permutation of the codes (every shape, every code).
+//! - Operands whose every partial sum is exact in 12 bits (multiples of ½ up to 3.5, depth ≤ 96, power-of-two
+//!   scales) give the f64 product bit for bit on every path, whatever the order or internal precision of the
+//!   accumulation: every layout (fprop, dgrad, wgrad), batches and broadcasts, mixed E4M3/E5M2.
+//! - Random operands agree with f64 within each path's bound: the SIMT kernel's f32 accumulation `γ_(k+4) · Σ|a·b|`;
+//!   cuBLASLt's `2⁻¹⁰ · Σ|a·b|` (Hopper's FP8 MMA adds with fewer mantissa bits than f32 inside one instruction;
+//!   cuBLASLt without fast accumulation promotes each instruction's partial sums to f32). The measured worst ratio
+//!   is printed.
+//! - What cuBLASLt cannot take (block scales, K not a multiple of 16, another runtime) runs on the kernel, counted
+//!   under `DeviceFp8Gemm(simt)` and as a `device GEMM path` fallback, with the kernel's bits.
+
+use burn::prelude::*;
+use burn::tensor::TensorPrimitive;
+use burn_te::cube::gemm_path::{DeviceGemmPath, with_device_gemm_path};
+use burn_te::{BlockScaleRule, Fp8Format, Fp8Primitive, ScaleBlock, Scaling, TeBackend};
+use burn_te_kernels::cubecl::prelude::CubeElement;
+use burn_te_kernels::host;
+use burn_te_kernels::transpose::transpose_fp8_codes;
+
+use crate::common::*;
+use crate::host_gemm::{check_gemm_within, reference, stored_f64};
+
+#[cfg(feature = "cuda")]
+type B = burn_te::backends::Cuda;
+#[cfg(not(feature = "cuda"))]
+type B = burn_te::backends::Wgpu;
+
+#[cfg(feature = "cuda")]
+type Device = burn_te_kernels::cubecl::cuda::CudaDevice;
+#[cfg(not(feature = "cuda"))]
+type Device = burn_te_kernels::cubecl::wgpu::WgpuDevice;
+
+fn backend_device() -> Device {
+    // Fails loudly, with the install hint, when there is no device.
+    let _ = client();
+    Default::default()
+}
+
+const PATHS: [DeviceGemmPath; 2] = [DeviceGemmPath::Simt, DeviceGemmPath::CublasLt];
+
+/// The path a GEMM asking for `path` runs on here: cuBLASLt only on CUDA.
+fn runs_on(path: DeviceGemmPath) -> DeviceGemmPath {
+    if cfg!(feature = "cuda") {
+        path
+    } else {
+        DeviceGemmPath::Simt
+    }
+}
+
+fn counted(path: DeviceGemmPath) -> u64 {
+    burn_te::diagnostics::thread_counter_value(&format!("DeviceFp8Gemm({})", path.name()))
+        .unwrap_or(0)
+}
+
+fn device_fallbacks() -> u64 {
+    burn_te::fallback_counts()
+        .get(burn_te::cube::gemm_path::DEVICE_GEMM_FALLBACK)
+        .copied()
+        .unwrap_or(0)
+}
+
+fn quantize(values: Vec<f32>, shape: [usize; 3], format: Fp8Format) -> Fp8Primitive<B> {
+    let t = Tensor::<B, 3>::from_data(TensorData::new(values, shape), &backend_device());
+    B::fp8_quantize(
+        t.into_primitive().tensor(),
+        format,
+        Scaling::Current { margin: 0.0 },
+    )
+    .expect("quantize")
+}
+
+/// `lhs · rhs` asking for `path`; checks which path counted it and returns the output.
+fn gemm_on(
+    path: DeviceGemmPath,
+    expect: DeviceGemmPath,
+    lhs: &Fp8Primitive<B>,
+    lhs_t: bool,
+    rhs: &Fp8Primitive<B>,
+    rhs_t: bool,
+) -> Vec<f32> {
+    let before = [
+        counted(DeviceGemmPath::Simt),
+        counted(DeviceGemmPath::CublasLt),
+    ];
+    let out = with_device_gemm_path(path, || B::fp8_gemm(lhs.clone(), lhs_t, rhs.clone(), rhs_t))
+        .expect("gemm");
+    let after = [
+        counted(DeviceGemmPath::Simt),
+        counted(DeviceGemmPath::CublasLt),
+    ];
+    let ran: Vec<_> = PATHS
+        .iter()
+        .zip(before.iter().zip(after))
+        .filter(|(_, (b, a))| a > *b)
+        .map(|(p, _)| *p)
+        .collect();
+    assert_eq!(ran, vec![expect], "asked for {path}");
+    Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(out))
+        .into_data()
+        .into_vec::<f32>()
+        .unwrap()
+}
+
+#[test]
+fn transposed_codes_are_an_exact_permutation() {
+    let mut rng = Rng::new(91);
+    for (batch, rows, cols) in [(1, 1, 1), (1, 3, 5), (2, 7, 9), (3, 16, 48), (1, 130, 67)] {
+        let len = batch * rows * cols;
+        let codes: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+        let handle = client().create_from_slice(u32::as_bytes(&host::pack_codes(&codes)));
+        let out = transpose_fp8_codes(&client(), &handle, batch, rows, cols).expect("transpose");
+        let got = host::unpack_codes(&download_words(&out, len.div_ceil(4)), len);
+        let mut expected = vec![0u8; len];
+        for b in 0..batch {
+            for r in 0..rows {
+                for c in 0..cols {
+                    expected[b * rows * cols + c * rows + r] =
+                        codes[b * rows * cols + r * cols + c];
+                }
+            }
+        }
+        assert_eq!(got, expected, "{batch}x{rows}x{cols}");
+    }
+}
+
+/// Values that are multiples of ½ in [−3.5, 3.5], with 3.5 present so that current scaling picks a power of two
+/// (E4M3: 448 / 3.5 = 128; E5M2: 57344 / 3.5 = 16384): every value is exact in FP8, every product a multiple of ¼.
+fn half_integers(rng: &mut Rng, len: usize) -> Vec<f32> {
+    let mut values: Vec<f32> = (0..len)
+        .map(|_| (rng.next_u64() % 15) as f32 * 0.5 - 3.5)
+        .collect();
+    values[0] = 3.5;
+    values
+}
+
+#[test]
+fn exact_sums_are_bit_identical_to_f64_on_every_path_and_layout() {
+    let mut rng = Rng::new(92);
+    // (m, k, n): K ≤ 96 keeps every partial sum below 2^12 quarters.
+    for (m, k, n) in [(64, 64, 32), (70, 96, 48)] {
+        for (lhs_t, rhs_t) in [(false, true), (false, false), (true, false), (true, true)] {
+            for (lhs_batch, rhs_batch) in [(1, 1), (3, 3), (3, 1)] {
+                for (lf, rf) in [
+                    (Fp8Format::E4M3, Fp8Format::E4M3),
+                    (Fp8Format::E4M3, Fp8Format::E5M2),
+                    (Fp8Format::E5M2, Fp8Format::E4M3),
+                ] {
+                    let lshape = if lhs_t {
+                        [lhs_batch, k, m]
+                    } else {
+                        [lhs_batch, m, k]
+                    };
+                    let rshape = if rhs_t {
+                        [rhs_batch, n, k]
+                    } else {
+                        [rhs_batch, k, n]
+                    };
+                    let lhs = quantize(half_integers(&mut rng, lhs_batch * m * k), lshape, lf);
+                    let rhs = quantize(half_integers(&mut rng, rhs_batch * k * n), rshape, rf);
+                    let expected =
+                        reference(&stored_f64::<B>(&lhs), lhs_t, &stored_f64::<B>(&rhs), rhs_t);
+                    for path in PATHS {
+                        let got = gemm_on(path, runs_on(path), &lhs, lhs_t, &rhs, rhs_t);
+                        let what = format!(
+                            "{m}x{k}x{n} batch {lhs_batch}x{rhs_batch} lhs_t {lhs_t} rhs_t {rhs_t} {lf}x{rf} on {path}"
+                        );
+                        assert_eq!(got.len(), expected.0.len(), "{what}");
+                        for (i, (&y, &e)) in got.iter().zip(&expected.0).enumerate() {
+                            assert_eq!(f64::from(y), e, "{what}: output {i}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn random_operands_agree_with_f64_within_each_paths_bound() {
+    let mut rng = Rng::new(93);
+    let (m, k, n) = (200, 512, 96);
+    for (lhs_t, rhs_t) in [(false, true), (false, false), (true, false)] {
+        let lshape = if lhs_t { [1, k, m] } else { [1, m, k] };
+        let rshape = if rhs_t { [1, n, k] } else { [1, k, n] };
+        let lhs = quantize(rng.normal(m * k, 0.0, 1.0), lshape, Fp8Format::E4M3);
+        let rhs = quantize(rng.normal(k * n, 0.0, 0.02), rshape, Fp8Format::E5M2);
+        let expected = reference(&stored_f64::<B>(&lhs), lhs_t, &stored_f64::<B>(&rhs), rhs_t);
+        for path in PATHS {
+            let ran = runs_on(path);
+            let got = gemm_on(path, ran, &lhs, lhs_t, &rhs, rhs_t);
+            let worst = got
+                .iter()
+                .zip(expected.0.iter().zip(&expected.1))
+                .map(|(&y, (&e, &s))| (f64::from(y) - e).abs() / s.max(f64::MIN_POSITIVE))
+                .fold(0.0, f64::max);
+            println!("lhs_t {lhs_t} rhs_t {rhs_t} on {ran}: worst |error| / Σ|a·b| = {worst:e}");
+            let u = 2f64.powi(-24);
+            let gamma = match ran {
+                DeviceGemmPath::Simt => (k as f64 + 4.0) * u / (1.0 - (k as f64 + 4.0) * u),
+                DeviceGemmPath::CublasLt => 2f64.powi(-10),
+            };
+            check_gemm_within(
+                &format!("lhs_t {lhs_t} rhs_t {rhs_t} on {ran}"),
+                &got,
+                &expected,
+                gamma,
+            );
+        }
+    }
+}
+
+/// What cuBLASLt cannot take runs on the kernel: counted as such, recorded as a fallback, with the kernel's bits.
+#[test]
+fn operands_cublaslt_cannot_take_fall_back_to_the_kernel_counted() {
+    let mut rng = Rng::new(94);
+    let device = backend_device();
+    let block_quantize = |values: Vec<f32>, shape: [usize; 3]| {
+        let t = Tensor::<B, 3>::from_data(TensorData::new(values, shape), &device);
+        B::fp8_quantize(
+            t.into_primitive().tensor(),
+            Fp8Format::E4M3,
+            Scaling::Block {
+                block: ScaleBlock::new(1, 128),
+                rule: BlockScaleRule::Pow2,
+            },
+        )
+        .expect("block quantize")
+    };
+    let (m, k, n) = (32, 256, 64);
+    let mut cases = vec![(
+        "1x128 block scales",
+        block_quantize(rng.normal(m * k, 0.0, 1.0), [1, m, k]),
+        block_quantize(rng.normal(n * k, 0.0, 1.0), [1, n, k]),
+    )];
+    // K = 40: rows of 40 bytes are not 16-byte aligned.
+    cases.push((
+        "K = 40",
+        quantize(rng.normal(m * 40, 0.0, 1.0), [1, m, 40], Fp8Format::E4M3),
+        quantize(rng.normal(n * 40, 0.0, 1.0), [1, n, 40], Fp8Format::E4M3),
+    ));
+    if !cfg!(feature = "cuda") {
+        // Everything, off CUDA.
+        cases.push((
+            "per-tensor scales off CUDA",
+            quantize(rng.normal(m * k, 0.0, 1.0), [1, m, k], Fp8Format::E4M3),
+            quantize(rng.normal(n * k, 0.0, 1.0), [1, n, k], Fp8Format::E4M3),
+        ));
+    }
+    for (what, lhs, rhs) in &cases {
+        let kernel = gemm_on(
+            DeviceGemmPath::Simt,
+            DeviceGemmPath::Simt,
+            lhs,
+            false,
+            rhs,
+            true,
+        );
+        let fallbacks = device_fallbacks();
+        let asked = gemm_on(
+            DeviceGemmPath::CublasLt,
+            DeviceGemmPath::Simt,
+            lhs,
+            false,
+            rhs,
+            true,
+        );
+        assert!(
+            device_fallbacks() > fallbacks,
+            "{what}: the fallback is recorded"
+        );
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&asked), bits(&kernel), "{what}: the kernel's result");
+    }
+}
+
+/// A few training steps of a TransformerLayer in FP8 (delayed scaling) on cuBLASLt give the SIMT kernel's losses
+/// within 1e-3 (relative): the paths differ only in accumulation order and precision, which can flip a code.
+#[cfg(feature = "cuda")]
+#[test]
+fn transformer_layer_trains_the_same_on_cublaslt_and_the_kernel() {
+    use burn::backend::Autodiff;
+    use burn::optim::{GradientsParams, Optimizer, SgdConfig};
+    use burn_te::nn::TransformerLayerConfig;
+    use burn_te::{DelayedScaling, Te, fp8_autocast};
+    type A = Autodiff<Te<B>>;
+    let device = backend_device();
+    let losses = |path: DeviceGemmPath| {
+        with_device_gemm_path(path, || {
+            <A as Backend>::seed(&device, 7);
+            let mut layer = TransformerLayerConfig::new(128, 512, 4)
+                .with_hidden_dropout(0.0)
+                .with_attention_dropout(0.0)
+                .init::<A>(&device);
+            let mut optim = SgdConfig::new().init();
+            let mut rng = Rng::new(95);
+            let x = Tensor::<A, 3>::from_data(
+                TensorData::new(rng.normal(4 * 32 * 128, 0.0, 1.0), [4, 32, 128]),
+                &device,
+            );
+            let target = Tensor::<A, 3>::from_data(
+                TensorData::new(rng.normal(4 * 32 * 128, 0.0, 1.0), [4, 32, 128]),
+                &device,
+            );
+            let mut losses = vec![];
+            for _ in 0..4 {
+                let y = fp8_autocast(true, DelayedScaling::default(), || {
+                    layer.forward(x.clone(), None)
+                })
+                .expect("recipe");
+                let loss = (y - target.clone()).square().mean();
+                losses.push(loss.clone().into_scalar());
+                let grads = GradientsParams::from_grads(loss.backward(), &layer);
+                layer = optim.step(0.05, layer, grads);
+            }
+            losses
+        })
+    };
+    let simt = losses(DeviceGemmPath::Simt);
+    let before = counted(DeviceGemmPath::CublasLt);
+    let cublaslt = losses(DeviceGemmPath::CublasLt);
+    assert!(
+        counted(DeviceGemmPath::CublasLt) > before,
+        "the layer's GEMMs ran on cuBLASLt"
+    );
+    println!("losses: simt {simt:?}, cuBLASLt {cublaslt:?}");
+    for (step, (a, b)) in simt.iter().zip(&cublaslt).enumerate() {
+        assert!((a - b).abs() <= 1e-3 * a.abs(), "step {step}: {a} vs {b}");
+    }
+}
