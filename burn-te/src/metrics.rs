@@ -390,8 +390,9 @@ pub fn metrics_report() -> String {
     report(None, |_| true)
 }
 
-/// The metrics and counters that answer "is the step healthy": step, read-back and GEMM times, GEMMs by precision,
-/// fallbacks, non-finite values and transfers (torch-xla's `short_metrics_report`).
+/// The metrics and counters that answer "is the step healthy": step, read-back and GEMM times, GEMMs by precision
+/// and by the path they ran on (`DeviceFp8Gemm(cublaslt)`, `HostFp8Gemm(avx2fma)`), fallbacks, non-finite values and
+/// transfers (torch-xla's `short_metrics_report`).
 pub fn short_metrics_report() -> String {
     report(
         Some(&[
@@ -401,6 +402,8 @@ pub fn short_metrics_report() -> String {
         ]),
         |name| {
             name.starts_with("Gemm")
+                || name.starts_with("DeviceFp8Gemm")
+                || name.starts_with("HostFp8Gemm")
                 || name.starts_with("NonFinite")
                 || name.starts_with("DeviceToHost")
                 || name.starts_with("HostToDevice")

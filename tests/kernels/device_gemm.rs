@@ -8,7 +8,7 @@
 //! - Random operands agree with f64 within each path's bound: the SIMT kernel's f32 accumulation `γ_(k+4) · Σ|a·b|`;
 //!   cuBLASLt's `2⁻¹⁰ · Σ|a·b|` (Hopper's FP8 MMA adds with fewer mantissa bits than f32 inside one instruction;
 //!   cuBLASLt without fast accumulation promotes each instruction's partial sums to f32). The measured worst ratio
-//!   is printed.
+//!   is printed: on an H100 (2026-11-26) 5.0–5.6·10⁻⁵ (about 2⁻¹⁴) on cuBLASLt, 2.1–2.5·10⁻⁷ on the kernel.
 //! - What cuBLASLt cannot take (block scales, K not a multiple of 16, another runtime) runs on the kernel, counted
 //!   under `DeviceFp8Gemm(simt)` and as a `device GEMM path` fallback, with the kernel's bits.
 
@@ -162,7 +162,8 @@ fn exact_sums_are_bit_identical_to_f64_on_every_path_and_layout() {
                     let rhs = quantize(half_integers(&mut rng, rhs_batch * k * n), rshape, rf);
                     let expected =
                         reference(&stored_f64::<B>(&lhs), lhs_t, &stored_f64::<B>(&rhs), rhs_t);
-                    for path in PATHS {
+                    // Off CUDA both requests run the kernel (the fallback is tested below): ask once.
+                    for path in PATHS.into_iter().filter(|&p| runs_on(p) == p) {
                         let got = gemm_on(path, runs_on(path), &lhs, lhs_t, &rhs, rhs_t);
                         let what = format!(
                             "{m}x{k}x{n} batch {lhs_batch}x{rhs_batch} lhs_t {lhs_t} rhs_t {rhs_t} {lf}x{rf} on {path}"
@@ -274,6 +275,9 @@ fn operands_cublaslt_cannot_take_fall_back_to_the_kernel_counted() {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&asked), bits(&kernel), "{what}: the kernel's result");
     }
+    // The short report names the path.
+    let short = burn_te::diagnostics::short_metrics_report();
+    assert!(short.contains("Counter: DeviceFp8Gemm(simt)"), "{short}");
 }
 
 /// A few training steps of a TransformerLayer in FP8 (delayed scaling) on cuBLASLt give the SIMT kernel's losses
