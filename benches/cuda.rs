@@ -8,16 +8,18 @@
 //!
 //! Targets (issue 44): FP8 GEMM ≥ 1.5× Burn's bf16 matmul at 4096³ on sm89/sm90; the FP8 step ≤ 0.8× the bf16 step.
 
+mod common;
+
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, TensorPrimitive};
 use burn_te::cube::gemm_path::{DeviceGemmPath, with_device_gemm_path};
-use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
-use burn_te::{DelayedScaling, Fp8Format, Scaling, Te, TeBackend, fp8_autocast};
+use burn_te::nn::TransformerLayerConfig;
+use burn_te::{Fp8Format, Scaling, Te, TeBackend};
 use burn_te_kernels::cubecl::cuda::CudaDevice;
 use criterion::measurement::WallTime;
-use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group};
 use half::{bf16, f16};
 
 /// burn-te's FP8 ops on CUDA: `CubeBackend<CudaRuntime, f32>` (no fusion).
@@ -126,24 +128,6 @@ fn gemm(c: &mut Criterion) {
     );
 }
 
-/// One step: forward (in FP8 when `fp8`), MSE loss, backward; synchronized so the device work is timed.
-fn step<B: AutodiffBackend + TeBackend>(
-    layer: &TransformerLayer<B>,
-    x: &Tensor<B, 3>,
-    target: &Tensor<B, 3>,
-    fp8: bool,
-) {
-    let forward = || layer.forward(x.clone(), None);
-    let y = if fp8 {
-        fp8_autocast(true, DelayedScaling::default(), forward).expect("valid recipe")
-    } else {
-        forward()
-    };
-    let grads = (y - target.clone()).square().mean().backward();
-    drop(grads);
-    B::sync(&x.device()).expect("sync");
-}
-
 fn bench_step<B: AutodiffBackend + TeBackend<Device = CudaDevice>>(
     group: &mut BenchmarkGroup<'_, WallTime>,
     name: &str,
@@ -164,7 +148,12 @@ fn bench_step<B: AutodiffBackend + TeBackend<Device = CudaDevice>>(
         Distribution::Normal(0.0, 1.0),
         &device(),
     );
-    group.bench_function(name, |b| b.iter(|| step(&layer, &x, &target, fp8)));
+    group.bench_function(name, |b| {
+        b.iter(|| {
+            common::train_step(&layer, &x, &target, fp8);
+            B::sync(&device()).expect("sync")
+        })
+    });
 }
 
 fn transformer_layer(c: &mut Criterion) {
@@ -181,4 +170,88 @@ fn transformer_layer(c: &mut Criterion) {
 }
 
 criterion_group!(benches, gemm, transformer_layer);
-criterion_main!(benches);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    let target = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    let svg = target.join("burn-te-cuda-gemm.svg");
+    match draw_chart(&target.join("criterion"), &svg) {
+        Ok(()) => println!("chart: {}", svg.display()),
+        Err(err) => eprintln!("{}: {err}", svg.display()),
+    }
+}
+
+/// TFLOP/s of each GEMM shape per function as grouped bars.
+fn draw_chart(
+    criterion: &std::path::Path,
+    svg: &std::path::Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    let results: Vec<_> = common::measured(criterion)
+        .into_iter()
+        .filter_map(|(g, f, gflops)| {
+            Some((g.strip_prefix("cuda gemm ")?.to_string(), f, gflops / 1e3))
+        })
+        .collect();
+    let mut shapes: Vec<String> = results.iter().map(|r| r.0.clone()).collect();
+    shapes.sort();
+    shapes.dedup();
+    let series = [
+        ("burn f32 matmul", RGBColor(90, 90, 90)),
+        ("burn bf16 matmul", RGBColor(150, 150, 150)),
+        ("fp8 simt kernel", RGBColor(230, 150, 60)),
+        (
+            "fp8 cublaslt (A·B, transposed copy)",
+            RGBColor(120, 190, 120),
+        ),
+        ("fp8 cublaslt (A·Bᵀ)", RGBColor(40, 140, 70)),
+    ];
+    let value = |shape: &str, function: &str| {
+        results
+            .iter()
+            .find(|(g, f, _)| g == shape && f == function)
+            .map(|r| r.2)
+    };
+    let top = results.iter().map(|r| r.2).fold(0.0, f64::max) * 1.25;
+    let root = SVGBackend::new(svg, (1000, 520)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "FP8 GEMM on CUDA vs Burn's matmul (TFLOP/s)",
+            ("sans-serif", 20),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..shapes.len() as f64, 0f64..top.max(1.0))?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(0)
+        .y_desc("TFLOP/s")
+        .draw()?;
+    for (index, &(function, color)) in series.iter().enumerate() {
+        let bars = shapes.iter().enumerate().filter_map(|(i, shape)| {
+            let x0 = i as f64 + 0.08 + 0.17 * index as f64;
+            value(shape, function)
+                .map(|v| Rectangle::new([(x0, 0.0), (x0 + 0.15, v)], color.filled()))
+        });
+        chart
+            .draw_series(bars)?
+            .label(function)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 12, y + 6)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()?;
+    for (i, shape) in shapes.iter().enumerate() {
+        let (x, y) = chart.backend_coord(&(i as f64 + 0.4, 0.0));
+        root.draw(&Text::new(shape.clone(), (x, y + 10), ("sans-serif", 15)))?;
+    }
+    root.present()?;
+    Ok(())
+}

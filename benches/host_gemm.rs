@@ -188,48 +188,13 @@ fn main() {
     }
 }
 
-/// Each measured function's (group, function, GFLOP/s) from criterion's files under `dir` (its median time and the
-/// group's throughput).
-fn measured(dir: &std::path::Path) -> Vec<(String, String, f64)> {
-    let mut out = vec![];
-    let Ok(groups) = std::fs::read_dir(dir) else {
-        return out;
-    };
-    for group in groups.flatten() {
-        let Ok(functions) = std::fs::read_dir(group.path()) else {
-            continue;
-        };
-        for function in functions.flatten() {
-            let new = function.path().join("new");
-            let read = |name: &str| -> Option<serde_json::Value> {
-                serde_json::from_str(&std::fs::read_to_string(new.join(name)).ok()?).ok()
-            };
-            let (Some(benchmark), Some(estimates)) =
-                (read("benchmark.json"), read("estimates.json"))
-            else {
-                continue;
-            };
-            let ids = (
-                benchmark["group_id"].as_str(),
-                benchmark["function_id"].as_str(),
-            );
-            let elements = benchmark["throughput"]["Elements"].as_f64();
-            let median_ns = estimates["median"]["point_estimate"].as_f64();
-            if let ((Some(g), Some(f)), Some(elements), Some(ns)) = (ids, elements, median_ns) {
-                out.push((g.to_string(), f.to_string(), elements / ns));
-            }
-        }
-    }
-    out
-}
-
 /// GFLOP/s of every GEMM shape on each path as grouped bars, each instruction's peak on every thread as a line.
 fn draw_chart(
     criterion: &std::path::Path,
     svg: &std::path::Path,
 ) -> Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
-    let results = measured(criterion);
+    let results = common::measured(criterion);
     let peaks: Vec<(String, f64)> = results
         .iter()
         .filter(|(g, f, _)| g.starts_with("peak ") && f != "one thread")

@@ -41,3 +41,38 @@ pub fn train_step<B: AutodiffBackend + TeBackend>(
     .expect("valid recipe");
     drop((y - target.clone()).square().mean().backward());
 }
+
+/// Each measured function's (group, function, GFLOP/s) from criterion's files under `dir` (its median time and the
+/// group's throughput).
+pub fn measured(dir: &std::path::Path) -> Vec<(String, String, f64)> {
+    let mut out = vec![];
+    let Ok(groups) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for group in groups.flatten() {
+        let Ok(functions) = std::fs::read_dir(group.path()) else {
+            continue;
+        };
+        for function in functions.flatten() {
+            let new = function.path().join("new");
+            let read = |name: &str| -> Option<serde_json::Value> {
+                serde_json::from_str(&std::fs::read_to_string(new.join(name)).ok()?).ok()
+            };
+            let (Some(benchmark), Some(estimates)) =
+                (read("benchmark.json"), read("estimates.json"))
+            else {
+                continue;
+            };
+            let ids = (
+                benchmark["group_id"].as_str(),
+                benchmark["function_id"].as_str(),
+            );
+            let elements = benchmark["throughput"]["Elements"].as_f64();
+            let median_ns = estimates["median"]["point_estimate"].as_f64();
+            if let ((Some(g), Some(f)), Some(elements), Some(ns)) = (ids, elements, median_ns) {
+                out.push((g.to_string(), f.to_string(), elements / ns));
+            }
+        }
+    }
+    out
+}

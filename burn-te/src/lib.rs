@@ -37,8 +37,8 @@
 //!   `distributed`, `fp8_gemm`, `fp8_state`, `fused::activation`, `fused::norm`, `fused::softmax`, `fusion`,
 //!   `high_precision`, `host`, `linear`, `microbatch`, `nn`,
 //!   `nvfp4`, `plain_linear`, `readback`, `saved`, `te`.
-//! - Plain: `autocast`, `data`, `diagnostics`, `diagnostics::trace`, `distributed::launch`, `error`, `fallback`,
-//!   `fused`, `gemm`, `host::gemm`, `metrics`, `plan`, `primitive`, `recipe`, `site`.
+//! - Plain: `autocast`, `cube::gemm_path`, `data`, `diagnostics`, `diagnostics::trace`, `distributed::launch`,
+//!   `error`, `fallback`, `fused`, `gemm`, `host::gemm`, `metrics`, `plan`, `primitive`, `recipe`, `site`.
 
 mod autocast;
 mod autodiff;

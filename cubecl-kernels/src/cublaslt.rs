@@ -229,8 +229,10 @@ fn library_error(what: &str, error: impl core::fmt::Debug) -> KernelError {
 
 impl LtDevice {
     fn new(ordinal: usize) -> Result<Self, KernelError> {
+        // Probed once: without the library every GEMM takes the kernel, and need not look again.
+        static PRESENT: OnceLock<bool> = OnceLock::new();
         // SAFETY: probing for the shared library loads nothing into the process's CUDA state.
-        if !unsafe { sys::is_culib_present() } {
+        if !*PRESENT.get_or_init(|| unsafe { sys::is_culib_present() }) {
             return Err(KernelError::Library {
                 library: "cuBLASLt",
                 reason: "libcublasLt.so was not found on the loader path (LD_LIBRARY_PATH); it ships with the \
