@@ -475,6 +475,21 @@ fn compare_replicas(
             ));
         }
     }
+    // Every rank ends with the same gathered parameters, bit for bit: its TP group gathers the same shards, and
+    // every replica applied the same averaged gradients (on their own halves of the batch they would part).
+    let bits = |params: &[Vec<f32>]| -> Vec<Vec<u32>> {
+        params
+            .iter()
+            .map(|p| p.iter().map(|v| v.to_bits()).collect())
+            .collect()
+    };
+    for (rank, run) in split.iter().enumerate().skip(1) {
+        if bits(&run.params) != bits(&split[0].params) {
+            return Err(format!(
+                "{what}: rank {rank}'s parameters differ from rank 0's"
+            ));
+        }
+    }
     for (p, (a, b)) in split[0].params.iter().zip(&whole[0].params).enumerate() {
         let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let worst = a
@@ -575,39 +590,42 @@ fn check_split_replicas_train_as_whole<M: Split<A>>(config: impl Fn(bool) -> M::
             });
             let what = format!("{name}, sequence parallel {sp}, {dp} data-parallel replicas");
             compare_replicas(&what, &whole, &split, sp, dp).unwrap_or_else(|e| panic!("{e}"));
-            // Delayed scaling: every rank holds the same scales and rolled amax histories, bit for bit (the
-            // reduction over the world at each roll, TE's default amax reduction group), and the whole model's
-            // within the tolerance (its amaxes come from the same tensors, summed in another order). The newest
-            // amax, recorded by the last step and not rolled yet, is each rank's own: with one replica, their
-            // maximum is the whole tensor's.
-            if name.starts_with("delayed") {
-                for layer in 0..whole[0].records.len() {
-                    let r0 = &split[0].records[layer];
-                    for (rank, run) in split.iter().enumerate().skip(1) {
-                        for ((role, h0, s0, _), (_, h, s, _)) in r0.iter().zip(&run.records[layer])
-                        {
-                            let at = format!("{what}: GEMM layer {layer} {role}");
-                            assert_eq!(s0.to_bits(), s.to_bits(), "{at} scale, ranks 0 and {rank}");
-                            assert_eq!(h0[1..], h[1..], "{at} rolled history, ranks 0 and {rank}");
-                        }
-                    }
-                    let r1 = &split[1].records[layer];
-                    // With several replicas the newest amax is each replica's own: left out.
-                    let reference = &whole[0].records[layer];
-                    let newest_max: Vec<RoleRecord> = r0
-                        .iter()
-                        .zip(r1)
-                        .zip(reference)
-                        .map(|(((role, h0, s, f), (_, h1, _, _)), (_, h_ref, _, _))| {
-                            let mut h = h0.clone();
-                            h[0] = if dp == 1 { h0[0].max(h1[0]) } else { h_ref[0] };
-                            (role.clone(), h, *s, *f)
-                        })
-                        .collect();
-                    check_records(&what, &newest_max, &whole[0].records[layer]);
-                }
+            check_delayed_records(&what, name, &whole, &split, dp);
+        }
+    }
+}
+
+/// Delayed scaling: every rank holds the same scales and rolled amax histories, bit for bit (the reduction over
+/// the world at each roll, TE's default amax reduction group), and the whole model's within the tolerance (its
+/// amaxes come from the same tensors, summed in another order). The newest amax, recorded by the last step and not
+/// rolled yet, is each rank's own: with one replica, their maximum is the whole tensor's.
+fn check_delayed_records(what: &str, recipe: &str, whole: &[Run], split: &[Run], dp: usize) {
+    if !recipe.starts_with("delayed") {
+        return;
+    }
+    for layer in 0..whole[0].records.len() {
+        let r0 = &split[0].records[layer];
+        for (rank, run) in split.iter().enumerate().skip(1) {
+            for ((role, h0, s0, _), (_, h, s, _)) in r0.iter().zip(&run.records[layer]) {
+                let at = format!("{what}: GEMM layer {layer} {role}");
+                assert_eq!(s0.to_bits(), s.to_bits(), "{at} scale, ranks 0 and {rank}");
+                assert_eq!(h0[1..], h[1..], "{at} rolled history, ranks 0 and {rank}");
             }
         }
+        let r1 = &split[1].records[layer];
+        // With several replicas the newest amax is each replica's own: left out.
+        let reference = &whole[0].records[layer];
+        let newest_max: Vec<RoleRecord> = r0
+            .iter()
+            .zip(r1)
+            .zip(reference)
+            .map(|(((role, h0, s, f), (_, h1, _, _)), (_, h_ref, _, _))| {
+                let mut h = h0.clone();
+                h[0] = if dp == 1 { h0[0].max(h1[0]) } else { h_ref[0] };
+                (role.clone(), h, *s, *f)
+            })
+            .collect();
+        check_records(what, &newest_max, &whole[0].records[layer]);
     }
 }
 
@@ -820,7 +838,7 @@ fn a_dead_tensor_parallel_peer_fails_the_others_within_the_timeout() {
 }
 
 /// The runs of the TransformerLayer (sequence parallel) split over this process's group on `B`, one per recipe.
-fn process_runs<B: AutodiffBackend + TeBackend>(device: &B::Device) -> Vec<Run> {
+fn process_runs<B: AutodiffBackend + TeBackend>(device: &B::Device, dp: usize) -> Vec<Run> {
     recipes()
         .into_iter()
         .map(|(_, recipe, steps)| {
@@ -828,11 +846,19 @@ fn process_runs<B: AutodiffBackend + TeBackend>(device: &B::Device) -> Vec<Run> 
                 &layer_config(true),
                 recipe,
                 steps,
-                1,
+                dp,
                 device,
             )
         })
         .collect()
+}
+
+/// The data-parallel replicas of the launched peers (`BURN_TE_TP_DP`, default 1): `2·dp` processes.
+fn launched_replicas() -> usize {
+    std::env::var("BURN_TE_TP_DP")
+        .ok()
+        .and_then(|dp| dp.parse().ok())
+        .unwrap_or(1)
 }
 
 /// A tensor-parallel peer process of the launcher (its rank in the environment the launcher set): trains the
@@ -850,9 +876,10 @@ fn tp_peer_process() {
     let rank = config.rank;
     let peer = Peer::join(config).unwrap();
     let bound = peer.bind();
+    let dp = launched_replicas();
     let runs = match std::env::var("BURN_TE_TP_BACKEND").as_deref() {
-        Ok("wgpu") => process_runs::<Autodiff<Te<Wgpu>>>(&crate::te::device()),
-        _ => process_runs::<A>(&Default::default()),
+        Ok("wgpu") => process_runs::<Autodiff<Te<Wgpu>>>(&crate::te::device(), dp),
+        _ => process_runs::<A>(&Default::default(), dp),
     };
     drop(bound);
     peer.leave().unwrap();
@@ -863,6 +890,11 @@ fn tp_peer_process() {
             serde_json::json!({
                 "losses": bits(&run.losses),
                 "params": run.params.iter().map(|p| bits(p)).collect::<Vec<_>>(),
+                "records": run.records.iter().map(|layer| {
+                    layer.iter().map(|(role, history, scale, f)| {
+                        serde_json::json!([role, bits(history), scale.to_bits(), f])
+                    }).collect::<Vec<_>>()
+                }).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -870,16 +902,17 @@ fn tp_peer_process() {
     std::fs::write(path, serde_json::Value::from(json).to_string()).unwrap();
 }
 
-/// The launcher as a child process: 2 processes of [`tp_peer_process`].
+/// The launcher as a child process: `2·dp` processes of [`tp_peer_process`] ([`launched_replicas`]).
 #[test]
 #[ignore = "a child process of the tensor-parallel tests"]
 fn tp_launcher_process() {
     if std::env::var("BURN_TE_TP_DIR").is_err() {
         return;
     }
+    let nproc = (2 * launched_replicas()).to_string();
     let args: Vec<String> = [
         "--nproc",
-        "2",
+        &nproc,
         "--collective-timeout",
         "120",
         "--exact",
@@ -902,12 +935,15 @@ fn tp_launcher_process() {
 }
 
 /// Through the launcher, on `backend` (`flex`, `wgpu`): the sequence-parallel TransformerLayer split over 2
-/// processes trains as the whole layer on the same backend, for every recipe (see [`compare`]).
-fn check_launched<B: AutodiffBackend + TeBackend>(backend: &str, device: &B::Device) {
-    let dir = crate::debug::temp_dir(&format!("tp-launcher-{backend}"));
+/// processes (TP = 2), in `dp` data-parallel replicas (`2·dp` processes), trains as `dp` replicas of the whole layer
+/// on the same backend, for every recipe ([`compare_replicas`]); under delayed scaling every process holds the same
+/// scales and rolled histories, bit for bit ([`check_delayed_records`]).
+fn check_launched<B: AutodiffBackend + TeBackend>(backend: &str, device: &B::Device, dp: usize) {
+    let dir = crate::debug::temp_dir(&format!("tp-launcher-{backend}-dp{dp}"));
     let envs = [
         ("BURN_TE_TP_DIR", dir.display().to_string()),
         ("BURN_TE_TP_BACKEND", backend.to_string()),
+        ("BURN_TE_TP_DP", dp.to_string()),
     ];
     let started = std::time::Instant::now();
     let mut launcher = crate::distributed::child("tensor_parallel::tp_launcher_process", &envs);
@@ -921,52 +957,73 @@ fn check_launched<B: AutodiffBackend + TeBackend>(backend: &str, device: &B::Dev
         let bits: Vec<u32> = serde_json::from_value(v.clone()).unwrap();
         bits.into_iter().map(f32::from_bits).collect()
     };
-    let peer_runs: Vec<Vec<Run>> = (0..2)
+    let record = |v: &serde_json::Value| -> RoleRecord {
+        (
+            v[0].as_str().unwrap().to_string(),
+            floats(&v[1]),
+            f32::from_bits(v[2].as_u64().unwrap() as u32),
+            v[3].as_bool().unwrap(),
+        )
+    };
+    let peer_runs: Vec<Vec<serde_json::Value>> = (0..2 * dp)
         .map(|rank| {
             let path = dir.join(format!("tp_peer_{rank}.json"));
             let text = std::fs::read_to_string(&path)
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            let json: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
-            json.iter()
-                .map(|run| Run {
-                    losses: floats(&run["losses"]),
-                    params: run["params"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(floats)
-                        .collect(),
-                    records: Vec::new(),
-                })
-                .collect()
+            serde_json::from_str(&text).unwrap()
         })
         .collect();
+    let run = |json: &serde_json::Value| Run {
+        losses: floats(&json["losses"]),
+        params: json["params"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(floats)
+            .collect(),
+        records: json["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|layer| layer.as_array().unwrap().iter().map(record).collect())
+            .collect(),
+    };
+    // The whole layer's replicas are thread peers of this process.
+    let _group = GROUP.lock().unwrap_or_else(|p| p.into_inner());
     let config = layer_config(true);
     for (i, (name, recipe, steps)) in recipes().into_iter().enumerate() {
         let whole_config = <TransformerLayer<B> as Split<B>>::whole_config(&config);
-        let whole =
-            train_data_parallel::<B, TransformerLayer<B>>(&whole_config, recipe, steps, 1, device);
-        let split: Vec<Run> = peer_runs
-            .iter()
-            .map(|runs| Run {
-                losses: runs[i].losses.clone(),
-                params: runs[i].params.clone(),
-                records: Vec::new(),
-            })
-            .collect();
-        compare(
-            &format!("{backend}, {name}, 2 processes"),
-            &whole,
-            &split,
-            true,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let train_whole = || {
+            train_data_parallel::<B, TransformerLayer<B>>(
+                &whole_config,
+                recipe.clone(),
+                steps,
+                dp,
+                device,
+            )
+        };
+        let whole = match dp {
+            1 => vec![train_whole()],
+            _ => on_peers(dp, |_| train_whole()),
+        };
+        let split: Vec<Run> = peer_runs.iter().map(|runs| run(&runs[i])).collect();
+        let what = format!("{backend}, {name}, {} processes", 2 * dp);
+        compare_replicas(&what, &whole, &split, true, dp).unwrap_or_else(|e| panic!("{e}"));
+        check_delayed_records(&what, name, &whole, &split, dp);
     }
 }
 
+/// TP = 2 through the launcher: 2 processes on Flex.
 #[test]
 fn tensor_parallel_processes_through_the_launcher_train_as_the_whole_layer() {
-    check_launched::<A>("flex", &Default::default());
+    check_launched::<A>("flex", &Default::default(), 1);
+}
+
+/// TP = 2 × DP = 2 through the launcher: 4 processes on Flex, two replicas of the split layer against two replicas
+/// of the whole one (threads of this process).
+#[test]
+fn tensor_parallel_times_data_parallel_processes_through_the_launcher_train_as_the_whole_layer() {
+    check_launched::<A>("flex", &Default::default(), 2);
 }
 
 /// The same on wgpu (lavapipe here). Each process compiles and autotunes every kernel anew on lavapipe: about 5
@@ -974,5 +1031,5 @@ fn tensor_parallel_processes_through_the_launcher_train_as_the_whole_layer() {
 #[test]
 #[ignore = "about 5 minutes on lavapipe; run on request"]
 fn tensor_parallel_processes_on_wgpu_through_the_launcher_train_as_the_whole_layer() {
-    check_launched::<Autodiff<Te<Wgpu>>>("wgpu", &crate::te::device());
+    check_launched::<Autodiff<Te<Wgpu>>>("wgpu", &crate::te::device(), 1);
 }

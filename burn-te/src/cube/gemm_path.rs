@@ -93,7 +93,8 @@ fn configured() -> Option<DeviceGemmPath> {
     })
 }
 
-/// Whether `R` is CubeCL's CUDA runtime.
+/// Whether `R` is CubeCL's CUDA runtime (never without the `cuda` feature).
+#[cfg_attr(not(feature = "cuda"), allow(clippy::extra_unused_type_parameters))]
 fn is_cuda<R: Runtime>() -> bool {
     #[cfg(feature = "cuda")]
     {
@@ -187,6 +188,7 @@ fn cublaslt<R: Runtime, F: Float + CubeElement>(
 }
 
 #[cfg(not(feature = "cuda"))]
+#[allow(clippy::extra_unused_type_parameters)]
 fn cublaslt<R: Runtime, F: Float + CubeElement>(
     _client: &ComputeClient<R>,
     _device: &R::Device,
