@@ -178,7 +178,8 @@ pub fn quantize_operand<B: TeBackend>(
         Recipe::Nvfp4(r) => {
             let wgrad = site.gemm == Gemm::Wgrad && !k_along_cols;
             let plan = Nvfp4Plan::new(r, site, role, k_along_cols, wgrad);
-            let (tensor, transposed) = crate::nvfp4::quantize::<B>(tensor, plan)?;
+            let (tensor, transposed) =
+                crate::nvfp4::quantize::<B>(tensor, plan, site.amax_group(role))?;
             return Ok(QuantizedOperand { tensor, transposed });
         }
     };
@@ -827,7 +828,7 @@ pub fn matmul<B: TeBackend>(
         Recipe::Nvfp4(r) => {
             let site = GemmSite::new("matmul", Gemm::Fprop);
             let plan = Nvfp4Plan::new(r, &site, TensorRole::Activation, k_along_cols, false);
-            let (tensor, transposed) = crate::nvfp4::quantize::<B>(t, plan)?;
+            let (tensor, transposed) = crate::nvfp4::quantize::<B>(t, plan, None)?;
             Ok(QuantizedOperand { tensor, transposed })
         }
     };

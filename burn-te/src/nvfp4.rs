@@ -94,6 +94,7 @@ fn seed(site: &GemmSite, role: TensorRole) -> u32 {
 pub fn quantize<B: TeBackend>(
     tensor: FloatTensor<B>,
     plan: Nvfp4Plan,
+    amax_group: Option<&dyn crate::site::AmaxGroup>,
 ) -> Result<(Fp8Primitive<B>, bool), TeError> {
     let quantized = B::fp8_quantize(
         operand_layout::<B>(tensor, plan)?,
@@ -102,6 +103,7 @@ pub fn quantize<B: TeBackend>(
             tile: plan.tile,
             rounding: plan.rounding,
             rht: plan.rht,
+            amax_group,
         },
     )?;
     Ok((quantized, plan.transpose))

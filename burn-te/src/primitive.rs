@@ -90,6 +90,12 @@ pub struct Nvfp4Scales {
     pub global_amax: f32,
 }
 
+/// Reduces a sharded tensor's amax over the ranks that hold its shards (a tensor-parallel group).
+pub trait AmaxGroup: core::fmt::Debug + Send + Sync {
+    /// The element-wise maximum of `values` over the group (NaN where any rank's is NaN); a collective call.
+    fn max(&self, what: &str, values: &[f32]) -> Result<Vec<f32>, TeError>;
+}
+
 /// How a quantization chooses its scale.
 #[derive(Debug)]
 pub enum Scaling<'a, S> {
@@ -125,6 +131,9 @@ pub enum Scaling<'a, S> {
         /// Quantize the random Hadamard transform of the tensor (16-element chunks of its last dimension, which
         /// must be a multiple of 16) instead of the tensor.
         rht: bool,
+        /// The ranks holding the other shards of this tensor (tensor parallelism): the global amax is the maximum
+        /// over them, so every shard is quantized as the whole tensor would be. `None`: this tensor's own.
+        amax_group: Option<&'a dyn AmaxGroup>,
     },
 }
 

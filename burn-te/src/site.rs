@@ -3,10 +3,10 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::error::TeError;
 use crate::fp8_state::LayerFp8State;
 pub use crate::gemm::{Gemm, TensorRole};
 use crate::plan::LayerRecipes;
+pub use crate::primitive::AmaxGroup;
 use crate::recipe::Recipe;
 
 /// Where a GEMM runs: the layer's name, its module type, which of its GEMMs, and the layer's FP8 state with the
@@ -37,12 +37,6 @@ pub struct GemmSite {
     /// The operands this rank holds one shard of (a tensor-parallel layer's), whose current-scaling amax is
     /// reduced over the ranks holding the others, so every rank quantizes with the whole tensor's scale.
     pub sharded: Option<Sharding>,
-}
-
-/// Reduces a sharded tensor's amax over the ranks that hold its shards (a tensor-parallel group).
-pub trait AmaxGroup: fmt::Debug + Send + Sync {
-    /// The element-wise maximum of `values` over the group (NaN where any rank's is NaN); a collective call.
-    fn max(&self, what: &str, values: &[f32]) -> Result<Vec<f32>, TeError>;
 }
 
 /// Which operands of a layer's GEMMs this rank holds a shard of, and the group holding the others.

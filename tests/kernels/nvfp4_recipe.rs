@@ -348,6 +348,7 @@ fn check_stats<B: burn_te::TeBackend>(what: &str, device: &B::Device) {
                         tile,
                         rounding: Nvfp4Rounding::Nearest,
                         rht,
+                        amax_group: None,
                     },
                 )),
             )

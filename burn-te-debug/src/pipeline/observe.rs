@@ -114,6 +114,7 @@ impl<B: TeBackend> DebugTensor for SiteTensor<B> {
                     tile: plan.tile,
                     rounding: plan.rounding,
                     rht: plan.rht,
+                    amax_group: None,
                 };
                 B::fp8_stats_launch(tensor, Some((Fp8Format::E4M3, scaling)))?
             }
@@ -180,7 +181,7 @@ impl<B: TeBackend> DebugTensor for SiteTensor<B> {
     ) -> Result<Box<dyn DebugTensor>, DebugError> {
         let shape = self.tensor.shape();
         let (folded, _) = fp8_gemm::fold_rows::<B>(self.tensor.clone());
-        let (tensor, transposed) = burn_te::nvfp4::quantize::<B>(folded, plan)?;
+        let (tensor, transposed) = burn_te::nvfp4::quantize::<B>(folded, plan, None)?;
         let values = fp8_gemm::QuantizedOperand::<B> { tensor, transposed }.dequantize(shape)?;
         Ok(Box::new(self.with(values)))
     }

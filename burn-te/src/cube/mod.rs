@@ -178,6 +178,7 @@ fn quantize<R: CubeRuntime, F: Float + CubeElement>(
             tile,
             rounding,
             rht,
+            amax_group,
         } => {
             crate::nvfp4::check_scale_format(format)?;
             let (rows, cols) = rows_cols(x.meta.shape());
@@ -185,6 +186,7 @@ fn quantize<R: CubeRuntime, F: Float + CubeElement>(
                 // The transform's output is f32 (bf16-rounded values); the global amax is the transformed one.
                 let transformed = nvfp4::rht::<R, F>(client, &x.handle, rows, cols, RHT_SIGN_MASK)?;
                 let amax = ops::amax::<R, f32>(client, &transformed, len)?;
+                let amax = group_amax(client, amax, amax_group)?;
                 nvfp4::nvfp4_quantize::<R, f32>(
                     client,
                     &transformed,
@@ -196,6 +198,7 @@ fn quantize<R: CubeRuntime, F: Float + CubeElement>(
                 )?
             } else {
                 let amax = ops::amax::<R, F>(client, &x.handle, len)?;
+                let amax = group_amax(client, amax, amax_group)?;
                 nvfp4::nvfp4_quantize::<R, F>(client, &x.handle, rows, cols, tile, &amax, rounding)?
             };
             let factors = nvfp4::nvfp4_block_factors(client, &buffer)?;
@@ -208,6 +211,21 @@ fn quantize<R: CubeRuntime, F: Float + CubeElement>(
             })
         }
     }
+}
+
+/// NVFP4's global amax (a one-element buffer) as is, or reduced over `group` (a shard's: read back, reduced, and
+/// uploaded again).
+fn group_amax<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    amax: Handle,
+    group: Option<&dyn crate::site::AmaxGroup>,
+) -> Result<Handle, TeError> {
+    let Some(group) = group else {
+        return Ok(amax);
+    };
+    let local = ops::read_scalar(client, &amax)?;
+    let global = group.max("NVFP4 global amax", &[local])?[0];
+    Ok(client.create_from_slice(f32::as_bytes(&[global])))
 }
 
 /// A quantized tensor as a GEMM operand (`fp8`: its codes as an FP8 buffer; `None` for E2M1).

@@ -185,7 +185,11 @@ macro_rules! host_te_backend {
                         tile,
                         rounding,
                         rht,
-                    } => return nvfp4_quantize(&x, shape, format, (tile, rounding, rht), device),
+                        amax_group,
+                    } => {
+                        let plan = (tile, rounding, rht);
+                        return nvfp4_quantize(&x, shape, format, plan, amax_group, device);
+                    }
                     Scaling::Current { margin } => {
                         let scale = current_scale(&x, format, margin)?;
                         (host::quantize(&x, scale, format), vec![1.0 / scale], None)
@@ -502,6 +506,7 @@ fn nvfp4_quantize<D>(
         burn_te_kernels::nvfp4::Nvfp4Rounding,
         bool,
     ),
+    amax_group: Option<&dyn crate::site::AmaxGroup>,
     device: D,
 ) -> Result<Fp8Tensor<HostFp8Data<D>>, TeError> {
     use burn_te_kernels::host::nvfp4;
@@ -514,7 +519,12 @@ fn nvfp4_quantize<D>(
     } else {
         x
     };
-    let quantized = nvfp4::quantize(input, rows, cols, tile, None, rounding)?;
+    // The global amax of a shard: the maximum over the ranks holding the others.
+    let amax = match amax_group {
+        Some(group) => Some(group.max("NVFP4 global amax", &[host::amax(input)])?[0]),
+        None => None,
+    };
+    let quantized = nvfp4::quantize(input, rows, cols, tile, amax, rounding)?;
     let factors = quantized
         .scales
         .iter()
