@@ -174,12 +174,7 @@ criterion_group!(benches, gemm, transformer_layer);
 fn main() {
     benches();
     Criterion::default().configure_from_args().final_summary();
-    let target = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
-    let svg = target.join("burn-te-cuda-gemm.svg");
-    match draw_chart(&target.join("criterion"), &svg) {
-        Ok(()) => println!("chart: {}", svg.display()),
-        Err(err) => eprintln!("{}: {err}", svg.display()),
-    }
+    common::chart("burn-te-cuda-gemm.svg", draw_chart);
 }
 
 /// TFLOP/s of each GEMM shape per function as grouped bars.

@@ -180,12 +180,7 @@ criterion_group!(benches, peak, gemms, transformer_layer);
 fn main() {
     benches();
     Criterion::default().configure_from_args().final_summary();
-    let target = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
-    let svg = target.join("burn-te-host-gemm.svg");
-    match draw_chart(&target.join("criterion"), &svg) {
-        Ok(()) => println!("chart: {}", svg.display()),
-        Err(err) => eprintln!("{}: {err}", svg.display()),
-    }
+    common::chart("burn-te-host-gemm.svg", draw_chart);
 }
 
 /// GFLOP/s of every GEMM shape on each path as grouped bars, each instruction's peak on every thread as a line.

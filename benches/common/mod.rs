@@ -76,3 +76,17 @@ pub fn measured(dir: &std::path::Path) -> Vec<(String, String, f64)> {
     }
     out
 }
+
+/// Draws `target/<file>` from criterion's files under `target/criterion` with `draw(criterion dir, svg path)`, and
+/// says where it is (or why not).
+pub fn chart(
+    file: &str,
+    draw: impl FnOnce(&std::path::Path, &std::path::Path) -> Result<(), Box<dyn std::error::Error>>,
+) {
+    let target = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    let svg = target.join(file);
+    match draw(&target.join("criterion"), &svg) {
+        Ok(()) => println!("chart: {}", svg.display()),
+        Err(err) => eprintln!("{}: {err}", svg.display()),
+    }
+}

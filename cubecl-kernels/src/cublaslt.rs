@@ -21,7 +21,7 @@ use cudarc::driver::{result as driver, sys as driver_sys};
 
 use crate::error::KernelError;
 use crate::format::Fp8Format;
-use crate::gemm::{GemmOperand, OperandCodes};
+use crate::gemm::{GemmOperand, OperandCodes, product_dims};
 use crate::transpose::transpose_fp8_codes;
 
 /// cuBLASLt's workspace per device (NVIDIA's recommendation for Hopper; 4 MiB suffice before it).
@@ -98,27 +98,7 @@ pub fn fp8_gemm<F: Float + CubeElement>(
             reason,
         });
     }
-    a.check("gemm lhs")?;
-    b.check("gemm rhs")?;
-    let (m, k) = a.used_dims(true);
-    let (n, k_b) = b.used_dims(false);
-    if k != k_b {
-        return Err(KernelError::LengthMismatch {
-            what: "gemm inner dimension (rhs rows vs lhs columns)",
-            expected: k,
-            actual: k_b,
-        });
-    }
-    let batch = a.batch.max(b.batch);
-    for (what, operand_batch) in [("gemm lhs batch", a.batch), ("gemm rhs batch", b.batch)] {
-        if operand_batch != batch && operand_batch != 1 {
-            return Err(KernelError::LengthMismatch {
-                what,
-                expected: batch,
-                actual: operand_batch,
-            });
-        }
-    }
+    let (m, k, n, batch) = product_dims(a, b)?;
     // K-major codes: A as [M, K] rows, B as [N, K] rows.
     let k_major =
         |operand: &GemmOperand<'_>, k_major_as_stored: bool| -> Result<Handle, KernelError> {

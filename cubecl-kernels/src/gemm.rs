@@ -210,27 +210,11 @@ impl GemmTiling {
     }
 }
 
-/// `out[b] = dequant(A[b]) × dequant(B[b])` as `F`, contiguous `[batch, M, N]`, accumulated in f32, tiled as
-/// [`GemmTiling::for_client`] chooses.
-///
-/// `a` is used as `M × K` and `b` as `K × N` (each after its optional transpose); their batches must be equal or
-/// one of them 1. Mismatched inner dimensions or batches give [`KernelError::LengthMismatch`].
-pub fn fp8_gemm<R: Runtime, F: Float + CubeElement>(
-    client: &ComputeClient<R>,
+/// The checked operands' product `(M, K, N, batch)`: A used as `M × K`, B as `K × N`, batches equal or 1.
+pub(crate) fn product_dims(
     a: &GemmOperand<'_>,
     b: &GemmOperand<'_>,
-) -> Result<Handle, KernelError> {
-    fp8_gemm_tiled::<R, F>(client, a, b, GemmTiling::for_client(client))
-}
-
-/// [`fp8_gemm`] with a chosen [`GemmTiling`] (the result is the same for every tiling: each output element sums
-/// its products in the same order).
-pub fn fp8_gemm_tiled<R: Runtime, F: Float + CubeElement>(
-    client: &ComputeClient<R>,
-    a: &GemmOperand<'_>,
-    b: &GemmOperand<'_>,
-    tiling: GemmTiling,
-) -> Result<Handle, KernelError> {
+) -> Result<(usize, usize, usize, usize), KernelError> {
     a.check("gemm lhs")?;
     b.check("gemm rhs")?;
     let (m, k) = a.used_dims(true);
@@ -252,6 +236,31 @@ pub fn fp8_gemm_tiled<R: Runtime, F: Float + CubeElement>(
             });
         }
     }
+    Ok((m, k, n, batch))
+}
+
+/// `out[b] = dequant(A[b]) × dequant(B[b])` as `F`, contiguous `[batch, M, N]`, accumulated in f32, tiled as
+/// [`GemmTiling::for_client`] chooses.
+///
+/// `a` is used as `M × K` and `b` as `K × N` (each after its optional transpose); their batches must be equal or
+/// one of them 1. Mismatched inner dimensions or batches give [`KernelError::LengthMismatch`].
+pub fn fp8_gemm<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    a: &GemmOperand<'_>,
+    b: &GemmOperand<'_>,
+) -> Result<Handle, KernelError> {
+    fp8_gemm_tiled::<R, F>(client, a, b, GemmTiling::for_client(client))
+}
+
+/// [`fp8_gemm`] with a chosen [`GemmTiling`] (the result is the same for every tiling: each output element sums
+/// its products in the same order).
+pub fn fp8_gemm_tiled<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    a: &GemmOperand<'_>,
+    b: &GemmOperand<'_>,
+    tiling: GemmTiling,
+) -> Result<Handle, KernelError> {
+    let (m, k, n, batch) = product_dims(a, b)?;
     let out_len = batch * m * n;
     u32::try_from(out_len).map_err(|_| KernelError::TooLarge(out_len))?;
     let output = client.empty(out_len.max(1) * size_of::<F>());

@@ -884,18 +884,30 @@ fn a_dead_tensor_parallel_peer_fails_the_others_within_the_timeout() {
     );
 }
 
-/// The runs of the TransformerLayer (sequence parallel) split over this process's group on `B`, one per recipe.
+/// The runs of the TransformerLayer split over this process's group on `B`, one per case of [`launched_cases`].
 fn process_runs<B: AutodiffBackend + TeBackend>(device: &B::Device, dp: usize) -> Vec<Run> {
-    recipes()
+    launched_cases()
         .into_iter()
-        .map(|(_, recipe, steps)| {
+        .map(|(sp, _, recipe, steps)| {
             train_data_parallel::<B, TransformerLayer<B>>(
-                &layer_config(true),
+                &layer_config(sp),
                 recipe,
                 steps,
                 dp,
                 device,
             )
+        })
+        .collect()
+}
+
+/// What the launched peers train, in order: every recipe with sequence parallelism off, then on.
+fn launched_cases() -> Vec<(bool, &'static str, Option<Recipe>, usize)> {
+    [false, true]
+        .into_iter()
+        .flat_map(|sp| {
+            recipes()
+                .into_iter()
+                .map(move |(name, recipe, steps)| (sp, name, recipe, steps))
         })
         .collect()
 }
@@ -909,7 +921,7 @@ fn launched_replicas() -> usize {
 }
 
 /// A tensor-parallel peer process of the launcher (its rank in the environment the launcher set): trains the
-/// sequence-parallel TransformerLayer split over the 2 processes under every recipe, on the backend
+/// TransformerLayer split over the processes under every recipe, sequence parallelism off and on, on the backend
 /// `BURN_TE_TP_BACKEND` names (`flex`, `wgpu`), and writes its runs to `tp_peer_<rank>.json` in `BURN_TE_TP_DIR`.
 #[test]
 #[ignore = "a child process of the tensor-parallel tests"]
@@ -981,8 +993,8 @@ fn tp_launcher_process() {
     );
 }
 
-/// Through the launcher, on `backend` (`flex`, `wgpu`): the sequence-parallel TransformerLayer split over 2
-/// processes (TP = 2), in `dp` data-parallel replicas (`2·dp` processes), trains as `dp` replicas of the whole layer
+/// Through the launcher, on `backend` (`flex`, `wgpu`): the TransformerLayer, sequence parallelism off and on, split
+/// over 2 processes (TP = 2), in `dp` data-parallel replicas (`2·dp` processes), trains as `dp` replicas of the whole layer
 /// on the same backend, for every recipe ([`compare_replicas`]); under delayed scaling every process holds the same
 /// scales and rolled histories, bit for bit ([`check_delayed_records`]).
 fn check_launched<B: AutodiffBackend + TeBackend>(backend: &str, device: &B::Device, dp: usize) {
@@ -1037,9 +1049,8 @@ fn check_launched<B: AutodiffBackend + TeBackend>(backend: &str, device: &B::Dev
     };
     // The whole layer's replicas are thread peers of this process.
     let _group = GROUP.lock().unwrap_or_else(|p| p.into_inner());
-    let config = layer_config(true);
-    for (i, (name, recipe, steps)) in recipes().into_iter().enumerate() {
-        let whole_config = <TransformerLayer<B> as Split<B>>::whole_config(&config);
+    for (i, (sp, name, recipe, steps)) in launched_cases().into_iter().enumerate() {
+        let whole_config = <TransformerLayer<B> as Split<B>>::whole_config(&layer_config(sp));
         let train_whole = || {
             train_data_parallel::<B, TransformerLayer<B>>(
                 &whole_config,
@@ -1054,8 +1065,11 @@ fn check_launched<B: AutodiffBackend + TeBackend>(backend: &str, device: &B::Dev
             _ => on_peers(dp, |_| train_whole()),
         };
         let split: Vec<Run> = peer_runs.iter().map(|runs| run(&runs[i])).collect();
-        let what = format!("{backend}, {name}, {} processes", 2 * dp);
-        compare_replicas(&what, &whole, &split, true, dp).unwrap_or_else(|e| panic!("{e}"));
+        let what = format!(
+            "{backend}, {name}, sequence parallel {sp}, {} processes",
+            2 * dp
+        );
+        compare_replicas(&what, &whole, &split, sp, dp).unwrap_or_else(|e| panic!("{e}"));
         check_delayed_records(&what, name, &whole, &split, dp);
     }
 }
@@ -1079,4 +1093,13 @@ fn tensor_parallel_times_data_parallel_processes_through_the_launcher_train_as_t
 #[ignore = "about 5 minutes on lavapipe; run on request"]
 fn tensor_parallel_processes_on_wgpu_through_the_launcher_train_as_the_whole_layer() {
     check_launched::<Autodiff<Te<Wgpu>>>("wgpu", &crate::te::device(), 1);
+}
+
+/// TP = 2 × DP = 2 on wgpu: 4 processes on lavapipe, on request
+/// (`cargo test --test kernels tensor_parallel_times_data_parallel_processes_on_wgpu -- --ignored`).
+#[test]
+#[ignore = "4 processes compiling their kernels on lavapipe; run on request"]
+fn tensor_parallel_times_data_parallel_processes_on_wgpu_through_the_launcher_train_as_the_whole_layer()
+ {
+    check_launched::<Autodiff<Te<Wgpu>>>("wgpu", &crate::te::device(), 2);
 }
