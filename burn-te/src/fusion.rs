@@ -69,6 +69,15 @@ impl<B: FusionBackend + TeBackend> TeBackend for Fusion<B> {
         Ok(fused::<B>(B::fp8_gemm(lhs, lhs_t, rhs, rhs_t)?))
     }
 
+    fn fp8_gemm_grouped(
+        gemms: Vec<crate::backend::GroupedGemmOperands<Self>>,
+    ) -> Result<Vec<FloatTensor<Self>>, TeError> {
+        Ok(B::fp8_gemm_grouped(gemms)?
+            .into_iter()
+            .map(fused::<B>)
+            .collect())
+    }
+
     fn fp8_amax(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, TeError> {
         Ok(fused::<B>(B::fp8_amax(resolved::<B>(tensor))?))
     }

@@ -271,6 +271,33 @@ pub fn fp8_gemm_tiled<R: Runtime, F: Float + CubeElement>(
         // An empty sum: zeros.
         return Ok(client.create_from_slice(F::as_bytes(&vec![F::from_int(0); out_len])));
     }
+    let params = gemm_params(a, b, (m, k, n, batch), 0)?;
+    let params = client.create_from_slice(u32::as_bytes(&params));
+    let tile = tiling.tile() as usize;
+    let cube_count = CubeCount::Static(
+        n.div_ceil(tile) as u32,
+        m.div_ceil(tile) as u32,
+        batch as u32,
+    );
+    launch::<R, F>(
+        client,
+        &[(*a, *b)],
+        params,
+        &output,
+        out_len,
+        cube_count,
+        tiling,
+    );
+    Ok(output)
+}
+
+/// One GEMM's [`param`] run: its product `(M, K, N, batch)` and where its output starts in the launch's output.
+fn gemm_params(
+    a: &GemmOperand<'_>,
+    b: &GemmOperand<'_>,
+    (m, k, n, batch): (usize, usize, usize, usize),
+    out_offset: usize,
+) -> Result<[u32; param::LEN], KernelError> {
     let (a_strides, a_scales) = a.params(true, a.batch == 1 && batch > 1)?;
     let (b_strides, b_scales) = b.params(false, b.batch == 1 && batch > 1)?;
     let mut params = [0u32; param::LEN];
@@ -281,30 +308,183 @@ pub fn fp8_gemm_tiled<R: Runtime, F: Float + CubeElement>(
     params[param::B_STRIDES..param::B_STRIDES + 3].copy_from_slice(&b_strides);
     params[param::A_SCALES..param::A_SCALES + 5].copy_from_slice(&a_scales);
     params[param::B_SCALES..param::B_SCALES + 5].copy_from_slice(&b_scales);
-    let params = client.create_from_slice(u32::as_bytes(&params));
-    let tile = tiling.tile() as usize;
-    let cube_count = CubeCount::Static(
-        n.div_ceil(tile) as u32,
-        m.div_ceil(tile) as u32,
-        batch as u32,
-    );
+    params[param::OUT] =
+        u32::try_from(out_offset).map_err(|_| KernelError::TooLarge(out_offset))?;
+    Ok(params)
+}
+
+/// Launches [`fp8_gemm_kernel`] over `gemms` (all compiled alike: the first one's [`StagedOperand`]s), their
+/// parameters in `params`, writing `out_len` elements of `output`.
+fn launch<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    gemms: &[(GemmOperand<'_>, GemmOperand<'_>)],
+    params: Handle,
+    output: &Handle,
+    out_len: usize,
+    cube_count: CubeCount,
+    tiling: GemmTiling,
+) {
+    let (a0, b0) = &gemms[0];
+    let sequence =
+        |part: fn(&(GemmOperand<'_>, GemmOperand<'_>)) -> (Handle, usize)| gemms.iter().map(part);
+    // SAFETY: every operand was checked against its shape (`GemmOperand::check`) and the parameters index inside
+    // them; `output` holds `out_len` elements, each GEMM's at its own offset.
     unsafe {
         fp8_gemm_kernel::launch_unchecked::<F, R>(
             client,
             cube_count,
             CubeDim::new_2d(tiling.units, tiling.units),
-            ArrayArg::from_raw_parts(a.codes.handle().clone(), a.codes.words()),
-            ArrayArg::from_raw_parts(a.scale_inv.clone(), a.scale_count()),
-            ArrayArg::from_raw_parts(b.codes.handle().clone(), b.codes.words()),
-            ArrayArg::from_raw_parts(b.scale_inv.clone(), b.scale_count()),
-            ArrayArg::from_raw_parts(params, param::LEN),
+            arrays(sequence(|(a, _)| {
+                (a.codes.handle().clone(), a.codes.words())
+            })),
+            arrays(sequence(|(a, _)| (a.scale_inv.clone(), a.scale_count()))),
+            arrays(sequence(|(_, b)| {
+                (b.codes.handle().clone(), b.codes.words())
+            })),
+            arrays(sequence(|(_, b)| (b.scale_inv.clone(), b.scale_count()))),
+            ArrayArg::from_raw_parts(params, gemms.len() * param::LEN),
             ArrayArg::from_raw_parts(output.clone(), out_len),
-            a.staged(),
-            b.staged(),
+            gemms.len(),
+            a0.staged(),
+            b0.staged(),
             tiling,
         );
     }
-    Ok(output)
+}
+
+/// A kernel argument binding one array per `(buffer, elements)`.
+fn arrays<R: Runtime, T: CubePrimitive>(
+    parts: impl Iterator<Item = (Handle, usize)>,
+) -> SequenceArg<R, Array<T>> {
+    // SAFETY: the lengths are the buffers' checked element counts.
+    parts
+        .map(|(handle, len)| unsafe { ArrayArg::from_raw_parts(handle, len) })
+        .collect()
+}
+
+/// The results of [`fp8_gemm_grouped`]: each GEMM's output, and how many kernels ran.
+#[derive(Debug)]
+pub struct GroupedOutputs {
+    /// Each GEMM's output, in order, as [`fp8_gemm`] gives it (a GEMM run in a group gets its own range of the
+    /// group's output buffer).
+    pub outputs: Vec<Handle>,
+    /// Kernel launches made (a group of GEMMs is one).
+    pub launches: usize,
+}
+
+/// The most GEMMs one launch of [`fp8_gemm_grouped`] takes on `client`: each binds four buffers (both operands'
+/// codes and scales), the launch two more (parameters, output), within the device's binding limit.
+pub fn max_grouped_gemms<R: Runtime>(client: &ComputeClient<R>) -> usize {
+    const MOST: usize = 32;
+    let bindings = client.properties().hardware.max_bindings as usize;
+    (bindings.saturating_sub(2) / 4).clamp(1, MOST)
+}
+
+/// Several [`fp8_gemm`]s (a grouped linear layer's experts) in as few launches as the device allows: single-matrix
+/// GEMMs whose operands are compiled alike (formats and scale kinds) go out together, up to
+/// [`max_grouped_gemms`] per launch; a batched or empty GEMM, or one of a kind of its own, runs alone. Each output is
+/// bit for bit what [`fp8_gemm`] gives for that GEMM.
+pub fn fp8_gemm_grouped<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    gemms: &[(GemmOperand<'_>, GemmOperand<'_>)],
+) -> Result<GroupedOutputs, KernelError> {
+    fp8_gemm_grouped_tiled::<R, F>(
+        client,
+        gemms,
+        GemmTiling::for_client(client),
+        max_grouped_gemms(client),
+    )
+}
+
+/// [`fp8_gemm_grouped`] with a chosen [`GemmTiling`] and at most `per_launch` GEMMs per launch.
+pub fn fp8_gemm_grouped_tiled<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    gemms: &[(GemmOperand<'_>, GemmOperand<'_>)],
+    tiling: GemmTiling,
+    per_launch: usize,
+) -> Result<GroupedOutputs, KernelError> {
+    let dims = gemms
+        .iter()
+        .map(|(a, b)| product_dims(a, b))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut outputs: Vec<Option<Handle>> = vec![None; gemms.len()];
+    let mut launches = 0;
+    // Together: single matrices with something to compute, by the kernel they compile to.
+    let mut kinds: Vec<((StagedOperand, StagedOperand), Vec<usize>)> = Vec::new();
+    for (i, ((a, b), &(m, k, n, batch))) in gemms.iter().zip(&dims).enumerate() {
+        if batch == 1 && m * n > 0 && k > 0 && per_launch > 1 {
+            let kind = (a.staged(), b.staged());
+            match kinds.iter_mut().find(|(key, _)| *key == kind) {
+                Some((_, members)) => members.push(i),
+                None => kinds.push((kind, vec![i])),
+            }
+        }
+    }
+    for (_, members) in &kinds {
+        for chunk in members.chunks(per_launch).filter(|chunk| chunk.len() > 1) {
+            let group: Vec<_> = chunk.iter().map(|&i| gemms[i]).collect();
+            for (&i, handle) in chunk.iter().zip(launch_group::<R, F>(
+                client,
+                &group,
+                chunk.iter().map(|&i| dims[i]),
+                tiling,
+            )?) {
+                outputs[i] = Some(handle);
+            }
+            launches += 1;
+        }
+    }
+    for (i, ((a, b), &(m, k, n, batch))) in gemms.iter().zip(&dims).enumerate() {
+        if outputs[i].is_none() {
+            outputs[i] = Some(fp8_gemm_tiled::<R, F>(client, a, b, tiling)?);
+            launches += usize::from(batch * m * n > 0 && k > 0);
+        }
+    }
+    Ok(GroupedOutputs {
+        outputs: outputs
+            .into_iter()
+            .map(|o| o.expect("every GEMM ran"))
+            .collect(),
+        launches,
+    })
+}
+
+/// One launch over `group` (single matrices, compiled alike) with products `dims`: one output buffer, each GEMM's
+/// range starting at the device's memory alignment (so that its handle binds on its own); the GEMMs' handles.
+fn launch_group<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    group: &[(GemmOperand<'_>, GemmOperand<'_>)],
+    dims: impl Iterator<Item = (usize, usize, usize, usize)>,
+    tiling: GemmTiling,
+) -> Result<Vec<Handle>, KernelError> {
+    let elem = size_of::<F>();
+    let align = (client.properties().memory.alignment as usize).max(elem) / elem;
+    let mut params = Vec::with_capacity(group.len() * param::LEN);
+    let mut ranges = Vec::with_capacity(group.len());
+    let (mut end, mut tiles_n, mut tiles_m) = (0usize, 0usize, 0usize);
+    let tile = tiling.tile() as usize;
+    for ((a, b), (m, k, n, batch)) in group.iter().zip(dims) {
+        let start = end.next_multiple_of(align);
+        params.extend(gemm_params(a, b, (m, k, n, batch), start)?);
+        ranges.push(start..start + m * n);
+        end = start + m * n;
+        tiles_n = tiles_n.max(n.div_ceil(tile));
+        tiles_m = tiles_m.max(m.div_ceil(tile));
+    }
+    u32::try_from(end).map_err(|_| KernelError::TooLarge(end))?;
+    let output = client.empty(end * elem);
+    let params = client.create_from_slice(u32::as_bytes(&params));
+    let cube_count = CubeCount::Static(tiles_n as u32, tiles_m as u32, group.len() as u32);
+    launch::<R, F>(client, group, params, &output, end, cube_count, tiling);
+    Ok(ranges
+        .into_iter()
+        .map(|range| {
+            output
+                .clone()
+                .offset_start((range.start * elem) as u64)
+                .offset_end(((end - range.end) * elem) as u64)
+        })
+        .collect())
 }
 
 impl Nvfp4Buffer {

@@ -4,7 +4,10 @@
 use burn_te_kernels::block::{self, BlockQuantized};
 use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::cubecl::server::Handle;
-use burn_te_kernels::gemm::{GemmOperand, GemmTiling, OperandCodes, fp8_gemm, fp8_gemm_tiled};
+use burn_te_kernels::gemm::{
+    GemmOperand, GemmTiling, OperandCodes, fp8_gemm, fp8_gemm_grouped_tiled, fp8_gemm_tiled,
+    max_grouped_gemms,
+};
 use burn_te_kernels::ops::Fp8Buffer;
 use burn_te_kernels::{BlockScaleRule, Fp8Format, KernelError, ScaleBlock, host};
 
@@ -412,4 +415,86 @@ fn empty_depth_gives_zeros() {
     let b = Operand::per_tensor(1, 0, 2, 2, Fp8Format::E4M3);
     let out = fp8_gemm::<TestRuntime, f32>(&client(), &a.gemm(false), &b.gemm(false)).unwrap();
     assert_eq!(download(&out, 6), vec![0.0; 6]);
+}
+
+/// A grouped launch (a grouped linear layer's experts) gives each GEMM the bits it gets alone, within the f64
+/// bound: GEMMs of different shapes and layouts share a launch by operand kind (E4M3 × E4M3, E4M3 × E5M2), in chunks
+/// of at most `per_launch`; a batched, an empty, a zero-depth and a block-scaled GEMM run alone, in the same call.
+#[test]
+fn grouped_gemms_equal_each_alone() {
+    use Fp8Format::{E4M3, E5M2};
+    let pt = |rows, cols, seed, format| Operand::per_tensor(1, rows, cols, seed, format);
+    // (lhs, lhs transposed, rhs, rhs transposed), in call order.
+    let gemms = [
+        // E4M3 x E4M3: a small-row expert's fprop, a dgrad-like and a wgrad-like layout, several tiles, one element.
+        (pt(16, 256, 1, E4M3), false, pt(40, 256, 2, E4M3), true),
+        (pt(33, 70, 3, E4M3), true, pt(50, 33, 4, E4M3), true),
+        (pt(300, 20, 5, E4M3), false, pt(20, 270, 6, E4M3), false),
+        (pt(1, 5, 7, E4M3), false, pt(5, 1, 8, E4M3), false),
+        // E4M3 x E5M2 (a gradient operand): a kind of its own.
+        (pt(9, 17, 9, E4M3), false, pt(17, 130, 10, E5M2), false),
+        (pt(40, 12, 11, E4M3), true, pt(40, 7, 12, E5M2), false),
+        // Alone: batched, no rows, no depth.
+        (
+            Operand::per_tensor(3, 20, 37, 13, E4M3),
+            false,
+            Operand::per_tensor(3, 37, 70, 14, E4M3),
+            false,
+        ),
+        (pt(0, 16, 15, E4M3), false, pt(16, 8, 16, E4M3), false),
+        (pt(3, 0, 17, E4M3), false, pt(0, 2, 18, E4M3), false),
+        // Alone: block scales along K.
+        (
+            Operand::blocked(130, 300, ScaleBlock::new(1, 128), BlockScaleRule::Pow2, 19),
+            false,
+            Operand::blocked(
+                140,
+                300,
+                ScaleBlock::new(128, 128),
+                BlockScaleRule::Pow2,
+                20,
+            ),
+            true,
+        ),
+    ];
+    let operands: Vec<_> = gemms
+        .iter()
+        .map(|(a, a_t, b, b_t)| (a.gemm(*a_t), b.gemm(*b_t)))
+        .collect();
+    // Launches: per_launch 32 groups the four E4M3 GEMMs and the two mixed ones, then the batched and the
+    // block-scaled GEMM run alone (no launch for the empty ones). Three per launch leaves one E4M3 GEMM alone.
+    for (per_launch, launches) in [(32, 4), (3, 5)] {
+        for tiling in [GemmTiling::GPU, GemmTiling::CPU] {
+            let grouped = fp8_gemm_grouped_tiled::<TestRuntime, f32>(
+                &client(),
+                &operands,
+                tiling,
+                per_launch,
+            )
+            .unwrap();
+            assert_eq!(
+                grouped.launches, launches,
+                "{tiling:?}, {per_launch} per launch"
+            );
+            for (i, ((a, a_t, b, b_t), out)) in gemms.iter().zip(&grouped.outputs).enumerate() {
+                let got = check_gemm_output(out, a, *a_t, b, *b_t, tiling);
+                let alone = fp8_gemm_tiled::<TestRuntime, f32>(
+                    &client(),
+                    &operands[i].0,
+                    &operands[i].1,
+                    tiling,
+                )
+                .unwrap();
+                let alone = download(&alone, got.len());
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got),
+                    bits(&alone),
+                    "GEMM {i} ({tiling:?}, {per_launch} per launch): grouped differs from alone"
+                );
+            }
+        }
+    }
+    // The device's binding limit leaves room for a group.
+    assert!(max_grouped_gemms(&client()) > 1);
 }

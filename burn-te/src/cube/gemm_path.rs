@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use burn_te_kernels::KernelError;
 use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::cubecl::server::Handle;
-use burn_te_kernels::gemm::{GemmOperand, fp8_gemm};
+use burn_te_kernels::gemm::{GemmOperand, fp8_gemm_grouped};
 
 use crate::error::TeError;
 use crate::metrics;
@@ -120,34 +120,51 @@ pub fn requested_device_gemm_path<R: Runtime>() -> DeviceGemmPath {
         })
 }
 
-/// `out[b] = dequant(A[b]) × dequant(B[b])` as `F` on this thread's path ([`requested_device_gemm_path`]), or on the
-/// kernel where that path cannot take the operands (recorded as a fallback); counted under the path that ran.
-pub(crate) fn device_fp8_gemm<R: Runtime, F: Float + CubeElement>(
+/// Each `(A, B)`'s `out[b] = dequant(A[b]) × dequant(B[b])` as `F` on this thread's path
+/// ([`requested_device_gemm_path`]): on cuBLASLt one call each (a GEMM it cannot take recorded as a fallback), on the
+/// SIMT kernel as few launches as the device allows (`burn_te_kernels::gemm::fp8_gemm_grouped`: a grouped linear
+/// layer's experts together). Each GEMM is counted under the path that ran it, each launch under
+/// `Fp8GemmLaunches`.
+pub(crate) fn device_fp8_gemm_grouped<R: Runtime, F: Float + CubeElement>(
     client: &ComputeClient<R>,
     device: &R::Device,
-    a: &GemmOperand<'_>,
-    b: &GemmOperand<'_>,
-) -> Result<Handle, TeError> {
-    let requested = requested_device_gemm_path::<R>();
-    if requested == DeviceGemmPath::CublasLt {
-        match cublaslt::<R, F>(client, device, a, b) {
-            Ok(handle) => {
-                count_path(DeviceGemmPath::CublasLt);
-                return Ok(handle);
-            }
-            Err(Refused(reason)) => {
-                let (m, k) = (a.rows, a.cols);
-                crate::fallback::record(
-                    DEVICE_GEMM_FALLBACK,
-                    format!(
-                        "device FP8 GEMM (lhs {m}x{k}): ran on the SIMT kernel, not on cuBLASLt: {reason}"
-                    ),
-                );
+    gemms: &[(GemmOperand<'_>, GemmOperand<'_>)],
+) -> Result<Vec<Handle>, TeError> {
+    let mut outputs: Vec<Option<Handle>> = vec![None; gemms.len()];
+    if requested_device_gemm_path::<R>() == DeviceGemmPath::CublasLt {
+        for ((a, b), output) in gemms.iter().zip(&mut outputs) {
+            match cublaslt::<R, F>(client, device, a, b) {
+                Ok(handle) => {
+                    count_path(DeviceGemmPath::CublasLt);
+                    metrics::count_launch(metrics::names::FP8_GEMM_LAUNCHES);
+                    *output = Some(handle);
+                }
+                Err(Refused(reason)) => {
+                    let (m, k) = (a.rows, a.cols);
+                    crate::fallback::record(
+                        DEVICE_GEMM_FALLBACK,
+                        format!(
+                            "device FP8 GEMM (lhs {m}x{k}): ran on the SIMT kernel, not on cuBLASLt: {reason}"
+                        ),
+                    );
+                }
             }
         }
     }
-    count_path(DeviceGemmPath::Simt);
-    Ok(fp8_gemm::<R, F>(client, a, b)?)
+    let simt: Vec<usize> = (0..gemms.len()).filter(|&i| outputs[i].is_none()).collect();
+    if !simt.is_empty() {
+        let operands: Vec<_> = simt.iter().map(|&i| gemms[i]).collect();
+        let grouped = fp8_gemm_grouped::<R, F>(client, &operands)?;
+        metrics::increment_counter(metrics::names::FP8_GEMM_LAUNCHES, grouped.launches as u64);
+        for (&i, handle) in simt.iter().zip(grouped.outputs) {
+            count_path(DeviceGemmPath::Simt);
+            outputs[i] = Some(handle);
+        }
+    }
+    Ok(outputs
+        .into_iter()
+        .map(|o| o.expect("every GEMM ran"))
+        .collect())
 }
 
 fn count_path(path: DeviceGemmPath) {

@@ -409,8 +409,35 @@ where
         rhs: Fp8Primitive<Self>,
         rhs_t: bool,
     ) -> Result<CubeTensor<R>, TeError> {
-        crate::metrics::count_launch(crate::metrics::names::FP8_GEMM_LAUNCHES);
-        let shape = crate::backend::gemm_output_shape(&lhs, lhs_t, &rhs, rhs_t)?;
+        let mut out = Self::fp8_gemm_grouped(vec![(lhs, lhs_t, rhs, rhs_t)])?;
+        Ok(out.pop().expect("one GEMM's output"))
+    }
+
+    fn fp8_gemm_grouped(
+        gemms: Vec<crate::backend::GroupedGemmOperands<Self>>,
+    ) -> Result<Vec<CubeTensor<R>>, TeError> {
+        let Some((first, ..)) = gemms.first() else {
+            return Ok(Vec::new());
+        };
+        let (client, device) = (first.data.client.clone(), first.data.device.clone());
+        if gemms.len() > 1
+            && gemms
+                .iter()
+                .any(|(lhs, _, rhs, _)| lhs.data.device != device || rhs.data.device != device)
+        {
+            // Several devices: each GEMM on its own.
+            return gemms
+                .into_iter()
+                .map(|gemm| Self::fp8_gemm(gemm.0, gemm.1, gemm.2, gemm.3))
+                .collect();
+        }
+        let shapes = gemms
+            .iter()
+            .map(|(lhs, lhs_t, rhs, rhs_t)| {
+                crate::backend::gemm_output_shape(lhs, *lhs_t, rhs, *rhs_t)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // FP8 codes as the kernels' buffers (E2M1 codes are read from the tensor itself).
         let fp8_codes = |q: &Fp8Primitive<Self>| match q.format {
             ElementFormat::Fp8(format) => Some(Fp8Buffer {
                 codes: q.data.codes.clone(),
@@ -419,18 +446,34 @@ where
             }),
             ElementFormat::E2m1 => None,
         };
-        let (lhs_fp8, rhs_fp8) = (fp8_codes(&lhs), fp8_codes(&rhs));
-        let a = gemm_operand(&lhs, lhs_fp8.as_ref(), lhs_t);
-        let b = gemm_operand(&rhs, rhs_fp8.as_ref(), rhs_t);
-        let client = &lhs.data.client;
-        let handle = gemm_path::device_fp8_gemm::<R, F>(client, &lhs.data.device, &a, &b)?;
-        Ok(CubeTensor::new_contiguous(
-            client.clone(),
-            lhs.data.device.clone(),
-            shape,
-            handle,
-            F::dtype(),
-        ))
+        let codes: Vec<_> = gemms
+            .iter()
+            .map(|(lhs, _, rhs, _)| (fp8_codes(lhs), fp8_codes(rhs)))
+            .collect();
+        let operands: Vec<_> = gemms
+            .iter()
+            .zip(&codes)
+            .map(|((lhs, lhs_t, rhs, rhs_t), (lhs_fp8, rhs_fp8))| {
+                (
+                    gemm_operand(lhs, lhs_fp8.as_ref(), *lhs_t),
+                    gemm_operand(rhs, rhs_fp8.as_ref(), *rhs_t),
+                )
+            })
+            .collect();
+        let handles = gemm_path::device_fp8_gemm_grouped::<R, F>(&client, &device, &operands)?;
+        Ok(handles
+            .into_iter()
+            .zip(shapes)
+            .map(|(handle, shape)| {
+                CubeTensor::new_contiguous(
+                    client.clone(),
+                    device.clone(),
+                    shape,
+                    handle,
+                    F::dtype(),
+                )
+            })
+            .collect())
     }
 
     fn fp8_amax(tensor: CubeTensor<R>) -> Result<CubeTensor<R>, TeError> {

@@ -84,8 +84,16 @@ pub mod param {
     pub const A_SCALES: usize = 9;
     /// B's scales: batch stride, block size along k, along n, stride per k-block, per n-block.
     pub const B_SCALES: usize = 14;
-    /// Number of parameters.
-    pub const LEN: usize = 19;
+    /// Where the GEMM's output starts in `out` (elements).
+    pub const OUT: usize = 19;
+    /// Number of parameters of one GEMM (a grouped launch has one such run per GEMM, back to back).
+    pub const LEN: usize = 20;
+}
+
+/// Parameter `index` of the GEMM whose parameters start at `base`.
+#[cube]
+fn param_at(params: &Array<u32>, base: u32, #[comptime] index: usize) -> u32 {
+    params[(base + comptime!(index as u32)) as usize]
 }
 
 /// The code at element `offset` of a packed code array (bytes for FP8, nibbles for E2M1).
@@ -105,6 +113,7 @@ fn code_at(codes: &Array<u32>, offset: u32, #[comptime] element: CodeFormat) -> 
 #[allow(clippy::too_many_arguments)]
 fn staging_bases(
     params: &Array<u32>,
+    base: u32,
     batch: u32,
     outer0: u32,
     unit: u32,
@@ -118,22 +127,35 @@ fn staging_bases(
 ) {
     // Strides are stored in the operand's own order: A is (batch, m, k), B is (batch, k, n).
     let (outer_stride, depth_stride) = if comptime!(outer_first) {
-        (params[strides + 1], params[strides + 2])
+        (
+            param_at(params, base, strides + 1),
+            param_at(params, base, strides + 2),
+        )
     } else {
-        (params[strides + 2], params[strides + 1])
+        (
+            param_at(params, base, strides + 2),
+            param_at(params, base, strides + 1),
+        )
     };
     let (outer_block, outer_block_stride) = if comptime!(outer_first) {
-        (params[scale_params + 1], params[scale_params + 3])
+        (
+            param_at(params, base, scale_params + 1),
+            param_at(params, base, scale_params + 3),
+        )
     } else {
-        (params[scale_params + 2], params[scale_params + 4])
+        (
+            param_at(params, base, scale_params + 2),
+            param_at(params, base, scale_params + 4),
+        )
     };
     #[unroll]
     for l in 0..comptime!(tiling.loads()) {
         let (outer, depth) = slot_position(l, unit, tiling);
-        code_bases[l as usize] =
-            batch * params[strides] + (outer0 + outer) * outer_stride + depth * depth_stride;
+        code_bases[l as usize] = batch * param_at(params, base, strides)
+            + (outer0 + outer) * outer_stride
+            + depth * depth_stride;
         if comptime!(!one_scale) {
-            scale_bases[l as usize] = batch * params[scale_params]
+            scale_bases[l as usize] = batch * param_at(params, base, scale_params)
                 + ((outer0 + outer) / outer_block) * outer_block_stride;
         }
     }
@@ -158,6 +180,7 @@ fn stage(
     codes: &Array<u32>,
     scales: &Array<f32>,
     params: &Array<u32>,
+    base: u32,
     tile: &mut SharedMemory<Vec4>,
     code_bases: &Array<u32>,
     scale_bases: &Array<u32>,
@@ -174,14 +197,20 @@ fn stage(
 ) {
     let element = comptime!(operand.element);
     let depth_stride = if comptime!(outer_first) {
-        params[strides + 2]
+        param_at(params, base, strides + 2)
     } else {
-        params[strides + 1]
+        param_at(params, base, strides + 1)
     };
     let (depth_block, depth_block_stride) = if comptime!(outer_first) {
-        (params[scale_params + 2], params[scale_params + 4])
+        (
+            param_at(params, base, scale_params + 2),
+            param_at(params, base, scale_params + 4),
+        )
     } else {
-        (params[scale_params + 1], params[scale_params + 3])
+        (
+            param_at(params, base, scale_params + 1),
+            param_at(params, base, scale_params + 3),
+        )
     };
     // Depth blocks are multiples of TILE_K or span all of K, so one stage lies in one depth block.
     let stage_code = k0 * depth_stride;
@@ -211,24 +240,37 @@ fn stage(
     }
 }
 
-/// `out[b, m, n] = Σ_k dequant(A)[b, m, k] · dequant(B)[b, k, n]`, f32 accumulation, `out` contiguous
-/// `[batch, M, N]`. Launch with `CubeDim (units, units)` and `CubeCount (⌈N/tile⌉, ⌈M/tile⌉, batch)`.
+/// `out[b, m, n] = Σ_k dequant(A)[b, m, k] · dequant(B)[b, k, n]`, f32 accumulation, each GEMM's output
+/// contiguous `[batch, M, N]` from its [`param::OUT`] offset in `out`.
+///
+/// `gemms` GEMMs in one launch, GEMM `g` reading `a[g]`, `a_scales[g]`, `b[g]`, `b_scales[g]` and parameters
+/// `params[g · LEN ..]`. One GEMM: launch with `CubeCount (⌈N/tile⌉, ⌈M/tile⌉, batch)`. Several (a grouped linear
+/// layer's experts; each a single matrix): `CubeCount (max ⌈N/tile⌉, max ⌈M/tile⌉, gemms)`, cube `z` computing GEMM
+/// `z`, cubes past its extent doing nothing. `CubeDim (units, units)` either way. A GEMM's output is the same bits
+/// alone or grouped: each output element sums its products in the same order.
 #[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
 pub fn fp8_gemm_kernel<F: Float>(
-    a: &Array<u32>,
-    a_scales: &Array<f32>,
-    b: &Array<u32>,
-    b_scales: &Array<f32>,
+    a: &Sequence<Array<u32>>,
+    a_scales: &Sequence<Array<f32>>,
+    b: &Sequence<Array<u32>>,
+    b_scales: &Sequence<Array<f32>>,
     params: &Array<u32>,
     out: &mut Array<F>,
+    #[comptime] gemms: usize,
     #[comptime] a_operand: StagedOperand,
     #[comptime] b_operand: StagedOperand,
     #[comptime] tiling: GemmTiling,
 ) {
-    let m_len = params[param::M];
-    let n_len = params[param::N];
-    let k_len = params[param::K];
-    let batch = CUBE_POS_Z;
+    let (gemm, batch) = if comptime!(gemms == 1) {
+        (0u32, CUBE_POS_Z)
+    } else {
+        (CUBE_POS_Z, 0u32)
+    };
+    let base = gemm * comptime!(param::LEN as u32);
+    let m_len = param_at(params, base, param::M);
+    let n_len = param_at(params, base, param::N);
+    let k_len = param_at(params, base, param::K);
     let units = comptime!(tiling.units);
     let span = comptime!(tiling.span);
     let groups = comptime!(tiling.groups());
@@ -238,125 +280,139 @@ pub fn fp8_gemm_kernel<F: Float>(
     let ty = UNIT_POS_Y;
     let unit = ty * units + tx;
 
-    // Staged slices, depth-major vectors: a_tile[kk * groups + mm / 4], b_tile[kk * groups + nn / 4].
-    let mut a_tile = SharedMemory::<Vec4>::new(comptime!((TILE_K * tiling.groups()) as usize));
-    let mut b_tile = SharedMemory::<Vec4>::new(comptime!((TILE_K * tiling.groups()) as usize));
-    let mut a_codes = Array::<u32>::new(comptime!(tiling.loads() as usize));
-    let mut a_scale_rows = Array::<u32>::new(comptime!(tiling.loads() as usize));
-    let mut b_codes = Array::<u32>::new(comptime!(tiling.loads() as usize));
-    let mut b_scale_cols = Array::<u32>::new(comptime!(tiling.loads() as usize));
-    staging_bases(
-        params,
-        batch,
-        row0,
-        unit,
-        &mut a_codes,
-        &mut a_scale_rows,
-        param::A_STRIDES,
-        param::A_SCALES,
-        true,
-        comptime!(a_operand.one_scale),
-        tiling,
-    );
-    staging_bases(
-        params,
-        batch,
-        col0,
-        unit,
-        &mut b_codes,
-        &mut b_scale_cols,
-        param::B_STRIDES,
-        param::B_SCALES,
-        false,
-        comptime!(b_operand.one_scale),
-        tiling,
-    );
-    // acc[(r * 4 + i) * span + c]: row i of row group `ty + r·units`, column group `tx + c·units`.
-    let mut acc = Array::<Vec4>::new(comptime!((tiling.span * 4 * tiling.span) as usize));
-    #[unroll]
-    for i in 0..comptime!(tiling.span * 4 * tiling.span) {
-        acc[i as usize] = Vec4::new(0.0);
-    }
-
-    let mut k0 = 0u32;
-    while k0 < k_len {
-        stage(
-            a,
-            a_scales,
+    // A grouped launch covers the largest GEMM: a smaller one's cubes past its extent have nothing to do (the whole
+    // cube takes this branch together).
+    if row0 < m_len && col0 < n_len {
+        // Staged slices, depth-major vectors: a_tile[kk * groups + mm / 4], b_tile[kk * groups + nn / 4].
+        let mut a_tile = SharedMemory::<Vec4>::new(comptime!((TILE_K * tiling.groups()) as usize));
+        let mut b_tile = SharedMemory::<Vec4>::new(comptime!((TILE_K * tiling.groups()) as usize));
+        let mut a_codes = Array::<u32>::new(comptime!(tiling.loads() as usize));
+        let mut a_scale_rows = Array::<u32>::new(comptime!(tiling.loads() as usize));
+        let mut b_codes = Array::<u32>::new(comptime!(tiling.loads() as usize));
+        let mut b_scale_cols = Array::<u32>::new(comptime!(tiling.loads() as usize));
+        staging_bases(
             params,
-            &mut a_tile,
-            &a_codes,
-            &a_scale_rows,
-            unit,
+            base,
+            batch,
             row0,
-            m_len,
-            k0,
-            k_len,
+            unit,
+            &mut a_codes,
+            &mut a_scale_rows,
             param::A_STRIDES,
             param::A_SCALES,
             true,
-            a_operand,
+            comptime!(a_operand.one_scale),
             tiling,
         );
-        stage(
-            b,
-            b_scales,
+        staging_bases(
             params,
-            &mut b_tile,
-            &b_codes,
-            &b_scale_cols,
-            unit,
+            base,
+            batch,
             col0,
-            n_len,
-            k0,
-            k_len,
+            unit,
+            &mut b_codes,
+            &mut b_scale_cols,
             param::B_STRIDES,
             param::B_SCALES,
             false,
-            b_operand,
+            comptime!(b_operand.one_scale),
             tiling,
         );
-        sync_cube();
-
+        // acc[(r * 4 + i) * span + c]: row i of row group `ty + r·units`, column group `tx + c·units`.
+        let mut acc = Array::<Vec4>::new(comptime!((tiling.span * 4 * tiling.span) as usize));
         #[unroll]
-        for kk in 0..TILE_K {
-            let mut b_cols = Array::<Vec4>::new(comptime!(tiling.span as usize));
+        for i in 0..comptime!(tiling.span * 4 * tiling.span) {
+            acc[i as usize] = Vec4::new(0.0);
+        }
+
+        let mut k0 = 0u32;
+        while k0 < k_len {
+            // The operands are bound per GEMM: this cube's are picked once per stage.
             #[unroll]
-            for c in 0..span {
-                b_cols[c as usize] = b_tile[(kk * groups + tx + c * units) as usize];
+            for g in 0..gemms {
+                if gemm == comptime!(g as u32) {
+                    stage(
+                        a.index(g),
+                        a_scales.index(g),
+                        params,
+                        base,
+                        &mut a_tile,
+                        &a_codes,
+                        &a_scale_rows,
+                        unit,
+                        row0,
+                        m_len,
+                        k0,
+                        k_len,
+                        param::A_STRIDES,
+                        param::A_SCALES,
+                        true,
+                        a_operand,
+                        tiling,
+                    );
+                    stage(
+                        b.index(g),
+                        b_scales.index(g),
+                        params,
+                        base,
+                        &mut b_tile,
+                        &b_codes,
+                        &b_scale_cols,
+                        unit,
+                        col0,
+                        n_len,
+                        k0,
+                        k_len,
+                        param::B_STRIDES,
+                        param::B_SCALES,
+                        false,
+                        b_operand,
+                        tiling,
+                    );
+                }
             }
+            sync_cube();
+
             #[unroll]
-            for r in 0..span {
-                let a_rows = a_tile[(kk * groups + ty + r * units) as usize];
+            for kk in 0..TILE_K {
+                let mut b_cols = Array::<Vec4>::new(comptime!(tiling.span as usize));
                 #[unroll]
-                for i in 0..4u32 {
-                    let a = Vec4::new(a_rows[i as usize]);
+                for c in 0..span {
+                    b_cols[c as usize] = b_tile[(kk * groups + tx + c * units) as usize];
+                }
+                #[unroll]
+                for r in 0..span {
+                    let a_rows = a_tile[(kk * groups + ty + r * units) as usize];
                     #[unroll]
-                    for c in 0..span {
-                        acc[((r * 4 + i) * span + c) as usize] += a * b_cols[c as usize];
+                    for i in 0..4u32 {
+                        let a = Vec4::new(a_rows[i as usize]);
+                        #[unroll]
+                        for c in 0..span {
+                            acc[((r * 4 + i) * span + c) as usize] += a * b_cols[c as usize];
+                        }
                     }
                 }
             }
+            sync_cube();
+            k0 += TILE_K;
         }
-        sync_cube();
-        k0 += TILE_K;
-    }
 
-    let out_base = batch * m_len * n_len;
-    #[unroll]
-    for r in 0..span {
+        let out_base = param_at(params, base, param::OUT) + batch * m_len * n_len;
         #[unroll]
-        for i in 0..4u32 {
-            let row = row0 + (ty + r * units) * 4 + i;
+        for r in 0..span {
             #[unroll]
-            for c in 0..span {
-                let values = acc[((r * 4 + i) * span + c) as usize];
+            for i in 0..4u32 {
+                let row = row0 + (ty + r * units) * 4 + i;
                 #[unroll]
-                for j in 0..4u32 {
-                    let col = col0 + (tx + c * units) * 4 + j;
-                    if row < m_len && col < n_len {
-                        out[(out_base + row * n_len + col) as usize] =
-                            F::cast_from(values[j as usize]);
+                for c in 0..span {
+                    let values = acc[((r * 4 + i) * span + c) as usize];
+                    #[unroll]
+                    for j in 0..4u32 {
+                        let col = col0 + (tx + c * units) * 4 + j;
+                        if row < m_len && col < n_len {
+                            out[(out_base + row * n_len + col) as usize] =
+                                F::cast_from(values[j as usize]);
+                        }
                     }
                 }
             }
