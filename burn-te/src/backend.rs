@@ -70,8 +70,15 @@ pub trait TeBackend: Backend {
         rhs_t: bool,
     ) -> Result<FloatTensor<Self>, TeError>;
 
+    /// The work (multiply-adds) from which a grouped linear layer issues an expert's FP8 GEMM by itself, as soon as
+    /// it is quantized, instead of with the others in one [`fp8_gemm_grouped`](Self::fp8_gemm_grouped); `None`:
+    /// every one together. The host path: a GEMM that keeps its threads busy alone (its operands still in cache).
+    /// A device: none (one launch fills it with every expert's tiles).
+    const GROUPED_GEMM_ALONE_FROM: Option<usize> = None;
+
     /// Several [`fp8_gemm`](Self::fp8_gemm)s issued together (a grouped linear layer's experts), each result as
-    /// `fp8_gemm` gives it. The default runs them in turn; the host path runs them in one parallel region.
+    /// `fp8_gemm` gives it. The default runs them in turn; the host path runs them in one parallel region, a CubeCL
+    /// device in as few kernel launches as its binding limit allows.
     fn fp8_gemm_grouped(
         gemms: Vec<GroupedGemmOperands<Self>>,
     ) -> Result<Vec<FloatTensor<Self>>, TeError> {
@@ -427,6 +434,7 @@ macro_rules! forward_fp8_ops {
         ) -> Result<$crate::__private::FloatTensor<Self>, $crate::TeError> {
             $inner::fp8_gemm(lhs, lhs_t, rhs, rhs_t)
         }
+        const GROUPED_GEMM_ALONE_FROM: Option<usize> = $inner::GROUPED_GEMM_ALONE_FROM;
         fn fp8_gemm_grouped(
             gemms: Vec<$crate::backend::GroupedGemmOperands<Self>>,
         ) -> Result<Vec<$crate::__private::FloatTensor<Self>>, $crate::TeError> {

@@ -69,6 +69,8 @@ impl<B: FusionBackend + TeBackend> TeBackend for Fusion<B> {
         Ok(fused::<B>(B::fp8_gemm(lhs, lhs_t, rhs, rhs_t)?))
     }
 
+    const GROUPED_GEMM_ALONE_FROM: Option<usize> = B::GROUPED_GEMM_ALONE_FROM;
+
     fn fp8_gemm_grouped(
         gemms: Vec<crate::backend::GroupedGemmOperands<Self>>,
     ) -> Result<Vec<FloatTensor<Self>>, TeError> {

@@ -485,12 +485,15 @@ fn grouped_gemms_issue_together_on_every_host_path() {
     }
 }
 
-/// On wgpu (lavapipe here), where the experts' GEMMs are launched one after another, unfused and through Burn's
-/// fusion (`burn::backend::Wgpu`, what users get): each expert's numbers equal its own `Linear`'s bit for bit over
-/// two DelayedScaling steps (each expert quantizing with its own history).
+/// On wgpu (lavapipe here), unfused and through Burn's fusion (`burn::backend::Wgpu`, what users get): each expert's
+/// numbers equal its own `Linear`'s bit for bit over two DelayedScaling steps (each expert quantizing with its own
+/// history), with the experts' GEMMs launched together: one grouped kernel launch per GEMM kind (fprop, dgrad,
+/// wgrad), where the experts in turn launch one per expert's GEMM, with the same output and input gradient bits.
 #[test]
 fn experts_equal_their_linears_on_wgpu() {
     fn check<W: AutodiffBackend + TeBackend>(what: &str) {
+        use burn_te::diagnostics::thread_counter_value;
+        use burn_te::linear::grouped::with_experts_in_turn;
         let splits = [24, 0, 40, 8];
         let recipe = Recipe::from(DelayedScaling::default());
         let group = GroupedLinearConfig::new(splits.len(), IN, OUT)
@@ -500,6 +503,49 @@ fn experts_equal_their_linears_on_wgpu() {
         for seed in 0..2 {
             step(what, &group, &experts, &splits, Some(&recipe), 700 + seed);
         }
+        let counter = |name: &str| thread_counter_value(name).unwrap_or(0);
+        let x = tensor::<W, 2>(
+            Rng::new(11).normal(72 * IN, 0.0, 1.0),
+            [72, IN],
+            &Default::default(),
+        )
+        .require_grad();
+        let run = || {
+            let (launches, simt) = (counter("Fp8GemmLaunches"), counter("DeviceFp8Gemm(simt)"));
+            let y = fp8_autocast(true, Float8CurrentScaling::default(), || {
+                group.forward(x.clone(), &splits)
+            })
+            .unwrap();
+            let grads = y.clone().sum().backward();
+            let (y, dx) = (bits(values(y)), bits(values(x.grad(&grads).unwrap())));
+            (
+                counter("Fp8GemmLaunches") - launches,
+                counter("DeviceFp8Gemm(simt)") - simt,
+                y,
+                dx,
+            )
+        };
+        let (launches, simt, y, dx) = run();
+        assert_eq!(
+            launches, 3,
+            "{what}: one launch each for fprop, dgrad and wgrad"
+        );
+        assert_eq!(
+            simt,
+            3 * 3,
+            "{what}: the three experts with rows, three GEMMs each"
+        );
+        let in_turn = with_experts_in_turn(run);
+        assert_eq!(
+            in_turn.0,
+            3 * 3,
+            "{what}: one launch per expert's GEMM in turn"
+        );
+        assert_eq!(
+            (in_turn.1, &in_turn.2, &in_turn.3),
+            (simt, &y, &dx),
+            "{what}: in turn"
+        );
     }
     check::<Autodiff<burn_te::Te<burn_te::backends::Wgpu>>>("wgpu");
     check::<Autodiff<burn_te::Te<burn::backend::Wgpu>>>("wgpu_fusion");

@@ -54,6 +54,7 @@ impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff
     ) -> Result<FloatTensor<Self>, TeError> {
         Ok(Self::from_inner(B::fp8_gemm(lhs, lhs_t, rhs, rhs_t)?))
     }
+    const GROUPED_GEMM_ALONE_FROM: Option<usize> = B::GROUPED_GEMM_ALONE_FROM;
     fn fp8_gemm_grouped(
         gemms: Vec<GroupedGemmOperands<Self>>,
     ) -> Result<Vec<FloatTensor<Self>>, TeError> {

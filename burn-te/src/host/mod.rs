@@ -305,6 +305,9 @@ macro_rules! host_te_backend {
                 host_gemm::<$backend>(lhs, lhs_t, rhs, rhs_t)
             }
 
+            // A GEMM that splits across the threads by itself (the host GEMM's split threshold).
+            const GROUPED_GEMM_ALONE_FROM: Option<usize> = Some(192 * 192 * 192);
+
             fn fp8_gemm_grouped(
                 gemms: Vec<crate::backend::GroupedGemmOperands<Self>>,
             ) -> Result<Vec<FloatTensor<Self>>, TeError> {

@@ -100,14 +100,9 @@ impl<'a, B: TeBackend> Pending<'a, B> {
     }
 }
 
-/// The work (multiply-adds) from which a GEMM keeps the host path's threads busy by itself (the host GEMM's split
-/// threshold): such a GEMM is issued as soon as it is quantized (its operands still in cache), while smaller ones
-/// wait to be issued together.
-const LARGE_GEMM: usize = 192 * 192 * 192;
-
 /// The experts' results in order (`None` for an expert that ran nothing), taken from `pending` in turn (each
 /// expert prepared only after the GEMMs issued before it ran): small prepared GEMMs are issued together, in one
-/// [`TeBackend::fp8_gemm_grouped`] before the next large one and at the end; a large one ([`LARGE_GEMM`]) by itself
+/// [`TeBackend::fp8_gemm_grouped`] before the next large one and at the end; a large one ([`TeBackend::GROUPED_GEMM_ALONE_FROM`]) by itself
 /// as soon as it is prepared. Also the experts whose grouped GEMM failed (they ran in high precision).
 fn run_together<'a, B: TeBackend>(
     pending: impl Iterator<Item = Option<Pending<'a, B>>>,
@@ -126,7 +121,7 @@ fn run_together<'a, B: TeBackend>(
                 recipe,
                 high_precision,
             }) => {
-                let large = gemm.work() >= LARGE_GEMM;
+                let large = B::GROUPED_GEMM_ALONE_FROM.is_some_and(|from| gemm.work() >= from);
                 let prepared = (i, *gemm, site, recipe, high_precision);
                 if large {
                     issue::<B>(std::mem::take(&mut small), &mut results, &mut fell_back);
