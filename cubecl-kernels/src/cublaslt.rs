@@ -8,7 +8,8 @@
 //! the codes, so the product is the same.
 //!
 //! The library runs on its own stream of the device's primary context (CubeCL's context): CubeCL's queue is synced
-//! before the call and the library's stream after it, so that neither reads a buffer before the other wrote it.
+//! before the call and the library's stream after it, so that neither reads a buffer before the other wrote it. A
+//! group of GEMMs (a grouped linear layer's experts) pays these two waits once ([`fp8_gemm_grouped`]).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -92,6 +93,56 @@ pub fn fp8_gemm<F: Float + CubeElement>(
     a: &GemmOperand<'_>,
     b: &GemmOperand<'_>,
 ) -> Result<Handle, KernelError> {
+    fp8_gemm_grouped::<F>(client, device, &[(*a, *b)])?
+        .pop()
+        .expect("one GEMM's result")
+}
+
+/// Several [`fp8_gemm`]s (a grouped linear layer's experts) with one wait on each side: CubeCL's queue is synced
+/// once before the calls and the library's stream once after them. Each GEMM's output, or why cuBLASLt cannot take
+/// it ([`unsupported`], shapes); an error of the library or of the device fails them all.
+pub fn fp8_gemm_grouped<F: Float + CubeElement>(
+    client: &ComputeClient<CudaRuntime>,
+    device: &CudaDevice,
+    gemms: &[(GemmOperand<'_>, GemmOperand<'_>)],
+) -> Result<Vec<Result<Handle, KernelError>>, KernelError> {
+    let calls = gemms
+        .iter()
+        .map(|(a, b)| match checked_shape::<F>(a, b) {
+            Ok(shape) => LtCall::new::<F>(client, a, b, shape).map(Ok),
+            Err(refused) => Ok(Err(refused)),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if calls.iter().any(Result::is_ok) {
+        // CubeCL's queue has written the operands (and allocated the outputs) before the library reads them.
+        cubecl::future::block_on(client.sync())?;
+        let devices = DEVICES.get_or_init(|| Mutex::new(HashMap::new()));
+        let mut devices = devices
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let lt_device = match devices.entry(device.index) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                entry.insert(LtDevice::new(device.index)?)
+            }
+        };
+        for call in calls.iter().flatten() {
+            lt_device.matmul(&call.shape, &call.ptrs)?;
+        }
+        lt_device.wait()?;
+    }
+    // The K-major copies and the inputs stay alive until here: the library has read them.
+    Ok(calls
+        .into_iter()
+        .map(|call| call.map(|call| call.output))
+        .collect())
+}
+
+/// The call's sizes, or why cuBLASLt cannot take the operands.
+fn checked_shape<F: Float + CubeElement>(
+    a: &GemmOperand<'_>,
+    b: &GemmOperand<'_>,
+) -> Result<LtShape, KernelError> {
     if let Some(reason) = unsupported::<F>(a, b) {
         return Err(KernelError::InvalidArgument {
             what: "cuBLASLt FP8 GEMM operands",
@@ -99,44 +150,11 @@ pub fn fp8_gemm<F: Float + CubeElement>(
         });
     }
     let (m, k, n, batch) = product_dims(a, b)?;
-    // K-major codes: A as [M, K] rows, B as [N, K] rows.
-    let k_major =
-        |operand: &GemmOperand<'_>, k_major_as_stored: bool| -> Result<Handle, KernelError> {
-            let OperandCodes::Fp8(buffer) = operand.codes else {
-                unreachable!("checked by `unsupported`")
-            };
-            if k_major_as_stored {
-                Ok(buffer.codes.clone())
-            } else {
-                transpose_fp8_codes(
-                    client,
-                    &buffer.codes,
-                    operand.batch,
-                    operand.rows,
-                    operand.cols,
-                )
-            }
-        };
-    let a_codes = k_major(a, !a.transposed)?;
-    let b_codes = k_major(b, b.transposed)?;
-    let output = client.empty(batch * m * n * size_of::<F>());
-
-    let pointer = |handle: &Handle| -> Result<u64, KernelError> {
-        let resource = client.get_resource(handle.clone())?;
-        Ok(resource.resource().ptr)
-    };
-    let ptrs = LtPointers {
-        a: pointer(&a_codes)?,
-        b: pointer(&b_codes)?,
-        a_scale: pointer(a.scale_inv)?,
-        b_scale: pointer(b.scale_inv)?,
-        out: pointer(&output)?,
-    };
     let fp8 = |operand: &GemmOperand<'_>| match operand.codes {
         OperandCodes::Fp8(buffer) => buffer.format,
         OperandCodes::E2m1 { .. } => unreachable!("checked by `unsupported`"),
     };
-    let shape = LtShape {
+    Ok(LtShape {
         m,
         n,
         k,
@@ -146,23 +164,64 @@ pub fn fp8_gemm<F: Float + CubeElement>(
         a_format: fp8(a),
         b_format: fp8(b),
         out_f16: F::type_name() == "f16",
-    };
-    // CubeCL's queue has written the operands (and allocated the output) before the library reads them.
-    cubecl::future::block_on(client.sync())?;
-    let devices = DEVICES.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut devices = devices
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let lt_device = match devices.entry(device.index) {
-        std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
-        std::collections::hash_map::Entry::Vacant(entry) => {
-            entry.insert(LtDevice::new(device.index)?)
-        }
-    };
-    lt_device.matmul(&shape, &ptrs)?;
-    // `a_codes`/`b_codes` (transposed copies) and the inputs stay alive until here: the library has read them.
-    drop((a_codes, b_codes));
-    Ok(output)
+    })
+}
+
+/// One cuBLASLt call ready to go: its K-major operands (kept alive until the library has read them), its output
+/// and their device pointers.
+struct LtCall {
+    shape: LtShape,
+    ptrs: LtPointers,
+    output: Handle,
+    _k_major: (Handle, Handle),
+}
+
+impl LtCall {
+    fn new<F: Float + CubeElement>(
+        client: &ComputeClient<CudaRuntime>,
+        a: &GemmOperand<'_>,
+        b: &GemmOperand<'_>,
+        shape: LtShape,
+    ) -> Result<Self, KernelError> {
+        // K-major codes: A as [M, K] rows, B as [N, K] rows.
+        let k_major =
+            |operand: &GemmOperand<'_>, k_major_as_stored: bool| -> Result<Handle, KernelError> {
+                let OperandCodes::Fp8(buffer) = operand.codes else {
+                    unreachable!("checked by `unsupported`")
+                };
+                if k_major_as_stored {
+                    Ok(buffer.codes.clone())
+                } else {
+                    transpose_fp8_codes(
+                        client,
+                        &buffer.codes,
+                        operand.batch,
+                        operand.rows,
+                        operand.cols,
+                    )
+                }
+            };
+        let a_codes = k_major(a, !a.transposed)?;
+        let b_codes = k_major(b, b.transposed)?;
+        let output = client.empty(shape.batch * shape.m * shape.n * size_of::<F>());
+        let pointer = |handle: &Handle| -> Result<u64, KernelError> {
+            let resource = client.get_resource(handle.clone())?;
+            Ok(resource.resource().ptr)
+        };
+        let ptrs = LtPointers {
+            a: pointer(&a_codes)?,
+            b: pointer(&b_codes)?,
+            a_scale: pointer(a.scale_inv)?,
+            b_scale: pointer(b.scale_inv)?,
+            out: pointer(&output)?,
+        };
+        Ok(LtCall {
+            shape,
+            ptrs,
+            output,
+            _k_major: (a_codes, b_codes),
+        })
+    }
 }
 
 static DEVICES: OnceLock<Mutex<HashMap<usize, LtDevice>>> = OnceLock::new();
@@ -243,7 +302,7 @@ impl LtDevice {
         })
     }
 
-    /// `out = scale_a · scale_b · A·Bᵀ` (row-major), then waits for the library's stream.
+    /// Enqueues `out = scale_a · scale_b · A·Bᵀ` (row-major) on the library's stream ([`wait`](Self::wait) for it).
     ///
     /// In cuBLASLt's column-major terms the row-major `out[M, N]` is `D[N, M] = op(B-side) · op(A-side)` with
     /// cuBLASLt's A our `b` ([N, K] rows = K × N column-major, used transposed) and its B our `a` ([M, K] rows =
@@ -403,7 +462,11 @@ impl LtDevice {
                 self.stream as sys::cudaStream_t,
             )
         }
-        .map_err(|e| library_error("cublasLtMatmul", e))?;
+        .map_err(|e| library_error("cublasLtMatmul", e))
+    }
+
+    /// Waits for the library's stream (every call enqueued so far).
+    fn wait(&self) -> Result<(), KernelError> {
         unsafe { driver::stream::synchronize(self.stream) }
             .map_err(|e| library_error("cuStreamSynchronize", e))
     }

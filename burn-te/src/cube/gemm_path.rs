@@ -132,8 +132,15 @@ pub(crate) fn device_fp8_gemm_grouped<R: Runtime, F: Float + CubeElement>(
 ) -> Result<Vec<Handle>, TeError> {
     let mut outputs: Vec<Option<Handle>> = vec![None; gemms.len()];
     if requested_device_gemm_path::<R>() == DeviceGemmPath::CublasLt {
-        for ((a, b), output) in gemms.iter().zip(&mut outputs) {
-            match cublaslt::<R, F>(client, device, a, b) {
+        let results = match cublaslt::<R, F>(client, device, gemms) {
+            Ok(results) => results,
+            Err(refused) => gemms
+                .iter()
+                .map(|_| Err(Refused(refused.0.clone())))
+                .collect(),
+        };
+        for (((a, _), output), result) in gemms.iter().zip(&mut outputs).zip(results) {
+            match result {
                 Ok(handle) => {
                     count_path(DeviceGemmPath::CublasLt);
                     metrics::count_launch(metrics::names::FP8_GEMM_LAUNCHES);
@@ -180,13 +187,14 @@ impl From<KernelError> for Refused {
     }
 }
 
+/// Each GEMM on cuBLASLt (one wait on each side for the group), or why it cannot run there; the whole group refused
+/// where cuBLASLt cannot run at all (not CUDA, built without it) or the library failed.
 #[cfg(feature = "cuda")]
 fn cublaslt<R: Runtime, F: Float + CubeElement>(
     client: &ComputeClient<R>,
     device: &R::Device,
-    a: &GemmOperand<'_>,
-    b: &GemmOperand<'_>,
-) -> Result<Handle, Refused> {
+    gemms: &[(GemmOperand<'_>, GemmOperand<'_>)],
+) -> Result<Vec<Result<Handle, Refused>>, Refused> {
     use burn_te_kernels::cubecl::cuda::{CudaDevice, CudaRuntime};
     use burn_te_kernels::cublaslt;
     let (Some(cuda_client), Some(cuda_device)) = (
@@ -199,7 +207,12 @@ fn cublaslt<R: Runtime, F: Float + CubeElement>(
         )));
     };
     // Operands cuBLASLt cannot take come back as an error naming why (`cublaslt::unsupported`).
-    Ok(cublaslt::fp8_gemm::<F>(cuda_client, cuda_device, a, b)?)
+    Ok(
+        cublaslt::fp8_gemm_grouped::<F>(cuda_client, cuda_device, gemms)?
+            .into_iter()
+            .map(|result| result.map_err(Refused::from))
+            .collect(),
+    )
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -207,8 +220,7 @@ fn cublaslt<R: Runtime, F: Float + CubeElement>(
 fn cublaslt<R: Runtime, F: Float + CubeElement>(
     _client: &ComputeClient<R>,
     _device: &R::Device,
-    _a: &GemmOperand<'_>,
-    _b: &GemmOperand<'_>,
-) -> Result<Handle, Refused> {
+    _gemms: &[(GemmOperand<'_>, GemmOperand<'_>)],
+) -> Result<Vec<Result<Handle, Refused>>, Refused> {
     Err(Refused("built without the `cuda` feature".into()))
 }
