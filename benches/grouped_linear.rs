@@ -162,7 +162,7 @@ fn grouped_on_wgpu(c: &mut Criterion) {
                 )
             })
             .collect();
-        let sync = |out: Vec<<Wgpu as burn::tensor::backend::Backend>::FloatTensorPrimitive>| {
+        let sync = |out: Vec<burn::tensor::ops::FloatTensor<Wgpu>>| {
             let last = Tensor::<Wgpu, 2>::from_primitive(TensorPrimitive::Float(
                 out.into_iter().last().expect("a GEMM"),
             ));
