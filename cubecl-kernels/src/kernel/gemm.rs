@@ -96,13 +96,23 @@ fn param_at(params: &Array<u32>, base: u32, #[comptime] index: usize) -> u32 {
     params[(base + comptime!(index as u32)) as usize]
 }
 
-/// The code at element `offset` of a packed code array (bytes for FP8, nibbles for E2M1).
+/// The word of a packed code array holding element `offset` (four FP8 codes per word, eight E2M1 codes).
 #[cube]
-fn code_at(codes: &Array<u32>, offset: u32, #[comptime] element: CodeFormat) -> u32 {
+fn code_word(offset: u32, #[comptime] element: CodeFormat) -> u32 {
     if comptime!(element == CodeFormat::E2m1) {
-        (codes[(offset / 8) as usize] >> ((offset % 8) * 4)) & 0xf
+        offset / 8
     } else {
-        (codes[(offset / 4) as usize] >> ((offset % 4) * 8)) & 0xff
+        offset / 4
+    }
+}
+
+/// The code of element `offset` inside its word ([`code_word`]).
+#[cube]
+fn code_in_word(word: u32, offset: u32, #[comptime] element: CodeFormat) -> u32 {
+    if comptime!(element == CodeFormat::E2m1) {
+        (word >> ((offset % 8) * 4)) & 0xf
+    } else {
+        (word >> ((offset % 4) * 8)) & 0xff
     }
 }
 
@@ -172,13 +182,18 @@ fn slot_position(l: u32, unit: u32, #[comptime] tiling: GemmTiling) -> (u32, u32
     )
 }
 
-/// Stages one `TILE_K`-deep slice of an operand into `tile` (depth-major vectors, lane `outer % 4` of
-/// `tile[kk * groups + outer / 4]`), decoded and scaled; out-of-range elements stage as 0.
+/// Stages one `TILE_K`-deep slice of GEMM `gemm`'s operand (`codes[gemm]`, `scales[gemm]`) into `tile`
+/// (depth-major vectors, lane `outer % 4` of `tile[kk * groups + outer / 4]`), decoded and scaled; out-of-range
+/// elements stage as 0.
+///
+/// The operand's buffers are picked among the launch's `gemms` only for the raw loads (a short loop per GEMM, so a
+/// grouped kernel stays small); the decode is written once.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn stage(
-    codes: &Array<u32>,
-    scales: &Array<f32>,
+    codes: &Sequence<Array<u32>>,
+    scales: &Sequence<Array<f32>>,
+    gemm: u32,
     params: &Array<u32>,
     base: u32,
     tile: &mut SharedMemory<Vec4>,
@@ -189,6 +204,7 @@ fn stage(
     outer_len: u32,
     k0: u32,
     k_len: u32,
+    #[comptime] gemms: usize,
     #[comptime] strides: usize,
     #[comptime] scale_params: usize,
     #[comptime] outer_first: bool,
@@ -215,9 +231,32 @@ fn stage(
     // Depth blocks are multiples of TILE_K or span all of K, so one stage lies in one depth block.
     let stage_code = k0 * depth_stride;
     let stage_scale = (k0 / depth_block) * depth_block_stride;
+    let loads = comptime!(tiling.loads());
+    // The raw code words and scales of this unit's in-range slots.
+    let mut words = Array::<u32>::new(comptime!(tiling.loads() as usize));
+    let mut slot_scales = Array::<f32>::new(comptime!(tiling.loads() as usize));
     let mut tensor_scale = 0.0f32;
-    if comptime!(operand.one_scale) {
-        tensor_scale = scales[0];
+    #[unroll]
+    for g in 0..gemms {
+        if gemm == comptime!(g as u32) {
+            let codes = codes.index(g);
+            let scales = scales.index(g);
+            if comptime!(operand.one_scale) {
+                tensor_scale = scales[0];
+            }
+            #[unroll(gemms == 1)]
+            for l in 0..loads {
+                let (outer, depth) = slot_position(l, unit, tiling);
+                if outer0 + outer < outer_len && k0 + depth < k_len {
+                    words[l as usize] =
+                        codes[code_word(code_bases[l as usize] + stage_code, element) as usize];
+                    if comptime!(!operand.one_scale) {
+                        slot_scales[l as usize] =
+                            scales[(scale_bases[l as usize] + stage_scale) as usize];
+                    }
+                }
+            }
+        }
     }
     #[unroll]
     for v in 0..comptime!(tiling.loads() / 4) {
@@ -227,11 +266,15 @@ fn stage(
             let l = v * 4 + lane;
             let (outer, depth) = slot_position(l, unit, tiling);
             if outer0 + outer < outer_len && k0 + depth < k_len {
-                let code = code_at(codes, code_bases[l as usize] + stage_code, element);
+                let code = code_in_word(
+                    words[l as usize],
+                    code_bases[l as usize] + stage_code,
+                    element,
+                );
                 let scale = if comptime!(operand.one_scale) {
                     tensor_scale
                 } else {
-                    scales[(scale_bases[l as usize] + stage_scale) as usize]
+                    slot_scales[l as usize]
                 };
                 vector[lane as usize] = decode(code, element) * scale;
             }
@@ -327,50 +370,48 @@ pub fn fp8_gemm_kernel<F: Float>(
 
         let mut k0 = 0u32;
         while k0 < k_len {
-            // The operands are bound per GEMM: this cube's are picked once per stage.
-            #[unroll]
-            for g in 0..gemms {
-                if gemm == comptime!(g as u32) {
-                    stage(
-                        a.index(g),
-                        a_scales.index(g),
-                        params,
-                        base,
-                        &mut a_tile,
-                        &a_codes,
-                        &a_scale_rows,
-                        unit,
-                        row0,
-                        m_len,
-                        k0,
-                        k_len,
-                        param::A_STRIDES,
-                        param::A_SCALES,
-                        true,
-                        a_operand,
-                        tiling,
-                    );
-                    stage(
-                        b.index(g),
-                        b_scales.index(g),
-                        params,
-                        base,
-                        &mut b_tile,
-                        &b_codes,
-                        &b_scale_cols,
-                        unit,
-                        col0,
-                        n_len,
-                        k0,
-                        k_len,
-                        param::B_STRIDES,
-                        param::B_SCALES,
-                        false,
-                        b_operand,
-                        tiling,
-                    );
-                }
-            }
+            stage(
+                a,
+                a_scales,
+                gemm,
+                params,
+                base,
+                &mut a_tile,
+                &a_codes,
+                &a_scale_rows,
+                unit,
+                row0,
+                m_len,
+                k0,
+                k_len,
+                gemms,
+                param::A_STRIDES,
+                param::A_SCALES,
+                true,
+                a_operand,
+                tiling,
+            );
+            stage(
+                b,
+                b_scales,
+                gemm,
+                params,
+                base,
+                &mut b_tile,
+                &b_codes,
+                &b_scale_cols,
+                unit,
+                col0,
+                n_len,
+                k0,
+                k_len,
+                gemms,
+                param::B_STRIDES,
+                param::B_SCALES,
+                false,
+                b_operand,
+                tiling,
+            );
             sync_cube();
 
             #[unroll]
