@@ -280,6 +280,127 @@ fn operands_cublaslt_cannot_take_fall_back_to_the_kernel_counted() {
     assert!(short.contains("Counter: DeviceFp8Gemm(simt)"), "{short}");
 }
 
+/// A group of GEMMs asking for cuBLASLt (a grouped linear layer's experts): each GEMM gives its bits alone on the
+/// same path; on CUDA the two cuBLASLt takes run there (one wait on each side for the group), the two it refuses
+/// (K = 40, block scales) on the kernel, each refusal recorded; off CUDA all four on the kernel, the three
+/// per-tensor E4M3 ones in one launch.
+#[test]
+fn a_group_asking_for_cublaslt_runs_each_gemm_as_alone() {
+    let mut rng = Rng::new(95);
+    let device = backend_device();
+    let (m, k, n) = (16, 256, 64);
+    let per_tensor = |rng: &mut Rng, rows, cols| {
+        quantize(
+            rng.normal(rows * cols, 0.0, 1.0),
+            [1, rows, cols],
+            Fp8Format::E4M3,
+        )
+    };
+    let blocked = |rng: &mut Rng, rows, cols| {
+        let t = Tensor::<B, 3>::from_data(
+            TensorData::new(rng.normal(rows * cols, 0.0, 1.0), [1, rows, cols]),
+            &device,
+        );
+        B::fp8_quantize(
+            t.into_primitive().tensor(),
+            Fp8Format::E4M3,
+            Scaling::Block {
+                block: ScaleBlock::new(1, 128),
+                rule: BlockScaleRule::Pow2,
+            },
+        )
+        .expect("block quantize")
+    };
+    // (lhs [m, k], rhs [n, k] used transposed, what cuBLASLt does with it)
+    let gemms = vec![
+        (
+            per_tensor(&mut rng, m, k),
+            per_tensor(&mut rng, n, k),
+            DeviceGemmPath::CublasLt,
+        ),
+        (
+            per_tensor(&mut rng, 3, 40),
+            per_tensor(&mut rng, n, 40),
+            DeviceGemmPath::Simt,
+        ),
+        (
+            per_tensor(&mut rng, 40, k),
+            per_tensor(&mut rng, n, k),
+            DeviceGemmPath::CublasLt,
+        ),
+        (
+            blocked(&mut rng, m, k),
+            blocked(&mut rng, n, k),
+            DeviceGemmPath::Simt,
+        ),
+    ];
+    let alone: Vec<_> = gemms
+        .iter()
+        .map(|(lhs, rhs, path)| {
+            gemm_on(
+                DeviceGemmPath::CublasLt,
+                runs_on(*path),
+                lhs,
+                false,
+                rhs,
+                true,
+            )
+        })
+        .collect();
+    let launches = || burn_te::diagnostics::thread_counter_value("Fp8GemmLaunches").unwrap_or(0);
+    let before = (
+        counted(DeviceGemmPath::CublasLt),
+        counted(DeviceGemmPath::Simt),
+        device_fallbacks(),
+        launches(),
+    );
+    let outputs = with_device_gemm_path(DeviceGemmPath::CublasLt, || {
+        B::fp8_gemm_grouped(
+            gemms
+                .iter()
+                .map(|(lhs, rhs, _)| (lhs.clone(), false, rhs.clone(), true))
+                .collect(),
+        )
+    })
+    .expect("grouped gemm");
+    let on_cublaslt = if cfg!(feature = "cuda") { 2 } else { 0 };
+    assert_eq!(
+        counted(DeviceGemmPath::CublasLt) - before.0,
+        on_cublaslt,
+        "GEMMs on cuBLASLt"
+    );
+    assert_eq!(
+        counted(DeviceGemmPath::Simt) - before.1,
+        4 - on_cublaslt,
+        "GEMMs on the kernel"
+    );
+    assert_eq!(
+        device_fallbacks() - before.2,
+        4 - on_cublaslt,
+        "each refusal recorded"
+    );
+    // On CUDA: two cuBLASLt calls, the K = 40 and the block-scaled GEMM (kinds of their own) one launch each. Off
+    // CUDA: the per-tensor ones in one launch, the block-scaled one alone.
+    let expected_launches = if cfg!(feature = "cuda") { 4 } else { 2 };
+    assert_eq!(
+        launches() - before.3,
+        expected_launches,
+        "FP8 GEMM launches"
+    );
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (i, (out, alone)) in outputs.into_iter().zip(&alone).enumerate() {
+        let out = Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(out))
+            .into_data()
+            .into_vec::<f32>()
+            .unwrap();
+        assert_eq!(
+            bits(&out),
+            bits(alone),
+            "GEMM {i}: grouped differs from alone"
+        );
+    }
+}
+
 /// A few training steps of a TransformerLayer in FP8 (delayed scaling) on cuBLASLt give the SIMT kernel's losses
 /// within 1e-3 (relative): the paths differ only in accumulation order and precision, which can flip a code.
 #[cfg(feature = "cuda")]

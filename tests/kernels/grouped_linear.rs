@@ -411,10 +411,7 @@ fn checkpointed_inputs_and_inputs_without_gradient() {
 /// (the same output and input gradient bit for bit), every expert's GEMM under the path asked for.
 #[test]
 fn grouped_gemms_issue_together_on_every_host_path() {
-    use burn_te::diagnostics::thread_counter_value;
     use burn_te::host::gemm::{HostGemmPath, with_host_gemm_path};
-    use burn_te::linear::grouped::with_experts_in_turn;
-    let counter = |name: &str| thread_counter_value(name).unwrap_or(0);
     // Expert 0: 300 × 256 × 192, split across threads; the others a few rows each.
     let splits = [300, 5, 0, 17, 64, 1];
     let paths = HostGemmPath::available_paths();
@@ -446,43 +443,71 @@ fn grouped_gemms_issue_together_on_every_host_path() {
             &Default::default(),
         )
         .require_grad();
-        let run = || {
-            let (launches, on_path) = (
-                counter("Fp8GemmLaunches"),
-                counter(&format!("HostFp8Gemm({path})")),
-            );
-            let (y, dx) = with_host_gemm_path(path, || {
-                let y = fp8_autocast(true, Float8CurrentScaling::default(), || {
-                    group.forward(x.clone(), &splits)
-                })
-                .unwrap();
-                let grads = y.clone().sum().backward();
-                (bits(values(y)), bits(values(x.grad(&grads).unwrap())))
-            });
-            let on_path = counter(&format!("HostFp8Gemm({path})")) - on_path;
-            (counter("Fp8GemmLaunches") - launches, on_path, y, dx)
-        };
-        let (launches, on_path, y, dx) = run();
-        // Per GEMM kind: expert 0's (300 × 256 × 192, large enough to split) issued by itself as soon as it is
-        // quantized, the four small ones together.
-        assert_eq!(launches, 3 * 2, "{path}: fprop, dgrad, wgrad");
-        assert_eq!(
-            on_path,
-            3 * 5,
-            "{path}: three GEMMs of each of the five experts with rows"
-        );
-        let in_turn = with_experts_in_turn(run);
-        assert_eq!(
-            in_turn.0,
-            3 * 5,
-            "{path}: one launch per expert's GEMM in turn"
-        );
-        assert_eq!(
-            (in_turn.1, &in_turn.2, &in_turn.3),
-            (on_path, &y, &dx),
-            "{path}: in turn"
-        );
+        with_host_gemm_path(path, || {
+            together_and_in_turn(
+                &path.to_string(),
+                &group,
+                &x,
+                &splits,
+                &format!("HostFp8Gemm({path})"),
+                // Per GEMM kind: expert 0's (300 × 256 × 192, large enough to split) issued by itself as soon as
+                // it is quantized, the four small ones together.
+                3 * 2,
+                5,
+            )
+        });
     }
+}
+
+/// One Float8CurrentScaling step of `group` on `x`, its experts' GEMMs together and then in turn: together,
+/// `launches` FP8 GEMM launches; in turn, one per expert's GEMM; both with `3 · experts` GEMMs (the experts with
+/// rows) counted under `path_counter`, and the same output and input-gradient bits.
+fn together_and_in_turn<A: AutodiffBackend + TeBackend>(
+    what: &str,
+    group: &GroupedLinear<A>,
+    x: &Tensor<A, 2>,
+    splits: &[usize],
+    path_counter: &str,
+    launches: u64,
+    experts: u64,
+) {
+    use burn_te::diagnostics::thread_counter_value;
+    use burn_te::linear::grouped::with_experts_in_turn;
+    let counter = |name: &str| thread_counter_value(name).unwrap_or(0);
+    let run = || {
+        let before = (counter("Fp8GemmLaunches"), counter(path_counter));
+        let y = fp8_autocast(true, Float8CurrentScaling::default(), || {
+            group.forward(x.clone(), splits)
+        })
+        .unwrap();
+        let grads = y.clone().sum().backward();
+        let (y, dx) = (bits(values(y)), bits(values(x.grad(&grads).unwrap())));
+        (
+            counter("Fp8GemmLaunches") - before.0,
+            counter(path_counter) - before.1,
+            y,
+            dx,
+        )
+    };
+    let together = run();
+    assert_eq!(together.0, launches, "{what}: FP8 GEMM launches together");
+    assert_eq!(
+        together.1,
+        3 * experts,
+        "{what}: three GEMMs of each expert with rows under {path_counter}"
+    );
+    let in_turn = with_experts_in_turn(run);
+    assert_eq!(
+        in_turn.0,
+        3 * experts,
+        "{what}: one launch per expert's GEMM in turn"
+    );
+    assert_eq!(in_turn.1, together.1, "{what}: in turn, counted");
+    assert_eq!(
+        (&in_turn.2, &in_turn.3),
+        (&together.2, &together.3),
+        "{what}: in turn, bits"
+    );
 }
 
 /// On wgpu (lavapipe here), unfused and through Burn's fusion (`burn::backend::Wgpu`, what users get): each expert's
@@ -492,8 +517,6 @@ fn grouped_gemms_issue_together_on_every_host_path() {
 #[test]
 fn experts_equal_their_linears_on_wgpu() {
     fn check<W: AutodiffBackend + TeBackend>(what: &str) {
-        use burn_te::diagnostics::thread_counter_value;
-        use burn_te::linear::grouped::with_experts_in_turn;
         let splits = [24, 0, 40, 8];
         let recipe = Recipe::from(DelayedScaling::default());
         let group = GroupedLinearConfig::new(splits.len(), IN, OUT)
@@ -503,49 +526,14 @@ fn experts_equal_their_linears_on_wgpu() {
         for seed in 0..2 {
             step(what, &group, &experts, &splits, Some(&recipe), 700 + seed);
         }
-        let counter = |name: &str| thread_counter_value(name).unwrap_or(0);
         let x = tensor::<W, 2>(
             Rng::new(11).normal(72 * IN, 0.0, 1.0),
             [72, IN],
             &Default::default(),
         )
         .require_grad();
-        let run = || {
-            let (launches, simt) = (counter("Fp8GemmLaunches"), counter("DeviceFp8Gemm(simt)"));
-            let y = fp8_autocast(true, Float8CurrentScaling::default(), || {
-                group.forward(x.clone(), &splits)
-            })
-            .unwrap();
-            let grads = y.clone().sum().backward();
-            let (y, dx) = (bits(values(y)), bits(values(x.grad(&grads).unwrap())));
-            (
-                counter("Fp8GemmLaunches") - launches,
-                counter("DeviceFp8Gemm(simt)") - simt,
-                y,
-                dx,
-            )
-        };
-        let (launches, simt, y, dx) = run();
-        assert_eq!(
-            launches, 3,
-            "{what}: one launch each for fprop, dgrad and wgrad"
-        );
-        assert_eq!(
-            simt,
-            3 * 3,
-            "{what}: the three experts with rows, three GEMMs each"
-        );
-        let in_turn = with_experts_in_turn(run);
-        assert_eq!(
-            in_turn.0,
-            3 * 3,
-            "{what}: one launch per expert's GEMM in turn"
-        );
-        assert_eq!(
-            (in_turn.1, &in_turn.2, &in_turn.3),
-            (simt, &y, &dx),
-            "{what}: in turn"
-        );
+        // One launch each for fprop, dgrad and wgrad; three experts with rows.
+        together_and_in_turn(what, &group, &x, &splits, "DeviceFp8Gemm(simt)", 3, 3);
     }
     check::<Autodiff<burn_te::Te<burn_te::backends::Wgpu>>>("wgpu");
     check::<Autodiff<burn_te::Te<burn::backend::Wgpu>>>("wgpu_fusion");
