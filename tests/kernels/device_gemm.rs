@@ -72,6 +72,20 @@ fn quantize(values: Vec<f32>, shape: [usize; 3], format: Fp8Format) -> Fp8Primit
     .expect("quantize")
 }
 
+/// E4M3 with 1 × 128 power-of-two block scales (what cuBLASLt does not take here).
+fn block_quantize(values: Vec<f32>, shape: [usize; 3]) -> Fp8Primitive<B> {
+    let t = Tensor::<B, 3>::from_data(TensorData::new(values, shape), &backend_device());
+    B::fp8_quantize(
+        t.into_primitive().tensor(),
+        Fp8Format::E4M3,
+        Scaling::Block {
+            block: ScaleBlock::new(1, 128),
+            rule: BlockScaleRule::Pow2,
+        },
+    )
+    .expect("block quantize")
+}
+
 /// `lhs · rhs` asking for `path`; checks which path counted it and returns the output.
 fn gemm_on(
     path: DeviceGemmPath,
@@ -217,19 +231,6 @@ fn random_operands_agree_with_f64_within_each_paths_bound() {
 #[test]
 fn operands_cublaslt_cannot_take_fall_back_to_the_kernel_counted() {
     let mut rng = Rng::new(94);
-    let device = backend_device();
-    let block_quantize = |values: Vec<f32>, shape: [usize; 3]| {
-        let t = Tensor::<B, 3>::from_data(TensorData::new(values, shape), &device);
-        B::fp8_quantize(
-            t.into_primitive().tensor(),
-            Fp8Format::E4M3,
-            Scaling::Block {
-                block: ScaleBlock::new(1, 128),
-                rule: BlockScaleRule::Pow2,
-            },
-        )
-        .expect("block quantize")
-    };
     let (m, k, n) = (32, 256, 64);
     let mut cases = vec![(
         "1x128 block scales",
@@ -287,7 +288,6 @@ fn operands_cublaslt_cannot_take_fall_back_to_the_kernel_counted() {
 #[test]
 fn a_group_asking_for_cublaslt_runs_each_gemm_as_alone() {
     let mut rng = Rng::new(95);
-    let device = backend_device();
     let (m, k, n) = (16, 256, 64);
     let per_tensor = |rng: &mut Rng, rows, cols| {
         quantize(
@@ -297,19 +297,7 @@ fn a_group_asking_for_cublaslt_runs_each_gemm_as_alone() {
         )
     };
     let blocked = |rng: &mut Rng, rows, cols| {
-        let t = Tensor::<B, 3>::from_data(
-            TensorData::new(rng.normal(rows * cols, 0.0, 1.0), [1, rows, cols]),
-            &device,
-        );
-        B::fp8_quantize(
-            t.into_primitive().tensor(),
-            Fp8Format::E4M3,
-            Scaling::Block {
-                block: ScaleBlock::new(1, 128),
-                rule: BlockScaleRule::Pow2,
-            },
-        )
-        .expect("block quantize")
+        block_quantize(rng.normal(rows * cols, 0.0, 1.0), [1, rows, cols])
     };
     // (lhs [m, k], rhs [n, k] used transposed, what cuBLASLt does with it)
     let gemms = vec![
