@@ -5,7 +5,9 @@ use burn::tensor::ops::{BoolTensor, FloatTensor};
 use burn_te_kernels::{AmaxComputeAlgo, Fp8Format, Fp8Stats, ScaleBlock, TensorStats};
 
 use crate::error::TeError;
-use crate::fused::{AttentionMask, NormForward, NormGrads, NormSaved, NormSpec, Pointwise};
+use crate::fused::{
+    AttentionMask, AttentionSpec, NormForward, NormGrads, NormSaved, NormSpec, Pointwise,
+};
 use crate::high_precision::high_precision_gemm;
 pub use crate::primitive::{
     ElementFormat, Fp8HostData, Fp8Tensor, Nvfp4Scales, Saved, SavedForBackward, SavedQuantized,
@@ -296,6 +298,48 @@ pub trait TeBackend: Backend {
         panic!("{}", crate::fused::missing_backward("softmax"))
     }
 
+    /// The attention core `softmax(q·kᵀ · scale + mask) · v` per head, from q `[s, b, heads, d]` and k, v
+    /// `[s, b, groups, d]` (or `[b, s, ..]`, as `spec` says) at whatever strides they have, to the output
+    /// `[s, b, heads · d]` (or `[b, s, ..]`): the fused op of `fused::attention`, or `None` where the backend has
+    /// no fused kernel. Autodiff backends register its backward.
+    fn te_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        spec: AttentionSpec,
+        mask: AttentionMask<BoolTensor<Self>>,
+    ) -> Result<Option<FloatTensor<Self>>, TeError> {
+        Ok(Self::te_attention_forward(q, k, v, spec, mask)?.map(|(out, _)| out))
+    }
+
+    /// [`te_attention`](Self::te_attention)'s forward: the output and the log-sum-exp of each query row
+    /// (`[b, heads, s]`) its backward takes. `None` by default (no fused kernel).
+    fn te_attention_forward(
+        _q: FloatTensor<Self>,
+        _k: FloatTensor<Self>,
+        _v: FloatTensor<Self>,
+        _spec: AttentionSpec,
+        _mask: AttentionMask<BoolTensor<Self>>,
+    ) -> Result<Option<(FloatTensor<Self>, FloatTensor<Self>)>, TeError> {
+        Ok(None)
+    }
+
+    /// [`te_attention`](Self::te_attention)'s backward: the gradients of q, k and v (each in its input's shape)
+    /// for the output gradient `dout`. A backend whose [`te_attention_forward`](Self::te_attention_forward)
+    /// answers implements it.
+    #[allow(clippy::too_many_arguments)]
+    fn te_attention_backward(
+        _dout: FloatTensor<Self>,
+        _q: FloatTensor<Self>,
+        _k: FloatTensor<Self>,
+        _v: FloatTensor<Self>,
+        _lse: FloatTensor<Self>,
+        _spec: AttentionSpec,
+        _mask: AttentionMask<BoolTensor<Self>>,
+    ) -> [FloatTensor<Self>; 3] {
+        panic!("{}", crate::fused::missing_backward("attention"))
+    }
+
     /// A linear layer's forward GEMM at `site`: `x [.., in] · weight [in, out] + bias` in FP8 with `recipe`, or in
     /// high precision with `None`. On autodiff backends its backward runs [`te_linear_dgrad`](Self::te_linear_dgrad)
     /// and [`te_linear_wgrad`](Self::te_linear_wgrad) with the same recipe, on the operands
@@ -512,7 +556,7 @@ macro_rules! forward_fp8_ops {
         ) -> $crate::__private::FloatTensor<Self> {
             $inner::te_reference_gemm(site, lhs, rhs, bias)
         }
-        // The fused element-wise ops: `te_norm`, `te_activation` and `te_softmax` keep their defaults (this
+        // The fused ops: `te_norm`, `te_activation`, `te_softmax` and `te_attention` keep their defaults (this
         // decorator's forward), so that the forwards and backwards below are seen as ops by the decorator
         // (counted, checked in eager mode) like every other op.
         fn te_norm_forward(
@@ -587,6 +631,43 @@ macro_rules! forward_fp8_ops {
             let ds = $inner::te_softmax_backward(dp, probs, scale);
             <Self as $crate::Decorator>::op_finished("te_softmax_backward", inputs, &ds);
             ds
+        }
+        fn te_attention_forward(
+            q: $crate::__private::FloatTensor<Self>,
+            k: $crate::__private::FloatTensor<Self>,
+            v: $crate::__private::FloatTensor<Self>,
+            spec: $crate::fused::AttentionSpec,
+            mask: $crate::fused::AttentionMask<$crate::__private::BoolTensor<Self>>,
+        ) -> Result<
+            Option<(
+                $crate::__private::FloatTensor<Self>,
+                $crate::__private::FloatTensor<Self>,
+            )>,
+            $crate::TeError,
+        > {
+            let inputs = <Self as $crate::Decorator>::op_started("te_attention", &[&q, &k, &v]);
+            let output = $inner::te_attention_forward(q, k, v, spec, mask)?;
+            if let Some((out, _)) = &output {
+                <Self as $crate::Decorator>::op_finished("te_attention", inputs, out);
+            }
+            Ok(output)
+        }
+        fn te_attention_backward(
+            dout: $crate::__private::FloatTensor<Self>,
+            q: $crate::__private::FloatTensor<Self>,
+            k: $crate::__private::FloatTensor<Self>,
+            v: $crate::__private::FloatTensor<Self>,
+            lse: $crate::__private::FloatTensor<Self>,
+            spec: $crate::fused::AttentionSpec,
+            mask: $crate::fused::AttentionMask<$crate::__private::BoolTensor<Self>>,
+        ) -> [$crate::__private::FloatTensor<Self>; 3] {
+            let inputs = <Self as $crate::Decorator>::op_started(
+                "te_attention_backward",
+                &[&dout, &q, &k, &v],
+            );
+            let grads = $inner::te_attention_backward(dout, q, k, v, lse, spec, mask);
+            <Self as $crate::Decorator>::op_finished("te_attention_backward", inputs, &grads[0]);
+            grads
         }
         fn fp8_delayed_state_update(
             state: &Self::DelayedState,

@@ -468,6 +468,10 @@ pub mod names {
     pub const FUSED_SOFTMAX: &str = "FusedSoftmax";
     /// Counter: fused attention softmax backwards.
     pub const FUSED_SOFTMAX_BACKWARD: &str = "FusedSoftmaxBackward";
+    /// Counter: fused attention cores (`fused::attention`; the host path).
+    pub const FUSED_ATTENTION: &str = "FusedAttention";
+    /// Counter: fused attention core backwards.
+    pub const FUSED_ATTENTION_BACKWARD: &str = "FusedAttentionBackward";
     /// Counter: FP8 GEMM kernel launches.
     pub const FP8_GEMM_LAUNCHES: &str = "Fp8GemmLaunches";
     /// Counter: amax kernel launches.

@@ -277,6 +277,185 @@ fn masked_softmax_forward_and_backward_match_f64() {
     }
 }
 
+/// The attention core of `DotProductAttention` composed of Burn ops in f64: q `[s, b, h, d]`, k and v
+/// `[s, b, g, d]` (`[b, s, ..]` unless `seq_first`) to `[s, b, h · d]`, masked keys at 0.
+fn reference_attention(
+    [q, k, v]: [Tensor<R, 4>; 3],
+    seq_first: bool,
+    scale: f64,
+    causal: bool,
+    padding: Option<&[bool]>,
+) -> Tensor<R, 3> {
+    let bhsd = |t: Tensor<R, 4>| {
+        if seq_first {
+            t.permute([1, 2, 0, 3])
+        } else {
+            t.swap_dims(1, 2)
+        }
+    };
+    let (q, k, v) = (bhsd(q), bhsd(k), bhsd(v));
+    let [batch, heads, queries, d] = q.dims();
+    let [_, groups, keys, _] = k.dims();
+    let repeat = |t: Tensor<R, 4>| {
+        t.unsqueeze_dim::<5>(2)
+            .expand([batch, groups, heads / groups, keys, d])
+            .reshape([batch, heads, keys, d])
+    };
+    let (k, v) = (repeat(k), repeat(v));
+    let masked: Vec<bool> = (0..batch * heads * queries * keys)
+        .map(|i| {
+            let (b, qi, ki) = (i / (heads * queries * keys), i / keys % queries, i % keys);
+            (causal && ki > qi) || padding.is_some_and(|p| p[b * keys + ki])
+        })
+        .collect();
+    let mask = Tensor::<R, 4, Bool>::from_data(
+        TensorData::new(masked, [batch, heads, queries, keys]),
+        &Default::default(),
+    );
+    let scores = q.matmul(k.swap_dims(2, 3)) * scale;
+    let p = softmax(scores.mask_fill(mask.clone(), -1.0e30), 3).mask_fill(mask, 0.0);
+    let out = p.matmul(v);
+    if seq_first {
+        out.permute([2, 0, 1, 3])
+            .reshape([queries, batch, heads * d])
+    } else {
+        out.swap_dims(1, 2).reshape([batch, queries, heads * d])
+    }
+}
+
+/// The fused attention core against the composed f64 attention, forward and backward: q, k and v as views of one
+/// packed projection output (`sbhd`, strided, no copy) and as separate `bshd` tensors, grouped-query heads,
+/// causal with more queries than one block of rows (`ROWS`), padding (one batch fully padded: zeros, zero
+/// gradients), and cross-attention with fewer keys than queries.
+#[test]
+fn attention_core_forward_and_backward_match_f64() {
+    use burn_te::fused::AttentionSpec;
+    let rows = burn_te_kernels::host::fused::attention::ROWS;
+    let (batch, heads, groups, d) = (2, 4, 2, 16);
+    let mut rng = Rng::new(17);
+    let cases = [
+        // (seq_first, queries, keys, causal, padded)
+        (true, rows + 6, rows + 6, true, false),
+        (true, rows + 6, rows + 6, false, true),
+        (false, rows + 6, rows + 6, true, true),
+        (false, rows + 6, 37, false, false),
+    ];
+    for (seq_first, queries, keys, causal, padded) in cases {
+        let what = format!(
+            "attention (sbhd {seq_first}, {queries} queries, {keys} keys, causal {causal}, padding {padded})"
+        );
+        let device = Default::default();
+        let lead = |s: usize| if seq_first { [s, batch] } else { [batch, s] };
+        let [q0, q1] = lead(queries);
+        let [k0, k1] = lead(keys);
+        // Batch 0 pads its last 5 keys; batch 1 pads every key.
+        let padding: Vec<bool> = (0..batch * keys)
+            .map(|i| i / keys == 1 || i % keys >= keys - 5)
+            .collect();
+        let padding = padded.then_some(padding);
+        let scale = 1.0 / (d as f32).sqrt();
+        let upstream = rng.normal(q0 * q1 * heads * d, 0.0, 1.0);
+        let spec = AttentionSpec { seq_first, scale };
+        let pad_tensor = || {
+            padding.clone().map(|p| {
+                Tensor::<F, 2, Bool>::from_data(TensorData::new(p, [batch, keys]), &device)
+                    .into_primitive()
+            })
+        };
+        let run = |[q, k, v]: [Tensor<F, 4>; 3]| {
+            let mask = AttentionMask {
+                causal,
+                padding: pad_tensor(),
+            };
+            let out = F::te_attention(primitive(&q), primitive(&k), primitive(&v), spec, mask)
+                .expect("attention")
+                .expect("Flex has the fused attention");
+            tensor::<3>(out)
+        };
+        if queries == keys && seq_first {
+            // One packed [s, b, heads + 2·groups, d] tensor; q, k and v are views of it.
+            let values = rng.normal(q0 * q1 * (heads + 2 * groups) * d, 0.0, 1.0);
+            let shape = [q0, q1, heads + 2 * groups, d];
+            let (fp, rp) = (fused(&values, shape), reference(&values, shape));
+            let views = |t: Tensor<F, 4>| {
+                [
+                    t.clone().narrow(2, 0, heads),
+                    t.clone().narrow(2, heads, groups),
+                    t.narrow(2, heads + groups, groups),
+                ]
+            };
+            let out = run(views(fp.clone()));
+            let grads = (out.clone() * fused(&upstream, [q0, q1, heads * d]))
+                .sum()
+                .backward();
+            let rviews = [
+                rp.clone().narrow(2, 0, heads),
+                rp.clone().narrow(2, heads, groups),
+                rp.clone().narrow(2, heads + groups, groups),
+            ];
+            let rout = reference_attention(
+                rviews,
+                seq_first,
+                f64::from(scale),
+                causal,
+                padding.as_deref(),
+            );
+            let rgrads = (rout.clone() * reference(&upstream, [q0, q1, heads * d]))
+                .sum()
+                .backward();
+            let (out, rout) = (host(out), host(rout));
+            assert_close(&format!("{what} output"), &out, &rout, TOL);
+            assert_grad(&format!("{what} d(qkv)"), (&fp, &grads), (&rp, &rgrads));
+            continue;
+        }
+        let mut values = |n| rng.normal(n, 0.0, 1.0);
+        let (qv, kv, vv) = (
+            values(q0 * q1 * heads * d),
+            values(k0 * k1 * groups * d),
+            values(k0 * k1 * groups * d),
+        );
+        let (qs, ks) = ([q0, q1, heads, d], [k0, k1, groups, d]);
+        let (fq, fk, fv) = (fused(&qv, qs), fused(&kv, ks), fused(&vv, ks));
+        let (rq, rk, rv) = (reference(&qv, qs), reference(&kv, ks), reference(&vv, ks));
+        let out = run([fq.clone(), fk.clone(), fv.clone()]);
+        let grads = (out.clone() * fused(&upstream, [q0, q1, heads * d]))
+            .sum()
+            .backward();
+        let rout = reference_attention(
+            [rq.clone(), rk.clone(), rv.clone()],
+            seq_first,
+            f64::from(scale),
+            causal,
+            padding.as_deref(),
+        );
+        let rgrads = (rout.clone() * reference(&upstream, [q0, q1, heads * d]))
+            .sum()
+            .backward();
+        let (out, rout) = (host(out), host(rout));
+        if padded {
+            let half = out.len() / 2;
+            let batch1: Vec<f64> = if seq_first {
+                out.chunks(heads * d)
+                    .skip(1)
+                    .step_by(2)
+                    .flatten()
+                    .copied()
+                    .collect()
+            } else {
+                out[half..].to_vec()
+            };
+            assert!(
+                batch1.iter().all(|&v| v == 0.0),
+                "{what}: a fully padded batch gives zeros"
+            );
+        }
+        assert_close(&format!("{what} output"), &out, &rout, TOL);
+        assert_grad(&format!("{what} dq"), (&fq, &grads), (&rq, &rgrads));
+        assert_grad(&format!("{what} dk"), (&fk, &grads), (&rk, &rgrads));
+        assert_grad(&format!("{what} dv"), (&fv, &grads), (&rv, &rgrads));
+    }
+}
+
 /// The fused kernels' `exp` (what GELU's σ and the softmax use) against f64 over the whole f32 range it takes.
 #[test]
 fn fused_exp_is_within_two_ulp() {
@@ -329,7 +508,7 @@ fn fused_norm_gradients_do_not_depend_on_the_thread_count() {
 
 /// A TransformerLayer's forward and backward with the fused ops against the same layer composing Burn ops: the
 /// output and every parameter's gradient within the f32 tolerance, and each fused op counted as it ran (two norms,
-/// one activation, one softmax, each forward and backward).
+/// one activation, one attention core, each forward and backward).
 #[test]
 fn transformer_layer_with_fused_ops_matches_the_composed_layer() {
     let device = Default::default();
@@ -350,6 +529,8 @@ fn transformer_layer_with_fused_ops_matches_the_composed_layer() {
         "FusedActivationBackward",
         "FusedSoftmax",
         "FusedSoftmaxBackward",
+        "FusedAttention",
+        "FusedAttentionBackward",
     ];
     let run = || {
         let before: Vec<u64> = names.iter().map(|n| counter(n)).collect();
@@ -376,9 +557,14 @@ fn transformer_layer_with_fused_ops_matches_the_composed_layer() {
         (host(y), params, counts)
     };
     let (y, grads, counts) = run();
-    assert_eq!(counts, vec![2, 2, 1, 1, 1, 1], "fused ops run ({names:?})");
+    // The attention core runs as one fused op (its softmax is inside it).
+    assert_eq!(
+        counts,
+        vec![2, 2, 1, 1, 0, 0, 1, 1],
+        "fused ops run ({names:?})"
+    );
     let (ry, rgrads, rcounts) = with_composed_elementwise(run);
-    assert_eq!(rcounts, vec![0; 6], "the composed layer runs none");
+    assert_eq!(rcounts, vec![0; 8], "the composed layer runs none");
     assert_close("layer output", &y, &ry, 1e-4);
     assert_eq!(grads.len(), rgrads.len());
     for (i, (g, r)) in grads.iter().zip(&rgrads).enumerate() {

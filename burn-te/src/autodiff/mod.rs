@@ -21,7 +21,7 @@ use crate::backend::{
     AutodiffInner, Fp8HostData, Fp8Primitive, GroupedGemmOperands, Scaling, TeBackend,
 };
 use crate::error::TeError;
-use crate::fused::{AttentionMask, NormSpec, Pointwise};
+use crate::fused::{AttentionMask, AttentionSpec, NormSpec, Pointwise};
 use crate::primitive::SavedForBackward;
 use crate::recipe::Recipe;
 use crate::site::{ExpertGemms, GemmSite};
@@ -154,6 +154,15 @@ impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff
         mask: AttentionMask<BoolTensor<Self>>,
     ) -> Result<Option<FloatTensor<Self>>, TeError> {
         crate::fused::softmax::autodiff_softmax::<B, C>(scores, scale, mask)
+    }
+    fn te_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        spec: AttentionSpec,
+        mask: AttentionMask<BoolTensor<Self>>,
+    ) -> Result<Option<FloatTensor<Self>>, TeError> {
+        crate::fused::attention::autodiff_attention::<B, C>(q, k, v, spec, mask)
     }
 
     /// The forward alone (an autodiff backend keeps its operands in its own graph, see `te_linear`).

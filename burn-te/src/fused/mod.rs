@@ -1,6 +1,7 @@
 //! The TE modules' element-wise work as fused [`TeBackend`](crate::TeBackend) ops with their own backward:
-//! LayerNorm/RMSNorm ([`norm`]), the MLP activations ([`activation`]) and the attention's scaled, masked softmax
-//! ([`softmax`]).
+//! LayerNorm/RMSNorm ([`norm`]), the MLP activations ([`activation`]), the attention's scaled, masked softmax
+//! ([`softmax`]) and the whole attention core ([`attention`]: q·kᵀ, the softmax and ·v, reading q, k and v at
+//! their strides).
 //!
 //! Each op is three backend methods: `te_<op>` (what the modules call; `Autodiff` registers the op's backward
 //! node there), `te_<op>_forward` and `te_<op>_backward`. A backend that has no fused kernel answers `None` from
@@ -8,10 +9,11 @@
 //! already fuses these there). The host path (burn-flex, burn-ndarray) runs
 //! [`burn_te_kernels::host::fused`]: one pass per op, blocks of rows on rayon's pool, AVX2/AVX-512 loops.
 //!
-//! What the backward keeps is the op's input (norm, activation) or output (softmax), plus two floats per row for
-//! the norm: less than the composed graph keeps.
+//! What the backward keeps is the op's input (norm, activation, attention) or output (softmax), plus two floats
+//! per row for the norm and one for the attention: less than the composed graph keeps.
 
 pub mod activation;
+pub mod attention;
 pub mod norm;
 pub mod softmax;
 
@@ -72,6 +74,15 @@ pub struct AttentionMask<T> {
     pub causal: bool,
     /// `[batch, keys]`, `true` = padding.
     pub padding: Option<T>,
+}
+
+/// What a fused attention core needs besides its operands and mask.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionSpec {
+    /// q, k, v and the output are `[seq, batch, ..]` (`sbhd`); `false`: `[batch, seq, ..]` (`bshd`).
+    pub seq_first: bool,
+    /// The factor of the scores before the softmax.
+    pub scale: f32,
 }
 
 /// The message of a backend that has a fused forward and lacks its backward (a backend bug).

@@ -4,6 +4,7 @@
 //! FMAs, or the `gemm` crate on decoded operands). One implementation, instantiated per backend by
 //! `host_te_backend!`.
 
+mod attention;
 mod fused;
 pub mod gemm;
 
@@ -101,6 +102,43 @@ fn flex_values(tensor: FlexTensor) -> Result<(HostValues, Shape), TeError> {
     Ok((HostValues::Flex(tensor), shape))
 }
 
+/// Any backend's tensor copied out (row-major) for a reader of strided values.
+fn strided_copy<B: Backend>(tensor: FloatTensor<B>) -> Result<attention::Strided, TeError> {
+    let (values, shape) = values::<B>(tensor)?;
+    Ok(attention::Strided {
+        values,
+        offset: 0,
+        strides: attention::contiguous_strides(shape.as_slice()),
+        shape,
+    })
+}
+
+/// A Flex tensor's f32 values where they lie, with its view's offset and strides (no copy of a permuted or
+/// narrowed view); a copy where a stride is negative (a flipped view).
+#[cfg(feature = "flex")]
+fn flex_strided(tensor: FlexTensor) -> Result<attention::Strided, TeError> {
+    let layout = tensor.layout();
+    if tensor.dtype() != burn::tensor::DType::F32 || layout.strides().iter().any(|&s| s < 0) {
+        let (values, shape) = flex_values(tensor)?;
+        let strides = attention::contiguous_strides(shape.as_slice());
+        return Ok(attention::Strided {
+            values,
+            offset: 0,
+            strides,
+            shape,
+        });
+    }
+    let (shape, offset) = (layout.shape().clone(), layout.start_offset());
+    let strides = layout.strides().iter().map(|&s| s as usize).collect();
+    let len = tensor.storage::<f32>().len();
+    Ok(attention::Strided {
+        values: HostValues::FlexStorage(tensor, 0..len),
+        offset,
+        strides,
+        shape,
+    })
+}
+
 /// A Flex tensor's values in any order, for what does not depend on it (counts, amax): a permuted view (e.g. a
 /// transposed operand) whose elements fill a dense range of its storage is read in storage order, without the copy
 /// that [`flex_values`] makes.
@@ -164,7 +202,7 @@ fn lock(state: &HostDelayedState) -> std::sync::MutexGuard<'_, DelayedScalingHis
 /// `TeBackend` for a CPU backend `$backend` on the host path; `$values` reads its tensors (`$unordered_values` where
 /// the order does not matter), `$buffer_id` tells their buffers apart.
 macro_rules! host_te_backend {
-    ($backend:ty, $values:path, $unordered_values:path, $buffer_id:path) => {
+    ($backend:ty, $values:path, $unordered_values:path, $strided:path, $buffer_id:path) => {
         impl TeBackend for $backend {
             type Fp8Data = HostFp8Data<<$backend as BackendTypes>::Device>;
             type DelayedState = HostDelayedState;
@@ -276,6 +314,28 @@ macro_rules! host_te_backend {
                 scale: f32,
             ) -> FloatTensor<Self> {
                 fused::softmax_backward::<$backend>($values, dp, probs, scale)
+            }
+
+            fn te_attention_forward(
+                q: FloatTensor<Self>,
+                k: FloatTensor<Self>,
+                v: FloatTensor<Self>,
+                spec: crate::fused::AttentionSpec,
+                mask: crate::fused::AttentionMask<burn::tensor::ops::BoolTensor<Self>>,
+            ) -> Result<Option<(FloatTensor<Self>, FloatTensor<Self>)>, TeError> {
+                attention::attention_forward::<$backend>($strided, [q, k, v], spec, mask)
+            }
+
+            fn te_attention_backward(
+                dout: FloatTensor<Self>,
+                q: FloatTensor<Self>,
+                k: FloatTensor<Self>,
+                v: FloatTensor<Self>,
+                lse: FloatTensor<Self>,
+                spec: crate::fused::AttentionSpec,
+                mask: crate::fused::AttentionMask<burn::tensor::ops::BoolTensor<Self>>,
+            ) -> [FloatTensor<Self>; 3] {
+                attention::attention_backward::<$backend>($strided, dout, [q, k, v], lse, spec, mask)
             }
 
             fn fp8_read(tensor: &Fp8Primitive<Self>) -> Result<Fp8HostData, TeError> {
@@ -463,10 +523,17 @@ host_te_backend!(
     NdArray,
     values::<NdArray>,
     values::<NdArray>,
+    strided_copy::<NdArray>,
     ndarray_buffer_id
 );
 #[cfg(feature = "flex")]
-host_te_backend!(Flex, flex_values, flex_unordered_values, flex_buffer_id);
+host_te_backend!(
+    Flex,
+    flex_values,
+    flex_unordered_values,
+    flex_strided,
+    flex_buffer_id
+);
 
 /// The address of the first element and the shape: shared by clones (copy-on-write arrays), distinct for live
 /// tensors.

@@ -11,14 +11,14 @@ use burn::prelude::*;
 use burn::tensor::TensorData;
 use burn::tensor::activation::softmax;
 
-use super::linear::te_bmm;
+use super::linear::{fp8_attention_possible, te_bmm};
 use super::names::LayerName;
 use super::{config_error, dropout, or_panic};
 use crate::autocast::high_precision_guard;
 use crate::backend::TeBackend;
 use crate::error::TeError;
 use crate::fp8_state::Fp8Meta;
-use crate::fused;
+use crate::fused::{self, AttentionSpec};
 use crate::site::Sharding;
 
 /// The module type of the attention GEMMs' sites (TE's snake case).
@@ -223,6 +223,7 @@ impl<B: TeBackend> DotProductAttention<B> {
         v: Tensor<B, 4>,
         attention_mask: Option<Tensor<B, 2, Bool>>,
     ) -> Result<Tensor<B, 3>, TeError> {
+        let operands = [q.clone(), k.clone(), v.clone()];
         let (q, k, v) = (self.to_bhsd(q), self.to_bhsd(k), self.to_bhsd(v));
         let [batch, _, queries, _] = q.dims();
         let keys = k.dims()[2];
@@ -230,6 +231,22 @@ impl<B: TeBackend> DotProductAttention<B> {
         self.check("k", &k, self.groups, batch, keys)?;
         self.check("v", &v, self.groups, batch, keys)?;
         let padding = self.padding(attention_mask, batch, keys)?;
+        // The whole core as one fused op where the backend has one, unless its GEMMs may run in FP8 or dropout
+        // needs the probabilities.
+        let dropout = self.attention_dropout.prob > 0.0 && B::ad_enabled(&q.device());
+        if !dropout && !fp8_attention_possible() {
+            let spec = AttentionSpec {
+                seq_first: matches!(self.format, QkvFormat::Sbhd),
+                scale: self.scale as f32,
+            };
+            let [q, k, v] = operands.each_ref();
+            let causal = self.mask_type.causal();
+            if let Some(out) =
+                fused::attention::try_fused([q, k, v], spec, causal, padding.as_ref())?
+            {
+                return Ok(out);
+            }
+        }
 
         // Grouped-query heads: consecutive query heads share one key/value head.
         let per_group = self.heads / self.groups;

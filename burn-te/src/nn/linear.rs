@@ -224,16 +224,24 @@ pub(crate) fn te_bmm<B: TeBackend, const D: usize>(
     kind: &'static str,
     sharded: Option<Sharding>,
 ) -> Result<Option<Tensor<B, D>>, TeError> {
-    match active_scope_recipe() {
-        None => return Ok(None),
-        Some(ScopeRecipe::Recipe(recipe)) if !recipe.fp8_attention() => return Ok(None),
-        Some(_) => {}
+    if !fp8_attention_possible() {
+        return Ok(None);
     }
     let (site, recipe) = fprop_site(layer.into(), kind, fp8_meta)?;
     let site = site.batched().with_sharding(sharded);
     Ok(recipe
         .filter(Recipe::fp8_attention)
         .map(|recipe| run_gemm(a, b, None, &site, Some(&recipe))))
+}
+
+/// Whether the attention's batched GEMMs may run in FP8 here: the scope's recipe asks for FP8 attention, or a
+/// recipe plan may ask for it per layer.
+pub(crate) fn fp8_attention_possible() -> bool {
+    match active_scope_recipe() {
+        None => false,
+        Some(ScopeRecipe::Recipe(recipe)) => recipe.fp8_attention(),
+        Some(_) => true,
+    }
 }
 
 /// The fprop site of `layer` with its state and the recipes the scope (or its plan) gives it.

@@ -303,22 +303,12 @@ impl<B: TeBackend> MultiheadAttention<B> {
         };
         // Under sequence parallelism the QKV projection gathered the tokens: the attention sees all of them.
         let [d0, d1, _] = qkv.dims();
-        // [q: heads · d | k: groups · d | v: groups · d] along the last dimension.
-        let (q_width, kv_width) = (self.heads * self.head_dim, self.groups * self.head_dim);
-        let q = qkv
-            .clone()
-            .narrow(2, 0, q_width)
-            .reshape([d0, d1, self.heads, self.head_dim]);
-        let k =
-            qkv.clone()
-                .narrow(2, q_width, kv_width)
-                .reshape([d0, d1, self.groups, self.head_dim]);
-        let v = qkv.narrow(2, q_width + kv_width, kv_width).reshape([
-            d0,
-            d1,
-            self.groups,
-            self.head_dim,
-        ]);
+        // [q: heads · d | k: groups · d | v: groups · d] along the last dimension, split into heads first: each
+        // part is then a view of the projection's output (narrowing first made the reshape copy it).
+        let qkv = qkv.reshape([d0, d1, self.heads + 2 * self.groups, self.head_dim]);
+        let q = qkv.clone().narrow(2, 0, self.heads);
+        let k = qkv.clone().narrow(2, self.heads, self.groups);
+        let v = qkv.narrow(2, self.heads + self.groups, self.groups);
         // The core under this module's resolved name (its FP8 GEMMs: `{name}.core_attention.bmm1`, `.bmm2`).
         let core = format!("{}.core_attention", self.name());
         let context = self

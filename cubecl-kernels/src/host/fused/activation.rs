@@ -89,8 +89,14 @@ pub fn activation_forward(x: &[f32], width: usize, f: Pointwise, gated: bool) ->
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
 fn forward_rows(x: &[f32], y: &mut [f32], width: usize, f: Pointwise, gated: bool) {
     if !gated {
-        // One loop per function (a match per block, not per element), so that each loop vectorizes.
-        let mut map = |f: Pointwise| y.iter_mut().zip(x).for_each(|(y, x)| *y = f.value(*x));
+        // One loop per function (a match per block, not per element), so that each loop vectorizes. A `for`
+        // loop, not `for_each`: `for_each`'s fold was left out of line, compiled without this clone's features,
+        // and called libm's `floorf` per element.
+        let mut map = |f: Pointwise| {
+            for (y, x) in y.iter_mut().zip(x) {
+                *y = f.value(*x);
+            }
+        };
         match f {
             Pointwise::Gelu => map(Pointwise::Gelu),
             Pointwise::QuickGelu => map(Pointwise::QuickGelu),

@@ -6,13 +6,16 @@
 //! - [`activation`]: the MLP activations (GELU, their gated variants, …), forward and backward (TE's `gelu`,
 //!   `dgelu`, …);
 //! - [`softmax`]: the attention's scaled, masked softmax, forward and backward (TE's
-//!   `scaled_(upper_triang_)masked_softmax`).
+//!   `scaled_(upper_triang_)masked_softmax`);
+//! - [`attention`]: the whole attention core (q·kᵀ, the masked softmax, ·v) per head at any strides, forward and
+//!   backward (TE's fused attention).
 //!
 //! Row reductions (means, softmax sums) accumulate in f32 over eight interleaved partial sums; column reductions
 //! (γ's and β's gradients) sum fixed blocks of rows and then the blocks in order, so every result is the same run
 //! after run, whatever the number of threads.
 
 pub mod activation;
+pub mod attention;
 pub mod norm;
 pub mod softmax;
 

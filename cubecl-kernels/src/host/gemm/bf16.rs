@@ -6,7 +6,7 @@
 //! scales with it. Output values below f32's normal range are flushed to zero by the instruction (as with the
 //! DAZ/FTZ modes).
 
-use super::{HostGemmPath, Kernel};
+use super::{HostGemmPath, Kernel, OutTile, Update};
 
 /// The bf16 path's micro-kernel: 12 × 32 output tiles in 24 registers.
 pub struct Avx512Bf16Kernel;
@@ -33,6 +33,17 @@ impl Kernel for Avx512Bf16Kernel {
             "the bf16 path runs only where AVX512-BF16 was detected: {a:?} {b:?} {kc} {tile:?}"
         )
     }
+
+    /// Whole tiles written from the registers (no pass through a tile on the stack); partial ones through it.
+    unsafe fn update(a: *const u32, b: *const u32, kc: usize, out: OutTile, update: Update) {
+        #[cfg(target_arch = "x86_64")]
+        if (out.rows, out.cols) == (Self::MR, Self::NR) {
+            // SAFETY: the caller's contract, for a whole tile.
+            return unsafe { update_whole(a, b, kc, out.ptr, out.ld, update) };
+        }
+        // SAFETY: the caller's contract.
+        unsafe { super::blocked::through_tile::<Self>(a, b, kc, out, update) }
+    }
 }
 
 /// The bf16 bits of `x` when `x` is exactly a bf16 zero, normal number or infinity; a NaN gives bf16's quiet NaN.
@@ -48,14 +59,15 @@ pub fn exact_bf16(x: f32) -> Option<u16> {
     (bits & 0xffff == 0 && !subnormal).then_some((bits >> 16) as u16)
 }
 
-/// `tile = a · b` for one 12 × 32 tile over `kc` depth pairs: `a` the panel's `kc × 12` pairs, `b` the panel's
-/// `kc × 32` pairs.
+/// The sums of one 12 × 32 tile over `kc` depth pairs in 24 registers (row `r`'s columns 0–15 in `2r`, 16–31 in
+/// `2r + 1`): `a` the panel's `kc × 12` pairs, `b` the panel's `kc × 32` pairs.
 ///
 /// # Safety
-/// The CPU has AVX512-BF16; `a` holds `kc · 12` pairs, `b` `kc · 32` and `tile` 384 values.
+/// The CPU has AVX512-BF16; `a` holds `kc · 12` pairs, `b` `kc · 32`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn micro_kernel(a: *const u32, b: *const u32, kc: usize, tile: *mut f32) {
+#[inline]
+unsafe fn sums(a: *const u32, b: *const u32, kc: usize) -> [std::arch::x86_64::__m512; 24] {
     use std::arch::x86_64::*;
     const MR: usize = Avx512Bf16Kernel::MR;
     const NR: usize = Avx512Bf16Kernel::NR;
@@ -73,11 +85,55 @@ unsafe fn micro_kernel(a: *const u32, b: *const u32, kc: usize, tile: *mut f32) 
             }
         }
     }
-    for r in 0..MR {
-        // SAFETY: `tile` holds MR · NR values.
+    acc
+}
+
+/// `tile = a · b` for one 12 × 32 tile over `kc` depth pairs.
+///
+/// # Safety
+/// As [`sums`]; `tile` holds 384 values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn micro_kernel(a: *const u32, b: *const u32, kc: usize, tile: *mut f32) {
+    use std::arch::x86_64::*;
+    // SAFETY: the function's contract.
+    let acc = unsafe { sums(a, b, kc) };
+    for (i, v) in acc.into_iter().enumerate() {
+        // SAFETY: `tile` holds 24 vectors of 16.
+        unsafe { _mm512_storeu_ps(tile.add(16 * i), v) };
+    }
+}
+
+/// The whole 12 × 32 output tile at `out` (row stride `ld`) updated with `a · b` as `update` says, from the
+/// registers: the same operations as [`Update::apply`] on each value, so the same bits.
+///
+/// # Safety
+/// As [`sums`]; `out` holds 12 rows of 32 values at stride `ld`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn update_whole(
+    a: *const u32,
+    b: *const u32,
+    kc: usize,
+    out: *mut f32,
+    ld: usize,
+    update: Update,
+) {
+    use std::arch::x86_64::*;
+    // SAFETY: the function's contract.
+    let acc = unsafe { sums(a, b, kc) };
+    let alpha = _mm512_set1_ps(update.alpha);
+    for (i, s) in acc.into_iter().enumerate() {
+        // SAFETY: vector `i` is row `i / 2`, columns `16 · (i % 2)..+16`, inside the tile.
         unsafe {
-            _mm512_storeu_ps(tile.add(r * NR), acc[2 * r]);
-            _mm512_storeu_ps(tile.add(r * NR + 16), acc[2 * r + 1]);
+            let dst = out.add(i / 2 * ld + 16 * (i % 2));
+            let value = match (update.first, update.last) {
+                (true, false) => s,
+                (true, true) => _mm512_mul_ps(s, alpha),
+                (false, false) => _mm512_add_ps(_mm512_loadu_ps(dst), s),
+                (false, true) => _mm512_mul_ps(_mm512_add_ps(_mm512_loadu_ps(dst), s), alpha),
+            };
+            _mm512_storeu_ps(dst, value);
         }
     }
 }

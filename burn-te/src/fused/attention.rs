@@ -1,0 +1,103 @@
+//! The fused attention core: what `DotProductAttention` calls, and its backward node on `Autodiff`.
+
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::prelude::*;
+use burn::tensor::TensorPrimitive;
+use burn::tensor::ops::{BoolTensor, FloatTensor};
+
+use super::{AttentionMask, AttentionSpec};
+use crate::backend::{AutodiffInner, TeBackend};
+use crate::error::TeError;
+
+/// `softmax(q·kᵀ · scale + mask) · v` per head by the backend's fused op, from q `[s, b, heads, d]` and k, v
+/// `[s, b, groups, d]` (`[b, s, ..]` unless `spec.seq_first`) to `[s, b, heads · d]`; `None` where the backend has
+/// none (or [`with_composed_elementwise`](super::with_composed_elementwise) asks for the composed ops).
+pub(crate) fn try_fused<B: TeBackend>(
+    [q, k, v]: [&Tensor<B, 4>; 3],
+    spec: AttentionSpec,
+    causal: bool,
+    padding: Option<&Tensor<B, 2, Bool>>,
+) -> Result<Option<Tensor<B, 3>>, TeError> {
+    if !super::fused_allowed() {
+        return Ok(None);
+    }
+    let mask = AttentionMask {
+        causal,
+        padding: padding.map(|p| p.clone().into_primitive()),
+    };
+    let primitive = |t: &Tensor<B, 4>| t.clone().into_primitive().tensor();
+    let out = B::te_attention(primitive(q), primitive(k), primitive(v), spec, mask)?;
+    Ok(out.map(|o| Tensor::from_primitive(TensorPrimitive::Float(o))))
+}
+
+/// The backward of the fused attention: recomputes the probabilities from the operands and the log-sum-exp.
+#[derive(Debug)]
+struct AttentionBackward {
+    spec: AttentionSpec,
+}
+
+/// What the backward keeps: q, k, v, the log-sum-exp per query row and the mask.
+type AttentionState<B> = (
+    [FloatTensor<B>; 3],
+    FloatTensor<B>,
+    AttentionMask<BoolTensor<B>>,
+);
+
+impl<B: TeBackend> Backward<B, 3> for AttentionBackward {
+    type State = AttentionState<B>;
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 3>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let dout = grads.consume::<B>(&ops.node);
+        let ([q, k, v], lse, mask) = ops.state;
+        let grads_qkv = B::te_attention_backward(dout, q, k, v, lse, self.spec, mask);
+        for (parent, grad) in ops.parents.into_iter().zip(grads_qkv) {
+            if let Some(node) = parent {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+/// `te_attention` on `Autodiff<B>`: `B`'s fused forward, with [`AttentionBackward`] registered.
+pub(crate) fn autodiff_attention<B: TeBackend + AutodiffInner, C: CheckpointStrategy>(
+    q: FloatTensor<Autodiff<B, C>>,
+    k: FloatTensor<Autodiff<B, C>>,
+    v: FloatTensor<Autodiff<B, C>>,
+    spec: AttentionSpec,
+    mask: AttentionMask<BoolTensor<Autodiff<B, C>>>,
+) -> Result<Option<FloatTensor<Autodiff<B, C>>>, TeError> {
+    let operands = [
+        q.primitive.clone(),
+        k.primitive.clone(),
+        v.primitive.clone(),
+    ];
+    let Some((out, lse)) = B::te_attention_forward(
+        operands[0].clone(),
+        operands[1].clone(),
+        operands[2].clone(),
+        spec,
+        mask.clone(),
+    )?
+    else {
+        return Ok(None);
+    };
+    let parents = [q.node.clone(), k.node.clone(), v.node.clone()];
+    Ok(Some(
+        match Backward::<B, 3>::prepare::<C>(AttentionBackward { spec }, parents)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((operands, lse, mask), out),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        },
+    ))
+}

@@ -1,0 +1,425 @@
+//! The attention core `softmax(q·kᵀ · scale + mask) · v` per head, forward and backward, on rayon's pool.
+//!
+//! q, k and v are read where they lie, at any strides: the `sbhd` heads of a packed QKV projection need no copy.
+//! The output and the gradients are written in the layouts their consumers read (strides the caller gives). One
+//! task per (batch, key/value group); inside, the queries go in blocks of [`ROWS`], and a causal block stops at
+//! the last key its rows can see. The backward recomputes the probabilities from the forward's log-sum-exp per
+//! row, as FlashAttention does: nothing of size queries × keys outlives a task.
+//!
+//! Masks as [`super::softmax`]: a masked key gets probability 0, a row with every key masked outputs zeros, and a
+//! NaN among a row's visible scores makes the row NaN.
+
+use rayon::prelude::*;
+
+use super::exp;
+use super::softmax::SoftmaxMask;
+
+/// Query rows per block: the block's scores (`ROWS × keys`) stay in L2 between its GEMMs.
+pub const ROWS: usize = 64;
+
+/// A `[batch, heads, seq, head_dim]` view of f32 values in `data` at any strides, in bounds (checked by
+/// [`View::new`]).
+#[derive(Clone, Copy, Debug)]
+pub struct View<'a> {
+    data: &'a [f32],
+    offset: usize,
+    strides: [usize; 4],
+}
+
+impl<'a> View<'a> {
+    /// The view of `shape` at `offset` and `strides` (elements) into `data`, or `None` when an element would lie
+    /// outside `data`.
+    pub fn new(
+        data: &'a [f32],
+        offset: usize,
+        strides: [usize; 4],
+        shape: [usize; 4],
+    ) -> Option<Self> {
+        let last = shape.iter().zip(strides).try_fold(offset, |at, (&n, s)| {
+            at.checked_add(n.checked_sub(1)?.checked_mul(s)?)
+        });
+        let fits = match last {
+            Some(last) => last < data.len(),
+            None => shape.contains(&0),
+        };
+        fits.then_some(Self {
+            data,
+            offset,
+            strides,
+        })
+    }
+
+    /// The first element of head `head` of batch `batch`.
+    fn head(&self, batch: usize, head: usize) -> *const f32 {
+        let at = self.offset + batch * self.strides[0] + head * self.strides[1];
+        // SAFETY: in bounds for every index of the view's shape (checked in `new`); `wrapping_add` keeps an empty
+        // view's pointer valid to form.
+        self.data.as_ptr().wrapping_add(at)
+    }
+}
+
+/// The attention's sizes: q is `[batch, heads, queries, head_dim]`, k and v `[batch, groups, keys, head_dim]`
+/// (query head `h` reads group `h / (heads / groups)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionDims {
+    /// Batch size.
+    pub batch: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (divides `heads`).
+    pub groups: usize,
+    /// Query positions.
+    pub queries: usize,
+    /// Key positions.
+    pub keys: usize,
+    /// Values per head.
+    pub head_dim: usize,
+}
+
+impl AttentionDims {
+    /// q's (and the output's) shape.
+    pub fn q_shape(&self) -> [usize; 4] {
+        [self.batch, self.heads, self.queries, self.head_dim]
+    }
+
+    /// k's and v's shape.
+    pub fn kv_shape(&self) -> [usize; 4] {
+        [self.batch, self.groups, self.keys, self.head_dim]
+    }
+
+    /// The keys a block of query rows `rows` can see: all, or under a causal mask up to its last row.
+    fn keys_for(&self, rows: std::ops::Range<usize>, causal: bool) -> usize {
+        if causal {
+            rows.end.min(self.keys)
+        } else {
+            self.keys
+        }
+    }
+}
+
+/// A pointer that tasks writing disjoint elements share.
+#[derive(Clone, Copy)]
+struct Shared(*mut f32);
+// SAFETY: every task writes only the elements of its own (batch, head) or (batch, group).
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    fn at(self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
+}
+
+/// `dst (m × n) = [dst +] beta · lhs (m × k) · rhs (k × n)`, one thread, every operand at (row, column) strides.
+///
+/// # Safety
+/// Every element of the three matrices lies in its allocation; `dst` overlaps neither operand.
+#[allow(clippy::too_many_arguments)]
+unsafe fn matmul(
+    (m, n, k): (usize, usize, usize),
+    dst: (*mut f32, usize, usize),
+    accumulate: bool,
+    lhs: (*const f32, usize, usize),
+    rhs: (*const f32, usize, usize),
+    beta: f32,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let s = |x: usize| x as isize;
+    // SAFETY: the caller's contract.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.0,
+            s(dst.2),
+            s(dst.1),
+            accumulate,
+            lhs.0,
+            s(lhs.2),
+            s(lhs.1),
+            rhs.0,
+            s(rhs.2),
+            s(rhs.1),
+            1.0,
+            beta,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+/// The forward: the output (written at `out_strides` for `[batch, heads, queries, head_dim]` into a buffer of
+/// `out_len` values) and the log-sum-exp of each query row's visible scaled scores (`[batch, heads, queries]`;
+/// −∞ for a row with every key masked).
+pub fn attention_forward(
+    q: View<'_>,
+    k: View<'_>,
+    v: View<'_>,
+    dims: AttentionDims,
+    scale: f32,
+    mask: SoftmaxMask<'_>,
+    out_strides: [usize; 4],
+    out_len: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let d = dims.head_dim;
+    let mut out = vec![0.0f32; out_len];
+    let mut lse = vec![0.0f32; dims.batch * dims.heads * dims.queries];
+    let out_ptr = Shared(out.as_mut_ptr());
+    let per_group = dims.heads / dims.groups.max(1);
+    lse.par_chunks_mut(dims.queries.max(1))
+        .enumerate()
+        .for_each(|(task, lse)| {
+            let (b, h) = (task / dims.heads, task % dims.heads);
+            let g = h / per_group;
+            let (qh, kh, vh) = (q.head(b, h), k.head(b, g), v.head(b, g));
+            let oh = out_ptr.at(b * out_strides[0] + h * out_strides[1]);
+            let mut scores = vec![0.0f32; ROWS * dims.keys];
+            for r0 in (0..dims.queries).step_by(ROWS) {
+                let rows = ROWS.min(dims.queries - r0);
+                let keys = dims.keys_for(r0..r0 + rows, mask.causal);
+                if keys == 0 {
+                    // No keys: zeros (the output's initial values), nothing visible.
+                    lse[r0..r0 + rows].fill(f32::NEG_INFINITY);
+                    continue;
+                }
+                // SAFETY: the views are in bounds for their shapes; `scores` holds rows × keys; the output rows
+                // of (b, h) lie in `out` (the caller's strides) and only this task writes them.
+                unsafe {
+                    matmul(
+                        (rows, keys, d),
+                        (scores.as_mut_ptr(), keys, 1),
+                        false,
+                        (
+                            qh.wrapping_add(r0 * q.strides[2]),
+                            q.strides[2],
+                            q.strides[3],
+                        ),
+                        (kh, k.strides[3], k.strides[2]),
+                        scale,
+                    );
+                }
+                for (r, p) in scores[..rows * keys].chunks_exact_mut(keys).enumerate() {
+                    let query = r0 + r;
+                    lse[query] = probabilities(p, |key| visible(mask, dims.keys, b, query, key));
+                }
+                // SAFETY: as above.
+                unsafe {
+                    matmul(
+                        (rows, d, keys),
+                        (
+                            oh.wrapping_add(r0 * out_strides[2]),
+                            out_strides[2],
+                            out_strides[3],
+                        ),
+                        false,
+                        (scores.as_ptr(), keys, 1),
+                        (vh, v.strides[2], v.strides[3]),
+                        1.0,
+                    );
+                }
+            }
+        });
+    (out, lse)
+}
+
+/// Whether key `key` is visible to query `query` of batch `batch`.
+#[inline(always)]
+fn visible(mask: SoftmaxMask<'_>, keys: usize, batch: usize, query: usize, key: usize) -> bool {
+    !(mask.causal && key > query) && mask.padding.is_none_or(|p| !p[batch * keys + key])
+}
+
+/// The scaled scores `s` of one query row become its probabilities in place (0 where not visible); returns the
+/// row's log-sum-exp (−∞ when nothing is visible, NaN when a visible score is).
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
+fn probabilities(s: &mut [f32], visible: impl Fn(usize) -> bool) -> f32 {
+    let mut max = f32::NEG_INFINITY;
+    let mut nan = false;
+    for (key, s) in s.iter_mut().enumerate() {
+        if visible(key) {
+            max = max.max(*s);
+            nan |= s.is_nan();
+        } else {
+            *s = f32::NEG_INFINITY;
+        }
+    }
+    if max == f32::NEG_INFINITY || nan {
+        let fill = if nan { f32::NAN } else { 0.0 };
+        s.fill(fill);
+        return if nan { f32::NAN } else { f32::NEG_INFINITY };
+    }
+    let mut lanes = [0.0f32; 8];
+    for (i, s) in s.iter_mut().enumerate() {
+        // exp(−∞ − max) = 0 for masked keys (the clamp in `exp` gives 2⁻¹²⁶, hence the select).
+        let e = if *s == f32::NEG_INFINITY {
+            0.0
+        } else {
+            exp(*s - max)
+        };
+        *s = e;
+        lanes[i % 8] += e;
+    }
+    let sum = lanes.iter().sum::<f32>();
+    let inv = 1.0 / sum;
+    for s in s.iter_mut() {
+        *s *= inv;
+    }
+    max + sum.ln()
+}
+
+/// The gradients of q, k and v (each written at its `*_strides` into a buffer of q's or k's length) for the
+/// output gradient `dout`, from the forward's inputs and log-sum-exp.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward(
+    dout: View<'_>,
+    q: View<'_>,
+    k: View<'_>,
+    v: View<'_>,
+    lse: &[f32],
+    dims: AttentionDims,
+    scale: f32,
+    mask: SoftmaxMask<'_>,
+    q_strides: [usize; 4],
+    kv_strides: [usize; 4],
+) -> [Vec<f32>; 3] {
+    let d = dims.head_dim;
+    let q_len = dims.q_shape().iter().product();
+    let kv_len = dims.kv_shape().iter().product();
+    let mut dq = vec![0.0f32; q_len];
+    let mut dk = vec![0.0f32; kv_len];
+    let mut dv = vec![0.0f32; kv_len];
+    let (dq_ptr, dk_ptr, dv_ptr) = (
+        Shared(dq.as_mut_ptr()),
+        Shared(dk.as_mut_ptr()),
+        Shared(dv.as_mut_ptr()),
+    );
+    let per_group = dims.heads / dims.groups.max(1);
+    (0..dims.batch * dims.groups)
+        .into_par_iter()
+        .for_each(|task| {
+            let (b, g) = (task / dims.groups, task % dims.groups);
+            let (kh, vh) = (k.head(b, g), v.head(b, g));
+            let at =
+                |p: Shared, strides: [usize; 4], h: usize| p.at(b * strides[0] + h * strides[1]);
+            let (dkh, dvh) = (at(dk_ptr, kv_strides, g), at(dv_ptr, kv_strides, g));
+            let mut p = vec![0.0f32; ROWS * dims.keys];
+            let mut dp = vec![0.0f32; ROWS * dims.keys];
+            for h in g * per_group..(g + 1) * per_group {
+                let (qh, doh) = (q.head(b, h), dout.head(b, h));
+                let dqh = at(dq_ptr, q_strides, h);
+                let lse = &lse[(b * dims.heads + h) * dims.queries..][..dims.queries];
+                for r0 in (0..dims.queries).step_by(ROWS) {
+                    let rows = ROWS.min(dims.queries - r0);
+                    let keys = dims.keys_for(r0..r0 + rows, mask.causal);
+                    if keys == 0 {
+                        continue;
+                    }
+                    let q_rows = (
+                        qh.wrapping_add(r0 * q.strides[2]),
+                        q.strides[2],
+                        q.strides[3],
+                    );
+                    let do_rows = (
+                        doh.wrapping_add(r0 * dout.strides[2]),
+                        dout.strides[2],
+                        dout.strides[3],
+                    );
+                    let (p, dp) = (&mut p[..rows * keys], &mut dp[..rows * keys]);
+                    // SAFETY: the views are in bounds for their shapes; `p` and `dp` hold rows × keys; the
+                    // gradients' rows of (b, h) and (b, g) lie in their buffers and only this task writes them.
+                    unsafe {
+                        // The probabilities again, from the scores and the row's log-sum-exp.
+                        matmul(
+                            (rows, keys, d),
+                            (p.as_mut_ptr(), keys, 1),
+                            false,
+                            q_rows,
+                            (kh, k.strides[3], k.strides[2]),
+                            scale,
+                        );
+                        for (r, p) in p.chunks_exact_mut(keys).enumerate() {
+                            let query = r0 + r;
+                            recompute(p, lse[query], |key| visible(mask, dims.keys, b, query, key));
+                        }
+                        // dV += Pᵀ · dO
+                        let dv_rows = (dvh, kv_strides[2], kv_strides[3]);
+                        matmul(
+                            (keys, d, rows),
+                            dv_rows,
+                            true,
+                            (p.as_ptr(), 1, keys),
+                            do_rows,
+                            1.0,
+                        );
+                        // dP = dO · Vᵀ
+                        matmul(
+                            (rows, keys, d),
+                            (dp.as_mut_ptr(), keys, 1),
+                            false,
+                            do_rows,
+                            (vh, v.strides[3], v.strides[2]),
+                            1.0,
+                        );
+                    }
+                    // dS = scale · P ∘ (dP − Σ P ∘ dP), in dp.
+                    score_gradients(p, dp, keys, scale);
+                    // SAFETY: as above.
+                    unsafe {
+                        // dQ = dS · K
+                        let dq_rows = (
+                            dqh.wrapping_add(r0 * q_strides[2]),
+                            q_strides[2],
+                            q_strides[3],
+                        );
+                        let k_rows = (kh, k.strides[2], k.strides[3]);
+                        matmul(
+                            (rows, d, keys),
+                            dq_rows,
+                            false,
+                            (dp.as_ptr(), keys, 1),
+                            k_rows,
+                            1.0,
+                        );
+                        // dK += dSᵀ · Q
+                        let dk_rows = (dkh, kv_strides[2], kv_strides[3]);
+                        matmul(
+                            (keys, d, rows),
+                            dk_rows,
+                            true,
+                            (dp.as_ptr(), 1, keys),
+                            q_rows,
+                            1.0,
+                        );
+                    }
+                }
+            }
+        });
+    [dq, dk, dv]
+}
+
+/// One row's probabilities from its scaled scores `p` and log-sum-exp, in place (0 where not visible).
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
+fn recompute(p: &mut [f32], lse: f32, visible: impl Fn(usize) -> bool) {
+    if lse == f32::NEG_INFINITY {
+        p.fill(0.0);
+        return;
+    }
+    for (key, p) in p.iter_mut().enumerate() {
+        *p = if visible(key) { exp(*p - lse) } else { 0.0 };
+    }
+}
+
+/// `dp ← scale · p ∘ (dp − Σ p ∘ dp)` per row of `keys`.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
+fn score_gradients(p: &[f32], dp: &mut [f32], keys: usize, scale: f32) {
+    for (p, dp) in p.chunks_exact(keys).zip(dp.chunks_exact_mut(keys)) {
+        let dot = super::dot(p, dp);
+        for (dp, p) in dp.iter_mut().zip(p) {
+            *dp = scale * p * (*dp - dot);
+        }
+    }
+}
