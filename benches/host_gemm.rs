@@ -6,7 +6,8 @@
 //!   `vdpbf16ps`; `avx2fma`: codes to f32, pack, `vfmadd231ps`; `f32`: decode to f32 and the `gemm` crate);
 //! - a TransformerLayer training step (hidden 1024 and 2048, FFN 4×hidden, 1024 tokens, DelayedScaling) on
 //!   `Autodiff<Te<Flex>>` on each path against the same step in f32 on `Autodiff<Flex>`, and both with the TE
-//!   modules composing Burn ops for their element-wise work (`with_composed_elementwise`: without the fused ops).
+//!   modules composing Burn ops for their element-wise work (`with_composed_elementwise`: without the fused ops),
+//!   and FP8 with the attention core composed instead of fused (`with_composed_attention_core`).
 //!
 //! Read the GFLOP/s (2·m·n·k per iteration) and the ratios to the f32 matmul of the same shape.
 
@@ -15,7 +16,7 @@ mod common;
 use burn::backend::{Autodiff, Flex};
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use burn_te::fused::with_composed_elementwise;
+use burn_te::fused::{with_composed_attention_core, with_composed_elementwise};
 use burn_te::host::gemm::{HostGemmPath, with_host_gemm_path};
 use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
 use burn_te::{Te, TeBackend};
@@ -145,7 +146,8 @@ fn layer_inputs<B: Backend>(h: usize) -> (TransformerLayer<B>, Tensor<B, 3>, Ten
 }
 
 /// The step at hidden 1024 and 2048: f32 and FP8 (each packed path, and the probe's choice with the TE modules
-/// composing Burn ops for their element-wise work, i.e. without the fused ops, the way it ran before them).
+/// composing Burn ops for their element-wise work, i.e. without the fused ops, the way it ran before them, and
+/// with the attention core composed of two batched GEMMs around the fused softmax instead of the fused core).
 fn transformer_layer(c: &mut Criterion) {
     for hidden in [1024, 2048] {
         let mut group = c.benchmark_group(format!(
@@ -170,6 +172,11 @@ fn transformer_layer(c: &mut Criterion) {
         }
         group.bench_function("fp8 Autodiff<Te<Flex>> composed element-wise", |b| {
             b.iter(|| with_composed_elementwise(|| common::train_step(&layer, &x, &target, true)))
+        });
+        group.bench_function("fp8 Autodiff<Te<Flex>> composed attention core", |b| {
+            b.iter(|| {
+                with_composed_attention_core(|| common::train_step(&layer, &x, &target, true))
+            })
         });
         group.finish();
     }

@@ -275,7 +275,9 @@ fn disable_fp8_gemm_on_the_attention_gemms_gives_f32() {
         ..Default::default()
     };
     let disabled = run(&layer, &ops, Some(dpa.into()));
-    let f32_run = run(&layer, &ops, None);
+    // The high-precision attention of the same path: its core composed of the two batched GEMMs (as the
+    // disabled FP8 GEMMs run) rather than the fused core.
+    let f32_run = burn_te::fused::with_composed_attention_core(|| run(&layer, &ops, None));
     burn_te_debug::end().unwrap();
     assert_eq!(disabled, f32_run);
     let fp8 = run(

@@ -15,14 +15,15 @@ use crate::error::TeError;
 
 /// `softmax(q·kᵀ · scale + mask) · v` per head by the backend's fused op, from q `[s, b, heads, d]` and k, v
 /// `[s, b, groups, d]` (`[b, s, ..]` unless `spec.seq_first`) to `[s, b, heads · d]`; `None` where the backend has
-/// none (or [`with_composed_elementwise`](super::with_composed_elementwise) asks for the composed ops).
+/// none (or [`with_composed_elementwise`](super::with_composed_elementwise) or
+/// [`with_composed_attention_core`](super::with_composed_attention_core) asks for the composed ops).
 pub(crate) fn try_fused<B: TeBackend>(
     [q, k, v]: [&Tensor<B, 4>; 3],
     spec: AttentionSpec,
     causal: bool,
     padding: Option<&Tensor<B, 2, Bool>>,
 ) -> Result<Option<Tensor<B, 3>>, TeError> {
-    if !super::fused_allowed() {
+    if !super::fused_attention_allowed() {
         return Ok(None);
     }
     let mask = AttentionMask {

@@ -24,24 +24,42 @@ pub use burn_te_kernels::host::fused::norm::{NormKind, NormSpec};
 
 thread_local! {
     static COMPOSED: Cell<bool> = const { Cell::new(false) };
+    static COMPOSED_ATTENTION: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with `flag` set on this thread, restored afterwards (also on a panic).
+fn with_flag<R>(flag: &'static std::thread::LocalKey<Cell<bool>>, f: impl FnOnce() -> R) -> R {
+    struct Restore(&'static std::thread::LocalKey<Cell<bool>>, bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            self.0.with(|c| c.set(self.1));
+        }
+    }
+    let _restore = Restore(flag, flag.with(|c| c.replace(true)));
+    f()
 }
 
 /// Runs `f` with the TE modules composing Burn ops for their element-wise work on this thread, as on a backend
 /// without fused kernels: the reference the fused ops are measured and tested against.
 pub fn with_composed_elementwise<R>(f: impl FnOnce() -> R) -> R {
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            COMPOSED.with(|c| c.set(self.0));
-        }
-    }
-    let _restore = Restore(COMPOSED.with(|c| c.replace(true)));
-    f()
+    with_flag(&COMPOSED, f)
+}
+
+/// Runs `f` with `DotProductAttention` composing its core on this thread (two batched GEMMs around the fused
+/// softmax, the path FP8 attention takes) instead of the fused [`attention`] op: the reference the fused core is
+/// measured and tested against.
+pub fn with_composed_attention_core<R>(f: impl FnOnce() -> R) -> R {
+    with_flag(&COMPOSED_ATTENTION, f)
 }
 
 /// Whether the modules may use the backend's fused ops on this thread.
 fn fused_allowed() -> bool {
     !COMPOSED.with(Cell::get)
+}
+
+/// Whether `DotProductAttention` may use the backend's fused core on this thread.
+fn fused_attention_allowed() -> bool {
+    fused_allowed() && !COMPOSED_ATTENTION.with(Cell::get)
 }
 
 /// What a fused norm keeps per row for its backward.
