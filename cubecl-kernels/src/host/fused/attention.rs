@@ -156,6 +156,7 @@ unsafe fn matmul(
 /// The forward: the output (written at `out_strides` for `[batch, heads, queries, head_dim]` into a buffer of
 /// `out_len` values) and the log-sum-exp of each query row's visible scaled scores (`[batch, heads, queries]`;
 /// −∞ for a row with every key masked).
+#[allow(clippy::too_many_arguments)]
 pub fn attention_forward(
     q: View<'_>,
     k: View<'_>,
