@@ -372,87 +372,70 @@ fn attention_core_forward_and_backward_match_f64() {
                 .expect("Flex has the fused attention");
             tensor::<3>(out)
         };
-        if queries == keys && seq_first {
-            // One packed [s, b, heads + 2·groups, d] tensor; q, k and v are views of it.
-            let values = rng.normal(q0 * q1 * (heads + 2 * groups) * d, 0.0, 1.0);
-            let shape = [q0, q1, heads + 2 * groups, d];
-            let (fp, rp) = (fused(&values, shape), reference(&values, shape));
-            let views = |t: Tensor<F, 4>| {
-                [
-                    t.clone().narrow(2, 0, heads),
-                    t.clone().narrow(2, heads, groups),
-                    t.narrow(2, heads + groups, groups),
-                ]
-            };
-            let out = run(views(fp.clone()));
-            let grads = (out.clone() * fused(&upstream, [q0, q1, heads * d]))
-                .sum()
-                .backward();
-            let rviews = [
-                rp.clone().narrow(2, 0, heads),
-                rp.clone().narrow(2, heads, groups),
-                rp.clone().narrow(2, heads + groups, groups),
-            ];
-            let rout = reference_attention(
-                rviews,
+        let reference_of = |[q, k, v]: [Tensor<R, 4>; 3]| {
+            reference_attention(
+                [q, k, v],
                 seq_first,
                 f64::from(scale),
                 causal,
                 padding.as_deref(),
-            );
-            let rgrads = (rout.clone() * reference(&upstream, [q0, q1, heads * d]))
-                .sum()
-                .backward();
-            let (out, rout) = (host(out), host(rout));
-            assert_close(&format!("{what} output"), &out, &rout, TOL);
-            assert_grad(&format!("{what} d(qkv)"), (&fp, &grads), (&rp, &rgrads));
-            continue;
-        }
-        let mut values = |n| rng.normal(n, 0.0, 1.0);
-        let (qv, kv, vv) = (
-            values(q0 * q1 * heads * d),
-            values(k0 * k1 * groups * d),
-            values(k0 * k1 * groups * d),
-        );
-        let (qs, ks) = ([q0, q1, heads, d], [k0, k1, groups, d]);
-        let (fq, fk, fv) = (fused(&qv, qs), fused(&kv, ks), fused(&vv, ks));
-        let (rq, rk, rv) = (reference(&qv, qs), reference(&kv, ks), reference(&vv, ks));
-        let out = run([fq.clone(), fk.clone(), fv.clone()]);
+            )
+        };
+        // The inputs whose gradients are compared (fused, f64 reference, name), and both outputs.
+        let (inputs, out, rout) = if queries == keys && seq_first {
+            // One packed [s, b, heads + 2·groups, d] tensor; q, k and v are views of it.
+            let values = rng.normal(q0 * q1 * (heads + 2 * groups) * d, 0.0, 1.0);
+            let shape = [q0, q1, heads + 2 * groups, d];
+            let (fp, rp) = (fused(&values, shape), reference(&values, shape));
+            let out = run([
+                fp.clone().narrow(2, 0, heads),
+                fp.clone().narrow(2, heads, groups),
+                fp.clone().narrow(2, heads + groups, groups),
+            ]);
+            let rout = reference_of([
+                rp.clone().narrow(2, 0, heads),
+                rp.clone().narrow(2, heads, groups),
+                rp.clone().narrow(2, heads + groups, groups),
+            ]);
+            (vec![(fp, rp, "d(qkv)")], out, rout)
+        } else {
+            let (qs, ks) = ([q0, q1, heads, d], [k0, k1, groups, d]);
+            let mut pair = |shape: [usize; 4]| {
+                let values = rng.normal(shape.iter().product(), 0.0, 1.0);
+                (fused(&values, shape), reference(&values, shape))
+            };
+            let ((fq, rq), (fk, rk), (fv, rv)) = (pair(qs), pair(ks), pair(ks));
+            let out = run([fq.clone(), fk.clone(), fv.clone()]);
+            let rout = reference_of([rq.clone(), rk.clone(), rv.clone()]);
+            (
+                vec![(fq, rq, "dq"), (fk, rk, "dk"), (fv, rv, "dv")],
+                out,
+                rout,
+            )
+        };
         let grads = (out.clone() * fused(&upstream, [q0, q1, heads * d]))
             .sum()
             .backward();
-        let rout = reference_attention(
-            [rq.clone(), rk.clone(), rv.clone()],
-            seq_first,
-            f64::from(scale),
-            causal,
-            padding.as_deref(),
-        );
         let rgrads = (rout.clone() * reference(&upstream, [q0, q1, heads * d]))
             .sum()
             .backward();
         let (out, rout) = (host(out), host(rout));
-        if padded {
-            let half = out.len() / 2;
-            let batch1: Vec<f64> = if seq_first {
-                out.chunks(heads * d)
-                    .skip(1)
-                    .step_by(2)
-                    .flatten()
-                    .copied()
-                    .collect()
-            } else {
-                out[half..].to_vec()
-            };
+        if padded && !seq_first {
+            // Batch 1 (the second half of [b, s, ..]) is fully padded: zeros.
+            let batch1 = &out[out.len() / 2..];
             assert!(
                 batch1.iter().all(|&v| v == 0.0),
                 "{what}: a fully padded batch gives zeros"
             );
         }
         assert_close(&format!("{what} output"), &out, &rout, TOL);
-        assert_grad(&format!("{what} dq"), (&fq, &grads), (&rq, &rgrads));
-        assert_grad(&format!("{what} dk"), (&fk, &grads), (&rk, &rgrads));
-        assert_grad(&format!("{what} dv"), (&fv, &grads), (&rv, &rgrads));
+        for (fused_input, reference_input, name) in &inputs {
+            assert_grad(
+                &format!("{what} {name}"),
+                (fused_input, &grads),
+                (reference_input, &rgrads),
+            );
+        }
     }
 }
 

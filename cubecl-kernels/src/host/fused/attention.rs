@@ -12,7 +12,7 @@
 use rayon::prelude::*;
 
 use super::exp;
-use super::softmax::SoftmaxMask;
+use super::softmax::{SoftmaxMask, exp_normalized};
 
 /// Query rows per block: the block's scores (`ROWS × keys`) stay in L2 between its GEMMs.
 pub const ROWS: usize = 64;
@@ -253,22 +253,7 @@ fn probabilities(s: &mut [f32], visible: impl Fn(usize) -> bool) -> f32 {
         s.fill(fill);
         return if nan { f32::NAN } else { f32::NEG_INFINITY };
     }
-    let mut lanes = [0.0f32; 8];
-    for (i, s) in s.iter_mut().enumerate() {
-        // exp(−∞ − max) = 0 for masked keys (the clamp in `exp` gives 2⁻¹²⁶, hence the select).
-        let e = if *s == f32::NEG_INFINITY {
-            0.0
-        } else {
-            exp(*s - max)
-        };
-        *s = e;
-        lanes[i % 8] += e;
-    }
-    let sum = lanes.iter().sum::<f32>();
-    let inv = 1.0 / sum;
-    for s in s.iter_mut() {
-        *s *= inv;
-    }
+    let sum = exp_normalized(s, max);
     max + sum.ln()
 }
 

@@ -96,6 +96,13 @@ fn forward_row(s: &[f32], p: &mut [f32], scale: f32, visible: impl Fn(usize) -> 
         p.fill(f32::NAN);
         return;
     }
+    exp_normalized(p, max);
+}
+
+/// A row of scaled scores (−∞ where masked, `max` their largest) becomes `e^(s − max) / Σ` in place; returns the
+/// sum `Σ e^(s − max)`. Inlined into each caller's CPU clone.
+#[inline(always)]
+pub(super) fn exp_normalized(p: &mut [f32], max: f32) -> f32 {
     let mut lanes = [0.0f32; 8];
     for (i, p) in p.iter_mut().enumerate() {
         // exp(−∞ − max) = 0 for masked keys (the clamp in `exp` gives 2⁻¹²⁶, hence the select).
@@ -107,8 +114,12 @@ fn forward_row(s: &[f32], p: &mut [f32], scale: f32, visible: impl Fn(usize) -> 
         *p = e;
         lanes[i % 8] += e;
     }
-    let inv = 1.0 / lanes.iter().sum::<f32>();
-    p.iter_mut().for_each(|p| *p *= inv);
+    let sum = lanes.iter().sum::<f32>();
+    let inv = 1.0 / sum;
+    for p in p.iter_mut() {
+        *p *= inv;
+    }
+    sum
 }
 
 /// The gradient of [`softmax_forward`] with respect to the scores, from its output `probs` and the output
