@@ -6,7 +6,8 @@ use burn_te_kernels::{AmaxComputeAlgo, Fp8Format, Fp8Stats, ScaleBlock, TensorSt
 
 use crate::error::TeError;
 use crate::fused::{
-    AttentionMask, AttentionSpec, NormForward, NormGrads, NormSaved, NormSpec, Pointwise,
+    AttentionForward, AttentionMask, AttentionSpec, NormForward, NormGrads, NormSaved, NormSpec,
+    Pointwise,
 };
 use crate::high_precision::high_precision_gemm;
 pub use crate::primitive::{
@@ -320,7 +321,7 @@ pub trait TeBackend: Backend {
         _v: FloatTensor<Self>,
         _spec: AttentionSpec,
         _mask: AttentionMask<BoolTensor<Self>>,
-    ) -> Result<Option<(FloatTensor<Self>, FloatTensor<Self>)>, TeError> {
+    ) -> Result<AttentionForward<FloatTensor<Self>>, TeError> {
         Ok(None)
     }
 
@@ -639,10 +640,7 @@ macro_rules! forward_fp8_ops {
             spec: $crate::fused::AttentionSpec,
             mask: $crate::fused::AttentionMask<$crate::__private::BoolTensor<Self>>,
         ) -> Result<
-            Option<(
-                $crate::__private::FloatTensor<Self>,
-                $crate::__private::FloatTensor<Self>,
-            )>,
+            $crate::fused::AttentionForward<$crate::__private::FloatTensor<Self>>,
             $crate::TeError,
         > {
             let inputs = <Self as $crate::Decorator>::op_started("te_attention", &[&q, &k, &v]);

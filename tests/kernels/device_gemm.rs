@@ -300,7 +300,7 @@ fn a_group_asking_for_cublaslt_runs_each_gemm_as_alone() {
         block_quantize(rng.normal(rows * cols, 0.0, 1.0), [1, rows, cols])
     };
     // (lhs [m, k], rhs [n, k] used transposed, what cuBLASLt does with it)
-    let gemms = vec![
+    let gemms = [
         (
             per_tensor(&mut rng, m, k),
             per_tensor(&mut rng, n, k),

@@ -551,6 +551,7 @@ fn nvfp4_bad_inputs_give_clear_errors() {
 }
 
 /// `a` (`[m, k]` as used) times `b` (`[k, n]` as used) in f64, from row-major stored matrices.
+#[allow(clippy::too_many_arguments)]
 fn matmul_f64(
     a: &[f32],
     a_cols: usize,

@@ -94,6 +94,10 @@ pub struct AttentionMask<T> {
     pub padding: Option<T>,
 }
 
+/// What a fused attention core's forward returns: its output and the log-sum-exp per query row its backward
+/// takes, or `None` (no fused kernel).
+pub type AttentionForward<T> = Option<(T, T)>;
+
 /// What a fused attention core needs besides its operands and mask.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionSpec {

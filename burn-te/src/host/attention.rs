@@ -10,7 +10,7 @@ use burn_te_kernels::host::fused::softmax::SoftmaxMask;
 
 use super::{HostValues, host_tensor};
 use crate::error::TeError;
-use crate::fused::{AttentionMask, AttentionSpec};
+use crate::fused::{AttentionForward, AttentionMask, AttentionSpec};
 use crate::metrics::{count_launch, names};
 
 /// A tensor's f32 values with the offset and strides (elements) of its view into them.
@@ -129,7 +129,7 @@ pub(super) fn attention_forward<B: Backend>(
     [q, k, v]: [FloatTensor<B>; 3],
     spec: AttentionSpec,
     mask: AttentionMask<BoolTensor<B>>,
-) -> Result<Option<(FloatTensor<B>, FloatTensor<B>)>, TeError> {
+) -> Result<AttentionForward<FloatTensor<B>>, TeError> {
     if [&q, &k, &v].iter().any(|t| t.dtype() != DType::F32) {
         return Ok(None);
     }

@@ -322,7 +322,7 @@ macro_rules! host_te_backend {
                 v: FloatTensor<Self>,
                 spec: crate::fused::AttentionSpec,
                 mask: crate::fused::AttentionMask<burn::tensor::ops::BoolTensor<Self>>,
-            ) -> Result<Option<(FloatTensor<Self>, FloatTensor<Self>)>, TeError> {
+            ) -> Result<crate::fused::AttentionForward<FloatTensor<Self>>, TeError> {
                 attention::attention_forward::<$backend>($strided, [q, k, v], spec, mask)
             }
 
