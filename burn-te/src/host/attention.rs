@@ -104,23 +104,9 @@ fn padding<B: Backend>(
     padding: Option<BoolTensor<B>>,
     dims: &AttentionDims,
 ) -> Result<Option<Vec<bool>>, TeError> {
-    let Some(padding) = padding else {
-        return Ok(None);
-    };
-    let data = burn_te_kernels::cubecl::future::block_on(B::bool_into_data(padding))
-        .map_err(|err| TeError::Read(format!("{err:?}")))?;
-    if data.shape.as_slice() != [dims.batch, dims.keys] {
-        return Err(TeError::ShapeMismatch {
-            op: "te_attention",
-            reason: "the padding mask must be [batch, keys]".into(),
-            lhs: data.shape.as_slice().to_vec(),
-            rhs: vec![dims.batch, dims.keys],
-        });
-    }
-    data.convert::<bool>()
-        .into_vec::<bool>()
-        .map(Some)
-        .map_err(|err| TeError::Read(format!("{err:?}")))
+    let expected = [dims.batch, dims.keys];
+    let reason = ("te_attention", "the padding mask must be [batch, keys]");
+    super::fused::padding_mask::<B>(padding, reason, expected, &expected)
 }
 
 /// The forward on the host: the output `[s, b, heads · d]` (or `[b, s, ..]`) and the log-sum-exp `[b, heads, s]`.

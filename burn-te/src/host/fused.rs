@@ -162,26 +162,15 @@ pub(super) fn softmax_forward<B: Backend>(
             rhs: vec![],
         });
     };
-    let padding = match mask.padding {
-        Some(padding) => {
-            let data = burn_te_kernels::cubecl::future::block_on(B::bool_into_data(padding))
-                .map_err(|err| TeError::Read(format!("{err:?}")))?;
-            if data.shape.as_slice() != [batch, keys] {
-                return Err(TeError::ShapeMismatch {
-                    op: "te_softmax",
-                    reason: "the padding mask must be [batch, keys] of the scores".into(),
-                    lhs: data.shape.as_slice().to_vec(),
-                    rhs: shape.as_slice().to_vec(),
-                });
-            }
-            let values = data
-                .convert::<bool>()
-                .into_vec::<bool>()
-                .map_err(|err| TeError::Read(format!("{err:?}")))?;
-            Some(values)
-        }
-        None => None,
-    };
+    let padding = padding_mask::<B>(
+        mask.padding,
+        (
+            "te_softmax",
+            "the padding mask must be [batch, keys] of the scores",
+        ),
+        [batch, keys],
+        shape.as_slice(),
+    )?;
     let dims = softmax::ScoresShape {
         batch,
         heads,
@@ -194,6 +183,33 @@ pub(super) fn softmax_forward<B: Backend>(
     };
     let probs = softmax::softmax_forward(&s, dims, scale, mask);
     Ok(Some(host_tensor::<B>(probs, shape, &device)))
+}
+
+/// An attention's padding mask `[batch, keys]` as booleans, or an error from `op` saying `reason` when it has
+/// another shape (`against`: the shape it is checked against, for the message).
+pub(super) fn padding_mask<B: Backend>(
+    padding: Option<BoolTensor<B>>,
+    (op, reason): (&'static str, &str),
+    [batch, keys]: [usize; 2],
+    against: &[usize],
+) -> Result<Option<Vec<bool>>, TeError> {
+    let Some(padding) = padding else {
+        return Ok(None);
+    };
+    let data = burn_te_kernels::cubecl::future::block_on(B::bool_into_data(padding))
+        .map_err(|err| TeError::Read(format!("{err:?}")))?;
+    if data.shape.as_slice() != [batch, keys] {
+        return Err(TeError::ShapeMismatch {
+            op,
+            reason: reason.into(),
+            lhs: data.shape.as_slice().to_vec(),
+            rhs: against.to_vec(),
+        });
+    }
+    data.convert::<bool>()
+        .into_vec::<bool>()
+        .map(Some)
+        .map_err(|err| TeError::Read(format!("{err:?}")))
 }
 
 /// [`TeBackend::te_softmax_backward`](crate::TeBackend::te_softmax_backward) on the host.

@@ -12,7 +12,7 @@
 use rayon::prelude::*;
 
 use super::exp;
-use super::softmax::{SoftmaxMask, exp_normalized};
+use super::softmax::{SoftmaxMask, exp_normalized, visible};
 
 /// Query rows per block: the block's scores (`ROWS × keys`) stay in L2 between its GEMMs.
 pub const ROWS: usize = 64;
@@ -226,12 +226,6 @@ pub fn attention_forward(
             }
         });
     (out, lse)
-}
-
-/// Whether key `key` is visible to query `query` of batch `batch`.
-#[inline(always)]
-fn visible(mask: SoftmaxMask<'_>, keys: usize, batch: usize, query: usize, key: usize) -> bool {
-    !(mask.causal && key > query) && mask.padding.is_none_or(|p| !p[batch * keys + key])
 }
 
 /// The scaled scores `s` of one query row become its probabilities in place (0 where not visible); returns the

@@ -45,7 +45,13 @@ impl ScoresShape {
 
 /// Whether key `key` is visible to query `query` of batch `batch`.
 #[inline(always)]
-fn visible(mask: SoftmaxMask<'_>, keys: usize, batch: usize, query: usize, key: usize) -> bool {
+pub(super) fn visible(
+    mask: SoftmaxMask<'_>,
+    keys: usize,
+    batch: usize,
+    query: usize,
+    key: usize,
+) -> bool {
     !(mask.causal && key > query) && mask.padding.is_none_or(|p| !p[batch * keys + key])
 }
 
