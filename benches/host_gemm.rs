@@ -99,13 +99,17 @@ fn peak(c: &mut Criterion) {
 
 fn gemms(c: &mut Criterion) {
     // (name, m, k, n): square shapes, then a TransformerLayer's fc1 fprop (tokens × hidden × 4·hidden) and its QKV
-    // fprop (tokens × hidden × 3·hidden).
+    // fprop (tokens × hidden × 3·hidden), then the char-GPT's GEMMs.
     let shapes = [
         ("1024^3", 1024, 1024, 1024),
         ("2048^3", 2048, 2048, 2048),
         ("fc1 h1024 t1024", 1024, 1024, 4096),
         ("qkv h2048 t2048", 2048, 2048, 6144),
         ("fc1 h4096 t1024", 1024, 4096, 16384),
+        // The char-GPT of the parity study at hidden 512 (1024 tokens): fc1 fprop, fc2 fprop, fc1's wgrad.
+        ("fc1 h512 t1024", 1024, 512, 2048),
+        ("fc2 h512 t1024", 1024, 2048, 512),
+        ("fc1 wgrad h512 t1024", 512, 1024, 2048),
     ];
     for (name, m, k, n) in shapes {
         let mut group = c.benchmark_group(format!("host gemm {name} ({m}x{k}x{n})"));

@@ -685,6 +685,102 @@ fn packed_kernels_are_exact_across_layouts_and_blocks() {
     println!("packed kernels run: {ran:?}");
 }
 
+/// FP8 codes packed as bf16 pairs, every one of the 256 codes through an arbitrary table, unit by unit against the
+/// layout `PackedLhs`/`PackedRhs` document (panel `i`'s unit `p` of lane `l` at `(i · units + p) · width + l`,
+/// `lo | hi << 16`, zero past the lanes and an odd depth): lanes contiguous, depth contiguous and neither, with an
+/// offset, for lane counts and depths around the vector packing's 32 lanes and 64-code chunks. Where the flags in
+/// `/proc/cpuinfo` promise AVX512-VBMI the vector packing must be the one that runs.
+#[test]
+fn fp8_codes_pack_into_bf16_pairs_as_documented() {
+    use burn_te_kernels::host::gemm::{self, Elements, Kernel, Source, pack_vbmi};
+
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let flags = cpuinfo
+        .lines()
+        .find(|line| line.starts_with("flags"))
+        .unwrap_or_default();
+    let has = |flag: &str| flags.split_whitespace().any(|f| f == flag);
+    let promised = cfg!(target_arch = "x86_64") && has("avx512vbmi") && has("avx512bw");
+    assert_eq!(
+        pack_vbmi::available(),
+        promised,
+        "the vector packing's availability against /proc/cpuinfo's avx512vbmi and avx512bw"
+    );
+    let mut rng = Rng::new(7);
+    let table: [u16; 256] = std::array::from_fn(|_| rng.next_u64() as u16);
+    let mut checked = 0;
+    for lanes in [1, 12, 31, 32, 45, 100] {
+        for depth in [1, 2, 63, 64, 65, 130, 257] {
+            let codes: Vec<u8> = (0..lanes * depth).map(|_| rng.next_u64() as u8).collect();
+            let layouts = [
+                ("depth contiguous", 3, (depth, 1)),
+                ("lanes contiguous", 3, (1, lanes)),
+                ("neither", 3, (2 * depth + 1, 2)),
+            ];
+            for (layout, offset, (lane_stride, depth_stride)) in layouts {
+                let len = offset + (lanes - 1) * lane_stride + (depth - 1) * depth_stride + 1;
+                let mut stored = vec![0u8; len];
+                for l in 0..lanes {
+                    for d in 0..depth {
+                        stored[offset + l * lane_stride + d * depth_stride] = codes[l * depth + d];
+                    }
+                }
+                let code = |l: usize, d: usize| codes[l * depth + d];
+                let expected = |width: usize| -> Vec<u32> {
+                    let units = depth.div_ceil(2);
+                    let mut out = vec![0u32; lanes.div_ceil(width) * width * units];
+                    for l in 0..lanes {
+                        for p in 0..units {
+                            let lo = u32::from(table[usize::from(code(l, 2 * p))]);
+                            let hi = if 2 * p + 1 < depth {
+                                u32::from(table[usize::from(code(l, 2 * p + 1))])
+                            } else {
+                                0
+                            };
+                            out[(l / width * units + p) * width + l % width] = lo | hi << 16;
+                        }
+                    }
+                    out
+                };
+                let what = format!("{lanes} lanes × depth {depth}, {layout}");
+                // Lanes are the left operand's rows (its strides (row, depth)) or the right one's columns
+                // (strides (depth, column)).
+                let lhs = gemm::pack_lhs::<Bf16>(
+                    lanes,
+                    depth,
+                    &Source {
+                        elements: Elements::Codes(&stored, &table),
+                        offset,
+                        strides: (lane_stride, depth_stride),
+                    },
+                )
+                .expect("in bounds");
+                assert_eq!(lhs.units(), expected(Bf16::MR), "left operand, {what}");
+                let rhs = gemm::pack_rhs::<Bf16>(
+                    depth,
+                    lanes,
+                    &Source {
+                        elements: Elements::Codes(&stored, &table),
+                        offset,
+                        strides: (depth_stride, lane_stride),
+                    },
+                )
+                .expect("in bounds");
+                assert_eq!(rhs.units(), expected(Bf16::NR), "right operand, {what}");
+                checked += 2;
+            }
+        }
+    }
+    println!(
+        "{checked} packings checked, {} packing",
+        if pack_vbmi::available() {
+            "AVX512-VBMI vector"
+        } else {
+            "scalar"
+        }
+    );
+}
+
 /// The packing's bounds: a source one element short is an error naming the element it would read, and strides
 /// whose reach overflows `usize` are an error too (checked arithmetic, not a wrapped index that passes the check).
 #[test]

@@ -25,6 +25,7 @@ pub mod bf16;
 mod blocked;
 pub mod fma;
 mod pack;
+pub mod pack_vbmi;
 pub mod scratch;
 
 pub use blocked::gemm;

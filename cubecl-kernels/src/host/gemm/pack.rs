@@ -15,6 +15,10 @@ pub trait PackedElement: Copy + Send + Sync + 'static {
     const ZERO: Self;
     /// The unit of `lo` and, where `PER_UNIT` is 2, `hi` in the upper half (ignored otherwise).
     fn unit(lo: Self, hi: Self) -> u32;
+    /// A code table of bf16 bits, which the vector packing ([`super::pack_vbmi`]) takes; `None` for others.
+    fn bf16_table(_table: &[Self; 256]) -> Option<&[u16; 256]> {
+        None
+    }
 }
 
 /// bf16 bits, in pairs along the depth (the pair's low half the even depth).
@@ -24,6 +28,9 @@ impl PackedElement for u16 {
     #[inline(always)]
     fn unit(lo: Self, hi: Self) -> u32 {
         u32::from(lo) | u32::from(hi) << 16
+    }
+    fn bf16_table(table: &[Self; 256]) -> Option<&[u16; 256]> {
+        Some(table)
     }
 }
 
@@ -85,6 +92,20 @@ pub struct PackedRhs<K: Kernel> {
     pub(super) units: usize,
     pub(super) data: Vec<u32>,
     kernel: PhantomData<K>,
+}
+
+impl<K: Kernel> PackedLhs<K> {
+    /// The packed units, in the layout the type's doc gives.
+    pub fn units(&self) -> &[u32] {
+        &self.data
+    }
+}
+
+impl<K: Kernel> PackedRhs<K> {
+    /// The packed units, in the layout the type's doc gives.
+    pub fn units(&self) -> &[u32] {
+        &self.data
+    }
 }
 
 impl<K: Kernel> Drop for PackedLhs<K> {
@@ -212,6 +233,7 @@ impl Lines {
                 depth,
             })?;
         let mut data = scratch::take(lanes.div_ceil(width) * panel_len);
+        let vector = super::pack_vbmi::available();
         data.par_chunks_mut(panel_len.max(1))
             .enumerate()
             .for_each(|(i, panel)| {
@@ -219,9 +241,18 @@ impl Lines {
                 let base = source.offset + i * width * lane_stride;
                 match source.elements {
                     Elements::Codes(codes, table) => {
-                        self.panel(panel, count, base, codes, |c| table[usize::from(c)])
+                        if !(vector
+                            && self.vector_panel(panel, count, base, codes, E::bf16_table(table)))
+                        {
+                            self.panel(panel, count, base, codes, |c| table[usize::from(c)])
+                        }
                     }
                     Elements::Values(values) => self.panel(panel, count, base, values, |e| e),
+                }
+                if count < width {
+                    for slot in panel.chunks_exact_mut(width) {
+                        slot[count..].fill(0);
+                    }
                 }
             });
         Ok(data)
@@ -308,10 +339,38 @@ impl Lines {
                 }
             }
         }
-        if count < width {
-            for slot in panel.chunks_exact_mut(width) {
-                slot[count..].fill(0);
-            }
+    }
+
+    /// [`Lines::panel`] for codes through a bf16 table on AVX512-VBMI ([`super::pack_vbmi`]), where the CPU has
+    /// it (`vector`, checked by the caller) and the layout has the lanes or the depth contiguous; `false` (nothing
+    /// written) otherwise.
+    fn vector_panel(
+        &self,
+        panel: &mut [u32],
+        count: usize,
+        base: usize,
+        codes: &[u8],
+        table: Option<&[u16; 256]>,
+    ) -> bool {
+        let Some(table) = table else { return false };
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller checked the CPU; `pack` checked that every lane's reach lies inside `codes`; `panel`
+        // holds `units · width` units; `count ≤ width ≤ MAX_WIDTH = 32`.
+        unsafe {
+            super::pack_vbmi::panel(
+                panel,
+                (self.width, count),
+                base,
+                (self.lane_stride, self.depth_stride),
+                self.depth,
+                codes,
+                table,
+            )
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (panel, count, base, codes, table);
+            false
         }
     }
 }
