@@ -313,6 +313,20 @@ pub trait TeBackend: Backend {
         Ok(Self::te_attention_forward(q, k, v, spec, mask)?.map(|(out, _)| out))
     }
 
+    /// [`te_attention`](Self::te_attention) on q, k and v packed in one tensor `[s, b, heads + 2 · groups, d]` (or
+    /// `[b, s, ..]`): q the first `heads` along dimension 2, then k's and v's `groups` each. Autodiff backends
+    /// register one backward whose gradient is the packed tensor's (no zero-filled gradient per part); others
+    /// split it into views and call `te_attention`.
+    fn te_attention_packed(
+        qkv: FloatTensor<Self>,
+        (heads, groups): (usize, usize),
+        spec: AttentionSpec,
+        mask: AttentionMask<BoolTensor<Self>>,
+    ) -> Result<Option<FloatTensor<Self>>, TeError> {
+        let [q, k, v] = crate::fused::attention::split_packed::<Self>(qkv, heads, groups);
+        Self::te_attention(q, k, v, spec, mask)
+    }
+
     /// [`te_attention`](Self::te_attention)'s forward: the output and the log-sum-exp of each query row
     /// (`[b, heads, s]`) its backward takes. `None` by default (no fused kernel).
     fn te_attention_forward(

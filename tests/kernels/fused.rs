@@ -383,21 +383,35 @@ fn attention_core_forward_and_backward_match_f64() {
         };
         // The inputs whose gradients are compared (fused, f64 reference, name), and both outputs.
         let (inputs, out, rout) = if queries == keys && seq_first {
-            // One packed [s, b, heads + 2·groups, d] tensor; q, k and v are views of it.
+            // One packed [s, b, heads + 2·groups, d] tensor: given whole to `te_attention_packed` (one backward
+            // node, whose gradient is the packed tensor's) in the causal case, as q, k and v views of it to
+            // `te_attention` in the other.
             let values = rng.normal(q0 * q1 * (heads + 2 * groups) * d, 0.0, 1.0);
             let shape = [q0, q1, heads + 2 * groups, d];
             let (fp, rp) = (fused(&values, shape), reference(&values, shape));
-            let out = run([
-                fp.clone().narrow(2, 0, heads),
-                fp.clone().narrow(2, heads, groups),
-                fp.clone().narrow(2, heads + groups, groups),
-            ]);
+            let (out, name) = if causal {
+                let mask = AttentionMask {
+                    causal,
+                    padding: pad_tensor(),
+                };
+                let out = F::te_attention_packed(primitive(&fp), (heads, groups), spec, mask)
+                    .expect("attention")
+                    .expect("Flex has the fused attention");
+                (tensor::<3>(out), "d(qkv), packed op")
+            } else {
+                let out = run([
+                    fp.clone().narrow(2, 0, heads),
+                    fp.clone().narrow(2, heads, groups),
+                    fp.clone().narrow(2, heads + groups, groups),
+                ]);
+                (out, "d(qkv), views")
+            };
             let rout = reference_of([
                 rp.clone().narrow(2, 0, heads),
                 rp.clone().narrow(2, heads, groups),
                 rp.clone().narrow(2, heads + groups, groups),
             ]);
-            (vec![(fp, rp, "d(qkv)")], out, rout)
+            (vec![(fp, rp, name)], out, rout)
         } else {
             let (qs, ks) = ([q0, q1, heads, d], [k0, k1, groups, d]);
             let mut pair = |shape: [usize; 4]| {

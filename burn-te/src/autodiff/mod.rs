@@ -164,6 +164,14 @@ impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff
     ) -> Result<Option<FloatTensor<Self>>, TeError> {
         crate::fused::attention::autodiff_attention::<B, C>(q, k, v, spec, mask)
     }
+    fn te_attention_packed(
+        qkv: FloatTensor<Self>,
+        parts: (usize, usize),
+        spec: AttentionSpec,
+        mask: AttentionMask<BoolTensor<Self>>,
+    ) -> Result<Option<FloatTensor<Self>>, TeError> {
+        crate::fused::attention::autodiff_attention_packed::<B, C>(qkv, parts, spec, mask)
+    }
 
     /// The forward alone (an autodiff backend keeps its operands in its own graph, see `te_linear`).
     fn te_linear_fprop(

@@ -35,6 +35,38 @@ pub(crate) fn try_fused<B: TeBackend>(
     Ok(out.map(|o| Tensor::from_primitive(TensorPrimitive::Float(o))))
 }
 
+/// [`try_fused`] on q, k and v packed in `qkv` (`[.., heads + 2 · groups, d]`, see
+/// [`TeBackend::te_attention_packed`]).
+pub(crate) fn try_fused_packed<B: TeBackend>(
+    qkv: &Tensor<B, 4>,
+    (heads, groups): (usize, usize),
+    spec: AttentionSpec,
+    causal: bool,
+    padding: Option<&Tensor<B, 2, Bool>>,
+) -> Result<Option<Tensor<B, 3>>, TeError> {
+    if !super::fused_attention_allowed() {
+        return Ok(None);
+    }
+    let mask = AttentionMask {
+        causal,
+        padding: padding.map(|p| p.clone().into_primitive()),
+    };
+    let qkv = qkv.clone().into_primitive().tensor();
+    let out = B::te_attention_packed(qkv, (heads, groups), spec, mask)?;
+    Ok(out.map(|o| Tensor::from_primitive(TensorPrimitive::Float(o))))
+}
+
+/// q, k and v of a packed `[.., heads + 2 · groups, d]` tensor: views along dimension 2.
+pub(crate) fn split_packed<B: Backend>(
+    qkv: FloatTensor<B>,
+    heads: usize,
+    groups: usize,
+) -> [FloatTensor<B>; 3] {
+    let qkv = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(qkv));
+    [(0, heads), (heads, groups), (heads + groups, groups)]
+        .map(|(start, len)| qkv.clone().narrow(2, start, len).into_primitive().tensor())
+}
+
 /// The backward of the fused attention: recomputes the probabilities from the operands and the log-sum-exp.
 #[derive(Debug)]
 struct AttentionBackward {
@@ -66,6 +98,55 @@ impl<B: TeBackend> Backward<B, 3> for AttentionBackward {
             }
         }
     }
+}
+
+/// The backward of the fused attention on packed q, k, v: [`AttentionBackward`]'s three gradients concatenated
+/// into the packed tensor's.
+#[derive(Debug)]
+struct PackedAttentionBackward {
+    spec: AttentionSpec,
+}
+
+impl<B: TeBackend> Backward<B, 1> for PackedAttentionBackward {
+    type State = AttentionState<B>;
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 1>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let dout = grads.consume::<B>(&ops.node);
+        let ([q, k, v], lse, mask) = ops.state;
+        let [dq, dk, dv] = B::te_attention_backward(dout, q, k, v, lse, self.spec, mask);
+        if let [Some(node)] = ops.parents {
+            grads.register::<B>(node.id, B::float_cat(vec![dq, dk, dv], 2));
+        }
+    }
+}
+
+/// `te_attention_packed` on `Autodiff<B>`: `B`'s fused forward on views of the packed tensor, with
+/// [`PackedAttentionBackward`] registered on it.
+pub(crate) fn autodiff_attention_packed<B: TeBackend + AutodiffInner, C: CheckpointStrategy>(
+    qkv: FloatTensor<Autodiff<B, C>>,
+    (heads, groups): (usize, usize),
+    spec: AttentionSpec,
+    mask: AttentionMask<BoolTensor<Autodiff<B, C>>>,
+) -> Result<Option<FloatTensor<Autodiff<B, C>>>, TeError> {
+    let operands = split_packed::<B>(qkv.primitive.clone(), heads, groups);
+    let [q, k, v] = operands.clone();
+    let Some((out, lse)) = B::te_attention_forward(q, k, v, spec, mask.clone())? else {
+        return Ok(None);
+    };
+    Ok(Some(
+        match Backward::<B, 1>::prepare::<C>(PackedAttentionBackward { spec }, [qkv.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((operands, lse, mask), out),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        },
+    ))
 }
 
 /// `te_attention` on `Autodiff<B>`: `B`'s fused forward, with [`AttentionBackward`] registered.

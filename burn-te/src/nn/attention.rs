@@ -223,6 +223,36 @@ impl<B: TeBackend> DotProductAttention<B> {
         v: Tensor<B, 4>,
         attention_mask: Option<Tensor<B, 2, Bool>>,
     ) -> Result<Tensor<B, 3>, TeError> {
+        self.core(name, [q, k, v], None, attention_mask)
+    }
+
+    /// [`forward_as`](Self::forward_as) on q, k and v packed in one tensor `[.., heads + 2 · groups, d]` (q's
+    /// heads, then k's and v's groups along dimension 2; `[s, b, ..]` or `[b, s, ..]` as the module's format):
+    /// the fused core then takes the packed tensor, so its backward writes one gradient for it.
+    pub(crate) fn forward_packed_as(
+        &self,
+        name: &str,
+        qkv: Tensor<B, 4>,
+        attention_mask: Option<Tensor<B, 2, Bool>>,
+    ) -> Result<Tensor<B, 3>, TeError> {
+        let (heads, groups) = (self.heads, self.groups);
+        let part = |start, len| qkv.clone().narrow(2, start, len);
+        let parts = [
+            part(0, heads),
+            part(heads, groups),
+            part(heads + groups, groups),
+        ];
+        self.core(name, parts, Some(qkv), attention_mask)
+    }
+
+    /// The core on q, k, v (views of `packed` where given).
+    fn core(
+        &self,
+        name: &str,
+        [q, k, v]: [Tensor<B, 4>; 3],
+        packed: Option<Tensor<B, 4>>,
+        attention_mask: Option<Tensor<B, 2, Bool>>,
+    ) -> Result<Tensor<B, 3>, TeError> {
         let operands = [q.clone(), k.clone(), v.clone()];
         let (q, k, v) = (self.to_bhsd(q), self.to_bhsd(k), self.to_bhsd(v));
         let [batch, _, queries, _] = q.dims();
@@ -241,9 +271,17 @@ impl<B: TeBackend> DotProductAttention<B> {
             };
             let [q, k, v] = operands.each_ref();
             let causal = self.mask_type.causal();
-            if let Some(out) =
-                fused::attention::try_fused([q, k, v], spec, causal, padding.as_ref())?
-            {
+            let fused = match &packed {
+                Some(qkv) => fused::attention::try_fused_packed(
+                    qkv,
+                    (self.heads, self.groups),
+                    spec,
+                    causal,
+                    padding.as_ref(),
+                )?,
+                None => fused::attention::try_fused([q, k, v], spec, causal, padding.as_ref())?,
+            };
+            if let Some(out) = fused {
                 return Ok(out);
             }
         }

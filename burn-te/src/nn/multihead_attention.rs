@@ -303,17 +303,15 @@ impl<B: TeBackend> MultiheadAttention<B> {
         };
         // Under sequence parallelism the QKV projection gathered the tokens: the attention sees all of them.
         let [d0, d1, _] = qkv.dims();
-        // [q: heads · d | k: groups · d | v: groups · d] along the last dimension, split into heads first: each
-        // part is then a view of the projection's output (narrowing first made the reshape copy it).
+        // [q: heads · d | k: groups · d | v: groups · d] along the last dimension, split into heads (q, k and v are
+        // then views of the projection's output; narrowing first made the reshape copy it). The core takes the
+        // packed tensor whole, so a fused core's backward writes one gradient for it.
         let qkv = qkv.reshape([d0, d1, self.heads + 2 * self.groups, self.head_dim]);
-        let q = qkv.clone().narrow(2, 0, self.heads);
-        let k = qkv.clone().narrow(2, self.heads, self.groups);
-        let v = qkv.narrow(2, self.heads + self.groups, self.groups);
         // The core under this module's resolved name (its FP8 GEMMs: `{name}.core_attention.bmm1`, `.bmm2`).
         let core = format!("{}.core_attention", self.name());
         let context = self
             .core_attention
-            .forward_as(&core, q, k, v, attention_mask)?;
+            .forward_packed_as(&core, qkv, attention_mask)?;
         self.proj.try_forward(context)
     }
 
