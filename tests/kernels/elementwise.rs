@@ -1,5 +1,5 @@
 //! Quantize / dequantize / fake-quant / amax on the device against the host path, for awkward lengths and
-//! special values, and argument errors.
+//! special values, and argument errors; the host kernels' zeroed output buffers.
 
 use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::ops::{self, ScaleBuffers};
@@ -316,4 +316,22 @@ fn wrong_buffer_sizes_are_errors_not_panics() {
             .unwrap();
     assert_eq!(empty.len, 0);
     assert!("e6m1".parse::<Fp8Format>().is_err());
+}
+
+/// `host::zeroed` (the host kernels' output buffers, zero-filled on rayon's threads when large) is all zeros at
+/// lengths around its parallel threshold, also where the allocator hands back memory a dropped buffer of set bits
+/// just freed (the attention's backward accumulates into such buffers).
+#[test]
+fn zeroed_buffers_are_zero_around_the_parallel_threshold() {
+    for len in [3, (1 << 18) - 1, 1 << 18, (1 << 18) + 3, 5 << 20] {
+        drop(vec![u32::MAX; len]);
+        let floats: Vec<f32> = host::zeroed(len);
+        assert_eq!(floats.len(), len);
+        assert!(floats.iter().all(|v| v.to_bits() == 0), "f32 × {len}");
+        drop(floats);
+        drop(vec![0xffu8; len]);
+        let codes: Vec<u8> = host::zeroed(len);
+        assert_eq!(codes.len(), len);
+        assert!(codes.iter().all(|&c| c == 0), "u8 × {len}");
+    }
 }

@@ -29,7 +29,6 @@ use crate::backend::{
     ElementFormat, Fp8HostData, Fp8Primitive, Fp8Tensor, Nvfp4Scales, Scaling, TeBackend,
     gemm_output_shape,
 };
-use burn_te_kernels::host::gemm::advise_huge_pages;
 use gemm::operand::HostOperand;
 
 use crate::cube::rows_cols;
@@ -678,8 +677,7 @@ fn gemm_output<D>(
     let (rb, rr, rc) = rhs.matrix_dims();
     let (m, k) = if lhs_t { (lc, lr) } else { (lr, lc) };
     let n = if rhs_t { rr } else { rc };
-    let out = vec![0f32; lb.max(rb) * m * n];
-    advise_huge_pages(&out);
+    let out = burn_te_kernels::host::zeroed(lb.max(rb) * m * n);
     Ok((shape, (m, n, k), out))
 }
 

@@ -5,6 +5,9 @@ mod fp8;
 pub mod fused;
 pub mod gemm;
 pub mod nvfp4;
+mod zeroed;
+
+pub use zeroed::zeroed;
 
 use rayon::prelude::*;
 
@@ -35,7 +38,7 @@ fn chunked<I: Sync, O: Send, R: Send + Default>(
 
 /// `code = encode(f32(x) * scale)` for every element.
 pub fn quantize(input: &[f32], scale: f32, format: Fp8Format) -> Vec<u8> {
-    let mut codes = vec![0u8; input.len()];
+    let mut codes = zeroed(input.len());
     chunked(
         input,
         &mut codes,
@@ -49,7 +52,7 @@ pub fn quantize(input: &[f32], scale: f32, format: Fp8Format) -> Vec<u8> {
 
 /// [`quantize`] and [`amax`] of the input in one pass (delayed scaling records the amax it quantizes).
 pub fn quantize_with_amax(input: &[f32], scale: f32, format: Fp8Format) -> (Vec<u8>, f32) {
-    let mut codes = vec![0u8; input.len()];
+    let mut codes = zeroed(input.len());
     let bits = chunked(
         input,
         &mut codes,
@@ -81,7 +84,7 @@ fn encode_scaled(input: &[f32], scale: f32, format: Fp8Format, codes: &mut [u8])
 
 /// `x = decode(code) * scale_inv` for every code (through a table of the 256 products: the same values).
 pub fn dequantize(codes: &[u8], scale_inv: f32, format: Fp8Format) -> Vec<f32> {
-    let mut values = vec![0f32; codes.len()];
+    let mut values = zeroed(codes.len());
     dequantize_into(codes, scale_inv, format, &mut values);
     values
 }

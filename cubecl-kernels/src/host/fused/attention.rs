@@ -168,7 +168,7 @@ pub fn attention_forward(
     out_len: usize,
 ) -> (Vec<f32>, Vec<f32>) {
     let d = dims.head_dim;
-    let mut out = vec![0.0f32; out_len];
+    let mut out = crate::host::zeroed(out_len);
     let mut lse = vec![0.0f32; dims.batch * dims.heads * dims.queries];
     let out_ptr = Shared(out.as_mut_ptr());
     let per_group = dims.heads / dims.groups.max(1);
@@ -269,9 +269,9 @@ pub fn attention_backward(
     let d = dims.head_dim;
     let q_len = dims.q_shape().iter().product();
     let kv_len = dims.kv_shape().iter().product();
-    let mut dq = vec![0.0f32; q_len];
-    let mut dk = vec![0.0f32; kv_len];
-    let mut dv = vec![0.0f32; kv_len];
+    let mut dq = crate::host::zeroed(q_len);
+    let mut dk = crate::host::zeroed(kv_len);
+    let mut dv = crate::host::zeroed(kv_len);
     let (dq_ptr, dk_ptr, dv_ptr) = (
         Shared(dq.as_mut_ptr()),
         Shared(dk.as_mut_ptr()),

@@ -53,7 +53,7 @@ pub fn norm_forward(
 ) -> (Vec<f32>, NormStats) {
     let width = gamma.len();
     let gamma = applied_gamma(gamma, spec);
-    let mut y = vec![0.0f32; x.len()];
+    let mut y = crate::host::zeroed(x.len());
     let blocks = par_rows(x, width, &mut y, width, |_, x, y| {
         forward_rows(x, y, &gamma, beta, spec)
     });
@@ -121,7 +121,7 @@ pub fn norm_backward(
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let width = gamma.len();
     let gamma = applied_gamma(gamma, spec);
-    let mut dx = vec![0.0f32; x.len()];
+    let mut dx = crate::host::zeroed(x.len());
     let blocks = par_rows(x, width, &mut dx, width, |first, x, dx| {
         let rows = x.len() / width;
         let dy = &dy[first * width..(first + rows) * width];

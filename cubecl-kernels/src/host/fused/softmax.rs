@@ -63,7 +63,7 @@ pub fn softmax_forward(
     mask: SoftmaxMask<'_>,
 ) -> Vec<f32> {
     let keys = shape.keys;
-    let mut probs = vec![0.0f32; scores.len()];
+    let mut probs = crate::host::zeroed(scores.len());
     par_rows(scores, keys, &mut probs, keys, |first, s, p| {
         for (i, (s, p)) in s
             .chunks_exact(keys)
