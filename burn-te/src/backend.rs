@@ -323,7 +323,7 @@ pub trait TeBackend: Backend {
         spec: AttentionSpec,
         mask: AttentionMask<BoolTensor<Self>>,
     ) -> Result<Option<FloatTensor<Self>>, TeError> {
-        let [q, k, v] = crate::fused::attention::split_packed::<Self>(qkv, heads, groups);
+        let [q, k, v] = split_packed::<Self>(qkv, heads, groups);
         Self::te_attention(q, k, v, spec, mask)
     }
 
@@ -699,4 +699,18 @@ pub(crate) fn hash_of(value: &impl std::hash::Hash) -> u64 {
     let mut hasher = std::hash::DefaultHasher::new();
     value.hash(&mut hasher);
     hasher.finish()
+}
+
+/// q, k and v of a packed `[.., heads + 2 · groups, d]` tensor ([`TeBackend::te_attention_packed`]): views along
+/// dimension 2.
+pub(crate) fn split_packed<B: Backend>(
+    qkv: FloatTensor<B>,
+    heads: usize,
+    groups: usize,
+) -> [FloatTensor<B>; 3] {
+    use burn::tensor::{Tensor, TensorPrimitive};
+
+    let qkv = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(qkv));
+    [(0, heads), (heads, groups), (heads + groups, groups)]
+        .map(|(start, len)| qkv.clone().narrow(2, start, len).into_primitive().tensor())
 }

@@ -56,17 +56,6 @@ pub(crate) fn try_fused_packed<B: TeBackend>(
     Ok(out.map(|o| Tensor::from_primitive(TensorPrimitive::Float(o))))
 }
 
-/// q, k and v of a packed `[.., heads + 2 · groups, d]` tensor: views along dimension 2.
-pub(crate) fn split_packed<B: Backend>(
-    qkv: FloatTensor<B>,
-    heads: usize,
-    groups: usize,
-) -> [FloatTensor<B>; 3] {
-    let qkv = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(qkv));
-    [(0, heads), (heads, groups), (heads + groups, groups)]
-        .map(|(start, len)| qkv.clone().narrow(2, start, len).into_primitive().tensor())
-}
-
 /// The backward of the fused attention: recomputes the probabilities from the operands and the log-sum-exp.
 #[derive(Debug)]
 struct AttentionBackward {
@@ -133,7 +122,7 @@ pub(crate) fn autodiff_attention_packed<B: TeBackend + AutodiffInner, C: Checkpo
     spec: AttentionSpec,
     mask: AttentionMask<BoolTensor<Autodiff<B, C>>>,
 ) -> Result<Option<FloatTensor<Autodiff<B, C>>>, TeError> {
-    let operands = split_packed::<B>(qkv.primitive.clone(), heads, groups);
+    let operands = crate::backend::split_packed::<B>(qkv.primitive.clone(), heads, groups);
     let [q, k, v] = operands.clone();
     let Some((out, lse)) = B::te_attention_forward(q, k, v, spec, mask.clone())? else {
         return Ok(None);

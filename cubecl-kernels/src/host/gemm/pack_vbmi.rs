@@ -1,7 +1,7 @@
 //! The bf16 path's packing of FP8 codes on AVX512-VBMI: 64 codes looked up in the 256-entry code → bf16 table at
 //! once (`vpermi2b` on the table's low and high byte planes) and laid out as bf16 pairs with one byte permute per
 //! 16 units, where the scalar packing looks up and stores one element at a time. The same bits as the scalar
-//! packing ([`super::pack`]'s `Lines::panel`), which runs where the CPU lacks VBMI and for layouts with neither
+//! packing (`Lines::panel` in `pack.rs`), which runs where the CPU lacks VBMI and for layouts with neither
 //! the lanes nor the depth contiguous.
 
 /// Whether this CPU packs FP8 codes with [`panel`] (AVX512-VBMI with AVX512-BW).
