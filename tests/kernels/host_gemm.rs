@@ -585,8 +585,11 @@ fn packed_gemm_matches<K: burn_te_kernels::host::gemm::Kernel>(
                     .expect("in bounds");
                 let rhs = gemm::pack_rhs::<K>(k, n, &source(rhs_elements, rhs_offset, rhs_strides))
                     .expect("in bounds");
-                let mut out = vec![f32::NAN; m * n];
+                // NaN where the GEMM may not read: the first depth block writes without reading.
+                let mut out = vec![std::mem::MaybeUninit::new(f32::NAN); m * n];
                 gemm::gemm(&lhs, &rhs, 1.0, &mut out)?;
+                // SAFETY: every value was initialized (NaN) before the GEMM wrote it.
+                let out = unsafe { burn_te_kernels::host::assume_init(out) };
                 for (i, (got, want)) in out.iter().zip(&expected).enumerate() {
                     assert_eq!(
                         got.to_bits(),

@@ -8,6 +8,7 @@ mod attention;
 mod fused;
 pub mod gemm;
 
+use std::mem::MaybeUninit;
 use std::sync::{Arc, Mutex};
 
 #[cfg(feature = "flex")]
@@ -626,6 +627,9 @@ fn host_gemm<B: Backend>(
     let (shape, dims, mut out) = gemm_output(&lhs, lhs_t, &rhs, rhs_t)?;
     let (a, b) = (host_operand(&lhs, lhs_t), host_operand(&rhs, rhs_t));
     gemm::host_fp8_gemm(&a, &b, dims, &mut out);
+    // SAFETY: `host_fp8_gemm` writes every value (each path does; a packed path that fails is followed by the f32
+    // path over the whole output).
+    let out = unsafe { burn_te_kernels::host::assume_init(out) };
     Ok(host_tensor::<B>(out, shape, &lhs.data.device))
 }
 
@@ -650,7 +654,11 @@ fn host_gemm_grouped<B: Backend>(
         .into_iter()
         .zip(shapes)
         .zip(&gemms)
-        .map(|((gemm, shape), (lhs, ..))| host_tensor::<B>(gemm.out, shape, &lhs.data.device))
+        .map(|((gemm, shape), (lhs, ..))| {
+            // SAFETY: as in `host_gemm`: every GEMM's output is written whole.
+            let out = unsafe { burn_te_kernels::host::assume_init(gemm.out) };
+            host_tensor::<B>(out, shape, &lhs.data.device)
+        })
         .collect())
 }
 
@@ -662,8 +670,8 @@ type HostGemmOperands<D> = (
     bool,
 );
 
-/// A GEMM's output shape, `(m, n, k)` and zeroed output buffer.
-type GemmOutput = (Shape, (usize, usize, usize), Vec<f32>);
+/// A GEMM's output shape, `(m, n, k)` and output buffer (not yet written: every GEMM path writes all of it).
+type GemmOutput = (Shape, (usize, usize, usize), Vec<MaybeUninit<f32>>);
 
 /// The [`GemmOutput`] of `lhs · rhs` (each used transposed where asked).
 fn gemm_output<D>(
@@ -677,7 +685,7 @@ fn gemm_output<D>(
     let (rb, rr, rc) = rhs.matrix_dims();
     let (m, k) = if lhs_t { (lc, lr) } else { (lr, lc) };
     let n = if rhs_t { rr } else { rc };
-    let out = burn_te_kernels::host::zeroed(lb.max(rb) * m * n);
+    let out = burn_te_kernels::host::uninit(lb.max(rb) * m * n);
     Ok((shape, (m, n, k), out))
 }
 

@@ -1,13 +1,13 @@
 //! The host path: every kernel of this crate in plain Rust, bit-identical to the kernels. It is the reference of the
 //! tests and the implementation used by backends without a CubeCL device (burn-ndarray).
 
+mod buffers;
 mod fp8;
 pub mod fused;
 pub mod gemm;
 pub mod nvfp4;
-mod zeroed;
 
-pub use zeroed::zeroed;
+pub use buffers::{assume_init, uninit, zeroed};
 
 use rayon::prelude::*;
 

@@ -5,6 +5,7 @@
 //! probe's times under `HostGemmProbe(<path>)`.
 
 use std::cell::Cell;
+use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -131,7 +132,7 @@ pub fn measure(paths: &[HostGemmPath]) -> HostGemmProbe {
         transposed: false,
     };
     let (lhs, rhs) = (operand(&a, (1, m, k)), operand(&b, (1, k, n)));
-    let mut out = vec![0f32; m * n];
+    let mut out = burn_te_kernels::host::uninit(m * n);
     let mut times: Vec<(HostGemmPath, Duration)> = paths
         .iter()
         .chain(&[HostGemmPath::F32])
@@ -158,14 +159,14 @@ pub fn measure(paths: &[HostGemmPath]) -> HostGemmProbe {
     HostGemmProbe { times, chosen }
 }
 
-/// `out[b] = lhs[b] · rhs[b]` on this thread's path ([`requested_host_gemm_path`]), or on f32 where that path is
+/// `out[b] = lhs[b] · rhs[b]` (every value of `out` written) on this thread's path ([`requested_host_gemm_path`]), or on f32 where that path is
 /// missing or cannot take the operands exactly (recorded as a fallback); counted under its path. Returns the path
 /// that ran.
 pub(crate) fn host_fp8_gemm(
     lhs: &HostOperand<'_>,
     rhs: &HostOperand<'_>,
     dims: (usize, usize, usize),
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
 ) -> HostGemmPath {
     let path = host_fp8_gemm_asking(requested_host_gemm_path(), lhs, rhs, dims, out);
     count_path(path);
@@ -184,7 +185,7 @@ pub(super) fn host_fp8_gemm_asking(
     lhs: &HostOperand<'_>,
     rhs: &HostOperand<'_>,
     dims: (usize, usize, usize),
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
 ) -> HostGemmPath {
     match run_on(requested, lhs, rhs, dims, out) {
         Ok(()) => requested,

@@ -2,6 +2,8 @@
 //! tensor or per block), then the `gemm` crate (burn-flex's matmul) with f32 accumulation; transposed operands
 //! read through strides, a batch of one broadcast against the other operand's batch. Any CPU runs it.
 
+use std::mem::MaybeUninit;
+
 use burn_te_kernels::host;
 
 use super::operand::HostOperand;
@@ -18,12 +20,12 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<[Vec<f32>; 2]> = const { std::cell::RefCell::new([Vec::new(), Vec::new()]) };
 }
 
-/// `out[b] = lhs[b] · rhs[b]` (`m × n` each, row-major, overwritten).
+/// `out[b] = lhs[b] · rhs[b]` (`m × n` each, row-major, every value written, none read).
 pub(super) fn gemm(
     lhs: &HostOperand<'_>,
     rhs: &HostOperand<'_>,
     (m, n, k): (usize, usize, usize),
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
 ) {
     with_decoded(lhs, rhs, |a, b| {
         Gemm {
@@ -55,7 +57,7 @@ struct Gemm<'a> {
 impl Gemm<'_> {
     /// `out[b] = lhs[b] · rhs[b]` for every batch: large matrices split across threads, small ones one batch per
     /// thread.
-    fn run(&self, out: &mut [f32]) {
+    fn run(&self, out: &mut [MaybeUninit<f32>]) {
         use rayon::prelude::*;
         let per_matrix = self.m * self.n;
         let large = self.m * self.n * self.k >= PARALLEL_GEMM;
@@ -76,18 +78,18 @@ impl Gemm<'_> {
         }
     }
 
-    fn one(&self, batch: usize, dst: &mut [f32], parallelism: gemm::Parallelism) {
+    fn one(&self, batch: usize, dst: &mut [MaybeUninit<f32>], parallelism: gemm::Parallelism) {
         let (lhs_offset, (lhs_rs, lhs_cs)) = self.lhs.0.layout(batch);
         let (rhs_offset, (rhs_rs, rhs_cs)) = self.rhs.0.layout(batch);
         let (a, b) = (&self.lhs.1[lhs_offset..], &self.rhs.1[rhs_offset..]);
-        // SAFETY: `dst` holds `m × n` elements written at row stride `n`; `a` and `b` hold every element their
+        // SAFETY: `dst` holds `m × n` elements written at row stride `n` and never read (`read_dst` false); `a` and `b` hold every element their
         // strides reach (`m × k` and `k × n` from their batch offsets, checked by `gemm_output_shape`'s dims).
         unsafe {
             gemm::gemm(
                 self.m,
                 self.n,
                 self.k,
-                dst.as_mut_ptr(),
+                dst.as_mut_ptr().cast::<f32>(),
                 1,
                 self.n as isize,
                 false,

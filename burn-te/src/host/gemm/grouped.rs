@@ -15,7 +15,7 @@ pub(crate) struct GroupedHostGemm<'a> {
     pub lhs: HostOperand<'a>,
     pub rhs: HostOperand<'a>,
     pub dims: (usize, usize, usize),
-    pub out: Vec<f32>,
+    pub out: Vec<std::mem::MaybeUninit<f32>>,
 }
 
 /// Runs every GEMM of `gemms` into its `out` on the path this thread asks for: those large enough to split across

@@ -188,7 +188,7 @@ pub(super) fn gemm<K: Kernel>(
     lhs: &HostOperand<'_>,
     rhs: &HostOperand<'_>,
     (m, n, k): (usize, usize, usize),
-    out: &mut [f32],
+    out: &mut [std::mem::MaybeUninit<f32>],
 ) -> Result<(), String>
 where
     K::Element: PathElement,

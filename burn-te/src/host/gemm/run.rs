@@ -1,5 +1,7 @@
 //! One host FP8 GEMM on a given path.
 
+use std::mem::MaybeUninit;
+
 use burn_te_kernels::host::gemm::HostGemmPath;
 use burn_te_kernels::host::gemm::bf16::Avx512Bf16Kernel;
 use burn_te_kernels::host::gemm::fma::Avx2FmaKernel;
@@ -7,7 +9,7 @@ use burn_te_kernels::host::gemm::fma::Avx2FmaKernel;
 use super::operand::HostOperand;
 use super::{decoded, packed};
 
-/// `out[b] = lhs[b] · rhs[b]` (`m × n` each, row-major, overwritten) on `path`; `Err` with the reason where a
+/// `out[b] = lhs[b] · rhs[b]` (`m × n` each, row-major, every value written, none read) on `path`; `Err` with the reason where a
 /// packed path cannot take the operands exactly or the CPU lacks it (`out` is then to be overwritten by another
 /// path).
 pub(super) fn run_on(
@@ -15,7 +17,7 @@ pub(super) fn run_on(
     lhs: &HostOperand<'_>,
     rhs: &HostOperand<'_>,
     dims: (usize, usize, usize),
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
 ) -> Result<(), String> {
     if !path.available() {
         return Err(format!("this CPU lacks the {path} path's instructions"));
@@ -25,7 +27,7 @@ pub(super) fn run_on(
         return Ok(());
     }
     if k == 0 {
-        out.fill(0.0);
+        out.fill(MaybeUninit::new(0.0));
         return Ok(());
     }
     match path {

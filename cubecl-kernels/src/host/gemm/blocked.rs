@@ -2,6 +2,8 @@
 //! the depth in blocks of `KC` units; inside a block, one right panel (`KC × NR`, in L1) against every left panel
 //! of the task's rows (`MC × KC`, in L2).
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use super::{HostGemmError, Kernel, OutTile, PackedLhs, PackedRhs, Update};
@@ -9,13 +11,13 @@ use super::{HostGemmError, Kernel, OutTile, PackedLhs, PackedRhs, Update};
 /// The largest micro-kernel tile (`MR · NR`) of any path.
 const MAX_TILE: usize = 12 * 32;
 
-/// `out = alpha · lhs · rhs` (`out` row-major `m × n`, overwritten) on `K`'s path. An error when the CPU lacks the
+/// `out = alpha · lhs · rhs` (`out` row-major `m × n`, every value written, none read) on `K`'s path. An error when the CPU lacks the
 /// path ([`super::HostGemmPath::available`] tells), the depths differ or `out` does not hold `m × n` values.
 pub fn gemm<K: Kernel>(
     lhs: &PackedLhs<K>,
     rhs: &PackedRhs<K>,
     alpha: f32,
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
 ) -> Result<(), HostGemmError> {
     const { assert!(K::MR * K::NR <= MAX_TILE) };
     const { assert!(K::MC.is_multiple_of(K::MR) && K::NC.is_multiple_of(K::NR)) };
@@ -39,13 +41,13 @@ pub fn gemm<K: Kernel>(
         return Err(HostGemmError::Unavailable(K::PATH));
     }
     if m == 0 || n == 0 || lhs.units == 0 {
-        out.fill(0.0);
+        out.fill(MaybeUninit::new(0.0));
         return Ok(());
     }
     let tasks: Vec<(usize, usize)> = (0..m.div_ceil(K::MC))
         .flat_map(|i| (0..n.div_ceil(K::NC)).map(move |j| (i * K::MC, j * K::NC)))
         .collect();
-    let base = Out(out.as_mut_ptr());
+    let base = Out(out.as_mut_ptr().cast());
     let run = |&(row0, col0): &(usize, usize)| {
         // SAFETY: the CPU has the path (checked above); the task's tile lies inside `out` and no other task
         // writes it.
@@ -135,11 +137,15 @@ pub(super) unsafe fn through_tile<K: Kernel>(
     // SAFETY: the caller's contract; `tile` holds MR · NR ≤ MAX_TILE values.
     unsafe { K::micro_kernel(a, b, kc, tile.as_mut_ptr()) };
     for r in 0..out.rows {
-        // SAFETY: the tile's row `r` lies at `out.ptr + r · out.ld` (the caller's contract).
-        let dst = unsafe { std::slice::from_raw_parts_mut(out.ptr.add(r * out.ld), out.cols) };
         let sums = &tile[r * K::NR..r * K::NR + out.cols];
-        dst.iter_mut()
-            .zip(sums)
-            .for_each(|(d, &s)| *d = update.apply(*d, s));
+        for (c, &s) in sums.iter().enumerate() {
+            // SAFETY: the tile's value (r, c) lies at `out.ptr + r · out.ld + c` (the caller's contract); the
+            // first depth block writes it without reading it (it may not be initialized yet).
+            unsafe {
+                let d = out.ptr.add(r * out.ld + c);
+                let old = if update.first { 0.0 } else { d.read() };
+                d.write(update.apply(old, s));
+            }
+        }
     }
 }

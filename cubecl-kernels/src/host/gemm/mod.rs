@@ -226,8 +226,9 @@ pub struct OutTile {
     pub cols: usize,
 }
 
-/// How a depth block's sums meet the output: the first block writes it, later ones add to it, and the last
-/// multiplies the whole sum by `alpha` (the per-tensor scales).
+/// How a depth block's sums meet the output: the first block writes it (without reading it: the output may not be
+/// initialized before), later ones add to it, and the last multiplies the whole sum by `alpha` (the per-tensor
+/// scales).
 #[derive(Clone, Copy, Debug)]
 pub struct Update {
     /// The first depth block.
