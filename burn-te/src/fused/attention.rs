@@ -13,12 +13,21 @@ use super::{AttentionMask, AttentionSpec};
 use crate::backend::{AutodiffInner, TeBackend};
 use crate::error::TeError;
 
-/// `softmax(q·kᵀ · scale + mask) · v` per head by the backend's fused op, from q `[s, b, heads, d]` and k, v
-/// `[s, b, groups, d]` (`[b, s, ..]` unless `spec.seq_first`) to `[s, b, heads · d]`; `None` where the backend has
-/// none (or [`with_composed_elementwise`](super::with_composed_elementwise) or
+/// What the fused core reads: q `[s, b, heads, d]` and k, v `[s, b, groups, d]` (`[b, s, ..]` unless
+/// `spec.seq_first`), or one tensor `[.., heads + 2 · groups, d]` they are views of (see
+/// [`TeBackend::te_attention_packed`]).
+pub(crate) enum AttentionInputs<'a, B: Backend> {
+    /// q, k and v.
+    Separate([&'a Tensor<B, 4>; 3]),
+    /// The packed tensor and `(heads, groups)`.
+    Packed(&'a Tensor<B, 4>, (usize, usize)),
+}
+
+/// `softmax(q·kᵀ · scale + mask) · v` per head by the backend's fused op, to `[s, b, heads · d]` (or `[b, s, ..]`);
+/// `None` where the backend has none (or [`with_composed_elementwise`](super::with_composed_elementwise) or
 /// [`with_composed_attention_core`](super::with_composed_attention_core) asks for the composed ops).
 pub(crate) fn try_fused<B: TeBackend>(
-    [q, k, v]: [&Tensor<B, 4>; 3],
+    inputs: AttentionInputs<'_, B>,
     spec: AttentionSpec,
     causal: bool,
     padding: Option<&Tensor<B, 2, Bool>>,
@@ -31,28 +40,14 @@ pub(crate) fn try_fused<B: TeBackend>(
         padding: padding.map(|p| p.clone().into_primitive()),
     };
     let primitive = |t: &Tensor<B, 4>| t.clone().into_primitive().tensor();
-    let out = B::te_attention(primitive(q), primitive(k), primitive(v), spec, mask)?;
-    Ok(out.map(|o| Tensor::from_primitive(TensorPrimitive::Float(o))))
-}
-
-/// [`try_fused`] on q, k and v packed in `qkv` (`[.., heads + 2 · groups, d]`, see
-/// [`TeBackend::te_attention_packed`]).
-pub(crate) fn try_fused_packed<B: TeBackend>(
-    qkv: &Tensor<B, 4>,
-    (heads, groups): (usize, usize),
-    spec: AttentionSpec,
-    causal: bool,
-    padding: Option<&Tensor<B, 2, Bool>>,
-) -> Result<Option<Tensor<B, 3>>, TeError> {
-    if !super::fused_attention_allowed() {
-        return Ok(None);
-    }
-    let mask = AttentionMask {
-        causal,
-        padding: padding.map(|p| p.clone().into_primitive()),
-    };
-    let qkv = qkv.clone().into_primitive().tensor();
-    let out = B::te_attention_packed(qkv, (heads, groups), spec, mask)?;
+    let out = match inputs {
+        AttentionInputs::Separate([q, k, v]) => {
+            B::te_attention(primitive(q), primitive(k), primitive(v), spec, mask)
+        }
+        AttentionInputs::Packed(qkv, parts) => {
+            B::te_attention_packed(primitive(qkv), parts, spec, mask)
+        }
+    }?;
     Ok(out.map(|o| Tensor::from_primitive(TensorPrimitive::Float(o))))
 }
 

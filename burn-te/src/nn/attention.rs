@@ -18,6 +18,7 @@ use crate::autocast::high_precision_guard;
 use crate::backend::TeBackend;
 use crate::error::TeError;
 use crate::fp8_state::Fp8Meta;
+use crate::fused::attention::AttentionInputs;
 use crate::fused::{self, AttentionSpec};
 use crate::site::Sharding;
 
@@ -271,17 +272,12 @@ impl<B: TeBackend> DotProductAttention<B> {
             };
             let [q, k, v] = operands.each_ref();
             let causal = self.mask_type.causal();
-            let fused = match &packed {
-                Some(qkv) => fused::attention::try_fused_packed(
-                    qkv,
-                    (self.heads, self.groups),
-                    spec,
-                    causal,
-                    padding.as_ref(),
-                )?,
-                None => fused::attention::try_fused([q, k, v], spec, causal, padding.as_ref())?,
+            let inputs = match &packed {
+                Some(qkv) => AttentionInputs::Packed(qkv, (self.heads, self.groups)),
+                None => AttentionInputs::Separate([q, k, v]),
             };
-            if let Some(out) = fused {
+            if let Some(out) = fused::attention::try_fused(inputs, spec, causal, padding.as_ref())?
+            {
                 return Ok(out);
             }
         }
