@@ -27,7 +27,7 @@ pub fn available() -> bool {
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
-pub unsafe fn panel(
+pub(super) unsafe fn panel(
     panel: &mut [u32],
     (width, count): (usize, usize),
     base: usize,
