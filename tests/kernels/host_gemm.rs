@@ -758,7 +758,11 @@ fn fp8_codes_pack_into_bf16_pairs_as_documented() {
                     },
                 )
                 .expect("in bounds");
-                assert_eq!(lhs.units(), expected(Bf16::MR), "left operand, {what}");
+                same_units(
+                    lhs.units(),
+                    &expected(Bf16::MR),
+                    &format!("left operand, {what}"),
+                );
                 let rhs = gemm::pack_rhs::<Bf16>(
                     depth,
                     lanes,
@@ -769,7 +773,11 @@ fn fp8_codes_pack_into_bf16_pairs_as_documented() {
                     },
                 )
                 .expect("in bounds");
-                assert_eq!(rhs.units(), expected(Bf16::NR), "right operand, {what}");
+                same_units(
+                    rhs.units(),
+                    &expected(Bf16::NR),
+                    &format!("right operand, {what}"),
+                );
                 checked += 2;
             }
         }
@@ -782,6 +790,23 @@ fn fp8_codes_pack_into_bf16_pairs_as_documented() {
             "scalar"
         }
     );
+}
+
+/// Packed units equal, or a failure naming the first unit that differs (and how many do).
+fn same_units(actual: &[u32], expected: &[u32], what: &str) {
+    assert_eq!(actual.len(), expected.len(), "{what}: packed length");
+    let wrong: Vec<usize> = (0..actual.len())
+        .filter(|&i| actual[i] != expected[i])
+        .collect();
+    if let Some(&i) = wrong.first() {
+        panic!(
+            "{what}: {} of {} units differ, the first at {i}: {:#010x}, expected {:#010x}",
+            wrong.len(),
+            actual.len(),
+            actual[i],
+            expected[i]
+        );
+    }
 }
 
 /// The packing's bounds: a source one element short is an error naming the element it would read, and strides
