@@ -711,6 +711,12 @@ fn fp8_codes_pack_into_bf16_pairs_as_documented() {
     );
     let mut rng = Rng::new(7);
     let table: [u16; 256] = std::array::from_fn(|_| rng.next_u64() as u16);
+    // The gate the packing goes through: a prepared table where the CPU has the instructions, none elsewhere.
+    assert_eq!(
+        pack_vbmi::lookup(&table).is_some(),
+        promised,
+        "the vector packing's table against /proc/cpuinfo"
+    );
     let mut checked = 0;
     for lanes in [1, 12, 31, 32, 45, 100] {
         for depth in [1, 2, 63, 64, 65, 130, 257] {

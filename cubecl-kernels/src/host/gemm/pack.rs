@@ -233,7 +233,11 @@ impl Lines {
                 depth,
             })?;
         let mut data = scratch::take(lanes.div_ceil(width) * panel_len);
-        let vector = super::pack_vbmi::available();
+        // The vector packing's table, split once for every panel where the CPU has it.
+        let lookup = match source.elements {
+            Elements::Codes(_, table) => E::bf16_table(table).and_then(super::pack_vbmi::lookup),
+            Elements::Values(_) => None,
+        };
         data.par_chunks_mut(panel_len.max(1))
             .enumerate()
             .for_each(|(i, panel)| {
@@ -241,9 +245,10 @@ impl Lines {
                 let base = source.offset + i * width * lane_stride;
                 match source.elements {
                     Elements::Codes(codes, table) => {
-                        if !(vector
-                            && self.vector_panel(panel, count, base, codes, E::bf16_table(table)))
-                        {
+                        let packed = lookup.as_ref().is_some_and(|lookup| {
+                            self.vector_panel(panel, count, base, codes, lookup)
+                        });
+                        if !packed {
                             self.panel(panel, count, base, codes, |c| table[usize::from(c)])
                         }
                     }
@@ -341,21 +346,18 @@ impl Lines {
         }
     }
 
-    /// [`Lines::panel`] for codes through a bf16 table on AVX512-VBMI ([`super::pack_vbmi`]), where the CPU has
-    /// it (`vector`, checked by the caller) and the layout has the lanes or the depth contiguous; `false` (nothing
-    /// written) otherwise.
+    /// [`Lines::panel`] for codes through `lookup`'s bf16 table on AVX512-VBMI ([`super::pack_vbmi`]), where the
+    /// layout has the lanes or the depth contiguous; `false` (nothing written) otherwise.
     fn vector_panel(
         &self,
         panel: &mut [u32],
         count: usize,
         base: usize,
         codes: &[u8],
-        table: Option<&[u16; 256]>,
+        lookup: &super::pack_vbmi::Lookup<'_>,
     ) -> bool {
-        let Some(table) = table else { return false };
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the caller checked the CPU; `pack` checked that every lane's reach lies inside `codes`; `panel`
-        // holds `units · width` units; `count ≤ width ≤ MAX_WIDTH = 32`.
+        // SAFETY: `pack` checked that every lane's reach lies inside `codes`; `panel` holds `units · width` units;
+        // `count ≤ width ≤ MAX_WIDTH = 32`.
         unsafe {
             super::pack_vbmi::panel(
                 panel,
@@ -364,13 +366,8 @@ impl Lines {
                 (self.lane_stride, self.depth_stride),
                 self.depth,
                 codes,
-                table,
+                lookup,
             )
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = (panel, count, base, codes, table);
-            false
         }
     }
 }

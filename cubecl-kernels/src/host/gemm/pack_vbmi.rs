@@ -16,14 +16,26 @@ pub fn available() -> bool {
     false
 }
 
+/// `table` prepared for [`panel`] (split into byte planes once per operand, not per panel); `None` where this CPU
+/// lacks what [`available`] checks.
+pub fn lookup(table: &[u16; 256]) -> Option<Lookup<'_>> {
+    #[cfg(target_arch = "x86_64")]
+    if available() {
+        // SAFETY: the CPU has AVX-512F (checked just now).
+        return Some(unsafe { Lookup::new(table) });
+    }
+    let _ = table;
+    None
+}
+
 /// One panel of `width` lanes (`count` of them stored) as bf16 pairs along `depth`, from `codes` through
-/// `table`: lane `l`'s depth `d` read at `base + l · lane_stride + d · depth_stride`, unit `p` of lane `l` written
+/// `lookup`'s table: lane `l`'s depth `d` read at `base + l · lane_stride + d · depth_stride`, unit `p` of lane `l` written
 /// at `panel[p · width + l]` (`lo | hi << 16`, an odd depth's last `hi` zero). `false` (nothing written) where
 /// neither the lanes nor the depth are contiguous.
 ///
 /// # Safety
-/// The CPU has what [`available`] checks; every read position lies inside `codes`, `panel` holds
-/// `depth.div_ceil(2) · width` units and `count ≤ width ≤ 32`.
+/// Every read position lies inside `codes`, `panel` holds `depth.div_ceil(2) · width` units and
+/// `count ≤ width ≤ 32` (the CPU has the instructions: a [`Lookup`] exists only where it does).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
@@ -34,9 +46,9 @@ pub(super) unsafe fn panel(
     (lane_stride, depth_stride): (usize, usize),
     depth: usize,
     codes: &[u8],
-    table: &[u16; 256],
+    lookup: &Lookup<'_>,
 ) -> bool {
-    let lookup = Lookup::new(table);
+    let table = lookup.table;
     let units = depth.div_ceil(2);
     let unit = |lo: u8, hi: Option<u8>| {
         u32::from(table[usize::from(lo)])
@@ -77,8 +89,8 @@ pub(super) unsafe fn panel(
     // Each lane's depth is contiguous: 32 units of a lane from 64 consecutive codes, then written down the panel.
     const CHUNK: usize = 32;
     let whole = depth / 2 / CHUNK * CHUNK;
+    let mut lanes = [[0u32; CHUNK]; 32];
     for p0 in (0..whole).step_by(CHUNK) {
-        let mut lanes = [[0u32; CHUNK]; 32];
         for (l, lane) in lanes[..count].iter_mut().enumerate() {
             // SAFETY: the lane's 64 codes from depth `2 · p0` lie inside `codes` (the caller's contract).
             unsafe {
@@ -161,21 +173,49 @@ fn indices(order: &[[u8; 64]; 2]) -> [std::arch::x86_64::__m512i; 2] {
     order.map(|bytes| unsafe { std::arch::x86_64::_mm512_loadu_si512(bytes.as_ptr().cast()) })
 }
 
-/// The code → bf16 table as four 64-entry blocks of its low bytes and of its high bytes, and the permutes that
-/// lay looked-up planes out as units.
+/// The code → bf16 table, and the same as four 64-entry blocks of its low bytes and of its high bytes, with the
+/// permutes that lay looked-up planes out as units. Made by [`lookup`] only where the CPU has the instructions.
 #[cfg(target_arch = "x86_64")]
-struct Lookup {
+pub struct Lookup<'a> {
+    table: &'a [u16; 256],
     low: [std::arch::x86_64::__m512i; 4],
     high: [std::arch::x86_64::__m512i; 4],
     across: [std::arch::x86_64::__m512i; 2],
     along: [std::arch::x86_64::__m512i; 2],
 }
 
+/// Never made where the CPU is not x86-64.
+#[cfg(not(target_arch = "x86_64"))]
+pub enum Lookup<'a> {
+    #[allow(dead_code)]
+    Never(std::convert::Infallible, std::marker::PhantomData<&'a ()>),
+}
+
+/// [`panel`] where no [`Lookup`] can exist.
+///
+/// # Safety
+/// None needed: it cannot be called.
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn panel(
+    _panel: &mut [u32],
+    _counts: (usize, usize),
+    _base: usize,
+    _strides: (usize, usize),
+    _depth: usize,
+    _codes: &[u8],
+    lookup: &Lookup<'_>,
+) -> bool {
+    match *lookup {
+        Lookup::Never(never, _) => match never {},
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
-impl Lookup {
+impl<'a> Lookup<'a> {
     /// Splits `table` into its byte planes.
     #[target_feature(enable = "avx512f")]
-    fn new(table: &[u16; 256]) -> Self {
+    fn new(table: &'a [u16; 256]) -> Self {
         use std::arch::x86_64::*;
         let plane = |shift: u16| -> [__m512i; 4] {
             std::array::from_fn(|block| {
@@ -186,6 +226,7 @@ impl Lookup {
             })
         };
         Lookup {
+            table,
             low: plane(0),
             high: plane(8),
             across: indices(&ACROSS),
