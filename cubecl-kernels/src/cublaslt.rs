@@ -236,6 +236,7 @@ struct LtPointers {
 }
 
 /// One call's sizes, in the row-major terms of [`fp8_gemm`]; a batch stride of 0 broadcasts.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct LtShape {
     m: usize,
     n: usize,
@@ -248,12 +249,27 @@ struct LtShape {
     out_f16: bool,
 }
 
-/// cuBLASLt on one device: its primary context (shared with CubeCL), a stream, a handle and a workspace.
+/// Shapes whose plans a device keeps; past it the cache starts over (a model has a few dozen GEMM shapes).
+const PLANS_KEPT: usize = 256;
+
+/// cuBLASLt on one device: its primary context (shared with CubeCL), a stream, a handle, a workspace, and the plan
+/// of each GEMM shape met so far.
 struct LtDevice {
     context: driver_sys::CUcontext,
     stream: driver_sys::CUstream,
     handle: sys::cublasLtHandle_t,
     workspace: driver_sys::CUdeviceptr,
+    plans: HashMap<LtShape, LtPlan>,
+}
+
+/// What cuBLASLt needs for one GEMM shape, made once: the operation (layout, scale pointers set per call), the
+/// three matrix layouts, and the algorithm its heuristic picked.
+struct LtPlan {
+    desc: Guard<sys::cublasLtMatmulDesc_t>,
+    lt_a: Guard<sys::cublasLtMatrixLayout_t>,
+    lt_b: Guard<sys::cublasLtMatrixLayout_t>,
+    lt_d: Guard<sys::cublasLtMatrixLayout_t>,
+    algo: sys::cublasLtMatmulAlgo_t,
 }
 
 // SAFETY: the raw handles are used under the `DEVICES` mutex only, with the context bound to the calling thread.
@@ -299,18 +315,55 @@ impl LtDevice {
             stream,
             handle,
             workspace,
+            plans: HashMap::new(),
         })
     }
 
     /// Enqueues `out = scale_a · scale_b · A·Bᵀ` (row-major) on the library's stream ([`wait`](Self::wait) for it).
+    fn matmul(&mut self, shape: &LtShape, ptrs: &LtPointers) -> Result<(), KernelError> {
+        unsafe { driver::ctx::set_current(self.context) }
+            .map_err(|e| library_error("cuCtxSetCurrent", e))?;
+        if !self.plans.contains_key(shape) {
+            if self.plans.len() >= PLANS_KEPT {
+                self.plans.clear();
+            }
+            let plan = self.plan(shape, ptrs)?;
+            self.plans.insert(*shape, plan);
+        }
+        let plan = &self.plans[shape];
+        set_scale_pointers(plan.desc.0, ptrs)?;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        unsafe {
+            lt::matmul(
+                self.handle,
+                plan.desc.0,
+                (&alpha as *const f32).cast(),
+                (&beta as *const f32).cast(),
+                ptrs.b as *const core::ffi::c_void,
+                plan.lt_a.0,
+                ptrs.a as *const core::ffi::c_void,
+                plan.lt_b.0,
+                ptrs.out as *const core::ffi::c_void,
+                plan.lt_d.0,
+                ptrs.out as *mut core::ffi::c_void,
+                plan.lt_d.0,
+                &plan.algo,
+                self.workspace as *mut core::ffi::c_void,
+                WORKSPACE_BYTES,
+                self.stream as sys::cudaStream_t,
+            )
+        }
+        .map_err(|e| library_error("cublasLtMatmul", e))
+    }
+
+    /// The plan of one shape: its descriptors and the heuristic's algorithm (asked with this call's scale pointers
+    /// set, as every later call has its own).
     ///
     /// In cuBLASLt's column-major terms the row-major `out[M, N]` is `D[N, M] = op(B-side) · op(A-side)` with
     /// cuBLASLt's A our `b` ([N, K] rows = K × N column-major, used transposed) and its B our `a` ([M, K] rows =
     /// K × M column-major, used as is): the "TN" layout FP8 requires.
-    fn matmul(&mut self, shape: &LtShape, ptrs: &LtPointers) -> Result<(), KernelError> {
+    fn plan(&self, shape: &LtShape, ptrs: &LtPointers) -> Result<LtPlan, KernelError> {
         use sys::cublasLtMatmulDescAttributes_t as Desc;
-        unsafe { driver::ctx::set_current(self.context) }
-            .map_err(|e| library_error("cuCtxSetCurrent", e))?;
         let data_type = |format: Fp8Format| match format {
             Fp8Format::E4M3 => sys::cudaDataType::CUDA_R_8F_E4M3,
             Fp8Format::E5M2 => sys::cudaDataType::CUDA_R_8F_E5M2,
@@ -344,18 +397,7 @@ impl LtDevice {
             (&as_is as *const i32).cast(),
             size_of::<i32>(),
         )?;
-        // cuBLASLt's A is our B and its B our A: the scales swap with them.
-        let (scale_lt_a, scale_lt_b) = (ptrs.b_scale, ptrs.a_scale);
-        set_desc(
-            Desc::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-            (&scale_lt_a as *const u64).cast(),
-            size_of::<u64>(),
-        )?;
-        set_desc(
-            Desc::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-            (&scale_lt_b as *const u64).cast(),
-            size_of::<u64>(),
-        )?;
+        set_scale_pointers(desc.0, ptrs)?;
         let fast_accumulation: i8 = 0;
         set_desc(
             Desc::CUBLASLT_MATMUL_DESC_FAST_ACCUM,
@@ -441,28 +483,13 @@ impl LtDevice {
                 e,
             )
         })?;
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        unsafe {
-            lt::matmul(
-                self.handle,
-                desc.0,
-                (&alpha as *const f32).cast(),
-                (&beta as *const f32).cast(),
-                ptrs.b as *const core::ffi::c_void,
-                lt_a.0,
-                ptrs.a as *const core::ffi::c_void,
-                lt_b.0,
-                ptrs.out as *const core::ffi::c_void,
-                lt_d.0,
-                ptrs.out as *mut core::ffi::c_void,
-                lt_d.0,
-                &heuristic.algo,
-                self.workspace as *mut core::ffi::c_void,
-                WORKSPACE_BYTES,
-                self.stream as sys::cudaStream_t,
-            )
-        }
-        .map_err(|e| library_error("cublasLtMatmul", e))
+        Ok(LtPlan {
+            desc,
+            lt_a,
+            lt_b,
+            lt_d,
+            algo: heuristic.algo,
+        })
     }
 
     /// Waits for the library's stream (every call enqueued so far).
@@ -470,6 +497,31 @@ impl LtDevice {
         unsafe { driver::stream::synchronize(self.stream) }
             .map_err(|e| library_error("cuStreamSynchronize", e))
     }
+}
+
+/// Points the operation's A and B scales at this call's `scale_inv` values. cuBLASLt's A is our B and its B our A:
+/// the scales swap with them.
+fn set_scale_pointers(
+    desc: sys::cublasLtMatmulDesc_t,
+    ptrs: &LtPointers,
+) -> Result<(), KernelError> {
+    use sys::cublasLtMatmulDescAttributes_t as Desc;
+    for (attribute, pointer) in [
+        (Desc::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, ptrs.b_scale),
+        (Desc::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, ptrs.a_scale),
+    ] {
+        // SAFETY: `desc` is a live descriptor; the value is copied.
+        unsafe {
+            lt::set_matmul_desc_attribute(
+                desc,
+                attribute,
+                (&pointer as *const u64).cast(),
+                size_of::<u64>(),
+            )
+        }
+        .map_err(|e| library_error("cublasLtMatmulDescSetAttribute", e))?;
+    }
+    Ok(())
 }
 
 /// A cuBLASLt descriptor destroyed when dropped.

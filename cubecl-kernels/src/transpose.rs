@@ -5,11 +5,14 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 
 use crate::error::KernelError;
-use crate::kernel::transpose::transpose_codes_kernel;
+use crate::kernel::transpose::{TILE, TILE_UNITS, transpose_codes_kernel, transpose_tiles_kernel};
 use crate::ops::{check_len, check_size, elementwise_grid};
 
 /// Each of the `batch` row-major `rows × cols` matrices of FP8 `codes` (four per word) transposed into a new
 /// buffer of `batch` row-major `cols × rows` matrices. Exact: the codes are permuted, not decoded.
+///
+/// Where `rows` and `cols` are multiples of 4 (every matrix then starts on a word) a cube transposes a square tile
+/// through shared memory, reading and writing whole words; other shapes gather each output word's four codes.
 pub fn transpose_fp8_codes<R: Runtime>(
     client: &ComputeClient<R>,
     codes: &Handle,
@@ -22,7 +25,31 @@ pub fn transpose_fp8_codes<R: Runtime>(
     let words = len.div_ceil(4);
     check_size("transposed codes", codes, 4, words)?;
     let output = client.empty(words.max(1) * 4);
-    if len > 0 {
+    // The tiled kernel's grid: tiles along the columns, the rows, the matrices (each within every runtime's 65535).
+    let tiles = |extent: usize| u32::try_from(extent.div_ceil(TILE as usize)).ok();
+    let grid = (tiles(cols), tiles(rows), u32::try_from(batch).ok());
+    let tiled = match grid {
+        (Some(x), Some(y), Some(z)) if rows.is_multiple_of(4) && cols.is_multiple_of(4) => {
+            [x, y, z]
+                .iter()
+                .all(|&d| d <= u16::MAX as u32)
+                .then_some((x, y, z))
+        }
+        _ => None,
+    };
+    if let (true, Some((x, y, z))) = (len > 0, tiled) {
+        unsafe {
+            transpose_tiles_kernel::launch_unchecked::<R>(
+                client,
+                CubeCount::Static(x, y, z),
+                CubeDim::new_2d(TILE_UNITS, TILE_UNITS),
+                ArrayArg::from_raw_parts(codes.clone(), words),
+                ArrayArg::from_raw_parts(output.clone(), words),
+                rows as u32,
+                cols as u32,
+            );
+        }
+    } else if len > 0 {
         let (cube_count, cube_dim) = elementwise_grid(client, words);
         unsafe {
             transpose_codes_kernel::launch_unchecked::<R>(

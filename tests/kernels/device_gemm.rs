@@ -121,7 +121,18 @@ fn gemm_on(
 #[test]
 fn transposed_codes_are_an_exact_permutation() {
     let mut rng = Rng::new(91);
-    for (batch, rows, cols) in [(1, 1, 1), (1, 3, 5), (2, 7, 9), (3, 16, 48), (1, 130, 67)] {
+    // The gather kernel (a side not a multiple of 4), and the tiled one: whole tiles, partial tiles on each side.
+    for (batch, rows, cols) in [
+        (1, 1, 1),
+        (1, 3, 5),
+        (2, 7, 9),
+        (1, 130, 67),
+        (3, 16, 48),
+        (2, 128, 64),
+        (2, 68, 132),
+        (1, 200, 4),
+        (1, 4, 260),
+    ] {
         let len = batch * rows * cols;
         let codes: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
         let handle = client().create_from_slice(u32::as_bytes(&host::pack_codes(&codes)));
