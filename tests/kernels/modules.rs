@@ -833,14 +833,20 @@ fn return_bias_and_return_layernorm_output() {
     assert!(without.bias.is_none() && without.layernorm_output.is_none());
 }
 
-/// Trains `layer` for four Adam steps in FP8 (delayed scaling): the loss before each step and the output after.
-fn train_transformer_layer<A: AutodiffBackend + burn_te::TeBackend>(
+/// Trains `layer` for four steps of `optim` at `lr` in FP8 (delayed scaling): the loss before each step and the
+/// output after.
+fn train_transformer_layer<A, O>(
     mut layer: TransformerLayer<A>,
     x: &[f32],
     shape: [usize; 3],
     device: &A::Device,
-) -> (Vec<f32>, Vec<f32>) {
-    let mut optim = AdamConfig::new().init();
+    mut optim: O,
+    lr: f64,
+) -> (Vec<f32>, Vec<f32>)
+where
+    A: AutodiffBackend + burn_te::TeBackend,
+    O: Optimizer<TransformerLayer<A>, A>,
+{
     let forward = |layer: &TransformerLayer<A>| {
         let x = tensor::<A, 3>(x.to_vec(), shape, device);
         fp8_autocast(true, DelayedScaling::default(), || layer.forward(x, None)).unwrap()
@@ -850,7 +856,7 @@ fn train_transformer_layer<A: AutodiffBackend + burn_te::TeBackend>(
         let loss = forward(&layer).square().mean();
         losses.push(values(loss.clone())[0]);
         let grads = GradientsParams::from_grads(loss.backward(), &layer);
-        layer = optim.step(1e-3, layer, grads);
+        layer = optim.step(lr, layer, grads);
     }
     (losses, values(forward(&layer)))
 }
@@ -873,8 +879,16 @@ fn transformer_layer_trains_the_same_on_burns_fused_wgpu() {
         .load_record(recorder.load(bytes, &device).unwrap());
     let shape = [6, 4, 64];
     let x = Rng::new(3).normal(shape.iter().product(), 0.0, 1.0);
-    let (losses, output) = train_transformer_layer(layer, &x, shape, &device);
-    let (fused_losses, fused_output) = train_transformer_layer(fused_layer, &x, shape, &device);
+    let (losses, output) =
+        train_transformer_layer(layer, &x, shape, &device, AdamConfig::new().init(), 1e-3);
+    let (fused_losses, fused_output) = train_transformer_layer(
+        fused_layer,
+        &x,
+        shape,
+        &device,
+        AdamConfig::new().init(),
+        1e-3,
+    );
     // Bit for bit on lavapipe: Burn's fused kernels compute the same f32 operations in the same order.
     assert_eq!(
         losses, fused_losses,
@@ -890,4 +904,56 @@ fn transformer_layer_trains_the_same_on_burns_fused_wgpu() {
         "outputs after 4 steps differ in {differing} elements"
     );
     assert!(losses[3] < losses[0], "the layer trains: {losses:?}");
+}
+
+/// FP8 training in f16 on Burn's fused backend (`Te<burn::backend::Wgpu>`), with f16 set as the device's float type
+/// as Burn 0.21 sets a model's precision (`set_default_float_dtype`; per device, here lavapipe as its own
+/// `WgpuDevice::Cpu` so that the other tests' device keeps f32). Every FP8 GEMM output and dequantization takes the
+/// type of the tensor it came from, so Burn's fused graph sees f16 throughout (the backend's f32 GEMM output beside
+/// an f16 bias failed Burn's dtype check). The losses of four SGD steps follow
+/// f32's within f16's rounding (Adam's second moments underflow in f16, which is no FP8 matter), and the output is
+/// f16.
+#[test]
+fn transformer_layer_trains_in_fp8_on_an_f16_fused_backend() {
+    use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
+    use burn::tensor::{DType, FloatDType};
+    type Half = Autodiff<Te<burn::backend::Wgpu>>;
+    let device = device();
+    let half_device = WgpuDevice::Cpu;
+    burn::tensor::backend::set_default_float_dtype::<Half>(&half_device, FloatDType::F16)
+        .expect("a device of its own, set before its first tensor");
+    let config = TransformerLayerConfig::new(64, 128, 4)
+        .with_hidden_dropout(0.0)
+        .with_attention_dropout(0.0);
+    let layer = seeded(config.init::<B>(&device), 0.1);
+    let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
+    let bytes = recorder.record(layer.clone().into_record(), ()).unwrap();
+    let half_layer = config
+        .init::<Half>(&half_device)
+        .load_record(recorder.load(bytes, &half_device).unwrap());
+    let shape = [6, 4, 64];
+    let x = Rng::new(3).normal(shape.iter().product(), 0.0, 1.0);
+    use burn::optim::SgdConfig;
+    let (losses, _) =
+        train_transformer_layer(layer, &x, shape, &device, SgdConfig::new().init(), 0.05);
+    let (half_losses, _) = train_transformer_layer(
+        half_layer.clone(),
+        &x,
+        shape,
+        &half_device,
+        SgdConfig::new().init(),
+        0.05,
+    );
+    for (step, (f32_loss, f16_loss)) in losses.iter().zip(&half_losses).enumerate() {
+        assert!(
+            (f32_loss - f16_loss).abs() <= 1e-2 * f32_loss.abs(),
+            "step {step}: f16 loss {f16_loss} vs f32 {f32_loss}"
+        );
+    }
+    assert!(losses[3] < losses[0], "the layer trains: {losses:?}");
+    let y = fp8_autocast(true, DelayedScaling::default(), || {
+        half_layer.forward(tensor::<Half, 3>(x.clone(), shape, &half_device), None)
+    })
+    .unwrap();
+    assert_eq!(y.dtype(), DType::F16, "the layer's output type");
 }

@@ -29,6 +29,9 @@ pub struct CubeFp8Data<R: CubeRuntime> {
     pub scale_inv: Handle,
     /// NVFP4's E4M3 block scales and global amax.
     pub nvfp4: Option<Nvfp4Buffer>,
+    /// The float type of the tensor it was quantized from: its dequantization, and the GEMMs it is the lhs of, are
+    /// written in it (as Burn's matmul gives its lhs's type), so an f16 model's FP8 GEMMs give f16.
+    pub dtype: DType,
     client: ComputeClient<R>,
     device: R::Device,
 }
@@ -127,6 +130,7 @@ fn fp8_tensor<R: CubeRuntime>(like: &CubeTensor<R>, q: Quantized) -> Fp8Tensor<C
             codes: q.codes,
             scale_inv: q.scale_inv,
             nvfp4: q.nvfp4,
+            dtype: like.dtype,
             client: like.client.clone(),
             device: like.device.clone(),
         },
@@ -379,12 +383,12 @@ where
             len,
             format,
         };
-        let handle = match (nvfp4, tensor.block) {
-            (Some(nvfp4), _) => nvfp4::nvfp4_dequantize::<R, F>(client, nvfp4)?,
-            (None, None) => ops::dequantize::<R, F>(client, &buffer, &data.scale_inv)?,
+        let handle = with_float!(data.dtype, "fp8_dequantize", T => Ok(match (nvfp4, tensor.block) {
+            (Some(nvfp4), _) => nvfp4::nvfp4_dequantize::<R, T>(client, nvfp4)?,
+            (None, None) => ops::dequantize::<R, T>(client, &buffer, &data.scale_inv)?,
             (None, Some(block)) => {
                 let (rows, cols) = rows_cols(&tensor.shape);
-                block::block_dequantize::<R, F>(
+                block::block_dequantize::<R, T>(
                     client,
                     &buffer,
                     &data.scale_inv,
@@ -393,13 +397,13 @@ where
                     block,
                 )?
             }
-        };
+        }))?;
         Ok(CubeTensor::new_contiguous(
             client.clone(),
             data.device.clone(),
             tensor.shape,
             handle,
-            F::dtype(),
+            data.dtype,
         ))
     }
 
@@ -420,12 +424,13 @@ where
             return Ok(Vec::new());
         };
         let (client, device) = (first.data.client.clone(), first.data.device.clone());
+        let dtype = first.data.dtype;
         if gemms.len() > 1
-            && gemms
-                .iter()
-                .any(|(lhs, _, rhs, _)| lhs.data.device != device || rhs.data.device != device)
+            && gemms.iter().any(|(lhs, _, rhs, _)| {
+                lhs.data.device != device || rhs.data.device != device || lhs.data.dtype != dtype
+            })
         {
-            // Several devices: each GEMM on its own.
+            // Several devices or output types: each GEMM on its own.
             return gemms
                 .into_iter()
                 .map(|gemm| Self::fp8_gemm(gemm.0, gemm.1, gemm.2, gemm.3))
@@ -460,18 +465,14 @@ where
                 )
             })
             .collect();
-        let handles = gemm_path::device_fp8_gemm_grouped::<R, F>(&client, &device, &operands)?;
+        let handles = with_float!(dtype, "fp8_gemm", T => {
+            gemm_path::device_fp8_gemm_grouped::<R, T>(&client, &device, &operands)
+        })?;
         Ok(handles
             .into_iter()
             .zip(shapes)
             .map(|(handle, shape)| {
-                CubeTensor::new_contiguous(
-                    client.clone(),
-                    device.clone(),
-                    shape,
-                    handle,
-                    F::dtype(),
-                )
+                CubeTensor::new_contiguous(client.clone(), device.clone(), shape, handle, dtype)
             })
             .collect())
     }
