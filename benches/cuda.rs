@@ -3,8 +3,13 @@
 //! - GEMM throughput (criterion's `elem/s` are FLOP/s: 2·M·N·K per GEMM) at 4096³ and a TransformerLayer's FC1
 //!   shape: Burn's f32 and bf16 matmul (autotuned, as users get them), and FP8 E4M3 with per-tensor scales on
 //!   cuBLASLt (fprop's K-major layout, and dgrad's, which takes a transposed copy) and on the SIMT kernel.
-//! - A TransformerLayer training step (forward, MSE, backward): f32 and bf16 on Burn's `Cuda` (fused), FP8
+//! - A TransformerLayer training step (forward, MSE, backward): f32, bf16 and f16 on Burn's `Cuda` (fused), FP8
 //!   (DelayedScaling) on `Te<Cuda>` with f32 and with f16 activations.
+//!
+//! Burn 0.21 fixes a device's float type at its first tensor (the device's default dtype, whatever the backend's
+//! element type), so each float type is measured in a process of its own: the bench runs itself once per type with
+//! `BURN_TE_BENCH_FLOAT` set, and that process sets the type before its first tensor. Each measured function first
+//! runs once untimed, so that Burn's autotune of its kernels stays out of the measurement.
 //!
 //! Targets (issue 44): FP8 GEMM ≥ 1.5× Burn's bf16 matmul at 4096³ on sm89/sm90; the FP8 step ≤ 0.8× the bf16 step.
 
@@ -19,7 +24,7 @@ use burn_te::nn::TransformerLayerConfig;
 use burn_te::{Fp8Format, Scaling, Te, TeBackend};
 use burn_te_kernels::cubecl::cuda::CudaDevice;
 use criterion::measurement::WallTime;
-use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group};
+use criterion::{BenchmarkGroup, Criterion, Throughput};
 use half::{bf16, f16};
 
 /// burn-te's FP8 ops on CUDA: `CubeBackend<CudaRuntime, f32>` (no fusion).
@@ -42,6 +47,8 @@ fn bench_matmul<B: Backend<Device = CudaDevice>>(
 ) {
     let a = Tensor::<B, 2>::random([m, k], Distribution::Normal(0.0, 1.0), &device());
     let b = Tensor::<B, 2>::random([k, n], Distribution::Normal(0.0, 1.0), &device());
+    drop(a.clone().matmul(b.clone()));
+    sync::<B>();
     group.bench_function(name, |bench| {
         bench.iter(|| {
             let out = a.clone().matmul(b.clone());
@@ -81,35 +88,73 @@ fn bench_fp8(
     });
 }
 
-fn gemm(c: &mut Criterion) {
+/// The float types measured, each in a process of its own.
+#[derive(Clone, Copy, PartialEq)]
+enum Float {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl Float {
+    const ALL: [Float; 3] = [Float::F32, Float::Bf16, Float::F16];
+    const VAR: &str = "BURN_TE_BENCH_FLOAT";
+
+    fn name(self) -> &'static str {
+        match self {
+            Float::F32 => "f32",
+            Float::Bf16 => "bf16",
+            Float::F16 => "f16",
+        }
+    }
+
+    /// Sets this type as the device's before its first tensor.
+    fn set_default(self) {
+        use burn::tensor::FloatDType;
+        let dtype = match self {
+            Float::F32 => FloatDType::F32,
+            Float::Bf16 => FloatDType::BF16,
+            Float::F16 => FloatDType::F16,
+        };
+        burn::tensor::backend::set_default_float_dtype::<Plain>(&device(), dtype)
+            .expect("the device's float type, set before its first tensor");
+    }
+}
+
+fn gemm(c: &mut Criterion, float: Float) {
     for shape in [(4096, 4096, 4096), (8192, 2048, 8192)] {
         let (m, k, n) = shape;
         let mut group = c.benchmark_group(format!("cuda gemm {m}x{k}x{n}"));
         group.sample_size(10);
         group.throughput(Throughput::Elements((2 * m * n * k) as u64));
-        bench_matmul::<Fused<f32>>(&mut group, "burn f32 matmul", shape);
-        bench_matmul::<Fused<bf16>>(&mut group, "burn bf16 matmul", shape);
-        bench_fp8(
-            &mut group,
-            "fp8 cublaslt (A·Bᵀ)",
-            DeviceGemmPath::CublasLt,
-            true,
-            shape,
-        );
-        bench_fp8(
-            &mut group,
-            "fp8 cublaslt (A·B, transposed copy)",
-            DeviceGemmPath::CublasLt,
-            false,
-            shape,
-        );
-        bench_fp8(
-            &mut group,
-            "fp8 simt kernel",
-            DeviceGemmPath::Simt,
-            true,
-            shape,
-        );
+        match float {
+            Float::F32 => {
+                bench_matmul::<Fused<f32>>(&mut group, "burn f32 matmul", shape);
+                bench_fp8(
+                    &mut group,
+                    "fp8 cublaslt (A·Bᵀ)",
+                    DeviceGemmPath::CublasLt,
+                    true,
+                    shape,
+                );
+                bench_fp8(
+                    &mut group,
+                    "fp8 cublaslt (A·B, transposed copy)",
+                    DeviceGemmPath::CublasLt,
+                    false,
+                    shape,
+                );
+                bench_fp8(
+                    &mut group,
+                    "fp8 simt kernel",
+                    DeviceGemmPath::Simt,
+                    true,
+                    shape,
+                );
+            }
+            Float::Bf16 => bench_matmul::<Fused<bf16>>(&mut group, "burn bf16 matmul", shape),
+            Float::F16 => bench_matmul::<Fused<f16>>(&mut group, "burn f16 matmul", shape),
+        }
         group.finish();
     }
     let paths = burn_te::diagnostics::counter_names()
@@ -148,6 +193,8 @@ fn bench_step<B: AutodiffBackend + TeBackend<Device = CudaDevice>>(
         Distribution::Normal(0.0, 1.0),
         &device(),
     );
+    common::train_step(&layer, &x, &target, fp8);
+    B::sync(&device()).expect("sync");
     group.bench_function(name, |b| {
         b.iter(|| {
             common::train_step(&layer, &x, &target, fp8);
@@ -156,24 +203,55 @@ fn bench_step<B: AutodiffBackend + TeBackend<Device = CudaDevice>>(
     });
 }
 
-fn transformer_layer(c: &mut Criterion) {
+fn transformer_layer(c: &mut Criterion, float: Float) {
     // (hidden, ffn, heads, seq, batch): 4096 tokens.
     let shape = (2048, 8192, 16, 1024, 4);
     let mut group = c.benchmark_group("cuda transformer_layer h2048 ffn8192 tokens4096");
     group.sample_size(10);
-    bench_step::<Autodiff<Te<Fused<f32>>>>(&mut group, "f32 Cuda (fused)", shape, false);
-    bench_step::<Autodiff<Te<Fused<bf16>>>>(&mut group, "bf16 Cuda (fused)", shape, false);
-    bench_step::<Autodiff<Te<Fused<f32>>>>(&mut group, "fp8 Te<Cuda> f32", shape, true);
-    bench_step::<Autodiff<Te<Fused<f16>>>>(&mut group, "fp8 Te<Cuda> f16", shape, true);
+    match float {
+        Float::F32 => {
+            bench_step::<Autodiff<Te<Fused<f32>>>>(&mut group, "f32 Cuda (fused)", shape, false);
+            bench_step::<Autodiff<Te<Fused<f32>>>>(&mut group, "fp8 Te<Cuda> f32", shape, true);
+        }
+        Float::Bf16 => {
+            bench_step::<Autodiff<Te<Fused<bf16>>>>(&mut group, "bf16 Cuda (fused)", shape, false)
+        }
+        Float::F16 => {
+            bench_step::<Autodiff<Te<Fused<f16>>>>(&mut group, "f16 Cuda (fused)", shape, false);
+            bench_step::<Autodiff<Te<Fused<f16>>>>(&mut group, "fp8 Te<Cuda> f16", shape, true);
+        }
+    }
     group.finish();
     println!("fallbacks: {:?}", burn_te::fallback_counts());
 }
 
-criterion_group!(benches, gemm, transformer_layer);
-
 fn main() {
-    benches();
-    Criterion::default().configure_from_args().final_summary();
+    if let Ok(name) = std::env::var(Float::VAR) {
+        let float = Float::ALL
+            .into_iter()
+            .find(|float| float.name() == name)
+            .unwrap_or_else(|| panic!("{}={name:?}: one of f32, bf16, f16", Float::VAR));
+        float.set_default();
+        let mut criterion = Criterion::default().configure_from_args();
+        gemm(&mut criterion, float);
+        transformer_layer(&mut criterion, float);
+        criterion.final_summary();
+        return;
+    }
+    // One process per float type, with this run's arguments (criterion's filter and options).
+    let exe = std::env::current_exe().expect("the bench's own path");
+    for float in Float::ALL {
+        let status = std::process::Command::new(&exe)
+            .args(std::env::args_os().skip(1))
+            .env(Float::VAR, float.name())
+            .status()
+            .expect("runs the bench for one float type");
+        assert!(
+            status.success(),
+            "the {} run failed: {status}",
+            float.name()
+        );
+    }
     common::chart("burn-te-cuda-gemm.svg", draw_chart);
 }
 
@@ -195,6 +273,7 @@ fn draw_chart(
     let series = [
         ("burn f32 matmul", RGBColor(90, 90, 90)),
         ("burn bf16 matmul", RGBColor(150, 150, 150)),
+        ("burn f16 matmul", RGBColor(190, 190, 190)),
         ("fp8 simt kernel", RGBColor(230, 150, 60)),
         (
             "fp8 cublaslt (A·B, transposed copy)",
@@ -228,9 +307,9 @@ fn draw_chart(
         .draw()?;
     for (index, &(function, color)) in series.iter().enumerate() {
         let bars = shapes.iter().enumerate().filter_map(|(i, shape)| {
-            let x0 = i as f64 + 0.08 + 0.17 * index as f64;
+            let x0 = i as f64 + 0.06 + 0.148 * index as f64;
             value(shape, function)
-                .map(|v| Rectangle::new([(x0, 0.0), (x0 + 0.15, v)], color.filled()))
+                .map(|v| Rectangle::new([(x0, 0.0), (x0 + 0.13, v)], color.filled()))
         });
         chart
             .draw_series(bars)?
