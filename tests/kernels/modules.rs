@@ -861,22 +861,31 @@ where
     (losses, values(forward(&layer)))
 }
 
+/// A seeded TransformerLayer (hidden 64, FFN 128, 4 heads, no dropout) on the test backend, and the same weights on
+/// `A` at `copy_device` through a record.
+fn layer_and_copy<A: Backend>(
+    copy_device: &A::Device,
+) -> (TransformerLayer<B>, TransformerLayer<A>) {
+    use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
+    let config = TransformerLayerConfig::new(64, 128, 4)
+        .with_hidden_dropout(0.0)
+        .with_attention_dropout(0.0);
+    let layer = seeded(config.init(&device()), 0.1);
+    let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
+    let bytes = recorder.record(layer.clone().into_record(), ()).unwrap();
+    let copy = config
+        .init::<A>(copy_device)
+        .load_record(recorder.load(bytes, copy_device).unwrap());
+    (layer, copy)
+}
+
 /// `Te<burn::backend::Wgpu>` (Burn's fused backend) trains a TransformerLayer as `Te` on `CubeBackend` does: the
 /// same FP8 kernels and delayed-scaling states, Burn's fused kernels for the rest (here with bit-identical results).
 #[test]
 fn transformer_layer_trains_the_same_on_burns_fused_wgpu() {
-    use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
     type Fused = Autodiff<Te<burn::backend::Wgpu>>;
     let device = device();
-    let config = TransformerLayerConfig::new(64, 128, 4)
-        .with_hidden_dropout(0.0)
-        .with_attention_dropout(0.0);
-    let layer = seeded(config.init::<B>(&device), 0.1);
-    let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
-    let bytes = recorder.record(layer.clone().into_record(), ()).unwrap();
-    let fused_layer = config
-        .init::<Fused>(&device)
-        .load_record(recorder.load(bytes, &device).unwrap());
+    let (layer, fused_layer) = layer_and_copy::<Fused>(&device);
     let shape = [6, 4, 64];
     let x = Rng::new(3).normal(shape.iter().product(), 0.0, 1.0);
     let (losses, output) =
@@ -910,27 +919,17 @@ fn transformer_layer_trains_the_same_on_burns_fused_wgpu() {
 /// as Burn 0.21 sets a model's precision (`set_default_float_dtype`; per device, here lavapipe as its own
 /// `WgpuDevice::Cpu` so that the other tests' device keeps f32). Every FP8 GEMM output and dequantization takes the
 /// type of the tensor it came from, so Burn's fused graph sees f16 throughout (the backend's f32 GEMM output beside
-/// an f16 bias failed Burn's dtype check). The losses of four SGD steps follow
-/// f32's within f16's rounding (Adam's second moments underflow in f16, which is no FP8 matter), and the output is
-/// f16.
+/// an f16 bias failed Burn's dtype check). The losses of four SGD steps follow f32's within f16's rounding (Adam's
+/// second moments underflow in f16, which is no FP8 matter), and the output is f16.
 #[test]
 fn transformer_layer_trains_in_fp8_on_an_f16_fused_backend() {
-    use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
     use burn::tensor::{DType, FloatDType};
     type Half = Autodiff<Te<burn::backend::Wgpu>>;
     let device = device();
     let half_device = WgpuDevice::Cpu;
     burn::tensor::backend::set_default_float_dtype::<Half>(&half_device, FloatDType::F16)
         .expect("a device of its own, set before its first tensor");
-    let config = TransformerLayerConfig::new(64, 128, 4)
-        .with_hidden_dropout(0.0)
-        .with_attention_dropout(0.0);
-    let layer = seeded(config.init::<B>(&device), 0.1);
-    let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
-    let bytes = recorder.record(layer.clone().into_record(), ()).unwrap();
-    let half_layer = config
-        .init::<Half>(&half_device)
-        .load_record(recorder.load(bytes, &half_device).unwrap());
+    let (layer, half_layer) = layer_and_copy::<Half>(&half_device);
     let shape = [6, 4, 64];
     let x = Rng::new(3).normal(shape.iter().product(), 0.0, 1.0);
     use burn::optim::SgdConfig;
