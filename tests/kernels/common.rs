@@ -189,3 +189,27 @@ pub fn assert_close(what: &str, actual: f64, expected: f64, rel: f64, abs_floor:
         (actual - expected).abs()
     );
 }
+
+/// Runs `body` in a child process of this test binary that runs only `test`: for what is process-global in Burn, the
+/// backend seed (Flex keeps one generator; a test that replays the draws after `B::seed` must not share its process
+/// with tests that draw at the same time) and a device's float type (fixed at its first tensor).
+pub fn alone(test: &str, body: impl FnOnce()) {
+    const CHILD: &str = "BURN_TE_TEST_ALONE";
+    if std::env::var_os(CHILD).is_some() {
+        return body();
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let output = std::process::Command::new(exe)
+        .args([test, "--exact", "--test-threads=1", "--nocapture"])
+        .env(CHILD, "1")
+        .output()
+        .expect("the test binary runs");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "{test} in its own process:\n{stdout}\n{stderr}"
+    );
+}

@@ -12,9 +12,7 @@ use burn_te::nn::{
     AttnMaskType, DotProductAttentionConfig, QkvFormat, TransformerLayer, TransformerLayerConfig,
 };
 
-use std::process::Command;
-
-use crate::common::Rng;
+use crate::common::{Rng, alone};
 use crate::te::{tensor, values};
 
 type B = Autodiff<Te<Flex>>;
@@ -172,30 +170,6 @@ fn attention_dropout_drops_probabilities_at_the_rate_and_backpropagates_through_
         assert_close_f64(&format!("head {head} dv"), &at(&dv), &want.dv);
     }
     assert_rate("attention probabilities", zeros, allowed, rate);
-}
-
-/// Runs `body` in a child process of this test binary that runs only `test`. Burn's backend seed is process-global
-/// (Flex keeps one generator), so a test that replays the draws after `B::seed` must not share its process with
-/// tests that draw at the same time.
-fn alone(test: &str, body: impl FnOnce()) {
-    const CHILD: &str = "BURN_TE_TEST_ALONE";
-    if std::env::var_os(CHILD).is_some() {
-        return body();
-    }
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let output = Command::new(exe)
-        .args([test, "--exact", "--test-threads=1", "--nocapture"])
-        .env(CHILD, "1")
-        .output()
-        .expect("the test binary runs");
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr),
-    );
-    assert!(
-        output.status.success() && stdout.contains("1 passed"),
-        "{test} in its own process:\n{stdout}\n{stderr}"
-    );
 }
 
 const SHAPE: [usize; 3] = [16, 4, 32];

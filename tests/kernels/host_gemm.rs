@@ -23,7 +23,7 @@ use burn_te_kernels::Fp8Format;
 use burn_te_kernels::host::gemm::bf16::{Avx512Bf16Kernel as Bf16, exact_bf16};
 use burn_te_kernels::nvfp4::decode_e2m1;
 
-use crate::common::{Rng, f32_from_hex, tsv_rows};
+use crate::common::{Rng, alone, f32_from_hex, tsv_rows};
 use crate::nvfp4::nvfp4_tsv;
 
 type B = Flex;
@@ -926,4 +926,96 @@ fn the_probe_times_every_path_and_chooses_the_fastest() {
         assert_eq!(requested_host_gemm_path(), first.chosen);
     }
     println!("probe: {:?}", first);
+}
+
+/// FP8 training on the host path with bf16 or f16 as Flex's float type (Burn 0.21's `set_default_float_dtype`, fixed
+/// at the device's first tensor, hence a process of its own): every host kernel's output takes the device's type, so
+/// the FP8 GEMM's output meets the bias in the same type (it was f32 beside bf16: Flex's dtype assertion). Four SGD
+/// steps follow the same layer's in f32 on `Te<NdArray>` within the type's rounding, and the output has the type.
+fn training_in_half_precision_follows_f32(test: &str, dtype: burn::tensor::FloatDType, rel: f32) {
+    use burn::backend::NdArray;
+    use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
+    alone(test, || {
+        type Half = Autodiff<Te<Flex>>;
+        type Full = Autodiff<Te<NdArray>>;
+        let device = Default::default();
+        burn::tensor::backend::set_default_float_dtype::<Half>(&device, dtype)
+            .expect("the process's first tensor comes after");
+        let config = TransformerLayerConfig::new(64, 256, 4)
+            .with_hidden_dropout(0.0)
+            .with_attention_dropout(0.0);
+        let full_device = Default::default();
+        let full: TransformerLayer<Full> = config.init(&full_device);
+        let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
+        let bytes = recorder.record(full.clone().into_record(), ()).unwrap();
+        let half: TransformerLayer<Half> = config
+            .init(&device)
+            .load_record(recorder.load(bytes, &device).unwrap());
+        let shape = [16, 4, 64];
+        let n = shape.iter().product();
+        let (x, target) = (
+            Rng::new(5).normal(n, 0.0, 1.0),
+            Rng::new(6).normal(n, 0.0, 1.0),
+        );
+        let full_losses = sgd_steps(full, &x, &target, shape, &full_device);
+        let half_losses = sgd_steps(half.clone(), &x, &target, shape, &device);
+        println!("{dtype:?} losses {half_losses:?}, f32 {full_losses:?}");
+        for (step, (f, h)) in full_losses.iter().zip(&half_losses).enumerate() {
+            assert!(
+                (f - h).abs() <= rel * f.abs(),
+                "step {step}: {dtype:?} loss {h} vs f32 {f}"
+            );
+        }
+        let y = fp8_autocast(true, DelayedScaling::default(), || {
+            half.forward(crate::te::tensor(x.clone(), shape, &device), None)
+        })
+        .unwrap();
+        assert_eq!(y.dtype(), dtype.into(), "the layer's output type");
+    });
+}
+
+/// The loss before each of four SGD steps of `layer` in FP8 (DelayedScaling) towards `target`.
+fn sgd_steps<A: burn::tensor::backend::AutodiffBackend + TeBackend>(
+    mut layer: TransformerLayer<A>,
+    x: &[f32],
+    target: &[f32],
+    shape: [usize; 3],
+    device: &A::Device,
+) -> Vec<f32> {
+    let mut optim = SgdConfig::new().init();
+    let (x, target) = (
+        crate::te::tensor::<A, 3>(x.to_vec(), shape, device),
+        crate::te::tensor::<A, 3>(target.to_vec(), shape, device),
+    );
+    (0..4)
+        .map(|_| {
+            let y = fp8_autocast(true, DelayedScaling::default(), || {
+                layer.forward(x.clone(), None)
+            })
+            .expect("recipe");
+            let loss = (y - target.clone()).square().mean();
+            let value = crate::te::values(loss.clone())[0];
+            let grads = GradientsParams::from_grads(loss.backward(), &layer);
+            layer = optim.step(0.05, layer.clone(), grads);
+            value
+        })
+        .collect()
+}
+
+#[test]
+fn training_in_bf16_follows_f32() {
+    training_in_half_precision_follows_f32(
+        "host_gemm::training_in_bf16_follows_f32",
+        burn::tensor::FloatDType::BF16,
+        1e-2,
+    );
+}
+
+#[test]
+fn training_in_f16_follows_f32() {
+    training_in_half_precision_follows_f32(
+        "host_gemm::training_in_f16_follows_f32",
+        burn::tensor::FloatDType::F16,
+        5e-3,
+    );
 }

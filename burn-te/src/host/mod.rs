@@ -179,8 +179,20 @@ fn dense_permutation(layout: &burn::backend::flex::Layout) -> Option<std::ops::R
     Some(start..start + layout.num_elements())
 }
 
+/// A host kernel's f32 output as a tensor of the device's float type, as Burn makes its own new tensors: a model
+/// whose device type is bf16 or f16 (`set_default_float_dtype`) gets bf16 or f16 outputs, not f32 ones beside its
+/// other tensors.
 fn host_tensor<B: Backend>(values: Vec<f32>, shape: Shape, device: &B::Device) -> FloatTensor<B> {
-    B::float_from_data(TensorData::new(values, shape.as_slice().to_vec()), device)
+    let data = TensorData::new(values, shape.as_slice().to_vec());
+    use burn::tensor::DType;
+    let dtype: DType = burn::tensor::get_device_settings::<B>(device)
+        .float_dtype
+        .into();
+    let data = match dtype {
+        DType::F32 => data,
+        dtype => data.convert_dtype(dtype),
+    };
+    B::float_from_data(data, device)
 }
 
 /// TE's current scale of a tensor: `fp8_max / amax / 2^margin` (1 when amax is 0, inf or NaN).
