@@ -443,11 +443,10 @@ fn training_on_every_path_follows_the_f32_path() {
         let losses = with_host_gemm_path(path, || {
             let device = Default::default();
             A::seed(&device, 7);
-            let mut layer: TransformerLayer<A> = TransformerLayerConfig::new(64, 256, 4)
+            let layer: TransformerLayer<A> = TransformerLayerConfig::new(64, 256, 4)
                 .with_hidden_dropout(0.0)
                 .with_attention_dropout(0.0)
                 .init(&device);
-            let mut optim = SgdConfig::new().init();
             let x = Tensor::<A, 3>::random(
                 [16, 4, 64],
                 burn::tensor::Distribution::Normal(0.0, 1.0),
@@ -458,19 +457,7 @@ fn training_on_every_path_follows_the_f32_path() {
                 burn::tensor::Distribution::Normal(0.0, 1.0),
                 &device,
             );
-            (0..6)
-                .map(|_| {
-                    let y = fp8_autocast(true, DelayedScaling::default(), || {
-                        layer.forward(x.clone(), None)
-                    })
-                    .expect("recipe");
-                    let loss = (y - target.clone()).square().mean();
-                    let value = loss.clone().into_scalar();
-                    let grads = GradientsParams::from_grads(loss.backward(), &layer);
-                    layer = optim.step(0.05, layer.clone(), grads);
-                    value
-                })
-                .collect::<Vec<f32>>()
+            sgd_steps(layer, x, target, 6)
         });
         let gemms = launches() - launched;
         assert!(gemms >= 6 * 12, "{path}: {gemms} FP8 GEMMs in 6 steps");
@@ -957,8 +944,18 @@ fn training_in_half_precision_follows_f32(test: &str, dtype: burn::tensor::Float
             Rng::new(5).normal(n, 0.0, 1.0),
             Rng::new(6).normal(n, 0.0, 1.0),
         );
-        let full_losses = sgd_steps(full, &x, &target, shape, &full_device);
-        let half_losses = sgd_steps(half.clone(), &x, &target, shape, &device);
+        let full_losses = sgd_steps(
+            full,
+            crate::te::tensor(x.clone(), shape, &full_device),
+            crate::te::tensor(target.clone(), shape, &full_device),
+            4,
+        );
+        let half_losses = sgd_steps(
+            half.clone(),
+            crate::te::tensor(x.clone(), shape, &device),
+            crate::te::tensor(target, shape, &device),
+            4,
+        );
         println!("{dtype:?} losses {half_losses:?}, f32 {full_losses:?}");
         for (step, (f, h)) in full_losses.iter().zip(&half_losses).enumerate() {
             assert!(
@@ -974,20 +971,15 @@ fn training_in_half_precision_follows_f32(test: &str, dtype: burn::tensor::Float
     });
 }
 
-/// The loss before each of four SGD steps of `layer` in FP8 (DelayedScaling) towards `target`.
+/// The loss before each of `steps` SGD steps (rate 0.05) of `layer` in FP8 (DelayedScaling) towards `target`.
 fn sgd_steps<A: burn::tensor::backend::AutodiffBackend + TeBackend>(
     mut layer: TransformerLayer<A>,
-    x: &[f32],
-    target: &[f32],
-    shape: [usize; 3],
-    device: &A::Device,
+    x: Tensor<A, 3>,
+    target: Tensor<A, 3>,
+    steps: usize,
 ) -> Vec<f32> {
     let mut optim = SgdConfig::new().init();
-    let (x, target) = (
-        crate::te::tensor::<A, 3>(x.to_vec(), shape, device),
-        crate::te::tensor::<A, 3>(target.to_vec(), shape, device),
-    );
-    (0..4)
+    (0..steps)
         .map(|_| {
             let y = fp8_autocast(true, DelayedScaling::default(), || {
                 layer.forward(x.clone(), None)
