@@ -183,8 +183,8 @@ fn dense_permutation(layout: &burn::backend::flex::Layout) -> Option<std::ops::R
 /// whose device type is bf16 or f16 (`set_default_float_dtype`) gets bf16 or f16 outputs, not f32 ones beside its
 /// other tensors.
 fn host_tensor<B: Backend>(values: Vec<f32>, shape: Shape, device: &B::Device) -> FloatTensor<B> {
-    let data = TensorData::new(values, shape.as_slice().to_vec());
     use burn::tensor::DType;
+    let data = TensorData::new(values, shape.as_slice().to_vec());
     let dtype: DType = burn::tensor::get_device_settings::<B>(device)
         .float_dtype
         .into();
