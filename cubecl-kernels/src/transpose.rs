@@ -25,33 +25,31 @@ pub fn transpose_fp8_codes<R: Runtime>(
     let words = len.div_ceil(4);
     check_size("transposed codes", codes, 4, words)?;
     let output = client.empty(words.max(1) * 4);
-    // The tiled kernel's grid: tiles along the columns, the rows, the matrices (each within every runtime's 65535).
-    let tiles = |extent: usize| u32::try_from(extent.div_ceil(TILE as usize)).ok();
-    let grid = (tiles(cols), tiles(rows), u32::try_from(batch).ok());
-    let tiled = match grid {
-        (Some(x), Some(y), Some(z)) if rows.is_multiple_of(4) && cols.is_multiple_of(4) => {
-            [x, y, z]
-                .iter()
-                .all(|&d| d <= u16::MAX as u32)
-                .then_some((x, y, z))
-        }
-        _ => None,
-    };
-    if let (true, Some((x, y, z))) = (len > 0, tiled) {
-        unsafe {
+    if len == 0 {
+        return Ok(output);
+    }
+    // The tiled kernel's grid: tiles along the columns, the rows, the matrices, each within every runtime's 65535.
+    let grid = [
+        cols.div_ceil(TILE as usize),
+        rows.div_ceil(TILE as usize),
+        batch,
+    ];
+    let tiled = rows.is_multiple_of(4)
+        && cols.is_multiple_of(4)
+        && grid.iter().all(|&d| d <= u16::MAX as usize);
+    unsafe {
+        if tiled {
             transpose_tiles_kernel::launch_unchecked::<R>(
                 client,
-                CubeCount::Static(x, y, z),
+                CubeCount::Static(grid[0] as u32, grid[1] as u32, grid[2] as u32),
                 CubeDim::new_2d(TILE_UNITS, TILE_UNITS),
                 ArrayArg::from_raw_parts(codes.clone(), words),
                 ArrayArg::from_raw_parts(output.clone(), words),
                 rows as u32,
                 cols as u32,
             );
-        }
-    } else if len > 0 {
-        let (cube_count, cube_dim) = elementwise_grid(client, words);
-        unsafe {
+        } else {
+            let (cube_count, cube_dim) = elementwise_grid(client, words);
             transpose_codes_kernel::launch_unchecked::<R>(
                 client,
                 cube_count,
