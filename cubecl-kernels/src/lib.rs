@@ -25,6 +25,7 @@
 
 pub mod block;
 pub mod block_range;
+pub mod cubek_gemm;
 #[cfg(feature = "cuda")]
 pub mod cublaslt;
 mod error;

@@ -4,6 +4,7 @@
 use burn_te_kernels::block::{self, BlockQuantized};
 use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::cubecl::server::Handle;
+use burn_te_kernels::cubek_gemm::{CubekRoutine, cubek_refusal, fp8_gemm_cubek};
 use burn_te_kernels::gemm::{
     GemmOperand, GemmTiling, OperandCodes, fp8_gemm, fp8_gemm_grouped_tiled, fp8_gemm_tiled,
     max_grouped_gemms,
@@ -497,4 +498,110 @@ fn grouped_gemms_equal_each_alone() {
     }
     // The device's binding limit leaves room for a group.
     assert!(max_grouped_gemms(&client()) > 1);
+}
+
+/// Runs cubek's tiled routines on FP8 operands decoded on load and checks each output against the f64 product, as
+/// the SIMT kernel is checked. Returns the outputs of the routines that ran: `SimpleCmma` needs f16 matrix units
+/// and `DoubleUnit` a depth that is a multiple of 16; otherwise each must refuse with an error naming why.
+fn check_cubek_gemm(a: &Operand, a_t: bool, b: &Operand, b_t: bool) -> Vec<Vec<f32>> {
+    let mut outputs = Vec::new();
+    for routine in CubekRoutine::ALL {
+        let depth = if a_t { a.rows } else { a.cols };
+        match fp8_gemm_cubek::<TestRuntime, f32>(&client(), &a.gemm(a_t), &b.gemm(b_t), routine) {
+            Ok(out) => outputs.push(check_gemm_output(&out, a, a_t, b, b_t, GemmTiling::CPU)),
+            Err(KernelError::InvalidArgument { reason, .. })
+                if routine == CubekRoutine::DoubleUnit && depth % 16 != 0 =>
+            {
+                assert!(reason.contains("multiple of 16"), "{reason}");
+            }
+            Err(KernelError::Library { library, reason })
+                if routine == CubekRoutine::SimpleCmma =>
+            {
+                assert_eq!(library, "cubek-matmul");
+                assert!(reason.contains("unavailable"), "{routine:?}: {reason}");
+            }
+            Err(error) => panic!("{routine:?}: {error}"),
+        }
+    }
+    assert!(!outputs.is_empty(), "SimpleUnit runs on every device");
+    outputs
+}
+
+/// The tiled path on cubek-matmul's components: every layout (fprop `X·Wᵀ`, dgrad `G·W`, wgrad `Xᵀ·G`, and
+/// both transposed), E4M3 × E5M2, partial stage tiles at every edge, against the f64 product of the dequantized
+/// operands within the f32-accumulation bound.
+#[test]
+fn cubek_tiled_routines_all_layouts() {
+    for &(m, k, n) in &[
+        (4, 4, 4),
+        (64, 16, 64),
+        (68, 36, 132),
+        (20, 200, 12),
+        (300, 40, 272),
+    ] {
+        for (a_t, b_t) in [(false, false), (false, true), (true, false), (true, true)] {
+            let (ar, ac) = if a_t { (k, m) } else { (m, k) };
+            let (br, bc) = if b_t { (n, k) } else { (k, n) };
+            let a = Operand::per_tensor(1, ar, ac, 11, Fp8Format::E4M3);
+            let b = Operand::per_tensor(1, br, bc, 12, Fp8Format::E5M2);
+            check_cubek_gemm(&a, a_t, &b, b_t);
+        }
+    }
+}
+
+/// Batches on the tiled path: equal batches, a broadcast weight used transposed (fprop of a batched input), a
+/// broadcast left operand.
+#[test]
+fn cubek_tiled_batched_and_broadcast() {
+    let a = Operand::per_tensor(3, 20, 36, 13, Fp8Format::E4M3);
+    let b = Operand::per_tensor(3, 36, 68, 14, Fp8Format::E4M3);
+    check_cubek_gemm(&a, false, &b, false);
+    let w = Operand::per_tensor(1, 68, 36, 15, Fp8Format::E4M3);
+    check_cubek_gemm(&a, false, &w, true);
+    let one = Operand::per_tensor(1, 36, 20, 16, Fp8Format::E5M2);
+    check_cubek_gemm(&one, true, &b, false);
+}
+
+/// What the tiled path cannot take exactly is refused with the reason, never run approximately: rows that are not
+/// whole code words, block scales, NVFP4.
+#[test]
+fn cubek_tiled_refusals_name_the_reason() {
+    let odd = Operand::per_tensor(1, 8, 37, 17, Fp8Format::E4M3);
+    let b = Operand::per_tensor(1, 37, 8, 18, Fp8Format::E4M3);
+    let reason = cubek_refusal(&odd.gemm(false), &b.gemm(false), CubekRoutine::SimpleUnit)
+        .expect("37-code rows are refused");
+    assert!(reason.contains("37 codes"), "{reason}");
+    let error = fp8_gemm_cubek::<TestRuntime, f32>(
+        &client(),
+        &odd.gemm(false),
+        &b.gemm(false),
+        CubekRoutine::SimpleUnit,
+    )
+    .unwrap_err();
+    assert!(error.to_string().contains("37 codes"), "{error}");
+    let blocked = Operand::blocked(128, 128, ScaleBlock::new(1, 128), BlockScaleRule::Pow2, 19);
+    let square = Operand::per_tensor(1, 128, 128, 20, Fp8Format::E4M3);
+    let reason = cubek_refusal(
+        &square.gemm(false),
+        &blocked.gemm(true),
+        CubekRoutine::SimpleUnit,
+    )
+    .expect("blocks are refused");
+    assert!(reason.contains("1x128 scale blocks"), "{reason}");
+    let deep = Operand::per_tensor(1, 4, 72, 21, Fp8Format::E4M3);
+    let reason = cubek_refusal(
+        &deep.gemm(false),
+        &deep.gemm(true),
+        CubekRoutine::DoubleUnit,
+    )
+    .expect("DoubleUnit refuses a depth of 72");
+    assert!(reason.contains("multiple of 16"), "{reason}");
+    assert_eq!(
+        cubek_refusal(
+            &deep.gemm(false),
+            &deep.gemm(true),
+            CubekRoutine::SimpleUnit
+        ),
+        None
+    );
 }

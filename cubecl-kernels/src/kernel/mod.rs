@@ -5,6 +5,7 @@ pub mod block;
 pub mod block_range;
 pub mod code;
 pub mod fp8;
+pub mod fp8_view;
 pub mod gemm;
 pub mod nvfp4;
 pub mod quantize;

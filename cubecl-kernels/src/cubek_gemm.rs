@@ -1,0 +1,535 @@
+//! The FP8 GEMM on cubek-matmul's tiled matmuls (Burn's own matmul): the operands' codes are decoded on load
+//! ([`crate::kernel::fp8_view`]) into the stage type, the product accumulates in f32, and the per-tensor scales are
+//! applied to the f32 output as one factor `scale_a · scale_b` (the split the host path and cuBLASLt use).
+//!
+//! The stage type is f32 for the unit routines (every device; on devices without matrix units such as lavapipe they
+//! are what cubek itself runs) and f16 for the cooperative-matrix routine (exact: every E4M3 and E5M2 value is an
+//! f16 value). What this path cannot take exactly is named by [`cubek_refusal`]: the caller runs it on the SIMT
+//! kernel and says so.
+
+use cubecl::ir::{ElemType, FloatKind, StorageType};
+use cubecl::prelude::*;
+use cubecl::quant::scheme::{
+    QuantLevel, QuantMode, QuantParam, QuantScheme, QuantStore, QuantValue,
+};
+use cubecl::server::Handle;
+use cubecl::std::tensor::View;
+use cubecl::std::tensor::launch::ViewArg;
+use cubecl::std::tensor::layout::{Coords1d, VirtualLayout, VirtualLayoutLaunch};
+use cubecl::zspace::{Shape, Strides};
+use cubecl::{CubeCount, CubeDim};
+use cubek_matmul::components::global::memory::{
+    BatchLayout, BatchLayoutLaunch, GlobalLayout, GlobalLayoutConfig, GlobalLayoutLaunch,
+};
+use cubek_matmul::components::tile::TileMatmulKind;
+use cubek_matmul::definition::{
+    AvailableVectorSizes, Blueprint as _, MatmulElems, MatmulGlobalElems, MatmulProblem,
+    MatmulSetupError,
+};
+use cubek_matmul::launch::{
+    BatchedCoords, ConcreteInputsFactory, ConcreteOutputFactory, MatmulArgs, launch_kernel_concrete,
+};
+use cubek_matmul::routines::double_unit::DoubleUnitAlgorithm;
+use cubek_matmul::routines::simple::{SimpleAlgorithm, SimpleArgs};
+use cubek_matmul::routines::simple_unit::SimpleUnitAlgorithm;
+use cubek_matmul::routines::{BlueprintStrategy, Routine};
+use cubek_std::InputBinding;
+
+use crate::error::KernelError;
+use crate::format::Fp8Format;
+use crate::gemm::{GemmOperand, OperandCodes, product_dims};
+use crate::kernel::fp8_view::{CODES_PER_WORD, Fp8View};
+
+/// Which of cubek-matmul's tiled matmuls runs the GEMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CubekRoutine {
+    /// One unit per output tile, one shared-memory stage (`SimpleUnit`): every device.
+    SimpleUnit,
+    /// One unit per output tile, two stages loaded in turn (`DoubleUnit`): every device.
+    DoubleUnit,
+    /// Cooperative matrices (CUDA's WMMA, Vulkan's cooperative matrices, Metal's simdgroup matrices) on f16
+    /// stages (`Simple` with CMMA tiles): devices with f16 matrix units.
+    SimpleCmma,
+}
+
+impl CubekRoutine {
+    /// Every routine, in the order an autotune tries them.
+    pub const ALL: [CubekRoutine; 3] = [
+        CubekRoutine::SimpleUnit,
+        CubekRoutine::DoubleUnit,
+        CubekRoutine::SimpleCmma,
+    ];
+
+    /// The name in the metrics report and the benches.
+    pub const fn name(self) -> &'static str {
+        match self {
+            CubekRoutine::SimpleUnit => "simple_unit",
+            CubekRoutine::DoubleUnit => "double_unit",
+            CubekRoutine::SimpleCmma => "simple_cmma",
+        }
+    }
+
+    /// The type the codes are decoded into and staged as.
+    fn stage<R: Runtime>(self, client: &ComputeClient<R>) -> StorageType {
+        let _ = client;
+        let kind = match self {
+            CubekRoutine::SimpleUnit | CubekRoutine::DoubleUnit => FloatKind::F32,
+            CubekRoutine::SimpleCmma => FloatKind::F16,
+        };
+        StorageType::Scalar(ElemType::Float(kind))
+    }
+}
+
+/// Why [`fp8_gemm_cubek`] cannot run `a × b` exactly on `routine`, or `None` where it can.
+pub fn cubek_refusal(
+    a: &GemmOperand<'_>,
+    b: &GemmOperand<'_>,
+    routine: CubekRoutine,
+) -> Option<String> {
+    for (side, operand) in [("lhs", a), ("rhs", b)] {
+        match operand.codes {
+            OperandCodes::Fp8(_) => {}
+            OperandCodes::E2m1 { .. } => {
+                return Some(format!(
+                    "the {side} is NVFP4 (E2M1 codes with block scales)"
+                ));
+            }
+        }
+        if let Some(block) = operand.block {
+            return Some(format!(
+                "the {side} has {}x{} scale blocks (the tiled path takes per-tensor scales)",
+                block.rows, block.cols
+            ));
+        }
+        if !operand.cols.is_multiple_of(CODES_PER_WORD) {
+            return Some(format!(
+                "the {side}'s rows are {} codes long, not whole words of {CODES_PER_WORD}",
+                operand.cols
+            ));
+        }
+    }
+    let depth = a.used_dims(true).1;
+    if routine == CubekRoutine::DoubleUnit && !depth.is_multiple_of(DOUBLE_UNIT_DEPTH) {
+        // cubek-matmul 0.2's DoubleUnit adds a stale half stage where both operands run along K and K ≡ 8 (mod
+        // 16) (found by this crate's tests, every K from 4 to 136); whole stages only.
+        return Some(format!(
+            "DoubleUnit takes a depth that is a multiple of {DOUBLE_UNIT_DEPTH}, not {depth}"
+        ));
+    }
+    None
+}
+
+/// The depth DoubleUnit's stages take whole ([`cubek_refusal`]).
+const DOUBLE_UNIT_DEPTH: usize = 16;
+
+/// `out[b] = dequant(A[b]) × dequant(B[b])` as `F`, contiguous `[batch, M, N]`, on cubek-matmul's `routine` with the
+/// codes decoded on load, f32 accumulation and the per-tensor scales applied once to the f32 result.
+///
+/// Shapes and batches as [`crate::gemm::fp8_gemm`]. Operands this path cannot take ([`cubek_refusal`]) and routines
+/// the device lacks give [`KernelError::InvalidArgument`] / [`KernelError::Library`] naming why.
+pub fn fp8_gemm_cubek<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    a: &GemmOperand<'_>,
+    b: &GemmOperand<'_>,
+    routine: CubekRoutine,
+) -> Result<Handle, KernelError> {
+    let (m, k, n, batch) = product_dims(a, b)?;
+    if let Some(reason) = cubek_refusal(a, b, routine) {
+        return Err(KernelError::InvalidArgument {
+            what: "tiled FP8 GEMM operands",
+            reason,
+        });
+    }
+    let out_len = batch * m * n;
+    u32::try_from(out_len).map_err(|_| KernelError::TooLarge(out_len))?;
+    if out_len == 0 || k == 0 {
+        // No product to run: the SIMT launcher's empty and all-zero results.
+        return crate::gemm::fp8_gemm::<R, F>(client, a, b);
+    }
+    let (OperandCodes::Fp8(a_codes), OperandCodes::Fp8(b_codes)) = (a.codes, b.codes) else {
+        unreachable!("cubek_refusal admits FP8 codes only");
+    };
+    let stage = routine.stage(client);
+    let f32_type = f32::as_type_native_unchecked().storage_type();
+    let mut dtypes = MatmulElems::from_globals(&MatmulGlobalElems {
+        lhs: stage,
+        rhs: stage,
+        out: f32_type,
+    });
+    let lhs = operand_binding::<R>(a, &a_codes.codes, a_codes.format, batch);
+    let rhs = operand_binding::<R>(b, &b_codes.codes, b_codes.format, batch);
+    let accumulator = client.empty(out_len * size_of::<f32>());
+    let out_shape: Shape = [batch, m, n].into();
+    let out_strides: Strides = [m * n, n, 1].into();
+    // SAFETY: `accumulator` holds `batch · m · n` f32 values, contiguous.
+    let out = unsafe {
+        TensorBinding::<R>::from_raw_parts(
+            accumulator.clone(),
+            out_strides.clone(),
+            out_shape.clone(),
+        )
+    };
+    let address_type = lhs
+        .required_address_type()
+        .max(rhs.required_address_type())
+        .max(out.required_address_type(size_of::<f32>()));
+    let problem = MatmulProblem::from_shapes_and_strides(
+        lhs.shape().into(),
+        rhs.shape().into(),
+        out_shape.clone(),
+        lhs.data().strides.clone(),
+        rhs.data().strides.clone(),
+        out_strides.clone(),
+        dtypes.as_global_elems(),
+        address_type,
+        lhs.scheme(),
+        rhs.scheme(),
+    )
+    .map_err(setup_error)?;
+    // One code word per read on each side (its four codes decoded into one vector); the output as wide as it goes.
+    let mut vector_sizes = AvailableVectorSizes::from_type_sizes(client, 4, 4, size_of::<f32>())
+        .filter_out_with_tensor(&out_strides, &out_shape)
+        .pick_max()
+        .map_err(setup_error)?;
+    vector_sizes.lhs = 1;
+    vector_sizes.rhs = 1;
+    match routine {
+        CubekRoutine::SimpleUnit => {
+            launch_kernel_concrete::<Fp8MatmulArgs, R, SimpleUnitAlgorithm>(
+                client,
+                lhs,
+                rhs,
+                out,
+                problem,
+                vector_sizes,
+                &BlueprintStrategy::Inferred(Default::default()),
+                &mut dtypes,
+            )
+        }
+        CubekRoutine::DoubleUnit => {
+            launch_kernel_concrete::<Fp8MatmulArgs, R, DoubleUnitAlgorithm>(
+                client,
+                lhs,
+                rhs,
+                out,
+                problem,
+                vector_sizes,
+                &BlueprintStrategy::Inferred(Default::default()),
+                &mut dtypes,
+            )
+        }
+        CubekRoutine::SimpleCmma => launch_kernel_concrete::<Fp8MatmulArgs, R, SimpleAlgorithm>(
+            client,
+            lhs,
+            rhs,
+            out,
+            problem,
+            vector_sizes,
+            &BlueprintStrategy::Inferred(SimpleArgs {
+                multi_rows: false,
+                tile_matmul: TileMatmulKind::Cmma,
+            }),
+            &mut dtypes,
+        ),
+    }
+    .map_err(setup_error)?;
+    scale_output::<R, F>(client, &accumulator, a.scale_inv, b.scale_inv, out_len)
+}
+
+fn setup_error(error: MatmulSetupError) -> KernelError {
+    KernelError::Library {
+        library: "cubek-matmul",
+        reason: error.to_string(),
+    }
+}
+
+/// The operand as cubek reads a packed quantized tensor: its codes as `u32` words, packed along the stored rows'
+/// contiguous dimension. Used as stored, the matrix is row-major, packed along its last dimension; used transposed,
+/// column-major, packed along its second to last. The scale binding is only carried: the tiled path applies scales
+/// to the output.
+fn operand_binding<R: Runtime>(
+    operand: &GemmOperand<'_>,
+    codes: &Handle,
+    format: Fp8Format,
+    batch: usize,
+) -> InputBinding<R> {
+    let (rows, cols) = (operand.rows, operand.cols);
+    let words_per_row = cols / CODES_PER_WORD;
+    let matrix_words = rows * words_per_row;
+    let operand_batch = if operand.batch == 1 { 1 } else { batch };
+    let as_stored = !operand.transposed;
+    let (shape, data_shape, data_strides, packing_dim) = if as_stored {
+        (
+            [operand_batch, rows, cols],
+            [operand_batch, rows, words_per_row],
+            [matrix_words, words_per_row, 1],
+            0,
+        )
+    } else {
+        (
+            [operand_batch, cols, rows],
+            [operand_batch, words_per_row, rows],
+            [matrix_words, 1, words_per_row],
+            1,
+        )
+    };
+    let scheme = QuantScheme {
+        value: match format {
+            Fp8Format::E4M3 => QuantValue::E4M3,
+            Fp8Format::E5M2 => QuantValue::E5M2,
+        },
+        param: QuantParam::F32,
+        store: QuantStore::PackedU32(packing_dim),
+        level: QuantLevel::Tensor,
+        mode: QuantMode::Symmetric,
+    };
+    let u32_type = u32::as_type_native_unchecked().storage_type();
+    let f32_type = f32::as_type_native_unchecked().storage_type();
+    // SAFETY: the codes hold `operand_batch · rows · cols / 4` words (checked by `GemmOperand::check`), which the
+    // strides address; the scale is one f32 (per-tensor: `cubek_refusal` admits no blocks).
+    unsafe {
+        InputBinding::Quantized {
+            data: TensorBinding::from_raw_parts(
+                codes.clone(),
+                data_strides.into(),
+                data_shape.into(),
+            ),
+            data_dtype: u32_type,
+            scale: TensorBinding::from_raw_parts(operand.scale_inv.clone(), [1].into(), [1].into()),
+            scale_dtype: f32_type,
+            shape: shape.into(),
+            scheme,
+        }
+    }
+}
+
+/// `out = F(accumulator · (scale_a · scale_b))`, the per-tensor scales applied once to the f32 product.
+fn scale_output<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    accumulator: &Handle,
+    scale_a: &Handle,
+    scale_b: &Handle,
+    len: usize,
+) -> Result<Handle, KernelError> {
+    let output = client.empty(len * size_of::<F>());
+    let units = 256usize;
+    let cubes = len.div_ceil(units);
+    let (x, y) = (cubes.min(65535), cubes.div_ceil(65535));
+    // SAFETY: `accumulator` and `output` hold `len` elements, the scales one each; the kernel checks `len`.
+    unsafe {
+        scale_output_kernel::launch_unchecked::<F, R>(
+            client,
+            CubeCount::Static(x as u32, y as u32, 1),
+            CubeDim::new_1d(units as u32),
+            ArrayArg::from_raw_parts(accumulator.clone(), len),
+            ArrayArg::from_raw_parts(scale_a.clone(), 1),
+            ArrayArg::from_raw_parts(scale_b.clone(), 1),
+            ArrayArg::from_raw_parts(output.clone(), len),
+            len as u32,
+        );
+    }
+    Ok(output)
+}
+
+#[cube(launch_unchecked)]
+fn scale_output_kernel<F: Float>(
+    accumulator: &Array<f32>,
+    scale_a: &Array<f32>,
+    scale_b: &Array<f32>,
+    output: &mut Array<F>,
+    len: u32,
+) {
+    let index = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) * CUBE_DIM_X + UNIT_POS_X;
+    if index < len {
+        let factor = scale_a[0] * scale_b[0];
+        output[index as usize] = F::cast_from(accumulator[index as usize] * factor);
+    }
+}
+
+/// cubek-matmul's arguments for FP8 operands: each input a view of packed codes, read decoded ([`Fp8View`]); the
+/// output a plain f32 tensor.
+#[derive(Clone)]
+pub struct Fp8MatmulArgs;
+
+/// The inputs of [`Fp8MatmulArgs`]: both operands' code words, each through a layout that knows the packing and
+/// the batch strides, and their formats.
+#[derive(CubeLaunch, CubeType, Clone, Copy)]
+pub struct Fp8Inputs {
+    lhs: View<u32, BatchedCoords>,
+    rhs: View<u32, BatchedCoords>,
+    #[cube(comptime)]
+    lhs_format: Fp8Format,
+    #[cube(comptime)]
+    rhs_format: Fp8Format,
+}
+
+/// The output of [`Fp8MatmulArgs`]: the f32 accumulator tensor.
+#[derive(CubeLaunch, CubeType, Clone, Copy)]
+pub struct Fp8Output<EG: CubePrimitive> {
+    view: View<EG, BatchedCoords, ReadWrite>,
+    batch: VirtualLayout<Coords1d, Coords1d>,
+}
+
+impl<A: Routine<()>> ConcreteInputsFactory<A> for Fp8Inputs {
+    fn create<R: Runtime>(
+        lhs: InputBinding<R>,
+        rhs: InputBinding<R>,
+        blueprint: &A::Blueprint,
+        problem: &MatmulProblem,
+        vector_sizes: &cubek_matmul::definition::MatmulVectorSizes,
+        _dtypes: &MatmulElems,
+    ) -> Self::RuntimeArg<R> {
+        let view = |binding: InputBinding<R>, config: GlobalLayoutConfig, vector_size| match binding
+        {
+            InputBinding::Quantized {
+                data,
+                scale,
+                shape,
+                scheme,
+                ..
+            } => {
+                let (layout, _) = GlobalLayoutLaunch::from_quantized_handle(
+                    &data,
+                    &scale,
+                    &shape,
+                    problem,
+                    scheme,
+                    vector_size,
+                    config,
+                );
+                let format = match scheme.value {
+                    QuantValue::E5M2 => Fp8Format::E5M2,
+                    _ => Fp8Format::E4M3,
+                };
+                (
+                    ViewArg::new_tensor::<GlobalLayout>(data.into_tensor_arg(), layout),
+                    format,
+                )
+            }
+            InputBinding::Normal(..) => {
+                unreachable!("fp8_gemm_cubek binds its operands as packed codes")
+            }
+        };
+        let (lhs, lhs_format) = view(lhs, blueprint.lhs_global_layout_config(), vector_sizes.lhs);
+        let (rhs, rhs_format) = view(rhs, blueprint.rhs_global_layout_config(), vector_sizes.rhs);
+        Fp8InputsLaunch::new(lhs, rhs, lhs_format, rhs_format)
+    }
+}
+
+impl<EG: CubePrimitive, A: Routine<()>> ConcreteOutputFactory<A> for Fp8Output<EG> {
+    fn create<R: Runtime>(
+        out: TensorBinding<R>,
+        blueprint: &A::Blueprint,
+        problem: &MatmulProblem,
+        vector_sizes: &cubek_matmul::definition::MatmulVectorSizes,
+        _dtypes: &MatmulElems,
+    ) -> Self::RuntimeArg<R> {
+        let layout = GlobalLayoutLaunch::from_handle(
+            &out,
+            vector_sizes.out,
+            blueprint.out_global_layout_config(),
+        );
+        let batch = BatchLayoutLaunch::from_handle(&out, problem);
+        let view = ViewArg::new_tensor::<GlobalLayout>(out.into_tensor_arg(), layout);
+        Fp8OutputLaunch::new(view, VirtualLayoutLaunch::new::<BatchLayout>(batch))
+    }
+}
+
+#[cube]
+impl MatmulArgs for Fp8MatmulArgs {
+    type Output<EO: CubePrimitive> = Fp8Output<EO>;
+    type Input<Lhs: CubePrimitive, Rhs: CubePrimitive, EO: CubePrimitive> = Fp8Inputs;
+    type Config = ();
+    type State<Lhs: CubePrimitive, Rhs: CubePrimitive, EO: CubePrimitive> =
+        (Fp8Inputs, Fp8Output<EO>);
+
+    fn init_state<Lhs: CubePrimitive, Rhs: CubePrimitive, EO: CubePrimitive>(
+        input: &Self::Input<Lhs, Rhs, EO>,
+        output: &mut Self::Output<EO>,
+        _config: (),
+        #[comptime] _lhs_layout_config: GlobalLayoutConfig,
+        #[comptime] _rhs_layout_config: GlobalLayoutConfig,
+        #[comptime] _out_layout_config: GlobalLayoutConfig,
+    ) -> Self::State<Lhs, Rhs, EO> {
+        (*input, *output)
+    }
+
+    fn view_lhs<Lhs: CubePrimitive, Rhs: CubePrimitive, EO: CubePrimitive>(
+        state: &Self::State<Lhs, Rhs, EO>,
+    ) -> View<Lhs, BatchedCoords> {
+        decoded_view::<Lhs>(state.0.lhs, state.0.lhs_format)
+    }
+
+    fn batch_lhs<Lhs: CubePrimitive, Rhs: CubePrimitive, EO: CubePrimitive>(
+        _state: &Self::State<Lhs, Rhs, EO>,
+        batch: usize,
+    ) -> usize {
+        // The codes' layout maps the batch itself (its strides in words).
+        batch
+    }
+
+    fn view_rhs<Lhs: CubePrimitive, Rhs: CubePrimitive, EO: CubePrimitive>(
+        state: &Self::State<Lhs, Rhs, EO>,
+    ) -> View<Rhs, BatchedCoords> {
+        decoded_view::<Rhs>(state.0.rhs, state.0.rhs_format)
+    }
+
+    fn batch_rhs<Lhs: CubePrimitive, Rhs: CubePrimitive, EO: CubePrimitive>(
+        _state: &Self::State<Lhs, Rhs, EO>,
+        batch: usize,
+    ) -> usize {
+        batch
+    }
+
+    fn view_acc<Lhs: CubePrimitive, Rhs: CubePrimitive, EO: CubePrimitive>(
+        _state: &Self::State<Lhs, Rhs, EO>,
+    ) -> ComptimeOption<View<EO, BatchedCoords>> {
+        ComptimeOption::new_None()
+    }
+
+    fn batch_acc<Lhs: CubePrimitive, Rhs: CubePrimitive, EO: CubePrimitive>(
+        _state: &Self::State<Lhs, Rhs, EO>,
+        batch: usize,
+    ) -> usize {
+        batch
+    }
+
+    fn view_out<Lhs: CubePrimitive, Rhs: CubePrimitive, EO: CubePrimitive>(
+        state: &mut Self::State<Lhs, Rhs, EO>,
+    ) -> View<EO, BatchedCoords, ReadWrite> {
+        state.1.view
+    }
+
+    fn batch_out<Lhs: CubePrimitive, Rhs: CubePrimitive, EO: CubePrimitive>(
+        state: &Self::State<Lhs, Rhs, EO>,
+        batch: usize,
+    ) -> usize {
+        state.1.batch.to_source_pos(batch)
+    }
+
+    fn runtime_config<Lhs: CubePrimitive, Rhs: CubePrimitive, EO: CubePrimitive>(
+        _state: &Self::State<Lhs, Rhs, EO>,
+    ) {
+    }
+}
+
+/// The codes as a view of `E` (a vector of the stage type, as many lanes as codes per word).
+#[cube]
+#[allow(clippy::missing_transmute_annotations)]
+fn decoded_view<E: CubePrimitive>(
+    codes: View<u32, BatchedCoords>,
+    #[comptime] format: Fp8Format,
+) -> View<E, BatchedCoords> {
+    let define!(T) = storage_type_of::<E::Scalar>();
+    let view = typed_view::<T, E::Size>(codes, format);
+    // SAFETY: `Vector<E::Scalar, E::Size>` is `E`.
+    comptime![unsafe { core::mem::transmute(view) }]
+}
+
+#[cube]
+fn typed_view<F: Numeric, N: Size>(
+    codes: View<u32, BatchedCoords>,
+    #[comptime] format: Fp8Format,
+) -> View<Vector<F, N>, BatchedCoords> {
+    Fp8View::<F, N, BatchedCoords>::new(codes, format).view()
+}
