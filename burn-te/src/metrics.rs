@@ -474,6 +474,8 @@ pub mod names {
     pub const FUSED_ATTENTION_BACKWARD: &str = "FusedAttentionBackward";
     /// Counter: FP8 GEMM kernel launches.
     pub const FP8_GEMM_LAUNCHES: &str = "Fp8GemmLaunches";
+    /// Counter: shape classes the device FP8 GEMM's autotune measured (`cube::gemm_tune`).
+    pub const DEVICE_GEMM_TUNINGS: &str = "DeviceFp8GemmTunings";
     /// Counter: amax kernel launches.
     pub const AMAX_LAUNCHES: &str = "AmaxLaunches";
     /// Counter: statistics kernel launches.

@@ -211,7 +211,7 @@ impl GemmTiling {
 }
 
 /// The checked operands' product `(M, K, N, batch)`: A used as `M × K`, B as `K × N`, batches equal or 1.
-pub(crate) fn product_dims(
+pub fn product_dims(
     a: &GemmOperand<'_>,
     b: &GemmOperand<'_>,
 ) -> Result<(usize, usize, usize, usize), KernelError> {

@@ -1,5 +1,6 @@
 //! The device FP8 GEMM's paths (`burn_te::cube::gemm_path`): cuBLASLt's FP8 matmul on CUDA (`--features cuda`),
-//! the SIMT kernel everywhere, on the test runtime's `CubeBackend`.
+//! cubek-matmul's tiled routines with the codes decoded on load and the SIMT kernel everywhere, and the autotune
+//! between them, on the test runtime's `CubeBackend`.
 //!
 //! - The K-major copies cuBLASLt reads are an exact permutation of the codes (every shape, every code).
 //! - Operands whose every partial sum is exact in 12 bits (multiples of ½ up to 3.5, depth ≤ 96, power-of-two
@@ -10,7 +11,10 @@
 //!   cuBLASLt without fast accumulation promotes each instruction's partial sums to f32). The measured worst ratio
 //!   is printed: on an H100 (2026-11-26) 5.0–5.6·10⁻⁵ (about 2⁻¹⁴) on cuBLASLt, 2.1–2.5·10⁻⁷ on the kernel.
 //! - What cuBLASLt cannot take (block scales, K not a multiple of 16, another runtime) runs on the kernel, counted
-//!   under `DeviceFp8Gemm(simt)` and as a `device GEMM path` fallback, with the kernel's bits.
+//!   under `DeviceFp8Gemm(simt)` and as a `device GEMM path` fallback, with the kernel's bits; so does what the tiled
+//!   path cannot take (block scales, rows that are not whole code words).
+//! - Unforced, a GEMM of at least 256³ multiply-adds is timed once per shape class on each candidate, and every GEMM
+//!   of its class then runs on the kept choice, with that kernel's bits.
 
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
@@ -39,14 +43,20 @@ fn backend_device() -> Device {
     Default::default()
 }
 
-const PATHS: [DeviceGemmPath; 2] = [DeviceGemmPath::Simt, DeviceGemmPath::CublasLt];
+const PATHS: [DeviceGemmPath; 3] = [
+    DeviceGemmPath::Simt,
+    DeviceGemmPath::Tiled,
+    DeviceGemmPath::CublasLt,
+];
 
-/// The path a GEMM asking for `path` runs on here: cuBLASLt only on CUDA.
-fn runs_on(path: DeviceGemmPath) -> DeviceGemmPath {
-    if cfg!(feature = "cuda") {
-        path
-    } else {
-        DeviceGemmPath::Simt
+/// The path a GEMM of `lhs` and `rhs` asking for `path` runs on here: cuBLASLt only on CUDA; the tiled path where
+/// both operands' stored rows are whole code words (per-tensor scales: what these tests quantize).
+fn runs_on(path: DeviceGemmPath, lhs: &Fp8Primitive<B>, rhs: &Fp8Primitive<B>) -> DeviceGemmPath {
+    let whole_words = |q: &Fp8Primitive<B>| q.shape.dims::<3>()[2] % 4 == 0;
+    match path {
+        DeviceGemmPath::CublasLt if !cfg!(feature = "cuda") => DeviceGemmPath::Simt,
+        DeviceGemmPath::Tiled if !(whole_words(lhs) && whole_words(rhs)) => DeviceGemmPath::Simt,
+        path => path,
     }
 }
 
@@ -95,16 +105,10 @@ fn gemm_on(
     rhs: &Fp8Primitive<B>,
     rhs_t: bool,
 ) -> Vec<f32> {
-    let before = [
-        counted(DeviceGemmPath::Simt),
-        counted(DeviceGemmPath::CublasLt),
-    ];
+    let before = PATHS.map(counted);
     let out = with_device_gemm_path(path, || B::fp8_gemm(lhs.clone(), lhs_t, rhs.clone(), rhs_t))
         .expect("gemm");
-    let after = [
-        counted(DeviceGemmPath::Simt),
-        counted(DeviceGemmPath::CublasLt),
-    ];
+    let after = PATHS.map(counted);
     let ran: Vec<_> = PATHS
         .iter()
         .zip(before.iter().zip(after))
@@ -187,9 +191,9 @@ fn exact_sums_are_bit_identical_to_f64_on_every_path_and_layout() {
                     let rhs = quantize(half_integers(&mut rng, rhs_batch * k * n), rshape, rf);
                     let expected =
                         reference(&stored_f64::<B>(&lhs), lhs_t, &stored_f64::<B>(&rhs), rhs_t);
-                    // Off CUDA both requests run the kernel (the fallback is tested below): ask once.
-                    for path in PATHS.into_iter().filter(|&p| runs_on(p) == p) {
-                        let got = gemm_on(path, runs_on(path), &lhs, lhs_t, &rhs, rhs_t);
+                    // Each path where it runs as itself (the fallbacks are tested below).
+                    for path in PATHS.into_iter().filter(|&p| runs_on(p, &lhs, &rhs) == p) {
+                        let got = gemm_on(path, path, &lhs, lhs_t, &rhs, rhs_t);
                         let what = format!(
                             "{m}x{k}x{n} batch {lhs_batch}x{rhs_batch} lhs_t {lhs_t} rhs_t {rhs_t} {lf}x{rf} on {path}"
                         );
@@ -215,7 +219,7 @@ fn random_operands_agree_with_f64_within_each_paths_bound() {
         let rhs = quantize(rng.normal(k * n, 0.0, 0.02), rshape, Fp8Format::E5M2);
         let expected = reference(&stored_f64::<B>(&lhs), lhs_t, &stored_f64::<B>(&rhs), rhs_t);
         for path in PATHS {
-            let ran = runs_on(path);
+            let ran = runs_on(path, &lhs, &rhs);
             let got = gemm_on(path, ran, &lhs, lhs_t, &rhs, rhs_t);
             let worst = got
                 .iter()
@@ -225,7 +229,11 @@ fn random_operands_agree_with_f64_within_each_paths_bound() {
             println!("lhs_t {lhs_t} rhs_t {rhs_t} on {ran}: worst |error| / Σ|a·b| = {worst:e}");
             let u = 2f64.powi(-24);
             let gamma = match ran {
-                DeviceGemmPath::Simt => (k as f64 + 4.0) * u / (1.0 - (k as f64 + 4.0) * u),
+                // f32 accumulation, one product per step (the tiled routines too: f32 stages on the unit
+                // routines, f16 stages and f32 accumulators on cooperative matrices).
+                DeviceGemmPath::Simt | DeviceGemmPath::Tiled => {
+                    (k as f64 + 4.0) * u / (1.0 - (k as f64 + 4.0) * u)
+                }
                 DeviceGemmPath::CublasLt => 2f64.powi(-10),
             };
             check_gemm_within(
@@ -292,6 +300,120 @@ fn operands_cublaslt_cannot_take_fall_back_to_the_kernel_counted() {
     assert!(short.contains("Counter: DeviceFp8Gemm(simt)"), "{short}");
 }
 
+/// What the tiled path cannot take exactly (block scales, rows that are not whole code words) runs on the kernel:
+/// counted as such, recorded as a fallback, with the kernel's bits (the reasons: `gemm::cubek_tiled_refusals_*`).
+#[test]
+fn operands_the_tiled_path_cannot_take_fall_back_to_the_kernel_counted() {
+    let mut rng = Rng::new(96);
+    let (m, k, n) = (32, 256, 64);
+    let cases = [
+        (
+            "1x128 scale blocks",
+            block_quantize(rng.normal(m * k, 0.0, 1.0), [1, m, k]),
+            block_quantize(rng.normal(n * k, 0.0, 1.0), [1, n, k]),
+        ),
+        (
+            "38 codes",
+            quantize(rng.normal(m * 38, 0.0, 1.0), [1, m, 38], Fp8Format::E4M3),
+            quantize(rng.normal(n * 38, 0.0, 1.0), [1, n, 38], Fp8Format::E4M3),
+        ),
+    ];
+    for (what, lhs, rhs) in &cases {
+        let kernel = gemm_on(
+            DeviceGemmPath::Simt,
+            DeviceGemmPath::Simt,
+            lhs,
+            false,
+            rhs,
+            true,
+        );
+        let fallbacks = device_fallbacks();
+        let asked = gemm_on(
+            DeviceGemmPath::Tiled,
+            DeviceGemmPath::Simt,
+            lhs,
+            false,
+            rhs,
+            true,
+        );
+        assert!(
+            device_fallbacks() > fallbacks,
+            "{what}: the fallback is recorded"
+        );
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&asked), bits(&kernel), "{what}: the kernel's result");
+    }
+}
+
+/// Unforced (off CUDA), a GEMM of 256³ multiply-adds or more is timed on each candidate once per shape class and the
+/// fastest kept: the tuning is counted once for two GEMMs of one class, both run on the kept kernel (the same path
+/// counted twice, the bits of that path forced), and a GEMM below the size runs on the kernel untuned.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn autotune_measures_each_shape_class_once_and_keeps_the_fastest() {
+    let mut rng = Rng::new(97);
+    let tunings =
+        || burn_te::diagnostics::thread_counter_value("DeviceFp8GemmTunings").unwrap_or(0);
+    let (m, k, n) = (256, 256, 256);
+    let first = (
+        quantize(rng.normal(m * k, 0.0, 1.0), [1, m, k], Fp8Format::E4M3),
+        quantize(rng.normal(n * k, 0.0, 1.0), [1, n, k], Fp8Format::E4M3),
+    );
+    // Another shape of the same class (dimensions round up to the same powers of two).
+    let second = (
+        quantize(rng.normal(200 * k, 0.0, 1.0), [1, 200, k], Fp8Format::E4M3),
+        quantize(rng.normal(n * k, 0.0, 1.0), [1, n, k], Fp8Format::E4M3),
+    );
+    let before_tunings = tunings();
+    let before = PATHS.map(counted);
+    let unforced = |(lhs, rhs): &(Fp8Primitive<B>, Fp8Primitive<B>)| {
+        let out = B::fp8_gemm(lhs.clone(), false, rhs.clone(), true).expect("gemm");
+        Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(out))
+            .into_data()
+            .into_vec::<f32>()
+            .unwrap()
+    };
+    let outputs = [unforced(&first), unforced(&second)];
+    assert_eq!(tunings() - before_tunings, 1, "one class, tuned once");
+    let ran: Vec<_> = PATHS
+        .iter()
+        .zip(before.iter().zip(PATHS.map(counted)))
+        .filter(|(_, (b, a))| a > *b)
+        .map(|(p, (b, a))| (*p, a - b))
+        .collect();
+    assert_eq!(ran.len(), 1, "both GEMMs on one path: {ran:?}");
+    let (path, count) = ran[0];
+    assert_eq!(count, 2, "{path}");
+    assert!(
+        path == DeviceGemmPath::Simt || path == DeviceGemmPath::Tiled,
+        "{path}"
+    );
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    if path == DeviceGemmPath::Simt {
+        for ((lhs, rhs), out) in [&first, &second].into_iter().zip(&outputs) {
+            let forced = gemm_on(path, path, lhs, false, rhs, true);
+            assert_eq!(bits(out), bits(&forced), "the kept kernel's bits");
+        }
+    }
+    // Below 256³: the kernel, no tuning.
+    let small = (
+        quantize(
+            rng.normal(64 * 128, 0.0, 1.0),
+            [1, 64, 128],
+            Fp8Format::E4M3,
+        ),
+        quantize(
+            rng.normal(64 * 128, 0.0, 1.0),
+            [1, 64, 128],
+            Fp8Format::E4M3,
+        ),
+    );
+    let simt = counted(DeviceGemmPath::Simt);
+    unforced(&small);
+    assert_eq!(counted(DeviceGemmPath::Simt), simt + 1);
+    assert_eq!(tunings() - before_tunings, 1, "small GEMMs are not tuned");
+}
+
 /// A group of GEMMs asking for cuBLASLt (a grouped linear layer's experts): each GEMM gives its bits alone on the
 /// same path; on CUDA the two cuBLASLt takes run there (one wait on each side for the group), the two it refuses
 /// (K = 40, block scales) on the kernel, each refusal recorded; off CUDA all four on the kernel, the three
@@ -338,7 +460,7 @@ fn a_group_asking_for_cublaslt_runs_each_gemm_as_alone() {
         .map(|(lhs, rhs, path)| {
             gemm_on(
                 DeviceGemmPath::CublasLt,
-                runs_on(*path),
+                runs_on(*path, lhs, rhs),
                 lhs,
                 false,
                 rhs,

@@ -1,11 +1,14 @@
 //! Which implementation runs a CubeCL device's FP8 GEMM. On CUDA, cuBLASLt's FP8 matmul on the tensor cores (the
 //! library Transformer Engine calls) where it takes the operands exactly: E4M3/E5M2 with per-tensor scales, K a
-//! multiple of 16. Elsewhere, and for what cuBLASLt does not take (block scales, NVFP4, odd shapes), the SIMT kernel
-//! of `burn-te-kernels`.
+//! multiple of 16. Elsewhere, and for what cuBLASLt does not take, the autotune ([`super::gemm_tune`]) picks per
+//! device and shape between the SIMT kernel of `burn-te-kernels` and cubek-matmul's tiled routines with the codes
+//! decoded on load (`burn_te_kernels::cubek_gemm`: per-tensor FP8 scales, rows of whole code words); block scales
+//! and NVFP4 take the SIMT kernel.
 //!
-//! [`with_device_gemm_path`] forces a path on this thread, `BURN_TE_DEVICE_GEMM` (`auto`, `simt`, `cublaslt`; read
-//! once) in the process. Each GEMM counts under `DeviceFp8Gemm(<path>)` in the metrics report; a GEMM that asked for
-//! cuBLASLt and ran on the kernel is recorded as a fallback (`device GEMM path`) with the reason.
+//! [`with_device_gemm_path`] forces a path on this thread, `BURN_TE_DEVICE_GEMM` (`auto`, `simt`, `tiled`,
+//! `cublaslt`; read once) in the process. Each GEMM counts under `DeviceFp8Gemm(<path>)` in the metrics report; a GEMM
+//! that asked for cuBLASLt or the tiled path and ran on the kernel is recorded as a fallback (`device GEMM path`) with
+//! the reason.
 
 use std::cell::Cell;
 use std::sync::OnceLock;
@@ -13,7 +16,10 @@ use std::sync::OnceLock;
 use burn_te_kernels::KernelError;
 use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::cubecl::server::Handle;
+use burn_te_kernels::cubek_gemm::{CubekRoutine, cubek_refusal};
 use burn_te_kernels::gemm::{GemmOperand, fp8_gemm_grouped};
+
+use super::gemm_tune::{self, GemmKernel};
 
 use crate::error::TeError;
 use crate::metrics;
@@ -30,6 +36,9 @@ pub enum DeviceGemmPath {
     /// burn-te's CubeCL kernel: f32 multiply-adds on the general cores, codes decoded while staging. Every runtime,
     /// every recipe.
     Simt,
+    /// cubek-matmul's tiled matmul (Burn's own) with the codes decoded on load: cooperative matrices on f16 stages
+    /// where the device has them, the unit routines on f32 stages elsewhere. FP8 with per-tensor scales.
+    Tiled,
     /// cuBLASLt's FP8 matmul on the tensor cores (CUDA, sm ≥ 89, `--features cuda`).
     CublasLt,
 }
@@ -39,14 +48,19 @@ impl DeviceGemmPath {
     pub const fn name(self) -> &'static str {
         match self {
             DeviceGemmPath::Simt => "simt",
+            DeviceGemmPath::Tiled => "tiled",
             DeviceGemmPath::CublasLt => "cublaslt",
         }
     }
 
     fn from_name(name: &str) -> Option<Self> {
-        [DeviceGemmPath::Simt, DeviceGemmPath::CublasLt]
-            .into_iter()
-            .find(|path| path.name() == name)
+        [
+            DeviceGemmPath::Simt,
+            DeviceGemmPath::Tiled,
+            DeviceGemmPath::CublasLt,
+        ]
+        .into_iter()
+        .find(|path| path.name() == name)
     }
 }
 
@@ -84,7 +98,7 @@ fn configured() -> Option<DeviceGemmPath> {
                 crate::fallback::record(
                     "BURN_TE_DEVICE_GEMM",
                     format!(
-                        "BURN_TE_DEVICE_GEMM={name:?} is not a device GEMM path (auto, simt, cublaslt): using auto"
+                        "BURN_TE_DEVICE_GEMM={name:?} is not a device GEMM path (auto, simt, tiled, cublaslt): using auto"
                     ),
                 );
                 None
@@ -108,30 +122,27 @@ fn is_cuda<R: Runtime>() -> bool {
 }
 
 /// The path this thread's device FP8 GEMMs on runtime `R` ask for: forced, configured, or the default (cuBLASLt on
-/// CUDA, the kernel elsewhere).
-pub fn requested_device_gemm_path<R: Runtime>() -> DeviceGemmPath {
+/// CUDA); `None`: the autotune's choice.
+pub fn requested_device_gemm_path<R: Runtime>() -> Option<DeviceGemmPath> {
     FORCED
         .with(Cell::get)
         .or_else(configured)
-        .unwrap_or(if is_cuda::<R>() {
-            DeviceGemmPath::CublasLt
-        } else {
-            DeviceGemmPath::Simt
-        })
+        .or(is_cuda::<R>().then_some(DeviceGemmPath::CublasLt))
 }
 
 /// Each `(A, B)`'s `out[b] = dequant(A[b]) × dequant(B[b])` as `F` on this thread's path
-/// ([`requested_device_gemm_path`]): on cuBLASLt one call each (a GEMM it cannot take recorded as a fallback), on the
-/// SIMT kernel as few launches as the device allows (`burn_te_kernels::gemm::fp8_gemm_grouped`: a grouped linear
-/// layer's experts together). Each GEMM is counted under the path that ran it, each launch under
-/// `Fp8GemmLaunches`.
+/// ([`requested_device_gemm_path`]): on cuBLASLt one call each, on the tiled path one launch each (a GEMM either
+/// cannot take recorded as a fallback), unforced on the autotune's choice; the GEMMs on the SIMT kernel in as few
+/// launches as the device allows (`burn_te_kernels::gemm::fp8_gemm_grouped`: a grouped linear layer's experts
+/// together). Each GEMM is counted under the path that ran it, each launch under `Fp8GemmLaunches`.
 pub(crate) fn device_fp8_gemm_grouped<R: Runtime, F: Float + CubeElement>(
     client: &ComputeClient<R>,
     device: &R::Device,
     gemms: &[(GemmOperand<'_>, GemmOperand<'_>)],
 ) -> Result<Vec<Handle>, TeError> {
     let mut outputs: Vec<Option<Handle>> = vec![None; gemms.len()];
-    if requested_device_gemm_path::<R>() == DeviceGemmPath::CublasLt {
+    let request = requested_device_gemm_path::<R>();
+    if request == Some(DeviceGemmPath::CublasLt) {
         let results = match cublaslt::<R, F>(client, device, gemms) {
             Ok(results) => results,
             Err(refused) => gemms
@@ -146,19 +157,39 @@ pub(crate) fn device_fp8_gemm_grouped<R: Runtime, F: Float + CubeElement>(
                     metrics::count_launch(metrics::names::FP8_GEMM_LAUNCHES);
                     *output = Some(handle);
                 }
-                Err(Refused(reason)) => {
-                    let (m, k) = (a.rows, a.cols);
-                    crate::fallback::record(
-                        DEVICE_GEMM_FALLBACK,
-                        format!(
-                            "device FP8 GEMM (lhs {m}x{k}): ran on the SIMT kernel, not on cuBLASLt: {reason}"
-                        ),
-                    );
-                }
+                Err(Refused(reason)) => record_refusal(a, DeviceGemmPath::CublasLt, &reason),
             }
         }
     }
-    let simt: Vec<usize> = (0..gemms.len()).filter(|&i| outputs[i].is_none()).collect();
+    // The rest: forced onto the kernel or the tiled path, or the autotune's choice (cuBLASLt's refusals too).
+    let mut simt = Vec::new();
+    for (i, (a, b)) in gemms.iter().enumerate() {
+        if outputs[i].is_some() {
+            continue;
+        }
+        let kernel = match request {
+            Some(DeviceGemmPath::Simt) => GemmKernel::Simt,
+            Some(DeviceGemmPath::Tiled) => match forced_tiled(client, a, b) {
+                Ok(kernel) => kernel,
+                Err(Refused(reason)) => {
+                    record_refusal(a, DeviceGemmPath::Tiled, &reason);
+                    GemmKernel::Simt
+                }
+            },
+            None | Some(DeviceGemmPath::CublasLt) => {
+                gemm_tune::tuned_kernel::<R, F>(client, device, a, b)?
+            }
+        };
+        match kernel {
+            GemmKernel::Simt => simt.push(i),
+            GemmKernel::Tiled(_) => {
+                let handle = gemm_tune::run_kernel::<R, F>(client, a, b, kernel)?;
+                count_path(DeviceGemmPath::Tiled);
+                metrics::count_launch(metrics::names::FP8_GEMM_LAUNCHES);
+                outputs[i] = Some(handle);
+            }
+        }
+    }
     if !simt.is_empty() {
         let operands: Vec<_> = simt.iter().map(|&i| gemms[i]).collect();
         let grouped = fp8_gemm_grouped::<R, F>(client, &operands)?;
@@ -174,11 +205,40 @@ pub(crate) fn device_fp8_gemm_grouped<R: Runtime, F: Float + CubeElement>(
         .collect())
 }
 
+/// The routine a forced tiled GEMM runs on: cooperative matrices where the device has them and they take the shape,
+/// the unit routine elsewhere; refused where the tiled path cannot take the operands.
+fn forced_tiled<R: Runtime>(
+    client: &ComputeClient<R>,
+    a: &GemmOperand<'_>,
+    b: &GemmOperand<'_>,
+) -> Result<GemmKernel, Refused> {
+    if let Some(reason) = cubek_refusal(a, b, CubekRoutine::SimpleUnit) {
+        return Err(Refused(reason));
+    }
+    let has_matrix_units = !client.properties().features.matmul.cmma.is_empty();
+    Ok(GemmKernel::Tiled(
+        if has_matrix_units && cubek_refusal(a, b, CubekRoutine::SimpleCmma).is_none() {
+            CubekRoutine::SimpleCmma
+        } else {
+            CubekRoutine::SimpleUnit
+        },
+    ))
+}
+
+/// Records a GEMM that asked for `path` and runs on the SIMT kernel.
+fn record_refusal(a: &GemmOperand<'_>, path: DeviceGemmPath, reason: &str) {
+    let (m, k) = (a.rows, a.cols);
+    crate::fallback::record(
+        DEVICE_GEMM_FALLBACK,
+        format!("device FP8 GEMM (lhs {m}x{k}): ran on the SIMT kernel, not on {path}: {reason}"),
+    );
+}
+
 fn count_path(path: DeviceGemmPath) {
     metrics::increment_counter(&format!("{DEVICE_FP8_GEMM}({path})"), 1);
 }
 
-/// Why cuBLASLt did not run a GEMM.
+/// Why cuBLASLt or the tiled path did not run a GEMM.
 struct Refused(String);
 
 impl From<KernelError> for Refused {

@@ -2,6 +2,7 @@
 //! buffers. Scales and amax histories stay on the device, so no op waits for the host except the statistics.
 
 pub mod gemm_path;
+pub mod gemm_tune;
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::element::{BoolElement, FloatElement, IntElement};

@@ -1,0 +1,168 @@
+//! The autotune of the device FP8 GEMM: per device and shape class, each candidate that can take the GEMM exactly
+//! (the SIMT kernel, and cubek-matmul's tiled routines with the codes decoded on load) runs once to compile and
+//! warm up, then [`TIMED_RUNS`] times, synchronised; the fastest is kept for that key for the rest of the process,
+//! as Burn keeps its matmul's choice. GEMMs below [`TUNED_MIN_PRODUCT`] multiply-adds are too small for the
+//! choice to matter and take the SIMT kernel untuned.
+//!
+//! The key anchors M, K, N and the batch to powers of two (as Burn's matmul key does) and carries what decides
+//! which candidates can run (whole code words per row, K a multiple of 16), so a kept choice runs every GEMM of its
+//! key.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use burn_te_kernels::cubecl::future::block_on;
+use burn_te_kernels::cubecl::prelude::*;
+use burn_te_kernels::cubecl::server::Handle;
+use burn_te_kernels::cubek_gemm::{CubekRoutine, cubek_refusal, fp8_gemm_cubek};
+use burn_te_kernels::gemm::{GemmOperand, OperandCodes, fp8_gemm, product_dims};
+use burn_te_kernels::{Fp8Format, KernelError};
+
+use crate::error::TeError;
+
+/// GEMMs with fewer multiply-adds (`batch · M · K · N`) run on the SIMT kernel without tuning: 256³.
+pub const TUNED_MIN_PRODUCT: usize = 1 << 24;
+
+/// Timed runs of each candidate after its first (compiling) run.
+pub const TIMED_RUNS: usize = 3;
+
+/// What runs a device FP8 GEMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GemmKernel {
+    /// burn-te's SIMT kernel.
+    Simt,
+    /// A cubek-matmul routine on codes decoded on load.
+    Tiled(CubekRoutine),
+}
+
+impl core::fmt::Display for GemmKernel {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            GemmKernel::Simt => f.write_str("simt"),
+            GemmKernel::Tiled(routine) => write!(f, "tiled/{}", routine.name()),
+        }
+    }
+}
+
+/// What a kept choice is keyed by.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct TuneKey {
+    runtime: String,
+    device: String,
+    output_bytes: usize,
+    /// `(batch, M, K, N)`, each rounded up to a power of two.
+    anchored: [usize; 4],
+    transposed: (bool, bool),
+    formats: (Fp8Format, Fp8Format),
+    /// The tiled path's refusal per routine (`cubek_refusal`): what can run at all.
+    refused: [bool; 3],
+}
+
+fn choices() -> &'static Mutex<HashMap<TuneKey, GemmKernel>> {
+    static CHOICES: std::sync::OnceLock<Mutex<HashMap<TuneKey, GemmKernel>>> =
+        std::sync::OnceLock::new();
+    CHOICES.get_or_init(Default::default)
+}
+
+/// Runs `kernel` on `a × b`.
+pub(crate) fn run_kernel<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    a: &GemmOperand<'_>,
+    b: &GemmOperand<'_>,
+    kernel: GemmKernel,
+) -> Result<Handle, KernelError> {
+    match kernel {
+        GemmKernel::Simt => fp8_gemm::<R, F>(client, a, b),
+        GemmKernel::Tiled(routine) => fp8_gemm_cubek::<R, F>(client, a, b, routine),
+    }
+}
+
+/// The kernel autotune keeps for `a × b` on this device: measured at the first GEMM of its key, the SIMT kernel for
+/// small GEMMs and for operands only it takes.
+pub(crate) fn tuned_kernel<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    device: &R::Device,
+    a: &GemmOperand<'_>,
+    b: &GemmOperand<'_>,
+) -> Result<GemmKernel, TeError> {
+    let (m, k, n, batch) = product_dims(a, b)?;
+    let candidates: Vec<GemmKernel> = CubekRoutine::ALL
+        .into_iter()
+        .filter(|&routine| cubek_refusal(a, b, routine).is_none())
+        .map(GemmKernel::Tiled)
+        .collect();
+    let (OperandCodes::Fp8(a_codes), OperandCodes::Fp8(b_codes)) = (a.codes, b.codes) else {
+        return Ok(GemmKernel::Simt);
+    };
+    if batch * m * k * n < TUNED_MIN_PRODUCT || candidates.is_empty() {
+        return Ok(GemmKernel::Simt);
+    }
+    let key = TuneKey {
+        runtime: R::name(client).to_string(),
+        device: format!("{:?}", device),
+        output_bytes: size_of::<F>(),
+        anchored: [batch, m, k, n].map(usize::next_power_of_two),
+        transposed: (a.transposed, b.transposed),
+        formats: (a_codes.format, b_codes.format),
+        refused: CubekRoutine::ALL.map(|routine| cubek_refusal(a, b, routine).is_some()),
+    };
+    if let Some(&kept) = choices()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&key)
+    {
+        return Ok(kept);
+    }
+    let mut timings = Vec::new();
+    for kernel in std::iter::once(GemmKernel::Simt).chain(candidates) {
+        match time_kernel::<R, F>(client, a, b, kernel) {
+            Ok(time) => timings.push((kernel, time)),
+            // A routine the device lacks (no matrix units, no tile size for the shape) is no candidate here.
+            Err(KernelError::Library { reason, .. }) => {
+                tracing::debug!("device FP8 GEMM autotune: {kernel} cannot run {key:?}: {reason}")
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    let (chosen, _) = timings
+        .iter()
+        .min_by_key(|(_, time)| *time)
+        .copied()
+        .unwrap_or((GemmKernel::Simt, Duration::ZERO));
+    let listed: Vec<String> = timings
+        .iter()
+        .map(|(kernel, time)| format!("{kernel} {:.3} ms", time.as_secs_f64() * 1e3))
+        .collect();
+    tracing::info!(
+        "device FP8 GEMM autotune, batch {batch} x {m}x{k}x{n} (lhs_t {}, rhs_t {}): {chosen} ({})",
+        a.transposed,
+        b.transposed,
+        listed.join(", ")
+    );
+    crate::metrics::increment_counter(crate::metrics::names::DEVICE_GEMM_TUNINGS, 1);
+    choices()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(key, chosen);
+    Ok(chosen)
+}
+
+/// The best of [`TIMED_RUNS`] synchronised runs after a first one.
+fn time_kernel<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    a: &GemmOperand<'_>,
+    b: &GemmOperand<'_>,
+    kernel: GemmKernel,
+) -> Result<Duration, KernelError> {
+    run_kernel::<R, F>(client, a, b, kernel)?;
+    block_on(client.sync())?;
+    let mut best = Duration::MAX;
+    for _ in 0..TIMED_RUNS {
+        let start = Instant::now();
+        run_kernel::<R, F>(client, a, b, kernel)?;
+        block_on(client.sync())?;
+        best = best.min(start.elapsed());
+    }
+    Ok(best)
+}
