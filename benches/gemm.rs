@@ -1,9 +1,12 @@
 //! FP8 GEMM vs Burn's own f32 matmul on the same runtime (wgpu; lavapipe on CPU-only machines), as ratios in one
-//! run: pre-quantized FP8 GEMM, and quantize (current scaling) + GEMM end to end.
+//! run: pre-quantized FP8 GEMM on each device path (the SIMT kernel, cubek's tiled routines with the codes decoded
+//! on load, and the autotune's choice between them, which users get), and quantize (current scaling) + GEMM end to
+//! end.
 
 use burn::backend::wgpu::WgpuDevice;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_te::backends::Wgpu;
+use burn_te::cube::gemm_path::{DeviceGemmPath, with_device_gemm_path};
 use burn_te::{Fp8Format, Scaling, TeBackend};
 use criterion::{Criterion, criterion_group, criterion_main};
 
@@ -41,13 +44,24 @@ fn gemm(c: &mut Criterion) {
                 out
             })
         });
-        group.bench_function("fp8 gemm", |bench| {
+        group.bench_function("fp8 gemm (autotuned)", |bench| {
             bench.iter(|| {
                 let out = Wgpu::fp8_gemm(qa.clone(), false, qb.clone(), false).expect("gemm");
                 sync(&device);
                 Tensor::<Wgpu, 2>::from_primitive(TensorPrimitive::Float(out))
             })
         });
+        for path in [DeviceGemmPath::Simt, DeviceGemmPath::Tiled] {
+            group.bench_function(format!("fp8 gemm ({path})"), |bench| {
+                bench.iter(|| {
+                    let out = with_device_gemm_path(path, || {
+                        Wgpu::fp8_gemm(qa.clone(), false, qb.clone(), false).expect("gemm")
+                    });
+                    sync(&device);
+                    Tensor::<Wgpu, 2>::from_primitive(TensorPrimitive::Float(out))
+                })
+            });
+        }
         group.bench_function("quantize + fp8 gemm", |bench| {
             bench.iter(|| {
                 let out = Wgpu::fp8_gemm(quantize(&a), false, quantize(&b), false).expect("gemm");

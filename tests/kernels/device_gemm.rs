@@ -522,57 +522,95 @@ fn a_group_asking_for_cublaslt_runs_each_gemm_as_alone() {
     }
 }
 
-/// A few training steps of a TransformerLayer in FP8 (delayed scaling) on cuBLASLt give the SIMT kernel's losses
-/// within 1e-3 (relative): the paths differ only in accumulation order and precision, which can flip a code.
-#[cfg(feature = "cuda")]
+/// Four SGD steps of a TransformerLayer in FP8 on each path of this device, the `Te` stack and the `Debug` stack,
+/// under DelayedScaling, Float8CurrentScaling and current scaling with the attention's batched GEMMs in FP8
+/// (`fp8_dpa`): each path's losses are the SIMT kernel's within 1e-3 (relative; the paths differ only in the order
+/// and precision of the accumulation, which can flip a code), and the layer's GEMMs ran on the path asked for.
 #[test]
-fn transformer_layer_trains_the_same_on_cublaslt_and_the_kernel() {
+fn transformer_layer_trains_the_same_on_every_path() {
     use burn::backend::Autodiff;
-    use burn::optim::{GradientsParams, Optimizer, SgdConfig};
-    use burn_te::nn::TransformerLayerConfig;
-    use burn_te::{DelayedScaling, Te, fp8_autocast};
-    type A = Autodiff<Te<B>>;
+    use burn::tensor::backend::AutodiffBackend;
+    use burn_te::{DelayedScaling, Float8CurrentScaling, Te};
+    use burn_te_debug::Debug;
     let device = backend_device();
-    let losses = |path: DeviceGemmPath| {
+    let recipes: [(&str, fn() -> burn_te::ScopeRecipe); 3] = [
+        ("delayed", || DelayedScaling::default().into()),
+        ("current", || Float8CurrentScaling::default().into()),
+        ("current + fp8_dpa", || {
+            Float8CurrentScaling {
+                fp8_dpa: true,
+                ..Default::default()
+            }
+            .into()
+        }),
+    ];
+    let paths: Vec<DeviceGemmPath> = if cfg!(feature = "cuda") {
+        PATHS.to_vec()
+    } else {
+        vec![DeviceGemmPath::Simt, DeviceGemmPath::Tiled]
+    };
+    for (name, recipe) in recipes {
+        for debug_stack in [false, true] {
+            let losses = |path: DeviceGemmPath| {
+                if debug_stack {
+                    layer_losses::<Autodiff<Debug<Te<B>>>>(&device, path, recipe)
+                } else {
+                    layer_losses::<Autodiff<Te<B>>>(&device, path, recipe)
+                }
+            };
+            let simt = losses(DeviceGemmPath::Simt);
+            for &path in &paths[1..] {
+                let before = counted(path);
+                let other = losses(path);
+                assert!(
+                    counted(path) > before,
+                    "{name}: the layer's GEMMs ran on {path}"
+                );
+                println!("{name} (debug stack {debug_stack}): simt {simt:?}, {path} {other:?}");
+                for (step, (a, b)) in simt.iter().zip(&other).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 1e-3 * a.abs(),
+                        "{name} (debug stack {debug_stack}) on {path}, step {step}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+
+    fn layer_losses<A: AutodiffBackend + burn_te::TeBackend>(
+        device: &A::Device,
+        path: DeviceGemmPath,
+        recipe: fn() -> burn_te::ScopeRecipe,
+    ) -> Vec<f32> {
+        use burn::optim::{GradientsParams, Optimizer, SgdConfig};
+        use burn_te::fp8_autocast;
+        use burn_te::nn::TransformerLayerConfig;
         with_device_gemm_path(path, || {
-            <A as Backend>::seed(&device, 7);
+            A::seed(device, 7);
             let mut layer = TransformerLayerConfig::new(128, 512, 4)
                 .with_hidden_dropout(0.0)
                 .with_attention_dropout(0.0)
-                .init::<A>(&device);
+                .init::<A>(device);
             let mut optim = SgdConfig::new().init();
             let mut rng = Rng::new(95);
             let x = Tensor::<A, 3>::from_data(
                 TensorData::new(rng.normal(4 * 32 * 128, 0.0, 1.0), [4, 32, 128]),
-                &device,
+                device,
             );
             let target = Tensor::<A, 3>::from_data(
                 TensorData::new(rng.normal(4 * 32 * 128, 0.0, 1.0), [4, 32, 128]),
-                &device,
+                device,
             );
             let mut losses = vec![];
             for _ in 0..4 {
-                let y = fp8_autocast(true, DelayedScaling::default(), || {
-                    layer.forward(x.clone(), None)
-                })
-                .expect("recipe");
+                let y = fp8_autocast(true, recipe(), || layer.forward(x.clone(), None))
+                    .expect("recipe");
                 let loss = (y - target.clone()).square().mean();
-                losses.push(loss.clone().into_scalar());
+                losses.push(loss.clone().into_scalar().elem::<f32>());
                 let grads = GradientsParams::from_grads(loss.backward(), &layer);
                 layer = optim.step(0.05, layer, grads);
             }
             losses
         })
-    };
-    let simt = losses(DeviceGemmPath::Simt);
-    let before = counted(DeviceGemmPath::CublasLt);
-    let cublaslt = losses(DeviceGemmPath::CublasLt);
-    assert!(
-        counted(DeviceGemmPath::CublasLt) > before,
-        "the layer's GEMMs ran on cuBLASLt"
-    );
-    println!("losses: simt {simt:?}, cuBLASLt {cublaslt:?}");
-    for (step, (a, b)) in simt.iter().zip(&cublaslt).enumerate() {
-        assert!((a - b).abs() <= 1e-3 * a.abs(), "step {step}: {a} vs {b}");
     }
 }

@@ -605,3 +605,37 @@ fn cubek_tiled_refusals_name_the_reason() {
         None
     );
 }
+
+/// An f16 output of the tiled path is the f32 output rounded once: the scales are applied to the f32 accumulator
+/// before the cast (an unscaled FP8 product can leave f16's range).
+#[test]
+fn cubek_tiled_f16_output_is_the_f32_output_rounded_once() {
+    use burn::tensor::f16;
+    let a = Operand::per_tensor(1, 36, 64, 22, Fp8Format::E4M3);
+    let b = Operand::per_tensor(1, 48, 64, 23, Fp8Format::E4M3);
+    let (m, n) = (36, 48);
+    let out32 = fp8_gemm_cubek::<TestRuntime, f32>(
+        &client(),
+        &a.gemm(false),
+        &b.gemm(true),
+        CubekRoutine::SimpleUnit,
+    )
+    .unwrap();
+    let out16 = fp8_gemm_cubek::<TestRuntime, f16>(
+        &client(),
+        &a.gemm(false),
+        &b.gemm(true),
+        CubekRoutine::SimpleUnit,
+    )
+    .unwrap();
+    let want: Vec<u16> = download(&out32, m * n)
+        .into_iter()
+        .map(|x| f16::from_f32(x).to_bits())
+        .collect();
+    let bytes = client().read_one(out16).unwrap();
+    let got: Vec<u16> = bytes
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    assert_eq!(got, want);
+}
