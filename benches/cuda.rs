@@ -151,6 +151,21 @@ fn gemm(c: &mut Criterion, float: Float) {
                     true,
                     shape,
                 );
+                // cubek's Simple routine on CMMA tiles with f16 stages, the codes decoded on load.
+                bench_fp8(
+                    &mut group,
+                    "fp8 tiled cubek (A·Bᵀ)",
+                    DeviceGemmPath::Tiled,
+                    true,
+                    shape,
+                );
+                bench_fp8(
+                    &mut group,
+                    "fp8 tiled cubek (A·B)",
+                    DeviceGemmPath::Tiled,
+                    false,
+                    shape,
+                );
             }
             Float::Bf16 => bench_matmul::<Fused<bf16>>(&mut group, "burn bf16 matmul", shape),
             Float::F16 => bench_matmul::<Fused<f16>>(&mut group, "burn f16 matmul", shape),
