@@ -1,16 +1,18 @@
-//! The FP8 GEMM on cubek-matmul's tiled matmuls (Burn's own matmul): the operands' codes are decoded on load
-//! ([`crate::kernel::fp8_view`]) into the stage type, the product accumulates in f32, and the per-tensor scales are
-//! applied to the f32 output as one factor `scale_a · scale_b` (the split the host path and cuBLASLt use).
+//! The FP8 (and NVFP4) GEMM on cubek-matmul's tiled matmuls (Burn's own matmul): the operands' codes are decoded
+//! on load ([`crate::kernel::code_view`]) into the stage type, the product accumulates in f32, per-tensor scales are
+//! applied to the f32 output as one factor `scale_a · scale_b` (the split the host path and cuBLASLt use), and block
+//! scales (Float8BlockScaling, MXFP8, NVFP4's block factors) multiply each decoded value in f32 as it is loaded, as
+//! the SIMT kernel stages them.
 //!
 //! The stage type is f32 for the unit routines (every device; on devices without matrix units such as lavapipe they
-//! are what cubek itself runs) and f16 for the cooperative-matrix routine (exact: every E4M3 and E5M2 value is an
-//! f16 value). What this path cannot take exactly is named by [`cubek_refusal`]: the caller runs it on the SIMT
-//! kernel and says so.
+//! are what cubek itself runs) and f16 for the cooperative-matrix routine (exact: every E4M3, E5M2 and E2M1 value is
+//! an f16 value; block-scaled values need not be, so it takes per-tensor scales only). What this path cannot take
+//! exactly is named by [`cubek_refusal`]: the caller runs it on the SIMT kernel and says so.
 
 use cubecl::ir::{ElemType, FloatKind, StorageType};
 use cubecl::prelude::*;
 use cubecl::quant::scheme::{
-    QuantLevel, QuantMode, QuantParam, QuantScheme, QuantStore, QuantValue,
+    BlockSize, QuantLevel, QuantMode, QuantParam, QuantScheme, QuantStore, QuantValue,
 };
 use cubecl::server::Handle;
 use cubecl::std::tensor::View;
@@ -20,6 +22,7 @@ use cubecl::zspace::{Shape, Strides};
 use cubecl::{CubeCount, CubeDim};
 use cubek_matmul::components::global::memory::{
     BatchLayout, BatchLayoutLaunch, GlobalLayout, GlobalLayoutConfig, GlobalLayoutLaunch,
+    GlobalScaleLayout,
 };
 use cubek_matmul::components::tile::TileMatmulKind;
 use cubek_matmul::definition::{
@@ -37,8 +40,9 @@ use cubek_std::InputBinding;
 
 use crate::error::KernelError;
 use crate::format::Fp8Format;
-use crate::gemm::{GemmOperand, OperandCodes, product_dims};
-use crate::kernel::fp8_view::{CODES_PER_WORD, Fp8View};
+use crate::gemm::{GemmOperand, product_dims};
+use crate::kernel::code::CodeFormat;
+use crate::kernel::code_view::{CodeView, codes_per_word};
 
 /// Which of cubek-matmul's tiled matmuls runs the GEMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -48,7 +52,7 @@ pub enum CubekRoutine {
     /// One unit per output tile, two stages loaded in turn (`DoubleUnit`): every device.
     DoubleUnit,
     /// Cooperative matrices (CUDA's WMMA, Vulkan's cooperative matrices, Metal's simdgroup matrices) on f16
-    /// stages (`Simple` with CMMA tiles): devices with f16 matrix units.
+    /// stages (`Simple` with CMMA tiles): devices with f16 matrix units; per-tensor scales only.
     SimpleCmma,
 }
 
@@ -87,40 +91,63 @@ pub fn cubek_refusal(
     routine: CubekRoutine,
 ) -> Option<String> {
     for (side, operand) in [("lhs", a), ("rhs", b)] {
-        match operand.codes {
-            OperandCodes::Fp8(_) => {}
-            OperandCodes::E2m1 { .. } => {
-                return Some(format!(
-                    "the {side} is NVFP4 (E2M1 codes with block scales)"
-                ));
-            }
-        }
-        if let Some(block) = operand.block {
+        let words = codes_per_word(operand.element());
+        if !operand.cols.is_multiple_of(words) {
             return Some(format!(
-                "the {side} has {}x{} scale blocks (the tiled path takes per-tensor scales)",
-                block.rows, block.cols
-            ));
-        }
-        if !operand.cols.is_multiple_of(CODES_PER_WORD) {
-            return Some(format!(
-                "the {side}'s rows are {} codes long, not whole words of {CODES_PER_WORD}",
+                "the {side}'s rows are {} codes long, not whole words of {words}",
                 operand.cols
             ));
         }
+        if let Some(block) = operand.block {
+            if routine == CubekRoutine::SimpleCmma {
+                return Some(format!(
+                    "the {side} has {}x{} scale blocks: the cooperative-matrix stages are f16, where a scaled \
+                     value need not be exact (the unit routines take them, on f32 stages)",
+                    block.rows, block.cols
+                ));
+            }
+            // One scale per decoded word: blocks are whole words along the stored rows.
+            let (rows, cols) = (block.rows.min(operand.rows), block.cols.min(operand.cols));
+            if !(cols.is_multiple_of(words) || cols == operand.cols)
+                || u8::try_from(rows).is_err()
+                || u8::try_from(cols).is_err()
+            {
+                return Some(format!(
+                    "the {side}'s {}x{} scale blocks are not whole code words of at most 255 x 255",
+                    block.rows, block.cols
+                ));
+            }
+        }
     }
     let depth = a.used_dims(true).1;
-    if routine == CubekRoutine::DoubleUnit && !depth.is_multiple_of(DOUBLE_UNIT_DEPTH) {
-        // cubek-matmul 0.2's DoubleUnit adds a stale half stage where both operands run along K and K ≡ 8 (mod
-        // 16) (found by this crate's tests, every K from 4 to 136); whole stages only.
+    let stage_depth =
+        DOUBLE_UNIT_STAGE_WORDS * codes_per_word(a.element()).max(codes_per_word(b.element()));
+    if routine == CubekRoutine::DoubleUnit && !depth.is_multiple_of(stage_depth) {
+        // cubek-matmul 0.2's DoubleUnit adds a stale half stage where K leaves the last stage half empty (found by
+        // this crate's tests: every K from 4 to 136 with four codes per load, K = 48 with eight); whole stages only.
         return Some(format!(
-            "DoubleUnit takes a depth that is a multiple of {DOUBLE_UNIT_DEPTH}, not {depth}"
+            "DoubleUnit takes a depth that is a multiple of {stage_depth}, not {depth}"
+        ));
+    }
+    if routine == CubekRoutine::SimpleUnit
+        && stage_depth > DOUBLE_UNIT_STAGE_WORDS * 4
+        && depth >= SIMPLE_UNIT_WIDE_MAX_DEPTH
+    {
+        // cubek-matmul 0.2's SimpleUnit loses part of K with eight-lane loads (E2M1 words) from K = 512 on (found by
+        // this crate's tests: every K that is a multiple of 32 up to 480 exact, 512 to 2048 wrong).
+        return Some(format!(
+            "SimpleUnit takes eight codes per load only below a depth of {SIMPLE_UNIT_WIDE_MAX_DEPTH}, not {depth}"
         ));
     }
     None
 }
 
-/// The depth DoubleUnit's stages take whole ([`cubek_refusal`]).
-const DOUBLE_UNIT_DEPTH: usize = 16;
+/// The depth from which SimpleUnit cannot take eight-code words ([`cubek_refusal`]).
+const SIMPLE_UNIT_WIDE_MAX_DEPTH: usize = 512;
+
+/// Code words along K in one of DoubleUnit's stages (two halves of two loads each): its depth takes whole stages
+/// ([`cubek_refusal`]).
+const DOUBLE_UNIT_STAGE_WORDS: usize = 4;
 
 /// `out[b] = dequant(A[b]) × dequant(B[b])` as `F`, contiguous `[batch, M, N]`, on cubek-matmul's `routine` with the
 /// codes decoded on load, f32 accumulation and the per-tensor scales applied once to the f32 result.
@@ -146,9 +173,6 @@ pub fn fp8_gemm_cubek<R: Runtime, F: Float + CubeElement>(
         // No product to run: the SIMT launcher's empty and all-zero results.
         return crate::gemm::fp8_gemm::<R, F>(client, a, b);
     }
-    let (OperandCodes::Fp8(a_codes), OperandCodes::Fp8(b_codes)) = (a.codes, b.codes) else {
-        unreachable!("cubek_refusal admits FP8 codes only");
-    };
     let stage = routine.stage(client);
     let f32_type = f32::as_type_native_unchecked().storage_type();
     let mut dtypes = MatmulElems::from_globals(&MatmulGlobalElems {
@@ -156,8 +180,8 @@ pub fn fp8_gemm_cubek<R: Runtime, F: Float + CubeElement>(
         rhs: stage,
         out: f32_type,
     });
-    let lhs = operand_binding::<R>(a, &a_codes.codes, a_codes.format, batch);
-    let rhs = operand_binding::<R>(b, &b_codes.codes, b_codes.format, batch);
+    let lhs = operand_binding::<R>(a, batch);
+    let rhs = operand_binding::<R>(b, batch);
     let accumulator = client.empty(out_len * size_of::<f32>());
     let out_shape: Shape = [batch, m, n].into();
     let out_strides: Strides = [m * n, n, 1].into();
@@ -186,7 +210,7 @@ pub fn fp8_gemm_cubek<R: Runtime, F: Float + CubeElement>(
         rhs.scheme(),
     )
     .map_err(setup_error)?;
-    // One code word per read on each side (its four codes decoded into one vector); the output as wide as it goes.
+    // One code word per read on each side (its codes decoded into one vector); the output as wide as it goes.
     let mut vector_sizes = AvailableVectorSizes::from_type_sizes(client, 4, 4, size_of::<f32>())
         .filter_out_with_tensor(&out_strides, &out_shape)
         .pick_max()
@@ -233,7 +257,7 @@ pub fn fp8_gemm_cubek<R: Runtime, F: Float + CubeElement>(
         ),
     }
     .map_err(setup_error)?;
-    scale_output::<R, F>(client, &accumulator, a.scale_inv, b.scale_inv, out_len)
+    scale_output::<R, F>(client, &accumulator, a, b, out_len)
 }
 
 fn setup_error(error: MatmulSetupError) -> KernelError {
@@ -245,16 +269,12 @@ fn setup_error(error: MatmulSetupError) -> KernelError {
 
 /// The operand as cubek reads a packed quantized tensor: its codes as `u32` words, packed along the stored rows'
 /// contiguous dimension. Used as stored, the matrix is row-major, packed along its last dimension; used transposed,
-/// column-major, packed along its second to last. The scale binding is only carried: the tiled path applies scales
-/// to the output.
-fn operand_binding<R: Runtime>(
-    operand: &GemmOperand<'_>,
-    codes: &Handle,
-    format: Fp8Format,
-    batch: usize,
-) -> InputBinding<R> {
+/// column-major, packed along its second to last. Block scales go with it as the scheme's block level and the
+/// scales' grid in the same orientation; a per-tensor scale is only carried (the output applies it).
+fn operand_binding<R: Runtime>(operand: &GemmOperand<'_>, batch: usize) -> InputBinding<R> {
+    let element = operand.element();
     let (rows, cols) = (operand.rows, operand.cols);
-    let words_per_row = cols / CODES_PER_WORD;
+    let words_per_row = cols / codes_per_word(element);
     let matrix_words = rows * words_per_row;
     let operand_batch = if operand.batch == 1 { 1 } else { batch };
     let as_stored = !operand.transposed;
@@ -273,29 +293,57 @@ fn operand_binding<R: Runtime>(
             1,
         )
     };
+    let (level, scale_shape, scale_strides) = match operand.block {
+        None => (QuantLevel::Tensor, [1, 1, 1], [1, 1, 1]),
+        Some(block) => {
+            let (grid_rows, grid_cols) = block.grid(rows, cols);
+            let (block_rows, block_cols) = (block.rows.min(rows), block.cols.min(cols));
+            let grid = grid_rows * grid_cols;
+            // `cubek_refusal` admits blocks of at most 255 x 255.
+            let (block_rows, block_cols) = (block_rows as u8, block_cols as u8);
+            if as_stored {
+                (
+                    QuantLevel::Block(BlockSize::new([block_rows, block_cols])),
+                    [operand_batch, grid_rows, grid_cols],
+                    [grid, grid_cols, 1],
+                )
+            } else {
+                (
+                    QuantLevel::Block(BlockSize::new([block_cols, block_rows])),
+                    [operand_batch, grid_cols, grid_rows],
+                    [grid, 1, grid_cols],
+                )
+            }
+        }
+    };
     let scheme = QuantScheme {
-        value: match format {
-            Fp8Format::E4M3 => QuantValue::E4M3,
-            Fp8Format::E5M2 => QuantValue::E5M2,
+        value: match element {
+            CodeFormat::Fp8(Fp8Format::E4M3) => QuantValue::E4M3,
+            CodeFormat::Fp8(Fp8Format::E5M2) => QuantValue::E5M2,
+            CodeFormat::E2m1 => QuantValue::E2M1,
         },
         param: QuantParam::F32,
         store: QuantStore::PackedU32(packing_dim),
-        level: QuantLevel::Tensor,
+        level,
         mode: QuantMode::Symmetric,
     };
     let u32_type = u32::as_type_native_unchecked().storage_type();
     let f32_type = f32::as_type_native_unchecked().storage_type();
-    // SAFETY: the codes hold `operand_batch · rows · cols / 4` words (checked by `GemmOperand::check`), which the
-    // strides address; the scale is one f32 (per-tensor: `cubek_refusal` admits no blocks).
+    // SAFETY: the codes hold `operand_batch · rows · cols` codes in whole words (checked by `GemmOperand::check` and
+    // `cubek_refusal`), which the strides address; the scales hold one f32 per block of each matrix (or one).
     unsafe {
         InputBinding::Quantized {
             data: TensorBinding::from_raw_parts(
-                codes.clone(),
+                operand.codes_handle().clone(),
                 data_strides.into(),
                 data_shape.into(),
             ),
             data_dtype: u32_type,
-            scale: TensorBinding::from_raw_parts(operand.scale_inv.clone(), [1].into(), [1].into()),
+            scale: TensorBinding::from_raw_parts(
+                operand.scale_inv.clone(),
+                scale_strides.into(),
+                scale_shape.into(),
+            ),
             scale_dtype: f32_type,
             shape: shape.into(),
             scheme,
@@ -303,29 +351,32 @@ fn operand_binding<R: Runtime>(
     }
 }
 
-/// `out = F(accumulator · (scale_a · scale_b))`, the per-tensor scales applied once to the f32 product.
+/// `out = F(accumulator · (scale_a · scale_b))`, the per-tensor scales applied once to the f32 product (an operand
+/// with block scales has them in its decoded values: its factor is 1).
 fn scale_output<R: Runtime, F: Float + CubeElement>(
     client: &ComputeClient<R>,
     accumulator: &Handle,
-    scale_a: &Handle,
-    scale_b: &Handle,
+    a: &GemmOperand<'_>,
+    b: &GemmOperand<'_>,
     len: usize,
 ) -> Result<Handle, KernelError> {
     let output = client.empty(len * size_of::<F>());
     let units = 256usize;
     let cubes = len.div_ceil(units);
     let (x, y) = (cubes.min(65535), cubes.div_ceil(65535));
-    // SAFETY: `accumulator` and `output` hold `len` elements, the scales one each; the kernel checks `len`.
+    // SAFETY: `accumulator` and `output` hold `len` elements, a per-tensor scale one; the kernel checks `len`.
     unsafe {
         scale_output_kernel::launch_unchecked::<F, R>(
             client,
             CubeCount::Static(x as u32, y as u32, 1),
             CubeDim::new_1d(units as u32),
             ArrayArg::from_raw_parts(accumulator.clone(), len),
-            ArrayArg::from_raw_parts(scale_a.clone(), 1),
-            ArrayArg::from_raw_parts(scale_b.clone(), 1),
+            ArrayArg::from_raw_parts(a.scale_inv.clone(), 1),
+            ArrayArg::from_raw_parts(b.scale_inv.clone(), 1),
             ArrayArg::from_raw_parts(output.clone(), len),
             len as u32,
+            a.block.is_none(),
+            b.block.is_none(),
         );
     }
     Ok(output)
@@ -338,29 +389,39 @@ fn scale_output_kernel<F: Float>(
     scale_b: &Array<f32>,
     output: &mut Array<F>,
     len: u32,
+    #[comptime] apply_a: bool,
+    #[comptime] apply_b: bool,
 ) {
     let index = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) * CUBE_DIM_X + UNIT_POS_X;
     if index < len {
-        let factor = scale_a[0] * scale_b[0];
+        let mut factor = 1.0f32;
+        if apply_a {
+            factor = scale_a[0];
+        }
+        if apply_b {
+            factor *= scale_b[0];
+        }
         output[index as usize] = F::cast_from(accumulator[index as usize] * factor);
     }
 }
 
-/// cubek-matmul's arguments for FP8 operands: each input a view of packed codes, read decoded ([`Fp8View`]); the
-/// output a plain f32 tensor.
+/// cubek-matmul's arguments for quantized operands: each input a view of packed codes, read decoded
+/// ([`CodeView`]); the output a plain f32 tensor.
 #[derive(Clone)]
 pub struct Fp8MatmulArgs;
 
 /// The inputs of [`Fp8MatmulArgs`]: both operands' code words, each through a layout that knows the packing and
-/// the batch strides, and their formats.
+/// the batch strides, their block scales at the values' positions if any, and their formats.
 #[derive(CubeLaunch, CubeType, Clone, Copy)]
 pub struct Fp8Inputs {
     lhs: View<u32, BatchedCoords>,
+    lhs_scales: ComptimeOption<View<f32, BatchedCoords>>,
     rhs: View<u32, BatchedCoords>,
+    rhs_scales: ComptimeOption<View<f32, BatchedCoords>>,
     #[cube(comptime)]
-    lhs_format: Fp8Format,
+    lhs_element: CodeFormat,
     #[cube(comptime)]
-    rhs_format: Fp8Format,
+    rhs_element: CodeFormat,
 }
 
 /// The output of [`Fp8MatmulArgs`]: the f32 accumulator tensor.
@@ -388,7 +449,7 @@ impl<A: Routine<()>> ConcreteInputsFactory<A> for Fp8Inputs {
                 scheme,
                 ..
             } => {
-                let (layout, _) = GlobalLayoutLaunch::from_quantized_handle(
+                let (layout, scales_layout) = GlobalLayoutLaunch::from_quantized_handle(
                     &data,
                     &scale,
                     &shape,
@@ -397,22 +458,35 @@ impl<A: Routine<()>> ConcreteInputsFactory<A> for Fp8Inputs {
                     vector_size,
                     config,
                 );
-                let format = match scheme.value {
-                    QuantValue::E5M2 => Fp8Format::E5M2,
-                    _ => Fp8Format::E4M3,
+                let element = match scheme.value {
+                    QuantValue::E5M2 => CodeFormat::Fp8(Fp8Format::E5M2),
+                    QuantValue::E2M1 => CodeFormat::E2m1,
+                    _ => CodeFormat::Fp8(Fp8Format::E4M3),
+                };
+                let scales = match scheme.level {
+                    QuantLevel::Tensor => ComptimeOptionArgs::None,
+                    QuantLevel::Block(_) => {
+                        ComptimeOptionArgs::Some(ViewArg::new_tensor::<GlobalScaleLayout>(
+                            scale.into_tensor_arg(),
+                            scales_layout,
+                        ))
+                    }
                 };
                 (
                     ViewArg::new_tensor::<GlobalLayout>(data.into_tensor_arg(), layout),
-                    format,
+                    scales,
+                    element,
                 )
             }
             InputBinding::Normal(..) => {
                 unreachable!("fp8_gemm_cubek binds its operands as packed codes")
             }
         };
-        let (lhs, lhs_format) = view(lhs, blueprint.lhs_global_layout_config(), vector_sizes.lhs);
-        let (rhs, rhs_format) = view(rhs, blueprint.rhs_global_layout_config(), vector_sizes.rhs);
-        Fp8InputsLaunch::new(lhs, rhs, lhs_format, rhs_format)
+        let (lhs, lhs_scales, lhs_element) =
+            view(lhs, blueprint.lhs_global_layout_config(), vector_sizes.lhs);
+        let (rhs, rhs_scales, rhs_element) =
+            view(rhs, blueprint.rhs_global_layout_config(), vector_sizes.rhs);
+        Fp8InputsLaunch::new(lhs, lhs_scales, rhs, rhs_scales, lhs_element, rhs_element)
     }
 }
 
@@ -457,7 +531,7 @@ impl MatmulArgs for Fp8MatmulArgs {
     fn view_lhs<Lhs: CubePrimitive, Rhs: CubePrimitive, EO: CubePrimitive>(
         state: &Self::State<Lhs, Rhs, EO>,
     ) -> View<Lhs, BatchedCoords> {
-        decoded_view::<Lhs>(state.0.lhs, state.0.lhs_format)
+        decoded_view::<Lhs>(state.0.lhs, state.0.lhs_scales, state.0.lhs_element)
     }
 
     fn batch_lhs<Lhs: CubePrimitive, Rhs: CubePrimitive, EO: CubePrimitive>(
@@ -471,7 +545,7 @@ impl MatmulArgs for Fp8MatmulArgs {
     fn view_rhs<Lhs: CubePrimitive, Rhs: CubePrimitive, EO: CubePrimitive>(
         state: &Self::State<Lhs, Rhs, EO>,
     ) -> View<Rhs, BatchedCoords> {
-        decoded_view::<Rhs>(state.0.rhs, state.0.rhs_format)
+        decoded_view::<Rhs>(state.0.rhs, state.0.rhs_scales, state.0.rhs_element)
     }
 
     fn batch_rhs<Lhs: CubePrimitive, Rhs: CubePrimitive, EO: CubePrimitive>(
@@ -518,10 +592,11 @@ impl MatmulArgs for Fp8MatmulArgs {
 #[allow(clippy::missing_transmute_annotations)]
 fn decoded_view<E: CubePrimitive>(
     codes: View<u32, BatchedCoords>,
-    #[comptime] format: Fp8Format,
+    scales: ComptimeOption<View<f32, BatchedCoords>>,
+    #[comptime] element: CodeFormat,
 ) -> View<E, BatchedCoords> {
     let define!(T) = storage_type_of::<E::Scalar>();
-    let view = typed_view::<T, E::Size>(codes, format);
+    let view = typed_view::<T, E::Size>(codes, scales, element);
     // SAFETY: `Vector<E::Scalar, E::Size>` is `E`.
     comptime![unsafe { core::mem::transmute(view) }]
 }
@@ -529,7 +604,8 @@ fn decoded_view<E: CubePrimitive>(
 #[cube]
 fn typed_view<F: Numeric, N: Size>(
     codes: View<u32, BatchedCoords>,
-    #[comptime] format: Fp8Format,
+    scales: ComptimeOption<View<f32, BatchedCoords>>,
+    #[comptime] element: CodeFormat,
 ) -> View<Vector<F, N>, BatchedCoords> {
-    Fp8View::<F, N, BatchedCoords>::new(codes, format).view()
+    CodeView::<F, N, BatchedCoords>::new(codes, scales, element).view()
 }

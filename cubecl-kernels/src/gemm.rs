@@ -79,6 +79,16 @@ pub struct GemmOperand<'a> {
 }
 
 impl GemmOperand<'_> {
+    /// The codes' format.
+    pub fn element(&self) -> CodeFormat {
+        self.codes.element()
+    }
+
+    /// The buffer of the codes.
+    pub fn codes_handle(&self) -> &Handle {
+        self.codes.handle()
+    }
+
     /// `(outer, depth)` extents as used in the product: A is `M × K`, B is `K × N` (returned as `(N, K)`).
     pub(crate) fn used_dims(&self, is_lhs: bool) -> (usize, usize) {
         // For A, "outer" = rows unless transposed; for B the product reads K along rows unless transposed.

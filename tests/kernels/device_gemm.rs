@@ -523,22 +523,37 @@ fn a_group_asking_for_cublaslt_runs_each_gemm_as_alone() {
 }
 
 /// Four SGD steps of a TransformerLayer in FP8 on each path of this device, the `Te` stack and the `Debug` stack,
-/// under DelayedScaling, Float8CurrentScaling and current scaling with the attention's batched GEMMs in FP8
-/// (`fp8_dpa`): each path's losses are the SIMT kernel's within 1e-3 (relative; the paths differ only in the order
-/// and precision of the accumulation, which can flip a code), and the layer's GEMMs ran on the path asked for.
+/// under every recipe (DelayedScaling, Float8CurrentScaling, current scaling with the attention's batched GEMMs in
+/// FP8 (`fp8_dpa`), Float8BlockScaling, MXFP8 and NVFP4): each path's losses are the SIMT kernel's within 1e-3
+/// (relative; the paths differ only in the order and precision of the accumulation, which can flip a code), and the
+/// layer's GEMMs ran on the path asked for (block-scaled ones on cubek's unit routines; cuBLASLt's refusals on the
+/// kernel).
 #[test]
 fn transformer_layer_trains_the_same_on_every_path() {
     use burn::backend::Autodiff;
     use burn::tensor::backend::AutodiffBackend;
-    use burn_te::{DelayedScaling, Float8CurrentScaling, Te};
+    use burn_te::{
+        DelayedScaling, Float8BlockScaling, Float8CurrentScaling, MXFP8BlockScaling,
+        NVFP4BlockScaling, Te,
+    };
     use burn_te_debug::Debug;
     let device = backend_device();
-    let recipes: [(&str, fn() -> burn_te::ScopeRecipe); 3] = [
+    let recipes: [(&str, fn() -> burn_te::ScopeRecipe); 6] = [
         ("delayed", || DelayedScaling::default().into()),
         ("current", || Float8CurrentScaling::default().into()),
         ("current + fp8_dpa", || {
             Float8CurrentScaling {
                 fp8_dpa: true,
+                ..Default::default()
+            }
+            .into()
+        }),
+        ("block", || Float8BlockScaling::default().into()),
+        ("mxfp8", || MXFP8BlockScaling::default().into()),
+        // Round to nearest: stochastic rounding draws from a stream that moves between runs.
+        ("nvfp4 (nearest)", || {
+            NVFP4BlockScaling {
+                disable_stochastic_rounding: true,
                 ..Default::default()
             }
             .into()

@@ -514,6 +514,12 @@ fn check_cubek_gemm(a: &Operand, a_t: bool, b: &Operand, b_t: bool) -> Vec<Vec<f
             {
                 assert!(reason.contains("multiple of 16"), "{reason}");
             }
+            Err(KernelError::InvalidArgument { reason, .. })
+                if routine == CubekRoutine::SimpleCmma
+                    && (a.block.is_some() || b.block.is_some()) =>
+            {
+                assert!(reason.contains("f16"), "{reason}");
+            }
             Err(KernelError::Library { library, reason })
                 if routine == CubekRoutine::SimpleCmma =>
             {
@@ -563,7 +569,7 @@ fn cubek_tiled_batched_and_broadcast() {
 }
 
 /// What the tiled path cannot take exactly is refused with the reason, never run approximately: rows that are not
-/// whole code words, block scales, NVFP4.
+/// whole code words, block scales on f16 stages, DoubleUnit at a depth that is not a multiple of 16.
 #[test]
 fn cubek_tiled_refusals_name_the_reason() {
     let odd = Operand::per_tensor(1, 8, 37, 17, Fp8Format::E4M3);
@@ -584,10 +590,19 @@ fn cubek_tiled_refusals_name_the_reason() {
     let reason = cubek_refusal(
         &square.gemm(false),
         &blocked.gemm(true),
-        CubekRoutine::SimpleUnit,
+        CubekRoutine::SimpleCmma,
     )
-    .expect("blocks are refused");
+    .expect("blocks are refused on f16 stages");
     assert!(reason.contains("1x128 scale blocks"), "{reason}");
+    assert_eq!(
+        cubek_refusal(
+            &square.gemm(false),
+            &blocked.gemm(true),
+            CubekRoutine::SimpleUnit
+        ),
+        None,
+        "the unit routines take blocks"
+    );
     let deep = Operand::per_tensor(1, 4, 72, 21, Fp8Format::E4M3);
     let reason = cubek_refusal(
         &deep.gemm(false),
@@ -638,4 +653,28 @@ fn cubek_tiled_f16_output_is_the_f32_output_rounded_once() {
         .map(|c| u16::from_le_bytes([c[0], c[1]]))
         .collect();
     assert_eq!(got, want);
+}
+
+/// Block scales on the tiled path's unit routines: Float8BlockScaling's 1×128 activations and 128×128 weights and
+/// MXFP8's 1×32 E8M0 blocks, as fprop (`X·Wᵀ`), dgrad (`G·W`) and wgrad (`Xᵀ·G`, each operand quantized along the
+/// tokens), against the f64 product of the dequantized operands.
+#[test]
+fn cubek_tiled_block_scaled_fprop_dgrad_wgrad() {
+    let (tokens, features, outputs) = (96, 256, 128);
+    let act = ScaleBlock::new(1, 128);
+    let weight = ScaleBlock::new(128, 128);
+    let x = Operand::blocked(tokens, features, act, BlockScaleRule::Pow2, 31);
+    let w = Operand::blocked(outputs, features, weight, BlockScaleRule::Pow2, 32);
+    check_cubek_gemm(&x, false, &w, true);
+    let g = Operand::blocked(tokens, outputs, act, BlockScaleRule::Pow2, 33);
+    check_cubek_gemm(&g, false, &w, false);
+    // wgrad: Xᵀ [features, tokens] and Gᵀ [outputs, tokens], each 1×128 along the tokens (K).
+    let xt = Operand::blocked(features, 128, act, BlockScaleRule::Pow2, 34);
+    let gt = Operand::blocked(outputs, 128, act, BlockScaleRule::Pow2, 35);
+    check_cubek_gemm(&xt, false, &gt, true);
+    // MXFP8: 1×32 blocks with E8M0 scales along K on both sides.
+    let mx = ScaleBlock::new(1, 32);
+    let xm = Operand::blocked(tokens, features, mx, BlockScaleRule::E8m0, 36);
+    let wm = Operand::blocked(outputs, features, mx, BlockScaleRule::E8m0, 37);
+    check_cubek_gemm(&xm, false, &wm, true);
 }

@@ -590,9 +590,33 @@ fn matmul_f64(
     (out, magnitude)
 }
 
+/// The GEMM on the SIMT kernel and on each of cubek's unit routines that takes it (at least one does).
+fn gemm_on_each_path(
+    a: &burn_te_kernels::gemm::GemmOperand<'_>,
+    b: &burn_te_kernels::gemm::GemmOperand<'_>,
+) -> Vec<(&'static str, Handle)> {
+    use burn_te_kernels::cubek_gemm::{CubekRoutine, cubek_refusal, fp8_gemm_cubek};
+    let client = client();
+    let mut outputs = vec![(
+        "simt",
+        burn_te_kernels::gemm::fp8_gemm::<TestRuntime, f32>(&client, a, b).unwrap(),
+    )];
+    for routine in [CubekRoutine::SimpleUnit, CubekRoutine::DoubleUnit] {
+        if cubek_refusal(a, b, routine).is_none() {
+            outputs.push((
+                routine.name(),
+                fp8_gemm_cubek::<TestRuntime, f32>(&client, a, b, routine).unwrap(),
+            ));
+        }
+    }
+    assert!(outputs.len() > 1, "a unit routine takes the GEMM");
+    outputs
+}
+
 /// The GEMM with NVFP4 operands (E2M1 codes decoded with their blocks' factors as they are staged) equals the f64
-/// product of the dequantized operands, up to f32 accumulation: fprop `X·Wᵀ` (1×16 activation blocks, 16×16 weight
-/// tiles) and wgrad `Xᵀ·G` from columnwise (transposed) 1×16 quantizations; blocks across K are rejected.
+/// product of the dequantized operands, up to f32 accumulation, on the SIMT kernel and on cubek's unit routines
+/// (eight codes decoded per load): fprop `X·Wᵀ` (1×16 activation blocks, 16×16 weight tiles) and wgrad `Xᵀ·G` from
+/// columnwise (transposed) 1×16 quantizations; blocks across K are rejected by the SIMT kernel.
 #[test]
 fn gemm_with_nvfp4_operands_equals_the_product_of_the_dequantized_operands() {
     let client = client();
@@ -629,37 +653,59 @@ fn gemm_with_nvfp4_operands_equals_the_product_of_the_dequantized_operands() {
     let w = rng.normal(n * k, 0.0, 0.05);
     let (xq, xf, xd) = quantize(&x, m, k, Nvfp4Tile::Row1x16);
     let (wq, wf, wd) = quantize(&w, n, k, Nvfp4Tile::Tile16x16);
-    let out = burn_te_kernels::gemm::fp8_gemm::<TestRuntime, f32>(
-        &client,
-        &xq.gemm_operand(&xf, false),
-        &wq.gemm_operand(&wf, true),
-    )
-    .unwrap();
-    check(
-        &out,
-        matmul_f64(&xd, k, false, &wd, k, true, m, k, n),
-        "fprop",
-    );
+    for (what, out) in gemm_on_each_path(&xq.gemm_operand(&xf, false), &wq.gemm_operand(&wf, true))
+    {
+        check(
+            &out,
+            matmul_f64(&xd, k, false, &wd, k, true, m, k, n),
+            &format!("fprop on {what}"),
+        );
+    }
 
-    // wgrad: Xᵀ·G over the 48 tokens, each operand quantized columnwise ([features, tokens], 1×16 along tokens).
-    let (tokens, features, outputs) = (48, 20, 33);
+    // fc2's fprop at K = 512: SimpleUnit refuses eight-code loads this deep (cubek 0.2 loses part of K), DoubleUnit
+    // takes it.
+    let (m2, k2, n2) = (16, 512, 24);
+    let x2 = rng.normal(m2 * k2, 0.0, 1.0);
+    let w2 = rng.normal(n2 * k2, 0.0, 0.05);
+    let (xq2, xf2, xd2) = quantize(&x2, m2, k2, Nvfp4Tile::Row1x16);
+    let (wq2, wf2, wd2) = quantize(&w2, n2, k2, Nvfp4Tile::Tile16x16);
+    let (a2, b2) = (xq2.gemm_operand(&xf2, false), wq2.gemm_operand(&wf2, true));
+    let refusal = burn_te_kernels::cubek_gemm::cubek_refusal(
+        &a2,
+        &b2,
+        burn_te_kernels::cubek_gemm::CubekRoutine::SimpleUnit,
+    )
+    .expect("SimpleUnit refuses K = 512 with E2M1 words");
+    assert!(refusal.contains("512"), "{refusal}");
+    let ran = gemm_on_each_path(&a2, &b2);
+    assert_eq!(
+        ran.iter().map(|(what, _)| *what).collect::<Vec<_>>(),
+        ["simt", "double_unit"]
+    );
+    for (what, out) in ran {
+        check(
+            &out,
+            matmul_f64(&xd2, k2, false, &wd2, k2, true, m2, k2, n2),
+            &format!("K = 512 on {what}"),
+        );
+    }
+
+    // wgrad: Xᵀ·G over the 64 tokens, each operand quantized columnwise ([features, tokens], 1×16 along tokens).
+    let (tokens, features, outputs) = (64, 20, 33);
     let xt = rng.normal(features * tokens, 0.0, 1.0);
     let gt = rng.normal(outputs * tokens, 0.0, 1e-3);
     let (xq, xf, xd) = quantize(&xt, features, tokens, Nvfp4Tile::Row1x16);
     let (gq, gf, gd) = quantize(&gt, outputs, tokens, Nvfp4Tile::Row1x16);
-    let out = burn_te_kernels::gemm::fp8_gemm::<TestRuntime, f32>(
-        &client,
-        &xq.gemm_operand(&xf, false),
-        &gq.gemm_operand(&gf, true),
-    )
-    .unwrap();
-    check(
-        &out,
-        matmul_f64(
-            &xd, tokens, false, &gd, tokens, true, features, tokens, outputs,
-        ),
-        "wgrad",
-    );
+    for (what, out) in gemm_on_each_path(&xq.gemm_operand(&xf, false), &gq.gemm_operand(&gf, true))
+    {
+        check(
+            &out,
+            matmul_f64(
+                &xd, tokens, false, &gd, tokens, true, features, tokens, outputs,
+            ),
+            &format!("wgrad on {what}"),
+        );
+    }
 
     // 1×16 blocks across K (the stored rows are K) cannot be staged one scale per stage: a clear error.
     let err = burn_te_kernels::gemm::fp8_gemm::<TestRuntime, f32>(

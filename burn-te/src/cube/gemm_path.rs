@@ -205,24 +205,25 @@ pub(crate) fn device_fp8_gemm_grouped<R: Runtime, F: Float + CubeElement>(
         .collect())
 }
 
-/// The routine a forced tiled GEMM runs on: cooperative matrices where the device has them and they take the shape,
-/// the unit routine elsewhere; refused where the tiled path cannot take the operands.
+/// The routine a forced tiled GEMM runs on: cooperative matrices where the device has them and they take the
+/// operands, else the first unit routine that takes them; refused (with the unit routine's reason) where none does.
 fn forced_tiled<R: Runtime>(
     client: &ComputeClient<R>,
     a: &GemmOperand<'_>,
     b: &GemmOperand<'_>,
 ) -> Result<GemmKernel, Refused> {
-    if let Some(reason) = cubek_refusal(a, b, CubekRoutine::SimpleUnit) {
-        return Err(Refused(reason));
-    }
     let has_matrix_units = !client.properties().features.matmul.cmma.is_empty();
-    Ok(GemmKernel::Tiled(
-        if has_matrix_units && cubek_refusal(a, b, CubekRoutine::SimpleCmma).is_none() {
-            CubekRoutine::SimpleCmma
-        } else {
-            CubekRoutine::SimpleUnit
-        },
-    ))
+    let routines = [
+        CubekRoutine::SimpleCmma,
+        CubekRoutine::SimpleUnit,
+        CubekRoutine::DoubleUnit,
+    ];
+    routines
+        .into_iter()
+        .filter(|&routine| has_matrix_units || routine != CubekRoutine::SimpleCmma)
+        .find(|&routine| cubek_refusal(a, b, routine).is_none())
+        .map(GemmKernel::Tiled)
+        .ok_or_else(|| Refused(cubek_refusal(a, b, CubekRoutine::SimpleUnit).unwrap_or_default()))
 }
 
 /// Records a GEMM that asked for `path` and runs on the SIMT kernel.

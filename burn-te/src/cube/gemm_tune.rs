@@ -12,12 +12,13 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use burn_te_kernels::KernelError;
 use burn_te_kernels::cubecl::future::block_on;
 use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::cubecl::server::Handle;
 use burn_te_kernels::cubek_gemm::{CubekRoutine, cubek_refusal, fp8_gemm_cubek};
-use burn_te_kernels::gemm::{GemmOperand, OperandCodes, fp8_gemm, product_dims};
-use burn_te_kernels::{Fp8Format, KernelError};
+use burn_te_kernels::gemm::{GemmOperand, fp8_gemm, product_dims};
+use burn_te_kernels::kernel::code::CodeFormat;
 
 use crate::error::TeError;
 
@@ -54,7 +55,7 @@ struct TuneKey {
     /// `(batch, M, K, N)`, each rounded up to a power of two.
     anchored: [usize; 4],
     transposed: (bool, bool),
-    formats: (Fp8Format, Fp8Format),
+    formats: (CodeFormat, CodeFormat),
     /// The tiled path's refusal per routine (`cubek_refusal`): what can run at all.
     refused: [bool; 3],
 }
@@ -92,9 +93,6 @@ pub(crate) fn tuned_kernel<R: Runtime, F: Float + CubeElement>(
         .filter(|&routine| cubek_refusal(a, b, routine).is_none())
         .map(GemmKernel::Tiled)
         .collect();
-    let (OperandCodes::Fp8(a_codes), OperandCodes::Fp8(b_codes)) = (a.codes, b.codes) else {
-        return Ok(GemmKernel::Simt);
-    };
     if batch * m * k * n < TUNED_MIN_PRODUCT || candidates.is_empty() {
         return Ok(GemmKernel::Simt);
     }
@@ -104,7 +102,7 @@ pub(crate) fn tuned_kernel<R: Runtime, F: Float + CubeElement>(
         output_bytes: size_of::<F>(),
         anchored: [batch, m, k, n].map(usize::next_power_of_two),
         transposed: (a.transposed, b.transposed),
-        formats: (a_codes.format, b_codes.format),
+        formats: (a.element(), b.element()),
         refused: CubekRoutine::ALL.map(|routine| cubek_refusal(a, b, routine).is_some()),
     };
     if let Some(&kept) = choices()
