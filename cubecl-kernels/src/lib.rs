@@ -20,7 +20,7 @@
 //! # Burn coupling
 //! None: the kernels and the host reference are plain Rust and CubeCL, usable without Burn.
 //! - Burn-generic: none.
-//! - Plain: `block`, `block_range`, `cublaslt`, `error`, `format`, `gemm`, `host`, `kernel`, `nvfp4`, `ops`,
+//! - Plain: `block`, `block_range`, `cublaslt`, `cubek_gemm`, `error`, `format`, `gemm`, `host`, `kernel`, `nvfp4`, `ops`,
 //!   `scale_block`, `scaling`, `stats`, `transpose`.
 
 pub mod block;

@@ -300,32 +300,36 @@ fn operands_cublaslt_cannot_take_fall_back_to_the_kernel_counted() {
     assert!(short.contains("Counter: DeviceFp8Gemm(simt)"), "{short}");
 }
 
-/// What the tiled path cannot take exactly (block scales, rows that are not whole code words) runs on the kernel:
-/// counted as such, recorded as a fallback, with the kernel's bits (the reasons: `gemm::cubek_tiled_refusals_*`).
+/// What the tiled path cannot take exactly (stored rows that are not whole code words) runs on the kernel: counted as
+/// such, recorded as a fallback, with the kernel's bits (the reasons: `gemm::cubek_tiled_refusals_*`). Block scales it
+/// takes, on its unit routines.
 #[test]
 fn operands_the_tiled_path_cannot_take_fall_back_to_the_kernel_counted() {
     let mut rng = Rng::new(96);
-    let (m, k, n) = (32, 256, 64);
+    let (m, n) = (32, 64);
+    // (what, lhs [m, k], rhs, whether the rhs is stored [n, k] and used transposed)
     let cases = [
-        (
-            "1x128 scale blocks",
-            block_quantize(rng.normal(m * k, 0.0, 1.0), [1, m, k]),
-            block_quantize(rng.normal(n * k, 0.0, 1.0), [1, n, k]),
-        ),
         (
             "38 codes",
             quantize(rng.normal(m * 38, 0.0, 1.0), [1, m, 38], Fp8Format::E4M3),
             quantize(rng.normal(n * 38, 0.0, 1.0), [1, n, 38], Fp8Format::E4M3),
+            true,
+        ),
+        (
+            "a 70-code wide rhs",
+            quantize(rng.normal(m * 64, 0.0, 1.0), [1, m, 64], Fp8Format::E4M3),
+            quantize(rng.normal(64 * 70, 0.0, 1.0), [1, 64, 70], Fp8Format::E5M2),
+            false,
         ),
     ];
-    for (what, lhs, rhs) in &cases {
+    for (what, lhs, rhs, rhs_t) in &cases {
         let kernel = gemm_on(
             DeviceGemmPath::Simt,
             DeviceGemmPath::Simt,
             lhs,
             false,
             rhs,
-            true,
+            *rhs_t,
         );
         let fallbacks = device_fallbacks();
         let asked = gemm_on(
@@ -334,7 +338,7 @@ fn operands_the_tiled_path_cannot_take_fall_back_to_the_kernel_counted() {
             lhs,
             false,
             rhs,
-            true,
+            *rhs_t,
         );
         assert!(
             device_fallbacks() > fallbacks,
