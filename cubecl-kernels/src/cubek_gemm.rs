@@ -217,47 +217,61 @@ pub fn fp8_gemm_cubek<R: Runtime, F: Float + CubeElement>(
         .map_err(setup_error)?;
     vector_sizes.lhs = 1;
     vector_sizes.rhs = 1;
+    // One launch, whichever routine: cubek's concrete launcher with these arguments.
+    let launch = Launch {
+        client,
+        lhs,
+        rhs,
+        out,
+        problem,
+        vector_sizes,
+        dtypes: &mut dtypes,
+    };
     match routine {
         CubekRoutine::SimpleUnit => {
-            launch_kernel_concrete::<Fp8MatmulArgs, R, SimpleUnitAlgorithm>(
-                client,
-                lhs,
-                rhs,
-                out,
-                problem,
-                vector_sizes,
-                &BlueprintStrategy::Inferred(Default::default()),
-                &mut dtypes,
-            )
+            launch.run::<SimpleUnitAlgorithm>(BlueprintStrategy::Inferred(Default::default()))
         }
         CubekRoutine::DoubleUnit => {
-            launch_kernel_concrete::<Fp8MatmulArgs, R, DoubleUnitAlgorithm>(
-                client,
-                lhs,
-                rhs,
-                out,
-                problem,
-                vector_sizes,
-                &BlueprintStrategy::Inferred(Default::default()),
-                &mut dtypes,
-            )
+            launch.run::<DoubleUnitAlgorithm>(BlueprintStrategy::Inferred(Default::default()))
         }
-        CubekRoutine::SimpleCmma => launch_kernel_concrete::<Fp8MatmulArgs, R, SimpleAlgorithm>(
-            client,
-            lhs,
-            rhs,
-            out,
-            problem,
-            vector_sizes,
-            &BlueprintStrategy::Inferred(SimpleArgs {
+        CubekRoutine::SimpleCmma => {
+            launch.run::<SimpleAlgorithm>(BlueprintStrategy::Inferred(SimpleArgs {
                 multi_rows: false,
                 tile_matmul: TileMatmulKind::Cmma,
-            }),
-            &mut dtypes,
-        ),
+            }))
+        }
     }
     .map_err(setup_error)?;
     scale_output::<R, F>(client, &accumulator, a, b, out_len)
+}
+
+/// The arguments of one cubek launch, for any routine.
+struct Launch<'a, R: Runtime> {
+    client: &'a ComputeClient<R>,
+    lhs: InputBinding<R>,
+    rhs: InputBinding<R>,
+    out: TensorBinding<R>,
+    problem: MatmulProblem,
+    vector_sizes: cubek_matmul::definition::MatmulVectorSizes,
+    dtypes: &'a mut MatmulElems,
+}
+
+impl<R: Runtime> Launch<'_, R> {
+    fn run<A: Routine<()>>(
+        self,
+        strategy: BlueprintStrategy<(), A>,
+    ) -> Result<(), MatmulSetupError> {
+        launch_kernel_concrete::<Fp8MatmulArgs, R, A>(
+            self.client,
+            self.lhs,
+            self.rhs,
+            self.out,
+            self.problem,
+            self.vector_sizes,
+            &strategy,
+            self.dtypes,
+        )
+    }
 }
 
 fn setup_error(error: MatmulSetupError) -> KernelError {

@@ -86,37 +86,18 @@ impl<F: Numeric, N: Size, C: Coordinates + 'static> CodeViewExpand<F, N, C> {
         read_scale: fn(&ViewExpand<f32, C>, &mut Scope, C::ExpandType) -> NativeExpand<f32>,
     ) -> NativeExpand<Vector<F, N>> {
         let word = read(&self.codes, scope, pos.clone());
-        match &self.scales {
-            ComptimeOptionExpand::None => decode_word::expand::<F, N>(scope, word, self.element),
-            ComptimeOptionExpand::Some(scales) => {
-                let scale = read_scale(scales, scope, pos);
-                decode_word_scaled::expand::<F, N>(scope, word, scale, self.element)
-            }
-        }
+        let scale = match &self.scales {
+            ComptimeOptionExpand::None => 1.0f32.into(),
+            ComptimeOptionExpand::Some(scales) => read_scale(scales, scope, pos),
+        };
+        decode_word::expand::<F, N>(scope, word, scale, self.element)
     }
 }
 
-/// The codes of `word` (lowest bits first), decoded and cast to `F`.
+/// The codes of `word` (lowest bits first), decoded, each times `scale` in f32 (the SIMT kernel's staging: one
+/// rounding; exact for a power of two and for 1), and cast to `F`.
 #[cube]
 pub fn decode_word<F: Numeric, N: Size>(
-    word: u32,
-    #[comptime] element: CodeFormat,
-) -> Vector<F, N> {
-    let lanes = comptime!(codes_per_word(element));
-    let bits = comptime!(32 / lanes);
-    let mask = comptime!((1u32 << bits) - 1);
-    let mut out = Vector::<F, N>::empty();
-    #[unroll]
-    for lane in 0..lanes {
-        let code = (word >> (bits * lane) as u32) & mask;
-        out[lane] = F::cast_from(decode(code, element));
-    }
-    out
-}
-
-/// [`decode_word`] with each value times `scale` in f32 (the SIMT kernel's staging: one rounding).
-#[cube]
-pub fn decode_word_scaled<F: Numeric, N: Size>(
     word: u32,
     scale: f32,
     #[comptime] element: CodeFormat,
