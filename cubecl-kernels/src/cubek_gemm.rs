@@ -74,8 +74,7 @@ impl CubekRoutine {
     }
 
     /// The type the codes are decoded into and staged as.
-    fn stage<R: Runtime>(self, client: &ComputeClient<R>) -> StorageType {
-        let _ = client;
+    fn stage(self) -> StorageType {
         let kind = match self {
             CubekRoutine::SimpleUnit | CubekRoutine::DoubleUnit => FloatKind::F32,
             CubekRoutine::SimpleCmma => FloatKind::F16,
@@ -120,8 +119,8 @@ pub fn cubek_refusal(
         }
     }
     let depth = a.used_dims(true).1;
-    let stage_depth =
-        DOUBLE_UNIT_STAGE_WORDS * codes_per_word(a.element()).max(codes_per_word(b.element()));
+    let widest_word = codes_per_word(a.element()).max(codes_per_word(b.element()));
+    let stage_depth = DOUBLE_UNIT_STAGE_WORDS * widest_word;
     if routine == CubekRoutine::DoubleUnit && !depth.is_multiple_of(stage_depth) {
         // cubek-matmul 0.2's DoubleUnit adds a stale half stage where K leaves the last stage half empty (found by
         // this crate's tests: every K from 4 to 136 with four codes per load, K = 48 with eight); whole stages only.
@@ -130,7 +129,7 @@ pub fn cubek_refusal(
         ));
     }
     if routine == CubekRoutine::SimpleUnit
-        && stage_depth > DOUBLE_UNIT_STAGE_WORDS * 4
+        && widest_word == 8
         && depth >= SIMPLE_UNIT_WIDE_MAX_DEPTH
     {
         // cubek-matmul 0.2's SimpleUnit loses part of K with eight-lane loads (E2M1 words) from K = 512 on (found by
@@ -173,7 +172,7 @@ pub fn fp8_gemm_cubek<R: Runtime, F: Float + CubeElement>(
         // No product to run: the SIMT launcher's empty and all-zero results.
         return crate::gemm::fp8_gemm::<R, F>(client, a, b);
     }
-    let stage = routine.stage(client);
+    let stage = routine.stage();
     let f32_type = f32::as_type_native_unchecked().storage_type();
     let mut dtypes = MatmulElems::from_globals(&MatmulGlobalElems {
         lhs: stage,

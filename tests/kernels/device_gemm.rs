@@ -542,7 +542,8 @@ fn transformer_layer_trains_the_same_on_every_path() {
     };
     use burn_te_debug::Debug;
     let device = backend_device();
-    let recipes: [(&str, fn() -> burn_te::ScopeRecipe); 6] = [
+    type Recipe = fn() -> burn_te::ScopeRecipe;
+    let recipes: [(&str, Recipe); 6] = [
         ("delayed", || DelayedScaling::default().into()),
         ("current", || Float8CurrentScaling::default().into()),
         ("current + fp8_dpa", || {
@@ -582,7 +583,7 @@ fn transformer_layer_trains_the_same_on_every_path() {
     fn compare_paths<A: AutodiffBackend + burn_te::TeBackend>(
         device: &A::Device,
         what: &str,
-        recipe: fn() -> burn_te::ScopeRecipe,
+        recipe: Recipe,
         paths: &[DeviceGemmPath],
     ) {
         use burn_te::nn::TransformerLayerConfig;
@@ -615,7 +616,7 @@ fn transformer_layer_trains_the_same_on_every_path() {
         device: &A::Device,
         mut layer: burn_te::nn::TransformerLayer<A>,
         path: DeviceGemmPath,
-        recipe: fn() -> burn_te::ScopeRecipe,
+        recipe: Recipe,
     ) -> Vec<f32> {
         use burn::optim::{GradientsParams, Optimizer, SgdConfig};
         use burn_te::fp8_autocast;

@@ -17,6 +17,9 @@ use cubecl::unexpanded;
 
 use crate::kernel::code::{CodeFormat, decode};
 
+/// One of a view's reads (checked, unchecked, ...) at a position.
+type Read<T, C> = fn(&ViewExpand<T, C>, &mut Scope, <C as CubeType>::ExpandType) -> NativeExpand<T>;
+
 /// Codes per `u32` word.
 pub const fn codes_per_word(element: CodeFormat) -> usize {
     match element {
@@ -82,8 +85,8 @@ impl<F: Numeric, N: Size, C: Coordinates + 'static> CodeViewExpand<F, N, C> {
         &self,
         scope: &mut Scope,
         pos: C::ExpandType,
-        read: fn(&ViewExpand<u32, C>, &mut Scope, C::ExpandType) -> NativeExpand<u32>,
-        read_scale: fn(&ViewExpand<f32, C>, &mut Scope, C::ExpandType) -> NativeExpand<f32>,
+        read: Read<u32, C>,
+        read_scale: Read<f32, C>,
     ) -> NativeExpand<Vector<F, N>> {
         let word = read(&self.codes, scope, pos.clone());
         let scale = match &self.scales {
