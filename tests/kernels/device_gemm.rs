@@ -271,29 +271,7 @@ fn operands_cublaslt_cannot_take_fall_back_to_the_kernel_counted() {
         ));
     }
     for (what, lhs, rhs) in &cases {
-        let kernel = gemm_on(
-            DeviceGemmPath::Simt,
-            DeviceGemmPath::Simt,
-            lhs,
-            false,
-            rhs,
-            true,
-        );
-        let fallbacks = device_fallbacks();
-        let asked = gemm_on(
-            DeviceGemmPath::CublasLt,
-            DeviceGemmPath::Simt,
-            lhs,
-            false,
-            rhs,
-            true,
-        );
-        assert!(
-            device_fallbacks() > fallbacks,
-            "{what}: the fallback is recorded"
-        );
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&asked), bits(&kernel), "{what}: the kernel's result");
+        check_falls_back(DeviceGemmPath::CublasLt, what, lhs, rhs, true);
     }
     // The short report names the path.
     let short = burn_te::diagnostics::short_metrics_report();
@@ -323,30 +301,34 @@ fn operands_the_tiled_path_cannot_take_fall_back_to_the_kernel_counted() {
         ),
     ];
     for (what, lhs, rhs, rhs_t) in &cases {
-        let kernel = gemm_on(
-            DeviceGemmPath::Simt,
-            DeviceGemmPath::Simt,
-            lhs,
-            false,
-            rhs,
-            *rhs_t,
-        );
-        let fallbacks = device_fallbacks();
-        let asked = gemm_on(
-            DeviceGemmPath::Tiled,
-            DeviceGemmPath::Simt,
-            lhs,
-            false,
-            rhs,
-            *rhs_t,
-        );
-        assert!(
-            device_fallbacks() > fallbacks,
-            "{what}: the fallback is recorded"
-        );
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&asked), bits(&kernel), "{what}: the kernel's result");
+        check_falls_back(DeviceGemmPath::Tiled, what, lhs, rhs, *rhs_t);
     }
+}
+
+/// `lhs · rhs` asking for `path` runs on the kernel: counted there, recorded as a fallback, with the kernel's bits.
+fn check_falls_back(
+    path: DeviceGemmPath,
+    what: &str,
+    lhs: &Fp8Primitive<B>,
+    rhs: &Fp8Primitive<B>,
+    rhs_t: bool,
+) {
+    let kernel = gemm_on(
+        DeviceGemmPath::Simt,
+        DeviceGemmPath::Simt,
+        lhs,
+        false,
+        rhs,
+        rhs_t,
+    );
+    let fallbacks = device_fallbacks();
+    let asked = gemm_on(path, DeviceGemmPath::Simt, lhs, false, rhs, rhs_t);
+    assert!(
+        device_fallbacks() > fallbacks,
+        "{what}: the fallback is recorded"
+    );
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&asked), bits(&kernel), "{what}: the kernel's result");
 }
 
 /// Unforced (off CUDA), a GEMM of 256³ multiply-adds or more is timed on each candidate once per shape class and the
