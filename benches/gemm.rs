@@ -7,7 +7,7 @@ use burn::backend::wgpu::WgpuDevice;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_te::backends::Wgpu;
 use burn_te::cube::gemm_path::{DeviceGemmPath, with_device_gemm_path};
-use burn_te::{Fp8Format, Scaling, TeBackend};
+use burn_te::{BlockScaleRule, Fp8Format, ScaleBlock, Scaling, TeBackend};
 use criterion::{Criterion, criterion_group, criterion_main};
 
 fn input(rows: usize, cols: usize, device: &WgpuDevice) -> Tensor<Wgpu, 2> {
@@ -73,5 +73,45 @@ fn gemm(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, gemm);
+/// MXFP8 (1×32 E8M0 blocks along K on both operands, fprop's `A·Bᵀ`) at 1024³ on each path: block scales take the
+/// tiled path's unit routines (each value times its block's scale as it loads) or the SIMT kernel.
+fn gemm_block_scaled(c: &mut Criterion) {
+    let device = WgpuDevice::default();
+    let (m, k, n) = (1024, 1024, 1024);
+    let mut group = c.benchmark_group(format!("gemm mxfp8 {m}x{k}x{n}"));
+    group.sample_size(10);
+    let mxfp8 = |t: &Tensor<Wgpu, 2>| {
+        Wgpu::fp8_quantize(
+            t.clone().into_primitive().tensor(),
+            Fp8Format::E4M3,
+            Scaling::Block {
+                block: ScaleBlock::new(1, 32),
+                rule: BlockScaleRule::E8m0,
+            },
+        )
+        .expect("quantize")
+    };
+    let (qa, qb) = (mxfp8(&input(m, k, &device)), mxfp8(&input(n, k, &device)));
+    group.bench_function("fp8 gemm (autotuned)", |bench| {
+        bench.iter(|| {
+            let out = Wgpu::fp8_gemm(qa.clone(), false, qb.clone(), true).expect("gemm");
+            sync(&device);
+            Tensor::<Wgpu, 2>::from_primitive(TensorPrimitive::Float(out))
+        })
+    });
+    for path in [DeviceGemmPath::Simt, DeviceGemmPath::Tiled] {
+        group.bench_function(format!("fp8 gemm ({path})"), |bench| {
+            bench.iter(|| {
+                let out = with_device_gemm_path(path, || {
+                    Wgpu::fp8_gemm(qa.clone(), false, qb.clone(), true).expect("gemm")
+                });
+                sync(&device);
+                Tensor::<Wgpu, 2>::from_primitive(TensorPrimitive::Float(out))
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, gemm, gemm_block_scaled);
 criterion_main!(benches);
