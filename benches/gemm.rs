@@ -7,8 +7,9 @@ use burn::backend::wgpu::WgpuDevice;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_te::backends::Wgpu;
 use burn_te::cube::gemm_path::{DeviceGemmPath, with_device_gemm_path};
-use burn_te::{BlockScaleRule, Fp8Format, ScaleBlock, Scaling, TeBackend};
-use criterion::{Criterion, criterion_group, criterion_main};
+use burn_te::{BlockScaleRule, Fp8Format, Fp8Primitive, ScaleBlock, Scaling, TeBackend};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
 
 fn input(rows: usize, cols: usize, device: &WgpuDevice) -> Tensor<Wgpu, 2> {
     let values: Vec<f32> = (0..rows * cols)
@@ -17,7 +18,7 @@ fn input(rows: usize, cols: usize, device: &WgpuDevice) -> Tensor<Wgpu, 2> {
     Tensor::from_data(TensorData::new(values, [rows, cols]), device)
 }
 
-fn quantize(t: &Tensor<Wgpu, 2>) -> burn_te::Fp8Primitive<Wgpu> {
+fn quantize(t: &Tensor<Wgpu, 2>) -> Fp8Primitive<Wgpu> {
     Wgpu::fp8_quantize(
         t.clone().into_primitive().tensor(),
         Fp8Format::E4M3,
@@ -28,6 +29,31 @@ fn quantize(t: &Tensor<Wgpu, 2>) -> burn_te::Fp8Primitive<Wgpu> {
 
 fn sync(device: &WgpuDevice) {
     <Wgpu as burn::tensor::backend::Backend>::sync(device).expect("sync");
+}
+
+/// The pre-quantized `a · b` (`b` used transposed with `rhs_t`) unforced, as users get it (the autotune's choice),
+/// and forced onto each device path.
+fn bench_paths(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    device: &WgpuDevice,
+    (qa, qb): (&Fp8Primitive<Wgpu>, &Fp8Primitive<Wgpu>),
+    rhs_t: bool,
+) {
+    let run = |path: Option<DeviceGemmPath>| {
+        let gemm = || Wgpu::fp8_gemm(qa.clone(), false, qb.clone(), rhs_t).expect("gemm");
+        let out = match path {
+            Some(path) => with_device_gemm_path(path, gemm),
+            None => gemm(),
+        };
+        sync(device);
+        Tensor::<Wgpu, 2>::from_primitive(TensorPrimitive::Float(out))
+    };
+    group.bench_function("fp8 gemm (autotuned)", |bench| bench.iter(|| run(None)));
+    for path in [DeviceGemmPath::Simt, DeviceGemmPath::Tiled] {
+        group.bench_function(format!("fp8 gemm ({path})"), |bench| {
+            bench.iter(|| run(Some(path)))
+        });
+    }
 }
 
 fn gemm(c: &mut Criterion) {
@@ -44,24 +70,7 @@ fn gemm(c: &mut Criterion) {
                 out
             })
         });
-        group.bench_function("fp8 gemm (autotuned)", |bench| {
-            bench.iter(|| {
-                let out = Wgpu::fp8_gemm(qa.clone(), false, qb.clone(), false).expect("gemm");
-                sync(&device);
-                Tensor::<Wgpu, 2>::from_primitive(TensorPrimitive::Float(out))
-            })
-        });
-        for path in [DeviceGemmPath::Simt, DeviceGemmPath::Tiled] {
-            group.bench_function(format!("fp8 gemm ({path})"), |bench| {
-                bench.iter(|| {
-                    let out = with_device_gemm_path(path, || {
-                        Wgpu::fp8_gemm(qa.clone(), false, qb.clone(), false).expect("gemm")
-                    });
-                    sync(&device);
-                    Tensor::<Wgpu, 2>::from_primitive(TensorPrimitive::Float(out))
-                })
-            });
-        }
+        bench_paths(&mut group, &device, (&qa, &qb), false);
         group.bench_function("quantize + fp8 gemm", |bench| {
             bench.iter(|| {
                 let out = Wgpu::fp8_gemm(quantize(&a), false, quantize(&b), false).expect("gemm");
@@ -92,24 +101,7 @@ fn gemm_block_scaled(c: &mut Criterion) {
         .expect("quantize")
     };
     let (qa, qb) = (mxfp8(&input(m, k, &device)), mxfp8(&input(n, k, &device)));
-    group.bench_function("fp8 gemm (autotuned)", |bench| {
-        bench.iter(|| {
-            let out = Wgpu::fp8_gemm(qa.clone(), false, qb.clone(), true).expect("gemm");
-            sync(&device);
-            Tensor::<Wgpu, 2>::from_primitive(TensorPrimitive::Float(out))
-        })
-    });
-    for path in [DeviceGemmPath::Simt, DeviceGemmPath::Tiled] {
-        group.bench_function(format!("fp8 gemm ({path})"), |bench| {
-            bench.iter(|| {
-                let out = with_device_gemm_path(path, || {
-                    Wgpu::fp8_gemm(qa.clone(), false, qb.clone(), true).expect("gemm")
-                });
-                sync(&device);
-                Tensor::<Wgpu, 2>::from_primitive(TensorPrimitive::Float(out))
-            })
-        });
-    }
+    bench_paths(&mut group, &device, (&qa, &qb), true);
     group.finish();
 }
 
