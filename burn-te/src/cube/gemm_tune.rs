@@ -1,6 +1,7 @@
 //! The autotune of the device FP8 GEMM: per device and shape class, each candidate that can take the GEMM exactly
 //! (the SIMT kernel, and cubek-matmul's tiled routines with the codes decoded on load) runs once to compile and
-//! warm up, then [`TIMED_RUNS`] times, synchronised; the fastest is kept for that key for the rest of the process,
+//! warm up, then once per round for [`TIMED_RUNS`] rounds, the candidates in turn, synchronised; the fastest best
+//! run is kept for that key for the rest of the process,
 //! as Burn keeps its matmul's choice. GEMMs below [`TUNED_MIN_PRODUCT`] multiply-adds are too small for the
 //! choice to matter and take the SIMT kernel untuned.
 //!
@@ -25,7 +26,7 @@ use crate::error::TeError;
 /// GEMMs with fewer multiply-adds (`batch · M · K · N`) run on the SIMT kernel without tuning: 256³.
 pub const TUNED_MIN_PRODUCT: usize = 1 << 24;
 
-/// Timed runs of each candidate after its first (compiling) run.
+/// Rounds of timed runs, one run of each candidate per round, after each one's first (compiling) run.
 pub const TIMED_RUNS: usize = 3;
 
 /// What runs a device FP8 GEMM.
@@ -112,15 +113,23 @@ pub(crate) fn tuned_kernel<R: Runtime, F: Float + CubeElement>(
     {
         return Ok(kept);
     }
+    // Each candidate's first (compiling) run; a routine the device lacks (no matrix units, no tile size for the
+    // shape) is no candidate here.
     let mut timings = Vec::new();
     for kernel in std::iter::once(GemmKernel::Simt).chain(candidates) {
-        match time_kernel::<R, F>(client, a, b, kernel) {
-            Ok(time) => timings.push((kernel, time)),
-            // A routine the device lacks (no matrix units, no tile size for the shape) is no candidate here.
+        match timed_run::<R, F>(client, a, b, kernel) {
+            Ok(_) => timings.push((kernel, Duration::MAX)),
             Err(KernelError::Library { reason, .. }) => {
                 tracing::debug!("device FP8 GEMM autotune: {kernel} cannot run {key:?}: {reason}")
             }
             Err(error) => return Err(error.into()),
+        }
+    }
+    // Then rounds of one run each, in turn, so that a busy moment of the machine slows every candidate alike; each
+    // keeps its best.
+    for _ in 0..TIMED_RUNS {
+        for (kernel, best) in &mut timings {
+            *best = (*best).min(timed_run::<R, F>(client, a, b, *kernel)?);
         }
     }
     let (chosen, _) = timings
@@ -146,21 +155,16 @@ pub(crate) fn tuned_kernel<R: Runtime, F: Float + CubeElement>(
     Ok(chosen)
 }
 
-/// The best of [`TIMED_RUNS`] synchronised runs after a first one.
-fn time_kernel<R: Runtime, F: Float + CubeElement>(
+/// One synchronised run of `kernel`, timed.
+fn timed_run<R: Runtime, F: Float + CubeElement>(
     client: &ComputeClient<R>,
     a: &GemmOperand<'_>,
     b: &GemmOperand<'_>,
     kernel: GemmKernel,
 ) -> Result<Duration, KernelError> {
+    block_on(client.sync())?;
+    let start = Instant::now();
     run_kernel::<R, F>(client, a, b, kernel)?;
     block_on(client.sync())?;
-    let mut best = Duration::MAX;
-    for _ in 0..TIMED_RUNS {
-        let start = Instant::now();
-        run_kernel::<R, F>(client, a, b, kernel)?;
-        block_on(client.sync())?;
-        best = best.min(start.elapsed());
-    }
-    Ok(best)
+    Ok(start.elapsed())
 }
