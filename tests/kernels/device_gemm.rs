@@ -577,12 +577,24 @@ fn transformer_layer_trains_the_same_on_every_path() {
         // them once, so that every clone trains from the same values.
         let layer = layer.clone().load_record(layer.into_record());
         let simt = layer_losses(device, layer.clone(), DeviceGemmPath::Simt, recipe);
+        // burn-te's cuBLASLt path takes per-tensor scales only: a block-scaled recipe's GEMMs asking for it run on
+        // the kernel, each refusal recorded.
+        let block_scaled = !matches!(
+            recipe().base(),
+            burn_te::Recipe::Delayed(_) | burn_te::Recipe::Current(_)
+        );
         for &path in &paths[1..] {
-            let before = counted(path);
+            let refused = path == DeviceGemmPath::CublasLt && block_scaled;
+            let ran_on = if refused { DeviceGemmPath::Simt } else { path };
+            let before = (counted(ran_on), device_fallbacks());
             let other = layer_losses(device, layer.clone(), path, recipe);
             assert!(
-                counted(path) > before,
-                "{what}: the layer's GEMMs ran on {path}"
+                counted(ran_on) > before.0,
+                "{what}: the layer's GEMMs asking for {path} ran on {ran_on}"
+            );
+            assert!(
+                !refused || device_fallbacks() > before.1,
+                "{what} asking for {path}: cuBLASLt's refusals recorded"
             );
             println!("{what}: simt {simt:?}, {path} {other:?}");
             for (step, (a, b)) in simt.iter().zip(&other).enumerate() {
