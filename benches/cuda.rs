@@ -4,7 +4,9 @@
 //!   shape: Burn's f32 and bf16 matmul (autotuned, as users get them), and FP8 E4M3 with per-tensor scales on
 //!   cuBLASLt (fprop's K-major layout, and dgrad's, which takes a transposed copy) and on the SIMT kernel.
 //! - A TransformerLayer training step (forward, MSE, backward): f32, bf16 and f16 on Burn's `Cuda` (fused), FP8
-//!   (DelayedScaling) on `Te<Cuda>` with f32 and with f16 activations.
+//!   (DelayedScaling) on `Te<Cuda>` with f32, f16 and bf16 activations (TE's usual setting: the last).
+//! - cuBLASLt on its own stream (host waits around each call) and on CubeCL's stream (no waits), both in GEMM and
+//!   step rows.
 //!
 //! Burn 0.21 fixes a device's float type at its first tensor (the device's default dtype, whatever the backend's
 //! element type), so each float type is measured in a process of its own: the bench runs itself once per type with
@@ -19,7 +21,9 @@ use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, TensorPrimitive};
-use burn_te::cube::gemm_path::{DeviceGemmPath, with_device_gemm_path};
+use burn_te::cube::gemm_path::{
+    CublasLtStream, DeviceGemmPath, with_cublaslt_stream, with_device_gemm_path,
+};
 use burn_te::nn::TransformerLayerConfig;
 use burn_te::{Fp8Format, Scaling, Te, TeBackend};
 use burn_te_kernels::cubecl::cuda::CudaDevice;
@@ -61,7 +65,7 @@ fn bench_matmul<B: Backend<Device = CudaDevice>>(
 fn bench_fp8(
     group: &mut BenchmarkGroup<'_, WallTime>,
     name: &str,
-    path: DeviceGemmPath,
+    (path, stream): (DeviceGemmPath, CublasLtStream),
     rhs_transposed: bool,
     (m, k, n): (usize, usize, usize),
 ) {
@@ -78,8 +82,10 @@ fn bench_fp8(
     let b = quantize(if rhs_transposed { [n, k] } else { [k, n] });
     group.bench_function(name, |bench| {
         bench.iter(|| {
-            let out = with_device_gemm_path(path, || {
-                Plain::fp8_gemm(a.clone(), false, b.clone(), rhs_transposed)
+            let out = with_cublaslt_stream(stream, || {
+                with_device_gemm_path(path, || {
+                    Plain::fp8_gemm(a.clone(), false, b.clone(), rhs_transposed)
+                })
             })
             .expect("gemm");
             sync::<Plain>();
@@ -133,21 +139,28 @@ fn gemm(c: &mut Criterion, float: Float) {
                 bench_fp8(
                     &mut group,
                     "fp8 cublaslt (A·Bᵀ)",
-                    DeviceGemmPath::CublasLt,
+                    (DeviceGemmPath::CublasLt, CublasLtStream::Own),
+                    true,
+                    shape,
+                );
+                bench_fp8(
+                    &mut group,
+                    "fp8 cublaslt on CubeCL's stream (A·Bᵀ)",
+                    (DeviceGemmPath::CublasLt, CublasLtStream::CubeCl),
                     true,
                     shape,
                 );
                 bench_fp8(
                     &mut group,
                     "fp8 cublaslt (A·B, transposed copy)",
-                    DeviceGemmPath::CublasLt,
+                    (DeviceGemmPath::CublasLt, CublasLtStream::Own),
                     false,
                     shape,
                 );
                 bench_fp8(
                     &mut group,
                     "fp8 simt kernel",
-                    DeviceGemmPath::Simt,
+                    (DeviceGemmPath::Simt, CublasLtStream::Own),
                     true,
                     shape,
                 );
@@ -155,14 +168,14 @@ fn gemm(c: &mut Criterion, float: Float) {
                 bench_fp8(
                     &mut group,
                     "fp8 tiled cubek (A·Bᵀ)",
-                    DeviceGemmPath::Tiled,
+                    (DeviceGemmPath::Tiled, CublasLtStream::Own),
                     true,
                     shape,
                 );
                 bench_fp8(
                     &mut group,
                     "fp8 tiled cubek (A·B)",
-                    DeviceGemmPath::Tiled,
+                    (DeviceGemmPath::Tiled, CublasLtStream::Own),
                     false,
                     shape,
                 );
@@ -193,6 +206,7 @@ fn bench_step<B: AutodiffBackend + TeBackend<Device = CudaDevice>>(
     name: &str,
     (hidden, ffn, heads, seq, batch): (usize, usize, usize, usize, usize),
     fp8: bool,
+    stream: CublasLtStream,
 ) {
     let layer = TransformerLayerConfig::new(hidden, ffn, heads)
         .with_hidden_dropout(0.0)
@@ -208,11 +222,12 @@ fn bench_step<B: AutodiffBackend + TeBackend<Device = CudaDevice>>(
         Distribution::Normal(0.0, 1.0),
         &device(),
     );
-    common::train_step(&layer, &x, &target, fp8);
+    let step = || with_cublaslt_stream(stream, || common::train_step(&layer, &x, &target, fp8));
+    step();
     B::sync(&device()).expect("sync");
     group.bench_function(name, |b| {
         b.iter(|| {
-            common::train_step(&layer, &x, &target, fp8);
+            step();
             B::sync(&device()).expect("sync")
         })
     });
@@ -221,19 +236,45 @@ fn bench_step<B: AutodiffBackend + TeBackend<Device = CudaDevice>>(
 fn transformer_layer(c: &mut Criterion, float: Float) {
     // (hidden, ffn, heads, seq, batch): 4096 tokens.
     let shape = (2048, 8192, 16, 1024, 4);
+    use CublasLtStream::{CubeCl, Own};
     let mut group = c.benchmark_group("cuda transformer_layer h2048 ffn8192 tokens4096");
     group.sample_size(10);
     match float {
         Float::F32 => {
-            bench_step::<Autodiff<Te<Fused<f32>>>>(&mut group, "f32 Cuda (fused)", shape, false);
-            bench_step::<Autodiff<Te<Fused<f32>>>>(&mut group, "fp8 Te<Cuda> f32", shape, true);
+            type B = Autodiff<Te<Fused<f32>>>;
+            bench_step::<B>(&mut group, "f32 Cuda (fused)", shape, false, Own);
+            bench_step::<B>(&mut group, "fp8 Te<Cuda> f32", shape, true, Own);
+            bench_step::<B>(
+                &mut group,
+                "fp8 Te<Cuda> f32, on CubeCL's stream",
+                shape,
+                true,
+                CubeCl,
+            );
         }
         Float::Bf16 => {
-            bench_step::<Autodiff<Te<Fused<bf16>>>>(&mut group, "bf16 Cuda (fused)", shape, false)
+            type B = Autodiff<Te<Fused<bf16>>>;
+            bench_step::<B>(&mut group, "bf16 Cuda (fused)", shape, false, Own);
+            bench_step::<B>(&mut group, "fp8 Te<Cuda> bf16", shape, true, Own);
+            bench_step::<B>(
+                &mut group,
+                "fp8 Te<Cuda> bf16, on CubeCL's stream",
+                shape,
+                true,
+                CubeCl,
+            );
         }
         Float::F16 => {
-            bench_step::<Autodiff<Te<Fused<f16>>>>(&mut group, "f16 Cuda (fused)", shape, false);
-            bench_step::<Autodiff<Te<Fused<f16>>>>(&mut group, "fp8 Te<Cuda> f16", shape, true);
+            type B = Autodiff<Te<Fused<f16>>>;
+            bench_step::<B>(&mut group, "f16 Cuda (fused)", shape, false, Own);
+            bench_step::<B>(&mut group, "fp8 Te<Cuda> f16", shape, true, Own);
+            bench_step::<B>(
+                &mut group,
+                "fp8 Te<Cuda> f16, on CubeCL's stream",
+                shape,
+                true,
+                CubeCl,
+            );
         }
     }
     group.finish();

@@ -1,15 +1,19 @@
 //! cuBLASLt's FP8 matmul on CUDA, the library Transformer Engine's GEMMs call: E4M3/E5M2 operands on the tensor
 //! cores (sm ≥ 89), f32 accumulation with cuBLASLt's split accumulator (no fast accumulation), per-tensor scales
-//! through its scale pointers, f32 or f16 output.
+//! through its scale pointers, f32, f16 or bf16 output.
 //!
 //! cuBLASLt takes FP8 operands in one layout only, "TN" (both operands K-major). In row-major terms that is
 //! `out[M, N] = A[M, K] · B[N, K]ᵀ`: a layer's fprop. Operands stored the other way (dgrad's weight, wgrad's
 //! operands) are transposed into K-major copies first ([`crate::transpose::transpose_fp8_codes`]); a permutation of
 //! the codes, so the product is the same.
 //!
-//! The library runs on its own stream of the device's primary context (CubeCL's context): CubeCL's queue is synced
-//! before the call and the library's stream after it, so that neither reads a buffer before the other wrote it. A
-//! group of GEMMs (a grouped linear layer's experts) pays these two waits once ([`fp8_gemm_grouped`]).
+//! Two ways to order the library's work with CubeCL's ([`LtStream`]):
+//! - on the library's own stream of the device's primary context (CubeCL's context): CubeCL's queue is synced
+//!   before the call and the library's stream after it, so that neither reads a buffer before the other wrote it. A
+//!   group of GEMMs (a grouped linear layer's experts) pays these two waits once ([`fp8_gemm_grouped`]);
+//! - on CubeCL's own stream, which the vendored cubecl-cuda names with each resource (`GpuResource::stream`): the
+//!   call is enqueued after the kernels that wrote its operands and before those that will read its output, and
+//!   nothing waits. Its workspace comes from CubeCL's memory pool on that stream.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -32,9 +36,9 @@ const WORKSPACE_BYTES: usize = 32 << 20;
 /// operand and what it lacks; the caller runs the SIMT kernel instead and records the reason.
 pub fn unsupported<F: CubeElement>(a: &GemmOperand<'_>, b: &GemmOperand<'_>) -> Option<String> {
     let out_bytes = size_of::<F>();
-    if !matches!(F::type_name(), "f32" | "f16") {
+    if out_type(F::type_name()).is_none() {
         return Some(format!(
-            "{} outputs (cuBLASLt writes f32 or f16 here)",
+            "{} outputs (cuBLASLt writes f32, f16 or bf16 here)",
             F::type_name()
         ));
     }
@@ -84,6 +88,25 @@ pub fn unsupported<F: CubeElement>(a: &GemmOperand<'_>, b: &GemmOperand<'_>) -> 
     None
 }
 
+/// cuBLASLt's type of an output element named `name`.
+fn out_type(name: &str) -> Option<sys::cudaDataType> {
+    match name {
+        "f32" => Some(sys::cudaDataType::CUDA_R_32F),
+        "f16" => Some(sys::cudaDataType::CUDA_R_16F),
+        "bf16" => Some(sys::cudaDataType::CUDA_R_16BF),
+        _ => None,
+    }
+}
+
+/// The stream cuBLASLt's calls run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LtStream {
+    /// The library's own stream, with a host wait for CubeCL's queue before the calls and for the stream after.
+    Own,
+    /// CubeCL's stream of the calling thread: ordered with CubeCL's kernels, no host waits.
+    CubeCl,
+}
+
 /// `out[b] = dequant(A[b]) × dequant(B[b])` by cuBLASLt, contiguous `[batch, M, N]` as `F` (f32 or f16), on the
 /// CUDA device `device`. The operands must pass [`unsupported`]; their scales are per-tensor `scale_inv` values,
 /// which cuBLASLt applies to the f32 accumulator (`scale_a · scale_b · Σ a·b`).
@@ -92,19 +115,21 @@ pub fn fp8_gemm<F: Float + CubeElement>(
     device: &CudaDevice,
     a: &GemmOperand<'_>,
     b: &GemmOperand<'_>,
+    stream: LtStream,
 ) -> Result<Handle, KernelError> {
-    fp8_gemm_grouped::<F>(client, device, &[(*a, *b)])?
+    fp8_gemm_grouped::<F>(client, device, &[(*a, *b)], stream)?
         .pop()
         .expect("one GEMM's result")
 }
 
-/// Several [`fp8_gemm`]s (a grouped linear layer's experts) with one wait on each side: CubeCL's queue is synced
-/// once before the calls and the library's stream once after them. Each GEMM's output, or why cuBLASLt cannot take
-/// it ([`unsupported`], shapes); an error of the library or of the device fails them all.
+/// Several [`fp8_gemm`]s (a grouped linear layer's experts), on [`LtStream::Own`] with one wait on each side:
+/// CubeCL's queue is synced once before the calls and the library's stream once after them. Each GEMM's output, or
+/// why cuBLASLt cannot take it ([`unsupported`], shapes); an error of the library or of the device fails them all.
 pub fn fp8_gemm_grouped<F: Float + CubeElement>(
     client: &ComputeClient<CudaRuntime>,
     device: &CudaDevice,
     gemms: &[(GemmOperand<'_>, GemmOperand<'_>)],
+    stream: LtStream,
 ) -> Result<Vec<Result<Handle, KernelError>>, KernelError> {
     let calls = gemms
         .iter()
@@ -114,8 +139,31 @@ pub fn fp8_gemm_grouped<F: Float + CubeElement>(
         })
         .collect::<Result<Vec<_>, _>>()?;
     if calls.iter().any(Result::is_ok) {
-        // CubeCL's queue has written the operands (and allocated the outputs) before the library reads them.
-        cubecl::future::block_on(client.sync())?;
+        let on_cubecl = match stream {
+            LtStream::CubeCl => {
+                // A workspace from CubeCL's pool on the calls' stream; it stays held until the calls are enqueued,
+                // and CubeCL's next use of the memory comes after them on the same stream.
+                let workspace = client.empty(WORKSPACE_BYTES);
+                let resource = client.get_resource(workspace.clone())?;
+                let ordered_on = resource.resource().stream;
+                let stray = calls
+                    .iter()
+                    .flatten()
+                    .find(|call| call.stream != ordered_on);
+                if stray.is_some() {
+                    return Err(KernelError::InvalidArgument {
+                        what: "cuBLASLt FP8 GEMM outputs",
+                        reason: "the group's outputs are on different CubeCL streams".into(),
+                    });
+                }
+                Some((ordered_on, resource.resource().ptr, workspace))
+            }
+            LtStream::Own => {
+                // CubeCL's queue has written the operands (and allocated the outputs) before the library reads them.
+                cubecl::future::block_on(client.sync())?;
+                None
+            }
+        };
         let devices = DEVICES.get_or_init(|| Mutex::new(HashMap::new()));
         let mut devices = devices
             .lock()
@@ -126,12 +174,27 @@ pub fn fp8_gemm_grouped<F: Float + CubeElement>(
                 entry.insert(LtDevice::new(device.index)?)
             }
         };
-        for call in calls.iter().flatten() {
-            lt_device.matmul(&call.shape, &call.ptrs)?;
+        match &on_cubecl {
+            Some((stream, workspace, _held)) => {
+                for call in calls.iter().flatten() {
+                    lt_device.matmul(&call.shape, &call.ptrs, *stream, *workspace)?;
+                }
+            }
+            None => {
+                for call in calls.iter().flatten() {
+                    lt_device.matmul(
+                        &call.shape,
+                        &call.ptrs,
+                        lt_device.stream,
+                        lt_device.workspace,
+                    )?;
+                }
+                lt_device.wait()?;
+            }
         }
-        lt_device.wait()?;
     }
-    // The K-major copies and the inputs stay alive until here: the library has read them.
+    // The K-major copies and the inputs stay alive until here: the library has read them (its own stream) or reads
+    // them before CubeCL's next use of their memory (CubeCL's stream).
     Ok(calls
         .into_iter()
         .map(|call| call.map(|call| call.output))
@@ -163,7 +226,7 @@ fn checked_shape<F: Float + CubeElement>(
         b_stride: if b.batch == 1 { 0 } else { n * k },
         a_format: fp8(a),
         b_format: fp8(b),
-        out_f16: F::type_name() == "f16",
+        out: F::type_name(),
     })
 }
 
@@ -173,6 +236,8 @@ struct LtCall {
     shape: LtShape,
     ptrs: LtPointers,
     output: Handle,
+    /// CubeCL's stream of the output, which CubeCL made wait for the operands' streams.
+    stream: driver_sys::CUstream,
     _k_major: (Handle, Handle),
 }
 
@@ -204,21 +269,30 @@ impl LtCall {
         let a_codes = k_major(a, !a.transposed)?;
         let b_codes = k_major(b, b.transposed)?;
         let output = client.empty(shape.batch * shape.m * shape.n * size_of::<F>());
-        let pointer = |handle: &Handle| -> Result<u64, KernelError> {
+        let resource = |handle: &Handle| -> Result<(u64, driver_sys::CUstream), KernelError> {
             let resource = client.get_resource(handle.clone())?;
-            Ok(resource.resource().ptr)
+            Ok((resource.resource().ptr, resource.resource().stream))
         };
+        // The output's resource last: its stream has been made to wait for every operand's.
+        let (a, b, a_scale, b_scale) = (
+            resource(&a_codes)?.0,
+            resource(&b_codes)?.0,
+            resource(a.scale_inv)?.0,
+            resource(b.scale_inv)?.0,
+        );
+        let (out, stream) = resource(&output)?;
         let ptrs = LtPointers {
-            a: pointer(&a_codes)?,
-            b: pointer(&b_codes)?,
-            a_scale: pointer(a.scale_inv)?,
-            b_scale: pointer(b.scale_inv)?,
-            out: pointer(&output)?,
+            a,
+            b,
+            a_scale,
+            b_scale,
+            out,
         };
         Ok(LtCall {
             shape,
             ptrs,
             output,
+            stream,
             _k_major: (a_codes, b_codes),
         })
     }
@@ -246,7 +320,8 @@ struct LtShape {
     b_stride: usize,
     a_format: Fp8Format,
     b_format: Fp8Format,
-    out_f16: bool,
+    /// The output element's name (`f32`, `f16`, `bf16`).
+    out: &'static str,
 }
 
 /// Shapes whose plans a device keeps; past it the cache starts over (a model has a few dozen GEMM shapes).
@@ -319,8 +394,15 @@ impl LtDevice {
         })
     }
 
-    /// Enqueues `out = scale_a · scale_b · A·Bᵀ` (row-major) on the library's stream ([`wait`](Self::wait) for it).
-    fn matmul(&mut self, shape: &LtShape, ptrs: &LtPointers) -> Result<(), KernelError> {
+    /// Enqueues `out = scale_a · scale_b · A·Bᵀ` (row-major) on `stream` with `workspace` (of [`WORKSPACE_BYTES`]);
+    /// on the library's own stream, [`wait`](Self::wait) for it.
+    fn matmul(
+        &mut self,
+        shape: &LtShape,
+        ptrs: &LtPointers,
+        stream: driver_sys::CUstream,
+        workspace: driver_sys::CUdeviceptr,
+    ) -> Result<(), KernelError> {
         unsafe { driver::ctx::set_current(self.context) }
             .map_err(|e| library_error("cuCtxSetCurrent", e))?;
         if !self.plans.contains_key(shape) {
@@ -348,9 +430,9 @@ impl LtDevice {
                 ptrs.out as *mut core::ffi::c_void,
                 plan.lt_d.0,
                 &plan.algo,
-                self.workspace as *mut core::ffi::c_void,
+                workspace as *mut core::ffi::c_void,
                 WORKSPACE_BYTES,
-                self.stream as sys::cudaStream_t,
+                stream as sys::cudaStream_t,
             )
         }
         .map_err(|e| library_error("cublasLtMatmul", e))
@@ -368,11 +450,7 @@ impl LtDevice {
             Fp8Format::E4M3 => sys::cudaDataType::CUDA_R_8F_E4M3,
             Fp8Format::E5M2 => sys::cudaDataType::CUDA_R_8F_E5M2,
         };
-        let out_type = if shape.out_f16 {
-            sys::cudaDataType::CUDA_R_16F
-        } else {
-            sys::cudaDataType::CUDA_R_32F
-        };
+        let out_type = out_type(shape.out).expect("checked by `unsupported`");
         let desc = Guard::new(
             lt::create_matmul_desc(
                 sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,

@@ -18,7 +18,9 @@
 
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
-use burn_te::cube::gemm_path::{DeviceGemmPath, with_device_gemm_path};
+use burn_te::cube::gemm_path::{
+    CublasLtStream, DeviceGemmPath, with_cublaslt_stream, with_device_gemm_path,
+};
 use burn_te::{BlockScaleRule, Fp8Format, Fp8Primitive, ScaleBlock, Scaling, TeBackend};
 use burn_te_kernels::cubecl::prelude::CubeElement;
 use burn_te_kernels::host;
@@ -96,7 +98,8 @@ fn block_quantize(values: Vec<f32>, shape: [usize; 3]) -> Fp8Primitive<B> {
     .expect("block quantize")
 }
 
-/// `lhs · rhs` asking for `path`; checks which path counted it and returns the output.
+/// `lhs · rhs` asking for `path`; checks which path counted it and returns the output. cuBLASLt runs on both
+/// streams ([`CublasLtStream`]), with the same bits.
 fn gemm_on(
     path: DeviceGemmPath,
     expect: DeviceGemmPath,
@@ -105,21 +108,35 @@ fn gemm_on(
     rhs: &Fp8Primitive<B>,
     rhs_t: bool,
 ) -> Vec<f32> {
-    let before = PATHS.map(counted);
-    let out = with_device_gemm_path(path, || B::fp8_gemm(lhs.clone(), lhs_t, rhs.clone(), rhs_t))
+    let on = |stream: CublasLtStream| {
+        let before = PATHS.map(counted);
+        let out = with_cublaslt_stream(stream, || {
+            with_device_gemm_path(path, || B::fp8_gemm(lhs.clone(), lhs_t, rhs.clone(), rhs_t))
+        })
         .expect("gemm");
-    let after = PATHS.map(counted);
-    let ran: Vec<_> = PATHS
-        .iter()
-        .zip(before.iter().zip(after))
-        .filter(|(_, (b, a))| a > *b)
-        .map(|(p, _)| *p)
-        .collect();
-    assert_eq!(ran, vec![expect], "asked for {path}");
-    Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(out))
-        .into_data()
-        .into_vec::<f32>()
-        .unwrap()
+        let after = PATHS.map(counted);
+        let ran: Vec<_> = PATHS
+            .iter()
+            .zip(before.iter().zip(after))
+            .filter(|(_, (b, a))| a > *b)
+            .map(|(p, _)| *p)
+            .collect();
+        assert_eq!(ran, vec![expect], "asked for {path}");
+        Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(out))
+            .into_data()
+            .into_vec::<f32>()
+            .unwrap()
+    };
+    let out = on(CublasLtStream::Own);
+    if expect == DeviceGemmPath::CublasLt {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&on(CublasLtStream::CubeCl)),
+            bits(&out),
+            "cuBLASLt on CubeCL's stream against its own stream"
+        );
+    }
+    out
 }
 
 #[test]
@@ -506,6 +523,29 @@ fn a_group_asking_for_cublaslt_runs_each_gemm_as_alone() {
             "GEMM {i}: grouped differs from alone"
         );
     }
+    // The group again with cuBLASLt on CubeCL's stream: the same bits.
+    let on_cubecl = with_cublaslt_stream(CublasLtStream::CubeCl, || {
+        with_device_gemm_path(DeviceGemmPath::CublasLt, || {
+            B::fp8_gemm_grouped(
+                gemms
+                    .iter()
+                    .map(|(lhs, rhs, _)| (lhs.clone(), false, rhs.clone(), true))
+                    .collect(),
+            )
+        })
+    })
+    .expect("grouped gemm on CubeCL's stream");
+    for (i, (out, alone)) in on_cubecl.into_iter().zip(&alone).enumerate() {
+        let out = Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(out))
+            .into_data()
+            .into_vec::<f32>()
+            .unwrap();
+        assert_eq!(
+            bits(&out),
+            bits(alone),
+            "GEMM {i}: grouped on CubeCL's stream differs from alone"
+        );
+    }
 }
 
 /// Four SGD steps of a TransformerLayer in FP8 on each path of this device, the `Te` stack and the `Debug` stack,
@@ -603,6 +643,16 @@ fn transformer_layer_trains_the_same_on_every_path() {
                     "{what} on {path}, step {step}: {a} vs {b}"
                 );
             }
+            if path == DeviceGemmPath::CublasLt && !refused {
+                // The same kernels in the same order on CubeCL's stream: the same losses to the bit.
+                let on_cubecl = with_cublaslt_stream(CublasLtStream::CubeCl, || {
+                    layer_losses(device, layer.clone(), path, recipe)
+                });
+                assert_eq!(
+                    on_cubecl, other,
+                    "{what}: cuBLASLt on CubeCL's stream against its own stream"
+                );
+            }
         }
     }
 
@@ -636,5 +686,71 @@ fn transformer_layer_trains_the_same_on_every_path() {
             }
             losses
         })
+    }
+}
+
+/// A model in bf16 (`Cuda<bf16>`, TE's usual activation type) on CUDA: operands quantized from bf16 tensors have the
+/// codes and scales of the same values in f32, and each path's bf16 output is its f32 output rounded once (the
+/// kernels round their f32 result; cuBLASLt's bf16 epilogue may pick another algorithm, so within one bf16 step).
+#[cfg(feature = "cuda")]
+#[test]
+fn bf16_operands_and_outputs_on_every_path() {
+    use burn::tensor::DType;
+    let device = backend_device();
+    let mut rng = Rng::new(96);
+    let (m, k, n) = (96, 256, 64);
+    let lhs_values = rng.normal(m * k, 0.0, 1.0);
+    let rhs_values = rng.normal(n * k, 0.0, 0.05);
+    let quantize_as = |values: &[f32], shape: [usize; 3], dtype: DType, format: Fp8Format| {
+        let rounded: Vec<f32> = values
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_f32())
+            .collect();
+        let t = Tensor::<B, 3>::from_data(TensorData::new(rounded, shape), (&device, dtype));
+        assert_eq!(t.dtype(), dtype);
+        B::fp8_quantize(
+            t.into_primitive().tensor(),
+            format,
+            Scaling::Current { margin: 0.0 },
+        )
+        .expect("quantize")
+    };
+    let operands = |dtype| {
+        (
+            quantize_as(&lhs_values, [1, m, k], dtype, Fp8Format::E4M3),
+            quantize_as(&rhs_values, [1, n, k], dtype, Fp8Format::E4M3),
+        )
+    };
+    let (lhs32, rhs32) = operands(DType::F32);
+    let (lhs16, rhs16) = operands(DType::BF16);
+    for (a, b) in [(&lhs32, &lhs16), (&rhs32, &rhs16)] {
+        let (a, b) = (B::fp8_read(a).unwrap(), B::fp8_read(b).unwrap());
+        assert_eq!(a.codes, b.codes, "codes of the bf16 tensor");
+        assert_eq!(a.scale_inv, b.scale_inv, "scale of the bf16 tensor");
+    }
+    for path in PATHS {
+        let run = |lhs: &Fp8Primitive<B>, rhs: &Fp8Primitive<B>| {
+            let out =
+                with_device_gemm_path(path, || B::fp8_gemm(lhs.clone(), false, rhs.clone(), true))
+                    .expect("gemm");
+            Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(out))
+        };
+        let out32 = run(&lhs32, &rhs32).into_data().into_vec::<f32>().unwrap();
+        let out16 = run(&lhs16, &rhs16);
+        assert_eq!(out16.dtype(), DType::BF16, "{path}: the output's type");
+        let out16 = out16.into_data().into_vec::<half::bf16>().unwrap();
+        for (i, (&y, &x)) in out16.iter().zip(&out32).enumerate() {
+            let rounded = half::bf16::from_f32(x);
+            let steps = (i32::from(y.to_bits() as i16) - i32::from(rounded.to_bits() as i16)).abs();
+            let allowed = if path == DeviceGemmPath::CublasLt {
+                1
+            } else {
+                0
+            };
+            assert!(
+                steps <= allowed,
+                "{path}, output {i}: bf16 {y} against f32 {x} rounded {rounded}"
+            );
+        }
     }
 }

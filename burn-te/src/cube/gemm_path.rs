@@ -6,7 +6,8 @@
 //! and NVFP4 take the SIMT kernel.
 //!
 //! [`with_device_gemm_path`] forces a path on this thread, `BURN_TE_DEVICE_GEMM` (`auto`, `simt`, `tiled`,
-//! `cublaslt`; read once) in the process. Each GEMM counts under `DeviceFp8Gemm(<path>)` in the metrics report; a GEMM
+//! `cublaslt`; read once) in the process. [`with_cublaslt_stream`] and `BURN_TE_CUBLASLT_STREAM` (`own`, `cubecl`)
+//! choose the stream cuBLASLt runs on ([`CublasLtStream`]). Each GEMM counts under `DeviceFp8Gemm(<path>)` in the metrics report; a GEMM
 //! that asked for cuBLASLt or the tiled path and ran on the kernel is recorded as a fallback (`device GEMM path`) with
 //! the reason.
 
@@ -70,8 +71,61 @@ impl core::fmt::Display for DeviceGemmPath {
     }
 }
 
+/// The CUDA stream cuBLASLt's FP8 GEMMs run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CublasLtStream {
+    /// The library's own stream (the default): the host waits for CubeCL's queue before each call, or group of
+    /// calls, and for the library's stream after it. Measured on H100 and H200.
+    Own,
+    /// CubeCL's stream of the calling thread: each call is enqueued in order with CubeCL's kernels and nothing
+    /// waits. Needs the vendored cubecl-cuda's `GpuResource::stream`; not yet measured on a GPU.
+    CubeCl,
+}
+
+impl CublasLtStream {
+    /// The name in `BURN_TE_CUBLASLT_STREAM`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            CublasLtStream::Own => "own",
+            CublasLtStream::CubeCl => "cubecl",
+        }
+    }
+}
+
 thread_local! {
     static FORCED: Cell<Option<DeviceGemmPath>> = const { Cell::new(None) };
+    static FORCED_STREAM: Cell<Option<CublasLtStream>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with this thread's cuBLASLt GEMMs on `stream`; back to the default when `f` returns or panics.
+pub fn with_cublaslt_stream<T>(stream: CublasLtStream, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<CublasLtStream>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            FORCED_STREAM.with(|forced| forced.set(self.0));
+        }
+    }
+    let _restore = Restore(FORCED_STREAM.with(|forced| forced.replace(Some(stream))));
+    f()
+}
+
+/// The stream this thread's cuBLASLt GEMMs run on: forced, `BURN_TE_CUBLASLT_STREAM` (read once; an unknown value
+/// is reported once and read as `own`), or [`CublasLtStream::Own`].
+pub fn cublaslt_stream() -> CublasLtStream {
+    static CONFIGURED: OnceLock<CublasLtStream> = OnceLock::new();
+    FORCED_STREAM.with(Cell::get).unwrap_or_else(|| {
+        *CONFIGURED.get_or_init(|| match std::env::var("BURN_TE_CUBLASLT_STREAM").as_deref() {
+            Err(_) | Ok("" | "own") => CublasLtStream::Own,
+            Ok("cubecl") => CublasLtStream::CubeCl,
+            Ok(name) => {
+                crate::fallback::record(
+                    "BURN_TE_CUBLASLT_STREAM",
+                    format!("BURN_TE_CUBLASLT_STREAM={name:?} is not a stream (own, cubecl): using own"),
+                );
+                CublasLtStream::Own
+            }
+        })
+    })
 }
 
 /// Runs `f` with this thread's device FP8 GEMMs asking for `path` (a test of a path, a comparison of two); back to
@@ -268,12 +322,18 @@ fn cublaslt<R: Runtime, F: Float + CubeElement>(
         )));
     };
     // Operands cuBLASLt cannot take come back as an error naming why (`cublaslt::unsupported`).
-    Ok(
-        cublaslt::fp8_gemm_grouped::<F>(cuda_client, cuda_device, gemms)?
-            .into_iter()
-            .map(|result| result.map_err(Refused::from))
-            .collect(),
-    )
+    Ok(cublaslt::fp8_gemm_grouped::<F>(
+        cuda_client,
+        cuda_device,
+        gemms,
+        match cublaslt_stream() {
+            CublasLtStream::Own => cublaslt::LtStream::Own,
+            CublasLtStream::CubeCl => cublaslt::LtStream::CubeCl,
+        },
+    )?
+    .into_iter()
+    .map(|result| result.map_err(Refused::from))
+    .collect())
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -73,7 +73,8 @@ impl<R: CubeRuntime> core::fmt::Debug for CubeDelayedState<R> {
     }
 }
 
-/// Runs `$body` with `$t` bound to the element type of a float dtype (f32, f16), or fails with the op's name.
+/// Runs `$body` with `$t` bound to the element type of a float dtype (f32, f16, bf16: the last on runtimes that
+/// have it, CUDA), or fails with the op's name.
 macro_rules! with_float {
     ($dtype:expr, $op:literal, $t:ident => $body:expr) => {
         match $dtype {
@@ -83,6 +84,10 @@ macro_rules! with_float {
             }
             DType::F16 => {
                 type $t = half::f16;
+                $body
+            }
+            DType::BF16 => {
+                type $t = half::bf16;
                 $body
             }
             dtype => Err(TeError::UnsupportedDType { op: $op, dtype }),
