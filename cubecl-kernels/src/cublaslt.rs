@@ -13,7 +13,9 @@
 //!   group of GEMMs (a grouped linear layer's experts) pays these two waits once ([`fp8_gemm_grouped`]);
 //! - on CubeCL's own stream, which the vendored cubecl-cuda names with each resource (`GpuResource::stream`): the
 //!   call is enqueued after the kernels that wrote its operands and before those that will read its output, and
-//!   nothing waits. Its workspace comes from CubeCL's memory pool on that stream.
+//!   nothing waits. Its workspace comes from CubeCL's memory pool on that stream. Only for operands of the calling
+//!   thread's stream: CubeCL does not order another stream's reuse of a buffer after this stream's reads, so a
+//!   group with such an operand takes the library's own stream.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -107,7 +109,7 @@ pub enum LtStream {
     CubeCl,
 }
 
-/// `out[b] = dequant(A[b]) × dequant(B[b])` by cuBLASLt, contiguous `[batch, M, N]` as `F` (f32 or f16), on the
+/// `out[b] = dequant(A[b]) × dequant(B[b])` by cuBLASLt, contiguous `[batch, M, N]` as `F` (f32, f16 or bf16), on the
 /// CUDA device `device`. The operands must pass [`unsupported`]; their scales are per-tensor `scale_inv` values,
 /// which cuBLASLt applies to the f32 accumulator (`scale_a · scale_b · Σ a·b`).
 pub fn fp8_gemm<F: Float + CubeElement>(
@@ -118,19 +120,22 @@ pub fn fp8_gemm<F: Float + CubeElement>(
     stream: LtStream,
 ) -> Result<Handle, KernelError> {
     fp8_gemm_grouped::<F>(client, device, &[(*a, *b)], stream)?
+        .0
         .pop()
         .expect("one GEMM's result")
 }
 
 /// Several [`fp8_gemm`]s (a grouped linear layer's experts), on [`LtStream::Own`] with one wait on each side:
 /// CubeCL's queue is synced once before the calls and the library's stream once after them. Each GEMM's output, or
-/// why cuBLASLt cannot take it ([`unsupported`], shapes); an error of the library or of the device fails them all.
+/// why cuBLASLt cannot take it ([`unsupported`], shapes), and the stream they ran on: [`LtStream::CubeCl`] where
+/// asked for and every operand comes from the calling thread's CubeCL stream, else [`LtStream::Own`]. An error of
+/// the library or of the device fails them all.
 pub fn fp8_gemm_grouped<F: Float + CubeElement>(
     client: &ComputeClient<CudaRuntime>,
     device: &CudaDevice,
     gemms: &[(GemmOperand<'_>, GemmOperand<'_>)],
     stream: LtStream,
-) -> Result<Vec<Result<Handle, KernelError>>, KernelError> {
+) -> Result<(Vec<Result<Handle, KernelError>>, LtStream), KernelError> {
     let calls = gemms
         .iter()
         .map(|(a, b)| match checked_shape::<F>(a, b) {
@@ -138,25 +143,24 @@ pub fn fp8_gemm_grouped<F: Float + CubeElement>(
             Err(refused) => Ok(Err(refused)),
         })
         .collect::<Result<Vec<_>, _>>()?;
+    // CubeCL orders a stream's work after the writes of the buffers it reads from other streams, but not the
+    // other streams' later reuse of those buffers: operands from another thread's stream take the library's own
+    // stream and its waits.
+    let ran_on = match stream {
+        LtStream::CubeCl if calls.iter().flatten().all(|call| !call.foreign_inputs) => {
+            LtStream::CubeCl
+        }
+        _ => LtStream::Own,
+    };
     if calls.iter().any(Result::is_ok) {
-        let on_cubecl = match stream {
+        let on_cubecl = match ran_on {
             LtStream::CubeCl => {
-                // A workspace from CubeCL's pool on the calls' stream; it stays held until the calls are enqueued,
-                // and CubeCL's next use of the memory comes after them on the same stream.
+                // A workspace from CubeCL's pool on the calls' stream (the calling thread's, as the outputs'); it
+                // stays held until the calls are enqueued, and CubeCL's next use of the memory comes after them.
                 let workspace = client.empty(WORKSPACE_BYTES);
                 let resource = client.get_resource(workspace.clone())?;
-                let ordered_on = resource.resource().stream;
-                let stray = calls
-                    .iter()
-                    .flatten()
-                    .find(|call| call.stream != ordered_on);
-                if stray.is_some() {
-                    return Err(KernelError::InvalidArgument {
-                        what: "cuBLASLt FP8 GEMM outputs",
-                        reason: "the group's outputs are on different CubeCL streams".into(),
-                    });
-                }
-                Some((ordered_on, resource.resource().ptr, workspace))
+                let (stream, ptr) = (resource.resource().stream, resource.resource().ptr);
+                Some((stream, ptr, workspace))
             }
             LtStream::Own => {
                 // CubeCL's queue has written the operands (and allocated the outputs) before the library reads them.
@@ -181,24 +185,24 @@ pub fn fp8_gemm_grouped<F: Float + CubeElement>(
                 }
             }
             None => {
-                for call in calls.iter().flatten() {
-                    lt_device.matmul(
-                        &call.shape,
-                        &call.ptrs,
-                        lt_device.stream,
-                        lt_device.workspace,
-                    )?;
-                }
-                lt_device.wait()?;
+                let (stream, workspace) = (lt_device.stream, lt_device.workspace);
+                let enqueued = calls.iter().flatten().try_for_each(|call| {
+                    lt_device.matmul(&call.shape, &call.ptrs, stream, workspace)
+                });
+                // Waited for even when a call failed: the calls before it may still read the buffers dropped below.
+                let waited = lt_device.wait();
+                enqueued?;
+                waited?;
             }
         }
     }
     // The K-major copies and the inputs stay alive until here: the library has read them (its own stream) or reads
     // them before CubeCL's next use of their memory (CubeCL's stream).
-    Ok(calls
+    let outputs = calls
         .into_iter()
         .map(|call| call.map(|call| call.output))
-        .collect())
+        .collect();
+    Ok((outputs, ran_on))
 }
 
 /// The call's sizes, or why cuBLASLt cannot take the operands.
@@ -236,8 +240,8 @@ struct LtCall {
     shape: LtShape,
     ptrs: LtPointers,
     output: Handle,
-    /// CubeCL's stream of the output, which CubeCL made wait for the operands' streams.
-    stream: driver_sys::CUstream,
+    /// Whether an operand buffer comes from another CubeCL stream than the output (the calling thread's).
+    foreign_inputs: bool,
     _k_major: (Handle, Handle),
 }
 
@@ -269,30 +273,25 @@ impl LtCall {
         let a_codes = k_major(a, !a.transposed)?;
         let b_codes = k_major(b, b.transposed)?;
         let output = client.empty(shape.batch * shape.m * shape.n * size_of::<F>());
-        let resource = |handle: &Handle| -> Result<(u64, driver_sys::CUstream), KernelError> {
+        let pointer = |handle: &Handle| -> Result<u64, KernelError> {
             let resource = client.get_resource(handle.clone())?;
-            Ok((resource.resource().ptr, resource.resource().stream))
+            Ok(resource.resource().ptr)
         };
-        // The output's resource last: its stream has been made to wait for every operand's.
-        let (a, b, a_scale, b_scale) = (
-            resource(&a_codes)?.0,
-            resource(&b_codes)?.0,
-            resource(a.scale_inv)?.0,
-            resource(b.scale_inv)?.0,
-        );
-        let (out, stream) = resource(&output)?;
         let ptrs = LtPointers {
-            a,
-            b,
-            a_scale,
-            b_scale,
-            out,
+            a: pointer(&a_codes)?,
+            b: pointer(&b_codes)?,
+            a_scale: pointer(a.scale_inv)?,
+            b_scale: pointer(b.scale_inv)?,
+            out: pointer(&output)?,
         };
+        let foreign_inputs = [&a_codes, &b_codes, a.scale_inv, b.scale_inv]
+            .iter()
+            .any(|handle| handle.stream != output.stream);
         Ok(LtCall {
             shape,
             ptrs,
             output,
-            stream,
+            foreign_inputs,
             _k_major: (a_codes, b_codes),
         })
     }

@@ -74,6 +74,14 @@ fn device_fallbacks() -> u64 {
         .unwrap_or(0)
 }
 
+/// cuBLASLt calls asked to run on CubeCL's stream that took the library's own.
+fn stream_fallbacks() -> u64 {
+    burn_te::fallback_counts()
+        .get(burn_te::cube::gemm_path::CUBLASLT_STREAM_FALLBACK)
+        .copied()
+        .unwrap_or(0)
+}
+
 fn quantize(values: Vec<f32>, shape: [usize; 3], format: Fp8Format) -> Fp8Primitive<B> {
     let t = Tensor::<B, 3>::from_data(TensorData::new(values, shape), &backend_device());
     B::fp8_quantize(
@@ -130,11 +138,13 @@ fn gemm_on(
     let out = on(CublasLtStream::Own);
     if expect == DeviceGemmPath::CublasLt {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let before = stream_fallbacks();
         assert_eq!(
             bits(&on(CublasLtStream::CubeCl)),
             bits(&out),
             "cuBLASLt on CubeCL's stream against its own stream"
         );
+        assert_eq!(stream_fallbacks(), before, "ran on CubeCL's stream");
     }
     out
 }
@@ -645,6 +655,7 @@ fn transformer_layer_trains_the_same_on_every_path() {
             }
             if path == DeviceGemmPath::CublasLt && !refused {
                 // The same kernels in the same order on CubeCL's stream: the same losses to the bit.
+                let before = stream_fallbacks();
                 let on_cubecl = with_cublaslt_stream(CublasLtStream::CubeCl, || {
                     layer_losses(device, layer.clone(), path, recipe)
                 });
@@ -652,6 +663,7 @@ fn transformer_layer_trains_the_same_on_every_path() {
                     on_cubecl, other,
                     "{what}: cuBLASLt on CubeCL's stream against its own stream"
                 );
+                assert_eq!(stream_fallbacks(), before, "{what}: ran on CubeCL's stream");
             }
         }
     }

@@ -31,6 +31,9 @@ pub const DEVICE_FP8_GEMM: &str = "DeviceFp8Gemm";
 /// The fallback reason of a GEMM that asked for cuBLASLt and ran on the SIMT kernel.
 pub const DEVICE_GEMM_FALLBACK: &str = "device GEMM path";
 
+/// The fallback reason of cuBLASLt GEMMs asked to run on CubeCL's stream that ran on the library's own.
+pub const CUBLASLT_STREAM_FALLBACK: &str = "cuBLASLt stream";
+
 /// An implementation of the device FP8 GEMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceGemmPath {
@@ -321,19 +324,28 @@ fn cublaslt<R: Runtime, F: Float + CubeElement>(
             R::name(client)
         )));
     };
+    let asked = cublaslt_stream();
     // Operands cuBLASLt cannot take come back as an error naming why (`cublaslt::unsupported`).
-    Ok(cublaslt::fp8_gemm_grouped::<F>(
+    let (outputs, ran_on) = cublaslt::fp8_gemm_grouped::<F>(
         cuda_client,
         cuda_device,
         gemms,
-        match cublaslt_stream() {
+        match asked {
             CublasLtStream::Own => cublaslt::LtStream::Own,
             CublasLtStream::CubeCl => cublaslt::LtStream::CubeCl,
         },
-    )?
-    .into_iter()
-    .map(|result| result.map_err(Refused::from))
-    .collect())
+    )?;
+    if asked == CublasLtStream::CubeCl && ran_on == cublaslt::LtStream::Own {
+        crate::fallback::record(
+            CUBLASLT_STREAM_FALLBACK,
+            "an operand comes from another thread's CubeCL stream: cuBLASLt ran on its own stream, with host waits"
+                .to_string(),
+        );
+    }
+    Ok(outputs
+        .into_iter()
+        .map(|result| result.map_err(Refused::from))
+        .collect())
 }
 
 #[cfg(not(feature = "cuda"))]
