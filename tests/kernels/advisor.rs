@@ -233,19 +233,19 @@ fn the_advisor_plan_gives_the_outlier_layer_a_finer_format_from_candidates_on_th
     let yaml = advice.to_yaml();
     assert_eq!(advice.choices.len(), 9, "{yaml}");
     assert_eq!(advice.options.bound, PlanBound::AtLeastDb(10.0));
-    // The selection, recomputed from the candidates: the cheapest with an effective SQNR of 10 dB or more (every
-    // GEMM has one here).
+    // The selection, recomputed from the candidates: of those with an effective SQNR of 10 dB or more (every GEMM
+    // has one here), the narrowest format (4 bits, then 8), and of that width the best effective SQNR (on a tie,
+    // the first in the candidates' order: block scaling and MXFP8 cost the same).
+    let bits = |recipe: &str| if recipe == "nvfp4" { 4 } else { 8 };
     for choice in &advice.choices {
-        let cheapest = choice
-            .candidates
+        let passing: Vec<_> = choice.candidates.iter().filter(|c| c.2 >= 10.0).collect();
+        let width = passing.iter().map(|c| bits(&c.0)).min().unwrap();
+        let expected = passing
             .iter()
-            .filter(|c| c.2 >= 10.0)
-            .min_by(|a, b| {
-                burn_te_debug::advisor::recipe_cost(&a.0)
-                    .total_cmp(&burn_te_debug::advisor::recipe_cost(&b.0))
-            })
+            .filter(|c| bits(&c.0) == width)
+            .min_by(|a, b| b.2.total_cmp(&a.2))
             .unwrap();
-        assert_eq!(choice.chosen, cheapest.0, "{yaml}");
+        assert_eq!(choice.chosen, expected.0, "{yaml}");
         // The GEMMs that take the outlier activation leave NVFP4; every other GEMM keeps it.
         let outlier = choice.layer == "fc_out" && choice.gemm != Gemm::Dgrad;
         assert_eq!(

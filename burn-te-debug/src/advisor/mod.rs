@@ -38,7 +38,7 @@ use crate::tensor::TensorName;
 
 mod plan;
 
-pub use plan::{GemmChoice, PlanAdvice, PlanBound, PlanOptions, recipe_cost};
+pub use plan::{GemmChoice, PlanAdvice, PlanBound, PlanOptions, recipe_cost, recipe_width_class};
 
 /// The options of an advice.
 #[derive(Clone, Debug, PartialEq)]

@@ -1,4 +1,5 @@
-//! The advisor's recipe plans: per GEMM, the cheapest candidate recipe whose error stays within a bound.
+//! The advisor's recipe plans: per GEMM, the narrowest candidate format whose error stays within a bound, and of
+//! that width the most accurate recipe.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -26,10 +27,21 @@ pub fn recipe_cost(recipe: &str) -> f64 {
     }
 }
 
+/// A recipe's operand width, the cost class a plan chooses by: 0 for 4 bits (NVFP4), 1 for 8 bits (every FP8
+/// recipe), 2 for high precision. Matrix units run each width at its own rate; within one width the recipes differ
+/// only by their scales' bytes (under 4 %), which a GEMM's speed does not show, so the plan takes the most accurate.
+pub fn recipe_width_class(recipe: &str) -> u8 {
+    match recipe {
+        "nvfp4" => 0,
+        "fp8_current_scaling" | "fp8_delayed_scaling" | "fp8_block_scaling" | "mxfp8" => 1,
+        _ => 2,
+    }
+}
+
 /// How much error a plan allows a GEMM.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum PlanBound {
-    /// An effective SQNR at most this many dB below the GEMM's best candidate: each GEMM takes the cheapest recipe
+    /// An effective SQNR at most this many dB below the GEMM's best candidate: each GEMM takes the narrowest recipe
     /// that is nearly as good as the best low-precision one, never high precision.
     WithinDbOfBest(f64),
     /// An effective SQNR of at least this many dB (the default, 10 dB): where no candidate reaches it, high
@@ -89,7 +101,7 @@ pub struct PlanAdvice {
 }
 
 impl Advisor {
-    /// Chooses, for every GEMM the statistics of [`Advisor::config`] cover, the cheapest candidate recipe within
+    /// Chooses, for every GEMM the statistics of [`Advisor::config`] cover, the narrowest candidate recipe within
     /// `options.bound` (see [`PlanBound`]). A candidate's effective SQNR is its measured SQNR with the advisor's
     /// weights: `−10·log10(10^(−sqnr/10) · (1 + 4·underflows%/100) · kurtosis weight · amax-growth weight)`, its
     /// underflows those of the GEMM's operands under that recipe (`<recipe>_underflows%`, in the orientation the
@@ -207,7 +219,7 @@ fn operand_underflows(
         .fold(0.0, |a: f64, &b| a.max(b))
 }
 
-/// Each GEMM's cheapest candidate within the bound; under [`PlanBound::AtLeastDb`], high precision where none
+/// Each GEMM's candidate of the narrowest width within the bound, the best of that width; under [`PlanBound::AtLeastDb`], high precision where none
 /// reaches it and the budget allows (worst first), else its best candidate.
 fn choose(choices: &mut [GemmChoice], options: &PlanOptions) {
     let total: f64 = choices.iter().map(|c| c.flops).sum();
@@ -227,9 +239,16 @@ fn choose(choices: &mut [GemmChoice], options: &PlanOptions) {
         };
         let mut passing: Vec<&(String, f64, f64)> =
             choice.candidates.iter().filter(|c| c.2 >= floor).collect();
-        passing.sort_by(|a, b| recipe_cost(&a.0).total_cmp(&recipe_cost(&b.0)));
+        // The narrowest width within the bound; of that width, the best effective SQNR; on a tie the fewer bytes,
+        // then the candidates' order.
+        passing.sort_by(|a, b| {
+            recipe_width_class(&a.0)
+                .cmp(&recipe_width_class(&b.0))
+                .then(b.2.total_cmp(&a.2))
+                .then(recipe_cost(&a.0).total_cmp(&recipe_cost(&b.0)))
+        });
         choice.chosen = match passing.first() {
-            Some(cheapest) => cheapest.0.clone(),
+            Some(chosen) => chosen.0.clone(),
             None => {
                 short.push(index);
                 best_name
@@ -302,18 +321,25 @@ impl PlanAdvice {
         };
         let _ = writeln!(
             yaml,
-            "# Written by burn-te's precision advisor from {} measured steps: per GEMM, the cheapest recipe whose\n\
-             # effective SQNR is {bound} (high precision within {:.1} % of the GEMM FLOPs where none is).",
+            "# Written by burn-te's precision advisor from {} measured steps: per GEMM, the narrowest format whose\n\
+             # effective SQNR is {bound}, the most accurate of that width (high precision within {:.1} % of the\n\
+             # GEMM FLOPs where none is).",
             self.steps,
             self.options.budget * 100.0
         );
+        let bytes: Vec<String> = CANDIDATES
+            .iter()
+            .chain(&[HIGH_PRECISION])
+            .map(|recipe| format!("{recipe} {}", recipe_cost(recipe)))
+            .collect();
         let _ = writeln!(
             yaml,
-            "# Cost per FLOP (bytes per operand value): nvfp4 0.5625 < fp8_current_scaling 1 < fp8_block_scaling 1.03125\n\
-             #   = mxfp8 1.03125 < high_precision (bf16) 2.\n\
+            "# Widths: nvfp4 (4 bits) < fp8_current_scaling = fp8_block_scaling = mxfp8 (8 bits) < high_precision (bf16).\n\
+             # Bytes per operand value, scales included: {}.\n\
              # effective SQNR = -10*log10(10^(-sqnr/10) * (1 + 4*underflows%/100) * (1 + max(0, kurtosis - 3)/10 at\n\
              #   fprop and wgrad) * max(1, amax growth)), each candidate measured on the same tensors.\n\
              # Runs over {}: RecipePlan::load_over(<this file>, <that recipe>); unlisted GEMMs keep it.",
+            bytes.join(", "),
             self.options.base.name()
         );
         let shares: Vec<String> = self

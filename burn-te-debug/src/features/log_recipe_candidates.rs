@@ -38,7 +38,7 @@ pub struct LogRecipeCandidates {
     entries: Scheduled<(Vec<String>, Vec<Stat>)>,
 }
 
-/// The recipes a candidate may be, cheapest first (see the advisor's `recipe_cost`).
+/// The recipes a candidate may be, narrowest first (see the advisor's `recipe_width_class` and `recipe_cost`).
 pub(crate) const CANDIDATES: [&str; 4] =
     ["nvfp4", "fp8_current_scaling", "fp8_block_scaling", "mxfp8"];
 
