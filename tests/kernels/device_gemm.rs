@@ -488,15 +488,18 @@ fn a_group_asking_for_cublaslt_runs_each_gemm_as_alone() {
         device_fallbacks(),
         launches(),
     );
-    let outputs = with_device_gemm_path(DeviceGemmPath::CublasLt, || {
-        B::fp8_gemm_grouped(
-            gemms
-                .iter()
-                .map(|(lhs, rhs, _)| (lhs.clone(), false, rhs.clone(), true))
-                .collect(),
-        )
-    })
-    .expect("grouped gemm");
+    let grouped = || {
+        with_device_gemm_path(DeviceGemmPath::CublasLt, || {
+            B::fp8_gemm_grouped(
+                gemms
+                    .iter()
+                    .map(|(lhs, rhs, _)| (lhs.clone(), false, rhs.clone(), true))
+                    .collect(),
+            )
+        })
+        .expect("grouped gemm")
+    };
+    let outputs = grouped();
     let on_cublaslt = if cfg!(feature = "cuda") { 2 } else { 0 };
     assert_eq!(
         counted(DeviceGemmPath::CublasLt) - before.0,
@@ -521,41 +524,24 @@ fn a_group_asking_for_cublaslt_runs_each_gemm_as_alone() {
         expected_launches,
         "FP8 GEMM launches"
     );
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    for (i, (out, alone)) in outputs.into_iter().zip(&alone).enumerate() {
-        let out = Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(out))
-            .into_data()
-            .into_vec::<f32>()
-            .unwrap();
-        assert_eq!(
-            bits(&out),
-            bits(alone),
-            "GEMM {i}: grouped differs from alone"
-        );
-    }
+    let same_as_alone = |outputs: Vec<burn::tensor::ops::FloatTensor<B>>, what: &str| {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (i, (out, alone)) in outputs.into_iter().zip(&alone).enumerate() {
+            let out = Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(out))
+                .into_data()
+                .into_vec::<f32>()
+                .unwrap();
+            assert_eq!(
+                bits(&out),
+                bits(alone),
+                "GEMM {i}: {what} differs from alone"
+            );
+        }
+    };
+    same_as_alone(outputs, "grouped");
     // The group again with cuBLASLt on CubeCL's stream: the same bits.
-    let on_cubecl = with_cublaslt_stream(CublasLtStream::CubeCl, || {
-        with_device_gemm_path(DeviceGemmPath::CublasLt, || {
-            B::fp8_gemm_grouped(
-                gemms
-                    .iter()
-                    .map(|(lhs, rhs, _)| (lhs.clone(), false, rhs.clone(), true))
-                    .collect(),
-            )
-        })
-    })
-    .expect("grouped gemm on CubeCL's stream");
-    for (i, (out, alone)) in on_cubecl.into_iter().zip(&alone).enumerate() {
-        let out = Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(out))
-            .into_data()
-            .into_vec::<f32>()
-            .unwrap();
-        assert_eq!(
-            bits(&out),
-            bits(alone),
-            "GEMM {i}: grouped on CubeCL's stream differs from alone"
-        );
-    }
+    let on_cubecl = with_cublaslt_stream(CublasLtStream::CubeCl, grouped);
+    same_as_alone(on_cubecl, "grouped on CubeCL's stream");
 }
 
 /// Four SGD steps of a TransformerLayer in FP8 on each path of this device, the `Te` stack and the `Debug` stack,

@@ -100,16 +100,25 @@ thread_local! {
     static FORCED_STREAM: Cell<Option<CublasLtStream>> = const { Cell::new(None) };
 }
 
-/// Runs `f` with this thread's cuBLASLt GEMMs on `stream`; back to the default when `f` returns or panics.
-pub fn with_cublaslt_stream<T>(stream: CublasLtStream, f: impl FnOnce() -> T) -> T {
-    struct Restore(Option<CublasLtStream>);
-    impl Drop for Restore {
+/// Runs `f` with this thread's `setting` at `value`; the previous value back when `f` returns or panics.
+fn with_setting<S: Copy + 'static, T>(
+    setting: &'static std::thread::LocalKey<Cell<Option<S>>>,
+    value: S,
+    f: impl FnOnce() -> T,
+) -> T {
+    struct Restore<S: Copy + 'static>(&'static std::thread::LocalKey<Cell<Option<S>>>, Option<S>);
+    impl<S: Copy + 'static> Drop for Restore<S> {
         fn drop(&mut self) {
-            FORCED_STREAM.with(|forced| forced.set(self.0));
+            self.0.with(|cell| cell.set(self.1));
         }
     }
-    let _restore = Restore(FORCED_STREAM.with(|forced| forced.replace(Some(stream))));
+    let _restore = Restore(setting, setting.with(|cell| cell.replace(Some(value))));
     f()
+}
+
+/// Runs `f` with this thread's cuBLASLt GEMMs on `stream`; back to the default when `f` returns or panics.
+pub fn with_cublaslt_stream<T>(stream: CublasLtStream, f: impl FnOnce() -> T) -> T {
+    with_setting(&FORCED_STREAM, stream, f)
 }
 
 /// The stream this thread's cuBLASLt GEMMs run on: forced, `BURN_TE_CUBLASLT_STREAM` (read once; an unknown value
@@ -134,14 +143,7 @@ pub fn cublaslt_stream() -> CublasLtStream {
 /// Runs `f` with this thread's device FP8 GEMMs asking for `path` (a test of a path, a comparison of two); back to
 /// the default when `f` returns or panics. A path the device cannot take runs on the kernel, recorded as a fallback.
 pub fn with_device_gemm_path<T>(path: DeviceGemmPath, f: impl FnOnce() -> T) -> T {
-    struct Restore(Option<DeviceGemmPath>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            FORCED.with(|forced| forced.set(self.0));
-        }
-    }
-    let _restore = Restore(FORCED.with(|forced| forced.replace(Some(path))));
-    f()
+    with_setting(&FORCED, path, f)
 }
 
 /// `BURN_TE_DEVICE_GEMM`, read once: `None` for `auto` or unset; an unknown value is reported once and read as auto.
