@@ -81,10 +81,15 @@ struct Args {
     /// --budget) and adds the run `RECIPE + advisor`.
     #[arg(long, value_name = "RECIPE", value_parser = recipe_name, help_heading = "Advisor and plans")]
     advise: Option<String>,
-    /// Run the advisor's recipe plan over RECIPE: it writes plan.yaml (per GEMM the cheapest recipe whose
-    /// effective SQNR is at least --plan-db) and adds the run `RECIPE + plan`.
+    /// Run the advisor's recipe plan over RECIPE: it writes plan.yaml (per GEMM the narrowest format whose
+    /// effective SQNR is at least --plan-db, of that width the most accurate recipe) and adds the run
+    /// `RECIPE + plan`.
     #[arg(long, value_name = "RECIPE", value_parser = recipe_name, help_heading = "Advisor and plans")]
     plan: Option<String>,
+    /// With --plan: run this plan file (e.g. one written before and edited by hand) instead of measuring and
+    /// writing one.
+    #[arg(long, value_name = "FILE", requires = "plan", help_heading = "Advisor and plans")]
+    plan_file: Option<PathBuf>,
     /// The plan's bound: the least effective SQNR of a GEMM, in dB.
     #[arg(long, default_value_t = 10.0, help_heading = "Advisor and plans")]
     plan_db: f64,
@@ -364,20 +369,30 @@ fn run() -> Result<(), Error> {
         });
     }
     if let Some(recipe) = &args.plan {
-        // The plan: K steps of the recipe with every candidate measured, then the plan file.
-        let measured = probe(&args, &corpus, recipe, "plan", &log_dir, &bar)?;
         let base =
             self::recipe(recipe)?.ok_or("--plan: f32 has no plan (give a low-precision recipe)")?;
-        let options = PlanOptions {
-            bound: PlanBound::AtLeastDb(args.plan_db),
-            budget: args.budget,
-            ..PlanOptions::over(base)
+        let path = match &args.plan_file {
+            Some(file) => {
+                // Checked before the runs: a bad file fails here, with its file, key and line.
+                burn_te::RecipePlan::load_over(file, base)?;
+                file.clone()
+            }
+            None => {
+                // The plan: K steps of the recipe with every candidate measured, then the plan file.
+                let measured = probe(&args, &corpus, recipe, "plan", &log_dir, &bar)?;
+                let options = PlanOptions {
+                    bound: PlanBound::AtLeastDb(args.plan_db),
+                    budget: args.budget,
+                    ..PlanOptions::over(base)
+                };
+                let advice = Advisor::plan(&measured.stats, options);
+                let path = args.out.join("plan.yaml");
+                std::fs::write(&path, advice.to_yaml())?;
+                draw_plan(&args.out.join(format!("plan_{recipe}.svg")), &advice)?;
+                bar.suspend(|| println!("{}plan: wrote {}", advice.to_yaml(), path.display()));
+                path
+            }
         };
-        let advice = Advisor::plan(&measured.stats, options);
-        let path = args.out.join("plan.yaml");
-        std::fs::write(&path, advice.to_yaml())?;
-        draw_plan(&args.out.join(format!("plan_{recipe}.svg")), &advice)?;
-        bar.suspend(|| println!("{}plan: wrote {}", advice.to_yaml(), path.display()));
         runs.push(Run {
             label: format!("{recipe} + plan"),
             recipe: recipe.clone(),
