@@ -88,7 +88,12 @@ struct Args {
     plan: Option<String>,
     /// With --plan: run this plan file (e.g. one written before and edited by hand) instead of measuring and
     /// writing one.
-    #[arg(long, value_name = "FILE", requires = "plan", help_heading = "Advisor and plans")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "plan",
+        help_heading = "Advisor and plans"
+    )]
     plan_file: Option<PathBuf>,
     /// The plan's bound: the least effective SQNR of a GEMM, in dB.
     #[arg(long, default_value_t = 10.0, help_heading = "Advisor and plans")]
