@@ -1,8 +1,8 @@
 //! The autotune of the device FP8 GEMM: per device and shape class, each candidate that can take the GEMM exactly
 //! (the SIMT kernel, and cubek-matmul's tiled routines with the codes decoded on load) runs once to compile and
-//! warm up, then once per round for [`TIMED_RUNS`] rounds, the candidates in turn, synchronised; the fastest best
-//! run is kept for that key for the rest of the process,
-//! as Burn keeps its matmul's choice. GEMMs below [`TUNED_MIN_PRODUCT`] multiply-adds are too small for the
+//! warm up, then once per round for [`TIMED_RUNS`] rounds, the candidates in turn, synchronised; the candidate with
+//! the fastest best run is kept for that key for the rest of the process, as Burn keeps its matmul's choice. GEMMs
+//! below [`TUNED_MIN_PRODUCT`] multiply-adds are too small for the
 //! choice to matter and take the SIMT kernel untuned.
 //!
 //! The key anchors M, K, N and the batch to powers of two (as Burn's matmul key does) and carries what decides
