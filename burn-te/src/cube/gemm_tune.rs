@@ -2,8 +2,8 @@
 //! (the SIMT kernel, and cubek-matmul's tiled routines with the codes decoded on load) runs once to compile and
 //! warm up, then once per round for [`TIMED_RUNS`] rounds, the candidates in turn, synchronised; the candidate with
 //! the fastest best run is kept for that key for the rest of the process, as Burn keeps its matmul's choice. GEMMs
-//! below [`TUNED_MIN_PRODUCT`] multiply-adds are too small for the
-//! choice to matter and take the SIMT kernel untuned.
+//! below [`TUNED_MIN_PRODUCT`] multiply-adds are too small for the choice to matter and take the SIMT kernel
+//! untuned.
 //!
 //! The key anchors M, K, N and the batch to powers of two (as Burn's matmul key does) and carries what decides
 //! which candidates can run (whole code words per row, K a multiple of 16), so a kept choice runs every GEMM of its
