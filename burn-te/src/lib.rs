@@ -78,6 +78,7 @@ mod te;
 pub use autocast::{
     AutocastGuard, ScopeRecipe, active_plan, active_recipe, fp8_autocast, fp8_autocast_guard,
     fp8_autocast_guard_with, fp8_autocast_with, generation, is_fp8_enabled,
+    seed_stochastic_rounding,
 };
 pub use backend::{
     ElementFormat, Fp8HostData, Fp8Primitive, Fp8Tensor, Nvfp4Scales, Scaling, TeBackend,

@@ -24,6 +24,10 @@ pub struct GemmSite {
     pub fp8: Option<LayerFp8State>,
     /// The autocast generation of the forward pass this GEMM belongs to (see [`crate::fp8_state`]).
     pub generation: u64,
+    /// The stochastic-rounding draw of the iteration the GEMM belongs to, taken where the site is made (in the
+    /// forward pass): NVFP4's random bits are a hash of it with the layer, GEMM and role (see
+    /// [`seed_stochastic_rounding`](crate::seed_stochastic_rounding)).
+    pub rounding: u64,
     /// For a wgrad: whether the layer's dgrad ran just before it on the same output gradient. The debug tools
     /// inspect a layer's incoming gradient once per backward, at the first backward GEMM that uses it: the dgrad,
     /// or the wgrad when the layer's input needs no gradient (so also a frozen layer's, which runs no wgrad).
@@ -66,6 +70,7 @@ impl GemmSite {
             gemm,
             fp8: None,
             generation: 0,
+            rounding: crate::autocast::rounding_draw(),
             follows_dgrad: false,
             recipes: None,
             batched: false,

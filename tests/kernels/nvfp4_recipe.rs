@@ -259,6 +259,39 @@ fn nvfp4_stochastic_rounding_makes_the_dgrad_unbiased() {
     );
 }
 
+/// Stochastic rounding is reproducible from the backend's seed, as TE's is from torch's: after `Backend::seed`, the
+/// same iterations draw the same bits whatever ran before in the process, another seed draws others. Round to
+/// nearest of the same gradient is the reference each draw is told apart from.
+#[test]
+fn nvfp4_stochastic_rounding_follows_the_backends_seed() {
+    fn check<B: AutodiffBackend + burn_te::TeBackend>(what: &str, device: &B::Device) {
+        let dims = [32, 32, 64];
+        let (x, w, g) = operands(dims);
+        let sr = NVFP4BlockScaling::default();
+        let run = || linear_and_grads::<B>(&sr, (&x, &w, &g), dims, device);
+        B::seed(device, 7);
+        let first = [run(), run()];
+        // Other iterations in between: a model trained before, in the same process.
+        for _ in 0..3 {
+            run();
+        }
+        B::seed(device, 7);
+        let again = [run(), run()];
+        B::seed(device, 8);
+        let other = run();
+        for (i, (a, b)) in first.iter().zip(&again).enumerate() {
+            // y, dx and dw of iteration i after seeding: the same bits.
+            assert_eq!(a, b, "{what}: iteration {i} after the same seed");
+        }
+        assert_ne!(first[0][1], first[1][1], "{what}: each iteration draws other bits");
+        assert_ne!(first[0][1], other[1], "{what}: another seed draws other bits");
+        // The forward quantizes by round to nearest (TE rounds only the gradient stochastically).
+        assert_eq!(first[0][0], other[0], "{what}: y does not depend on the seed");
+    }
+    check::<Autodiff<Te<Flex>>>("flex", &Default::default());
+    check::<Autodiff<Te<Wgpu>>>("wgpu", &device());
+}
+
 /// What quantizing a `[rows, cols]` tensor to NVFP4 (round to nearest, after the RHT with `rht`) does to it,
 /// recomputed in f64 from the host quantization.
 struct Reference {

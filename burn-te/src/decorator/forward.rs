@@ -110,6 +110,7 @@ macro_rules! forward_backend {
                     }
 
                     fn seed(device: &Self::Device, seed: u64) {
+                        $crate::seed_stochastic_rounding(seed);
                         B::seed(device, seed)
                     }
 

@@ -20,7 +20,12 @@
 //!
 //! # Generations
 //! Each outermost scope is a new *generation* (an iteration, in TE's terms): delayed-scaling states roll their
-//! amax history once per generation (see [`crate::fp8_state`]).
+//! amax history once per generation (see [`crate::fp8_state`]). NVFP4's stochastic rounding follows its own
+//! count of iterations, which a seed restarts (see [`rounding`]).
+
+mod rounding;
+pub(crate) use rounding::rounding_draw;
+pub use rounding::seed_stochastic_rounding;
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -148,6 +153,7 @@ fn push_frame(recipe: Option<ScopeRecipe>, linears: Option<&PlainLinearStates>) 
         let mut s = s.borrow_mut();
         if s.frames.is_empty() {
             s.generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
+            rounding::next_iteration();
         }
         let linears = match (linears, s.frames.last()) {
             (Some(given), _) => given.clone(),
