@@ -26,7 +26,7 @@ use burn_te::{Recipe, Te};
 use burn_te_debug::advisor::{Advisor, AdvisorOptions, PlanAdvice, PlanBound, PlanOptions};
 use burn_te_debug::stats::StatValue;
 use burn_te_debug::{Debug, DebugOptions, StatLogger};
-use burn_te_suite::cli::{ModelArgs, at_least_one, progress, recipe_name};
+use burn_te_suite::cli::{ModelArgs, at_least_one, progress, recipe_name, share};
 use burn_te_suite::lm::{CharGpt, Corpus, LmBatcher, Windows, recipe_named};
 use clap::Parser;
 use indicatif::ProgressBar;
@@ -98,6 +98,10 @@ struct Args {
     /// The plan's bound: the least effective SQNR of a GEMM, in dB.
     #[arg(long, default_value_t = 10.0, help_heading = "Advisor and plans")]
     plan_db: f64,
+    /// The largest share of the GEMM FLOPs the plan may take out of its recipe's width (e.g. 0.2: at least 80 % stay
+    /// in NVFP4), the GEMMs the recipe serves worst first.
+    #[arg(long, default_value_t = 1.0, value_parser = share, help_heading = "Advisor and plans")]
+    plan_wider_budget: f64,
     /// Also run the plan's recipe and the plan with seeds 1..N (their own seed-to-seed spread).
     #[arg(long, default_value_t = 1, help_heading = "Advisor and plans")]
     plan_seeds: u64,
@@ -388,6 +392,7 @@ fn run() -> Result<(), Error> {
                 let options = PlanOptions {
                     bound: PlanBound::AtLeastDb(args.plan_db),
                     budget: args.budget,
+                    wider_budget: args.plan_wider_budget,
                     ..PlanOptions::over(base)
                 };
                 let advice = Advisor::plan(&measured.stats, options);

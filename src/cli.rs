@@ -66,6 +66,18 @@ pub fn probability(value: &str) -> Result<f64, String> {
     }
 }
 
+/// A share in `[0, 1]`.
+pub fn share(value: &str) -> Result<f64, String> {
+    let p: f64 = value
+        .parse()
+        .map_err(|_| format!("expected a number, got {value:?}"))?;
+    if (0.0..=1.0).contains(&p) {
+        Ok(p)
+    } else {
+        Err(format!("expected a share in [0, 1], got {p}"))
+    }
+}
+
 /// A recipe name of the examples (`f32`, `delayed`, `current`, ...), checked as clap parses it.
 pub fn recipe_name(value: &str) -> Result<String, String> {
     recipe_named(value)?;

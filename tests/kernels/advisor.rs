@@ -287,6 +287,63 @@ fn the_advisor_plan_gives_the_outlier_layer_a_finer_format_from_candidates_on_th
         .copied()
         .unwrap_or(0.0);
     assert!(share > 0.0 && share <= 0.10 + 1e-12, "{}", strict.to_yaml());
+
+    // A bound every GEMM misses, no high precision: each GEMM wants its best 8-bit candidate. At most 30 % of the
+    // FLOPs may leave NVFP4's width: recomputed here, the GEMMs NVFP4 serves worst take their choice, in that
+    // order, while their FLOPs fit; the others keep NVFP4.
+    let options = |wider_budget| PlanOptions {
+        bound: PlanBound::AtLeastDb(1000.0),
+        budget: 0.0,
+        wider_budget,
+        ..PlanOptions::over(NVFP4BlockScaling::default())
+    };
+    let unlimited = Advisor::plan(&probe.stats, options(1.0));
+    let limited = Advisor::plan(&probe.stats, options(0.3));
+    let total: f64 = unlimited.choices.iter().map(|c| c.flops).sum();
+    let under_nvfp4 = |c: &burn_te_debug::advisor::GemmChoice| {
+        c.candidates.iter().find(|c| c.0 == "nvfp4").unwrap().2
+    };
+    let mut order: Vec<_> = unlimited.choices.iter().collect();
+    order.sort_by(|a, b| under_nvfp4(a).total_cmp(&under_nvfp4(b)));
+    let mut used = 0.0;
+    let mut moved = 0;
+    for want in order {
+        let got = limited
+            .choices
+            .iter()
+            .find(|c| (&c.layer, c.gemm) == (&want.layer, want.gemm))
+            .unwrap();
+        assert_ne!(want.chosen, "nvfp4");
+        let expected = if (used + want.flops) / total <= 0.3 + 1e-12 {
+            used += want.flops;
+            moved += 1;
+            want.chosen.as_str()
+        } else {
+            "nvfp4"
+        };
+        assert_eq!(
+            got.chosen,
+            expected,
+            "{} {:?}\n{}",
+            got.layer,
+            got.gemm,
+            limited.to_yaml()
+        );
+    }
+    assert!(
+        moved > 0 && moved < unlimited.choices.len(),
+        "{moved} GEMMs moved"
+    );
+    assert!(
+        limited.fractions()["nvfp4"] >= 0.7 - 1e-12,
+        "{}",
+        limited.to_yaml()
+    );
+    assert!(
+        limited
+            .to_yaml()
+            .contains("at most 30.0 % of the FLOPs leave nvfp4's width")
+    );
 }
 
 #[test]

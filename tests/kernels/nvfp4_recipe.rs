@@ -283,10 +283,19 @@ fn nvfp4_stochastic_rounding_follows_the_backends_seed() {
             // y, dx and dw of iteration i after seeding: the same bits.
             assert_eq!(a, b, "{what}: iteration {i} after the same seed");
         }
-        assert_ne!(first[0][1], first[1][1], "{what}: each iteration draws other bits");
-        assert_ne!(first[0][1], other[1], "{what}: another seed draws other bits");
+        assert_ne!(
+            first[0][1], first[1][1],
+            "{what}: each iteration draws other bits"
+        );
+        assert_ne!(
+            first[0][1], other[1],
+            "{what}: another seed draws other bits"
+        );
         // The forward quantizes by round to nearest (TE rounds only the gradient stochastically).
-        assert_eq!(first[0][0], other[0], "{what}: y does not depend on the seed");
+        assert_eq!(
+            first[0][0], other[0],
+            "{what}: y does not depend on the seed"
+        );
     }
     check::<Autodiff<Te<Flex>>>("flex", &Default::default());
     check::<Autodiff<Te<Wgpu>>>("wgpu", &device());

@@ -58,6 +58,10 @@ pub struct PlanOptions {
     pub bound: PlanBound,
     /// The largest fraction of the measured GEMM FLOPs kept in high precision (default 0.10).
     pub budget: f64,
+    /// The largest fraction of the measured GEMM FLOPs that may leave the base recipe's width, high precision
+    /// included (default 1: no limit). Over it, the GEMMs the base recipe serves worst leave it first; the others
+    /// keep the base recipe. E.g. 0.2 keeps at least 80 % of the FLOPs in NVFP4 over an NVFP4 base.
+    pub wider_budget: f64,
 }
 
 impl PlanOptions {
@@ -69,6 +73,7 @@ impl PlanOptions {
             base: base.into(),
             bound: PlanBound::AtLeastDb(10.0),
             budget: 0.10,
+            wider_budget: 1.0,
         }
     }
 }
@@ -219,8 +224,9 @@ fn operand_underflows(
         .fold(0.0, |a: f64, &b| a.max(b))
 }
 
-/// Each GEMM's candidate of the narrowest width within the bound, the best of that width; under [`PlanBound::AtLeastDb`], high precision where none
-/// reaches it and the budget allows (worst first), else its best candidate.
+/// Each GEMM's candidate of the narrowest width within the bound, the best of that width; under
+/// [`PlanBound::AtLeastDb`], high precision where none reaches it and the budget allows (worst first), else its best
+/// candidate. Then [`PlanOptions::wider_budget`].
 fn choose(choices: &mut [GemmChoice], options: &PlanOptions) {
     let total: f64 = choices.iter().map(|c| c.flops).sum();
     let best = |c: &GemmChoice| {
@@ -263,6 +269,34 @@ fn choose(choices: &mut [GemmChoice], options: &PlanOptions) {
         if total > 0.0 && (used + flops) / total <= options.budget + 1e-12 {
             used += flops;
             choices[index].chosen = HIGH_PRECISION.to_string();
+        }
+    }
+    keep_within_wider_budget(choices, options, total);
+}
+
+/// Keeps the GEMMs that leave the base recipe's width within [`PlanOptions::wider_budget`]: those the base serves
+/// worst (lowest effective SQNR under it) first, a GEMM over the budget left in the base recipe.
+fn keep_within_wider_budget(choices: &mut [GemmChoice], options: &PlanOptions, total: f64) {
+    let base = options.base.name();
+    let base_width = recipe_width_class(base);
+    let under_base = |c: &GemmChoice| {
+        c.candidates
+            .iter()
+            .find(|(name, ..)| name == base)
+            .map(|(.., db)| *db)
+            .unwrap_or(f64::NEG_INFINITY)
+    };
+    let mut wider: Vec<usize> = (0..choices.len())
+        .filter(|&i| recipe_width_class(&choices[i].chosen) > base_width)
+        .collect();
+    wider.sort_by(|&a, &b| under_base(&choices[a]).total_cmp(&under_base(&choices[b])));
+    let mut used = 0.0;
+    for index in wider {
+        let flops = choices[index].flops;
+        if total > 0.0 && (used + flops) / total <= options.wider_budget + 1e-12 {
+            used += flops;
+        } else {
+            choices[index].chosen = base.to_string();
         }
     }
 }
@@ -323,9 +357,18 @@ impl PlanAdvice {
             yaml,
             "# Written by burn-te's precision advisor from {} measured steps: per GEMM, the narrowest format whose\n\
              # effective SQNR is {bound}, the most accurate of that width (high precision within {:.1} % of the\n\
-             # GEMM FLOPs where none is).",
+             # GEMM FLOPs where none is){}.",
             self.steps,
-            self.options.budget * 100.0
+            self.options.budget * 100.0,
+            if self.options.wider_budget < 1.0 {
+                format!(
+                    ";\n# at most {:.1} % of the FLOPs leave {}'s width, the GEMMs it serves worst first",
+                    self.options.wider_budget * 100.0,
+                    self.options.base.name()
+                )
+            } else {
+                String::new()
+            }
         );
         let bytes: Vec<String> = CANDIDATES
             .iter()
