@@ -886,6 +886,99 @@ fn kept_packing_buffers_stay_within_their_bound() {
     assert_eq!(held_bytes(), 0, "release frees everything");
 }
 
+/// Large GEMM outputs reuse freed memory from the pool (`burn_te_kernels::host::pool`) within its bound, and a
+/// reused block is overwritten whole: a GEMM whose every output differs in sign from the block's previous contents
+/// matches f64. Alone in its process (the pool and its bound are process-wide), with a 24 MiB bound.
+#[test]
+fn large_gemm_outputs_reuse_pooled_memory_within_the_bound() {
+    alone(
+        "host_gemm::large_gemm_outputs_reuse_pooled_memory_within_the_bound",
+        || {
+            use burn_te_kernels::host::pool::{POOLED_FROM, PoolStats, pool_stats};
+            // SAFETY: this process runs this test alone, on one thread, before anything reads the variable.
+            unsafe { std::env::set_var("BURN_TE_HOST_POOL_MIB", "24") };
+            // A 4 MiB output (512 × 2048 f32): pooled.
+            let (m, k, n) = (512, 32, 2048);
+            assert_eq!(m * n * 4, POOLED_FROM);
+            let mut rng = Rng::new(41);
+            let x = rng.normal(m * k, 0.0, 1.0);
+            let w = rng.normal(k * n, 0.0, 0.05);
+            let site = GemmSite::new("pooled", Gemm::Fprop);
+            let recipe: Recipe = Float8CurrentScaling::default().into();
+            let quantize = |values: Vec<f32>, shape, role| {
+                quantize_operand::<B>(
+                    float(values, shape),
+                    &recipe,
+                    &site,
+                    role,
+                    true,
+                    false,
+                    None,
+                )
+                .expect("quantize")
+                .tensor
+            };
+            let wq = quantize(w, [k, n], TensorRole::Weight);
+            let gemm = |x: &[f32]| {
+                let xq = quantize(x.to_vec(), [m, k], TensorRole::Activation);
+                let expected =
+                    reference(&stored_f64::<B>(&xq), false, &stored_f64::<B>(&wq), false);
+                (
+                    B::fp8_gemm(xq, false, wq.clone(), false).expect("gemm"),
+                    expected,
+                )
+            };
+            let values = |out| {
+                Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(out))
+                    .into_data()
+                    .into_vec::<f32>()
+                    .unwrap()
+            };
+            let start = pool_stats();
+            let stats = |reused, allocated, held_mib: usize| PoolStats {
+                reused: start.reused + reused,
+                allocated: start.allocated + allocated,
+                held_bytes: held_mib << 20,
+            };
+            let (first, expected) = gemm(&x);
+            assert_eq!(pool_stats(), stats(0, 1, 0), "a fresh block");
+            let first_values = values(first);
+            check_gemm("first", &first_values, &expected);
+            // The tensor dropped: its block is held.
+            assert_eq!(pool_stats(), stats(0, 1, 4));
+            // -x: every output the negation of what the block holds.
+            let negated: Vec<f32> = x.iter().map(|v| -v).collect();
+            let (second, expected) = gemm(&negated);
+            assert_eq!(pool_stats(), stats(1, 1, 0), "the freed block reused");
+            let second_values = values(second);
+            check_gemm("reused block", &second_values, &expected);
+            assert!(
+                first_values
+                    .iter()
+                    .zip(&second_values)
+                    .all(|(a, b)| *a == -b)
+            );
+            // Seven outputs alive at once (one reused, six fresh), then freed: 24 MiB stay, the first freed goes.
+            let outputs: Vec<_> = (0..7).map(|_| gemm(&x).0).collect();
+            assert_eq!(pool_stats(), stats(2, 7, 0));
+            drop(outputs);
+            assert_eq!(
+                pool_stats(),
+                stats(2, 7, 24),
+                "held within the 24 MiB bound"
+            );
+            // Below the pooled size: a plain allocation, the pool untouched.
+            let small = quantize(x[..256 * k].to_vec(), [256, k], TensorRole::Activation);
+            drop(B::fp8_gemm(small, false, wq.clone(), false).expect("gemm"));
+            assert_eq!(
+                pool_stats(),
+                stats(2, 7, 24),
+                "a 2 MiB output is not pooled"
+            );
+        },
+    );
+}
+
 /// The probe: every path this CPU runs timed (f32 always), the fastest chosen, the choice made once per process
 /// and the one an unforced GEMM asks for (unless `BURN_TE_HOST_GEMM` names one).
 #[test]

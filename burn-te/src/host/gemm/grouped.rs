@@ -15,7 +15,7 @@ pub(crate) struct GroupedHostGemm<'a> {
     pub lhs: HostOperand<'a>,
     pub rhs: HostOperand<'a>,
     pub dims: (usize, usize, usize),
-    pub out: Vec<std::mem::MaybeUninit<f32>>,
+    pub out: burn_te_kernels::host::pool::HostOutput,
 }
 
 /// Runs every GEMM of `gemms` into its `out` on the path this thread asks for: those large enough to split across
@@ -24,7 +24,13 @@ pub(crate) struct GroupedHostGemm<'a> {
 pub(crate) fn host_fp8_gemm_grouped(gemms: &mut [GroupedHostGemm<'_>]) {
     let requested = requested_host_gemm_path();
     let run = |gemm: &mut GroupedHostGemm<'_>| {
-        host_fp8_gemm_asking(requested, &gemm.lhs, &gemm.rhs, gemm.dims, &mut gemm.out)
+        host_fp8_gemm_asking(
+            requested,
+            &gemm.lhs,
+            &gemm.rhs,
+            gemm.dims,
+            gemm.out.as_uninit_mut(),
+        )
     };
     let (mut large, mut small): (Vec<_>, Vec<_>) = gemms
         .iter_mut()
