@@ -714,8 +714,30 @@ fn gemm_output<D>(
     let (rb, rr, rc) = rhs.matrix_dims();
     let (m, k) = if lhs_t { (lc, lr) } else { (lr, lc) };
     let n = if rhs_t { rr } else { rc };
+    configure_output_pool();
     let out = HostOutput::uninit(lb.max(rb) * m * n);
     Ok((shape, (m, n, k), out))
+}
+
+/// Sets the output pool's bound from `BURN_TE_HOST_POOL_MIB` (MiB; 0: no pool), once per process. An unreadable
+/// value is recorded as a fallback and the default (1 GiB) kept.
+fn configure_output_pool() {
+    static CONFIGURED: std::sync::Once = std::sync::Once::new();
+    CONFIGURED.call_once(|| {
+        let Ok(value) = std::env::var("BURN_TE_HOST_POOL_MIB") else {
+            return;
+        };
+        match value.trim().parse::<usize>() {
+            Ok(mib) => burn_te_kernels::host::pool::set_held_limit(mib << 20),
+            Err(_) => crate::fallback::record(
+                "BURN_TE_HOST_POOL_MIB",
+                format!(
+                    "BURN_TE_HOST_POOL_MIB={value:?} is not a whole number of MiB: keeping {} MiB",
+                    burn_te_kernels::host::pool::held_limit() >> 20
+                ),
+            ),
+        }
+    });
 }
 
 /// A host FP8 tensor as [`gemm`] reads it.

@@ -4,16 +4,17 @@
 //! Zen 4). A freed buffer from here goes back to a process-wide pool instead, and the next buffer of the same size
 //! reuses it, pages and all.
 //!
-//! What stays held: freed buffers of [`POOLED_FROM`] bytes or more, up to [`held_limit`] bytes in all (1 GiB, or
-//! `BURN_TE_HOST_POOL_MIB`; 0 turns the pool off), the least recently freed released first.
+//! What stays held: freed buffers of [`POOLED_FROM`] bytes or more, up to [`held_limit`] bytes in all (1 GiB unless
+//! [`set_held_limit`] says otherwise; burn-te reads `BURN_TE_HOST_POOL_MIB`), the least recently freed released
+//! first.
 //! [`HostOutput::into_bytes`] hands a buffer to a Burn tensor (cubecl's [`Bytes`]) that returns it on drop.
 
 use std::alloc::{Layout, alloc, dealloc};
 use std::collections::VecDeque;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use cubecl::bytes::{AllocationController, AllocationProperty, Bytes};
 
@@ -25,15 +26,18 @@ pub const POOLED_FROM: usize = 4 << 20;
 /// Pooled blocks are aligned (and sized) to whole huge pages.
 const ALIGN: usize = 2 << 20;
 
-/// The most bytes of freed buffers the pool holds: `BURN_TE_HOST_POOL_MIB` MiB, else 1 GiB.
+/// The most bytes of freed buffers the pool holds (1 GiB unless [`set_held_limit`] says otherwise).
+static LIMIT: AtomicUsize = AtomicUsize::new(1 << 30);
+
+/// The most bytes of freed buffers the pool holds.
 pub fn held_limit() -> usize {
-    static LIMIT: OnceLock<usize> = OnceLock::new();
-    *LIMIT.get_or_init(|| {
-        std::env::var("BURN_TE_HOST_POOL_MIB")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .map_or(1 << 30, |mib| mib << 20)
-    })
+    LIMIT.load(Ordering::Relaxed)
+}
+
+/// Sets [`held_limit`] (0 turns the pool off: every buffer is a plain allocation); freed blocks beyond it are
+/// released at the next return.
+pub fn set_held_limit(bytes: usize) {
+    LIMIT.store(bytes, Ordering::Relaxed);
 }
 
 /// One block of memory: `bytes` long, [`ALIGN`]ed.
