@@ -888,7 +888,8 @@ fn kept_packing_buffers_stay_within_their_bound() {
 
 /// Large GEMM outputs reuse freed memory from the pool (`burn_te_kernels::host::pool`) within its bound, and a
 /// reused block is overwritten whole: a GEMM whose every output differs in sign from the block's previous contents
-/// matches f64. Alone in its process (the pool and its bound are process-wide), with a 24 MiB bound.
+/// matches f64; a fused norm's output and a zeroed buffer from dirty blocks hold what they should. Alone in its
+/// process (the pool and its bound are process-wide), with a 24 MiB bound.
 #[test]
 fn large_gemm_outputs_reuse_pooled_memory_within_the_bound() {
     alone(
@@ -975,6 +976,32 @@ fn large_gemm_outputs_reuse_pooled_memory_within_the_bound() {
                 stats(2, 7, 24),
                 "a 2 MiB output is not pooled"
             );
+            // A fused op's output from a dirty block (the GEMM's values): the same bits as the op on 1024-row
+            // pieces, whose outputs are too small to be pooled; then zeros from a dirty block.
+            use burn_te_kernels::host::fused::norm::{NormKind, NormSpec, norm_forward};
+            let spec = NormSpec {
+                kind: NormKind::LayerNorm,
+                eps: 1e-5,
+                zero_centered_gamma: false,
+            };
+            let (rows, width) = (16384, 64);
+            let input = Rng::new(43).normal(rows * width, 0.0, 1.0);
+            let gamma = Rng::new(44).normal(width, 1.0, 0.1);
+            let (y, _) = norm_forward(&input, &gamma, None, spec);
+            assert_eq!(
+                pool_stats(),
+                stats(3, 7, 20),
+                "the norm's output from the pool"
+            );
+            let pieces: Vec<f32> = input
+                .chunks(1024 * width)
+                .flat_map(|piece| norm_forward(piece, &gamma, None, spec).0.to_vec())
+                .collect();
+            assert_eq!(&y[..], &pieces[..]);
+            drop(y);
+            let zeros = burn_te_kernels::host::pool::OutputValues::zeroed(rows * width);
+            assert_eq!(pool_stats(), stats(4, 7, 20), "zeros from the pool");
+            assert!(zeros.iter().all(|&v| v == 0.0));
         },
     );
 }

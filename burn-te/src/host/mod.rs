@@ -21,7 +21,7 @@ use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn::tensor::{Shape, TensorData};
 use burn_te_kernels::block::{host_block_quantize, host_block_tensor_stats};
 use burn_te_kernels::block_range::host_max_block_dynamic_range;
-use burn_te_kernels::host::pool::HostOutput;
+use burn_te_kernels::host::pool::{HostOutput, OutputValues};
 use burn_te_kernels::{
     DelayedScalingHistory, Fp8Format, Fp8Stats, ScaleBlock, host, pow2_margin, scale_from_amax,
 };
@@ -182,28 +182,15 @@ fn dense_permutation(layout: &burn::backend::flex::Layout) -> Option<std::ops::R
 /// A host kernel's f32 output as a tensor of the device's float type, as Burn makes its own new tensors: a model
 /// whose device type is bf16 or f16 (`set_default_float_dtype`) gets bf16 or f16 outputs, not f32 ones beside its
 /// other tensors.
-fn host_tensor<B: Backend>(values: Vec<f32>, shape: Shape, device: &B::Device) -> FloatTensor<B> {
-    host_tensor_of::<B>(TensorData::new(values, shape.as_slice().to_vec()), device)
-}
-
-/// [`host_tensor`] of a GEMM's output buffer (a pooled block returns to the pool when the tensor drops).
-///
-/// # Safety
-/// Every value of `out` has been written.
-unsafe fn gemm_tensor<B: Backend>(
-    out: HostOutput,
+fn host_tensor<B: Backend>(
+    values: impl Into<OutputValues>,
     shape: Shape,
     device: &B::Device,
 ) -> FloatTensor<B> {
-    // SAFETY: the caller vouches that every value is written.
-    let bytes = unsafe { out.into_bytes() };
-    let data = TensorData::from_bytes(bytes, shape.as_slice().to_vec(), burn::tensor::DType::F32);
-    host_tensor_of::<B>(data, device)
-}
-
-/// An f32 [`TensorData`] as a tensor of the device's float type.
-fn host_tensor_of<B: Backend>(data: TensorData, device: &B::Device) -> FloatTensor<B> {
     use burn::tensor::DType;
+    // A pooled buffer returns to the pool when the tensor drops.
+    let bytes = values.into().into_bytes();
+    let data = TensorData::from_bytes(bytes, shape.as_slice().to_vec(), DType::F32);
     let dtype: DType = burn::tensor::get_device_settings::<B>(device)
         .float_dtype
         .into();
@@ -657,10 +644,11 @@ fn host_gemm<B: Backend>(
 ) -> Result<FloatTensor<B>, TeError> {
     let (shape, dims, mut out) = gemm_output(&lhs, lhs_t, &rhs, rhs_t)?;
     let (a, b) = (host_operand(&lhs, lhs_t), host_operand(&rhs, rhs_t));
-    gemm::host_fp8_gemm(&a, &b, dims, out.as_uninit_mut());
+    gemm::host_fp8_gemm(&a, &b, dims, &mut out);
     // SAFETY: `host_fp8_gemm` writes every value (each path does; a packed path that fails is followed by the f32
     // path over the whole output).
-    Ok(unsafe { gemm_tensor::<B>(out, shape, &lhs.data.device) })
+    let out = unsafe { out.assume_init() };
+    Ok(host_tensor::<B>(out, shape, &lhs.data.device))
 }
 
 /// [`host_gemm`] of several GEMMs issued together ([`gemm::host_fp8_gemm_grouped`]).
@@ -686,7 +674,8 @@ fn host_gemm_grouped<B: Backend>(
         .zip(&gemms)
         .map(|((gemm, shape), (lhs, ..))| {
             // SAFETY: as in `host_gemm`: every GEMM's output is written whole.
-            unsafe { gemm_tensor::<B>(gemm.out, shape, &lhs.data.device) }
+            let out = unsafe { gemm.out.assume_init() };
+            host_tensor::<B>(out, shape, &lhs.data.device)
         })
         .collect())
 }

@@ -1,22 +1,25 @@
-//! Large host output buffers kept for reuse. A training step allocates its large GEMM outputs anew each step, and
-//! glibc's `malloc` returns blocks of 32 MiB and more to the OS when they are freed: each step's outputs are then
-//! fresh pages that Linux zeroes while the GEMM's first stores fault them in (13 % of a hidden-2048 FP8 step on
-//! Zen 4). A freed buffer from here goes back to a process-wide pool instead, and the next buffer of the same size
-//! reuses it, pages and all.
+//! Large host output buffers kept for reuse. A training step allocates its large outputs (GEMMs, fused norms,
+//! activations, softmax and attention) anew each step, and glibc's `malloc` returns blocks of 32 MiB and more to the
+//! OS when they are freed: each step's outputs are then fresh pages that Linux zeroes while the first stores fault
+//! them in (13 % of a hidden-2048 FP8 step on Zen 4). A freed buffer from here goes back to a process-wide pool
+//! instead, and the next buffer of the same size reuses it, pages and all.
 //!
 //! What stays held: freed buffers of [`POOLED_FROM`] bytes or more, up to [`held_limit`] bytes in all (1 GiB unless
 //! [`set_held_limit`] says otherwise; burn-te reads `BURN_TE_HOST_POOL_MIB`), the least recently freed released
 //! first.
-//! [`HostOutput::into_bytes`] hands a buffer to a Burn tensor (cubecl's [`Bytes`]) that returns it on drop.
+//! [`HostBuffer::into_bytes`] hands a buffer to a Burn tensor (cubecl's [`Bytes`]) that returns it on drop.
 
 use std::alloc::{Layout, alloc, dealloc};
 use std::collections::VecDeque;
+use std::marker::PhantomData;
 use std::mem::MaybeUninit;
+use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use cubecl::bytes::{AllocationController, AllocationProperty, Bytes};
+use rayon::prelude::*;
 
 use super::gemm::advise_huge_pages;
 
@@ -143,13 +146,27 @@ fn give(block: Block) {
     released.into_iter().for_each(Block::free);
 }
 
-/// A host kernel's f32 output, not yet written: a `Vec` when small, a pooled block when large.
-pub enum HostOutput {
-    /// Below [`POOLED_FROM`] bytes.
-    Small(Vec<MaybeUninit<f32>>),
+/// A host kernel's output buffer: a `Vec` when small, a pooled block when large. [`HostOutput`] is one not yet
+/// written, [`OutputValues`] one written whole.
+pub enum HostBuffer<T> {
+    /// Below [`POOLED_FROM`] bytes (or the pool off).
+    Small(Vec<T>),
     /// A pooled block holding `len` values.
-    Pooled { block: PooledBlock, len: usize },
+    Pooled {
+        /// The memory.
+        block: PooledBlock,
+        /// Values of `T` in it.
+        len: usize,
+        /// The values' type.
+        values: PhantomData<T>,
+    },
 }
+
+/// `f32` values not yet written, for a kernel that writes every one; then [`HostBuffer::assume_init`].
+pub type HostOutput = HostBuffer<MaybeUninit<f32>>;
+
+/// `f32` values written whole, ready for a tensor ([`HostBuffer::into_bytes`]).
+pub type OutputValues = HostBuffer<f32>;
 
 /// A pooled block, returned to the pool when dropped.
 pub struct PooledBlock(Option<Block>);
@@ -170,44 +187,101 @@ impl PooledBlock {
     }
 }
 
+/// A pooled block for `len` f32 values, where the pool takes them.
+fn pooled_block(len: usize) -> Option<PooledBlock> {
+    let bytes = len * size_of::<f32>();
+    (bytes >= POOLED_FROM && held_limit() > 0).then(|| PooledBlock(Some(take(bytes))))
+}
+
 impl HostOutput {
     /// `len` f32 values not yet written, for a kernel that writes every one.
     pub fn uninit(len: usize) -> Self {
-        let bytes = len * size_of::<f32>();
-        if bytes < POOLED_FROM || held_limit() == 0 {
-            return Self::Small(super::uninit(len));
-        }
-        Self::Pooled {
-            block: PooledBlock(Some(take(bytes))),
-            len,
-        }
-    }
-
-    /// The values, to be written.
-    pub fn as_uninit_mut(&mut self) -> &mut [MaybeUninit<f32>] {
-        match self {
-            Self::Small(values) => values,
-            Self::Pooled { block, len } => {
-                // SAFETY: the block holds at least `len` f32s (f32-aligned: ALIGN), owned by `self`.
-                unsafe { std::slice::from_raw_parts_mut(block.block().ptr.as_ptr().cast(), *len) }
-            }
+        match pooled_block(len) {
+            Some(block) => Self::Pooled {
+                block,
+                len,
+                values: PhantomData,
+            },
+            None => Self::Small(super::uninit(len)),
         }
     }
 
-    /// The written values as cubecl's [`Bytes`] (what a Burn `TensorData` holds); a pooled block returns to the
-    /// pool when the bytes drop.
+    /// The values, once written.
     ///
     /// # Safety
     /// Every value has been written.
-    pub unsafe fn into_bytes(self) -> Bytes {
+    pub unsafe fn assume_init(self) -> OutputValues {
         match self {
             // SAFETY: the caller vouches that every value is written.
-            Self::Small(values) => Bytes::from_elems(unsafe { super::assume_init(values) }),
-            Self::Pooled { block, len } => {
-                let bytes = len * size_of::<f32>();
-                // SAFETY: the controller's memory is the block, of which the first `bytes` are written.
-                unsafe { Bytes::from_controller(Box::new(block), bytes) }
+            Self::Small(values) => HostBuffer::Small(unsafe { super::assume_init(values) }),
+            Self::Pooled { block, len, .. } => HostBuffer::Pooled {
+                block,
+                len,
+                values: PhantomData,
+            },
+        }
+    }
+}
+
+impl OutputValues {
+    /// `len` zeros, written on rayon's threads where large (see [`super::zeroed`]).
+    pub fn zeroed(len: usize) -> Self {
+        let Some(block) = pooled_block(len) else {
+            return Self::Small(super::zeroed(len));
+        };
+        let mut out = HostOutput::Pooled {
+            block,
+            len,
+            values: PhantomData,
+        };
+        out.par_chunks_mut(1 << 16)
+            .for_each(|chunk| chunk.fill(MaybeUninit::new(0.0)));
+        // SAFETY: every value was just written.
+        unsafe { out.assume_init() }
+    }
+
+    /// The values as cubecl's [`Bytes`] (what a Burn `TensorData` holds); a pooled block returns to the pool when
+    /// the bytes drop.
+    pub fn into_bytes(self) -> Bytes {
+        match self {
+            Self::Small(values) => Bytes::from_elems(values),
+            Self::Pooled { block, len, .. } => {
+                // SAFETY: the controller's memory is the block, of which the first `len` f32s are written.
+                unsafe { Bytes::from_controller(Box::new(block), len * size_of::<f32>()) }
             }
+        }
+    }
+}
+
+impl From<Vec<f32>> for OutputValues {
+    fn from(values: Vec<f32>) -> Self {
+        Self::Small(values)
+    }
+}
+
+impl<T> Deref for HostBuffer<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        match self {
+            Self::Small(values) => values,
+            // SAFETY: the block holds `len` values of `T` (f32 or its `MaybeUninit`, aligned: ALIGN), owned by
+            // `self`; a `OutputValues` block is written whole (`assume_init`, `zeroed`).
+            Self::Pooled { block, len, .. } => unsafe {
+                std::slice::from_raw_parts(block.block().ptr.as_ptr().cast(), *len)
+            },
+        }
+    }
+}
+
+impl<T> DerefMut for HostBuffer<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        match self {
+            Self::Small(values) => values,
+            // SAFETY: as in `deref`, borrowed mutably through `self`.
+            Self::Pooled { block, len, .. } => unsafe {
+                std::slice::from_raw_parts_mut(block.block().ptr.as_ptr().cast(), *len)
+            },
         }
     }
 }

@@ -2,6 +2,7 @@
 //! takes rows of `2n` (the activated half first, the gate's value half second) and returns `act(a) · v`.
 
 use super::{par_rows, sigmoid};
+use crate::host::pool::OutputValues;
 
 /// The pointwise function of an activation (its gated variant uses the same one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,9 +78,9 @@ impl Pointwise {
 }
 
 /// `act(x)` for `x` viewed as rows of `width`; gated: rows of `width = 2n` give rows of `n`.
-pub fn activation_forward(x: &[f32], width: usize, f: Pointwise, gated: bool) -> Vec<f32> {
+pub fn activation_forward(x: &[f32], width: usize, f: Pointwise, gated: bool) -> OutputValues {
     let out_width = if gated { width / 2 } else { width };
-    let mut y = crate::host::zeroed(x.len() / width.max(1) * out_width);
+    let mut y = OutputValues::zeroed(x.len() / width.max(1) * out_width);
     par_rows(x, width, &mut y, out_width, |_, x, y| {
         forward_rows(x, y, width, f, gated)
     });
@@ -122,9 +123,9 @@ pub fn activation_backward(
     width: usize,
     f: Pointwise,
     gated: bool,
-) -> Vec<f32> {
+) -> OutputValues {
     let out_width = if gated { width / 2 } else { width };
-    let mut dx = crate::host::zeroed(x.len());
+    let mut dx = OutputValues::zeroed(x.len());
     par_rows(x, width, &mut dx, width, |first, x, dx| {
         let rows = x.len() / width;
         let dy = &dy[first * out_width..(first + rows) * out_width];

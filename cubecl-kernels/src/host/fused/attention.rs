@@ -9,6 +9,7 @@
 //! Masks as [`super::softmax`]: a masked key gets probability 0, a row with every key masked outputs zeros, and a
 //! NaN among a row's visible scores makes the row NaN.
 
+use crate::host::pool::OutputValues;
 use rayon::prelude::*;
 
 use super::exp;
@@ -166,9 +167,9 @@ pub fn attention_forward(
     mask: SoftmaxMask<'_>,
     out_strides: [usize; 4],
     out_len: usize,
-) -> (Vec<f32>, Vec<f32>) {
+) -> (OutputValues, Vec<f32>) {
     let d = dims.head_dim;
-    let mut out = crate::host::zeroed(out_len);
+    let mut out = OutputValues::zeroed(out_len);
     let mut lse = vec![0.0f32; dims.batch * dims.heads * dims.queries];
     let out_ptr = Shared(out.as_mut_ptr());
     let per_group = dims.heads / dims.groups.max(1);
@@ -265,13 +266,13 @@ pub fn attention_backward(
     mask: SoftmaxMask<'_>,
     q_strides: [usize; 4],
     kv_strides: [usize; 4],
-) -> [Vec<f32>; 3] {
+) -> [OutputValues; 3] {
     let d = dims.head_dim;
     let q_len = dims.q_shape().iter().product();
     let kv_len = dims.kv_shape().iter().product();
-    let mut dq = crate::host::zeroed(q_len);
-    let mut dk = crate::host::zeroed(kv_len);
-    let mut dv = crate::host::zeroed(kv_len);
+    let mut dq = OutputValues::zeroed(q_len);
+    let mut dk = OutputValues::zeroed(kv_len);
+    let mut dv = OutputValues::zeroed(kv_len);
     let (dq_ptr, dk_ptr, dv_ptr) = (
         Shared(dq.as_mut_ptr()),
         Shared(dk.as_mut_ptr()),

@@ -7,6 +7,7 @@
 //! backward, which returns `dx`, `dγ` and `dβ`.
 
 use super::{add_in_order, dot, par_rows, sum_of};
+use crate::host::pool::OutputValues;
 
 /// Which normalization, with its ε and γ's storage.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -50,10 +51,10 @@ pub fn norm_forward(
     gamma: &[f32],
     beta: Option<&[f32]>,
     spec: NormSpec,
-) -> (Vec<f32>, NormStats) {
+) -> (OutputValues, NormStats) {
     let width = gamma.len();
     let gamma = applied_gamma(gamma, spec);
-    let mut y = crate::host::zeroed(x.len());
+    let mut y = OutputValues::zeroed(x.len());
     let blocks = par_rows(x, width, &mut y, width, |_, x, y| {
         forward_rows(x, y, &gamma, beta, spec)
     });
@@ -118,10 +119,10 @@ pub fn norm_backward(
     gamma: &[f32],
     stats: &NormStats,
     spec: NormSpec,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+) -> (OutputValues, Vec<f32>, Vec<f32>) {
     let width = gamma.len();
     let gamma = applied_gamma(gamma, spec);
-    let mut dx = crate::host::zeroed(x.len());
+    let mut dx = OutputValues::zeroed(x.len());
     let blocks = par_rows(x, width, &mut dx, width, |first, x, dx| {
         let rows = x.len() / width;
         let dy = &dy[first * width..(first + rows) * width];

@@ -3,6 +3,7 @@
 //! masked is all zeros (no uniform average over padding).
 
 use super::{exp, par_rows};
+use crate::host::pool::OutputValues;
 
 /// Which keys a query row may not attend to.
 #[derive(Clone, Copy, Debug)]
@@ -61,9 +62,9 @@ pub fn softmax_forward(
     shape: ScoresShape,
     scale: f32,
     mask: SoftmaxMask<'_>,
-) -> Vec<f32> {
+) -> OutputValues {
     let keys = shape.keys;
-    let mut probs = crate::host::zeroed(scores.len());
+    let mut probs = OutputValues::zeroed(scores.len());
     par_rows(scores, keys, &mut probs, keys, |first, s, p| {
         for (i, (s, p)) in s
             .chunks_exact(keys)
