@@ -976,6 +976,14 @@ fn large_gemm_outputs_reuse_pooled_memory_within_the_bound() {
                 stats(2, 7, 24),
                 "a 2 MiB output is not pooled"
             );
+            // The metrics report counts the GEMM outputs the pool served.
+            let pool_counter = |kind: &str| {
+                burn_te::diagnostics::thread_counter_value(&format!("HostOutputPool({kind})"))
+            };
+            assert_eq!(
+                (pool_counter("fresh"), pool_counter("reused")),
+                (Some(7), Some(2))
+            );
             // A fused op's output from a dirty block (the GEMM's values): the same bits as the op on 1024-row
             // pieces, whose outputs are too small to be pooled; then zeros from a dirty block.
             use burn_te_kernels::host::fused::norm::{NormKind, NormSpec, norm_forward};

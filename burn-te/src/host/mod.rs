@@ -179,6 +179,10 @@ fn dense_permutation(layout: &burn::backend::flex::Layout) -> Option<std::ops::R
     Some(start..start + layout.num_elements())
 }
 
+/// The metrics report's counter prefix of host outputs from the output pool: `HostOutputPool(reused)` for freed
+/// memory reused, `HostOutputPool(fresh)` for a block allocated (see `burn_te_kernels::host::pool`).
+pub const HOST_OUTPUT_POOL: &str = "HostOutputPool";
+
 /// A host kernel's f32 output as a tensor of the device's float type, as Burn makes its own new tensors: a model
 /// whose device type is bf16 or f16 (`set_default_float_dtype`) gets bf16 or f16 outputs, not f32 ones beside its
 /// other tensors.
@@ -189,7 +193,12 @@ fn host_tensor<B: Backend>(
 ) -> FloatTensor<B> {
     use burn::tensor::DType;
     // A pooled buffer returns to the pool when the tensor drops.
-    let bytes = values.into().into_bytes();
+    let values = values.into();
+    if let Some(reused) = values.pooled() {
+        let kind = if reused { "reused" } else { "fresh" };
+        crate::metrics::increment_counter(&format!("{HOST_OUTPUT_POOL}({kind})"), 1);
+    }
+    let bytes = values.into_bytes();
     let data = TensorData::from_bytes(bytes, shape.as_slice().to_vec(), DType::F32);
     let dtype: DType = burn::tensor::get_device_settings::<B>(device)
         .float_dtype

@@ -105,8 +105,9 @@ fn lock() -> std::sync::MutexGuard<'static, VecDeque<Block>> {
     FREE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// A block of `bytes` (rounded up to whole huge pages): the most recently freed one of that size, else a new one.
-fn take(bytes: usize) -> Block {
+/// A block of `bytes` (rounded up to whole huge pages): the most recently freed one of that size (`true`), else a new
+/// one.
+fn take(bytes: usize) -> (Block, bool) {
     let bytes = bytes.next_multiple_of(ALIGN);
     let reused = {
         let mut free = lock();
@@ -117,11 +118,11 @@ fn take(bytes: usize) -> Block {
     match reused {
         Some(block) => {
             REUSED.fetch_add(1, Ordering::Relaxed);
-            block
+            (block, true)
         }
         None => {
             ALLOCATED.fetch_add(1, Ordering::Relaxed);
-            Block::allocate(bytes)
+            (Block::allocate(bytes), false)
         }
     }
 }
@@ -169,19 +170,27 @@ pub type HostOutput = HostBuffer<MaybeUninit<f32>>;
 pub type OutputValues = HostBuffer<f32>;
 
 /// A pooled block, returned to the pool when dropped.
-pub struct PooledBlock(Option<Block>);
+pub struct PooledBlock {
+    block: Option<Block>,
+    reused: bool,
+}
 
 impl Drop for PooledBlock {
     fn drop(&mut self) {
-        if let Some(block) = self.0.take() {
+        if let Some(block) = self.block.take() {
             give(block);
         }
     }
 }
 
 impl PooledBlock {
+    /// Whether the block was freed memory reused (`false`: allocated for this buffer).
+    pub fn reused(&self) -> bool {
+        self.reused
+    }
+
     fn block(&self) -> &Block {
-        self.0
+        self.block
             .as_ref()
             .expect("a pooled block is held until dropped")
     }
@@ -190,7 +199,13 @@ impl PooledBlock {
 /// A pooled block for `len` f32 values, where the pool takes them.
 fn pooled_block(len: usize) -> Option<PooledBlock> {
     let bytes = len * size_of::<f32>();
-    (bytes >= POOLED_FROM && held_limit() > 0).then(|| PooledBlock(Some(take(bytes))))
+    (bytes >= POOLED_FROM && held_limit() > 0).then(|| {
+        let (block, reused) = take(bytes);
+        PooledBlock {
+            block: Some(block),
+            reused,
+        }
+    })
 }
 
 impl HostOutput {
@@ -249,6 +264,16 @@ impl OutputValues {
                 // SAFETY: the controller's memory is the block, of which the first `len` f32s are written.
                 unsafe { Bytes::from_controller(Box::new(block), len * size_of::<f32>()) }
             }
+        }
+    }
+}
+
+impl<T> HostBuffer<T> {
+    /// `Some(reused)` for a pooled buffer (see [`PooledBlock::reused`]), `None` for a plain one.
+    pub fn pooled(&self) -> Option<bool> {
+        match self {
+            Self::Small(_) => None,
+            Self::Pooled { block, .. } => Some(block.reused()),
         }
     }
 }
