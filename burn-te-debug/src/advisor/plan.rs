@@ -60,7 +60,8 @@ pub struct PlanOptions {
     pub budget: f64,
     /// The largest fraction of the measured GEMM FLOPs that may leave the base recipe's width, high precision
     /// included (default 1: no limit). Over it, the GEMMs the base recipe serves worst leave it first; the others
-    /// keep the base recipe. E.g. 0.2 keeps at least 80 % of the FLOPs in NVFP4 over an NVFP4 base.
+    /// keep the base recipe. E.g. 0.2 keeps at least 80 % of the FLOPs in NVFP4 over an NVFP4 base. Without
+    /// measured FLOPs there is nothing to share out, and no limit.
     pub wider_budget: f64,
 }
 
@@ -277,6 +278,10 @@ fn choose(choices: &mut [GemmChoice], options: &PlanOptions) {
 /// Keeps the GEMMs that leave the base recipe's width within [`PlanOptions::wider_budget`]: those the base serves
 /// worst (lowest effective SQNR under it) first, a GEMM over the budget left in the base recipe.
 fn keep_within_wider_budget(choices: &mut [GemmChoice], options: &PlanOptions, total: f64) {
+    // No limit, or no FLOPs measured to share out (the budget is a share of them).
+    if options.wider_budget >= 1.0 || total <= 0.0 {
+        return;
+    }
     let base = options.base.name();
     let base_width = recipe_width_class(base);
     let under_base = |c: &GemmChoice| {
@@ -293,7 +298,7 @@ fn keep_within_wider_budget(choices: &mut [GemmChoice], options: &PlanOptions, t
     let mut used = 0.0;
     for index in wider {
         let flops = choices[index].flops;
-        if total > 0.0 && (used + flops) / total <= options.wider_budget + 1e-12 {
+        if (used + flops) / total <= options.wider_budget + 1e-12 {
             used += flops;
         } else {
             choices[index].chosen = base.to_string();
