@@ -56,25 +56,27 @@ pub fn at_least_one(value: &str) -> Result<usize, String> {
 
 /// A probability in `[0, 1)`.
 pub fn probability(value: &str) -> Result<f64, String> {
-    let p: f64 = value
-        .parse()
-        .map_err(|_| format!("expected a number, got {value:?}"))?;
-    if (0.0..1.0).contains(&p) {
-        Ok(p)
-    } else {
-        Err(format!("expected a probability in [0, 1), got {p}"))
-    }
+    number_where(
+        value,
+        |p| (0.0..1.0).contains(&p),
+        "a probability in [0, 1)",
+    )
 }
 
 /// A share in `[0, 1]`.
 pub fn share(value: &str) -> Result<f64, String> {
+    number_where(value, |p| (0.0..=1.0).contains(&p), "a share in [0, 1]")
+}
+
+/// A number for which `ok` holds, else an error saying it expected `what`.
+fn number_where(value: &str, ok: impl Fn(f64) -> bool, what: &str) -> Result<f64, String> {
     let p: f64 = value
         .parse()
         .map_err(|_| format!("expected a number, got {value:?}"))?;
-    if (0.0..=1.0).contains(&p) {
+    if ok(p) {
         Ok(p)
     } else {
-        Err(format!("expected a share in [0, 1], got {p}"))
+        Err(format!("expected {what}, got {p}"))
     }
 }
 
