@@ -233,49 +233,28 @@ fn bench_step<B: AutodiffBackend + TeBackend<Device = CudaDevice>>(
     });
 }
 
+/// The step in high precision (`float`), in FP8, and in FP8 with cuBLASLt on CubeCL's stream.
+fn steps<B: AutodiffBackend + TeBackend<Device = CudaDevice>>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    float: &str,
+    shape: (usize, usize, usize, usize, usize),
+) {
+    use CublasLtStream::{CubeCl, Own};
+    bench_step::<B>(group, &format!("{float} Cuda (fused)"), shape, false, Own);
+    bench_step::<B>(group, &format!("fp8 Te<Cuda> {float}"), shape, true, Own);
+    let on_cubecl = format!("fp8 Te<Cuda> {float}, on CubeCL's stream");
+    bench_step::<B>(group, &on_cubecl, shape, true, CubeCl);
+}
+
 fn transformer_layer(c: &mut Criterion, float: Float) {
     // (hidden, ffn, heads, seq, batch): 4096 tokens.
     let shape = (2048, 8192, 16, 1024, 4);
-    use CublasLtStream::{CubeCl, Own};
     let mut group = c.benchmark_group("cuda transformer_layer h2048 ffn8192 tokens4096");
     group.sample_size(10);
     match float {
-        Float::F32 => {
-            type B = Autodiff<Te<Fused<f32>>>;
-            bench_step::<B>(&mut group, "f32 Cuda (fused)", shape, false, Own);
-            bench_step::<B>(&mut group, "fp8 Te<Cuda> f32", shape, true, Own);
-            bench_step::<B>(
-                &mut group,
-                "fp8 Te<Cuda> f32, on CubeCL's stream",
-                shape,
-                true,
-                CubeCl,
-            );
-        }
-        Float::Bf16 => {
-            type B = Autodiff<Te<Fused<bf16>>>;
-            bench_step::<B>(&mut group, "bf16 Cuda (fused)", shape, false, Own);
-            bench_step::<B>(&mut group, "fp8 Te<Cuda> bf16", shape, true, Own);
-            bench_step::<B>(
-                &mut group,
-                "fp8 Te<Cuda> bf16, on CubeCL's stream",
-                shape,
-                true,
-                CubeCl,
-            );
-        }
-        Float::F16 => {
-            type B = Autodiff<Te<Fused<f16>>>;
-            bench_step::<B>(&mut group, "f16 Cuda (fused)", shape, false, Own);
-            bench_step::<B>(&mut group, "fp8 Te<Cuda> f16", shape, true, Own);
-            bench_step::<B>(
-                &mut group,
-                "fp8 Te<Cuda> f16, on CubeCL's stream",
-                shape,
-                true,
-                CubeCl,
-            );
-        }
+        Float::F32 => steps::<Autodiff<Te<Fused<f32>>>>(&mut group, float.name(), shape),
+        Float::Bf16 => steps::<Autodiff<Te<Fused<bf16>>>>(&mut group, float.name(), shape),
+        Float::F16 => steps::<Autodiff<Te<Fused<f16>>>>(&mut group, float.name(), shape),
     }
     group.finish();
     println!("fallbacks: {:?}", burn_te::fallback_counts());
