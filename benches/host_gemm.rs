@@ -1,9 +1,9 @@
 //! The host FP8 GEMM's paths against Flex's f32 matmul, in one run (`cargo bench --bench host_gemm`):
-//! - `peak`: each packed path's instruction alone (`vdpbf16ps`, `vfmadd231ps` on 256-bit registers; independent
+//! - `peak`: each packed path's instruction alone (`vdpbf16ps`, `vfmadd231ps` on 512- and 256-bit registers; independent
 //!   accumulators) on one thread and on every thread — the ceiling each path is measured against;
 //! - at 1024³, 2048³ and a TransformerLayer's GEMM shapes: Flex's f32 matmul (what an f32 model runs), and the FP8
 //!   GEMM of pre-quantized E4M3 operands on each host path this CPU has (`avx512bf16`: codes to bf16, pack,
-//!   `vdpbf16ps`; `avx2fma`: codes to f32, pack, `vfmadd231ps`; `f32`: decode to f32 and the `gemm` crate);
+//!   `vdpbf16ps`; `avx512fma` and `avx2fma`: codes to f32, pack, `vfmadd231ps` on zmm or ymm; `f32`: decode to f32 and the `gemm` crate);
 //! - a TransformerLayer training step (hidden 1024 and 2048, FFN 4×hidden, 1024 tokens, DelayedScaling) on
 //!   `Autodiff<Te<Flex>>` on each path against the same step in f32 on `Autodiff<Flex>`, and both with the TE
 //!   modules composing Burn ops for their element-wise work (`with_composed_elementwise`: without the fused ops),
@@ -63,6 +63,23 @@ fn fma_loop(iterations: usize) -> (f32, u64) {
     (lanes.iter().sum(), iterations as u64 * 12 * 16)
 }
 
+/// `vfmadd231ps` (512-bit) throughput: 12 independent accumulators, `iterations` rounds; returns the flops done
+/// (a product and an add per f32 lane per instruction, 16 lanes).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn fma512_loop(iterations: usize) -> (f32, u64) {
+    use std::arch::x86_64::*;
+    let (a, b) = (_mm512_set1_ps(1.0), _mm512_set1_ps(1e-9));
+    let mut acc = [_mm512_setzero_ps(); 12];
+    for _ in 0..iterations {
+        for slot in &mut acc {
+            *slot = _mm512_fmadd_ps(a, b, *slot);
+        }
+    }
+    let sum = acc.iter().map(|v| _mm512_reduce_add_ps(*v)).sum();
+    (sum, iterations as u64 * 12 * 32)
+}
+
 /// An instruction's throughput loop: `iterations` rounds → (a sum that keeps the work, the flops done).
 type PeakLoop = fn(usize) -> (f32, u64);
 
@@ -72,6 +89,7 @@ fn peak_loop(path: HostGemmPath) -> Option<(&'static str, PeakLoop)> {
     match path {
         // SAFETY (both): the loops run only where the path is available (checked by the caller).
         HostGemmPath::Avx512Bf16 => Some(("peak vdpbf16ps", |n| unsafe { dpbf16_loop(n) })),
+        HostGemmPath::Avx512Fma => Some(("peak vfmadd231ps zmm", |n| unsafe { fma512_loop(n) })),
         HostGemmPath::Avx2Fma => Some(("peak vfmadd231ps", |n| unsafe { fma_loop(n) })),
         HostGemmPath::F32 => None,
     }
@@ -230,6 +248,7 @@ fn draw_chart(
         ("flex f32 matmul", RGBColor(90, 90, 90)),
         ("fp8 gemm on f32", RGBColor(230, 150, 60)),
         ("fp8 gemm on avx2fma", RGBColor(60, 160, 90)),
+        ("fp8 gemm on avx512fma", RGBColor(150, 80, 180)),
         ("fp8 gemm on avx512bf16", RGBColor(40, 120, 200)),
     ];
     let value = |shape: &str, function: &str| {
@@ -272,9 +291,10 @@ fn draw_chart(
         .collect();
     for (index, &(function, color)) in series.iter().enumerate() {
         let bars = shapes.iter().enumerate().filter_map(|(i, shape)| {
-            let x0 = i as f64 + 0.1 + 0.2 * index as f64;
+            let width = 0.8 / series.len() as f64;
+            let x0 = i as f64 + 0.1 + width * index as f64;
             value(shape, function)
-                .map(|v| Rectangle::new([(x0, 0.0), (x0 + 0.18, v)], color.filled()))
+                .map(|v| Rectangle::new([(x0, 0.0), (x0 + 0.9 * width, v)], color.filled()))
         });
         chart
             .draw_series(bars)?

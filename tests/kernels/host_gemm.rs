@@ -55,6 +55,9 @@ fn expected_paths() -> Vec<HostGemmPath> {
     if cfg!(target_arch = "x86_64") && has("avx512f") && has("avx512_bf16") {
         expected.push(HostGemmPath::Avx512Bf16);
     }
+    if cfg!(target_arch = "x86_64") && has("avx512f") {
+        expected.push(HostGemmPath::Avx512Fma);
+    }
     if cfg!(target_arch = "x86_64") && has("avx2") && has("fma") {
         expected.push(HostGemmPath::Avx2Fma);
     }
@@ -355,7 +358,8 @@ fn batched_and_transposed_gemms_match_f64_on_every_path() {
 
 /// A packed path falls back to f32 — recorded, and still right — where it cannot run, and takes what it can: a
 /// block scale outside bf16's normal range (a block of values near f32's smallest normal) makes the bf16 path fall
-/// back on a CPU with AVX512-BF16 (elsewhere the path itself is missing), while the f32 FMA path folds it and runs.
+/// back on a CPU with AVX512-BF16 (elsewhere the path itself is missing), while the f32 FMA paths fold it and run
+/// (each where its CPU has it).
 #[test]
 fn a_packed_path_falls_back_to_f32_and_says_so() {
     let (m, k, n) = (4, 128, 8);
@@ -402,7 +406,11 @@ fn a_packed_path_falls_back_to_f32_and_says_so() {
             .unwrap()
     };
     let recorded = |reason: &str| burn_te::fallback_counts().get(reason).copied().unwrap_or(0);
-    for path in [HostGemmPath::Avx512Bf16, HostGemmPath::Avx2Fma] {
+    for path in [
+        HostGemmPath::Avx512Bf16,
+        HostGemmPath::Avx512Fma,
+        HostGemmPath::Avx2Fma,
+    ] {
         let reason = if path.available() {
             "host GEMM path not exact"
         } else {
@@ -625,7 +633,7 @@ impl burn_te_kernels::host::gemm::Kernel for EmulatedBf16 {
 /// The packed kernels read through strides (a depth-contiguous, a lane-contiguous and a general layout with an
 /// offset; codes through a table and elements), bit-exact against an integer re-computation: at a small shape,
 /// and at one that crosses several depth blocks, row blocks and column blocks of every path with partial last
-/// blocks (bf16: 384 depths per block, fma: 256; 144 rows and 256 columns per task), so that the loop adding each
+/// blocks (bf16: 384 depths per block, avx512fma: 192, avx2fma: 256; 144 rows and 256 columns per task), so that the loop adding each
 /// later depth block into the output is what the result depends on. A path this CPU lacks must say so; the bf16
 /// path's packing and blocking run everywhere with an emulated instruction.
 #[test]
@@ -633,6 +641,7 @@ fn packed_kernels_are_exact_across_layouts_and_blocks() {
     use burn_te_kernels::host::gemm::HostGemmError;
     use burn_te_kernels::host::gemm::bf16::Avx512Bf16Kernel;
     use burn_te_kernels::host::gemm::fma::Avx2FmaKernel;
+    use burn_te_kernels::host::gemm::fma512::Avx512FmaKernel;
 
     let bf16 = |v: f32| exact_bf16(v).expect("a multiple of 1/4");
     let f32_bits = |v: f32| v.to_bits();
@@ -644,6 +653,10 @@ fn packed_kernels_are_exact_across_layouts_and_blocks() {
             (
                 HostGemmPath::Avx512Bf16,
                 packed_gemm_matches::<Avx512Bf16Kernel>(shape, bf16, seed),
+            ),
+            (
+                HostGemmPath::Avx512Fma,
+                packed_gemm_matches::<Avx512FmaKernel>(shape, f32_bits, seed),
             ),
             (
                 HostGemmPath::Avx2Fma,

@@ -6,6 +6,8 @@
 //! scales with it. Output values below f32's normal range are flushed to zero by the instruction (as with the
 //! DAZ/FTZ modes).
 
+#[cfg(target_arch = "x86_64")]
+use super::zmm_tile;
 use super::{HostGemmPath, Kernel, OutTile, Update};
 
 /// The bf16 path's micro-kernel: 12 × 32 output tiles in 24 registers.
@@ -67,7 +69,7 @@ pub fn exact_bf16(x: f32) -> Option<u16> {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
 #[inline]
-unsafe fn sums(a: *const u32, b: *const u32, kc: usize) -> [std::arch::x86_64::__m512; 24] {
+unsafe fn sums(a: *const u32, b: *const u32, kc: usize) -> zmm_tile::Sums {
     use std::arch::x86_64::*;
     const MR: usize = Avx512Bf16Kernel::MR;
     const NR: usize = Avx512Bf16Kernel::NR;
@@ -95,17 +97,12 @@ unsafe fn sums(a: *const u32, b: *const u32, kc: usize) -> [std::arch::x86_64::_
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn micro_kernel(a: *const u32, b: *const u32, kc: usize, tile: *mut f32) {
-    use std::arch::x86_64::*;
     // SAFETY: the function's contract.
-    let acc = unsafe { sums(a, b, kc) };
-    for (i, v) in acc.into_iter().enumerate() {
-        // SAFETY: `tile` holds 24 vectors of 16.
-        unsafe { _mm512_storeu_ps(tile.add(16 * i), v) };
-    }
+    unsafe { zmm_tile::store(&sums(a, b, kc), tile) }
 }
 
 /// The whole 12 × 32 output tile at `out` (row stride `ld`) updated with `a · b` as `update` says, from the
-/// registers: the same operations as [`Update::apply`] on each value, so the same bits.
+/// registers.
 ///
 /// # Safety
 /// As [`sums`]; `out` holds 12 rows of 32 values at stride `ld`.
@@ -119,21 +116,6 @@ unsafe fn update_whole(
     ld: usize,
     update: Update,
 ) {
-    use std::arch::x86_64::*;
     // SAFETY: the function's contract.
-    let acc = unsafe { sums(a, b, kc) };
-    let alpha = _mm512_set1_ps(update.alpha);
-    for (i, s) in acc.into_iter().enumerate() {
-        // SAFETY: vector `i` is row `i / 2`, columns `16 · (i % 2)..+16`, inside the tile.
-        unsafe {
-            let dst = out.add(i / 2 * ld + 16 * (i % 2));
-            let value = match (update.first, update.last) {
-                (true, false) => s,
-                (true, true) => _mm512_mul_ps(s, alpha),
-                (false, false) => _mm512_add_ps(_mm512_loadu_ps(dst), s),
-                (false, true) => _mm512_mul_ps(_mm512_add_ps(_mm512_loadu_ps(dst), s), alpha),
-            };
-            _mm512_storeu_ps(dst, value);
-        }
-    }
+    unsafe { zmm_tile::update(&sums(a, b, kc), out, ld, update) }
 }

@@ -4,6 +4,8 @@
 //!
 //! - [`bf16`]: bf16 pairs on AVX512-BF16's dot-product units (`vdpbf16ps`). Every FP8 value is a bf16 value, so
 //!   are E2M1 × E4M3 (NVFP4) and an FP8 value times a power of two inside bf16's normal range.
+//! - [`fma512`]: f32 on AVX-512's fused multiply-add (`vfmadd231ps` on 512-bit registers), for CPUs whose f32 FMAs
+//!   outrun their bf16 dot products (Intel Xeons without AMX).
 //! - [`fma`]: f32 on AVX2's fused multiply-add (`vfmadd231ps`), for every x86-64 CPU since 2013. Every FP8 value
 //!   is an f32 value; a folded block scale that is not a power of two is rounded once in f32.
 //!
@@ -18,15 +20,17 @@
 //! from a small per-thread pool ([`scratch`]). Which path runs is [`HostGemmPath`]'s business, measured by the
 //! caller (burn-te's host backend probes them at first use).
 //!
-//! AMX-BF16 and an AVX-512F f32 micro-kernel are not built: no CPU these were developed on grants them, and a path
-//! is built only where a test can run it.
+//! AMX-BF16 is not built: no CPU these were developed on grants it, and a path is built only where a test can run
+//! it.
 
 pub mod bf16;
 mod blocked;
 pub mod fma;
+pub mod fma512;
 mod pack;
 pub mod pack_vbmi;
 pub mod scratch;
+mod zmm_tile;
 
 pub use blocked::gemm;
 pub use pack::{Elements, PackedElement, PackedLhs, PackedRhs, Source, pack_lhs, pack_rhs};
@@ -37,6 +41,9 @@ pub use scratch::advise_huge_pages;
 pub enum HostGemmPath {
     /// bf16 dot products on AVX512-BF16 (`vdpbf16ps`), f32 accumulation ([`bf16`]).
     Avx512Bf16,
+    /// f32 fused multiply-adds on AVX-512F (`vfmadd231ps` on 512-bit registers) on exactly decoded operands
+    /// ([`fma512`]).
+    Avx512Fma,
     /// f32 fused multiply-adds on AVX2 + FMA (`vfmadd231ps`) on exactly decoded operands ([`fma`]).
     Avx2Fma,
     /// Operands decoded to f32 (scales multiplied in), the `gemm` crate's f32 GEMM: any CPU.
@@ -45,8 +52,9 @@ pub enum HostGemmPath {
 
 impl HostGemmPath {
     /// Every path, fastest instruction first.
-    pub const ALL: [HostGemmPath; 3] = [
+    pub const ALL: [HostGemmPath; 4] = [
         HostGemmPath::Avx512Bf16,
+        HostGemmPath::Avx512Fma,
         HostGemmPath::Avx2Fma,
         HostGemmPath::F32,
     ];
@@ -55,12 +63,13 @@ impl HostGemmPath {
     pub fn name(self) -> &'static str {
         match self {
             HostGemmPath::Avx512Bf16 => "avx512bf16",
+            HostGemmPath::Avx512Fma => "avx512fma",
             HostGemmPath::Avx2Fma => "avx2fma",
             HostGemmPath::F32 => "f32",
         }
     }
 
-    /// The path named `name` (`avx512bf16`, `avx2fma`, `f32`).
+    /// The path named `name` (`avx512bf16`, `avx512fma`, `avx2fma`, `f32`).
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|path| path.name() == name)
     }
@@ -69,6 +78,7 @@ impl HostGemmPath {
     pub fn available(self) -> bool {
         match self {
             HostGemmPath::Avx512Bf16 => detected::avx512_bf16(),
+            HostGemmPath::Avx512Fma => detected::avx512f(),
             HostGemmPath::Avx2Fma => detected::avx2_fma(),
             HostGemmPath::F32 => true,
         }
@@ -100,6 +110,18 @@ mod detected {
             {
                 std::arch::is_x86_feature_detected!("avx512f")
                     && std::arch::is_x86_feature_detected!("avx512bf16")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            false
+        })
+    }
+
+    pub fn avx512f() -> bool {
+        static DETECTED: OnceLock<bool> = OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                std::arch::is_x86_feature_detected!("avx512f")
             }
             #[cfg(not(target_arch = "x86_64"))]
             false

@@ -1,0 +1,94 @@
+//! The f32 path on AVX-512's fused multiply-add (`vfmadd231ps` on 512-bit registers): FP8 values decoded exactly to
+//! f32, as on [`super::fma`], twice the lanes per instruction. The choice of CPUs with AVX-512F whose bf16 dot
+//! products run no faster than their f32 FMAs (Intel Xeons without AMX: two 512-bit FMA units, one `vdpbf16ps`
+//! unit); where AVX-512 runs on 256-bit halves (AMD Zen 4) it matches [`super::fma`] and the probe decides.
+
+#[cfg(target_arch = "x86_64")]
+use super::zmm_tile;
+use super::{HostGemmPath, Kernel, OutTile, Update};
+
+/// The AVX-512 FMA path's micro-kernel: 12 × 32 output tiles in 24 of AVX-512's 32 registers (two for the right
+/// panel's row, one for the broadcast left value), the shape of the `avx512bf16` kernel.
+pub struct Avx512FmaKernel;
+
+impl Kernel for Avx512FmaKernel {
+    const PATH: HostGemmPath = HostGemmPath::Avx512Fma;
+    type Element = u32;
+    const MR: usize = 12;
+    const NR: usize = 32;
+    /// Depth per block: a right panel of `KC × NR` f32 (24 KiB) and a left one of `KC × MR` (9 KiB) in L1.
+    const KC: usize = 192;
+    /// A task's left block (`MC × KC`, 108 KiB) and right block (`KC × NC`, 192 KiB) in L2.
+    const MC: usize = 144;
+    const NC: usize = 256;
+
+    unsafe fn micro_kernel(a: *const u32, b: *const u32, kc: usize, tile: *mut f32) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller's contract.
+        unsafe {
+            zmm_tile::store(&sums(a.cast(), b.cast(), kc), tile)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!(
+            "the AVX-512 FMA path runs only where AVX-512F was detected: {a:?} {b:?} {kc} {tile:?}"
+        )
+    }
+
+    /// Whole tiles written from the registers (no pass through a tile on the stack); partial ones through it.
+    unsafe fn update(a: *const u32, b: *const u32, kc: usize, out: OutTile, update: Update) {
+        #[cfg(target_arch = "x86_64")]
+        if (out.rows, out.cols) == (Self::MR, Self::NR) {
+            // SAFETY: the caller's contract, for a whole tile.
+            return unsafe { update_whole(a.cast(), b.cast(), kc, out.ptr, out.ld, update) };
+        }
+        // SAFETY: the caller's contract.
+        unsafe { super::blocked::through_tile::<Self>(a, b, kc, out, update) }
+    }
+}
+
+/// The sums of one 12 × 32 tile over `kc` depths: `a` the panel's `kc × 12` values, `b` the panel's `kc × 32`.
+/// Each accumulator adds its products in depth order, one rounding each (as [`super::fma`]'s).
+///
+/// # Safety
+/// The CPU has AVX-512F; `a` holds `kc · 12` values, `b` `kc · 32`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn sums(a: *const f32, b: *const f32, kc: usize) -> zmm_tile::Sums {
+    use std::arch::x86_64::*;
+    const MR: usize = Avx512FmaKernel::MR;
+    const NR: usize = Avx512FmaKernel::NR;
+    let mut acc = [_mm512_setzero_ps(); 2 * MR];
+    for p in 0..kc {
+        // SAFETY: in bounds by the function's contract.
+        unsafe {
+            let b0 = _mm512_loadu_ps(b.add(p * NR));
+            let b1 = _mm512_loadu_ps(b.add(p * NR + 16));
+            for r in 0..MR {
+                let av = _mm512_set1_ps(*a.add(p * MR + r));
+                acc[2 * r] = _mm512_fmadd_ps(av, b0, acc[2 * r]);
+                acc[2 * r + 1] = _mm512_fmadd_ps(av, b1, acc[2 * r + 1]);
+            }
+        }
+    }
+    acc
+}
+
+/// The whole 12 × 32 output tile at `out` (row stride `ld`) updated with `a · b` as `update` says, from the
+/// registers.
+///
+/// # Safety
+/// As [`sums`]; `out` holds 12 rows of 32 values at stride `ld`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn update_whole(
+    a: *const f32,
+    b: *const f32,
+    kc: usize,
+    out: *mut f32,
+    ld: usize,
+    update: Update,
+) {
+    // SAFETY: the function's contract.
+    unsafe { zmm_tile::update(&sums(a, b, kc), out, ld, update) }
+}
