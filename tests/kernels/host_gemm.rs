@@ -633,7 +633,7 @@ impl burn_te_kernels::host::gemm::Kernel for EmulatedBf16 {
 /// The packed kernels read through strides (a depth-contiguous, a lane-contiguous and a general layout with an
 /// offset; codes through a table and elements), bit-exact against an integer re-computation: at a small shape,
 /// and at one that crosses several depth blocks, row blocks and column blocks of every path with partial last
-/// blocks (bf16: 384 depths per block, avx512fma: 192, avx2fma: 256; 144 rows and 256 columns per task), so that the loop adding each
+/// blocks (bf16: 384 depths per block, the FMA paths 256; 144 rows and 256 columns per task), so that the loop adding each
 /// later depth block into the output is what the result depends on. A path this CPU lacks must say so; the bf16
 /// path's packing and blocking run everywhere with an emulated instruction.
 #[test]
@@ -686,6 +686,97 @@ fn packed_kernels_are_exact_across_layouts_and_blocks() {
         );
     }
     println!("packed kernels run: {ran:?}");
+}
+
+/// `a · b` (`m × k` and `k × n` E4M3 codes, row-major) on an f32 FMA path, or why it did not run.
+fn fma_path_gemm<K: burn_te_kernels::host::gemm::Kernel<Element = u32>>(
+    a: &[u8],
+    b: &[u8],
+    (m, k, n): (usize, usize, usize),
+) -> Result<Vec<f32>, burn_te_kernels::host::gemm::HostGemmError> {
+    use burn_te_kernels::host::gemm::{self, Elements, Source};
+    let table: [u32; 256] = std::array::from_fn(|c| Fp8Format::E4M3.decode(c as u8).to_bits());
+    let source = |codes, strides| Source {
+        elements: Elements::Codes(codes, &table),
+        offset: 0,
+        strides,
+    };
+    let lhs = gemm::pack_lhs::<K>(m, k, &source(a, (k, 1)))?;
+    let rhs = gemm::pack_rhs::<K>(k, n, &source(b, (n, 1)))?;
+    let mut out = burn_te_kernels::host::uninit(m * n);
+    gemm::gemm(&lhs, &rhs, 1.0, &mut out)?;
+    // SAFETY: the GEMM wrote every value.
+    Ok(out
+        .into_iter()
+        .map(|v| unsafe { v.assume_init() })
+        .collect())
+}
+
+/// The two FMA paths add the same products in the same order over the same depth blocks, so switching between
+/// them moves no bits: E4M3 codes of every magnitude (sums that round), a depth of three blocks with a partial
+/// last one, partial tiles at both edges. Both run where `/proc/cpuinfo` promises them.
+#[test]
+fn the_two_fma_paths_give_the_same_bits() {
+    use burn_te_kernels::host::gemm::fma::Avx2FmaKernel;
+    use burn_te_kernels::host::gemm::fma512::Avx512FmaKernel;
+
+    let dims @ (m, k, n) = (37, 700, 83);
+    let mut rng = Rng::new(11);
+    // Every finite E4M3 code (0x7f and 0xff are NaN).
+    let mut draw = |len: usize| -> Vec<u8> {
+        (0..len)
+            .map(|_| (rng.next_u64() % 0x7f) as u8 | (rng.next_u64() as u8 & 0x80))
+            .collect()
+    };
+    let (a, b) = (draw(m * k), draw(k * n));
+    let promised = expected_paths();
+    let results = [
+        (
+            HostGemmPath::Avx512Fma,
+            fma_path_gemm::<Avx512FmaKernel>(&a, &b, dims),
+        ),
+        (
+            HostGemmPath::Avx2Fma,
+            fma_path_gemm::<Avx2FmaKernel>(&a, &b, dims),
+        ),
+    ];
+    let mut outputs = vec![];
+    for (path, result) in results {
+        match result {
+            Ok(out) => outputs.push((path, out)),
+            Err(err) => assert!(!promised.contains(&path), "{path}: {err}"),
+        }
+    }
+    let [(_, wide), (_, narrow)] = outputs.as_slice() else {
+        println!(
+            "only {:?} on this CPU: nothing to compare",
+            outputs.iter().map(|o| o.0).collect::<Vec<_>>()
+        );
+        return;
+    };
+    // The sums round: the f32 results are not the exact ones (so equal bits are not equal exact values).
+    let decode = |c: u8| f64::from(Fp8Format::E4M3.decode(c));
+    let rounded = (0..m * n)
+        .filter(|&i| {
+            let (r, c) = (i / n, i % n);
+            let exact: f64 = (0..k)
+                .map(|p| decode(a[r * k + p]) * decode(b[p * n + c]))
+                .sum();
+            f64::from(wide[i]) != exact
+        })
+        .count();
+    assert!(
+        rounded > m * n / 2,
+        "only {rounded} of {} sums round",
+        m * n
+    );
+    for (i, (x, y)) in wide.iter().zip(narrow).enumerate() {
+        assert_eq!(
+            x.to_bits(),
+            y.to_bits(),
+            "output {i}: avx512fma {x:e}, avx2fma {y:e}"
+        );
+    }
 }
 
 /// FP8 codes packed as bf16 pairs, every one of the 256 codes through an arbitrary table, unit by unit against the
