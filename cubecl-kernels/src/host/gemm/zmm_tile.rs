@@ -14,9 +14,8 @@ pub(super) type Sums = [__m512; 24];
 /// `tile[r · 32 + c]` = the sums.
 ///
 /// # Safety
-/// The CPU has AVX-512F; `tile` holds 384 values.
-#[target_feature(enable = "avx512f")]
-#[inline]
+/// Called from a function with AVX-512F enabled (into which it is inlined); `tile` holds 384 values.
+#[inline(always)]
 pub(super) unsafe fn store(acc: &Sums, tile: *mut f32) {
     for (i, v) in acc.iter().enumerate() {
         // SAFETY: `tile` holds 24 vectors of 16.
@@ -28,11 +27,11 @@ pub(super) unsafe fn store(acc: &Sums, tile: *mut f32) {
 /// [`Update::apply`] on each value, so the same bits.
 ///
 /// # Safety
-/// The CPU has AVX-512F; `out` holds 12 rows of 32 values at stride `ld`.
-#[target_feature(enable = "avx512f")]
-#[inline]
+/// Called from a function with AVX-512F enabled (into which it is inlined); `out` holds 12 rows of 32 values at stride `ld`.
+#[inline(always)]
 pub(super) unsafe fn update(acc: &Sums, out: *mut f32, ld: usize, update: Update) {
-    let alpha = _mm512_set1_ps(update.alpha);
+    // SAFETY: AVX-512F is enabled where this is inlined (the function's contract).
+    let alpha = unsafe { _mm512_set1_ps(update.alpha) };
     for (i, &s) in acc.iter().enumerate() {
         // SAFETY: vector `i` is row `i / 2`, columns `16 · (i % 2)..+16`, inside the tile.
         unsafe {
