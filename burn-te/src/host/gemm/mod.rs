@@ -1,5 +1,5 @@
 //! The host FP8 GEMM of the CPU backends: which path runs ([`choice`]), the packed paths on one CPU instruction
-//! each (`packed`: `avx512bf16`, `avx2fma`) and the portable `f32` path (`decoded`); several issued together
+//! each (`packed`: `avx512bf16`, `avx512fma`, `avx2fma`) and the portable `f32` path (`decoded`); several issued together
 //! (`grouped`).
 
 pub mod choice;

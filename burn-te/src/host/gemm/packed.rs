@@ -1,4 +1,4 @@
-//! The packed paths (`avx512bf16`, `avx2fma`): each operand's codes become the path's element exactly — through a
+//! The packed paths (`avx512bf16`, `avx512fma`, `avx2fma`): each operand's codes become the path's element exactly — through a
 //! table of the 256 codes when nothing is folded, else decoded with the block scale folded in — and
 //! [`burn_te_kernels::host::gemm`] packs and multiplies them; per-tensor scales and NVFP4's global scales are
 //! applied to the f32 output as one factor.
