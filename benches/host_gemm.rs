@@ -263,7 +263,7 @@ fn draw_chart(
         .map(|r| r.2)
         .chain(peaks.iter().map(|p| p.1))
         .fold(0.0, f64::max)
-        * 1.15;
+        * 1.5;
     let root = SVGBackend::new(svg, (1000, 520)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
@@ -301,7 +301,7 @@ fn draw_chart(
             .label(function)
             .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 12, y + 6)], color.filled()));
     }
-    for ((name, peak), color) in peaks.iter().zip([RED, MAGENTA]) {
+    for ((name, peak), color) in peaks.iter().zip([RED, MAGENTA, CYAN]) {
         chart
             .draw_series(LineSeries::new(
                 [(0.0, *peak), (shapes.len() as f64, *peak)],

@@ -992,7 +992,8 @@ fn kept_packing_buffers_stay_within_their_bound() {
 
 /// Large GEMM outputs reuse freed memory from the pool (`burn_te_kernels::host::pool`) within its bound, and a
 /// reused block is overwritten whole: a GEMM whose every output differs in sign from the block's previous contents
-/// matches f64; a fused norm's output and a zeroed buffer from dirty blocks hold what they should. Alone in its
+/// matches f64; a fused norm's output and a zeroed buffer from dirty blocks hold what they should, and a buffer for
+/// overwrite keeps a reused block's values (zeroing only what no output wrote). Alone in its
 /// process (the pool and its bound are process-wide), with a 24 MiB bound.
 #[test]
 fn large_gemm_outputs_reuse_pooled_memory_within_the_bound() {
@@ -1114,6 +1115,30 @@ fn large_gemm_outputs_reuse_pooled_memory_within_the_bound() {
             let zeros = burn_te_kernels::host::pool::OutputValues::zeroed(rows * width);
             assert_eq!(pool_stats(), stats(4, 7, 20), "zeros from the pool");
             assert!(zeros.iter().all(|&v| v == 0.0));
+            // Buffers for overwrite (the fused ops' outputs): a reused block keeps what an earlier output wrote,
+            // with no zero-fill pass, and only what none wrote is zeroed; with the check on, every value is NaN.
+            use burn_te_kernels::host::pool::{OutputValues, set_overwrite_check};
+            set_overwrite_check(false);
+            let (written, len) = ((5 << 20) / 4, (6 << 20) / 4); // both in one 6 MiB block
+            let mut first = OutputValues::for_overwrite(written);
+            assert_eq!(pool_stats(), stats(4, 8, 20), "a fresh 6 MiB block");
+            assert!(first.iter().all(|&v| v == 0.0), "fresh: zeros");
+            first
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, v)| *v = i as f32);
+            drop(first);
+            let again = OutputValues::for_overwrite(len);
+            // Freed, it took the pool to 26 MiB: the least recently freed 4 MiB block went, then it was reused.
+            assert_eq!(pool_stats(), stats(5, 8, 16), "the 6 MiB block reused");
+            for (i, &v) in again.iter().enumerate() {
+                let kept = if i < written { i as f32 } else { 0.0 };
+                assert_eq!(v, kept, "value {i} of a reused block for overwrite");
+            }
+            drop(again);
+            set_overwrite_check(true);
+            let checked = OutputValues::for_overwrite(len);
+            assert!(checked.iter().all(|v| v.is_nan()), "the check fills NaN");
         },
     );
 }

@@ -16,7 +16,7 @@ use std::mem::MaybeUninit;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use cubecl::bytes::{AllocationController, AllocationProperty, Bytes};
 use rayon::prelude::*;
@@ -43,10 +43,22 @@ pub fn set_held_limit(bytes: usize) {
     LIMIT.store(bytes, Ordering::Relaxed);
 }
 
-/// One block of memory: `bytes` long, [`ALIGN`]ed.
+/// Whether [`HostBuffer::for_overwrite`] fills with NaN (on in debug builds).
+static CHECK_OVERWRITES: AtomicBool = AtomicBool::new(cfg!(debug_assertions));
+
+/// Makes [`HostBuffer::for_overwrite`] fill every value with NaN (`true`; the default in debug builds), so that a
+/// kernel that misses a value shows NaN, or keep a reused block's old values (`false`; the default in release
+/// builds).
+pub fn set_overwrite_check(on: bool) {
+    CHECK_OVERWRITES.store(on, Ordering::Relaxed);
+}
+
+/// One block of memory: `bytes` long, [`ALIGN`]ed, its first `written` bytes initialized (by an output that held
+/// them: values stay initialized when the block is freed and reused).
 struct Block {
     ptr: NonNull<u8>,
     bytes: usize,
+    written: usize,
 }
 
 // SAFETY: a block is plain memory owned by whoever holds the `Block`; reads and writes go through `&`/`&mut`.
@@ -66,7 +78,11 @@ impl Block {
             .unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
         // SAFETY: `bytes` bytes were just allocated at `ptr`; the advice does not touch their contents.
         advise_huge_pages(unsafe { std::slice::from_raw_parts(ptr.as_ptr(), bytes) });
-        Self { ptr, bytes }
+        Self {
+            ptr,
+            bytes,
+            written: 0,
+        }
     }
 
     fn free(self) {
@@ -194,6 +210,15 @@ impl PooledBlock {
             .as_ref()
             .expect("a pooled block is held until dropped")
     }
+
+    /// Records that the first `bytes` bytes are initialized.
+    fn mark_written(&mut self, bytes: usize) {
+        let block = self
+            .block
+            .as_mut()
+            .expect("a pooled block is held until dropped");
+        block.written = block.written.max(bytes);
+    }
 }
 
 /// A pooled block for `len` f32 values, where the pool takes them.
@@ -229,11 +254,14 @@ impl HostOutput {
         match self {
             // SAFETY: the caller vouches that every value is written.
             Self::Small(values) => HostBuffer::Small(unsafe { super::assume_init(values) }),
-            Self::Pooled { block, len, .. } => HostBuffer::Pooled {
-                block,
-                len,
-                values: PhantomData,
-            },
+            Self::Pooled { mut block, len, .. } => {
+                block.mark_written(len * size_of::<f32>());
+                HostBuffer::Pooled {
+                    block,
+                    len,
+                    values: PhantomData,
+                }
+            }
         }
     }
 }
@@ -252,6 +280,34 @@ impl OutputValues {
         out.par_chunks_mut(1 << 16)
             .for_each(|chunk| chunk.fill(MaybeUninit::new(0.0)));
         // SAFETY: every value was just written.
+        unsafe { out.assume_init() }
+    }
+
+    /// `len` values for a kernel that overwrites every one: a reused pooled block keeps its old values (only what
+    /// no output has written yet is zeroed), so no pass zero-fills what the kernel writes next. With
+    /// [`set_overwrite_check`] (debug builds) every value is NaN instead, so that a test of a kernel that misses a
+    /// value fails.
+    pub fn for_overwrite(len: usize) -> Self {
+        let check = CHECK_OVERWRITES.load(Ordering::Relaxed);
+        let fill = if check { f32::NAN } else { 0.0 };
+        let Some(block) = pooled_block(len) else {
+            return Self::Small(vec![fill; len]);
+        };
+        let from = if check {
+            0
+        } else {
+            (block.block().written / size_of::<f32>()).min(len)
+        };
+        let mut out = HostOutput::Pooled {
+            block,
+            len,
+            values: PhantomData,
+        };
+        out[from..]
+            .par_chunks_mut(1 << 16)
+            .for_each(|chunk| chunk.fill(MaybeUninit::new(fill)));
+        // SAFETY: the values before `from` were written by an earlier output of this block (memory once written
+        // stays initialized), the rest just now.
         unsafe { out.assume_init() }
     }
 

@@ -80,7 +80,7 @@ impl Pointwise {
 /// `act(x)` for `x` viewed as rows of `width`; gated: rows of `width = 2n` give rows of `n`.
 pub fn activation_forward(x: &[f32], width: usize, f: Pointwise, gated: bool) -> OutputValues {
     let out_width = if gated { width / 2 } else { width };
-    let mut y = OutputValues::zeroed(x.len() / width.max(1) * out_width);
+    let mut y = OutputValues::for_overwrite(x.len() / width.max(1) * out_width);
     par_rows(x, width, &mut y, out_width, |_, x, y| {
         forward_rows(x, y, width, f, gated)
     });
@@ -125,7 +125,7 @@ pub fn activation_backward(
     gated: bool,
 ) -> OutputValues {
     let out_width = if gated { width / 2 } else { width };
-    let mut dx = OutputValues::zeroed(x.len());
+    let mut dx = OutputValues::for_overwrite(x.len());
     par_rows(x, width, &mut dx, width, |first, x, dx| {
         let rows = x.len() / width;
         let dy = &dy[first * out_width..(first + rows) * out_width];

@@ -54,7 +54,7 @@ pub fn norm_forward(
 ) -> (OutputValues, NormStats) {
     let width = gamma.len();
     let gamma = applied_gamma(gamma, spec);
-    let mut y = OutputValues::zeroed(x.len());
+    let mut y = OutputValues::for_overwrite(x.len());
     let blocks = par_rows(x, width, &mut y, width, |_, x, y| {
         forward_rows(x, y, &gamma, beta, spec)
     });
@@ -122,7 +122,7 @@ pub fn norm_backward(
 ) -> (OutputValues, Vec<f32>, Vec<f32>) {
     let width = gamma.len();
     let gamma = applied_gamma(gamma, spec);
-    let mut dx = OutputValues::zeroed(x.len());
+    let mut dx = OutputValues::for_overwrite(x.len());
     let blocks = par_rows(x, width, &mut dx, width, |first, x, dx| {
         let rows = x.len() / width;
         let dy = &dy[first * width..(first + rows) * width];

@@ -64,7 +64,7 @@ pub fn softmax_forward(
     mask: SoftmaxMask<'_>,
 ) -> OutputValues {
     let keys = shape.keys;
-    let mut probs = OutputValues::zeroed(scores.len());
+    let mut probs = OutputValues::for_overwrite(scores.len());
     par_rows(scores, keys, &mut probs, keys, |first, s, p| {
         for (i, (s, p)) in s
             .chunks_exact(keys)
