@@ -1,7 +1,7 @@
 //! The FP8 parity study: the byte-level GPT of `burn_te_suite::lm` trained on real text in f32 and under every
 //! low-precision recipe, same seed, same batch order, same steps, on the CPU (Flex host path).
 //!
-//! Runs: each recipe of `--recipes` with seed 0; f32 again with seeds 1.. (`--seeds`) for the seed-to-seed spread
+//! Runs: each recipe of `--recipes` with seed 0 (`--first-seed`); f32 again with seeds 1.. (`--seeds`) for the seed-to-seed spread
 //! a recipe's gap is compared with; with `--advised`, `--advise` or `--plan`, runs under the precision advisor's
 //! config or recipe plan. The FP8 runs log LogFp8TensorStats and LogQuantizationError of every layer. `--help`
 //! lists every flag with its default; a progress bar with the study's ETA shows on a terminal.
@@ -55,6 +55,10 @@ struct Args {
     /// f32 runs with seeds 0..N: the seed-to-seed spread a recipe's gap is compared with.
     #[arg(long, default_value_t = 3)]
     seeds: u64,
+    /// Every run's seed offset by S: more seeds of a study run before (`--first-seed 3 --seeds 2` trains seeds 3
+    /// and 4 where the defaults train 0 to 2).
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    first_seed: u64,
     /// Sequences per batch.
     #[arg(long, default_value_t = 16, value_parser = at_least_one)]
     batch: usize,
@@ -119,6 +123,15 @@ struct Args {
     out: PathBuf,
     #[command(flatten)]
     model: ModelArgs,
+}
+
+/// A run's label: `name`, with its seed where that is not 0.
+fn seeded(name: &str, seed: u64) -> String {
+    if seed == 0 {
+        name.to_string()
+    } else {
+        format!("{name} seed {seed}")
+    }
 }
 
 /// The recipe of a study name (`None`: f32).
@@ -329,19 +342,20 @@ fn run() -> Result<(), Error> {
     std::fs::create_dir_all(&args.out)?;
     let log_dir = args.out.join("logs");
     std::fs::create_dir_all(&log_dir)?;
+    let first = args.first_seed;
     let mut runs: Vec<Run> = args
         .recipes
         .iter()
         .map(|r| Run {
-            label: r.clone(),
+            label: seeded(r, first),
             recipe: r.clone(),
-            seed: 0,
+            seed: first,
             config: None,
             plan: None,
         })
         .collect();
     if args.recipes.iter().any(|r| r == "f32") {
-        runs.extend((1..args.seeds).map(|seed| Run {
+        runs.extend((first + 1..first + args.seeds).map(|seed| Run {
             label: format!("f32 seed {seed}"),
             recipe: "f32".into(),
             seed,
@@ -351,9 +365,9 @@ fn run() -> Result<(), Error> {
     }
     if let Some(advised) = &args.advised {
         runs.extend(args.advised_recipes.iter().map(|r| Run {
-            label: format!("{r} + advisor"),
+            label: seeded(&format!("{r} + advisor"), first),
             recipe: r.clone(),
-            seed: 0,
+            seed: first,
             config: Some(advised.clone()),
             plan: None,
         }));
@@ -370,9 +384,9 @@ fn run() -> Result<(), Error> {
         std::fs::write(&path, advice.to_yaml())?;
         bar.suspend(|| println!("{}advisor: wrote {}", advice.to_yaml(), path.display()));
         runs.push(Run {
-            label: format!("{recipe} + advisor"),
+            label: seeded(&format!("{recipe} + advisor"), first),
             recipe: recipe.clone(),
-            seed: 0,
+            seed: first,
             config: Some(path),
             plan: None,
         });
@@ -404,14 +418,14 @@ fn run() -> Result<(), Error> {
             }
         };
         runs.push(Run {
-            label: format!("{recipe} + plan"),
+            label: seeded(&format!("{recipe} + plan"), first),
             recipe: recipe.clone(),
-            seed: 0,
+            seed: first,
             config: None,
             plan: Some(path.clone()),
         });
         // The recipe and the plan again over other seeds: their own seed-to-seed spread.
-        for seed in 1..args.plan_seeds {
+        for seed in first + 1..first + args.plan_seeds {
             for plan in [None, Some(path.clone())] {
                 let label = match plan {
                     None => format!("{recipe} seed {seed}"),
@@ -465,7 +479,7 @@ fn probe(
     let probe = Run {
         label: format!("{what} probe {recipe}"),
         recipe: recipe.to_string(),
-        seed: 0,
+        seed: args.first_seed,
         config: Some(config),
         plan: None,
     };
@@ -572,7 +586,7 @@ fn write_outputs(args: &Args, results: &[(&Run, Measured)]) -> Result<(), Error>
     std::fs::write(args.out.join("curves.csv"), curves)?;
     std::fs::write(args.out.join("stats.csv"), stats)?;
 
-    // The table: f32 seed 0 is the reference; its seed spread is max − min over the f32 seeds.
+    // The table: f32 at the first seed is the reference; its seed spread is max − min over the f32 seeds.
     let f32_losses: Vec<f64> = results
         .iter()
         .filter(|(run, _)| run.recipe == "f32" && run.config.is_none())
@@ -580,7 +594,7 @@ fn write_outputs(args: &Args, results: &[(&Run, Measured)]) -> Result<(), Error>
         .collect();
     let reference = results
         .iter()
-        .find(|(run, _)| run.label == "f32")
+        .find(|(run, _)| run.recipe == "f32" && run.seed == args.first_seed && run.config.is_none())
         .map(|(_, m)| (final_valid(m), m.step_ms));
     let (lo, hi) = f32_losses
         .iter()
@@ -630,7 +644,7 @@ fn write_outputs(args: &Args, results: &[(&Run, Measured)]) -> Result<(), Error>
     for (run, measured) in results {
         if run.config.is_none()
             && run.plan.is_none()
-            && run.seed == 0
+            && run.seed == args.first_seed
             && run.recipe != "f32"
             && !measured.stats.is_empty()
         {
