@@ -115,17 +115,21 @@ unsafe fn task<K: Kernel>(
                         rows: mr.min(rows - r0),
                         cols: nr.min(cols - c0),
                     };
-                    K::update(a.as_ptr(), b.as_ptr(), kc, tile, update);
+                    if (tile.rows, tile.cols) == (mr, nr) {
+                        K::update_whole(a.as_ptr(), b.as_ptr(), kc, tile, update);
+                    } else {
+                        through_tile::<K>(a.as_ptr(), b.as_ptr(), kc, tile, update);
+                    }
                 }
             }
         }
     }
 }
 
-/// [`Kernel::update`] through a tile on the stack: the micro-kernel's sums, then each output value updated.
+/// A tile of the output updated through a tile on the stack: the micro-kernel's sums, then each output value updated.
 ///
 /// # Safety
-/// As [`Kernel::update`].
+/// As [`Kernel::update_whole`], for any tile of at most `MR × NR`.
 pub(super) unsafe fn through_tile<K: Kernel>(
     a: *const u32,
     b: *const u32,

@@ -36,15 +36,15 @@ impl Kernel for Avx512FmaKernel {
         )
     }
 
-    /// Whole tiles written from the registers (no pass through a tile on the stack); partial ones through it.
-    unsafe fn update(a: *const u32, b: *const u32, kc: usize, out: OutTile, update: Update) {
+    /// From the registers (no pass through a tile on the stack).
+    unsafe fn update_whole(a: *const u32, b: *const u32, kc: usize, out: OutTile, update: Update) {
         #[cfg(target_arch = "x86_64")]
-        if (out.rows, out.cols) == (Self::MR, Self::NR) {
-            // SAFETY: the caller's contract, for a whole tile.
-            return unsafe { update_whole(a.cast(), b.cast(), kc, out.ptr, out.ld, update) };
-        }
         // SAFETY: the caller's contract.
-        unsafe { super::blocked::through_tile::<Self>(a, b, kc, out, update) }
+        unsafe {
+            update_whole(a.cast(), b.cast(), kc, out.ptr, out.ld, update)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("a path of x86-64 kernels: {a:?} {b:?} {kc} {out:?} {update:?}")
     }
 }
 

@@ -223,13 +223,13 @@ pub trait Kernel: Sized + Send + Sync + 'static {
     /// The CPU has the path's instructions; `a` holds `kc · MR` units, `b` `kc · NR`, `tile` `MR · NR` values.
     unsafe fn micro_kernel(a: *const u32, b: *const u32, kc: usize, tile: *mut f32);
 
-    /// The output tile `out` updated with `a · b` over `kc` units as `update` says. By default through
-    /// [`Kernel::micro_kernel`] and a tile on the stack; a kernel may write whole tiles from its registers instead
-    /// (the same operations in the same order: the same bits).
+    /// The whole `MR × NR` output tile `out` updated with `a · b` over `kc` units as `update` says (partial tiles
+    /// at the edges go through [`Kernel::micro_kernel`] and a tile on the stack). By default the same way; a kernel
+    /// may write the tile from its registers instead (the same operations in the same order: the same bits).
     ///
     /// # Safety
-    /// As [`Kernel::micro_kernel`]; `out.rows ≤ MR`, `out.cols ≤ NR`, and `out` points at its rows.
-    unsafe fn update(a: *const u32, b: *const u32, kc: usize, out: OutTile, update: Update) {
+    /// As [`Kernel::micro_kernel`]; `out` is `MR × NR` and points at its rows.
+    unsafe fn update_whole(a: *const u32, b: *const u32, kc: usize, out: OutTile, update: Update) {
         // SAFETY: the caller's contract.
         unsafe { blocked::through_tile::<Self>(a, b, kc, out, update) }
     }
