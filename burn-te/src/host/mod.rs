@@ -621,7 +621,7 @@ fn nvfp4_quantize<D>(
         Some(group) => Some(group.max("NVFP4 global amax", &[host::amax(input)])?[0]),
         None => None,
     };
-    let quantized = nvfp4::quantize(input, rows, cols, tile, amax, rounding)?;
+    let quantized = nvfp4::quantize_codes(input, rows, cols, tile, amax, rounding)?;
     let factors = quantized
         .scales
         .iter()
@@ -629,7 +629,7 @@ fn nvfp4_quantize<D>(
         .collect();
     Ok(Fp8Tensor {
         data: HostFp8Data {
-            codes: Arc::new(quantized.codes()),
+            codes: Arc::new(quantized.codes),
             scale_inv: Arc::new(factors),
             nvfp4: Some(Arc::new(Nvfp4Scales {
                 block_scales: quantized.scales,

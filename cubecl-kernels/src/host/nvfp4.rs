@@ -1,6 +1,8 @@
 //! NVFP4 on the host: whole-tensor quantization, dequantization and the random Hadamard transform, with the
 //! element functions of [`crate::nvfp4::format`] — bit-identical to the device kernels (`kernel::nvfp4`).
 
+use rayon::prelude::*;
+
 use crate::error::KernelError;
 use crate::host;
 use crate::nvfp4::format::{
@@ -54,6 +56,17 @@ impl HostNvfp4 {
     }
 }
 
+/// An NVFP4 tensor's codes one per byte (the E2M1 code in the low nibble), as the host GEMM reads them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Nvfp4Codes {
+    /// One E2M1 code per element, row-major.
+    pub codes: Vec<u8>,
+    /// E4M3 block scale codes, row-major over the block grid.
+    pub scales: Vec<u8>,
+    /// The global amax.
+    pub amax: f32,
+}
+
 /// Quantizes a row-major `[rows, cols]` tensor to NVFP4 with the global amax `amax` (`None`: the tensor's own,
 /// NaN propagating as in [`host::amax`]).
 pub fn quantize(
@@ -64,39 +77,20 @@ pub fn quantize(
     amax: Option<f32>,
     rounding: Nvfp4Rounding,
 ) -> Result<HostNvfp4, KernelError> {
-    let block = tile.block();
-    let (grid_rows, grid_cols) = block.check_host("nvfp4_quantize input", input, rows, cols)?;
-    let amax = amax.unwrap_or_else(|| host::amax(input));
-    let encode_scale = global_encode_scale(amax);
-    let decode_scale = 1.0 / encode_scale;
-    // Block amaxes skip NaN (CUDA's fmaxf).
-    let mut block_amax = vec![0u32; grid_rows * grid_cols];
-    for (index, x) in input.iter().enumerate() {
-        let magnitude = x.to_bits() & 0x7fff_ffff;
-        let slot = &mut block_amax[block.slot(index, cols)];
-        if magnitude <= 0x7f80_0000 && magnitude > *slot {
-            *slot = magnitude;
-        }
-    }
-    let scales: Vec<u8> = block_amax
-        .iter()
-        .map(|&bits| block_scale_code(f32::from_bits(bits), encode_scale))
-        .collect();
-    let multipliers: Vec<f32> = scales
-        .iter()
-        .map(|&code| block_encode_scale(code, decode_scale))
-        .collect();
-    let mut packed = vec![0u8; input.len().div_ceil(2)];
-    for (index, &x) in input.iter().enumerate() {
-        let scaled = x * multipliers[block.slot(index, cols)];
-        let code = match rounding {
-            Nvfp4Rounding::Nearest => encode_e2m1(scaled),
-            Nvfp4Rounding::Stochastic { seed } => {
-                stochastic_round_e2m1(scaled, random_bits(seed, index as u32))
+    let Nvfp4Codes {
+        codes,
+        scales,
+        amax,
+    } = quantize_codes(input, rows, cols, tile, amax, rounding)?;
+    let mut packed = vec![0u8; codes.len().div_ceil(2)];
+    packed
+        .par_chunks_mut(CHUNK)
+        .zip(codes.par_chunks(2 * CHUNK))
+        .for_each(|(packed, codes)| {
+            for (byte, pair) in packed.iter_mut().zip(codes.chunks(2)) {
+                *byte = pair[0] | pair.get(1).map_or(0, |hi| hi << 4);
             }
-        };
-        packed[index / 2] |= code << (4 * (index % 2));
-    }
+        });
     Ok(HostNvfp4 {
         packed,
         scales,
@@ -105,6 +99,102 @@ pub fn quantize(
         cols,
         tile,
     })
+}
+
+/// Bytes per task of the parallel passes.
+const CHUNK: usize = 1 << 16;
+
+/// [`quantize`] with the codes one per byte: the bands of `tile`'s rows (1 or 16 rows) in parallel, each band's
+/// block amaxes, scales and codes in one task.
+pub fn quantize_codes(
+    input: &[f32],
+    rows: usize,
+    cols: usize,
+    tile: Nvfp4Tile,
+    amax: Option<f32>,
+    rounding: Nvfp4Rounding,
+) -> Result<Nvfp4Codes, KernelError> {
+    let block = tile.block();
+    let (grid_rows, grid_cols) = block.check_host("nvfp4_quantize input", input, rows, cols)?;
+    let amax = amax.unwrap_or_else(|| host::amax(input));
+    let encode_scale = global_encode_scale(amax);
+    let mut scales = vec![0u8; grid_rows * grid_cols];
+    let mut codes = vec![0u8; input.len()];
+    let band = block.rows * cols;
+    if band > 0 {
+        let scaling = BandScaling {
+            cols,
+            block_cols: block.cols,
+            encode_scale,
+            decode_scale: 1.0 / encode_scale,
+            rounding,
+        };
+        input
+            .par_chunks(band)
+            .zip(codes.par_chunks_mut(band))
+            .zip(scales.par_chunks_mut(grid_cols))
+            .enumerate()
+            .for_each(|(index, ((x, codes), scales))| {
+                quantize_band(x, codes, scales, &scaling, index * band)
+            });
+    }
+    Ok(Nvfp4Codes {
+        codes,
+        scales,
+        amax,
+    })
+}
+
+/// What every band of a tensor shares.
+struct BandScaling {
+    cols: usize,
+    block_cols: usize,
+    encode_scale: f32,
+    decode_scale: f32,
+    rounding: Nvfp4Rounding,
+}
+
+/// One band of rows (`x`, starting at element `first` of the tensor): its blocks' amaxes (NaN skipped, as CUDA's
+/// `fmaxf`), their scale codes, and every element's code.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
+fn quantize_band(x: &[f32], codes: &mut [u8], scales: &mut [u8], s: &BandScaling, first: usize) {
+    let mut block_amax = vec![0u32; scales.len()];
+    for row in x.chunks(s.cols) {
+        for (slot, chunk) in block_amax.iter_mut().zip(row.chunks(s.block_cols)) {
+            for v in chunk {
+                let magnitude = v.to_bits() & 0x7fff_ffff;
+                let magnitude = if magnitude > 0x7f80_0000 {
+                    0
+                } else {
+                    magnitude
+                };
+                *slot = (*slot).max(magnitude);
+            }
+        }
+    }
+    let mut multipliers = Vec::with_capacity(scales.len());
+    for (scale, &bits) in scales.iter_mut().zip(&block_amax) {
+        *scale = block_scale_code(f32::from_bits(bits), s.encode_scale);
+        multipliers.push(block_encode_scale(*scale, s.decode_scale));
+    }
+    for (r, (row, codes)) in x.chunks(s.cols).zip(codes.chunks_mut(s.cols)).enumerate() {
+        let blocks = row.chunks(s.block_cols).zip(codes.chunks_mut(s.block_cols));
+        for (j, ((chunk, codes), &m)) in blocks.zip(&multipliers).enumerate() {
+            match s.rounding {
+                Nvfp4Rounding::Nearest => {
+                    for (code, &v) in codes.iter_mut().zip(chunk) {
+                        *code = encode_e2m1(v * m);
+                    }
+                }
+                Nvfp4Rounding::Stochastic { seed } => {
+                    let start = first + r * s.cols + j * s.block_cols;
+                    for (i, (code, &v)) in codes.iter_mut().zip(chunk).enumerate() {
+                        *code = stochastic_round_e2m1(v * m, random_bits(seed, (start + i) as u32));
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Dequantizes: `e2m1(code) · ((float(s) · amax) · (1/2688))` per element.
@@ -123,15 +213,20 @@ pub fn rht(input: &[f32], cols: usize, sign_mask: u16) -> Result<Vec<f32>, Kerne
     check_rht_cols(cols)?;
     let m = rht_matrix(sign_mask);
     let mut output = vec![0.0f32; input.len()];
-    for (chunk, out) in input.chunks(16).zip(output.chunks_mut(16)) {
-        for (c, y) in out.iter_mut().enumerate() {
-            let mut sum = 0.0f32;
-            for (r, &x) in chunk.iter().enumerate() {
-                sum += x * m[r][c];
+    output
+        .par_chunks_mut(CHUNK)
+        .zip(input.par_chunks(CHUNK))
+        .for_each(|(output, input)| {
+            for (chunk, out) in input.chunks(16).zip(output.chunks_mut(16)) {
+                for (c, y) in out.iter_mut().enumerate() {
+                    let mut sum = 0.0f32;
+                    for (r, &x) in chunk.iter().enumerate() {
+                        sum += x * m[r][c];
+                    }
+                    *y = round_to_bf16(sum);
+                }
             }
-            *y = round_to_bf16(sum);
-        }
-    }
+        });
     Ok(output)
 }
 

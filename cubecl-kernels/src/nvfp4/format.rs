@@ -40,6 +40,7 @@ impl Nvfp4Tile {
 
 /// The E2M1 code (low 4 bits) of `x`: nearest-even, saturating to ±6 (±inf included), NaN → +6 (0x7), the sign
 /// of zero kept (-0.0 → 0x8).
+#[inline]
 pub fn encode_e2m1(x: f32) -> u8 {
     let bits = x.to_bits();
     let abs = bits & 0x7fff_ffff;
@@ -53,10 +54,12 @@ pub fn encode_e2m1(x: f32) -> u8 {
         (0x4060_0000, false), // 3.5 → 4.0
         (0x40a0_0000, true),  // 5.0 → 4.0
     ];
-    let code = BOUNDS
+    // The code is how many bounds `abs` lies above (or on, where the tie rounds up): the bounds ascend, so this
+    // is the first bound it rounds to, with no branch (loops over it vectorize); NaN and inf lie above all: 7.
+    let code: u32 = BOUNDS
         .iter()
-        .position(|&(bound, tie_down)| abs < bound || (tie_down && abs == bound))
-        .unwrap_or(7) as u32;
+        .map(|&(bound, tie_down)| u32::from(abs > bound || (abs == bound && !tie_down)))
+        .sum();
     let sign = if abs > 0x7f80_0000 {
         0
     } else {

@@ -5,6 +5,7 @@
 use std::mem::MaybeUninit;
 
 use burn_te_kernels::host;
+use rayon::prelude::*;
 
 use super::operand::HostOperand;
 use crate::primitive::ElementFormat;
@@ -58,7 +59,6 @@ impl Gemm<'_> {
     /// `out[b] = lhs[b] · rhs[b]` for every batch: large matrices split across threads, small ones one batch per
     /// thread.
     fn run(&self, out: &mut [MaybeUninit<f32>]) {
-        use rayon::prelude::*;
         let per_matrix = self.m * self.n;
         let large = self.m * self.n * self.k >= PARALLEL_GEMM;
         let batches = out.len() / per_matrix;
@@ -147,10 +147,28 @@ fn decode_into(operand: &HostOperand<'_>, values: &mut Vec<f32>) {
                 *value = ElementFormat::E2m1.decode(code) * operand.scale_inv[0];
             }
         }
-        (_, Some(block)) => {
+        (format, Some(block)) => {
+            // Row by row (bands of the block's rows in parallel), each block's factor looked up once.
             let cols = operand.dims.2;
-            for (i, (value, &code)) in values.iter_mut().zip(codes).enumerate() {
-                *value = operand.format.decode(code) * operand.scale_inv[block.slot(i, cols)];
+            let band = block.rows * cols;
+            let grid_cols = cols.div_ceil(block.cols);
+            let table: [f32; 256] = std::array::from_fn(|code| format.decode(code as u8));
+            if band > 0 {
+                values
+                    .par_chunks_mut(band)
+                    .zip(codes.par_chunks(band))
+                    .zip(operand.scale_inv.par_chunks(grid_cols))
+                    .for_each(|((values, codes), factors)| {
+                        for (values, codes) in values.chunks_mut(cols).zip(codes.chunks(cols)) {
+                            let blocks =
+                                values.chunks_mut(block.cols).zip(codes.chunks(block.cols));
+                            for ((values, codes), &factor) in blocks.zip(factors) {
+                                for (value, &code) in values.iter_mut().zip(codes) {
+                                    *value = table[usize::from(code)] * factor;
+                                }
+                            }
+                        }
+                    });
             }
         }
     }
