@@ -37,7 +37,8 @@ type B = Autodiff<Inner>;
 
 /// The FP8 parity study: the byte-level GPT trained on real text in f32 and under every low-precision recipe (same
 /// seed, batch order and steps, on the CPU), with f32's seed-to-seed spread, the precision advisor and recipe plans.
-/// Outputs in --out: curves.csv, stats.csv, summary.md, valid_loss.svg, layer_stats_<recipe>.svg.
+/// Outputs in --out: curves.csv, stats.csv, summary.md, valid_loss.svg, final_by_seed.svg (with several seeds),
+/// layer_stats_<recipe>.svg.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
@@ -115,7 +116,7 @@ struct Args {
     /// The share of the GEMM FLOPs the advisor may keep in high precision.
     #[arg(long, default_value_t = 0.10, help_heading = "Advisor and plans")]
     budget: f64,
-    /// Only draw valid_loss.svg again from the curves.csv in --out.
+    /// Only draw valid_loss.svg (and final_by_seed.svg) again from the curves.csv in --out.
     #[arg(long)]
     replot: bool,
     /// Where the outputs go.
@@ -549,6 +550,9 @@ fn replot(out: &Path) -> Result<(), Error> {
         .collect();
     draw_valid_loss(&out.join("valid_loss.svg"), &results)?;
     println!("wrote {}", out.join("valid_loss.svg").display());
+    if draw_final_by_seed(&out.join("final_by_seed.svg"), &results)? {
+        println!("wrote {}", out.join("final_by_seed.svg").display());
+    }
     Ok(())
 }
 
@@ -641,6 +645,7 @@ fn write_outputs(args: &Args, results: &[(&Run, Measured)]) -> Result<(), Error>
     }
     std::fs::write(args.out.join("summary.md"), summary)?;
     draw_valid_loss(&args.out.join("valid_loss.svg"), results)?;
+    draw_final_by_seed(&args.out.join("final_by_seed.svg"), results)?;
     for (run, measured) in results {
         if run.config.is_none()
             && run.plan.is_none()
@@ -746,6 +751,108 @@ fn draw_valid_loss(path: &Path, results: &[(&Run, Measured)]) -> Result<(), Erro
     }
     root.present()?;
     Ok(())
+}
+
+/// Each run's final validation loss by seed, one line per run family (the label without its ` seed N`), f32's
+/// seed range shaded: where a recipe or plan ends against f32 seed by seed. Drawn where a family has two seeds or
+/// more; returns whether it was.
+fn draw_final_by_seed(path: &Path, results: &[(&Run, Measured)]) -> Result<bool, Error> {
+    use plotters::prelude::*;
+    let mut families: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for (run, measured) in results {
+        let family = match run.label.rsplit_once(" seed ") {
+            Some((family, seed)) if seed.parse::<u64>().is_ok() => family.to_string(),
+            _ => run.label.clone(),
+        };
+        let point = (run.seed as f64, final_valid(measured));
+        match families.iter_mut().find(|(name, _)| *name == family) {
+            Some((_, points)) => points.push(point),
+            None => families.push((family, vec![point])),
+        }
+    }
+    if families.iter().all(|(_, points)| points.len() < 2) {
+        return Ok(false);
+    }
+    families
+        .iter_mut()
+        .for_each(|(_, points)| points.sort_by(|a, b| a.0.total_cmp(&b.0)));
+    let all = families.iter().flat_map(|(_, points)| points.iter());
+    let (seed_lo, seed_hi, lo, hi) = all.fold(
+        (
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+        ),
+        |(a, b, c, d), &(seed, loss)| (a.min(seed), b.max(seed), c.min(loss), d.max(loss)),
+    );
+    let pad = ((hi - lo) * 0.08).max(1e-3);
+    let f32_range = families
+        .iter()
+        .find(|(name, _)| name == "f32")
+        .filter(|(_, points)| points.len() > 1)
+        .map(|(_, points)| {
+            points
+                .iter()
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
+                    (a.min(p.1), b.max(p.1))
+                })
+        });
+    let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "final validation loss by seed (nats per byte; shaded: f32's seed range)",
+            ("sans-serif", 18),
+        )
+        .margin(14)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d((seed_lo - 0.3)..(seed_hi + 1.5), (lo - pad)..(hi + pad))?;
+    chart
+        .configure_mesh()
+        .x_desc("seed")
+        .y_desc("final validation loss")
+        .x_labels((seed_hi - seed_lo) as usize + 3)
+        .x_label_formatter(&|seed| {
+            if seed.fract() == 0.0 && *seed <= seed_hi {
+                format!("{seed:.0}")
+            } else {
+                String::new()
+            }
+        })
+        .draw()?;
+    if let Some((range_lo, range_hi)) = f32_range {
+        chart.draw_series(std::iter::once(Rectangle::new(
+            [(seed_lo - 0.3, range_lo), (seed_hi + 1.5, range_hi)],
+            RGBColor(0, 0, 0).mix(0.08).filled(),
+        )))?;
+    }
+    // PALETTE's first colour is f32's black.
+    let mut color_index = 1;
+    for (name, points) in &families {
+        let color = if name == "f32" {
+            BLACK
+        } else {
+            let (r, g, b) = PALETTE[color_index % PALETTE.len()];
+            color_index += 1;
+            RGBColor(r, g, b)
+        };
+        let style = ShapeStyle::from(&color).stroke_width(2);
+        chart
+            .draw_series(LineSeries::new(points.iter().copied(), style))?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+        chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(true)
 }
 
 /// Per-layer FP8 statistics of one run over steps: gradient underflows, activation scale_inv_max, and the SQNR
