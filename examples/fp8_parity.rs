@@ -643,6 +643,23 @@ fn write_outputs(args: &Args, results: &[(&Run, Measured)]) -> Result<(), Error>
             (hi - lo) / mean * 100.0
         )?;
     }
+    if results.iter().any(|(run, _)| run.recipe != "f32") {
+        // The paths' accumulation orders differ in the last bits: a rerun matches only on the same path.
+        let path = burn_te::host::gemm::requested_host_gemm_path();
+        let how = match std::env::var("BURN_TE_HOST_GEMM") {
+            Ok(value) if !value.is_empty() && value != "auto" => "BURN_TE_HOST_GEMM".to_string(),
+            _ => {
+                let probe = burn_te::host::gemm::probe();
+                let times: Vec<String> = probe
+                    .times
+                    .iter()
+                    .map(|(path, time)| format!("{path} {time:.1?}"))
+                    .collect();
+                format!("the probe: {}", times.join(", "))
+            }
+        };
+        writeln!(summary, "\nHost FP8 GEMMs on `{path}` ({how}).")?;
+    }
     std::fs::write(args.out.join("summary.md"), summary)?;
     draw_valid_loss(&args.out.join("valid_loss.svg"), results)?;
     draw_final_by_seed(&args.out.join("final_by_seed.svg"), results)?;

@@ -82,12 +82,14 @@ pub struct HostGemmProbe {
 /// The probe GEMM: `M × K · K × N`, a layer's fprop of E4M3 codes with per-tensor scales.
 pub const PROBE_SHAPE: (usize, usize, usize) = (256, 1024, 512);
 
-/// Runs of the probe GEMM per path (the best counts; the first warms caches and buffers).
+/// Rounds of the probe GEMM, each running every path once (the best time per path counts; the first round warms
+/// caches and buffers).
 const PROBE_RUNS: usize = 5;
 
 /// The probe, run once per process at the first host FP8 GEMM that is not forced (a few ms per path): each path
-/// this CPU runs takes the same GEMM ([`PROBE_SHAPE`]) `PROBE_RUNS` times on rayon's pool, and the fastest best
-/// time wins. Logged at `info`, and its times recorded in the metrics report.
+/// this CPU runs takes the same GEMM ([`PROBE_SHAPE`]) in `PROBE_RUNS` rounds of every path in turn on rayon's
+/// pool, and the fastest best time wins. The paths' accumulation orders differ, so the choice also decides a run's
+/// last bits: `BURN_TE_HOST_GEMM` pins it where runs must repeat bit for bit across machines or loads. Logged at `info`, and its times recorded in the metrics report.
 pub fn probe() -> &'static HostGemmProbe {
     static PROBE: OnceLock<HostGemmProbe> = OnceLock::new();
     PROBE.get_or_init(|| {
@@ -133,25 +135,31 @@ pub fn measure(paths: &[HostGemmPath]) -> HostGemmProbe {
     };
     let (lhs, rhs) = (operand(&a, (1, m, k)), operand(&b, (1, k, n)));
     let mut out = burn_te_kernels::host::uninit(m * n);
-    let mut times: Vec<(HostGemmPath, Duration)> = paths
+    let mut candidates: Vec<HostGemmPath> = paths
         .iter()
         .chain(&[HostGemmPath::F32])
+        .copied()
         .filter(|path| path.available())
-        .filter_map(|&path| {
-            let best = (0..PROBE_RUNS)
-                .map(|_| {
-                    let start = Instant::now();
-                    run_on(path, &lhs, &rhs, (m, n, k), &mut out).map(|()| start.elapsed())
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .ok()?
-                .into_iter()
-                .min()?;
-            Some((path, best))
-        })
         .collect();
-    times.sort_by_key(|(path, _)| HostGemmPath::ALL.iter().position(|p| p == path));
-    times.dedup_by_key(|(path, _)| *path);
+    candidates.sort_by_key(|path| HostGemmPath::ALL.iter().position(|p| p == path));
+    candidates.dedup();
+    // Rounds of every path in turn, so that a burst of other work on the machine slows all paths alike instead of
+    // the one being timed (a wrong choice changes which accumulation order a run gets, not only its speed).
+    let mut best: Vec<Option<Duration>> = vec![Some(Duration::MAX); candidates.len()];
+    for _ in 0..PROBE_RUNS {
+        for (path, best) in candidates.iter().zip(&mut best) {
+            let start = Instant::now();
+            *best = match run_on(*path, &lhs, &rhs, (m, n, k), &mut out) {
+                Ok(()) => best.map(|b| b.min(start.elapsed())),
+                Err(_) => None,
+            };
+        }
+    }
+    let times: Vec<(HostGemmPath, Duration)> = candidates
+        .into_iter()
+        .zip(best)
+        .filter_map(|(path, best)| Some((path, best?)))
+        .collect();
     let chosen = times
         .iter()
         .min_by_key(|(_, time)| *time)
