@@ -101,7 +101,7 @@ pub fn quantize(
     })
 }
 
-/// Bytes per task of the parallel passes.
+/// Elements per task of the parallel passes (a multiple of the RHT's 16).
 const CHUNK: usize = 1 << 16;
 
 /// [`quantize`] with the codes one per byte: the bands of `tile`'s rows (1 or 16 rows) in parallel, each band's
