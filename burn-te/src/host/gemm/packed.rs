@@ -32,7 +32,12 @@ impl PathElement for u16 {
         exact_bf16(value).is_some()
     }
     fn of(value: f32) -> Self {
-        exact_bf16(value).unwrap_or((value.to_bits() >> 16) as u16)
+        // `exact_bf16(value)` where that is `Some`, else the truncated bits: either way the top half, but a NaN's
+        // quiet form — without branches, so the decoding loops stay tight.
+        let bits = value.to_bits();
+        let nan = bits & 0x7fff_ffff > 0x7f80_0000;
+        let top = (bits >> 16) as u16;
+        if nan { top & 0x8000 | 0x7fc0 } else { top }
     }
     const ROUNDED_FOLDS: bool = false;
 }
