@@ -216,18 +216,26 @@ pub fn rht(input: &[f32], cols: usize, sign_mask: u16) -> Result<Vec<f32>, Kerne
     output
         .par_chunks_mut(CHUNK)
         .zip(input.par_chunks(CHUNK))
-        .for_each(|(output, input)| {
-            for (chunk, out) in input.chunks(16).zip(output.chunks_mut(16)) {
-                for (c, y) in out.iter_mut().enumerate() {
-                    let mut sum = 0.0f32;
-                    for (r, &x) in chunk.iter().enumerate() {
-                        sum += x * m[r][c];
-                    }
-                    *y = round_to_bf16(sum);
-                }
-            }
-        });
+        .for_each(|(output, input)| rht_chunks(input, output, &m));
     Ok(output)
+}
+
+/// [`rht`] of whole 16-element chunks: each output `c` is `Σ_r x_r · m[r][c]` added in row order from 0 (the
+/// 16 outputs of a chunk side by side, so the loop vectorizes with the same operations per output), then rounded
+/// to bf16.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
+fn rht_chunks(input: &[f32], output: &mut [f32], m: &[[f32; 16]; 16]) {
+    for (chunk, out) in input.chunks(16).zip(output.chunks_mut(16)) {
+        let mut sums = [0.0f32; 16];
+        for (&x, row) in chunk.iter().zip(m) {
+            for (sum, &w) in sums.iter_mut().zip(row) {
+                *sum += x * w;
+            }
+        }
+        for (y, sum) in out.iter_mut().zip(sums) {
+            *y = round_to_bf16(sum);
+        }
+    }
 }
 
 /// The statistics of the device launcher `nvfp4::nvfp4_tensor_stats` on the host (global amax `amax`, `None`: the tensor's own).

@@ -152,6 +152,7 @@ pub fn random_bits(seed: u32, index: u32) -> u8 {
 }
 
 /// `x` rounded to the nearest bf16 (ties to even), as an f32; NaN stays NaN.
+#[inline]
 pub fn round_to_bf16(x: f32) -> f32 {
     let bits = x.to_bits();
     if bits & 0x7fff_ffff > 0x7f80_0000 {
