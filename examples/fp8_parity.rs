@@ -357,7 +357,7 @@ fn run() -> Result<(), Error> {
         .collect();
     if args.recipes.iter().any(|r| r == "f32") {
         runs.extend((first + 1..first + args.seeds).map(|seed| Run {
-            label: format!("f32 seed {seed}"),
+            label: seeded("f32", seed),
             recipe: "f32".into(),
             seed,
             config: None,
@@ -429,8 +429,8 @@ fn run() -> Result<(), Error> {
         for seed in first + 1..first + args.plan_seeds {
             for plan in [None, Some(path.clone())] {
                 let label = match plan {
-                    None => format!("{recipe} seed {seed}"),
-                    Some(_) => format!("{recipe} + plan seed {seed}"),
+                    None => seeded(recipe, seed),
+                    Some(_) => seeded(&format!("{recipe} + plan"), seed),
                 };
                 runs.push(Run {
                     label,

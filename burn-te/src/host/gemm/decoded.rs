@@ -7,7 +7,7 @@ use std::mem::MaybeUninit;
 use burn_te_kernels::host;
 use rayon::prelude::*;
 
-use super::operand::HostOperand;
+use super::operand::{HostOperand, decode_blocked};
 use crate::primitive::ElementFormat;
 
 /// Work (`m·n·k`) from which one GEMM is split across rayon's threads (burn-flex's threshold).
@@ -148,28 +148,16 @@ fn decode_into(operand: &HostOperand<'_>, values: &mut Vec<f32>) {
             }
         }
         (format, Some(block)) => {
-            // Row by row (bands of the block's rows in parallel), each block's factor looked up once.
-            let cols = operand.dims.2;
-            let band = block.rows * cols;
-            let grid_cols = cols.div_ceil(block.cols);
             let table: [f32; 256] = std::array::from_fn(|code| format.decode(code as u8));
-            if band > 0 {
-                values
-                    .par_chunks_mut(band)
-                    .zip(codes.par_chunks(band))
-                    .zip(operand.scale_inv.par_chunks(grid_cols))
-                    .for_each(|((values, codes), factors)| {
-                        for (values, codes) in values.chunks_mut(cols).zip(codes.chunks(cols)) {
-                            let blocks =
-                                values.chunks_mut(block.cols).zip(codes.chunks(block.cols));
-                            for ((values, codes), &factor) in blocks.zip(factors) {
-                                for (value, &code) in values.iter_mut().zip(codes) {
-                                    *value = table[usize::from(code)] * factor;
-                                }
-                            }
-                        }
-                    });
-            }
+            let element = |code: u8, factor: f32| table[usize::from(code)] * factor;
+            decode_blocked(
+                codes,
+                operand.dims.2,
+                block,
+                operand.scale_inv,
+                values,
+                element,
+            );
         }
     }
 }

@@ -13,7 +13,7 @@ use burn_te_kernels::ScaleBlock;
 use burn_te_kernels::host::gemm::bf16::exact_bf16;
 use burn_te_kernels::host::gemm::{self, Elements, Kernel, PackedElement, Source};
 
-use super::operand::HostOperand;
+use super::operand::{HostOperand, decode_blocked};
 
 /// A packed path's element made from a decoded value.
 pub(super) trait PathElement: PackedElement {
@@ -112,28 +112,12 @@ impl<'a, E: PathElement> Decoding<'a, E> {
     /// The stored tensor's elements: the codes through the table when nothing is folded, else decoded (row-major,
     /// `cols` columns).
     fn stored(&self, cols: usize) -> Stored<'_, E> {
-        use rayon::prelude::*;
         let Some((block, factors)) = &self.fold else {
             return Stored::Table(self.codes, &self.elements);
         };
         let mut out = vec![E::ZERO; self.codes.len()];
-        let grid_cols = cols.div_ceil(block.cols);
-        out.par_chunks_mut(cols.max(1))
-            .zip(self.codes.par_chunks(cols.max(1)))
-            .enumerate()
-            .for_each(|(row, (out, codes))| {
-                let base = row / block.rows * grid_cols;
-                for (b, (out, codes)) in out
-                    .chunks_mut(block.cols)
-                    .zip(codes.chunks(block.cols))
-                    .enumerate()
-                {
-                    let factor = factors[base + b];
-                    for (o, &c) in out.iter_mut().zip(codes) {
-                        *o = E::of(self.table[c as usize] * factor);
-                    }
-                }
-            });
+        let element = |code: u8, factor: f32| E::of(self.table[usize::from(code)] * factor);
+        decode_blocked(self.codes, cols, *block, factors, &mut out, element);
         Stored::Decoded(out)
     }
 }
