@@ -22,11 +22,12 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, TensorPrimitive};
 use burn_te::cube::gemm_path::{
-    CublasLtStream, DeviceGemmPath, with_cublaslt_stream, with_device_gemm_path,
+    CublasLtStream, DeviceGemmPath, with_cublaslt_stream, with_device_gemm_path, with_tiled_routine,
 };
 use burn_te::nn::TransformerLayerConfig;
 use burn_te::{Fp8Format, Scaling, Te, TeBackend};
 use burn_te_kernels::cubecl::cuda::CudaDevice;
+use burn_te_kernels::cubek_gemm::CubekRoutine;
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
 use half::{bf16, f16};
@@ -66,6 +67,7 @@ fn bench_fp8(
     group: &mut BenchmarkGroup<'_, WallTime>,
     name: &str,
     (path, stream): (DeviceGemmPath, CublasLtStream),
+    routine: Option<CubekRoutine>,
     rhs_transposed: bool,
     (m, k, n): (usize, usize, usize),
 ) {
@@ -82,11 +84,17 @@ fn bench_fp8(
     let b = quantize(if rhs_transposed { [n, k] } else { [k, n] });
     group.bench_function(name, |bench| {
         bench.iter(|| {
-            let out = with_cublaslt_stream(stream, || {
-                with_device_gemm_path(path, || {
-                    Plain::fp8_gemm(a.clone(), false, b.clone(), rhs_transposed)
+            let run = || {
+                with_cublaslt_stream(stream, || {
+                    with_device_gemm_path(path, || {
+                        Plain::fp8_gemm(a.clone(), false, b.clone(), rhs_transposed)
+                    })
                 })
-            })
+            };
+            let out = match routine {
+                Some(routine) => with_tiled_routine(routine, run),
+                None => run(),
+            }
             .expect("gemm");
             sync::<Plain>();
             Tensor::<Plain, 2>::from_primitive(TensorPrimitive::Float(out))
@@ -140,6 +148,7 @@ fn gemm(c: &mut Criterion, float: Float) {
                     &mut group,
                     "fp8 cublaslt (A·Bᵀ)",
                     (DeviceGemmPath::CublasLt, CublasLtStream::Own),
+                    None,
                     true,
                     shape,
                 );
@@ -147,6 +156,7 @@ fn gemm(c: &mut Criterion, float: Float) {
                     &mut group,
                     "fp8 cublaslt on CubeCL's stream (A·Bᵀ)",
                     (DeviceGemmPath::CublasLt, CublasLtStream::CubeCl),
+                    None,
                     true,
                     shape,
                 );
@@ -154,6 +164,7 @@ fn gemm(c: &mut Criterion, float: Float) {
                     &mut group,
                     "fp8 cublaslt (A·B, transposed copy)",
                     (DeviceGemmPath::CublasLt, CublasLtStream::Own),
+                    None,
                     false,
                     shape,
                 );
@@ -161,6 +172,7 @@ fn gemm(c: &mut Criterion, float: Float) {
                     &mut group,
                     "fp8 simt kernel",
                     (DeviceGemmPath::Simt, CublasLtStream::Own),
+                    None,
                     true,
                     shape,
                 );
@@ -169,6 +181,7 @@ fn gemm(c: &mut Criterion, float: Float) {
                     &mut group,
                     "fp8 tiled cubek (A·Bᵀ)",
                     (DeviceGemmPath::Tiled, CublasLtStream::Own),
+                    None,
                     true,
                     shape,
                 );
@@ -176,9 +189,27 @@ fn gemm(c: &mut Criterion, float: Float) {
                     &mut group,
                     "fp8 tiled cubek (A·B)",
                     (DeviceGemmPath::Tiled, CublasLtStream::Own),
+                    None,
                     false,
                     shape,
                 );
+                // Each of cubek's plane routines on matrix units (the families Burn's own matmul tunes among), at
+                // 4096³ in fprop's layout: what `BURN_TE_TILED_ROUTINES=all` lets the autotune choose from.
+                if shape == (4096, 4096, 4096) {
+                    for routine in CubekRoutine::ALL
+                        .into_iter()
+                        .filter(|r| r.on_matrix_units())
+                    {
+                        bench_fp8(
+                            &mut group,
+                            &format!("fp8 tiled cubek {} (A·Bᵀ)", routine.name()),
+                            (DeviceGemmPath::Tiled, CublasLtStream::Own),
+                            Some(routine),
+                            true,
+                            shape,
+                        );
+                    }
+                }
             }
             Float::Bf16 => bench_matmul::<Fused<bf16>>(&mut group, "burn bf16 matmul", shape),
             Float::F16 => bench_matmul::<Fused<f16>>(&mut group, "burn f16 matmul", shape),

@@ -10,7 +10,8 @@
 # With a toolchain on the GPU machine, `cargo bench --features cuda,autotune --bench cuda` and
 # `cargo test --release --features cuda,autotune --test kernels` do the same.
 #
-# Order: the tests that compare cuBLASLt on CubeCL's stream with its own stream and check bf16 first, then the
+# Order: the tests that compare cuBLASLt on CubeCL's stream with its own stream, check bf16 and run every tiled
+# routine (each plane routine on the matrix units, `each_forced_tiled_routine_runs_or_falls_back_counted`) first, then the
 # steps (f16 and bf16 processes, each with FP8 on both streams). A fresh machine autotunes Burn's kernels for
 # minutes at each float type's first step; CubeCL caches the results under target/autotune, so a second run on the
 # same machine is quick. Results go to $OUT (or target/gpu-out).
@@ -29,9 +30,9 @@ el "tests: cuBLASLt streams, bf16, the tiled path"
 timeout ${TESTS_S:-200} $G/kernels --test-threads 1 device_gemm cubek_tiled 2>&1 | tee $OUT/tests.txt | grep -E "^test |test result|panicked" | head -40
 run() { # float timeout filter
   el "$1: $3"
-  BURN_TE_BENCH_FLOAT=$1 timeout $2 $G/cuda --bench "$3" --warm-up-time 1 --measurement-time 3 2>&1 | tee $OUT/$1.txt | grep -E "^cuda|time:|thrpt:|paths|fallbacks|panicked|rror" | head -30
+  BURN_TE_BENCH_FLOAT=$1 timeout $2 $G/cuda --bench "$3" --warm-up-time 1 --measurement-time 3 2>&1 | tee $OUT/$1.txt | grep -E "^cuda|time:|thrpt:|paths|fallbacks|panicked|rror" | head -70
 }
 run f16 ${F16_S:-240} "transformer_layer"
 run bf16 ${BF16_S:-240} "gemm 4096x4096x4096|transformer_layer"
-run f32 ${F32_S:-120} "gemm 4096x4096x4096"
+run f32 ${F32_S:-200} "gemm 4096x4096x4096"
 el done

@@ -5,9 +5,11 @@
 //! the SIMT kernel stages them.
 //!
 //! The stage type is f32 for the unit routines (every device; on devices without matrix units such as lavapipe they
-//! are what cubek itself runs) and f16 for the cooperative-matrix routine (exact: every E4M3, E5M2 and E2M1 value is
-//! an f16 value; block-scaled values need not be, so it takes per-tensor scales only). What this path cannot take
-//! exactly is named by [`cubek_refusal`]: the caller runs it on the SIMT kernel and says so.
+//! are what cubek itself runs) and f16 for the plane routines on matrix units (cooperative matrices or MMA: exact,
+//! since every E4M3, E5M2 and E2M1 value is an f16 value; block-scaled values need not be, so they take per-tensor
+//! scales only). The plane routines are the families Burn's own matmul autotunes among on such devices: one stage
+//! or two (double-buffered, ordered), one row of tiles per plane or several. What this path cannot take exactly is
+//! named by [`cubek_refusal`]: the caller runs it on the SIMT kernel and says so.
 
 use cubecl::ir::{ElemType, FloatKind, StorageType};
 use cubecl::prelude::*;
@@ -32,7 +34,13 @@ use cubek_matmul::definition::{
 use cubek_matmul::launch::{
     BatchedCoords, ConcreteInputsFactory, ConcreteOutputFactory, MatmulArgs, launch_kernel_concrete,
 };
+use cubek_matmul::routines::double_buffering::{
+    CyclicDoubleBufferingAlgorithm, DoubleBufferingArgs,
+};
 use cubek_matmul::routines::double_unit::DoubleUnitAlgorithm;
+use cubek_matmul::routines::ordered_double_buffering::{
+    OrderedDoubleBufferingAlgorithm, OrderedSelectionArgs,
+};
 use cubek_matmul::routines::simple::{SimpleAlgorithm, SimpleArgs};
 use cubek_matmul::routines::simple_unit::SimpleUnitAlgorithm;
 use cubek_matmul::routines::{BlueprintStrategy, Routine};
@@ -51,33 +59,117 @@ pub enum CubekRoutine {
     SimpleUnit,
     /// One unit per output tile, two stages loaded in turn (`DoubleUnit`): every device.
     DoubleUnit,
-    /// Cooperative matrices (CUDA's WMMA, Vulkan's cooperative matrices, Metal's simdgroup matrices) on f16
-    /// stages (`Simple` with CMMA tiles): devices with f16 matrix units; per-tensor scales only.
-    SimpleCmma,
+    /// A plane routine (one plane — warp, subgroup, simdgroup — per partition of the stage) on matrix-unit tiles
+    /// and f16 stages: the routine families Burn's own matmul autotunes among on such devices.
+    Plane(PlaneRoutine, PlaneTile),
+}
+
+/// cubek-matmul's plane routines: how the stages are loaded and consumed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PlaneRoutine {
+    /// One stage, loaded whole, then consumed (`Simple`).
+    Simple,
+    /// As [`PlaneRoutine::Simple`], each plane taking several rows of tiles (`Simple` with `multi_rows`).
+    SimpleMultiRows,
+    /// Two stages along K, one loaded while the other is consumed (`CyclicDoubleBuffering`).
+    DoubleBuffering,
+    /// Two stages, the left operand's read in the order the tiles consume it (`OrderedDoubleBuffering`).
+    OrderedDoubleBuffering,
+}
+
+/// The tile matmul of a plane routine: matrix units, with the codes decoded into f16 stages (exact: every E4M3,
+/// E5M2 and E2M1 value is an f16 value; block-scaled values need not be, so these take per-tensor scales only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PlaneTile {
+    /// Cooperative matrices: CUDA's WMMA, Vulkan's cooperative matrices, Metal's simdgroup matrices.
+    Cmma,
+    /// Manual MMA: CUDA's `mma.sync`, each unit's fragment addressed by hand.
+    Mma,
+}
+
+impl PlaneRoutine {
+    /// Every plane routine.
+    pub const ALL: [PlaneRoutine; 4] = [
+        PlaneRoutine::Simple,
+        PlaneRoutine::SimpleMultiRows,
+        PlaneRoutine::DoubleBuffering,
+        PlaneRoutine::OrderedDoubleBuffering,
+    ];
+
+    const fn name(self) -> &'static str {
+        match self {
+            PlaneRoutine::Simple => "simple",
+            PlaneRoutine::SimpleMultiRows => "simple_multi_rows",
+            PlaneRoutine::DoubleBuffering => "double_buffering",
+            PlaneRoutine::OrderedDoubleBuffering => "ordered_double_buffering",
+        }
+    }
+}
+
+impl PlaneTile {
+    /// Every plane tile matmul.
+    pub const ALL: [PlaneTile; 2] = [PlaneTile::Cmma, PlaneTile::Mma];
+
+    const fn name(self) -> &'static str {
+        match self {
+            PlaneTile::Cmma => "cmma",
+            PlaneTile::Mma => "mma",
+        }
+    }
+
+    fn kind(self) -> TileMatmulKind {
+        match self {
+            PlaneTile::Cmma => TileMatmulKind::Cmma,
+            PlaneTile::Mma => TileMatmulKind::Mma,
+        }
+    }
 }
 
 impl CubekRoutine {
-    /// Every routine, in the order an autotune tries them.
-    pub const ALL: [CubekRoutine; 3] = [
-        CubekRoutine::SimpleUnit,
-        CubekRoutine::DoubleUnit,
-        CubekRoutine::SimpleCmma,
-    ];
+    /// The cooperative-matrix routine cubek's own `Strategy::Auto` prefers where the device has matrix units.
+    pub const SIMPLE_CMMA: CubekRoutine =
+        CubekRoutine::Plane(PlaneRoutine::Simple, PlaneTile::Cmma);
 
-    /// The name in the metrics report and the benches.
-    pub const fn name(self) -> &'static str {
-        match self {
-            CubekRoutine::SimpleUnit => "simple_unit",
-            CubekRoutine::DoubleUnit => "double_unit",
-            CubekRoutine::SimpleCmma => "simple_cmma",
+    /// How many routines there are ([`CubekRoutine::ALL`]).
+    pub const COUNT: usize = 2 + PlaneRoutine::ALL.len() * PlaneTile::ALL.len();
+
+    /// Every routine, in the order an autotune tries them: the unit routines, then each plane routine on each tile.
+    pub const ALL: [CubekRoutine; CubekRoutine::COUNT] = {
+        let mut all = [CubekRoutine::SimpleUnit; CubekRoutine::COUNT];
+        all[1] = CubekRoutine::DoubleUnit;
+        let mut i = 0;
+        while i < PlaneRoutine::ALL.len() * PlaneTile::ALL.len() {
+            all[2 + i] = CubekRoutine::Plane(
+                PlaneRoutine::ALL[i / PlaneTile::ALL.len()],
+                PlaneTile::ALL[i % PlaneTile::ALL.len()],
+            );
+            i += 1;
         }
+        all
+    };
+
+    /// The name in the metrics report and the benches: `simple_unit`, `double_unit`, `<routine>_<tile>`
+    /// (`simple_cmma`, `double_buffering_mma`, …).
+    pub fn name(self) -> String {
+        match self {
+            CubekRoutine::SimpleUnit => "simple_unit".into(),
+            CubekRoutine::DoubleUnit => "double_unit".into(),
+            CubekRoutine::Plane(routine, tile) => format!("{}_{}", routine.name(), tile.name()),
+        }
+    }
+
+    /// Whether the routine stages f16 values on matrix units (and so takes per-tensor scales only): the plane
+    /// routines.
+    pub fn on_matrix_units(self) -> bool {
+        matches!(self, CubekRoutine::Plane(..))
     }
 
     /// The type the codes are decoded into and staged as.
     fn stage(self) -> StorageType {
-        let kind = match self {
-            CubekRoutine::SimpleUnit | CubekRoutine::DoubleUnit => FloatKind::F32,
-            CubekRoutine::SimpleCmma => FloatKind::F16,
+        let kind = if self.on_matrix_units() {
+            FloatKind::F16
+        } else {
+            FloatKind::F32
         };
         StorageType::Scalar(ElemType::Float(kind))
     }
@@ -98,10 +190,10 @@ pub fn cubek_refusal(
             ));
         }
         if let Some(block) = operand.block {
-            if routine == CubekRoutine::SimpleCmma {
+            if routine.on_matrix_units() {
                 return Some(format!(
-                    "the {side} has {}x{} scale blocks: the cooperative-matrix stages are f16, where a scaled \
-                     value need not be exact (the unit routines take them, on f32 stages)",
+                    "the {side} has {}x{} scale blocks: the matrix units' stages are f16, where a scaled value \
+                     need not be exact (the unit routines take them, on f32 stages)",
                     block.rows, block.cols
                 ));
             }
@@ -233,11 +325,28 @@ pub fn fp8_gemm_cubek<R: Runtime, F: Float + CubeElement>(
         CubekRoutine::DoubleUnit => {
             launch.run::<DoubleUnitAlgorithm>(BlueprintStrategy::Inferred(Default::default()))
         }
-        CubekRoutine::SimpleCmma => {
-            launch.run::<SimpleAlgorithm>(BlueprintStrategy::Inferred(SimpleArgs {
-                multi_rows: false,
-                tile_matmul: TileMatmulKind::Cmma,
-            }))
+        CubekRoutine::Plane(family, tile) => {
+            let tile_matmul = tile.kind();
+            match family {
+                PlaneRoutine::Simple | PlaneRoutine::SimpleMultiRows => launch
+                    .run::<SimpleAlgorithm>(BlueprintStrategy::Inferred(SimpleArgs {
+                        multi_rows: family == PlaneRoutine::SimpleMultiRows,
+                        tile_matmul,
+                    })),
+                PlaneRoutine::DoubleBuffering => launch.run::<CyclicDoubleBufferingAlgorithm>(
+                    BlueprintStrategy::Inferred(DoubleBufferingArgs {
+                        tile_matmul,
+                        specialized: false,
+                    }),
+                ),
+                PlaneRoutine::OrderedDoubleBuffering => launch
+                    .run::<OrderedDoubleBufferingAlgorithm>(BlueprintStrategy::Inferred(
+                        OrderedSelectionArgs {
+                            tile_matmul,
+                            ..Default::default()
+                        },
+                    )),
+            }
         }
     }
     .map_err(setup_error)?;

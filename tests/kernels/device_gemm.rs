@@ -358,6 +358,56 @@ fn check_falls_back(
     assert_eq!(bits(&asked), bits(&kernel), "{what}: the kernel's result");
 }
 
+/// `with_tiled_routine` forces each of cubek's routines onto the tiled path: a routine the device has runs the GEMM
+/// (counted as tiled) and one whose matrix units it lacks (lavapipe: every plane routine) runs on the kernel,
+/// counted and recorded as a fallback; either way the output is the f64 product bit for bit (operands whose
+/// partial sums are exact), so a routine that runs a wrong K or a wrong tile fails here wherever it runs.
+#[test]
+fn each_forced_tiled_routine_runs_or_falls_back_counted() {
+    use burn_te::cube::gemm_path::with_tiled_routine;
+    use burn_te_kernels::cubek_gemm::CubekRoutine;
+    let matmul = client().properties().features.matmul.clone();
+    let mut rng = Rng::new(96);
+    // K = 96: not a multiple of 64 (a double-buffered stage pair of 32-code stages); 70 rows: a partial tile.
+    let (m, k, n) = (70, 96, 48);
+    let lhs = quantize(half_integers(&mut rng, m * k), [1, m, k], Fp8Format::E4M3);
+    let rhs = quantize(half_integers(&mut rng, n * k), [1, n, k], Fp8Format::E4M3);
+    let expected = reference(&stored_f64::<B>(&lhs), false, &stored_f64::<B>(&rhs), true);
+    let mut ran_tiled = 0;
+    for routine in CubekRoutine::ALL {
+        let has_units = match routine {
+            CubekRoutine::SimpleUnit | CubekRoutine::DoubleUnit => true,
+            CubekRoutine::Plane(_, burn_te_kernels::cubek_gemm::PlaneTile::Cmma) => {
+                !matmul.cmma.is_empty()
+            }
+            CubekRoutine::Plane(_, burn_te_kernels::cubek_gemm::PlaneTile::Mma) => {
+                !matmul.mma.is_empty()
+            }
+        };
+        let expect = if has_units {
+            ran_tiled += 1;
+            DeviceGemmPath::Tiled
+        } else {
+            DeviceGemmPath::Simt
+        };
+        let fallbacks = device_fallbacks();
+        let got = with_tiled_routine(routine, || {
+            gemm_on(DeviceGemmPath::Tiled, expect, &lhs, false, &rhs, true)
+        });
+        let name = routine.name();
+        if !has_units {
+            assert!(
+                device_fallbacks() > fallbacks,
+                "{name}: the fallback is recorded"
+            );
+        }
+        for (i, (&y, &e)) in got.iter().zip(&expected.0).enumerate() {
+            assert_eq!(f64::from(y), e, "{name}: output {i}");
+        }
+    }
+    assert!(ran_tiled >= 2, "the unit routines run on every device");
+}
+
 /// Unforced (off CUDA), a GEMM of 256³ multiply-adds or more is timed on each candidate once per shape class and the
 /// fastest kept: the tuning is counted once for two GEMMs of one class, both run on the kept kernel (the same path
 /// counted twice, the bits of that path forced), and a GEMM below the size runs on the kernel untuned.

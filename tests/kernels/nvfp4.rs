@@ -594,11 +594,11 @@ fn matmul_f64(
 fn gemm_on_each_path(
     a: &burn_te_kernels::gemm::GemmOperand<'_>,
     b: &burn_te_kernels::gemm::GemmOperand<'_>,
-) -> Vec<(&'static str, Handle)> {
+) -> Vec<(String, Handle)> {
     use burn_te_kernels::cubek_gemm::{CubekRoutine, cubek_refusal, fp8_gemm_cubek};
     let client = client();
     let mut outputs = vec![(
-        "simt",
+        "simt".to_string(),
         burn_te_kernels::gemm::fp8_gemm::<TestRuntime, f32>(&client, a, b).unwrap(),
     )];
     for routine in [CubekRoutine::SimpleUnit, CubekRoutine::DoubleUnit] {
@@ -679,7 +679,9 @@ fn gemm_with_nvfp4_operands_equals_the_product_of_the_dequantized_operands() {
     assert!(refusal.contains("512"), "{refusal}");
     let ran = gemm_on_each_path(&a2, &b2);
     assert_eq!(
-        ran.iter().map(|(what, _)| *what).collect::<Vec<_>>(),
+        ran.iter()
+            .map(|(what, _)| what.as_str())
+            .collect::<Vec<_>>(),
         ["simt", "double_unit"]
     );
     for (what, out) in ran {

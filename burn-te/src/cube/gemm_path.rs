@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 use burn_te_kernels::KernelError;
 use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::cubecl::server::Handle;
-use burn_te_kernels::cubek_gemm::{CubekRoutine, cubek_refusal};
+use burn_te_kernels::cubek_gemm::{CubekRoutine, PlaneTile, cubek_refusal};
 use burn_te_kernels::gemm::{GemmOperand, fp8_gemm_grouped};
 
 use super::gemm_tune::{self, GemmKernel};
@@ -98,6 +98,7 @@ impl CublasLtStream {
 thread_local! {
     static FORCED: Cell<Option<DeviceGemmPath>> = const { Cell::new(None) };
     static FORCED_STREAM: Cell<Option<CublasLtStream>> = const { Cell::new(None) };
+    static FORCED_ROUTINE: Cell<Option<CubekRoutine>> = const { Cell::new(None) };
 }
 
 /// Runs `f` with this thread's `setting` at `value`; the previous value back when `f` returns or panics.
@@ -138,6 +139,14 @@ pub fn cublaslt_stream() -> CublasLtStream {
             }
         })
     })
+}
+
+/// Runs `f` with this thread's tiled GEMMs (those forced onto [`DeviceGemmPath::Tiled`]) on cubek's `routine`
+/// (a test or a bench of one routine); back to the default (cooperative matrices where the device has them, else
+/// the first unit routine that takes the GEMM) when `f` returns or panics. A GEMM the routine cannot take, or a
+/// device without the routine's matrix units, runs on the SIMT kernel, recorded as a fallback with the reason.
+pub fn with_tiled_routine<T>(routine: CubekRoutine, f: impl FnOnce() -> T) -> T {
+    with_setting(&FORCED_ROUTINE, routine, f)
 }
 
 /// Runs `f` with this thread's device FP8 GEMMs asking for `path` (a test of a path, a comparison of two); back to
@@ -264,25 +273,47 @@ pub(crate) fn device_fp8_gemm_grouped<R: Runtime, F: Float + CubeElement>(
         .collect())
 }
 
-/// The routine a forced tiled GEMM runs on: cooperative matrices where the device has them and they take the
-/// operands, else the first unit routine that takes them; refused (with the unit routine's reason) where none does.
+/// The routine a forced tiled GEMM runs on: the one [`with_tiled_routine`] names, else cooperative matrices where the
+/// device has them and they take the operands, else the first unit routine that takes them; refused (with the
+/// reason) where none does.
 fn forced_tiled<R: Runtime>(
     client: &ComputeClient<R>,
     a: &GemmOperand<'_>,
     b: &GemmOperand<'_>,
 ) -> Result<GemmKernel, Refused> {
-    let has_matrix_units = !client.properties().features.matmul.cmma.is_empty();
+    if let Some(routine) = FORCED_ROUTINE.with(Cell::get) {
+        return match cubek_refusal(a, b, routine).or_else(|| missing_units(client, routine)) {
+            None => Ok(GemmKernel::Tiled(routine)),
+            Some(reason) => Err(Refused(format!("{}: {reason}", routine.name()))),
+        };
+    }
     let routines = [
-        CubekRoutine::SimpleCmma,
+        CubekRoutine::SIMPLE_CMMA,
         CubekRoutine::SimpleUnit,
         CubekRoutine::DoubleUnit,
     ];
     routines
         .into_iter()
-        .filter(|&routine| has_matrix_units || routine != CubekRoutine::SimpleCmma)
+        .filter(|&routine| missing_units(client, routine).is_none())
         .find(|&routine| cubek_refusal(a, b, routine).is_none())
         .map(GemmKernel::Tiled)
         .ok_or_else(|| Refused(cubek_refusal(a, b, CubekRoutine::SimpleUnit).unwrap_or_default()))
+}
+
+/// Why the device cannot run `routine` (it lacks the routine's matrix units), or `None` where it can.
+pub(crate) fn missing_units<R: Runtime>(
+    client: &ComputeClient<R>,
+    routine: CubekRoutine,
+) -> Option<String> {
+    let matmul = &client.properties().features.matmul;
+    let (units, has) = match routine {
+        CubekRoutine::SimpleUnit | CubekRoutine::DoubleUnit => return None,
+        CubekRoutine::Plane(_, PlaneTile::Cmma) => {
+            ("cooperative matrices", !matmul.cmma.is_empty())
+        }
+        CubekRoutine::Plane(_, PlaneTile::Mma) => ("MMA instructions", !matmul.mma.is_empty()),
+    };
+    (!has).then(|| format!("the device has no {units}"))
 }
 
 /// Records a GEMM that asked for `path` and runs on the SIMT kernel.

@@ -29,6 +29,34 @@ pub const TUNED_MIN_PRODUCT: usize = 1 << 24;
 /// Rounds of timed runs, one run of each candidate per round, after each one's first (compiling) run.
 pub const TIMED_RUNS: usize = 3;
 
+/// The tiled routines the autotune tries, from `BURN_TE_TILED_ROUTINES` (read once):
+/// - `tested` (the default): the unit routines and `simple_cmma`, whose exactness tests have passed on lavapipe and on
+///   an H200's matrix units;
+/// - `all`: every routine of [`CubekRoutine::ALL`], the plane routines Burn's own matmul tunes among on matrix units
+///   too (multi-row, double-buffered, ordered; CMMA and MMA tiles). Their tests run wherever matrix units are, but
+///   none has run on a GPU yet, so they stay opt-in until one has.
+///
+/// An unknown value is recorded as a fallback and read as `tested`.
+pub fn tiled_candidates() -> &'static [CubekRoutine] {
+    const TESTED: [CubekRoutine; 3] = [
+        CubekRoutine::SimpleUnit,
+        CubekRoutine::DoubleUnit,
+        CubekRoutine::SIMPLE_CMMA,
+    ];
+    static CONFIGURED: std::sync::OnceLock<&'static [CubekRoutine]> = std::sync::OnceLock::new();
+    CONFIGURED.get_or_init(|| match std::env::var("BURN_TE_TILED_ROUTINES").as_deref() {
+        Err(_) | Ok("" | "tested") => &TESTED,
+        Ok("all") => &CubekRoutine::ALL,
+        Ok(value) => {
+            crate::fallback::record(
+                "BURN_TE_TILED_ROUTINES",
+                format!("BURN_TE_TILED_ROUTINES={value:?} is not a routine set (tested, all): using tested"),
+            );
+            &TESTED
+        }
+    })
+}
+
 /// What runs a device FP8 GEMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GemmKernel {
@@ -58,7 +86,7 @@ struct TuneKey {
     transposed: (bool, bool),
     formats: (CodeFormat, CodeFormat),
     /// The tiled path's refusal per routine (`cubek_refusal`): what can run at all.
-    refused: [bool; 3],
+    refused: [bool; CubekRoutine::COUNT],
 }
 
 fn choices() -> &'static Mutex<HashMap<TuneKey, GemmKernel>> {
@@ -89,9 +117,11 @@ pub(crate) fn tuned_kernel<R: Runtime, F: Float + CubeElement>(
     b: &GemmOperand<'_>,
 ) -> Result<GemmKernel, TeError> {
     let (m, k, n, batch) = product_dims(a, b)?;
-    let candidates: Vec<GemmKernel> = CubekRoutine::ALL
-        .into_iter()
+    let candidates: Vec<GemmKernel> = tiled_candidates()
+        .iter()
+        .copied()
         .filter(|&routine| cubek_refusal(a, b, routine).is_none())
+        .filter(|&routine| super::gemm_path::missing_units(client, routine).is_none())
         .map(GemmKernel::Tiled)
         .collect();
     if batch * m * k * n < TUNED_MIN_PRODUCT || candidates.is_empty() {
