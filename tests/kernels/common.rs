@@ -194,6 +194,11 @@ pub fn assert_close(what: &str, actual: f64, expected: f64, rel: f64, abs_floor:
 /// backend seed (Flex keeps one generator; a test that replays the draws after `B::seed` must not share its process
 /// with tests that draw at the same time) and a device's float type (fixed at its first tensor).
 pub fn alone(test: &str, body: impl FnOnce()) {
+    alone_with(test, &[], body)
+}
+
+/// As [`alone`], the child process with the environment variables `vars` set (a setting read once per process).
+pub fn alone_with(test: &str, vars: &[(&str, &str)], body: impl FnOnce()) {
     const CHILD: &str = "BURN_TE_TEST_ALONE";
     if std::env::var_os(CHILD).is_some() {
         return body();
@@ -201,6 +206,7 @@ pub fn alone(test: &str, body: impl FnOnce()) {
     let exe = std::env::current_exe().expect("the test binary's path");
     let output = std::process::Command::new(exe)
         .args([test, "--exact", "--test-threads=1", "--nocapture"])
+        .envs(vars.iter().copied())
         .env(CHILD, "1")
         .output()
         .expect("the test binary runs");

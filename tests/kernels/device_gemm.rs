@@ -408,6 +408,40 @@ fn each_forced_tiled_routine_runs_or_falls_back_counted() {
     assert!(ran_tiled >= 2, "the unit routines run on every device");
 }
 
+/// `BURN_TE_TILED_ROUTINES` (read once per process, so each value in a process of its own): `all` lets the autotune
+/// try every routine of `CubekRoutine::ALL`; unset, the tested three (the unit routines and `simple_cmma`); an
+/// unknown value is recorded as a fallback naming it and read as unset.
+#[test]
+fn the_tiled_routine_set_follows_its_variable() {
+    use burn_te::cube::gemm_tune::tiled_candidates;
+    use burn_te_kernels::cubek_gemm::CubekRoutine;
+    let tested = [
+        CubekRoutine::SimpleUnit,
+        CubekRoutine::DoubleUnit,
+        CubekRoutine::SIMPLE_CMMA,
+    ];
+    let parent = std::env::var_os("BURN_TE_TEST_ALONE").is_none();
+    if parent && std::env::var_os("BURN_TE_TILED_ROUTINES").is_none() {
+        assert_eq!(tiled_candidates(), tested, "unset");
+    }
+    let test = "device_gemm::the_tiled_routine_set_follows_its_variable";
+    alone_with(test, &[("BURN_TE_TILED_ROUTINES", "all")], || {
+        if std::env::var("BURN_TE_TILED_ROUTINES").as_deref() == Ok("all") {
+            assert_eq!(tiled_candidates(), CubekRoutine::ALL);
+            assert_eq!(CubekRoutine::ALL.len(), 10);
+        }
+    });
+    alone_with(test, &[("BURN_TE_TILED_ROUTINES", "cmma")], || {
+        if std::env::var("BURN_TE_TILED_ROUTINES").as_deref() == Ok("cmma") {
+            assert_eq!(tiled_candidates(), tested);
+            assert_eq!(
+                burn_te::fallback_counts().get("BURN_TE_TILED_ROUTINES"),
+                Some(&1)
+            );
+        }
+    });
+}
+
 /// Unforced (off CUDA), a GEMM of 256³ multiply-adds or more is timed on each candidate once per shape class and the
 /// fastest kept: the tuning is counted once for two GEMMs of one class, both run on the kept kernel (the same path
 /// counted twice, the bits of that path forced), and a GEMM below the size runs on the kernel untuned.
