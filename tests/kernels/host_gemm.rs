@@ -779,14 +779,49 @@ fn the_two_fma_paths_give_the_same_bits() {
     }
 }
 
-/// FP8 codes packed as bf16 pairs, every one of the 256 codes through an arbitrary table, unit by unit against the
-/// layout `PackedLhs`/`PackedRhs` document (panel `i`'s unit `p` of lane `l` at `(i · units + p) · width + l`,
-/// `lo | hi << 16`, zero past the lanes and an odd depth): lanes contiguous, depth contiguous and neither, with an
-/// offset, for lane counts and depths around the vector packing's 32 lanes and 64-code chunks. Where the flags in
-/// `/proc/cpuinfo` promise AVX512-VBMI the vector packing must be the one that runs.
+/// FP8 codes packed as bf16 pairs (the bf16 path) and as f32 values (both FMA paths), every one of the 256 codes
+/// through an arbitrary table, unit by unit against the layout `PackedLhs`/`PackedRhs` document (panel `i`'s unit
+/// `p` of lane `l` at `(i · units + p) · width + l`, a pair `lo | hi << 16`, zero past the lanes and an odd depth):
+/// lanes contiguous, depth contiguous and neither, with an offset, for lane counts and depths around the vector
+/// packing's 32 lanes and 64-code chunks. Where the flags in `/proc/cpuinfo` promise AVX512-VBMI the vector
+/// packing must be the one that runs: for f32 values, where every table entry is a bf16 value shifted up (a
+/// table with a scale folded in takes the scalar packing, checked here too).
 #[test]
 fn fp8_codes_pack_into_bf16_pairs_as_documented() {
-    use burn_te_kernels::host::gemm::{self, Elements, Kernel, Source, pack_vbmi};
+    use burn_te_kernels::host::gemm::fma::Avx2FmaKernel;
+    use burn_te_kernels::host::gemm::fma512::Avx512FmaKernel;
+    use burn_te_kernels::host::gemm::{self, Elements, Kernel, PackedElement, Source, pack_vbmi};
+
+    /// Packs `lanes × depth` as both operands of `K` through `table` and compares with `expected(width)`.
+    fn both_operands<K: Kernel>(
+        table: &[K::Element; 256],
+        (stored, offset): (&[u8], usize),
+        (lanes, depth, lane_stride, depth_stride): (usize, usize, usize, usize),
+        expected: impl Fn(usize) -> Vec<u32>,
+        what: &str,
+    ) {
+        // Lanes are the left operand's rows (its strides (row, depth)) or the right one's columns (strides
+        // (depth, column)).
+        let source = |strides| Source {
+            elements: Elements::Codes(stored, table),
+            offset,
+            strides,
+        };
+        let lhs = gemm::pack_lhs::<K>(lanes, depth, &source((lane_stride, depth_stride)))
+            .expect("in bounds");
+        same_units(
+            lhs.units(),
+            &expected(K::MR),
+            &format!("left operand, {what}"),
+        );
+        let rhs = gemm::pack_rhs::<K>(depth, lanes, &source((depth_stride, lane_stride)))
+            .expect("in bounds");
+        same_units(
+            rhs.units(),
+            &expected(K::NR),
+            &format!("right operand, {what}"),
+        );
+    }
 
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let flags = cpuinfo
@@ -802,12 +837,20 @@ fn fp8_codes_pack_into_bf16_pairs_as_documented() {
     );
     let mut rng = Rng::new(7);
     let table: [u16; 256] = std::array::from_fn(|_| rng.next_u64() as u16);
-    // The gate the packing goes through: a prepared table where the CPU has the instructions, none elsewhere.
+    // f32 values: the same bf16 bits shifted up (the vector packing takes them), and with one low bit set (a scaled
+    // value that is not a bf16 value: the scalar packing).
+    let values: [u32; 256] = table.map(|bits| u32::from(bits) << 16);
+    let mut scaled = values;
+    scaled[200] |= 1;
+    // The gates the packing goes through: a prepared table where the CPU has the instructions, none elsewhere; f32
+    // tables only where every entry is a bf16 value.
     assert_eq!(
-        pack_vbmi::lookup(&table).is_some(),
+        pack_vbmi::lookup(table, 2).is_some(),
         promised,
         "the vector packing's table against /proc/cpuinfo"
     );
+    assert_eq!(u32::bf16_table(&values), Some(table));
+    assert_eq!(u32::bf16_table(&scaled), None);
     let mut checked = 0;
     for lanes in [1, 12, 31, 32, 45, 100] {
         for depth in [1, 2, 63, 64, 65, 130, 257] {
@@ -826,7 +869,7 @@ fn fp8_codes_pack_into_bf16_pairs_as_documented() {
                     }
                 }
                 let code = |l: usize, d: usize| codes[l * depth + d];
-                let expected = |width: usize| -> Vec<u32> {
+                let pairs = |width: usize| -> Vec<u32> {
                     let units = depth.div_ceil(2);
                     let mut out = vec![0u32; lanes.div_ceil(width) * width * units];
                     for l in 0..lanes {
@@ -842,40 +885,27 @@ fn fp8_codes_pack_into_bf16_pairs_as_documented() {
                     }
                     out
                 };
+                let singles = |table: &[u32; 256], width: usize| -> Vec<u32> {
+                    let mut out = vec![0u32; lanes.div_ceil(width) * width * depth];
+                    for l in 0..lanes {
+                        for p in 0..depth {
+                            out[(l / width * depth + p) * width + l % width] =
+                                table[usize::from(code(l, p))];
+                        }
+                    }
+                    out
+                };
                 let what = format!("{lanes} lanes × depth {depth}, {layout}");
-                // Lanes are the left operand's rows (its strides (row, depth)) or the right one's columns
-                // (strides (depth, column)).
-                let lhs = gemm::pack_lhs::<Bf16>(
-                    lanes,
-                    depth,
-                    &Source {
-                        elements: Elements::Codes(&stored, &table),
-                        offset,
-                        strides: (lane_stride, depth_stride),
-                    },
-                )
-                .expect("in bounds");
-                same_units(
-                    lhs.units(),
-                    &expected(Bf16::MR),
-                    &format!("left operand, {what}"),
-                );
-                let rhs = gemm::pack_rhs::<Bf16>(
-                    depth,
-                    lanes,
-                    &Source {
-                        elements: Elements::Codes(&stored, &table),
-                        offset,
-                        strides: (depth_stride, lane_stride),
-                    },
-                )
-                .expect("in bounds");
-                same_units(
-                    rhs.units(),
-                    &expected(Bf16::NR),
-                    &format!("right operand, {what}"),
-                );
-                checked += 2;
+                let stored = (&stored[..], offset);
+                let shape = (lanes, depth, lane_stride, depth_stride);
+                both_operands::<Bf16>(&table, stored, shape, pairs, &format!("bf16, {what}"));
+                for (name, table) in [("f32", &values), ("f32 scaled", &scaled)] {
+                    let expected = |width| singles(table, width);
+                    let what = format!("{name}, {what}");
+                    both_operands::<Avx2FmaKernel>(table, stored, shape, expected, &what);
+                    both_operands::<Avx512FmaKernel>(table, stored, shape, expected, &what);
+                }
+                checked += 10;
             }
         }
     }

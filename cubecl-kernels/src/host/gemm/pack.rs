@@ -15,10 +15,9 @@ pub trait PackedElement: Copy + Send + Sync + 'static {
     const ZERO: Self;
     /// The unit of `lo` and, where `PER_UNIT` is 2, `hi` in the upper half (ignored otherwise).
     fn unit(lo: Self, hi: Self) -> u32;
-    /// A code table of bf16 bits, which the vector packing ([`super::pack_vbmi`]) takes; `None` for others.
-    fn bf16_table(_table: &[Self; 256]) -> Option<&[u16; 256]> {
-        None
-    }
+    /// The code table as bf16 bits, which the vector packing ([`super::pack_vbmi`]) takes: every entry's value must
+    /// be a bf16 value (`None` otherwise).
+    fn bf16_table(table: &[Self; 256]) -> Option<[u16; 256]>;
 }
 
 /// bf16 bits, in pairs along the depth (the pair's low half the even depth).
@@ -29,8 +28,8 @@ impl PackedElement for u16 {
     fn unit(lo: Self, hi: Self) -> u32 {
         u32::from(lo) | u32::from(hi) << 16
     }
-    fn bf16_table(table: &[Self; 256]) -> Option<&[u16; 256]> {
-        Some(table)
+    fn bf16_table(table: &[Self; 256]) -> Option<[u16; 256]> {
+        Some(*table)
     }
 }
 
@@ -41,6 +40,14 @@ impl PackedElement for u32 {
     #[inline(always)]
     fn unit(lo: Self, _: Self) -> u32 {
         lo
+    }
+    /// An f32 whose low 16 bits are zero is its bf16 bits shifted up: every FP8 and E2M1 code's value is one
+    /// (a table with a scale folded in need not be).
+    fn bf16_table(table: &[Self; 256]) -> Option<[u16; 256]> {
+        table
+            .iter()
+            .all(|bits| bits & 0xffff == 0)
+            .then(|| table.map(|bits| (bits >> 16) as u16))
     }
 }
 
@@ -235,7 +242,9 @@ impl Lines {
         let mut data = scratch::take(lanes.div_ceil(width) * panel_len);
         // The vector packing's table, split once for every panel where the CPU has it.
         let lookup = match source.elements {
-            Elements::Codes(_, table) => E::bf16_table(table).and_then(super::pack_vbmi::lookup),
+            Elements::Codes(_, table) => {
+                E::bf16_table(table).and_then(|table| super::pack_vbmi::lookup(table, E::PER_UNIT))
+            }
             Elements::Values(_) => None,
         };
         data.par_chunks_mut(panel_len.max(1))
@@ -354,7 +363,7 @@ impl Lines {
         count: usize,
         base: usize,
         codes: &[u8],
-        lookup: &super::pack_vbmi::Lookup<'_>,
+        lookup: &super::pack_vbmi::Lookup,
     ) -> bool {
         // SAFETY: `pack` checked that every lane's reach lies inside `codes`; `panel` holds `units · width` units;
         // `count ≤ width ≤ MAX_WIDTH = 32`.

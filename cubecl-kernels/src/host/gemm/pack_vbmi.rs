@@ -1,8 +1,9 @@
-//! The bf16 path's packing of FP8 codes on AVX512-VBMI: 64 codes looked up in the 256-entry code → bf16 table at
-//! once (`vpermi2b` on the table's low and high byte planes) and laid out as bf16 pairs with one byte permute per
-//! 16 units, where the scalar packing looks up and stores one element at a time. The same bits as the scalar
-//! packing (`Lines::panel` in `pack.rs`), which runs where the CPU lacks VBMI and for layouts with neither
-//! the lanes nor the depth contiguous.
+//! The packing of FP8 codes on AVX512-VBMI: 64 codes looked up in the 256-entry code → bf16 table at once
+//! (`vpermi2b` on the table's low and high byte planes) and laid out as units with one byte permute per 16 units,
+//! where the scalar packing looks up and stores one element at a time. The units are bf16 pairs (the bf16 path) or
+//! f32 values (the FMA paths: a code's f32 value is its bf16 value with 16 zero bits below, so the same lookup
+//! serves, its bytes placed in the units' upper halves). The same bits as the scalar packing (`Lines::panel` in
+//! `pack.rs`), which runs where the CPU lacks VBMI and for layouts with neither the lanes nor the depth contiguous.
 
 /// Whether this CPU packs FP8 codes with [`panel`] (AVX512-VBMI with AVX512-BW).
 pub fn available() -> bool {
@@ -16,25 +17,26 @@ pub fn available() -> bool {
     false
 }
 
-/// `table` prepared for [`panel`] (split into byte planes once per operand, not per panel); `None` where this CPU
-/// lacks what [`available`] checks.
-pub fn lookup(table: &[u16; 256]) -> Option<Lookup<'_>> {
+/// `table` prepared for [`panel`] (split into byte planes once per operand, not per panel) for units of `per`
+/// depths (2: bf16 pairs; 1: f32 values); `None` where this CPU lacks what [`available`] checks.
+pub fn lookup(table: [u16; 256], per: usize) -> Option<Lookup> {
     #[cfg(target_arch = "x86_64")]
     if available() {
         // SAFETY: the CPU has AVX-512F (checked just now).
-        return Some(unsafe { Lookup::new(table) });
+        return Some(unsafe { Lookup::new(table, per) });
     }
-    let _ = table;
+    let _ = (table, per);
     None
 }
 
-/// One panel of `width` lanes (`count` of them stored) as bf16 pairs along `depth`, from `codes` through
-/// `lookup`'s table: lane `l`'s depth `d` read at `base + l · lane_stride + d · depth_stride`, unit `p` of lane `l` written
-/// at `panel[p · width + l]` (`lo | hi << 16`, an odd depth's last `hi` zero). `false` (nothing written) where
-/// neither the lanes nor the depth are contiguous.
+/// One panel of `width` lanes (`count` of them stored) as units along `depth` (bf16 pairs or f32 values, as
+/// `lookup` was made), from `codes` through `lookup`'s table: lane `l`'s depth `d` read at
+/// `base + l · lane_stride + d · depth_stride`, unit `p` of lane `l` written at `panel[p · width + l]` (a pair
+/// `lo | hi << 16`, an odd depth's last `hi` zero). `false` (nothing written) where neither the lanes nor the
+/// depth are contiguous.
 ///
 /// # Safety
-/// Every read position lies inside `codes`, `panel` holds `depth.div_ceil(2) · width` units and
+/// Every read position lies inside `codes`, `panel` holds `units · width` units (`units` the depth in units) and
 /// `count ≤ width ≤ 32` (the CPU has the instructions: a [`Lookup`] exists only where it does).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
@@ -46,39 +48,65 @@ pub(super) unsafe fn panel(
     (lane_stride, depth_stride): (usize, usize),
     depth: usize,
     codes: &[u8],
-    lookup: &Lookup<'_>,
+    lookup: &Lookup,
 ) -> bool {
-    let table = lookup.table;
-    let units = depth.div_ceil(2);
-    let unit = |lo: u8, hi: Option<u8>| {
-        u32::from(table[usize::from(lo)])
-            | hi.map_or(0, |hi| u32::from(table[usize::from(hi)]) << 16)
+    let per = lookup.per;
+    let units = depth.div_ceil(per);
+    // A unit from the code of its depth and, in a pair, the next depth's (`None` past the depth's end).
+    let pair = |lo: u8, hi: Option<u8>| {
+        let value = |c: u8| u32::from(lookup.table[usize::from(c)]);
+        if per == 1 {
+            value(lo) << 16
+        } else {
+            value(lo) | hi.map_or(0, |hi| value(hi) << 16)
+        }
     };
     if lane_stride == 1 {
-        // Each depth's lanes are contiguous: per unit, the two depths' codes side by side in one vector.
+        // Each depth's lanes are contiguous: two depths' codes side by side in one vector (lanes `l` and `32 + l`),
+        // making one unit row of pairs or two unit rows of f32 values.
         let mask = if count >= 32 {
             u32::MAX
         } else {
             (1 << count) - 1
         };
-        let whole = depth / 2;
-        for p in 0..whole {
-            // SAFETY: lanes `base + 2p · depth_stride ..+count` and the next depth's lie inside `codes` (the
-            // caller's contract); `panel[p · width ..]` holds `width ≥ count` units.
+        let depths = depth / 2 * 2;
+        for d in (0..depths).step_by(2) {
+            // SAFETY: lanes `base + d · depth_stride ..+count` and the next depth's lie inside `codes` (the
+            // caller's contract); `panel` holds the units of depths `d` and `d + 1` for `width ≥ count` lanes.
             unsafe {
-                let lo = base + 2 * p * depth_stride;
-                let pair = lookup.pairs_across(
+                let lo = base + d * depth_stride;
+                let looked = lookup.across(
                     codes.as_ptr().add(lo),
                     codes.as_ptr().add(lo + depth_stride),
                     mask,
                 );
-                store(panel.as_mut_ptr().add(p * width), pair, count);
+                if per == 2 {
+                    store(
+                        panel.as_mut_ptr().add(d / 2 * width),
+                        [looked[0], looked[1]],
+                        count,
+                    );
+                } else {
+                    store(
+                        panel.as_mut_ptr().add(d * width),
+                        [looked[0], looked[1]],
+                        count,
+                    );
+                    store(
+                        panel.as_mut_ptr().add((d + 1) * width),
+                        [looked[2], looked[3]],
+                        count,
+                    );
+                }
             }
         }
-        if whole < units {
-            let at = base + 2 * whole * depth_stride;
-            for (l, slot) in panel[whole * width..][..count].iter_mut().enumerate() {
-                *slot = unit(codes[at + l], None);
+        if depths < depth {
+            let at = base + depths * depth_stride;
+            for (l, slot) in panel[depths / per * width..][..count]
+                .iter_mut()
+                .enumerate()
+            {
+                *slot = pair(codes[at + l], None);
             }
         }
         return true;
@@ -86,19 +114,22 @@ pub(super) unsafe fn panel(
     if depth_stride != 1 {
         return false;
     }
-    // Each lane's depth is contiguous: 32 units of a lane from 64 consecutive codes, then written down the panel.
-    const CHUNK: usize = 32;
-    let whole = depth / 2 / CHUNK * CHUNK;
-    let mut lanes = [[0u32; CHUNK]; 32];
-    for p0 in (0..whole).step_by(CHUNK) {
+    // Each lane's depth is contiguous: the units of 64 consecutive codes of a lane, then written down the panel.
+    const CODES: usize = 64;
+    let chunk = CODES / per;
+    let whole = depth / CODES * chunk;
+    let mut lanes = [[0u32; CODES]; 32];
+    for p0 in (0..whole).step_by(chunk) {
         for (l, lane) in lanes[..count].iter_mut().enumerate() {
-            // SAFETY: the lane's 64 codes from depth `2 · p0` lie inside `codes` (the caller's contract).
+            // SAFETY: the lane's 64 codes from depth `per · p0` lie inside `codes` (the caller's contract).
             unsafe {
-                let pair = lookup.pairs_along(codes.as_ptr().add(base + l * lane_stride + 2 * p0));
-                store(lane.as_mut_ptr(), pair, CHUNK);
+                let looked = lookup.along(codes.as_ptr().add(base + l * lane_stride + per * p0));
+                for (i, vector) in looked[..chunk / 16].iter().enumerate() {
+                    store(lane.as_mut_ptr().add(16 * i), [*vector, *vector], 16);
+                }
             }
         }
-        for (p, slot) in panel[p0 * width..][..CHUNK * width]
+        for (p, slot) in panel[p0 * width..][..chunk * width]
             .chunks_exact_mut(width)
             .enumerate()
         {
@@ -109,14 +140,18 @@ pub(super) unsafe fn panel(
     }
     for p in whole..units {
         for l in 0..count {
-            let at = base + l * lane_stride + 2 * p;
-            panel[p * width + l] = unit(codes[at], (2 * p + 1 < depth).then(|| codes[at + 1]));
+            let at = base + l * lane_stride + per * p;
+            panel[p * width + l] = pair(codes[at], (per * p + 1 < depth).then(|| codes[at + 1]));
         }
     }
     true
 }
 
-/// 32 bf16 pairs (`lo | hi << 16`) in two vectors of 16.
+/// 64 units in four vectors of 16 (32 bf16 pairs `lo | hi << 16` use the first two).
+#[cfg(target_arch = "x86_64")]
+type Units = [std::arch::x86_64::__m512i; 4];
+
+/// Two vectors of 16 units.
 #[cfg(target_arch = "x86_64")]
 type Pairs = [std::arch::x86_64::__m512i; 2];
 
@@ -144,11 +179,21 @@ fn lanes(n: usize) -> u16 {
     if n >= 16 { u16::MAX } else { (1 << n) - 1 }
 }
 
-/// Byte permutes (`low` is index 0..64, `high` 64..128) from two 64-byte planes to 2 × 16 units, for
-/// [`Lookup::pairs_across`] (`ACROSS`: unit `l` from lanes `l` and `32 + l`) and [`Lookup::pairs_along`] (`ALONG`:
-/// unit `p` from depths `2p` and `2p + 1`).
-const ACROSS: [[u8; 64]; 2] = [order(0, 1, 32), order(16, 1, 32)];
-const ALONG: [[u8; 64]; 2] = [order(0, 2, 1), order(32, 2, 1)];
+/// Byte permutes (`low` is index 0..64, `high` 64..128) from two 64-byte planes to 16 units each: for pairs,
+/// [`Lookup::across`] (`ACROSS`: unit `l` from lanes `l` and `32 + l`) and [`Lookup::along`] (`ALONG`: unit `p` from
+/// depths `2p` and `2p + 1`); for f32 values, both (`VALUES`: unit `u` of vector `v` from code `16v + u`, its two low
+/// bytes zeroed by [`UPPER_HALVES`]).
+const ACROSS: [[u8; 64]; 4] = [order(0, 1, 32), order(16, 1, 32), [0; 64], [0; 64]];
+const ALONG: [[u8; 64]; 4] = [order(0, 2, 1), order(32, 2, 1), [0; 64], [0; 64]];
+const VALUES: [[u8; 64]; 4] = [
+    order(0, 1, 0),
+    order(16, 1, 0),
+    order(32, 1, 0),
+    order(48, 1, 0),
+];
+
+/// The bytes an f32 unit keeps: its upper two (bf16 bits shifted up), the lower two zero.
+const UPPER_HALVES: u64 = 0xcccc_cccc_cccc_cccc;
 
 /// Unit `u` (of 16) as bytes `low[i]`, `high[i]`, `low[i + hi_at]`, `high[i + hi_at]` with `i = first + step · u`.
 const fn order(first: usize, step: usize, hi_at: usize) -> [u8; 64] {
@@ -168,27 +213,29 @@ const fn order(first: usize, step: usize, hi_at: usize) -> [u8; 64] {
 /// Two byte permutes' indices as vectors.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn indices(order: &[[u8; 64]; 2]) -> [std::arch::x86_64::__m512i; 2] {
+fn indices(order: &[[u8; 64]; 4]) -> [std::arch::x86_64::__m512i; 4] {
     // SAFETY: 64 bytes read from each 64-byte array.
     order.map(|bytes| unsafe { std::arch::x86_64::_mm512_loadu_si512(bytes.as_ptr().cast()) })
 }
 
 /// The code → bf16 table, and the same as four 64-entry blocks of its low bytes and of its high bytes, with the
-/// permutes that lay looked-up planes out as units. Made by [`lookup`] only where the CPU has the instructions.
+/// permutes that lay looked-up planes out as units of `per` depths. Made by [`lookup`] only where the CPU has the
+/// instructions.
 #[cfg(target_arch = "x86_64")]
-pub struct Lookup<'a> {
-    table: &'a [u16; 256],
+pub struct Lookup {
+    table: [u16; 256],
+    per: usize,
     low: [std::arch::x86_64::__m512i; 4],
     high: [std::arch::x86_64::__m512i; 4],
-    across: [std::arch::x86_64::__m512i; 2],
-    along: [std::arch::x86_64::__m512i; 2],
+    across: [std::arch::x86_64::__m512i; 4],
+    along: [std::arch::x86_64::__m512i; 4],
 }
 
 /// Never made where the CPU is not x86-64.
 #[cfg(not(target_arch = "x86_64"))]
-pub enum Lookup<'a> {
+pub enum Lookup {
     #[allow(dead_code)]
-    Never(std::convert::Infallible, std::marker::PhantomData<&'a ()>),
+    Never(std::convert::Infallible),
 }
 
 /// [`panel`] where no [`Lookup`] can exist.
@@ -204,18 +251,18 @@ pub(super) unsafe fn panel(
     _strides: (usize, usize),
     _depth: usize,
     _codes: &[u8],
-    lookup: &Lookup<'_>,
+    lookup: &Lookup,
 ) -> bool {
     match *lookup {
-        Lookup::Never(never, _) => match never {},
+        Lookup::Never(never) => match never {},
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-impl<'a> Lookup<'a> {
-    /// Splits `table` into its byte planes.
+impl Lookup {
+    /// Splits `table` into its byte planes, for units of `per` depths.
     #[target_feature(enable = "avx512f")]
-    fn new(table: &'a [u16; 256]) -> Self {
+    fn new(table: [u16; 256], per: usize) -> Self {
         use std::arch::x86_64::*;
         let plane = |shift: u16| -> [__m512i; 4] {
             std::array::from_fn(|block| {
@@ -225,12 +272,18 @@ impl<'a> Lookup<'a> {
                 unsafe { _mm512_loadu_si512(bytes.as_ptr().cast()) }
             })
         };
+        let (across, along) = if per == 1 {
+            (&VALUES, &VALUES)
+        } else {
+            (&ACROSS, &ALONG)
+        };
         Lookup {
             table,
+            per,
             low: plane(0),
             high: plane(8),
-            across: indices(&ACROSS),
-            along: indices(&ALONG),
+            across: indices(across),
+            along: indices(along),
         }
     }
 
@@ -249,14 +302,15 @@ impl<'a> Lookup<'a> {
         [look(&self.low), look(&self.high)]
     }
 
-    /// The units of 32 lanes from two depths: lane `l`'s `lo` at `lo[l]`, its `hi` at `hi[l]`; lanes outside
-    /// `mask` are read as code 0 (their units are not stored).
+    /// The units of 32 lanes from two depths (lane `l`'s `lo` at `lo[l]`, its `hi` at `hi[l]`): 32 pairs in the first
+    /// two vectors, or the 32 f32 values of `lo` and then of `hi` in all four. Lanes outside `mask` are read as code
+    /// 0 (their units are not stored).
     ///
     /// # Safety
     /// AVX512-VBMI/BW/VL; the masked lanes of `lo` and `hi` are readable.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
-    unsafe fn pairs_across(&self, lo: *const u8, hi: *const u8, mask: u32) -> Pairs {
+    unsafe fn across(&self, lo: *const u8, hi: *const u8, mask: u32) -> Units {
         use std::arch::x86_64::*;
         // SAFETY: masked loads of the caller's readable lanes.
         let codes = unsafe {
@@ -265,28 +319,42 @@ impl<'a> Lookup<'a> {
                 _mm256_maskz_loadu_epi8(mask, hi.cast()),
             )
         };
-        let [low, high] = self.planes(codes);
-        let [first, second] = self.across;
-        [
-            _mm512_permutex2var_epi8(low, first, high),
-            _mm512_permutex2var_epi8(low, second, high),
-        ]
+        self.units(codes, &self.across)
     }
 
-    /// The 32 units of 64 consecutive depths of one lane (unit `p` from depths `2p`, `2p + 1`).
+    /// The units of 64 consecutive depths of one lane: 32 pairs (unit `p` from depths `2p`, `2p + 1`) in the first
+    /// two vectors, or 64 f32 values in all four.
     ///
     /// # Safety
     /// AVX512-VBMI/BW; 64 bytes readable at `codes`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-    unsafe fn pairs_along(&self, codes: *const u8) -> Pairs {
-        use std::arch::x86_64::*;
+    unsafe fn along(&self, codes: *const u8) -> Units {
         // SAFETY: the caller's 64 readable bytes.
-        let [low, high] = self.planes(unsafe { _mm512_loadu_si512(codes.cast()) });
-        let [first, second] = self.along;
-        [
-            _mm512_permutex2var_epi8(low, first, high),
-            _mm512_permutex2var_epi8(low, second, high),
-        ]
+        let codes = unsafe { std::arch::x86_64::_mm512_loadu_si512(codes.cast()) };
+        self.units(codes, &self.along)
+    }
+
+    /// 64 codes looked up and laid out as units by `order`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    fn units(
+        &self,
+        codes: std::arch::x86_64::__m512i,
+        order: &[std::arch::x86_64::__m512i; 4],
+    ) -> Units {
+        use std::arch::x86_64::*;
+        let [low, high] = self.planes(codes);
+        if self.per == 2 {
+            let zero = _mm512_setzero_si512();
+            [
+                _mm512_permutex2var_epi8(low, order[0], high),
+                _mm512_permutex2var_epi8(low, order[1], high),
+                zero,
+                zero,
+            ]
+        } else {
+            order.map(|order| _mm512_maskz_permutex2var_epi8(UPPER_HALVES, low, order, high))
+        }
     }
 }
