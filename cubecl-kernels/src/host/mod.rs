@@ -10,6 +10,8 @@ pub mod pool;
 
 pub use buffers::{assume_init, uninit, zeroed};
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use crate::format::Fp8Format;
@@ -39,7 +41,7 @@ fn chunked<I: Sync, O: Send, R: Send + Default>(
 
 /// `code = encode(f32(x) * scale)` for every element.
 pub fn quantize(input: &[f32], scale: f32, format: Fp8Format) -> Vec<u8> {
-    let mut codes = zeroed(input.len());
+    let mut codes = uninit(input.len());
     chunked(
         input,
         &mut codes,
@@ -48,12 +50,13 @@ pub fn quantize(input: &[f32], scale: f32, format: Fp8Format) -> Vec<u8> {
         },
         |(), ()| (),
     );
-    codes
+    // SAFETY: the chunks cover the input, and `encode_scaled` wrote a code for each of their elements.
+    unsafe { assume_init(codes) }
 }
 
 /// [`quantize`] and [`amax`] of the input in one pass (delayed scaling records the amax it quantizes).
 pub fn quantize_with_amax(input: &[f32], scale: f32, format: Fp8Format) -> (Vec<u8>, f32) {
-    let mut codes = zeroed(input.len());
+    let mut codes = uninit(input.len());
     let bits = chunked(
         input,
         &mut codes,
@@ -63,21 +66,24 @@ pub fn quantize_with_amax(input: &[f32], scale: f32, format: Fp8Format) -> (Vec<
         },
         u32::max,
     );
-    (codes, f32::from_bits(bits))
+    // SAFETY: as in `quantize`, every code was written.
+    (unsafe { assume_init(codes) }, f32::from_bits(bits))
 }
 
+/// Writes `codes[i] = encode(input[i] · scale)` for every element (`codes` as long as `input`, unwritten before).
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
-fn encode_scaled(input: &[f32], scale: f32, format: Fp8Format, codes: &mut [u8]) {
+fn encode_scaled(input: &[f32], scale: f32, format: Fp8Format, codes: &mut [MaybeUninit<u8>]) {
+    assert_eq!(codes.len(), input.len(), "one code per input element");
     // One loop per format, so the format's constants fold into it.
     match format {
         Fp8Format::E4M3 => {
             for (c, &x) in codes.iter_mut().zip(input) {
-                *c = Fp8Format::E4M3.encode(x * scale);
+                c.write(Fp8Format::E4M3.encode(x * scale));
             }
         }
         Fp8Format::E5M2 => {
             for (c, &x) in codes.iter_mut().zip(input) {
-                *c = Fp8Format::E5M2.encode(x * scale);
+                c.write(Fp8Format::E5M2.encode(x * scale));
             }
         }
     }

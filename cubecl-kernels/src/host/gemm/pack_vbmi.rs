@@ -64,40 +64,29 @@ pub(super) unsafe fn panel(
     if lane_stride == 1 {
         // Each depth's lanes are contiguous: two depths' codes side by side in one vector (lanes `l` and `32 + l`),
         // making one unit row of pairs or two unit rows of f32 values.
-        let mask = if count >= 32 {
-            u32::MAX
-        } else {
-            (1 << count) - 1
-        };
         let depths = depth / 2 * 2;
-        for d in (0..depths).step_by(2) {
-            // SAFETY: lanes `base + d · depth_stride ..+count` and the next depth's lie inside `codes` (the
-            // caller's contract); `panel` holds the units of depths `d` and `d + 1` for `width ≥ count` lanes.
-            unsafe {
-                let lo = base + d * depth_stride;
-                let looked = lookup.across(
-                    codes.as_ptr().add(lo),
-                    codes.as_ptr().add(lo + depth_stride),
-                    mask,
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            if per == 2 {
+                across_depths::<2>(
+                    panel,
+                    (width, count),
+                    base,
+                    depth_stride,
+                    depths,
+                    codes,
+                    lookup,
                 );
-                if per == 2 {
-                    store(
-                        panel.as_mut_ptr().add(d / 2 * width),
-                        [looked[0], looked[1]],
-                        count,
-                    );
-                } else {
-                    store(
-                        panel.as_mut_ptr().add(d * width),
-                        [looked[0], looked[1]],
-                        count,
-                    );
-                    store(
-                        panel.as_mut_ptr().add((d + 1) * width),
-                        [looked[2], looked[3]],
-                        count,
-                    );
-                }
+            } else {
+                across_depths::<1>(
+                    panel,
+                    (width, count),
+                    base,
+                    depth_stride,
+                    depths,
+                    codes,
+                    lookup,
+                );
             }
         }
         if depths < depth {
@@ -115,29 +104,33 @@ pub(super) unsafe fn panel(
         return false;
     }
     // Each lane's depth is contiguous: the units of 64 consecutive codes of a lane, then written down the panel.
-    const CODES: usize = 64;
-    let chunk = CODES / per;
-    let whole = depth / CODES * chunk;
-    let mut lanes = [[0u32; CODES]; 32];
-    for p0 in (0..whole).step_by(chunk) {
-        for (l, lane) in lanes[..count].iter_mut().enumerate() {
-            // SAFETY: the lane's 64 codes from depth `per · p0` lie inside `codes` (the caller's contract).
-            unsafe {
-                let looked = lookup.along(codes.as_ptr().add(base + l * lane_stride + per * p0));
-                for (i, vector) in looked[..chunk / 16].iter().enumerate() {
-                    store(lane.as_mut_ptr().add(16 * i), [*vector, *vector], 16);
-                }
-            }
+    let whole = if per == 2 {
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            along_chunks::<2, 32>(
+                panel,
+                (width, count),
+                base,
+                lane_stride,
+                codes,
+                lookup,
+                depth,
+            )
         }
-        for (p, slot) in panel[p0 * width..][..chunk * width]
-            .chunks_exact_mut(width)
-            .enumerate()
-        {
-            for (s, lane) in slot[..count].iter_mut().zip(&lanes[..count]) {
-                *s = lane[p];
-            }
+    } else {
+        // SAFETY: as above.
+        unsafe {
+            along_chunks::<1, 64>(
+                panel,
+                (width, count),
+                base,
+                lane_stride,
+                codes,
+                lookup,
+                depth,
+            )
         }
-    }
+    };
     for p in whole..units {
         for l in 0..count {
             let at = base + l * lane_stride + per * p;
@@ -145,6 +138,94 @@ pub(super) unsafe fn panel(
         }
     }
     true
+}
+
+/// The lanes-contiguous layout's first `depths` (even) depths, two per lookup: units of `PER` depths (a row of pairs,
+/// or two rows of f32 values) for `count` lanes.
+///
+/// # Safety
+/// As [`panel`]'s, with the lanes contiguous.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+unsafe fn across_depths<const PER: usize>(
+    panel: &mut [u32],
+    (width, count): (usize, usize),
+    base: usize,
+    depth_stride: usize,
+    depths: usize,
+    codes: &[u8],
+    lookup: &Lookup,
+) {
+    let mask = if count >= 32 {
+        u32::MAX
+    } else {
+        (1 << count) - 1
+    };
+    for d in (0..depths).step_by(2) {
+        // SAFETY: lanes `base + d · depth_stride ..+count` and the next depth's lie inside `codes` (the caller's
+        // contract); `panel` holds the units of depths `d` and `d + 1` for `width ≥ count` lanes.
+        unsafe {
+            let lo = base + d * depth_stride;
+            let looked = lookup.across::<PER>(
+                codes.as_ptr().add(lo),
+                codes.as_ptr().add(lo + depth_stride),
+                mask,
+            );
+            let row = panel.as_mut_ptr().add(d / PER * width);
+            store(row, [looked[0], looked[1]], count);
+            if PER == 1 {
+                store(row.add(width), [looked[2], looked[3]], count);
+            }
+        }
+    }
+}
+
+/// The depth-contiguous layout's whole chunks of 64 codes (`UNITS = 64 / PER` units each: 32 pairs or 64 f32
+/// values): each lane's units looked up into a buffer, then written down the panel. Returns the units written per
+/// lane.
+///
+/// # Safety
+/// As [`panel`]'s, with the depth contiguous.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+unsafe fn along_chunks<const PER: usize, const UNITS: usize>(
+    panel: &mut [u32],
+    (width, count): (usize, usize),
+    base: usize,
+    lane_stride: usize,
+    codes: &[u8],
+    lookup: &Lookup,
+    depth: usize,
+) -> usize {
+    use std::mem::MaybeUninit;
+    let whole = depth / 64 * UNITS;
+    // Not cleared: the first `count` lanes' units are written before they are read.
+    let mut lanes = [[MaybeUninit::<u32>::uninit(); UNITS]; 32];
+    for p0 in (0..whole).step_by(UNITS) {
+        for (l, lane) in lanes[..count].iter_mut().enumerate() {
+            // SAFETY: the lane's 64 codes from depth `PER · p0` lie inside `codes` (the caller's contract); the
+            // lane holds `UNITS` units, 16 per vector.
+            unsafe {
+                let looked =
+                    lookup.along::<PER>(codes.as_ptr().add(base + l * lane_stride + PER * p0));
+                for (i, vector) in looked[..UNITS / 16].iter().enumerate() {
+                    store(lane.as_mut_ptr().add(16 * i).cast(), [*vector, *vector], 16);
+                }
+            }
+        }
+        for (p, slot) in panel[p0 * width..][..UNITS * width]
+            .chunks_exact_mut(width)
+            .enumerate()
+        {
+            for (s, lane) in slot[..count].iter_mut().zip(&lanes[..count]) {
+                // SAFETY: unit `p` of each of the first `count` lanes was stored just above.
+                *s = unsafe { lane[p].assume_init() };
+            }
+        }
+    }
+    whole
 }
 
 /// 64 units in four vectors of 16 (32 bf16 pairs `lo | hi << 16` use the first two).
@@ -310,7 +391,7 @@ impl Lookup {
     /// AVX512-VBMI/BW/VL; the masked lanes of `lo` and `hi` are readable.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
-    unsafe fn across(&self, lo: *const u8, hi: *const u8, mask: u32) -> Units {
+    unsafe fn across<const PER: usize>(&self, lo: *const u8, hi: *const u8, mask: u32) -> Units {
         use std::arch::x86_64::*;
         // SAFETY: masked loads of the caller's readable lanes.
         let codes = unsafe {
@@ -319,7 +400,7 @@ impl Lookup {
                 _mm256_maskz_loadu_epi8(mask, hi.cast()),
             )
         };
-        self.units(codes, &self.across)
+        self.units::<PER>(codes, &self.across)
     }
 
     /// The units of 64 consecutive depths of one lane: 32 pairs (unit `p` from depths `2p`, `2p + 1`) in the first
@@ -329,23 +410,23 @@ impl Lookup {
     /// AVX512-VBMI/BW; 64 bytes readable at `codes`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-    unsafe fn along(&self, codes: *const u8) -> Units {
+    unsafe fn along<const PER: usize>(&self, codes: *const u8) -> Units {
         // SAFETY: the caller's 64 readable bytes.
         let codes = unsafe { std::arch::x86_64::_mm512_loadu_si512(codes.cast()) };
-        self.units(codes, &self.along)
+        self.units::<PER>(codes, &self.along)
     }
 
-    /// 64 codes looked up and laid out as units by `order`.
+    /// 64 codes looked up and laid out as units of `PER` depths by `order` (made for `PER`: [`Lookup::new`]).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-    fn units(
+    fn units<const PER: usize>(
         &self,
         codes: std::arch::x86_64::__m512i,
         order: &[std::arch::x86_64::__m512i; 4],
     ) -> Units {
         use std::arch::x86_64::*;
         let [low, high] = self.planes(codes);
-        if self.per == 2 {
+        if PER == 2 {
             let zero = _mm512_setzero_si512();
             [
                 _mm512_permutex2var_epi8(low, order[0], high),
