@@ -164,6 +164,19 @@ impl CubekRoutine {
         matches!(self, CubekRoutine::Plane(..))
     }
 
+    /// Why `client`'s device cannot run the routine (it lacks the routine's matrix units), or `None` where it can.
+    pub fn missing_units<R: Runtime>(self, client: &ComputeClient<R>) -> Option<String> {
+        let matmul = &client.properties().features.matmul;
+        let (units, has) = match self {
+            CubekRoutine::SimpleUnit | CubekRoutine::DoubleUnit => return None,
+            CubekRoutine::Plane(_, PlaneTile::Cmma) => {
+                ("cooperative matrices", !matmul.cmma.is_empty())
+            }
+            CubekRoutine::Plane(_, PlaneTile::Mma) => ("MMA instructions", !matmul.mma.is_empty()),
+        };
+        (!has).then(|| format!("the device has no {units}"))
+    }
+
     /// The type the codes are decoded into and staged as.
     fn stage(self) -> StorageType {
         let kind = if self.on_matrix_units() {

@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 use burn_te_kernels::KernelError;
 use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::cubecl::server::Handle;
-use burn_te_kernels::cubek_gemm::{CubekRoutine, PlaneTile, cubek_refusal};
+use burn_te_kernels::cubek_gemm::{CubekRoutine, cubek_refusal};
 use burn_te_kernels::gemm::{GemmOperand, fp8_gemm_grouped};
 
 use super::gemm_tune::{self, GemmKernel};
@@ -282,7 +282,7 @@ fn forced_tiled<R: Runtime>(
     b: &GemmOperand<'_>,
 ) -> Result<GemmKernel, Refused> {
     if let Some(routine) = FORCED_ROUTINE.with(Cell::get) {
-        return match cubek_refusal(a, b, routine).or_else(|| missing_units(client, routine)) {
+        return match cubek_refusal(a, b, routine).or_else(|| routine.missing_units(client)) {
             None => Ok(GemmKernel::Tiled(routine)),
             Some(reason) => Err(Refused(format!("{}: {reason}", routine.name()))),
         };
@@ -294,26 +294,10 @@ fn forced_tiled<R: Runtime>(
     ];
     routines
         .into_iter()
-        .filter(|&routine| missing_units(client, routine).is_none())
+        .filter(|&routine| routine.missing_units(client).is_none())
         .find(|&routine| cubek_refusal(a, b, routine).is_none())
         .map(GemmKernel::Tiled)
         .ok_or_else(|| Refused(cubek_refusal(a, b, CubekRoutine::SimpleUnit).unwrap_or_default()))
-}
-
-/// Why the device cannot run `routine` (it lacks the routine's matrix units), or `None` where it can.
-pub(crate) fn missing_units<R: Runtime>(
-    client: &ComputeClient<R>,
-    routine: CubekRoutine,
-) -> Option<String> {
-    let matmul = &client.properties().features.matmul;
-    let (units, has) = match routine {
-        CubekRoutine::SimpleUnit | CubekRoutine::DoubleUnit => return None,
-        CubekRoutine::Plane(_, PlaneTile::Cmma) => {
-            ("cooperative matrices", !matmul.cmma.is_empty())
-        }
-        CubekRoutine::Plane(_, PlaneTile::Mma) => ("MMA instructions", !matmul.mma.is_empty()),
-    };
-    (!has).then(|| format!("the device has no {units}"))
 }
 
 /// Records a GEMM that asked for `path` and runs on the SIMT kernel.

@@ -121,7 +121,7 @@ pub(crate) fn tuned_kernel<R: Runtime, F: Float + CubeElement>(
         .iter()
         .copied()
         .filter(|&routine| cubek_refusal(a, b, routine).is_none())
-        .filter(|&routine| super::gemm_path::missing_units(client, routine).is_none())
+        .filter(|&routine| routine.missing_units(client).is_none())
         .map(GemmKernel::Tiled)
         .collect();
     if batch * m * k * n < TUNED_MIN_PRODUCT || candidates.is_empty() {
