@@ -65,30 +65,23 @@ pub(super) unsafe fn panel(
         // Each depth's lanes are contiguous: two depths' codes side by side in one vector (lanes `l` and `32 + l`),
         // making one unit row of pairs or two unit rows of f32 values.
         let depths = depth / 2 * 2;
+        let across = if per == 2 {
+            across_depths::<2>
+        } else {
+            across_depths::<1>
+        };
         // SAFETY: the caller's contract, passed on.
         unsafe {
-            if per == 2 {
-                across_depths::<2>(
-                    panel,
-                    (width, count),
-                    base,
-                    depth_stride,
-                    depths,
-                    codes,
-                    lookup,
-                );
-            } else {
-                across_depths::<1>(
-                    panel,
-                    (width, count),
-                    base,
-                    depth_stride,
-                    depths,
-                    codes,
-                    lookup,
-                );
-            }
-        }
+            across(
+                panel,
+                (width, count),
+                base,
+                depth_stride,
+                depths,
+                codes,
+                lookup,
+            )
+        };
         if depths < depth {
             let at = base + depths * depth_stride;
             for (l, slot) in panel[depths / per * width..][..count]
@@ -104,32 +97,22 @@ pub(super) unsafe fn panel(
         return false;
     }
     // Each lane's depth is contiguous: the units of 64 consecutive codes of a lane, then written down the panel.
-    let whole = if per == 2 {
-        // SAFETY: the caller's contract, passed on.
-        unsafe {
-            along_chunks::<2, 32>(
-                panel,
-                (width, count),
-                base,
-                lane_stride,
-                codes,
-                lookup,
-                depth,
-            )
-        }
+    let along = if per == 2 {
+        along_chunks::<2, 32>
     } else {
-        // SAFETY: as above.
-        unsafe {
-            along_chunks::<1, 64>(
-                panel,
-                (width, count),
-                base,
-                lane_stride,
-                codes,
-                lookup,
-                depth,
-            )
-        }
+        along_chunks::<1, 64>
+    };
+    // SAFETY: the caller's contract, passed on.
+    let whole = unsafe {
+        along(
+            panel,
+            (width, count),
+            base,
+            lane_stride,
+            codes,
+            lookup,
+            depth,
+        )
     };
     for p in whole..units {
         for l in 0..count {
