@@ -135,6 +135,14 @@ fn seeded(name: &str, seed: u64) -> String {
     }
 }
 
+/// The run family of a label: the label without the ` seed N` that [`seeded`] adds.
+fn family(label: &str) -> &str {
+    match label.rsplit_once(" seed ") {
+        Some((family, seed)) if seed.parse::<u64>().is_ok() => family,
+        _ => label,
+    }
+}
+
 /// The recipe of a study name (`None`: f32).
 fn recipe(name: &str) -> Result<Option<Recipe>, Error> {
     Ok(recipe_named(name)?)
@@ -758,12 +766,7 @@ fn draw_valid_loss(path: &Path, results: &[(&Run, Measured)]) -> Result<(), Erro
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
         }
         if from > 0.0 {
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .background_style(WHITE.mix(0.9))
-                .border_style(BLACK)
-                .draw()?;
+            draw_legend(&mut chart)?;
         }
     }
     root.present()?;
@@ -777,10 +780,7 @@ fn draw_final_by_seed(path: &Path, results: &[(&Run, Measured)]) -> Result<bool,
     use plotters::prelude::*;
     let mut families: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     for (run, measured) in results {
-        let family = match run.label.rsplit_once(" seed ") {
-            Some((family, seed)) if seed.parse::<u64>().is_ok() => family.to_string(),
-            _ => run.label.clone(),
-        };
+        let family = family(&run.label).to_string();
         let point = (run.seed as f64, final_valid(measured));
         match families.iter_mut().find(|(name, _)| *name == family) {
             Some((_, points)) => points.push(point),
@@ -862,14 +862,30 @@ fn draw_final_by_seed(path: &Path, results: &[(&Run, Measured)]) -> Result<bool,
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
         chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
     }
+    draw_legend(&mut chart)?;
+    root.present()?;
+    Ok(true)
+}
+
+/// A chart's legend: upper right, on a near-white box.
+fn draw_legend<'a>(
+    chart: &mut plotters::chart::ChartContext<
+        'a,
+        plotters::prelude::SVGBackend<'a>,
+        plotters::prelude::Cartesian2d<
+            plotters::coord::types::RangedCoordf64,
+            plotters::coord::types::RangedCoordf64,
+        >,
+    >,
+) -> Result<(), Error> {
+    use plotters::prelude::*;
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK)
         .draw()?;
-    root.present()?;
-    Ok(true)
+    Ok(())
 }
 
 /// Per-layer FP8 statistics of one run over steps: gradient underflows, activation scale_inv_max, and the SQNR
