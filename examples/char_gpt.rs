@@ -14,8 +14,8 @@
 //!   (arrows switch metrics, `q` stops training early); otherwise the loss is printed every 10% of an epoch.
 //!   Checkpoints and metric logs: `/tmp/burn-te-char-gpt/`; debug logs: `/tmp/burn-te-char-gpt/log/`.
 //!
-//! Run: `cargo run --release --example char_gpt -- [PATH] [OPTIONS]` (CUDA with `--features cuda`, else wgpu,
-//! else the CPU host path; `BURN_TE_DEVICE=cpu` forces the latter); `--help` lists the options and their defaults.
+//! Run: `cargo run --release --example char_gpt -- [PATH] [OPTIONS]` (CUDA with `--features cuda`, else a wgpu
+//! GPU, else the CPU host path; `BURN_TE_DEVICE=cpu|wgpu|cuda` forces one); `--help` lists the options and their defaults.
 //!
 //! Bad input (a missing or empty path, a directory without text files, a corpus too short for the context, a bad
 //! option) prints `error: <what is wrong>` and exits with status 1.
@@ -37,6 +37,7 @@ use burn_te::{Te, TeBackend};
 use burn_te_debug::train::TrainStats;
 use burn_te_debug::{Debug, DebugConfig};
 use burn_te_suite::cli::{ModelArgs, at_least_one, progress, recipe_name};
+use burn_te_suite::device::ExampleDevice;
 use burn_te_suite::lm::{CharGpt, Corpus, LmBatch, LmBatcher, Split, Windows, recipe_named};
 use burn_train::metric::{
     AccuracyMetric, LossMetric, MetricDefinition, MetricId, PerplexityMetric,
@@ -59,8 +60,8 @@ const DEFAULT_CORPUS: &str = "/usr/share/games/fortunes";
 const VALID_WINDOWS: usize = 512;
 
 /// A byte-level GPT (TE modules) trained on any UTF-8 text with burn-train's Learner, in f32 or under an FP8
-/// recipe; then text sampled from it. CUDA with `--features cuda`, else wgpu, else the CPU host path
-/// (BURN_TE_DEVICE=cpu forces it). Checkpoints and metric logs: /tmp/burn-te-char-gpt/.
+/// recipe; then text sampled from it. CUDA with `--features cuda`, else a wgpu GPU, else the CPU host
+/// path (BURN_TE_DEVICE=cpu|wgpu|cuda forces one). Checkpoints and metric logs: /tmp/burn-te-char-gpt/.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
@@ -424,26 +425,20 @@ fn try_main() -> Result<(), Error> {
     let _ = std::fs::remove_dir_all(ARTIFACTS);
     debug.init_with([stats.logger()])?;
 
-    let mut done = false;
-    #[cfg(feature = "cuda")]
-    if !burn_te_suite::cpu_only() {
-        use burn_te_kernels::cubecl::cuda::{CudaDevice, CudaRuntime};
-        let device = CudaDevice::new(0);
-        if let Some(name) = burn_te_suite::probe::<CudaRuntime>(&device) {
-            println!("device: CUDA device 0 ({name})");
-            train::<Autodiff<Debug<Te<burn_te::backends::Cuda>>>>(&device, &args, &split, &stats)?;
-            done = true;
+    let choice = burn_te_suite::device::choose()?;
+    println!("device: {choice}");
+    match &choice.device {
+        #[cfg(feature = "cuda")]
+        ExampleDevice::Cuda(device) => {
+            train::<Autodiff<Debug<Te<burn_te::backends::Cuda>>>>(device, &args, &split, &stats)?
         }
-    }
-    #[cfg(feature = "wgpu")]
-    if !done && let Some((device, name)) = burn_te_suite::wgpu_device() {
-        println!("device: the default wgpu device ({name})");
-        train::<Autodiff<Debug<Te<burn_te::backends::Wgpu>>>>(&device, &args, &split, &stats)?;
-        done = true;
-    }
-    if !done {
-        println!("device: the CPU host path (Flex)");
-        train::<Autodiff<Debug<Te<Flex>>>>(&Default::default(), &args, &split, &stats)?;
+        #[cfg(feature = "wgpu")]
+        ExampleDevice::Wgpu(device) => {
+            train::<Autodiff<Debug<Te<burn_te::backends::Wgpu>>>>(device, &args, &split, &stats)?
+        }
+        ExampleDevice::Host => {
+            train::<Autodiff<Debug<Te<Flex>>>>(&Default::default(), &args, &split, &stats)?
+        }
     }
     burn_te_debug::end()?;
     debug.save(format!("{ARTIFACTS}/debug.json"))?;

@@ -31,6 +31,7 @@ use burn_te::nn::TransformerLayerConfig;
 use burn_te::{DelayedScaling, Te, TeBackend, fp8_autocast};
 use burn_te_debug::{Debug, DebugOptions};
 use burn_te_suite::cli::at_least_one;
+use burn_te_suite::device::ExampleDevice;
 use clap::Parser;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -91,24 +92,24 @@ fn try_main() -> Result<(), Error> {
 }
 
 fn run(config: PeerConfig, iterations: usize) -> Result<(), Error> {
-    #[cfg(feature = "wgpu")]
-    if let Some((device, name)) = burn_te_suite::wgpu_device() {
-        println!(
-            "rank {}: wgpu ({name}), Autodiff<Debug<Te<Wgpu>>>",
-            config.rank
-        );
-        return train::<Autodiff<Debug<Te<burn::backend::Wgpu>>>>(config, iterations, &device);
+    let rank = config.rank;
+    let choice = burn_te_suite::device::choose()?;
+    match &choice.device {
+        #[cfg(feature = "cuda")]
+        ExampleDevice::Cuda(device) => {
+            println!("rank {rank}: {choice}, Autodiff<Debug<Te<Cuda>>>");
+            train::<Autodiff<Debug<Te<burn::backend::Cuda>>>>(config, iterations, device)
+        }
+        #[cfg(feature = "wgpu")]
+        ExampleDevice::Wgpu(device) => {
+            println!("rank {rank}: {choice}, Autodiff<Debug<Te<Wgpu>>>");
+            train::<Autodiff<Debug<Te<burn::backend::Wgpu>>>>(config, iterations, device)
+        }
+        ExampleDevice::Host => {
+            println!("rank {rank}: {choice}, Autodiff<Debug<Te<Flex>>>");
+            train::<Autodiff<Debug<Te<Flex>>>>(config, iterations, &Default::default())
+        }
     }
-    if !burn_te_suite::cpu_only() {
-        println!(
-            "no wgpu device found (on a CPU-only Linux machine: apt-get install mesa-vulkan-drivers)"
-        );
-    }
-    println!(
-        "rank {}: the CPU host path, Autodiff<Debug<Te<Flex>>>",
-        config.rank
-    );
-    train::<Autodiff<Debug<Te<Flex>>>>(config, iterations, &Default::default())
 }
 
 /// One peer: trains its replica on its shard of every global batch for `iterations`.

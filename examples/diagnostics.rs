@@ -10,7 +10,8 @@
 //! - the metrics report (torch-xla's layout): step time, read-back time, GEMMs by precision, ops by name.
 //!
 //! `BURN_TE_EAGER_DEBUG_MODE=1` turns eager debug mode on: every op is synced and checked, and the report names the
-//! op that made the first non-finite value. `BURN_TE_DEVICE=cpu` runs on the host path (`Te<Flex>`).
+//! op that made the first non-finite value. The device: CUDA (`--features cuda`), else a wgpu GPU, else the host path (`Te<Flex>`);
+//! `BURN_TE_DEVICE=cpu|wgpu|cuda` forces one.
 //!
 //! Run: `cargo run --example diagnostics`
 
@@ -23,6 +24,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn_te::diagnostics::{self, DiagnosticsConfig, SnapshotConfig};
 use burn_te::nn::{Linear, LinearConfig};
 use burn_te::{DelayedScaling, Te, TeBackend, fp8_autocast};
+use burn_te_suite::device::ExampleDevice;
 
 type Error = Box<dyn std::error::Error>;
 
@@ -132,28 +134,21 @@ fn try_main() -> Result<(), Error> {
 }
 
 fn run() -> Result<(), Error> {
-    let cpu_only = std::env::var("BURN_TE_DEVICE").is_ok_and(|v| v == "cpu");
-    #[cfg(feature = "cuda")]
-    if !cpu_only {
-        use burn_te_kernels::cubecl::cuda::{CudaDevice, CudaRuntime};
-        let device = CudaDevice::new(0);
-        if let Some(name) = burn_te_suite::probe::<CudaRuntime>(&device) {
-            println!("device: CUDA device 0 ({name}), backend Autodiff<Te<Cuda>>");
-            return train::<Autodiff<Te<burn::backend::Cuda>>>(&device);
+    let choice = burn_te_suite::device::choose()?;
+    match &choice.device {
+        #[cfg(feature = "cuda")]
+        ExampleDevice::Cuda(device) => {
+            println!("device: {choice}, backend Autodiff<Te<Cuda>>");
+            train::<Autodiff<Te<burn::backend::Cuda>>>(device)
+        }
+        #[cfg(feature = "wgpu")]
+        ExampleDevice::Wgpu(device) => {
+            println!("device: {choice}, backend Autodiff<Te<Wgpu>>");
+            train::<Autodiff<Te<burn::backend::Wgpu>>>(device)
+        }
+        ExampleDevice::Host => {
+            println!("device: {choice}, backend Autodiff<Te<Flex>>");
+            train::<Autodiff<Te<Flex>>>(&Default::default())
         }
     }
-    #[cfg(feature = "wgpu")]
-    if !cpu_only {
-        use burn_te_kernels::cubecl::wgpu::{WgpuDevice, WgpuRuntime};
-        let device = WgpuDevice::default();
-        if let Some(name) = burn_te_suite::probe::<WgpuRuntime>(&device) {
-            println!("device: the default wgpu device ({name}), backend Autodiff<Te<Wgpu>>");
-            return train::<Autodiff<Te<burn::backend::Wgpu>>>(&device);
-        }
-        println!(
-            "no wgpu device found (on a CPU-only Linux machine: apt-get install mesa-vulkan-drivers)"
-        );
-    }
-    println!("device: the CPU host path, backend Autodiff<Te<Flex>>");
-    train::<Autodiff<Te<Flex>>>(&Default::default())
 }

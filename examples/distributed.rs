@@ -29,6 +29,7 @@ use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
 use burn_te::{DelayedScaling, Te, TeBackend, fp8_autocast};
 use burn_te_debug::{Debug, DebugOptions};
 use burn_te_suite::cli::at_least_one;
+use burn_te_suite::device::ExampleDevice;
 use clap::Parser;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -220,16 +221,21 @@ fn try_main() -> Result<(), Error> {
 
 fn run(args: &Args, config_file: &Path) -> Result<Vec<PeerReport>, Error> {
     let peers = args.peers;
-    #[cfg(feature = "wgpu")]
-    if let Some((device, name)) = burn_te_suite::wgpu_device() {
-        println!("{peers} peers on the default wgpu device ({name}), Autodiff<Debug<Te<Wgpu>>>");
-        return train::<Autodiff<Debug<Te<burn::backend::Wgpu>>>>(args, &device, config_file);
+    let choice = burn_te_suite::device::choose()?;
+    match &choice.device {
+        #[cfg(feature = "cuda")]
+        ExampleDevice::Cuda(device) => {
+            println!("{peers} peers on {choice}, Autodiff<Debug<Te<Cuda>>>");
+            train::<Autodiff<Debug<Te<burn::backend::Cuda>>>>(args, device, config_file)
+        }
+        #[cfg(feature = "wgpu")]
+        ExampleDevice::Wgpu(device) => {
+            println!("{peers} peers on {choice}, Autodiff<Debug<Te<Wgpu>>>");
+            train::<Autodiff<Debug<Te<burn::backend::Wgpu>>>>(args, device, config_file)
+        }
+        ExampleDevice::Host => {
+            println!("{peers} peers on {choice}, Autodiff<Debug<Te<Flex>>>");
+            train::<Autodiff<Debug<Te<Flex>>>>(args, &Default::default(), config_file)
+        }
     }
-    if !burn_te_suite::cpu_only() {
-        println!(
-            "no wgpu device found (on a CPU-only Linux machine: apt-get install mesa-vulkan-drivers)"
-        );
-    }
-    println!("{peers} peers on the CPU host path, Autodiff<Debug<Te<Flex>>>");
-    train::<Autodiff<Debug<Te<Flex>>>>(args, &Default::default(), config_file)
 }

@@ -2,9 +2,10 @@
 //! (hidden 512, FFN 512, 8 heads) trained for 5 iterations on a synthetic [10, 32, 512] input against a synthetic
 //! target, MSE loss, Adam with lr 1e-4, the forward pass in FP8 (TE's default recipe, delayed scaling, HYBRID).
 //!
-//! Device choice: CUDA (with `--features cuda` and a driver), else the default wgpu device (a GPU, or Mesa's
-//! lavapipe on CPU-only machines), else the CPU host path (`Autodiff<Te<Flex>>`: FP8 codes emulated in Rust, the GEMMs on burn-flex's SIMD matmul).
-//! `BURN_TE_DEVICE=cpu` goes straight to the host path.
+//! Device choice (`burn_te_suite::device`): CUDA (with `--features cuda` and a driver), else a wgpu GPU, else the
+//! CPU host path (`Autodiff<Te<Flex>>`: the FP8 GEMM on the CPU's fastest exact instruction), also where wgpu's only
+//! adapter is a CPU rasterizer (lavapipe). `BURN_TE_DEVICE=cpu|wgpu|cuda` forces one. The output names the device,
+//! why it was chosen, and the path (instruction) each FP8 GEMM ran on.
 //!
 //! Debugging, as the docs' second part: the backend is wrapped in the debug decorator (`Autodiff<Debug<Te<_>>>`),
 //! `burn_te_debug::initialize` reads the docs' `config.yaml` (here `examples/getting_started_config.yaml`, found
@@ -22,6 +23,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn_te::nn::TransformerLayerConfig;
 use burn_te::{DelayedScaling, Te, TeBackend, fp8_autocast};
 use burn_te_debug::{Debug, DebugOptions};
+use burn_te_suite::device::ExampleDevice;
 
 type Error = Box<dyn std::error::Error>;
 
@@ -58,7 +60,8 @@ fn train<B: AutodiffBackend + TeBackend>(device: &B::Device) -> Result<Vec<f32>,
 }
 
 /// TE's getting-started example in Burn: a TransformerLayer trained for five steps in FP8 under a debug config
-/// (LogFp8TensorStats); the stats go to ./log. CUDA with `--features cuda`, else wgpu, else the CPU host path.
+/// (LogFp8TensorStats); the stats go to ./log. On CUDA (`--features cuda`), else a wgpu GPU, else
+/// the CPU host path; `BURN_TE_DEVICE=cpu|wgpu|cuda` forces one.
 #[derive(clap::Parser, Debug)]
 #[command(version)]
 struct Args {
@@ -82,34 +85,27 @@ fn try_main() -> Result<(), Error> {
 }
 
 fn run() -> Result<(), Error> {
-    let cpu_only = std::env::var("BURN_TE_DEVICE").is_ok_and(|v| v == "cpu");
-    #[cfg(feature = "cuda")]
-    if !cpu_only {
-        use burn_te_kernels::cubecl::cuda::{CudaDevice, CudaRuntime};
-        let device = CudaDevice::new(0);
-        if let Some(name) = burn_te_suite::probe::<CudaRuntime>(&device) {
-            println!("device: CUDA device 0 ({name}), backend Autodiff<Debug<Te<Cuda>>>");
+    let choice = burn_te_suite::device::choose()?;
+    match &choice.device {
+        #[cfg(feature = "cuda")]
+        ExampleDevice::Cuda(device) => {
+            println!("device: {choice}, backend Autodiff<Debug<Te<Cuda>>>");
             // Burn's own CUDA backend: fused with the default `fusion` feature.
-            train::<Autodiff<Debug<Te<burn::backend::Cuda>>>>(&device)?;
-            return Ok(());
+            train::<Autodiff<Debug<Te<burn::backend::Cuda>>>>(device)?;
         }
-        println!("no CUDA device usable; trying wgpu");
-    }
-    #[cfg(feature = "wgpu")]
-    if !cpu_only {
-        use burn_te_kernels::cubecl::wgpu::{WgpuDevice, WgpuRuntime};
-        let device = WgpuDevice::default();
-        if let Some(name) = burn_te_suite::probe::<WgpuRuntime>(&device) {
-            println!("device: the default wgpu device ({name}), backend Autodiff<Debug<Te<Wgpu>>>");
+        #[cfg(feature = "wgpu")]
+        ExampleDevice::Wgpu(device) => {
+            println!("device: {choice}, backend Autodiff<Debug<Te<Wgpu>>>");
             // Burn's own wgpu backend: fused with the default `fusion` feature.
-            train::<Autodiff<Debug<Te<burn::backend::Wgpu>>>>(&device)?;
-            return Ok(());
+            train::<Autodiff<Debug<Te<burn::backend::Wgpu>>>>(device)?;
         }
-        println!(
-            "no wgpu device found (on a CPU-only Linux machine: apt-get install mesa-vulkan-drivers)"
-        );
+        ExampleDevice::Host => {
+            println!("device: {choice}, backend Autodiff<Debug<Te<Flex>>>");
+            train::<Autodiff<Debug<Te<Flex>>>>(&Default::default())?;
+        }
     }
-    println!("device: the CPU host path, backend Autodiff<Debug<Te<Flex>>>");
-    train::<Autodiff<Debug<Te<Flex>>>>(&Default::default())?;
+    if let Some(paths) = burn_te_suite::device::fp8_gemm_paths() {
+        println!("FP8 GEMMs by path: {paths}");
+    }
     Ok(())
 }

@@ -17,7 +17,7 @@
 //! `/tmp/burn-te-learner-dashboard/train/epoch-<n>/<metric>.log`.
 //!
 //! Run: `cargo run --release --example learner_dashboard` (`--epochs <n>`, `--config <file>`; CUDA with
-//! `--features cuda`, else wgpu, else the CPU host path; `BURN_TE_DEVICE=cpu` forces the latter).
+//! `--features cuda`, else a wgpu GPU, else the CPU host path; `BURN_TE_DEVICE=cpu|wgpu|cuda` forces one).
 
 use burn::backend::{Autodiff, Flex};
 use burn::data::dataloader::DataLoaderBuilder;
@@ -35,6 +35,7 @@ use burn_te::nn::{
 use burn_te::{Float8CurrentScaling, Te, TeBackend, fp8_autocast};
 use burn_te_debug::train::TrainStats;
 use burn_te_debug::{Debug, DebugConfig};
+use burn_te_suite::device::ExampleDevice;
 use burn_train::metric::{AccuracyMetric, LossMetric};
 use burn_train::{
     ClassificationOutput, InferenceStep, Learner, SupervisedTraining, TrainOutput, TrainStep,
@@ -257,31 +258,20 @@ fn try_main() -> Result<(), Error> {
     debug.init_with([stats.logger()])?;
     std::fs::create_dir_all(ARTIFACTS)?;
 
-    let cpu_only = std::env::var("BURN_TE_DEVICE").is_ok_and(|v| v == "cpu");
-    let mut done = false;
-    #[cfg(feature = "cuda")]
-    if !cpu_only {
-        use burn_te_kernels::cubecl::cuda::{CudaDevice, CudaRuntime};
-        let device = CudaDevice::new(0);
-        if let Some(name) = burn_te_suite::probe::<CudaRuntime>(&device) {
-            println!("device: CUDA device 0 ({name})");
-            train::<Autodiff<Debug<Te<burn_te::backends::Cuda>>>>(&device, epochs, &stats)?;
-            done = true;
+    let choice = burn_te_suite::device::choose()?;
+    println!("device: {choice}");
+    match &choice.device {
+        #[cfg(feature = "cuda")]
+        ExampleDevice::Cuda(device) => {
+            train::<Autodiff<Debug<Te<burn_te::backends::Cuda>>>>(device, epochs, &stats)?
         }
-    }
-    #[cfg(feature = "wgpu")]
-    if !cpu_only && !done {
-        use burn_te_kernels::cubecl::wgpu::{WgpuDevice, WgpuRuntime};
-        let device = WgpuDevice::default();
-        if let Some(name) = burn_te_suite::probe::<WgpuRuntime>(&device) {
-            println!("device: the default wgpu device ({name})");
-            train::<Autodiff<Debug<Te<burn_te::backends::Wgpu>>>>(&device, epochs, &stats)?;
-            done = true;
+        #[cfg(feature = "wgpu")]
+        ExampleDevice::Wgpu(device) => {
+            train::<Autodiff<Debug<Te<burn_te::backends::Wgpu>>>>(device, epochs, &stats)?
         }
-    }
-    if !done {
-        println!("device: the CPU host path");
-        train::<Autodiff<Debug<Te<Flex>>>>(&Default::default(), epochs, &stats)?;
+        ExampleDevice::Host => {
+            train::<Autodiff<Debug<Te<Flex>>>>(&Default::default(), epochs, &stats)?
+        }
     }
     burn_te_debug::end()?;
     debug.save(format!("{ARTIFACTS}/debug.json"))?;

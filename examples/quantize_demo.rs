@@ -1,13 +1,15 @@
 //! The main job until the training example exists: quantize a synthetic activation tensor to FP8 on the best
 //! device available and print Transformer Engine's statistics of it.
 //!
-//! Device choice: CUDA (with `--features cuda` and a driver), else the default wgpu device (a GPU, or Mesa's
-//! lavapipe on CPU-only machines), else the host path of burn-te-kernels (plain Rust, bit-identical).
+//! Device choice (`burn_te_suite::device`): CUDA (with `--features cuda` and a driver), else a wgpu GPU, else the
+//! host path of burn-te-kernels (plain Rust, bit-identical), also where wgpu's only adapter is a CPU rasterizer
+//! (lavapipe); `BURN_TE_DEVICE=cpu|wgpu|cuda` forces one.
 //!
 //! Run: `cargo run --example quantize_demo`
 
 use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::{Fp8Format, Fp8Stats, KernelError, host, ops, pow2_margin, scale_from_amax};
+use burn_te_suite::device::ExampleDevice;
 
 /// What one run computes, wherever it ran.
 struct Report {
@@ -53,49 +55,29 @@ fn run_on_host(x: &[f32], format: Fp8Format) -> Result<Report, KernelError> {
     })
 }
 
-/// A client for runtime `R`, or `None` when creating it fails (no device, no driver).
-fn try_client<R: Runtime>(device: R::Device) -> Option<ComputeClient<R>> {
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let client = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| R::client(&device))).ok();
-    std::panic::set_hook(hook);
-    client
-}
-
-/// Runs both formats on the best device available; returns its name and one report per format.
-fn run(x: &[f32]) -> Result<(String, Vec<Report>), KernelError> {
+/// Runs both formats on the device `burn_te_suite::device` chooses; returns it, in words, and one report per format.
+fn run(x: &[f32]) -> Result<(String, Vec<Report>), Box<dyn std::error::Error>> {
     let each = |f: &dyn Fn(Fp8Format) -> Result<Report, KernelError>| {
         Fp8Format::ALL
             .into_iter()
             .map(f)
             .collect::<Result<Vec<Report>, KernelError>>()
     };
-    #[cfg(feature = "cuda")]
-    {
-        use burn_te_kernels::cubecl::cuda::{CudaDevice, CudaRuntime};
-        if let Some(client) = try_client::<CudaRuntime>(CudaDevice::new(0)) {
-            return Ok((
-                "CUDA device 0".into(),
-                each(&|format| run_on_device(&client, x, format))?,
-            ));
+    let choice = burn_te_suite::device::choose()?;
+    let reports = match &choice.device {
+        #[cfg(feature = "cuda")]
+        ExampleDevice::Cuda(device) => {
+            let client = burn_te_kernels::cubecl::cuda::CudaRuntime::client(device);
+            each(&|format| run_on_device(&client, x, format))?
         }
-        println!("no CUDA device usable; trying wgpu");
-    }
-    #[cfg(feature = "wgpu")]
-    {
-        use burn_te_kernels::cubecl::wgpu::{WgpuDevice, WgpuRuntime};
-        if let Some(client) = try_client::<WgpuRuntime>(WgpuDevice::default()) {
-            let name = format!("the default wgpu device ({})", WgpuRuntime::name(&client));
-            return Ok((name, each(&|format| run_on_device(&client, x, format))?));
+        #[cfg(feature = "wgpu")]
+        ExampleDevice::Wgpu(device) => {
+            let client = burn_te_kernels::cubecl::wgpu::WgpuRuntime::client(device);
+            each(&|format| run_on_device(&client, x, format))?
         }
-        println!(
-            "no wgpu device found (on a CPU-only Linux machine: apt-get install mesa-vulkan-drivers)"
-        );
-    }
-    Ok((
-        "the CPU host path".into(),
-        each(&|format| run_on_host(x, format))?,
-    ))
+        ExampleDevice::Host => each(&|format| run_on_host(x, format))?,
+    };
+    Ok((choice.to_string(), reports))
 }
 
 /// A [10, 32, 512] activation like seed 000's input: N(0, 1) with a few outliers and some tiny values.
@@ -131,7 +113,7 @@ fn main() {
     burn_te_suite::exit_on_error(try_main());
 }
 
-fn try_main() -> Result<(), KernelError> {
+fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
         // wgpu's Vulkan loader complains without one; nothing else has started yet.
         let dir = std::env::temp_dir().join("burn-te-xdg-runtime");

@@ -13,25 +13,10 @@ pub fn probe<R: burn_te_kernels::cubecl::Runtime>(device: &R::Device) -> Option<
     name
 }
 
-/// Whether `BURN_TE_DEVICE=cpu` asks an example for the host path.
-pub fn cpu_only() -> bool {
-    std::env::var("BURN_TE_DEVICE").is_ok_and(|v| v == "cpu")
-}
-
-/// The default wgpu device and its name; `None` when `BURN_TE_DEVICE=cpu` or no wgpu device is found.
-#[cfg(feature = "wgpu")]
-pub fn wgpu_device() -> Option<(burn_te_kernels::cubecl::wgpu::WgpuDevice, String)> {
-    use burn_te_kernels::cubecl::wgpu::{WgpuDevice, WgpuRuntime};
-    if cpu_only() {
-        return None;
-    }
-    let device = WgpuDevice::default();
-    probe::<WgpuRuntime>(&device).map(|name| (device, name))
-}
-
 #[cfg(doctest)]
 mod book;
 pub mod cli;
+pub mod device;
 pub mod lm;
 
 /// The end of an example's `main`: on error, prints `error: <message>` and each cause not already part of the

@@ -12,6 +12,7 @@ mod dashboard;
 mod data_parallel;
 mod debug;
 mod decorator;
+mod device_choice;
 mod device_gemm;
 mod diagnostics;
 mod distributed;
