@@ -216,7 +216,7 @@ pub fn wgpu_adapter() -> Option<WgpuAdapter> {
 }
 
 /// Which paths this process's FP8 GEMMs took, from the metrics report's counters (`HostFp8Gemm(avx512bf16)`,
-/// `DeviceFp8Gemm(tiled)`): `host avx512bf16 × 60`, or `None` before any FP8 GEMM.
+/// `DeviceFp8Gemm(tiled)`): `host avx512bf16 (vdpbf16ps zmm) × 60`, or `None` before any FP8 GEMM.
 pub fn fp8_gemm_paths() -> Option<String> {
     let prefixes = [
         (burn_te::host::gemm::HOST_FP8_GEMM, "host"),
@@ -230,7 +230,11 @@ pub fn fp8_gemm_paths() -> Option<String> {
                 .and_then(|rest| rest.strip_prefix('('))
                 .and_then(|rest| rest.strip_suffix(')'));
             if let (Some(path), Some(count)) = (path, burn_te::diagnostics::counter_value(&name)) {
-                paths.push(format!("{kind} {path} × {count}"));
+                let instruction = burn_te::host::gemm::HostGemmPath::from_name(path)
+                    .filter(|_| kind == "host")
+                    .map(|host| format!(" ({})", host.instruction()))
+                    .unwrap_or_default();
+                paths.push(format!("{kind} {path}{instruction} × {count}"));
             }
         }
     }

@@ -137,10 +137,12 @@ fn getting_started_trains_on_the_host_path_rather_than_a_cpu_rasterizer() {
             .lines()
             .find_map(|l| l.strip_prefix("FP8 GEMMs by path: host "))
             .unwrap_or_else(|| panic!("no host FP8 GEMM path in:\n{stdout}"));
-        let (path, count) = line.split_once(" × ").expect("`<path> × <count>`");
+        let (path, count) = line
+            .split_once(' ')
+            .expect("`<path> (<instruction>) × <count>`");
         let path = HostGemmPath::from_name(path).unwrap_or_else(|| panic!("{line}"));
         assert!(path.available(), "{line}");
-        assert_eq!(count, "50", "{stdout}");
+        assert_eq!(count, format!("({}) × 50", path.instruction()), "{stdout}");
     } else {
         assert!(
             device.starts_with("device: the default wgpu device ("),

@@ -69,6 +69,16 @@ impl HostGemmPath {
         }
     }
 
+    /// The instruction that does the path's multiply-adds, as a report names it (`vdpbf16ps zmm`).
+    pub fn instruction(self) -> &'static str {
+        match self {
+            HostGemmPath::Avx512Bf16 => "vdpbf16ps zmm",
+            HostGemmPath::Avx512Fma => "vfmadd231ps zmm",
+            HostGemmPath::Avx2Fma => "vfmadd231ps ymm",
+            HostGemmPath::F32 => "the gemm crate's f32 kernels",
+        }
+    }
+
     /// The path named `name` (`avx512bf16`, `avx512fma`, `avx2fma`, `f32`).
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|path| path.name() == name)
