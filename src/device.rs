@@ -191,18 +191,24 @@ pub fn choose() -> Result<DeviceChoice, DeviceError> {
     Ok(DeviceChoice { device, why })
 }
 
-/// The default wgpu device's adapter, set up for CubeCL (and so for Burn's wgpu backend) as it would be at its first
-/// tensor; `None` when there is none (setting it up panics then: caught, not printed).
+/// The adapter CubeCL's default wgpu device takes (wgpu's high-performance choice on CubeCL's graphics API), asked
+/// of wgpu alone: no device is created and no CubeCL client registered, so it may be called at any time. `None`
+/// when there is none.
 #[cfg(feature = "wgpu")]
 pub fn wgpu_adapter() -> Option<WgpuAdapter> {
-    use burn_te_kernels::cubecl::wgpu::{AutoGraphicsApi, RuntimeOptions, WgpuDevice, init_setup};
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let setup = std::panic::catch_unwind(|| {
-        init_setup::<AutoGraphicsApi>(&WgpuDevice::default(), RuntimeOptions::default())
+    use burn_te_kernels::cubecl::future::block_on;
+    use burn_te_kernels::cubecl::wgpu::{AutoGraphicsApi, GraphicsApi};
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+        backends: AutoGraphicsApi::backend().into(),
+        ..wgpu::InstanceDescriptor::new_without_display_handle()
     });
-    std::panic::set_hook(hook);
-    let info = setup.ok()?.adapter.get_info();
+    let adapter = block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
+        power_preference: wgpu::PowerPreference::HighPerformance,
+        force_fallback_adapter: false,
+        compatible_surface: None,
+    }))
+    .ok()?;
+    let info = adapter.get_info();
     Some(WgpuAdapter {
         name: format!("{} on {:?}", info.name, info.backend),
         cpu: info.device_type == wgpu::DeviceType::Cpu,

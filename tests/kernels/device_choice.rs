@@ -106,6 +106,12 @@ fn getting_started(device: Option<&str>) -> Output {
 /// host path, says why, and names the path of its FP8 GEMMs; on one with a GPU it takes the GPU.
 #[test]
 fn getting_started_trains_on_the_host_path_rather_than_a_cpu_rasterizer() {
+    // The device in use already (as in this test binary's other tests): asking for its adapter registers nothing.
+    let _client = {
+        use burn_te_kernels::cubecl::Runtime;
+        use burn_te_kernels::cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+        WgpuRuntime::client(&WgpuDevice::default())
+    };
     let found = burn_te_suite::device::wgpu_adapter().expect(
         "a wgpu adapter (on a CPU-only Linux machine: apt-get install mesa-vulkan-drivers)",
     );
