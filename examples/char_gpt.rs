@@ -15,7 +15,8 @@
 //!   Checkpoints and metric logs: `/tmp/burn-te-char-gpt/`; debug logs: `/tmp/burn-te-char-gpt/log/`.
 //!
 //! Run: `cargo run --release --example char_gpt -- [PATH] [OPTIONS]` (CUDA with `--features cuda`, else a wgpu
-//! GPU, else the CPU host path; `BURN_TE_DEVICE=cpu|wgpu|cuda` forces one); `--help` lists the options and their defaults.
+//! GPU, else the CPU host path; `BURN_TE_DEVICE=cpu|wgpu|cuda` forces one); `--help` lists the options and their
+//! defaults.
 //!
 //! Bad input (a missing or empty path, a directory without text files, a corpus too short for the context, a bad
 //! option) prints `error: <what is wrong>` and exits with status 1.

@@ -10,8 +10,8 @@
 //! - the metrics report (torch-xla's layout): step time, read-back time, GEMMs by precision, ops by name.
 //!
 //! `BURN_TE_EAGER_DEBUG_MODE=1` turns eager debug mode on: every op is synced and checked, and the report names the
-//! op that made the first non-finite value. The device: CUDA (`--features cuda`), else a wgpu GPU, else the host path (`Te<Flex>`);
-//! `BURN_TE_DEVICE=cpu|wgpu|cuda` forces one.
+//! op that made the first non-finite value. The device: CUDA (`--features cuda`), else a wgpu GPU, else the host
+//! path (`Te<Flex>`); `BURN_TE_DEVICE=cpu|wgpu|cuda` forces one.
 //!
 //! Run: `cargo run --example diagnostics`
 

@@ -3,7 +3,6 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 const EXAMPLES: [&str; 9] = [
     "char_gpt",
@@ -19,13 +18,7 @@ const EXAMPLES: [&str; 9] = [
 
 /// The long flags an example's `--help` lists (cargo builds the examples beside the tests).
 fn help_flags(example: &str) -> BTreeSet<String> {
-    let dir = std::env::current_exe()
-        .expect("the test binary's path")
-        .parent()
-        .and_then(Path::parent)
-        .map(|target| target.join("examples"))
-        .expect("target/<profile>/examples");
-    let output = Command::new(dir.join(example))
+    let output = crate::common::example(example)
         .arg("--help")
         .output()
         .unwrap_or_else(|err| {

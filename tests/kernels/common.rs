@@ -219,3 +219,14 @@ pub fn alone_with(test: &str, vars: &[(&str, &str)], body: impl FnOnce()) {
         "{test} in its own process:\n{stdout}\n{stderr}"
     );
 }
+
+/// The command of example `name`, as cargo built it beside the tests (`target/<profile>/examples/<name>`).
+pub fn example(name: &str) -> std::process::Command {
+    let dir = std::env::current_exe()
+        .expect("the test binary's path")
+        .parent()
+        .and_then(std::path::Path::parent)
+        .map(|target| target.join("examples"))
+        .expect("target/<profile>/examples");
+    std::process::Command::new(dir.join(name))
+}

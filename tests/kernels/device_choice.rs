@@ -1,8 +1,7 @@
 //! The examples' device choice (`burn_te_suite::device`): every request against every combination of devices found,
 //! and the getting-started example run as a user runs it, naming its device and the path of its FP8 GEMMs.
 
-use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use burn_te::host::gemm::HostGemmPath;
 use burn_te_suite::device::{
@@ -76,19 +75,13 @@ fn the_variable_parses_its_four_values_and_refuses_others() {
 
 /// The getting-started example (built beside the tests) run with `BURN_TE_DEVICE` set to `device` (unset: `None`).
 fn getting_started(device: Option<&str>) -> Output {
-    let dir = std::env::current_exe()
-        .expect("the test binary's path")
-        .parent()
-        .and_then(Path::parent)
-        .map(|target| target.join("examples"))
-        .expect("target/<profile>/examples");
     let work = std::env::temp_dir().join(format!(
         "burn-te-device-choice-{}-{}",
         std::process::id(),
         device.unwrap_or("auto")
     ));
     std::fs::create_dir_all(&work).unwrap();
-    let mut command = Command::new(dir.join("getting_started"));
+    let mut command = crate::common::example("getting_started");
     command.current_dir(&work).env_remove(DEVICE_VARIABLE);
     if let Some(device) = device {
         command.env(DEVICE_VARIABLE, device);
