@@ -394,6 +394,7 @@ fn try_main() -> Result<(), Error> {
         )
         .into());
     }
+    let choice = burn_te_suite::device::choose()?;
     let corpus = Corpus::load(&args.path)?;
     let model = args.model.config();
     let split = corpus.split(model.context)?;
@@ -426,7 +427,6 @@ fn try_main() -> Result<(), Error> {
     let _ = std::fs::remove_dir_all(ARTIFACTS);
     debug.init_with([stats.logger()])?;
 
-    let choice = burn_te_suite::device::choose()?;
     println!("device: {choice}");
     match &choice.device {
         #[cfg(feature = "cuda")]

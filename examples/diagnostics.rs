@@ -24,7 +24,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn_te::diagnostics::{self, DiagnosticsConfig, SnapshotConfig};
 use burn_te::nn::{Linear, LinearConfig};
 use burn_te::{DelayedScaling, Te, TeBackend, fp8_autocast};
-use burn_te_suite::device::ExampleDevice;
+use burn_te_suite::device::{DeviceChoice, ExampleDevice};
 
 type Error = Box<dyn std::error::Error>;
 
@@ -102,6 +102,7 @@ fn main() {
 }
 
 fn try_main() -> Result<(), Error> {
+    let choice = burn_te_suite::device::choose()?;
     let _ = std::fs::remove_dir_all(OUT_DIR);
     let snapshots = format!("{OUT_DIR}/snapshots");
     diagnostics::configure(
@@ -113,7 +114,7 @@ fn try_main() -> Result<(), Error> {
         println!("eager debug mode: every op is synced and checked");
     }
     let trace = diagnostics::start_trace(format!("{OUT_DIR}/trace.json"))?;
-    run()?;
+    run(choice)?;
     let trace = trace.finish();
 
     println!("\n{}", diagnostics::metrics_report());
@@ -133,8 +134,8 @@ fn try_main() -> Result<(), Error> {
     Ok(())
 }
 
-fn run() -> Result<(), Error> {
-    let choice = burn_te_suite::device::choose()?;
+/// Trains on the chosen device.
+fn run(choice: DeviceChoice) -> Result<(), Error> {
     match &choice.device {
         #[cfg(feature = "cuda")]
         ExampleDevice::Cuda(device) => {

@@ -23,7 +23,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn_te::nn::TransformerLayerConfig;
 use burn_te::{DelayedScaling, Te, TeBackend, fp8_autocast};
 use burn_te_debug::{Debug, DebugOptions};
-use burn_te_suite::device::ExampleDevice;
+use burn_te_suite::device::{DeviceChoice, ExampleDevice};
 
 type Error = Box<dyn std::error::Error>;
 
@@ -77,15 +77,16 @@ fn main() {
 
 fn try_main() -> Result<(), Error> {
     let args = <Args as clap::Parser>::parse();
+    let choice = burn_te_suite::device::choose()?;
     burn_te_debug::initialize(DebugOptions::new(args.config).log_dir("./log"))?;
-    run()?;
+    run(choice)?;
     burn_te_debug::end()?;
     println!("debug logs: ./log/nvdlfw_inspect_logs and ./log/nvdlfw_inspect_statistics_logs");
     Ok(())
 }
 
-fn run() -> Result<(), Error> {
-    let choice = burn_te_suite::device::choose()?;
+/// Trains on the chosen device and prints the path of each FP8 GEMM.
+fn run(choice: DeviceChoice) -> Result<(), Error> {
     match &choice.device {
         #[cfg(feature = "cuda")]
         ExampleDevice::Cuda(device) => {

@@ -249,6 +249,7 @@ fn try_main() -> Result<(), Error> {
         epochs,
         config: config_file,
     } = <Args as clap::Parser>::parse();
+    let choice = burn_te_suite::device::choose()?;
     // The run's debug settings: a Burn config, saved beside the run like any other.
     let debug = DebugConfig::new()
         .with_config_file(Some(config_file))
@@ -258,7 +259,6 @@ fn try_main() -> Result<(), Error> {
     debug.init_with([stats.logger()])?;
     std::fs::create_dir_all(ARTIFACTS)?;
 
-    let choice = burn_te_suite::device::choose()?;
     println!("device: {choice}");
     match &choice.device {
         #[cfg(feature = "cuda")]

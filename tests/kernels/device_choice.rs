@@ -73,8 +73,9 @@ fn the_variable_parses_its_four_values_and_refuses_others() {
     );
 }
 
-/// The getting-started example (built beside the tests) run with `BURN_TE_DEVICE` set to `device` (unset: `None`).
-fn getting_started(device: Option<&str>) -> Output {
+/// The getting-started example (built beside the tests) run with `BURN_TE_DEVICE` set to `device` (unset: `None`),
+/// in a directory of its own; and whether it wrote its debug logs there.
+fn getting_started(device: Option<&str>) -> (Output, bool) {
     let work = std::env::temp_dir().join(format!(
         "burn-te-device-choice-{}-{}",
         std::process::id(),
@@ -91,8 +92,9 @@ fn getting_started(device: Option<&str>) -> Output {
             "getting_started: {err} (`cargo test` builds the examples, or `cargo build --examples`)"
         )
     });
+    let logged = work.join("log").exists();
     let _ = std::fs::remove_dir_all(&work);
-    output
+    (output, logged)
 }
 
 /// On a machine whose only wgpu adapter is a CPU rasterizer (lavapipe: CI), the README's main command trains on the
@@ -108,7 +110,8 @@ fn getting_started_trains_on_the_host_path_rather_than_a_cpu_rasterizer() {
     let found = burn_te_suite::device::wgpu_adapter().expect(
         "a wgpu adapter (on a CPU-only Linux machine: apt-get install mesa-vulkan-drivers)",
     );
-    let output = getting_started(None);
+    let (output, logged) = getting_started(None);
+    assert!(logged, "the debug logs under ./log");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -152,7 +155,9 @@ fn getting_started_trains_on_the_host_path_rather_than_a_cpu_rasterizer() {
 
 #[test]
 fn a_device_that_is_asked_for_but_absent_or_unknown_stops_the_example_with_its_reason() {
-    let unknown = getting_started(Some("gpu"));
+    // Refused before anything is written: no debug logs.
+    let (unknown, logged) = getting_started(Some("gpu"));
+    assert!(!logged, "a refused run wrote ./log");
     let stderr = String::from_utf8_lossy(&unknown.stderr);
     assert_eq!(unknown.status.code(), Some(1), "{stderr}");
     assert!(
@@ -162,7 +167,8 @@ fn a_device_that_is_asked_for_but_absent_or_unknown_stops_the_example_with_its_r
         "{stderr}"
     );
     if !cfg!(feature = "cuda") {
-        let cuda = getting_started(Some("cuda"));
+        let (cuda, logged) = getting_started(Some("cuda"));
+        assert!(!logged, "a refused run wrote ./log");
         let stderr = String::from_utf8_lossy(&cuda.stderr);
         assert_eq!(cuda.status.code(), Some(1), "{stderr}");
         assert!(
