@@ -123,7 +123,7 @@ pub fn decide(
     }
 }
 
-/// The device an example trains on, with its name or the reason it was taken.
+/// The device an example trains on.
 pub enum ExampleDevice {
     /// CUDA device 0.
     #[cfg(feature = "cuda")]
