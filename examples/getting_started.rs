@@ -105,8 +105,6 @@ fn run(choice: DeviceChoice) -> Result<(), Error> {
             train::<Autodiff<Debug<Te<Flex>>>>(&Default::default())?;
         }
     }
-    if let Some(paths) = burn_te_suite::device::fp8_gemm_paths() {
-        println!("FP8 GEMMs by path: {paths}");
-    }
+    burn_te_suite::device::print_fp8_gemm_paths();
     Ok(())
 }

@@ -273,9 +273,7 @@ fn try_main() -> Result<(), Error> {
             train::<Autodiff<Debug<Te<Flex>>>>(&Default::default(), epochs, &stats)?
         }
     }
-    if let Some(paths) = burn_te_suite::device::fp8_gemm_paths() {
-        println!("FP8 GEMMs by path: {paths}");
-    }
+    burn_te_suite::device::print_fp8_gemm_paths();
     burn_te_debug::end()?;
     debug.save(format!("{ARTIFACTS}/debug.json"))?;
     println!(

@@ -221,6 +221,13 @@ pub fn wgpu_adapter() -> Option<WgpuAdapter> {
     None
 }
 
+/// Prints `FP8 GEMMs by path: <`[`fp8_gemm_paths`]`>` at the end of an example's training, where any ran.
+pub fn print_fp8_gemm_paths() {
+    if let Some(paths) = fp8_gemm_paths() {
+        println!("FP8 GEMMs by path: {paths}");
+    }
+}
+
 /// Which paths this process's FP8 GEMMs took, from the metrics report's counters (`HostFp8Gemm(avx512bf16)`,
 /// `DeviceFp8Gemm(tiled)`): `host avx512bf16 (vdpbf16ps zmm) × 60`, or `None` before any FP8 GEMM.
 pub fn fp8_gemm_paths() -> Option<String> {

@@ -155,27 +155,22 @@ fn getting_started_trains_on_the_host_path_rather_than_a_cpu_rasterizer() {
 
 #[test]
 fn a_device_that_is_asked_for_but_absent_or_unknown_stops_the_example_with_its_reason() {
-    // Refused before anything is written: no debug logs.
-    let (unknown, logged) = getting_started(Some("gpu"));
-    assert!(!logged, "a refused run wrote ./log");
-    let stderr = String::from_utf8_lossy(&unknown.stderr);
-    assert_eq!(unknown.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains(
-            "BURN_TE_DEVICE=\"gpu\" names no device: use auto (the default), cpu, wgpu or cuda"
-        ),
-        "{stderr}"
-    );
+    let mut refusals = vec![(
+        "gpu",
+        "BURN_TE_DEVICE=\"gpu\" names no device: use auto (the default), cpu, wgpu or cuda",
+    )];
     if !cfg!(feature = "cuda") {
-        let (cuda, logged) = getting_started(Some("cuda"));
-        assert!(!logged, "a refused run wrote ./log");
-        let stderr = String::from_utf8_lossy(&cuda.stderr);
-        assert_eq!(cuda.status.code(), Some(1), "{stderr}");
-        assert!(
-            stderr.contains(
-                "BURN_TE_DEVICE=cuda but this build has no CUDA (build with --features cuda)"
-            ),
-            "{stderr}"
-        );
+        refusals.push((
+            "cuda",
+            "BURN_TE_DEVICE=cuda but this build has no CUDA (build with --features cuda)",
+        ));
+    }
+    for (device, message) in refusals {
+        // Refused before anything is written: no debug logs.
+        let (output, logged) = getting_started(Some(device));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!logged, "{device}: a refused run wrote ./log");
+        assert_eq!(output.status.code(), Some(1), "{device}: {stderr}");
+        assert!(stderr.contains(message), "{device}: {stderr}");
     }
 }
