@@ -160,7 +160,12 @@ pub fn gemm_output_shape<D>(
     if lb != rb && lb != 1 && rb != 1 {
         return Err(error(format!("batches differ: {lb} vs {rb}")));
     }
-    let batched = if lb >= rb { &lhs.shape } else { &rhs.shape };
+    // The batch of one is the one broadcast: an empty batch against a batch of one stays empty.
+    let batched = if lb == rb || rb == 1 {
+        &lhs.shape
+    } else {
+        &rhs.shape
+    };
     let leading = batched.as_slice().len().saturating_sub(2);
     let mut dims = batched.as_slice()[..leading].to_vec();
     dims.extend([m, n]);

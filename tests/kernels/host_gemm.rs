@@ -356,6 +356,138 @@ fn batched_and_transposed_gemms_match_f64_on_every_path() {
     }
 }
 
+/// An operand quantized per tensor (current scaling, E4M3).
+fn quantized<const D: usize>(values: Vec<f32>, shape: [usize; D]) -> Fp8Primitive<B> {
+    let t = Tensor::<B, D>::from_data(TensorData::new(values, shape), &Default::default());
+    B::fp8_quantize(
+        t.into_primitive().tensor(),
+        Fp8Format::E4M3,
+        burn_te::Scaling::Current { margin: 0.0 },
+    )
+    .expect("quantize")
+}
+
+/// An empty batch against a batch of one broadcasts to an empty batch, in either order, as `torch.matmul` does
+/// (`ones(0, 4, 8) @ ones(1, 8, 16)` and `ones(1, 4, 8) @ ones(0, 8, 16)` are both `[0, 4, 16]`); the batch of one
+/// is the one broadcast, so nothing is read from the empty operand.
+#[test]
+fn an_empty_batch_against_a_batch_of_one_gives_an_empty_output() {
+    for (lshape, rshape) in [([0, 4, 8], [1, 8, 16]), ([1, 4, 8], [0, 8, 16])] {
+        let operand = |shape: [usize; 3]| quantized(vec![1.0; shape.iter().product()], shape);
+        for path in paths() {
+            let out = with_host_gemm_path(path, || {
+                B::fp8_gemm(operand(lshape), false, operand(rshape), false)
+            })
+            .expect("gemm");
+            let out = Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(out));
+            assert_eq!(out.dims(), [0, 4, 16], "{lshape:?} · {rshape:?} on {path}");
+            assert_eq!(out.into_data().num_elements(), 0);
+        }
+    }
+}
+
+/// A host FP8 tensor whose public fields were changed apart — codes that do not fill its shape, scales that do not
+/// fit its block grid — is refused by the GEMM (on every path) and the dequantization, with an error naming the
+/// operand and what does not fit, before anything reads its buffers.
+#[test]
+fn a_quantized_tensor_whose_buffers_do_not_fit_its_shape_is_refused() {
+    let mut rng = Rng::new(45);
+    let fits = quantized(rng.normal(64 * 64, 0.0, 1.0), [64, 64]);
+    // Four codes claimed to be a 64 × 64 matrix.
+    let mut short = quantized(vec![1.0; 4], [2, 2]);
+    short.shape = Shape::new([64, 64]);
+    // Block scales (1 × 128 blocks of a 128 × 256 activation: 128 · 2 of them), one dropped.
+    let site = GemmSite::new("refused", Gemm::Fprop);
+    let recipe: Recipe = Float8BlockScaling::default().into();
+    let mut blocks = quantize_operand::<B>(
+        float(rng.normal(128 * 256, 0.0, 1.0), [128, 256]),
+        &recipe,
+        &site,
+        TensorRole::Activation,
+        true,
+        false,
+        None,
+    )
+    .expect("quantize")
+    .tensor;
+    let block = blocks.block.expect("block scales");
+    let grid = 128usize.div_ceil(block.rows) * 256usize.div_ceil(block.cols);
+    assert_eq!(blocks.data.scale_inv.len(), grid);
+    blocks.data.scale_inv = std::sync::Arc::new(vec![1.0; grid - 1]);
+    let refusals = [
+        (
+            &short,
+            "fp8_gemm lhs",
+            "4 codes for 4096 elements".to_string(),
+        ),
+        (
+            &blocks,
+            "fp8_gemm lhs",
+            format!("{} scale_inv values for {grid}", grid - 1),
+        ),
+    ];
+    for (operand, what, reason) in refusals {
+        let k = operand.shape.as_slice()[1];
+        let rhs = quantized(rng.normal(k * 8, 0.0, 1.0), [k, 8]);
+        for path in paths() {
+            let error = with_host_gemm_path(path, || {
+                B::fp8_gemm(operand.clone(), false, rhs.clone(), false)
+            })
+            .expect_err("a tensor that does not fit its shape");
+            let message = error.to_string();
+            assert!(
+                message.contains(what) && message.contains(&reason),
+                "on {path}: {message}"
+            );
+        }
+        let error = B::fp8_dequantize(operand.clone()).expect_err("dequantize refuses it");
+        assert!(error.to_string().contains(&reason), "{error}");
+    }
+    // The same operand as the right one is named so.
+    let error = B::fp8_gemm(fits.clone(), false, short.clone(), false).expect_err("rhs");
+    assert!(error.to_string().contains("fp8_gemm rhs"), "{error}");
+    B::fp8_gemm(fits.clone(), false, fits, false).expect("a tensor that fits runs");
+}
+
+/// A GEMM output large enough to come from the pool (4 MiB) is copied like any tensor's data: `TensorData::clone`
+/// and a `slice_assign` on a shared tensor copy its bytes with the alignment the pool reports, which Burn's byte
+/// buffers must accept. Operands of 1.75 (scale 448 / 1.75 = 256, a power of two): every output is `k · 3.0625`
+/// exactly.
+#[test]
+fn a_pooled_gemm_output_copies_with_its_values() {
+    let (m, k, n) = (512, 32, 2048);
+    assert_eq!(m * n * 4, burn_te_kernels::host::pool::POOLED_FROM);
+    let out = B::fp8_gemm(
+        quantized(vec![1.75; m * k], [m, k]),
+        false,
+        quantized(vec![1.75; k * n], [k, n]),
+        false,
+    )
+    .expect("gemm");
+    let expected = k as f32 * 3.0625;
+    let y = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(out));
+    let data = y.clone().into_data();
+    let copy = data.clone();
+    assert!(
+        copy.as_slice::<f32>()
+            .unwrap()
+            .iter()
+            .all(|&v| v == expected)
+    );
+    assert_eq!(copy, data);
+    // The tensor shared by `y` and its clone: the write copies it first.
+    let zeros = Tensor::<B, 2>::zeros([1, n], &Default::default());
+    let written = y.clone().slice_assign([0..1, 0..n], zeros);
+    let written = written.into_data().into_vec::<f32>().unwrap();
+    assert!(written[..n].iter().all(|&v| v == 0.0));
+    assert!(written[n..].iter().all(|&v| v == expected));
+    let original = y.into_data().into_vec::<f32>().unwrap();
+    assert!(
+        original.iter().all(|&v| v == expected),
+        "the shared output is unchanged"
+    );
+}
+
 /// A packed path falls back to f32 — recorded, and still right — where it cannot run, and takes what it can: a
 /// block scale outside bf16's normal range (a block of values near f32's smallest normal) makes the bf16 path fall
 /// back on a CPU with AVX512-BF16 (elsewhere the path itself is missing), while the f32 FMA paths fold it and run

@@ -374,6 +374,7 @@ macro_rules! host_te_backend {
             }
 
             fn fp8_dequantize(tensor: Fp8Primitive<Self>) -> Result<FloatTensor<Self>, TeError> {
+                check_operand(&tensor, "fp8_dequantize")?;
                 let values = gemm::dequantize(&host_operand(&tensor, false));
                 Ok(host_tensor::<$backend>(
                     values,
@@ -707,14 +708,78 @@ fn gemm_output<D>(
     rhs: &Fp8Tensor<HostFp8Data<D>>,
     rhs_t: bool,
 ) -> Result<GemmOutput, TeError> {
+    check_operand(lhs, "fp8_gemm lhs")?;
+    check_operand(rhs, "fp8_gemm rhs")?;
     let shape = gemm_output_shape(lhs, lhs_t, rhs, rhs_t)?;
-    let (lb, lr, lc) = lhs.matrix_dims();
-    let (rb, rr, rc) = rhs.matrix_dims();
+    let (_, lr, lc) = lhs.matrix_dims();
+    let (_, rr, rc) = rhs.matrix_dims();
     let (m, k) = if lhs_t { (lc, lr) } else { (lr, lc) };
     let n = if rhs_t { rr } else { rc };
+    let len = element_count(shape.as_slice()).ok_or_else(|| TeError::ShapeMismatch {
+        op: "fp8_gemm",
+        reason: format!(
+            "the output {:?} has more elements than memory can address",
+            shape.as_slice()
+        ),
+        lhs: lhs.shape.as_slice().to_vec(),
+        rhs: rhs.shape.as_slice().to_vec(),
+    })?;
     configure_output_pool();
-    let out = HostOutput::uninit(lb.max(rb) * m * n);
+    let out = HostOutput::uninit(len);
     Ok((shape, (m, n, k), out))
+}
+
+/// The number of elements of a tensor of `dims`, `None` where it overflows.
+fn element_count(dims: &[usize]) -> Option<usize> {
+    dims.iter()
+        .try_fold(1usize, |count, &d| count.checked_mul(d))
+}
+
+/// An error unless the host FP8 tensor's buffers fit its shape and scales: one code per element, one `scale_inv`
+/// (per tensor) or one per block of its grid (and as many NVFP4 block scales). The GEMM paths read the buffers
+/// through the shape, so a tensor whose public fields were changed apart is refused here.
+fn check_operand<D>(t: &Fp8Tensor<HostFp8Data<D>>, what: &'static str) -> Result<(), TeError> {
+    let dims = t.shape.as_slice();
+    let error = |reason: String| TeError::InvalidShape {
+        module: what.into(),
+        reason,
+        shape: dims.to_vec(),
+    };
+    let elements =
+        element_count(dims).ok_or_else(|| error("more elements than memory can address".into()))?;
+    let codes = t.data.codes.len();
+    if codes != elements {
+        return Err(error(format!(
+            "the tensor holds {codes} codes for {elements} elements"
+        )));
+    }
+    let scales = t.data.scale_inv.len();
+    let expected = match t.block {
+        None => 1,
+        Some(block) if block.rows == 0 || block.cols == 0 => {
+            return Err(error(format!("a scale block of {block:?} is empty")));
+        }
+        Some(block) => {
+            let cols = dims.last().copied().unwrap_or(1);
+            let rows = elements.checked_div(cols).unwrap_or(0);
+            rows.div_ceil(block.rows) * cols.div_ceil(block.cols)
+        }
+    };
+    if scales != expected {
+        return Err(error(format!(
+            "the tensor holds {scales} scale_inv values for {expected} (its scale blocks: {:?})",
+            t.block
+        )));
+    }
+    if let Some(nvfp4) = &t.data.nvfp4
+        && nvfp4.block_scales.len() != expected
+    {
+        return Err(error(format!(
+            "the tensor holds {} NVFP4 block scales for {expected} blocks",
+            nvfp4.block_scales.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Sets the output pool's bound from `BURN_TE_HOST_POOL_MIB` (MiB; 0: no pool), once per process. An unreadable
@@ -725,12 +790,13 @@ fn configure_output_pool() {
         let Ok(value) = std::env::var("BURN_TE_HOST_POOL_MIB") else {
             return;
         };
-        match value.trim().parse::<usize>() {
-            Ok(mib) => burn_te_kernels::host::pool::set_held_limit(mib << 20),
-            Err(_) => crate::fallback::record(
+        let mib = value.trim().parse::<usize>().ok();
+        match mib.and_then(|mib| mib.checked_mul(1 << 20)) {
+            Some(bytes) => burn_te_kernels::host::pool::set_held_limit(bytes),
+            None => crate::fallback::record(
                 "BURN_TE_HOST_POOL_MIB",
                 format!(
-                    "BURN_TE_HOST_POOL_MIB={value:?} is not a whole number of MiB: keeping {} MiB",
+                    "BURN_TE_HOST_POOL_MIB={value:?} is not a whole number of MiB that fits in memory: keeping {} MiB",
                     burn_te_kernels::host::pool::held_limit() >> 20
                 ),
             ),

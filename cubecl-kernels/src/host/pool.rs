@@ -77,7 +77,9 @@ impl Block {
         let ptr = NonNull::new(unsafe { alloc(layout) })
             .unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
         // SAFETY: `bytes` bytes were just allocated at `ptr`; the advice does not touch their contents.
-        advise_huge_pages(unsafe { std::slice::from_raw_parts(ptr.as_ptr(), bytes) });
+        advise_huge_pages(unsafe {
+            std::slice::from_raw_parts(ptr.as_ptr().cast::<MaybeUninit<u8>>(), bytes)
+        });
         Self {
             ptr,
             bytes,
@@ -223,7 +225,10 @@ impl PooledBlock {
 
 /// A pooled block for `len` f32 values, where the pool takes them.
 fn pooled_block(len: usize) -> Option<PooledBlock> {
-    let bytes = len * size_of::<f32>();
+    // Beyond what a layout can hold, the plain allocation refuses the size.
+    let bytes = len
+        .checked_mul(size_of::<f32>())
+        .filter(|&bytes| bytes <= isize::MAX as usize - ALIGN)?;
     (bytes >= POOLED_FROM && held_limit() > 0).then(|| {
         let (block, reused) = take(bytes);
         PooledBlock {
@@ -368,8 +373,11 @@ impl<T> DerefMut for HostBuffer<T> {
 }
 
 impl AllocationController for PooledBlock {
+    /// The alignment a copy of these bytes is made with (`Bytes::clone` allocates with it): the most that
+    /// CubeCL's byte buffers take (`align_of::<u128>()`, their `MAX_ALIGN`), which the block's `ALIGN` includes.
     fn alloc_align(&self) -> usize {
-        ALIGN
+        const { assert!(ALIGN.is_multiple_of(align_of::<u128>())) };
+        align_of::<u128>()
     }
 
     fn property(&self) -> AllocationProperty {

@@ -13,7 +13,8 @@ use crate::primitive::ElementFormat;
 /// Work (`m·n·k`) from which one GEMM is split across rayon's threads (burn-flex's threshold).
 pub(super) const PARALLEL_GEMM: usize = 192 * 192 * 192;
 
-/// Scratch buffers kept for the decoded operands are dropped after a GEMM when larger than this (elements).
+/// Scratch buffers kept for the decoded operands are dropped after a GEMM when larger than this (elements): each
+/// thread that runs this path keeps its two operands' buffers, at most 64 MiB each, until it ends.
 const KEPT_SCRATCH: usize = 1 << 24;
 
 thread_local! {

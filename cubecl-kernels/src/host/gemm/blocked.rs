@@ -29,7 +29,7 @@ pub fn gemm<K: Kernel>(
         });
     }
     let (m, n) = (lhs.rows, rhs.cols);
-    if out.len() != m * n {
+    if m.checked_mul(n) != Some(out.len()) {
         return Err(HostGemmError::OutputLength {
             what: K::PATH,
             len: out.len(),
@@ -53,7 +53,7 @@ pub fn gemm<K: Kernel>(
         // writes it.
         unsafe { task(lhs, rhs, alpha, base.get(), n, row0, col0) };
     };
-    if m * n * lhs.depth < 64 * 64 * 64 {
+    if m.saturating_mul(n).saturating_mul(lhs.depth) < 64 * 64 * 64 {
         tasks.iter().for_each(run);
     } else {
         tasks.par_iter().for_each(run);

@@ -28,7 +28,7 @@ impl Kernel for Avx512FmaKernel {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller's contract.
         unsafe {
-            zmm_tile::store(&sums(a.cast(), b.cast(), kc), tile)
+            micro_kernel(a.cast(), b.cast(), kc, tile)
         }
         #[cfg(not(target_arch = "x86_64"))]
         unreachable!(
@@ -46,6 +46,18 @@ impl Kernel for Avx512FmaKernel {
         #[cfg(not(target_arch = "x86_64"))]
         unreachable!("a path of x86-64 kernels: {a:?} {b:?} {kc} {out:?} {update:?}")
     }
+}
+
+/// `tile` = the sums of one 12 × 32 tile over `kc` depths (a partial tile at an edge), with AVX-512F enabled so
+/// the store inlines.
+///
+/// # Safety
+/// As [`sums`]; `tile` holds 384 values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn micro_kernel(a: *const f32, b: *const f32, kc: usize, tile: *mut f32) {
+    // SAFETY: the function's contract.
+    unsafe { zmm_tile::store(&sums(a, b, kc), tile) }
 }
 
 /// The sums of one 12 × 32 tile over `kc` depths: `a` the panel's `kc × 12` values, `b` the panel's `kc × 32`.

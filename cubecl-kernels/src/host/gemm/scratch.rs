@@ -1,9 +1,10 @@
 //! Buffers of packed operands kept per thread, so that each GEMM does not fault in fresh pages: a packed operand
 //! takes one and gives it back when dropped.
 //!
-//! What stays held: on each thread that packs operands (the thread that calls the GEMM; rayon's workers only fill
-//! buffers), at most [`KEPT_BUFFERS`] buffers of at most [`KEPT_BYTES`] together, until the thread ends or calls
-//! [`release`]. A buffer that would take the total beyond that is freed, the smallest first.
+//! What stays held: on each thread that packs operands, at most [`KEPT_BUFFERS`] buffers of at most [`KEPT_BYTES`]
+//! together, until the thread ends or calls [`release`]. A buffer that would take the total beyond that is freed,
+//! the smallest first. The thread that calls a GEMM packs its operands (rayon's workers fill them); a group of
+//! small GEMMs issued together runs one GEMM per worker, so there each worker packs and keeps its own.
 
 use std::cell::RefCell;
 
