@@ -43,7 +43,7 @@ fn launch_block_scales<R: Runtime, F: Float + CubeElement>(
 ) -> Result<(Handle, Handle), KernelError> {
     block.check()?;
     let len = rows * cols;
-    u32::try_from(len).map_err(|_| KernelError::TooLarge(len))?;
+    crate::ops::check_len(len)?;
     crate::ops::check_size("block_quantize input", input, size_of::<F>(), len)?;
     let (grid_rows, grid_cols) = block.grid(rows, cols);
     let blocks = (grid_rows * grid_cols).max(1);
@@ -225,7 +225,7 @@ pub fn block_dequantize<R: Runtime, F: Float + CubeElement>(
 ) -> Result<Handle, KernelError> {
     block.check()?;
     let len = rows * cols;
-    u32::try_from(len).map_err(|_| KernelError::TooLarge(len))?;
+    crate::ops::check_len(len)?;
     if codes.len != len {
         return Err(KernelError::LengthMismatch {
             what: "block_dequantize codes",

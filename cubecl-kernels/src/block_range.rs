@@ -21,7 +21,7 @@ pub fn max_block_dynamic_range<R: Runtime, F: Float + CubeElement>(
 ) -> Result<Handle, KernelError> {
     block.check()?;
     let len = rows * cols;
-    u32::try_from(len).map_err(|_| KernelError::TooLarge(len))?;
+    crate::ops::check_len(len)?;
     crate::ops::check_size("max_block_dynamic_range input", input, size_of::<F>(), len)?;
     let output = crate::ops::scalar_buffer(client, 0.0);
     if len == 0 {
@@ -50,7 +50,7 @@ pub fn max_block_dynamic_range<R: Runtime, F: Float + CubeElement>(
         );
         block_range::block_range_max_kernel::launch_unchecked::<R>(
             client,
-            CubeCount::Static(blocks.div_ceil(CUBE_SIZE as usize) as u32, 1, 1),
+            calculate_cube_count_elemwise(client, blocks, cube_dim),
             cube_dim,
             ArrayArg::from_raw_parts(amax, blocks),
             ArrayArg::from_raw_parts(amin, blocks),

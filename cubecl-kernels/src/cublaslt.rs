@@ -78,7 +78,7 @@ pub fn unsupported<F: CubeElement>(a: &GemmOperand<'_>, b: &GemmOperand<'_>) -> 
             "N = {n} output columns are not 16-byte aligned rows"
         ));
     }
-    if m == 0 || n == 0 {
+    if m == 0 || n == 0 || a.batch.min(b.batch) == 0 {
         return Some("an empty output".into());
     }
     if [m, n, k, a.batch.max(b.batch)]

@@ -2,6 +2,10 @@
 
 use cubecl::server::ServerError;
 
+/// The most elements a kernel indexes: 2³¹, so that `u32` indices stepping past the end by a grid's stride (the
+/// grid-stride loops) or rounding up to a word (`4 · word`) cannot wrap around.
+pub const MAX_LEN: usize = 1 << 31;
+
 /// What can go wrong when running an FP8 kernel or its host reference.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
@@ -27,7 +31,7 @@ pub enum KernelError {
         reason: String,
     },
     /// The tensor is longer than the kernels can index (u32 element counts).
-    #[error("tensor of {0} elements is too large for one launch (at most {max})", max = u32::MAX)]
+    #[error("tensor of {0} elements is too large for one launch (at most {MAX_LEN})")]
     TooLarge(usize),
     /// A GPU library (cuBLASLt) refused or failed a call.
     #[error("{library}: {reason}")]

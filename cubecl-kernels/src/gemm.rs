@@ -191,6 +191,14 @@ impl GemmOperand<'_> {
     }
 
     pub(crate) fn check(&self, what: &'static str) -> Result<(), KernelError> {
+        if let Some(block) = self.block
+            && (block.rows == 0 || block.cols == 0)
+        {
+            return Err(KernelError::InvalidArgument {
+                what,
+                reason: format!("an empty {}x{} scale block", block.rows, block.cols),
+            });
+        }
         let len = self.batch * self.rows * self.cols;
         if self.codes.len() != len {
             return Err(KernelError::LengthMismatch {
@@ -220,6 +228,10 @@ impl GemmTiling {
     }
 }
 
+/// The most cubes a launch grid holds along its y and z dimensions (and along x on wgpu): 65 535 on CUDA, Vulkan,
+/// Metal and WebGPU alike.
+pub(crate) const MAX_GRID_DIM: usize = u16::MAX as usize;
+
 /// The checked operands' product `(M, K, N, batch)`: A used as `M × K`, B as `K × N`, batches equal or 1.
 pub fn product_dims(
     a: &GemmOperand<'_>,
@@ -236,16 +248,18 @@ pub fn product_dims(
             actual: k_b,
         });
     }
-    let batch = a.batch.max(b.batch);
-    for (what, operand_batch) in [("gemm lhs batch", a.batch), ("gemm rhs batch", b.batch)] {
-        if operand_batch != batch && operand_batch != 1 {
+    // The batch of one is the one broadcast: an empty batch against a batch of one stays empty.
+    let batch = match (a.batch, b.batch) {
+        (lhs, rhs) if lhs == rhs || rhs == 1 => lhs,
+        (1, rhs) => rhs,
+        (lhs, rhs) => {
             return Err(KernelError::LengthMismatch {
-                what,
-                expected: batch,
-                actual: operand_batch,
+                what: "gemm rhs batch",
+                expected: lhs,
+                actual: rhs,
             });
         }
-    }
+    };
     Ok((m, k, n, batch))
 }
 
@@ -280,6 +294,14 @@ pub fn fp8_gemm_tiled<R: Runtime, F: Float + CubeElement>(
     if k == 0 {
         // An empty sum: zeros.
         return Ok(client.create_from_slice(F::as_bytes(&vec![F::from_int(0); out_len])));
+    }
+    if batch > MAX_GRID_DIM {
+        return Err(KernelError::InvalidArgument {
+            what: "gemm batch",
+            reason: format!(
+                "{batch} matrices: the launch grid holds at most {MAX_GRID_DIM} along the batch"
+            ),
+        });
     }
     let params = gemm_params(a, b, (m, k, n, batch), 0)?;
     let params = client.create_from_slice(u32::as_bytes(&params));

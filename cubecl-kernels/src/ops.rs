@@ -29,7 +29,10 @@ pub struct Fp8Buffer {
 }
 
 pub(crate) fn check_len(len: usize) -> Result<u32, KernelError> {
-    u32::try_from(len).map_err(|_| KernelError::TooLarge(len))
+    if len > crate::error::MAX_LEN {
+        return Err(KernelError::TooLarge(len));
+    }
+    Ok(len as u32)
 }
 
 pub(crate) fn check_size(

@@ -836,3 +836,37 @@ fn bf16_operands_and_outputs_on_every_path() {
         }
     }
 }
+
+/// An empty batch against a batch of one is an empty `[0, M, N]` product on every path, as `torch.matmul`'s
+/// `[0, 4, 16] @ [1, 16, 16]` is `[0, 4, 16]` (the SIMT kernel refused it as a batch mismatch, and cuBLASLt, which
+/// takes a batch of 0 as no batch, would have run one whole GEMM on empty buffers). A quantized tensor whose scale
+/// block was changed apart from its buffers is refused by `fp8_read` with the reason, not sliced past its end.
+#[test]
+fn empty_batches_and_blocks_apart_from_their_buffers() {
+    let device = backend_device();
+    let quantize = |shape: [usize; 3]| {
+        let t = Tensor::<B, 3>::ones(shape, &device);
+        let scaling = Scaling::Current { margin: 0.0 };
+        B::fp8_quantize(t.into_primitive().tensor(), Fp8Format::E4M3, scaling).expect("quantize")
+    };
+    for path in PATHS {
+        for (lhs, rhs) in [([0, 4, 16], [1, 16, 16]), ([1, 4, 16], [0, 16, 16])] {
+            let out = with_device_gemm_path(path, || {
+                B::fp8_gemm(quantize(lhs), false, quantize(rhs), false)
+            })
+            .expect("an empty product");
+            let out = Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(out));
+            assert_eq!(out.dims(), [0, 4, 16], "{path:?}: {lhs:?} · {rhs:?}");
+        }
+    }
+    let mut apart = quantize([1, 4, 128]);
+    apart.block = Some(ScaleBlock::new(1, 32));
+    let err = B::fp8_read(&apart).expect_err("16 scales asked of a tensor holding one");
+    assert!(
+        err.to_string().contains("1 scale_inv values for 16"),
+        "{err}"
+    );
+    apart.block = Some(ScaleBlock::new(0, 32));
+    let err = B::fp8_read(&apart).expect_err("an empty block");
+    assert!(err.to_string().contains("empty 0x32 scale block"), "{err}");
+}

@@ -410,6 +410,51 @@ fn gemm_argument_errors() {
     ));
 }
 
+/// Batches at the edges: an empty batch against a batch of one is an empty product in either order (as
+/// `torch.matmul`'s `[0, 4, 8] @ [1, 8, 16]` is `[0, 4, 16]`), not a mismatch; more matrices than a launch grid holds
+/// along its batch (65 535) and an empty scale block are refused with their reason, not launched or divided by.
+#[test]
+fn edge_batches_and_blocks_are_answered_not_launched() {
+    let empty = Operand::per_tensor(0, 4, 8, 1, Fp8Format::E4M3);
+    let one = Operand::per_tensor(1, 8, 16, 2, Fp8Format::E4M3);
+    assert_eq!(
+        burn_te_kernels::gemm::product_dims(&empty.gemm(false), &one.gemm(false)).unwrap(),
+        (4, 8, 16, 0)
+    );
+    let (one_lhs, empty_rhs) = (
+        Operand::per_tensor(1, 4, 8, 3, Fp8Format::E4M3),
+        Operand::per_tensor(0, 8, 16, 4, Fp8Format::E4M3),
+    );
+    assert_eq!(
+        burn_te_kernels::gemm::product_dims(&one_lhs.gemm(false), &empty_rhs.gemm(false)).unwrap(),
+        (4, 8, 16, 0)
+    );
+    fp8_gemm::<TestRuntime, f32>(&client(), &empty.gemm(false), &one.gemm(false))
+        .expect("an empty product");
+    // 65 536 matrices of 1 × 16 · 16 × 1.
+    let (many_a, many_b) = (
+        Operand::per_tensor(65_536, 1, 16, 5, Fp8Format::E4M3),
+        Operand::per_tensor(65_536, 16, 1, 6, Fp8Format::E4M3),
+    );
+    let err = fp8_gemm::<TestRuntime, f32>(&client(), &many_a.gemm(false), &many_b.gemm(false))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::InvalidArgument {
+                what: "gemm batch",
+                ..
+            }
+        ) && err.to_string().contains("65536 matrices"),
+        "{err}"
+    );
+    let a = Operand::per_tensor(1, 4, 128, 7, Fp8Format::E4M3);
+    let mut no_rows = a.gemm(false);
+    no_rows.block = Some(ScaleBlock::new(0, 128));
+    let err = fp8_gemm::<TestRuntime, f32>(&client(), &no_rows, &a.gemm(true)).unwrap_err();
+    assert!(err.to_string().contains("empty 0x128 scale block"), "{err}");
+}
+
 #[test]
 fn empty_depth_gives_zeros() {
     let a = Operand::per_tensor(1, 3, 0, 1, Fp8Format::E4M3);

@@ -278,6 +278,24 @@ pub(crate) fn rows_cols(shape: &Shape) -> (usize, usize) {
     }
 }
 
+/// How many `scale_inv` values a quantized tensor holds: one, or one per block of its grid; an error naming `op`
+/// for an empty block.
+fn scale_count<D>(tensor: &crate::Fp8Tensor<D>, op: &str) -> Result<usize, TeError> {
+    match tensor.block {
+        None => Ok(1),
+        Some(block) if block.rows == 0 || block.cols == 0 => Err(TeError::InvalidShape {
+            module: op.into(),
+            reason: format!("an empty {}x{} scale block", block.rows, block.cols),
+            shape: tensor.shape.as_slice().to_vec(),
+        }),
+        Some(block) => {
+            let (rows, cols) = rows_cols(&tensor.shape);
+            let (grid_rows, grid_cols) = block.grid(rows, cols);
+            Ok(grid_rows * grid_cols)
+        }
+    }
+}
+
 /// The identity of a CubeCL buffer slice: the managed memory's id (a process-wide counter that CubeCL never
 /// reuses) and the slice's offsets. CubeCL 0.10 shows the id only through `Debug`
 /// (`ManagedMemoryId { value: N }`); the tests check that clones share it and distinct tensors do not.
@@ -326,13 +344,11 @@ where
     fn fp8_read(tensor: &Fp8Primitive<Self>) -> Result<Fp8HostData, TeError> {
         let client = &tensor.data.client;
         let len = tensor.shape.num_elements();
-        let scales = match tensor.block {
-            None => 1,
-            Some(block) => {
-                let (rows, cols) = rows_cols(&tensor.shape);
-                let (grid_rows, grid_cols) = block.grid(rows, cols);
-                grid_rows * grid_cols
-            }
+        let scales = scale_count(tensor, "fp8_read")?;
+        let short = |what: &str, have: usize, need: usize| TeError::InvalidShape {
+            module: "fp8_read".into(),
+            reason: format!("the tensor holds {have} {what} for {need}"),
+            shape: tensor.shape.as_slice().to_vec(),
         };
         let read = |handle: &Handle| -> Result<Vec<u8>, TeError> {
             crate::metrics::timed_read(handle.size() as usize, || {
@@ -349,13 +365,23 @@ where
                 .flat_map(|&byte| [byte & 0xf, byte >> 4])
                 .collect();
         }
+        if codes.len() < len {
+            return Err(short("codes", codes.len(), len));
+        }
         codes.truncate(len);
         let scale_inv = read(&tensor.data.scale_inv)?;
-        let scale_inv = f32::from_bytes(&scale_inv)[..scales].to_vec();
+        let scale_inv = f32::from_bytes(&scale_inv);
+        if scale_inv.len() < scales {
+            return Err(short("scale_inv values", scale_inv.len(), scales));
+        }
+        let scale_inv = scale_inv[..scales].to_vec();
         let nvfp4 = match &tensor.data.nvfp4 {
             None => None,
             Some(buffer) => {
                 let mut block_scales = read(&buffer.scales)?;
+                if block_scales.len() < scales {
+                    return Err(short("NVFP4 block scales", block_scales.len(), scales));
+                }
                 block_scales.truncate(scales);
                 let amax = read(&buffer.amax)?;
                 Some(Nvfp4Scales {
@@ -377,6 +403,16 @@ where
         let client = &data.client;
         let (format, nvfp4) = match (tensor.format, &data.nvfp4) {
             (ElementFormat::Fp8(format), _) => (format, None),
+            (ElementFormat::E2m1, Some(buffer)) if buffer.rows * buffer.cols != len => {
+                return Err(TeError::InvalidShape {
+                    module: "fp8_dequantize".into(),
+                    reason: format!(
+                        "the tensor holds {} × {} NVFP4 codes for {len} elements",
+                        buffer.rows, buffer.cols
+                    ),
+                    shape: tensor.shape.as_slice().to_vec(),
+                });
+            }
             (ElementFormat::E2m1, Some(buffer)) => (Fp8Format::E4M3, Some(buffer)),
             (ElementFormat::E2m1, None) => {
                 return Err(TeError::Read(
