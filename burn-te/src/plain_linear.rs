@@ -9,6 +9,8 @@
 //! - **dgrad** belongs to the forward of the same weight buffer; **wgrad** to the forward whose dgrad just ran on
 //!   the same gradient (Burn runs a linear's dgrad and wgrad back to back), else to the forward of the same input
 //!   buffer. So residual branches, layers used twice and any visiting order match their forward.
+//! - A linear outside any scope after a scope's linears (a high-precision head) is recorded beside them, so each
+//!   backward still finds its own forward; the next scope starts afresh.
 //! - Without buffer identities (a backend that cannot tell) or when none matches (e.g. an input recomputed by
 //!   gradient checkpointing), the backward GEMM takes the latest forward not yet matched, which holds for a chain of
 //!   linears; with identities available such a match is counted as a fallback (see [`crate::fallback`]).
@@ -56,7 +58,14 @@ struct State {
     named: usize,
     /// The gradient and forward of the latest dgrad, for the wgrad that follows it.
     last_dgrad: Option<(u64, usize)>,
+    /// Forwards outside any scope recorded since the scope's (see [`OUTSIDE_KEPT`]).
+    outside: usize,
 }
+
+/// Forwards outside any scope recorded after a scope's, so that their backward and the scope's still find their
+/// own forwards (a high-precision head after an FP8 body, as TE advises). Beyond this many (an evaluation loop
+/// after training) each forward outside a scope starts afresh, as it does when no scope ran before.
+const OUTSIDE_KEPT: usize = 256;
 
 thread_local! {
     static STATE: RefCell<State> = RefCell::new(State::default());
@@ -74,7 +83,10 @@ pub fn plain_linear_forward<B: TeBackend>(
     STATE.with(|s| {
         let mut s = s.borrow_mut();
         let generation = scope.as_ref().map(|(_, _, generation)| *generation);
-        if generation.is_none() || s.generation != generation {
+        let after_scope = generation.is_none() && s.generation.is_some();
+        if after_scope && s.outside < OUTSIDE_KEPT {
+            s.outside += 1;
+        } else if generation.is_none() || s.generation != generation {
             *s = State {
                 generation,
                 ..State::default()

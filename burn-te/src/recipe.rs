@@ -222,8 +222,8 @@ impl Recipe {
         }
     }
 
-    /// Checks the recipe as TE does: pure E5M2 is rejected, the margin must be finite and ≥ 0, the history
-    /// non-empty.
+    /// Checks the recipe as TE does: pure E5M2 is rejected, the margin must be finite and ≥ 0 (and below 128, so
+    /// that `2^margin` is a finite f32), the history non-empty.
     pub fn validate(&self) -> Result<(), TeError> {
         if self.format() == Format::E5M2 {
             return Err(TeError::InvalidRecipe(format!(
@@ -232,9 +232,10 @@ impl Recipe {
             )));
         }
         if let Recipe::Delayed(r) = self {
-            if !(r.margin.is_finite() && r.margin >= 0.0) {
+            // 2^margin divides the scale: a margin of 128 or more overflows f32 at the first scale update.
+            if burn_te_kernels::pow2_margin(r.margin).is_err() {
                 return Err(TeError::InvalidRecipe(format!(
-                    "fp8_delayed_scaling: margin must be finite and >= 0, got {}",
+                    "fp8_delayed_scaling: margin must be finite, >= 0 and below 128 (2^margin a finite f32), got {}",
                     r.margin
                 )));
             }

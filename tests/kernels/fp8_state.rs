@@ -518,6 +518,64 @@ fn fp8_state_is_saved_and_restored_with_the_model_record() {
     }
 }
 
+/// A forked replica (burn-train's multi-device learners fork one per device) has its own FP8 state: equal to the
+/// model's at the fork, then each evolves with its own iterations only. The model trained after its replica ran
+/// an iteration still follows the host re-computation of its own history (a shared state would have rolled twice),
+/// and both give the same bits for the same iteration.
+#[test]
+fn a_forked_replica_keeps_its_own_fp8_state() {
+    type B = burn::backend::Autodiff<Te<burn::backend::NdArray>>;
+    let device = Default::default();
+    let data = Data::new(6);
+    let recipe = DelayedScaling {
+        amax_history_len: 4,
+        ..DelayedScaling::default()
+    };
+    let mut fc = layer::<B>(&device);
+    for n in 0..3 {
+        set_weight(&mut fc, &data, n, &device);
+        train_iteration(&fc, &data, n, &recipe, &device);
+    }
+    let mut replica = fc.clone().fork(&device);
+    assert_ne!(
+        replica.fp8_meta.state(),
+        fc.fp8_meta.state(),
+        "its own state"
+    );
+    let read = |fc: &Linear<B>| {
+        ROLES.map(|role| {
+            let format = recipe.fp8_format.for_role(role);
+            fc.fp8_meta.read(role, &recipe, format).unwrap()
+        })
+    };
+    let at_fork = read(&fc);
+    assert_eq!(read(&replica), at_fork, "equal at the fork");
+    set_weight(&mut replica, &data, 3, &device);
+    let out_replica = train_iteration(&replica, &data, 3, &recipe, &device);
+    assert_eq!(
+        read(&fc),
+        at_fork,
+        "the replica's iteration leaves the model's state"
+    );
+    assert_ne!(read(&replica), at_fork, "the replica's state rolled");
+    set_weight(&mut fc, &data, 3, &device);
+    let out = train_iteration(&fc, &data, 3, &recipe, &device);
+    check_gemms(
+        "model after its replica's iteration",
+        &data,
+        3,
+        &recipe,
+        &out,
+    );
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&out.0), bits(&out_replica.0), "y");
+    assert_eq!(
+        read(&fc),
+        read(&replica),
+        "the same history after the same iteration"
+    );
+}
+
 #[test]
 fn two_models_in_one_thread_keep_their_own_histories() {
     type B = Te<Wgpu>;

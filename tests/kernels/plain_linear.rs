@@ -206,6 +206,83 @@ fn plain_linears_in_a_branching_graph_match_te_modules_host() {
     );
 }
 
+/// A plain linear run outside the scope after FP8 ones (a high-precision head, as TE advises) leaves their backward
+/// GEMMs in FP8: `z = c(b(a(x)))` with `a`, `b` in the scope and `c` after it, and the backward after both. The
+/// reference is the same graph of TE modules (`c` outside the scope: high precision); the output and every weight
+/// gradient must be bit-identical at every iteration, and the plain layers' states the TE modules'.
+fn a_head_outside_the_scope_leaves_the_body_fp8<B: AutodiffBackend + TeBackend>(
+    what: &str,
+    device: &B::Device,
+) {
+    let data = Data::new();
+    let recipe = DelayedScaling::default();
+    let trainable = |i: usize| weight::<B>(&data, i, device).set_require_grad(true);
+    let plain: Vec<burn::nn::Linear<B>> = (0..3)
+        .map(|i| {
+            let mut layer = PlainConfig::new(D, D).with_bias(false).init::<B>(device);
+            layer.weight = trainable(i);
+            layer
+        })
+        .collect();
+    let states = PlainLinearStates::new();
+    let te: Vec<burn_te::nn::Linear<B>> = (0..3)
+        .map(|i| {
+            let mut layer = LinearConfig::new(D, D)
+                .with_bias(false)
+                .with_name(Some(format!("linear{i}")))
+                .init::<B>(device);
+            layer.weight = trainable(i);
+            layer
+        })
+        .collect();
+    for n in 0..ITERATIONS {
+        let x = || tensor::<B, 2>(data.x[n].clone(), [TOKENS, D], device);
+        let r = || tensor::<B, 2>(data.r[n].clone(), [TOKENS, D], device);
+        let plain_h = fp8_autocast_with(&states, true, recipe.clone(), || {
+            plain[1].forward(plain[0].forward(x()))
+        })
+        .unwrap();
+        let plain_z = plain[2].forward(plain_h);
+        let plain_grads = (plain_z.clone() * r()).sum().backward();
+        let te_h =
+            fp8_autocast(true, recipe.clone(), || te[1].forward(te[0].forward(x()))).unwrap();
+        let te_z = te[2].forward(te_h);
+        let te_grads = (te_z.clone() * r()).sum().backward();
+        let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(values(plain_z)),
+            bits(values(te_z)),
+            "{what} it {n}: z"
+        );
+        for i in 0..3 {
+            let grad = |w: &Param<Tensor<B, 2>>, grads| bits(values(w.val().grad(grads).unwrap()));
+            assert_eq!(
+                grad(&plain[i].weight, &plain_grads),
+                grad(&te[i].weight, &te_grads),
+                "{what} it {n}: the gradient of linear{i}'s weight"
+            );
+        }
+        for i in 0..2 {
+            assert_eq!(
+                state_bits(&states.layer(&format!("linear{i}")), &recipe),
+                state_bits(te[i].fp8_meta.state(), &recipe),
+                "{what} it {n}: linear{i}'s FP8 state"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_plain_head_outside_the_scope_leaves_the_body_fp8() {
+    a_head_outside_the_scope_leaves_the_body_fp8::<
+        burn::backend::Autodiff<Te<burn::backend::NdArray>>,
+    >("te<ndarray>", &Default::default());
+    a_head_outside_the_scope_leaves_the_body_fp8::<burn::backend::Autodiff<Te<Wgpu>>>(
+        "te<wgpu>",
+        &device(),
+    );
+}
+
 /// The identity the backward GEMMs match by: shared by clones, distinct for live tensors.
 fn buffer_ids<B: TeBackend>(what: &str, device: &B::Device) {
     let a = tensor::<B, 2>(vec![1.0; 12], [3, 4], device);

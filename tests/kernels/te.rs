@@ -542,16 +542,20 @@ fn bad_inputs_give_clear_errors_or_te_behaviour() {
             "{err}"
         );
     }
-    let err = fp8_autocast(
-        true,
-        DelayedScaling {
-            margin: -1.0,
-            ..Default::default()
-        },
-        || (),
-    )
-    .unwrap_err();
-    assert!(err.to_string().contains("margin"), "{err}");
+    // A margin of 128 passes "finite and >= 0" but 2^128 overflows f32: refused at the scope, not at the first
+    // scale update.
+    for margin in [-1.0, 128.0, f32::NAN] {
+        let err = fp8_autocast(
+            true,
+            DelayedScaling {
+                margin,
+                ..Default::default()
+            },
+            || (),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("margin"), "{margin}: {err}");
+    }
     let err = fp8_autocast(
         true,
         DelayedScaling {

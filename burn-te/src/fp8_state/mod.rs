@@ -336,9 +336,21 @@ macro_rules! state_module {
             fn collect_devices(&self, devices: Devices<B>) -> Devices<B> {
                 devices
             }
+            /// A replica's own state (burn-train's multi-device learners fork one replica per device), copied
+            /// through the host: replicas never share one device's buffers nor roll one history from two threads.
+            /// Where the copy cannot be read, the fork shares the state, recorded as a fallback.
             fn fork(self, _device: &B::Device) -> Self {
-                self.state.to_host();
-                self
+                match self.state.to_record().and_then(|record| <$inner>::from_record(&record)) {
+                    Ok(state) => Self::from_state(state),
+                    Err(err) => {
+                        crate::fallback::record(
+                            "FP8 state fork",
+                            format!("the FP8 state could not be copied for a fork ({err}): the fork shares it"),
+                        );
+                        self.state.to_host();
+                        self
+                    }
+                }
             }
             fn to_device(self, _device: &B::Device) -> Self {
                 self.state.to_host();
