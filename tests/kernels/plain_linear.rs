@@ -262,10 +262,10 @@ fn a_head_outside_the_scope_leaves_the_body_fp8<B: AutodiffBackend + TeBackend>(
                 "{what} it {n}: the gradient of linear{i}'s weight"
             );
         }
-        for i in 0..2 {
+        for (i, layer) in te.iter().enumerate().take(2) {
             assert_eq!(
                 state_bits(&states.layer(&format!("linear{i}")), &recipe),
-                state_bits(te[i].fp8_meta.state(), &recipe),
+                state_bits(layer.fp8_meta.state(), &recipe),
                 "{what} it {n}: linear{i}'s FP8 state"
             );
         }
