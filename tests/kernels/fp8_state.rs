@@ -467,20 +467,29 @@ fn te_stack_gemms_follow_the_delayed_scales_and_frozen_weights_update_the_gradie
     }
 }
 
+/// A layer trained for iterations 0–2 under delayed scaling with a 4-long history, and the recipe.
+fn trained_three_iterations<B: AutodiffBackend + TeBackend>(
+    data: &Data,
+    device: &B::Device,
+) -> (Linear<B>, DelayedScaling) {
+    let recipe = DelayedScaling {
+        amax_history_len: 4,
+        ..DelayedScaling::default()
+    };
+    let mut fc = layer::<B>(device);
+    for n in 0..3 {
+        set_weight(&mut fc, data, n, device);
+        train_iteration(&fc, data, n, &recipe, device);
+    }
+    (fc, recipe)
+}
+
 #[test]
 fn fp8_state_is_saved_and_restored_with_the_model_record() {
     type B = burn::backend::Autodiff<Te<Wgpu>>;
     let device = device();
     let data = Data::new(3);
-    let recipe = DelayedScaling {
-        amax_history_len: 4,
-        ..DelayedScaling::default()
-    };
-    let mut fc = layer::<B>(&device);
-    for n in 0..3 {
-        set_weight(&mut fc, &data, n, &device);
-        train_iteration(&fc, &data, n, &recipe, &device);
-    }
+    let (fc, recipe) = trained_three_iterations::<B>(&data, &device);
     let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
     let bytes = recorder.record(fc.clone().into_record(), ()).unwrap();
 
@@ -527,15 +536,7 @@ fn a_forked_replica_keeps_its_own_fp8_state() {
     type B = burn::backend::Autodiff<Te<burn::backend::NdArray>>;
     let device = Default::default();
     let data = Data::new(6);
-    let recipe = DelayedScaling {
-        amax_history_len: 4,
-        ..DelayedScaling::default()
-    };
-    let mut fc = layer::<B>(&device);
-    for n in 0..3 {
-        set_weight(&mut fc, &data, n, &device);
-        train_iteration(&fc, &data, n, &recipe, &device);
-    }
+    let (mut fc, recipe) = trained_three_iterations::<B>(&data, &device);
     let mut replica = fc.clone().fork(&device);
     assert_ne!(
         replica.fp8_meta.state(),

@@ -103,32 +103,42 @@ fn state_bits(state: &LayerFp8State, recipe: &DelayedScaling) -> Vec<u32> {
     .collect()
 }
 
+/// Three plain Burn linears (no bias) with `weight(i)`, and the reference: TE modules with the same weights, named
+/// as the plain linears are (by weight, in first-call order: `linear0`, ...).
+#[allow(clippy::type_complexity)]
+fn both_linears<B: AutodiffBackend + TeBackend>(
+    weight: impl Fn(usize) -> Param<Tensor<B, 2>>,
+    device: &B::Device,
+) -> (Vec<burn::nn::Linear<B>>, Vec<burn_te::nn::Linear<B>>) {
+    let plain = (0..3)
+        .map(|i| {
+            let mut layer = PlainConfig::new(D, D).with_bias(false).init::<B>(device);
+            layer.weight = weight(i);
+            layer
+        })
+        .collect();
+    let te = (0..3)
+        .map(|i| {
+            let mut layer = LinearConfig::new(D, D)
+                .with_bias(false)
+                .with_name(Some(format!("linear{i}")))
+                .init::<B>(device);
+            layer.weight = weight(i);
+            layer
+        })
+        .collect();
+    (plain, te)
+}
+
 fn branching_graph_matches_te_modules<B: AutodiffBackend + TeBackend>(
     what: &str,
     device: &B::Device,
 ) {
     let data = Data::new();
     let recipe = DelayedScaling::default();
-    // Plain Burn linears, their states in one PlainLinearStates.
-    let plain: Vec<burn::nn::Linear<B>> = (0..3)
-        .map(|i| {
-            let mut layer = PlainConfig::new(D, D).with_bias(false).init::<B>(device);
-            layer.weight = weight(&data, i, device);
-            layer
-        })
-        .collect();
+    // Plain Burn linears, their states in one PlainLinearStates; the reference TE modules.
+    let (plain, te) = both_linears::<B>(|i| weight(&data, i, device), device);
     let states = PlainLinearStates::new();
-    // The reference: TE modules named as the plain linears are (by weight, in first-call order).
-    let te: Vec<burn_te::nn::Linear<B>> = (0..3)
-        .map(|i| {
-            let mut layer = LinearConfig::new(D, D)
-                .with_bias(false)
-                .with_name(Some(format!("linear{i}")))
-                .init::<B>(device);
-            layer.weight = weight(&data, i, device);
-            layer
-        })
-        .collect();
     for n in 0..ITERATIONS {
         let (plain_z, plain_grads) = fp8_autocast_with(&states, true, recipe.clone(), || {
             run::<B>(&|i, x| plain[i].forward(x), &data, n, device)
@@ -217,24 +227,8 @@ fn a_head_outside_the_scope_leaves_the_body_fp8<B: AutodiffBackend + TeBackend>(
     let data = Data::new();
     let recipe = DelayedScaling::default();
     let trainable = |i: usize| weight::<B>(&data, i, device).set_require_grad(true);
-    let plain: Vec<burn::nn::Linear<B>> = (0..3)
-        .map(|i| {
-            let mut layer = PlainConfig::new(D, D).with_bias(false).init::<B>(device);
-            layer.weight = trainable(i);
-            layer
-        })
-        .collect();
+    let (plain, te) = both_linears::<B>(trainable, device);
     let states = PlainLinearStates::new();
-    let te: Vec<burn_te::nn::Linear<B>> = (0..3)
-        .map(|i| {
-            let mut layer = LinearConfig::new(D, D)
-                .with_bias(false)
-                .with_name(Some(format!("linear{i}")))
-                .init::<B>(device);
-            layer.weight = trainable(i);
-            layer
-        })
-        .collect();
     for n in 0..ITERATIONS {
         let x = || tensor::<B, 2>(data.x[n].clone(), [TOKENS, D], device);
         let r = || tensor::<B, 2>(data.r[n].clone(), [TOKENS, D], device);
