@@ -67,6 +67,28 @@ impl<D> Fp8Tensor<D> {
             n => (dims[..n - 2].iter().product(), dims[n - 2], dims[n - 1]),
         }
     }
+
+    /// How many `scale_inv` values the tensor holds: one, or one per block of its grid (the tensor viewed as
+    /// `[leading dims folded, last dim]`); an error naming `op` for an empty block.
+    pub fn scale_count(&self, op: &str) -> Result<usize, TeError> {
+        match self.block {
+            None => Ok(1),
+            Some(block) if block.rows == 0 || block.cols == 0 => Err(TeError::InvalidShape {
+                module: op.into(),
+                reason: format!("an empty {}x{} scale block", block.rows, block.cols),
+                shape: self.shape.as_slice().to_vec(),
+            }),
+            Some(block) => {
+                let dims = self.shape.as_slice();
+                let (rows, cols) = match dims.split_last() {
+                    None => (1, 1),
+                    Some((last, leading)) => (leading.iter().product(), *last),
+                };
+                let (grid_rows, grid_cols) = block.grid(rows, cols);
+                Ok(grid_rows * grid_cols)
+            }
+        }
+    }
 }
 
 /// A quantized tensor's buffers on the host, read by [`TeBackend::fp8_read`](crate::TeBackend::fp8_read).

@@ -278,24 +278,6 @@ pub(crate) fn rows_cols(shape: &Shape) -> (usize, usize) {
     }
 }
 
-/// How many `scale_inv` values a quantized tensor holds: one, or one per block of its grid; an error naming `op`
-/// for an empty block.
-fn scale_count<D>(tensor: &crate::Fp8Tensor<D>, op: &str) -> Result<usize, TeError> {
-    match tensor.block {
-        None => Ok(1),
-        Some(block) if block.rows == 0 || block.cols == 0 => Err(TeError::InvalidShape {
-            module: op.into(),
-            reason: format!("an empty {}x{} scale block", block.rows, block.cols),
-            shape: tensor.shape.as_slice().to_vec(),
-        }),
-        Some(block) => {
-            let (rows, cols) = rows_cols(&tensor.shape);
-            let (grid_rows, grid_cols) = block.grid(rows, cols);
-            Ok(grid_rows * grid_cols)
-        }
-    }
-}
-
 /// The identity of a CubeCL buffer slice: the managed memory's id (a process-wide counter that CubeCL never
 /// reuses) and the slice's offsets. CubeCL 0.10 shows the id only through `Debug`
 /// (`ManagedMemoryId { value: N }`); the tests check that clones share it and distinct tensors do not.
@@ -344,7 +326,7 @@ where
     fn fp8_read(tensor: &Fp8Primitive<Self>) -> Result<Fp8HostData, TeError> {
         let client = &tensor.data.client;
         let len = tensor.shape.num_elements();
-        let scales = scale_count(tensor, "fp8_read")?;
+        let scales = tensor.scale_count("fp8_read")?;
         let short = |what: &str, have: usize, need: usize| TeError::InvalidShape {
             module: "fp8_read".into(),
             reason: format!("the tensor holds {have} {what} for {need}"),

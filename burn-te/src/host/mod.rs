@@ -754,17 +754,7 @@ fn check_operand<D>(t: &Fp8Tensor<HostFp8Data<D>>, what: &'static str) -> Result
         )));
     }
     let scales = t.data.scale_inv.len();
-    let expected = match t.block {
-        None => 1,
-        Some(block) if block.rows == 0 || block.cols == 0 => {
-            return Err(error(format!("a scale block of {block:?} is empty")));
-        }
-        Some(block) => {
-            let cols = dims.last().copied().unwrap_or(1);
-            let rows = elements.checked_div(cols).unwrap_or(0);
-            rows.div_ceil(block.rows) * cols.div_ceil(block.cols)
-        }
-    };
+    let expected = t.scale_count(what)?;
     if scales != expected {
         return Err(error(format!(
             "the tensor holds {scales} scale_inv values for {expected} (its scale blocks: {:?})",
