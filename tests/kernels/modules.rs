@@ -606,6 +606,43 @@ fn shape_and_config_errors_name_the_module() {
         "{message}"
     );
 
+    // A negative or NaN epsilon would make every output NaN: refused at init, naming the norm.
+    let message = |err: TeError| {
+        assert!(matches!(err, TeError::InvalidConfig { .. }), "{err}");
+        err.to_string()
+    };
+    let norm = LayerNormConfig::new(16)
+        .with_name(Some("ln".into()))
+        .with_eps(-1e-5);
+    let err = message(norm.try_init::<B>(&device).unwrap_err());
+    assert!(
+        err.contains("ln") && err.contains("eps must be finite and >= 0, got -0.00001"),
+        "{err}"
+    );
+    let err = message(
+        RmsNormConfig::new(16)
+            .with_eps(f64::NAN)
+            .try_init::<B>(&device)
+            .unwrap_err(),
+    );
+    assert!(err.contains("rmsnorm") && err.contains("got NaN"), "{err}");
+    let err = TransformerLayerConfig::new(32, 32, 4)
+        .with_name(Some("block".into()))
+        .with_layernorm_epsilon(f64::INFINITY)
+        .try_init::<B>(&device)
+        .unwrap_err();
+    let err = message(err);
+    assert!(
+        err.contains("block.") && err.contains("layer_norm") && err.contains("got inf"),
+        "{err}"
+    );
+    assert!(
+        LayerNormConfig::new(16)
+            .with_eps(0.0)
+            .try_init::<B>(&device)
+            .is_ok()
+    );
+
     let mlp = LayerNormMLPConfig::new(16, 32)
         .with_name(Some("mlp".into()))
         .init::<B>(&device);

@@ -5,7 +5,7 @@ use burn::prelude::*;
 
 use super::names::LayerName;
 use super::parallel::TensorParallel;
-use super::{check_features, or_panic};
+use super::{check_features, epsilon, or_panic};
 use crate::backend::TeBackend;
 use crate::error::TeError;
 use crate::fused::{self, NormKind, NormSpec};
@@ -47,6 +47,11 @@ pub struct LayerNorm<B: Backend> {
 impl LayerNormConfig {
     /// A layer norm on `device`.
     pub fn init<B: Backend>(&self, device: &B::Device) -> LayerNorm<B> {
+        or_panic(self.try_init(device))
+    }
+
+    /// A layer norm on `device`, or an error naming a negative or non-finite `eps`.
+    pub fn try_init<B: Backend>(&self, device: &B::Device) -> Result<LayerNorm<B>, TeError> {
         self.init_named(LayerName::root(self.name.as_deref(), "layernorm"), device)
     }
 
@@ -54,15 +59,16 @@ impl LayerNormConfig {
         &self,
         name: LayerName,
         device: &B::Device,
-    ) -> LayerNorm<B> {
-        LayerNorm {
+    ) -> Result<LayerNorm<B>, TeError> {
+        let eps = epsilon(&name.to_string(), self.eps)?;
+        Ok(LayerNorm {
             weight: gamma(self.hidden_size, self.zero_centered_gamma, device),
             bias: Initializer::Zeros.init([self.hidden_size], device),
-            eps: self.eps,
+            eps,
             zero_centered_gamma: self.zero_centered_gamma,
             name,
             token_shards: None,
-        }
+        })
     }
 }
 

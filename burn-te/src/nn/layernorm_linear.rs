@@ -115,7 +115,7 @@ impl LayerNormLinearConfig {
                 self.zero_centered_gamma,
                 name.child("layer_norm", None),
                 device,
-            ),
+            )?,
             weight,
             bias,
             return_bias: self.return_bias,

@@ -107,7 +107,7 @@ impl LayerNormMLPConfig {
                 self.zero_centered_gamma,
                 name.child("layer_norm", None),
                 device,
-            )
+            )?
             .on_token_shards(fc1.parallel());
         Ok(LayerNormMLP {
             layer_norm,

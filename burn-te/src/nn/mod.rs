@@ -87,6 +87,18 @@ pub(crate) fn dropout(module: &str, key: &str, prob: f64) -> Result<burn::nn::Dr
     Ok(burn::nn::DropoutConfig::new(prob).init())
 }
 
+/// A normalization's epsilon, or an error unless it is finite and ≥ 0 (a negative or NaN one makes every output
+/// NaN).
+pub(crate) fn epsilon(module: &str, eps: f64) -> Result<f64, TeError> {
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(config_error(
+            module,
+            format!("eps must be finite and >= 0, got {eps}"),
+        ));
+    }
+    Ok(eps)
+}
+
 /// A config error of `module`.
 pub(crate) fn config_error(module: &str, reason: impl Into<String>) -> TeError {
     TeError::InvalidConfig {

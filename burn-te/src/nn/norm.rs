@@ -35,21 +35,21 @@ impl Normalization {
         zero_centered_gamma: bool,
         name: LayerName,
         device: &B::Device,
-    ) -> Norm<B> {
-        match self {
+    ) -> Result<Norm<B>, TeError> {
+        Ok(match self {
             Normalization::LayerNorm => Norm::LayerNorm(
                 LayerNormConfig::new(hidden_size)
                     .with_eps(eps)
                     .with_zero_centered_gamma(zero_centered_gamma)
-                    .init_named(name, device),
+                    .init_named(name, device)?,
             ),
             Normalization::RMSNorm => Norm::RmsNorm(
                 RmsNormConfig::new(hidden_size)
                     .with_eps(eps)
                     .with_zero_centered_gamma(zero_centered_gamma)
-                    .init_named(name, device),
+                    .init_named(name, device)?,
             ),
-        }
+        })
     }
 }
 

@@ -6,7 +6,7 @@ use burn::prelude::*;
 use super::layer_norm::{applied_gamma, gamma, token_shard_param};
 use super::names::LayerName;
 use super::parallel::TensorParallel;
-use super::{check_features, or_panic};
+use super::{check_features, epsilon, or_panic};
 use crate::backend::TeBackend;
 use crate::error::TeError;
 use crate::fused::{self, NormKind, NormSpec};
@@ -45,17 +45,27 @@ pub struct RmsNorm<B: Backend> {
 impl RmsNormConfig {
     /// An RMS norm on `device`.
     pub fn init<B: Backend>(&self, device: &B::Device) -> RmsNorm<B> {
+        or_panic(self.try_init(device))
+    }
+
+    /// An RMS norm on `device`, or an error naming a negative or non-finite `eps`.
+    pub fn try_init<B: Backend>(&self, device: &B::Device) -> Result<RmsNorm<B>, TeError> {
         self.init_named(LayerName::root(self.name.as_deref(), "rmsnorm"), device)
     }
 
-    pub(crate) fn init_named<B: Backend>(&self, name: LayerName, device: &B::Device) -> RmsNorm<B> {
-        RmsNorm {
+    pub(crate) fn init_named<B: Backend>(
+        &self,
+        name: LayerName,
+        device: &B::Device,
+    ) -> Result<RmsNorm<B>, TeError> {
+        let eps = epsilon(&name.to_string(), self.eps)?;
+        Ok(RmsNorm {
             weight: gamma(self.hidden_size, self.zero_centered_gamma, device),
-            eps: self.eps,
+            eps,
             zero_centered_gamma: self.zero_centered_gamma,
             name,
             token_shards: None,
-        }
+        })
     }
 }
 
