@@ -191,13 +191,8 @@ impl GemmOperand<'_> {
     }
 
     pub(crate) fn check(&self, what: &'static str) -> Result<(), KernelError> {
-        if let Some(block) = self.block
-            && (block.rows == 0 || block.cols == 0)
-        {
-            return Err(KernelError::InvalidArgument {
-                what,
-                reason: format!("an empty {}x{} scale block", block.rows, block.cols),
-            });
+        if let Some(block) = self.block {
+            block.check()?;
         }
         let len = self.batch * self.rows * self.cols;
         if self.codes.len() != len {
