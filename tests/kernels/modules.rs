@@ -642,6 +642,15 @@ fn shape_and_config_errors_name_the_module() {
             .try_init::<B>(&device)
             .is_ok()
     );
+    let err = DotProductAttentionConfig::new(4, 8)
+        .with_softmax_scale(Some(f64::NAN))
+        .try_init::<B>()
+        .unwrap_err();
+    let err = message(err);
+    assert!(
+        err.contains("softmax_scale must be finite, got NaN"),
+        "{err}"
+    );
 
     let mlp = LayerNormMLPConfig::new(16, 32)
         .with_name(Some("mlp".into()))

@@ -166,6 +166,14 @@ impl DotProductAttentionConfig {
                 ),
             ));
         }
+        if let Some(scale) = self.softmax_scale
+            && !scale.is_finite()
+        {
+            return Err(config_error(
+                module,
+                format!("softmax_scale must be finite, got {scale}"),
+            ));
+        }
         Ok(DotProductAttention {
             attention_dropout: dropout(module, "attention_dropout", self.attention_dropout)?,
             heads: self.num_attention_heads,
