@@ -79,11 +79,7 @@ impl<D> Fp8Tensor<D> {
                 shape: self.shape.as_slice().to_vec(),
             }),
             Some(block) => {
-                let dims = self.shape.as_slice();
-                let (rows, cols) = match dims.split_last() {
-                    None => (1, 1),
-                    Some((last, leading)) => (leading.iter().product(), *last),
-                };
+                let (rows, cols) = rows_cols(&self.shape);
                 let (grid_rows, grid_cols) = block.grid(rows, cols);
                 Ok(grid_rows * grid_cols)
             }
@@ -157,6 +153,14 @@ pub enum Scaling<'a, S> {
         /// over them, so every shard is quantized as the whole tensor would be. `None`: this tensor's own.
         amax_group: Option<&'a dyn AmaxGroup>,
     },
+}
+
+/// `(rows, cols)` of a tensor viewed as `[leading dims folded, last dim]`.
+pub(crate) fn rows_cols(shape: &Shape) -> (usize, usize) {
+    match shape.as_slice().split_last() {
+        None => (1, 1),
+        Some((last, leading)) => (leading.iter().product(), *last),
+    }
 }
 
 /// The output shape of [`TeBackend::fp8_gemm`](crate::TeBackend::fp8_gemm): the batch dimensions of the batched operand, then `[M, N]`.

@@ -20,6 +20,7 @@ use crate::backend::{
     ElementFormat, Fp8HostData, Fp8Primitive, Fp8Tensor, Nvfp4Scales, Scaling, TeBackend,
 };
 use crate::error::TeError;
+use crate::primitive::rows_cols;
 
 /// FP8 (or NVFP4) buffers on a CubeCL device.
 #[derive(Clone)]
@@ -268,14 +269,6 @@ fn copy_scalar<R: CubeRuntime>(
     handle: &Handle,
 ) -> Result<Handle, TeError> {
     Ok(ops::copy_f32(client, handle, 1)?)
-}
-
-/// `(rows, cols)` of a tensor viewed as `[leading dims folded, last dim]`.
-pub(crate) fn rows_cols(shape: &Shape) -> (usize, usize) {
-    match shape.as_slice().split_last() {
-        None => (1, 1),
-        Some((last, leading)) => (leading.iter().product(), *last),
-    }
 }
 
 /// The identity of a CubeCL buffer slice: the managed memory's id (a process-wide counter that CubeCL never

@@ -8,10 +8,10 @@ use burn::tensor::{DType, Shape, TensorMetadata};
 use burn_te_kernels::host::fused::{activation, norm, softmax};
 
 use super::{HostValues, host_tensor};
-use crate::cube::rows_cols;
 use crate::error::TeError;
 use crate::fused::{AttentionMask, NormForward, NormGrads, NormSaved, NormSpec, Pointwise};
 use crate::metrics::{count_launch, names};
+use crate::primitive::rows_cols;
 
 /// How a host backend reads its tensors (`flex_values`, `values::<NdArray>`).
 pub(super) type Read<B> = fn(FloatTensor<B>) -> Result<(HostValues, Shape), TeError>;

@@ -32,8 +32,8 @@ use crate::backend::{
 };
 use gemm::operand::HostOperand;
 
-use crate::cube::rows_cols;
 use crate::error::TeError;
+use crate::primitive::rows_cols;
 
 /// FP8 (or E2M1) codes, one per byte, and `scale_inv` values on the host, on a CPU backend's device `D`.
 #[derive(Clone, Debug)]
