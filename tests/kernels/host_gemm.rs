@@ -1103,53 +1103,99 @@ fn packing_out_of_bounds_is_an_error() {
     assert!(err.to_string().contains("beyond usize::MAX"), "{err}");
 }
 
-/// What one thread keeps of its packing buffers: at most 4 buffers of 64 MiB together, the smallest freed first
-/// (re-computed here from the sizes the packed operands take), none larger than that, nothing after `release`.
+/// Packed operands of 4 MiB and more come from the host outputs' process-wide pool, within its bound: a freed
+/// packing buffer is reused by the next operand of its size and overwritten whole (the units, and the zeros of the
+/// lanes past the last row, re-computed from the codes after a pack of other codes into the same block), at most
+/// the bound stays held (the least recently freed released), a small operand is a plain allocation, and with the
+/// pool off nothing is pooled. Alone in its process (the pool is process-wide), with a 24 MiB bound.
 #[test]
-fn kept_packing_buffers_stay_within_their_bound() {
-    use burn_te_kernels::host::gemm::fma::Avx2FmaKernel;
-    use burn_te_kernels::host::gemm::scratch::{KEPT_BUFFERS, KEPT_BYTES, held_bytes, release};
-    use burn_te_kernels::host::gemm::{self, Elements, Source};
+fn large_packing_buffers_come_from_the_pool_within_its_bound() {
+    alone(
+        "host_gemm::large_packing_buffers_come_from_the_pool_within_its_bound",
+        || {
+            use burn_te_kernels::host::gemm::fma::Avx2FmaKernel;
+            use burn_te_kernels::host::gemm::{self, Elements, Source};
+            use burn_te_kernels::host::pool::{
+                PoolStats, pool_stats, set_held_limit, set_overwrite_check,
+            };
 
-    release();
-    assert_eq!(held_bytes(), 0);
-    let table = [0u32; 256];
-    let depth = 1024;
-    let mut kept: Vec<usize> = vec![];
-    // Operands of 12, 20, 28, 36, 72 and 4 MiB packed (rows padded to 6), each dropped before the next.
-    for rows in [3072, 5120, 7168, 9216, 18432, 1024] {
-        let codes = vec![0u8; rows * depth];
-        let source = Source {
-            elements: Elements::Codes(&codes, &table),
-            offset: 0,
-            strides: (depth, 1),
-        };
-        let packed = gemm::pack_lhs::<Avx2FmaKernel>(rows, depth, &source).expect("packs");
-        drop(packed);
-        let needed = rows.div_ceil(6) * 6 * depth * 4;
-        // The policy, re-computed: the packing takes the smallest kept buffer that fits, else a fresh one; given
-        // back, a buffer above the bound is not kept, else it joins and the smallest go while there are too many
-        // or too many bytes.
-        let bytes = match kept.iter().position(|&b| b >= needed) {
-            Some(fits) => kept.remove(fits),
-            None => needed,
-        };
-        if bytes <= KEPT_BYTES {
-            kept.push(bytes);
-            kept.sort_unstable();
-            while kept.len() > KEPT_BUFFERS || kept.iter().sum::<usize>() > KEPT_BYTES {
-                kept.remove(0);
-            }
-        }
-        assert_eq!(
-            held_bytes(),
-            kept.iter().sum::<usize>(),
-            "after {rows} rows: {kept:?}"
-        );
-        assert!(held_bytes() <= KEPT_BYTES);
-    }
-    release();
-    assert_eq!(held_bytes(), 0, "release frees everything");
+            set_held_limit(24 << 20);
+            // Reused blocks keep their old values, as in release builds.
+            set_overwrite_check(false);
+            let depth = 1024;
+            let table: [u32; 256] = std::array::from_fn(|code| (code as f32 - 128.0).to_bits());
+            let pack = |codes: &[u8], rows: usize| {
+                let source = Source {
+                    elements: Elements::Codes(codes, &table),
+                    offset: 0,
+                    strides: (depth, 1),
+                };
+                gemm::pack_lhs::<Avx2FmaKernel>(rows, depth, &source).expect("packs")
+            };
+            // Panel `i`'s unit `p` of lane `r` at `(i · depth + p) · 6 + r`, zero past the last row.
+            let expected = |codes: &[u8], rows: usize| -> Vec<u32> {
+                let mut units = vec![0; rows.div_ceil(6) * 6 * depth];
+                for lane in 0..rows {
+                    for p in 0..depth {
+                        units[(lane / 6 * depth + p) * 6 + lane % 6] =
+                            table[usize::from(codes[lane * depth + p])];
+                    }
+                }
+                units
+            };
+            let mut rng = Rng::new(5);
+            let mut codes = |rows: usize| -> Vec<u8> {
+                (0..rows * depth).map(|_| rng.next_u64() as u8).collect()
+            };
+            let start = pool_stats();
+            let stats = |reused, allocated, held_mib: usize| PoolStats {
+                reused: start.reused + reused,
+                allocated: start.allocated + allocated,
+                held_bytes: held_mib << 20,
+            };
+            // 1536 rows (1534 padded to panels of 6) × 1024 f32: 6 MiB.
+            let (rows, short) = (1536, 1534);
+            let first_codes = codes(rows);
+            let first = pack(&first_codes, rows);
+            assert_eq!(first.units(), expected(&first_codes, rows));
+            assert_eq!(pool_stats(), stats(0, 1, 0), "a fresh block");
+            drop(first);
+            assert_eq!(pool_stats(), stats(0, 1, 6), "the freed block held");
+            // Other codes, two rows fewer, into the block that holds the first's units.
+            let second_codes = codes(short);
+            let second = pack(&second_codes, short);
+            assert_eq!(pool_stats(), stats(1, 1, 0), "the freed block reused");
+            assert_eq!(
+                second.units(),
+                expected(&second_codes, short),
+                "a reused block overwritten whole"
+            );
+            drop(second);
+            // Five alive at once (one reused, four fresh), then freed: four stay in the 24 MiB bound.
+            let all = codes(rows);
+            let packed: Vec<_> = (0..5).map(|_| pack(&all, rows)).collect();
+            assert_eq!(pool_stats(), stats(2, 5, 0));
+            drop(packed);
+            assert_eq!(pool_stats(), stats(2, 5, 24), "held within the bound");
+            // Below 4 MiB: a plain allocation.
+            let small = codes(6);
+            assert_eq!(pack(&small, 6).units(), expected(&small, 6));
+            assert_eq!(
+                pool_stats(),
+                stats(2, 5, 24),
+                "a small operand is not pooled"
+            );
+            // The pool off: nothing pooled, nothing held.
+            set_held_limit(0);
+            assert_eq!(pack(&all, rows).units(), expected(&all, rows));
+            let now = pool_stats();
+            assert_eq!(
+                (now.reused, now.allocated),
+                (start.reused + 2, start.allocated + 5),
+                "the pool off: a plain allocation"
+            );
+        },
+    );
 }
 
 /// Large GEMM outputs reuse freed memory from the pool (`burn_te_kernels::host::pool`) within its bound, and a

@@ -6,8 +6,6 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
-use super::gemm::advise_huge_pages;
-
 /// Values per task (256 KiB of f32).
 const CHUNK: usize = 1 << 16;
 
@@ -44,4 +42,26 @@ pub unsafe fn assume_init<T>(values: Vec<MaybeUninit<T>>) -> Vec<T> {
     // SAFETY: `MaybeUninit<T>` has `T`'s layout, the allocation is handed over whole, and the caller vouches that
     // every value is initialized.
     unsafe { Vec::from_raw_parts(values.as_mut_ptr().cast(), values.len(), values.capacity()) }
+}
+
+/// Asks the OS to back `buffer`'s pages with huge pages (Linux's `madvise(MADV_HUGEPAGE)`) when it spans at least
+/// 4 MiB, so that a large fresh buffer faults in 2 MiB at a time instead of 4 KiB (the largest shape of
+/// `benches/host_gemm.rs` spent ~60 ms of 264 in page faults). Call it on a fresh `vec![0; n]` before anything
+/// writes it: the allocator maps large zeroed buffers untouched. A hint: where the OS declines (transparent huge
+/// pages off) or the pages are already in, nothing changes.
+pub fn advise_huge_pages<T>(buffer: &[T]) {
+    let bytes = std::mem::size_of_val(buffer);
+    #[cfg(target_os = "linux")]
+    if bytes >= 4 << 20 {
+        const PAGE: usize = 4096;
+        let first = buffer.as_ptr() as usize;
+        let (start, end) = (first.next_multiple_of(PAGE), (first + bytes) / PAGE * PAGE);
+        if end > start {
+            // SAFETY: whole pages inside the buffer's allocation; the advice changes how they are backed, never
+            // their contents.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = bytes;
 }

@@ -1,5 +1,5 @@
-//! Large host output buffers kept for reuse. A training step allocates its large outputs (GEMMs, fused norms,
-//! activations, softmax and attention) anew each step, and glibc's `malloc` returns blocks of 32 MiB and more to the
+//! Large host buffers kept for reuse. A training step allocates its large outputs (GEMMs, fused norms,
+//! activations, softmax and attention) and its GEMMs' packed operands anew each step, and glibc's `malloc` returns blocks of 32 MiB and more to the
 //! OS when they are freed: each step's outputs are then fresh pages that Linux zeroes while the first stores fault
 //! them in (13 % of a hidden-2048 FP8 step on Zen 4). A freed buffer from here goes back to a process-wide pool
 //! instead, and the next buffer of the same size reuses it, pages and all.
@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use cubecl::bytes::{AllocationController, AllocationProperty, Bytes};
 use rayon::prelude::*;
 
-use super::gemm::advise_huge_pages;
+use super::buffers::advise_huge_pages;
 
 /// Buffers of this many bytes or more are pooled (smaller ones are plain `Vec`s, which `malloc` keeps).
 pub const POOLED_FROM: usize = 4 << 20;
@@ -41,6 +41,25 @@ pub fn held_limit() -> usize {
 /// released at the next return.
 pub fn set_held_limit(bytes: usize) {
     LIMIT.store(bytes, Ordering::Relaxed);
+}
+
+/// A value a pooled block holds: a plain 4-byte number (f32, or the packed GEMM operands' f32 bits and bf16 pairs),
+/// every bit pattern a value.
+pub trait PoolWord: Copy + Send + Sync + 'static {
+    /// All bits zero.
+    const ZERO: Self;
+    /// What [`set_overwrite_check`] fills with: NaN as an f32 and as each of two bf16 halves.
+    const CHECK: Self;
+}
+
+impl PoolWord for f32 {
+    const ZERO: Self = 0.0;
+    const CHECK: Self = f32::from_bits(0x7fc0_7fc0);
+}
+
+impl PoolWord for u32 {
+    const ZERO: Self = 0;
+    const CHECK: Self = 0x7fc0_7fc0;
 }
 
 /// Whether [`HostBuffer::for_overwrite`] fills with NaN (on in debug builds).
@@ -223,11 +242,11 @@ impl PooledBlock {
     }
 }
 
-/// A pooled block for `len` f32 values, where the pool takes them.
-fn pooled_block(len: usize) -> Option<PooledBlock> {
+/// A pooled block for `len` values of `T`, where the pool takes them.
+fn pooled_block<T>(len: usize) -> Option<PooledBlock> {
     // Beyond what a layout can hold, the plain allocation refuses the size.
     let bytes = len
-        .checked_mul(size_of::<f32>())
+        .checked_mul(size_of::<T>())
         .filter(|&bytes| bytes <= isize::MAX as usize - ALIGN)?;
     (bytes >= POOLED_FROM && held_limit() > 0).then(|| {
         let (block, reused) = take(bytes);
@@ -238,10 +257,10 @@ fn pooled_block(len: usize) -> Option<PooledBlock> {
     })
 }
 
-impl HostOutput {
-    /// `len` f32 values not yet written, for a kernel that writes every one.
+impl<T: PoolWord> HostBuffer<MaybeUninit<T>> {
+    /// `len` values not yet written, for a kernel that writes every one.
     pub fn uninit(len: usize) -> Self {
-        match pooled_block(len) {
+        match pooled_block::<T>(len) {
             Some(block) => Self::Pooled {
                 block,
                 len,
@@ -255,12 +274,12 @@ impl HostOutput {
     ///
     /// # Safety
     /// Every value has been written.
-    pub unsafe fn assume_init(self) -> OutputValues {
+    pub unsafe fn assume_init(self) -> HostBuffer<T> {
         match self {
             // SAFETY: the caller vouches that every value is written.
             Self::Small(values) => HostBuffer::Small(unsafe { super::assume_init(values) }),
             Self::Pooled { mut block, len, .. } => {
-                block.mark_written(len * size_of::<f32>());
+                block.mark_written(len * size_of::<T>());
                 HostBuffer::Pooled {
                     block,
                     len,
@@ -274,7 +293,7 @@ impl HostOutput {
 impl OutputValues {
     /// `len` zeros, written on rayon's threads where large (see [`super::zeroed`]).
     pub fn zeroed(len: usize) -> Self {
-        let Some(block) = pooled_block(len) else {
+        let Some(block) = pooled_block::<f32>(len) else {
             return Self::Small(super::zeroed(len));
         };
         let mut out = HostOutput::Pooled {
@@ -288,34 +307,6 @@ impl OutputValues {
         unsafe { out.assume_init() }
     }
 
-    /// `len` values for a kernel that overwrites every one: a reused pooled block keeps its old values (only what
-    /// no output has written yet is zeroed), so no pass zero-fills what the kernel writes next. With
-    /// [`set_overwrite_check`] (debug builds) every value is NaN instead, so that a test of a kernel that misses a
-    /// value fails.
-    pub fn for_overwrite(len: usize) -> Self {
-        let check = CHECK_OVERWRITES.load(Ordering::Relaxed);
-        let fill = if check { f32::NAN } else { 0.0 };
-        let Some(block) = pooled_block(len) else {
-            return Self::Small(vec![fill; len]);
-        };
-        let from = if check {
-            0
-        } else {
-            (block.block().written / size_of::<f32>()).min(len)
-        };
-        let mut out = HostOutput::Pooled {
-            block,
-            len,
-            values: PhantomData,
-        };
-        out[from..]
-            .par_chunks_mut(1 << 16)
-            .for_each(|chunk| chunk.fill(MaybeUninit::new(fill)));
-        // SAFETY: the values before `from` were written by an earlier output of this block (memory once written
-        // stays initialized), the rest just now.
-        unsafe { out.assume_init() }
-    }
-
     /// The values as cubecl's [`Bytes`] (what a Burn `TensorData` holds); a pooled block returns to the pool when
     /// the bytes drop.
     pub fn into_bytes(self) -> Bytes {
@@ -326,6 +317,36 @@ impl OutputValues {
                 unsafe { Bytes::from_controller(Box::new(block), len * size_of::<f32>()) }
             }
         }
+    }
+}
+
+impl<T: PoolWord> HostBuffer<T> {
+    /// `len` values for a kernel that overwrites every one: a reused pooled block keeps its old values (only what
+    /// no output has written yet is zeroed), so no pass zero-fills what the kernel writes next. With
+    /// [`set_overwrite_check`] (debug builds) every value is NaN instead, so that a test of a kernel that misses a
+    /// value fails.
+    pub fn for_overwrite(len: usize) -> Self {
+        let check = CHECK_OVERWRITES.load(Ordering::Relaxed);
+        let fill = if check { T::CHECK } else { T::ZERO };
+        let Some(block) = pooled_block::<T>(len) else {
+            return Self::Small(vec![fill; len]);
+        };
+        let from = if check {
+            0
+        } else {
+            (block.block().written / size_of::<T>()).min(len)
+        };
+        let mut out = HostBuffer::<MaybeUninit<T>>::Pooled {
+            block,
+            len,
+            values: PhantomData,
+        };
+        out[from..]
+            .par_chunks_mut(1 << 16)
+            .for_each(|chunk| chunk.fill(MaybeUninit::new(fill)));
+        // SAFETY: the values before `from` were written by an earlier output of this block (memory once written
+        // stays initialized), the rest just now.
+        unsafe { out.assume_init() }
     }
 }
 
@@ -351,8 +372,8 @@ impl<T> Deref for HostBuffer<T> {
     fn deref(&self) -> &[T] {
         match self {
             Self::Small(values) => values,
-            // SAFETY: the block holds `len` values of `T` (f32 or its `MaybeUninit`, aligned: ALIGN), owned by
-            // `self`; a `OutputValues` block is written whole (`assume_init`, `zeroed`).
+            // SAFETY: the block holds `len` values of `T` (a `PoolWord` or its `MaybeUninit`, aligned: ALIGN), owned
+            // by `self`; a block of `PoolWord`s is written whole (`assume_init`, `zeroed`, `for_overwrite`).
             Self::Pooled { block, len, .. } => unsafe {
                 std::slice::from_raw_parts(block.block().ptr.as_ptr().cast(), *len)
             },

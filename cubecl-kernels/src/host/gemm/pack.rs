@@ -5,7 +5,8 @@ use std::marker::PhantomData;
 
 use rayon::prelude::*;
 
-use super::{HostGemmError, Kernel, scratch};
+use super::{HostGemmError, Kernel};
+use crate::host::pool::HostBuffer;
 
 /// An element of a packed operand: `PER_UNIT` consecutive depth elements make one 32-bit unit.
 pub trait PackedElement: Copy + Send + Sync + 'static {
@@ -87,7 +88,7 @@ pub struct PackedLhs<K: Kernel> {
     pub(super) rows: usize,
     pub(super) depth: usize,
     pub(super) units: usize,
-    pub(super) data: Vec<u32>,
+    pub(super) data: HostBuffer<u32>,
     kernel: PhantomData<K>,
 }
 
@@ -97,7 +98,7 @@ pub struct PackedRhs<K: Kernel> {
     pub(super) cols: usize,
     pub(super) depth: usize,
     pub(super) units: usize,
-    pub(super) data: Vec<u32>,
+    pub(super) data: HostBuffer<u32>,
     kernel: PhantomData<K>,
 }
 
@@ -112,18 +113,6 @@ impl<K: Kernel> PackedRhs<K> {
     /// The packed units, in the layout the type's doc gives.
     pub fn units(&self) -> &[u32] {
         &self.data
-    }
-}
-
-impl<K: Kernel> Drop for PackedLhs<K> {
-    fn drop(&mut self) {
-        scratch::give(std::mem::take(&mut self.data));
-    }
-}
-
-impl<K: Kernel> Drop for PackedRhs<K> {
-    fn drop(&mut self) {
-        scratch::give(std::mem::take(&mut self.data));
     }
 }
 
@@ -170,7 +159,7 @@ fn pack<K: Kernel>(
     lane_stride: usize,
     depth_stride: usize,
     source: &Source<'_, K::Element>,
-) -> Result<(usize, Vec<u32>), HostGemmError> {
+) -> Result<(usize, HostBuffer<u32>), HostGemmError> {
     const { assert!(K::MR <= MAX_WIDTH && K::NR <= MAX_WIDTH) };
     let lines = Lines {
         width,
@@ -205,7 +194,7 @@ impl Lines {
         self,
         path: super::HostGemmPath,
         source: &Source<'_, E>,
-    ) -> Result<Vec<u32>, HostGemmError> {
+    ) -> Result<HostBuffer<u32>, HostGemmError> {
         let Lines {
             width,
             lanes,
@@ -239,7 +228,9 @@ impl Lines {
                 lanes,
                 depth,
             })?;
-        let mut data = scratch::take(lanes.div_ceil(width) * panel_len);
+        // Every unit is written below; a large buffer is a pooled block that the next step's GEMM of this shape
+        // reuses, pages and all (`crate::host::pool`).
+        let mut data = HostBuffer::<u32>::for_overwrite(lanes.div_ceil(width) * panel_len);
         // The vector packing's table, split once for every panel where the CPU has it.
         let lookup = match source.elements {
             Elements::Codes(_, table) => {
