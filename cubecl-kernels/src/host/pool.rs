@@ -1,7 +1,7 @@
 //! Large host buffers kept for reuse. A training step allocates its large outputs (GEMMs, fused norms,
-//! activations, softmax and attention) and its GEMMs' packed operands anew each step, and glibc's `malloc` returns blocks of 32 MiB and more to the
-//! OS when they are freed: each step's outputs are then fresh pages that Linux zeroes while the first stores fault
-//! them in (13 % of a hidden-2048 FP8 step on Zen 4). A freed buffer from here goes back to a process-wide pool
+//! activations, softmax and attention) and its GEMMs' packed operands anew each step, and glibc's `malloc` returns
+//! blocks of 32 MiB and more to the OS when they are freed: each step's buffers are then fresh pages that Linux
+//! zeroes while the first stores fault them in (13 % of a hidden-2048 FP8 step on Zen 4). A freed buffer from here goes back to a process-wide pool
 //! instead, and the next buffer of the same size reuses it, pages and all.
 //!
 //! What stays held: freed buffers of [`POOLED_FROM`] bytes or more, up to [`held_limit`] bytes in all (1 GiB unless

@@ -17,8 +17,8 @@
 //! The pieces: [`pack_lhs`] / [`pack_rhs`] lay a stored matrix (any offset and strides, FP8 codes through a table
 //! or decoded elements) out as the micro-kernel reads it ([`pack`]); [`gemm`] splits the output into tiles across
 //! rayon's threads and runs the micro-kernel over cache-sized depth blocks ([`blocked`]); packed buffers of 4 MiB
-//! and more come from the host outputs' process-wide pool ([`crate::host::pool`]). Which path runs is [`HostGemmPath`]'s business, measured by the
-//! caller (burn-te's host backend probes them at first use).
+//! and more come from the host outputs' process-wide pool ([`crate::host::pool`]). Which path runs is
+//! [`HostGemmPath`]'s business, measured by the caller (burn-te's host backend probes them at first use).
 //!
 //! AMX-BF16 is not built: no CPU these were developed on grants it, and a path is built only where a test can run
 //! it.
