@@ -1185,7 +1185,7 @@ fn large_packing_buffers_come_from_the_pool_within_its_bound() {
                 stats(2, 5, 24),
                 "a small operand is not pooled"
             );
-            // The pool off: nothing pooled, nothing held.
+            // The pool off: a plain allocation, the pool's counts unchanged.
             set_held_limit(0);
             assert_eq!(pack(&all, rows).units(), expected(&all, rows));
             let now = pool_stats();
