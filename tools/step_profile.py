@@ -3,13 +3,16 @@
 
 Record (release bench binary, criterion's --profile-time runs only the measured routine after the setup):
     perf record -e cpu-clock -F 999 -o step.data target/release/deps/host_gemm-* \
-        --bench "h1024.*fp8 Autodiff<Te<Flex>> on avx2fma" --profile-time 20
+        --bench "h1024.*fp8 Autodiff<Te<Flex>> on avx2fma" --profile-time 30
 Then:
-    python3 tools/step_profile.py step.data [--svg out.svg] [--title TEXT]
+    python3 tools/step_profile.py step.data [--skip SECONDS] [--svg out.svg] [--title TEXT]
 
 Prints each category's share of the CPU samples (all threads) and of the calling thread's samples (work that runs
 on one thread while the pool waits), and optionally draws them as bars. The bench's setup (random inputs) is
-counted apart and left out of the shares.
+counted apart and left out of the shares, and so are the first `--skip` seconds (10 by default): the first steps
+initialize the weights, probe the GEMM paths and fill the host pool, so their page faults are not the steady
+state that a training run sees (at hidden 2048 on Zen 3 they made "zeroing and page faults" 5-7 % of a 20 s
+profile, against 0.7 % after them).
 """
 import argparse
 import collections
@@ -43,26 +46,33 @@ def category(symbol):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("data")
+    ap.add_argument("--skip", type=float, default=10.0,
+                    help="seconds from the first sample to leave out (the warm-up steps)")
     ap.add_argument("--svg")
     ap.add_argument("--title", default="Where the step's time goes")
     args = ap.parse_args()
-    out = subprocess.run(["perf", "script", "-i", args.data, "-F", "tid,ip,sym"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(["perf", "script", "-i", args.data, "-F", "tid,time,ip,sym"], capture_output=True,
+                         text=True, check=True).stdout
     samples = []
     for line in out.splitlines():
-        parts = line.split(None, 2)  # tid, address, symbol
-        if len(parts) == 3 and parts[0].isdigit():
-            samples.append((int(parts[0]), category(parts[2])))
+        parts = line.split(None, 3)  # tid, time, address, symbol
+        if len(parts) == 4 and parts[0].isdigit() and parts[1].endswith(":"):
+            samples.append((int(parts[0]), float(parts[1][:-1]), category(parts[3])))
     if not samples:
         raise SystemExit(f"{args.data}: no samples with symbols")
     # The calling thread is the one that started first (lowest tid).
-    main_tid = min(t for t, _ in samples)
-    kept = [(t, c) for t, c in samples if c != "setup (left out)"]
+    main_tid = min(t for t, _, _ in samples)
+    start = min(time for _, time, _ in samples) + args.skip
+    warm_up = sum(1 for _, time, _ in samples if time < start)
+    kept = [(t, c) for t, time, c in samples if time >= start and c != "setup (left out)"]
+    if not kept:
+        raise SystemExit(f"{args.data}: no samples after the first {args.skip} s (record longer, or lower --skip)")
+    print(f"{warm_up} samples of the first {args.skip:g} s (setup and warm-up steps) left out")
     total = collections.Counter(c for _, c in kept)
     serial = collections.Counter(c for t, c in kept if t == main_tid)
     n, n_serial = len(kept), sum(serial.values())
     rows = sorted(total.items(), key=lambda kv: -kv[1])
-    print(f"{n} samples ({len(samples) - n} of setup left out); calling thread {n_serial} ({100 * n_serial / n:.1f} %)")
+    print(f"{n} samples ({len(samples) - warm_up - n} more of setup left out); calling thread {n_serial} ({100 * n_serial / n:.1f} %)")
     print(f"{'category':50} {'all threads':>12} {'calling thread':>15}")
     for name, count in rows:
         print(f"{name:50} {100 * count / n:11.1f}% {100 * serial[name] / n:14.1f}%")
