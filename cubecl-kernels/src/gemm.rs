@@ -290,31 +290,32 @@ pub fn fp8_gemm_tiled<R: Runtime, F: Float + CubeElement>(
         // An empty sum: zeros.
         return Ok(client.create_from_slice(F::as_bytes(&vec![F::from_int(0); out_len])));
     }
-    if batch > MAX_GRID_DIM {
+    let tile = tiling.tile() as usize;
+    let (tiles_n, tiles_m) = (n.div_ceil(tile), m.div_ceil(tile));
+    if tiles_n.max(tiles_m) > MAX_GRID_DIM {
         return Err(KernelError::InvalidArgument {
-            what: "gemm batch",
+            what: "gemm shape",
             reason: format!(
-                "{batch} matrices: the launch grid holds at most {MAX_GRID_DIM} along the batch"
+                "{m}x{n} outputs in {tile}x{tile} tiles: the launch grid holds at most {MAX_GRID_DIM} tiles \
+                 along each side"
             ),
         });
     }
-    let params = gemm_params(a, b, (m, k, n, batch), 0)?;
-    let params = client.create_from_slice(u32::as_bytes(&params));
-    let tile = tiling.tile() as usize;
-    let cube_count = CubeCount::Static(
-        n.div_ceil(tile) as u32,
-        m.div_ceil(tile) as u32,
-        batch as u32,
-    );
-    launch::<R, F>(
-        client,
-        &[(*a, *b)],
-        params,
-        &output,
-        out_len,
-        cube_count,
-        tiling,
-    );
+    let mut params = gemm_params(a, b, (m, k, n, batch), 0)?;
+    // A batch larger than the grid holds along z: one launch per slice of at most MAX_GRID_DIM matrices.
+    for batch0 in (0..batch).step_by(MAX_GRID_DIM) {
+        params[param::BATCH0] = batch0 as u32;
+        let slice = MAX_GRID_DIM.min(batch - batch0);
+        launch::<R, F>(
+            client,
+            &[(*a, *b)],
+            client.create_from_slice(u32::as_bytes(&params)),
+            &output,
+            out_len,
+            CubeCount::Static(tiles_n as u32, tiles_m as u32, slice as u32),
+            tiling,
+        );
+    }
     Ok(output)
 }
 
@@ -464,7 +465,9 @@ pub fn fp8_gemm_grouped_tiled<R: Runtime, F: Float + CubeElement>(
     for (i, ((a, b), &(m, k, n, batch))) in gemms.iter().zip(&dims).enumerate() {
         if outputs[i].is_none() {
             outputs[i] = Some(fp8_gemm_tiled::<R, F>(client, a, b, tiling)?);
-            launches += usize::from(batch * m * n > 0 && k > 0);
+            if m * n > 0 && k > 0 {
+                launches += batch.div_ceil(MAX_GRID_DIM);
+            }
         }
     }
     Ok(GroupedOutputs {

@@ -86,8 +86,11 @@ pub mod param {
     pub const B_SCALES: usize = 14;
     /// Where the GEMM's output starts in `out` (elements).
     pub const OUT: usize = 19;
+    /// The first matrix of the batch that a single GEMM's launch computes (cube `z` computes matrix
+    /// `BATCH0 + z`): a batch larger than a launch grid holds runs in several launches.
+    pub const BATCH0: usize = 20;
     /// Number of parameters of one GEMM (a grouped launch has one such run per GEMM, back to back).
-    pub const LEN: usize = 20;
+    pub const LEN: usize = 21;
 }
 
 /// Parameter `index` of the GEMM whose parameters start at `base`.
@@ -287,7 +290,8 @@ fn stage(
 /// contiguous `[batch, M, N]` from its [`param::OUT`] offset in `out`.
 ///
 /// `gemms` GEMMs in one launch, GEMM `g` reading `a[g]`, `a_scales[g]`, `b[g]`, `b_scales[g]` and parameters
-/// `params[g · LEN ..]`. One GEMM: launch with `CubeCount (⌈N/tile⌉, ⌈M/tile⌉, batch)`. Several (a grouped linear
+/// `params[g · LEN ..]`. One GEMM: launch with `CubeCount (⌈N/tile⌉, ⌈M/tile⌉, batch)` (or a slice of the batch
+/// from [`param::BATCH0`]). Several (a grouped linear
 /// layer's experts; each a single matrix): `CubeCount (max ⌈N/tile⌉, max ⌈M/tile⌉, gemms)`, cube `z` computing GEMM
 /// `z`, cubes past its extent doing nothing. `CubeDim (units, units)` either way. A GEMM's output is the same bits
 /// alone or grouped: each output element sums its products in the same order.
@@ -306,7 +310,7 @@ pub fn fp8_gemm_kernel<F: Float>(
     #[comptime] tiling: GemmTiling,
 ) {
     let (gemm, batch) = if comptime!(gemms == 1) {
-        (0u32, CUBE_POS_Z)
+        (0u32, CUBE_POS_Z + param_at(params, 0u32, param::BATCH0))
     } else {
         (CUBE_POS_Z, 0u32)
     };
