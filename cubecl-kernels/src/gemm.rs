@@ -279,16 +279,28 @@ pub fn fp8_gemm_tiled<R: Runtime, F: Float + CubeElement>(
     b: &GemmOperand<'_>,
     tiling: GemmTiling,
 ) -> Result<Handle, KernelError> {
+    fp8_gemm_launches::<R, F>(client, a, b, tiling).map(|(output, _)| output)
+}
+
+/// [`fp8_gemm_tiled`]'s output and the kernel launches it took: none for an empty output or depth, one per slice of
+/// at most [`MAX_GRID_DIM`] matrices otherwise.
+fn fp8_gemm_launches<R: Runtime, F: Float + CubeElement>(
+    client: &ComputeClient<R>,
+    a: &GemmOperand<'_>,
+    b: &GemmOperand<'_>,
+    tiling: GemmTiling,
+) -> Result<(Handle, usize), KernelError> {
     let (m, k, n, batch) = product_dims(a, b)?;
     let out_len = batch * m * n;
     u32::try_from(out_len).map_err(|_| KernelError::TooLarge(out_len))?;
     let output = client.empty(out_len.max(1) * size_of::<F>());
     if out_len == 0 {
-        return Ok(output);
+        return Ok((output, 0));
     }
     if k == 0 {
         // An empty sum: zeros.
-        return Ok(client.create_from_slice(F::as_bytes(&vec![F::from_int(0); out_len])));
+        let zeros = client.create_from_slice(F::as_bytes(&vec![F::from_int(0); out_len]));
+        return Ok((zeros, 0));
     }
     let tile = tiling.tile() as usize;
     let (tiles_n, tiles_m) = (n.div_ceil(tile), m.div_ceil(tile));
@@ -303,7 +315,9 @@ pub fn fp8_gemm_tiled<R: Runtime, F: Float + CubeElement>(
     }
     let mut params = gemm_params(a, b, (m, k, n, batch), 0)?;
     // A batch larger than the grid holds along z: one launch per slice of at most MAX_GRID_DIM matrices.
-    for batch0 in (0..batch).step_by(MAX_GRID_DIM) {
+    let slices = (0..batch).step_by(MAX_GRID_DIM);
+    let launches = slices.len();
+    for batch0 in slices {
         params[param::BATCH0] = batch0 as u32;
         let slice = MAX_GRID_DIM.min(batch - batch0);
         launch::<R, F>(
@@ -316,7 +330,7 @@ pub fn fp8_gemm_tiled<R: Runtime, F: Float + CubeElement>(
             tiling,
         );
     }
-    Ok(output)
+    Ok((output, launches))
 }
 
 /// One GEMM's [`param`] run: its product `(M, K, N, batch)` and where its output starts in the launch's output.
@@ -462,12 +476,11 @@ pub fn fp8_gemm_grouped_tiled<R: Runtime, F: Float + CubeElement>(
             launches += 1;
         }
     }
-    for (i, ((a, b), &(m, k, n, batch))) in gemms.iter().zip(&dims).enumerate() {
+    for (i, (a, b)) in gemms.iter().enumerate() {
         if outputs[i].is_none() {
-            outputs[i] = Some(fp8_gemm_tiled::<R, F>(client, a, b, tiling)?);
-            if m * n > 0 && k > 0 {
-                launches += batch.div_ceil(MAX_GRID_DIM);
-            }
+            let (output, alone) = fp8_gemm_launches::<R, F>(client, a, b, tiling)?;
+            outputs[i] = Some(output);
+            launches += alone;
         }
     }
     Ok(GroupedOutputs {

@@ -292,8 +292,9 @@ fn stage(
 /// `gemms` GEMMs in one launch, GEMM `g` reading `a[g]`, `a_scales[g]`, `b[g]`, `b_scales[g]` and parameters
 /// `params[g · LEN ..]`. One GEMM: launch with `CubeCount (⌈N/tile⌉, ⌈M/tile⌉, batch)` (or a slice of the batch
 /// from [`param::BATCH0`]). Several (a grouped linear layer's experts; each a single matrix):
-/// `CubeCount (max ⌈N/tile⌉, max ⌈M/tile⌉, gemms)`, cube `z` computing GEMM `z`, cubes past its extent doing nothing. `CubeDim (units, units)` either way. A GEMM's output is the same bits
-/// alone or grouped: each output element sums its products in the same order.
+/// `CubeCount (max ⌈N/tile⌉, max ⌈M/tile⌉, gemms)`, cube `z` computing GEMM `z`, cubes past its extent doing nothing.
+/// `CubeDim (units, units)` either way. A GEMM's output is the same bits alone or grouped: each output element sums
+/// its products in the same order.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub fn fp8_gemm_kernel<F: Float>(
