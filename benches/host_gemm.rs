@@ -1,9 +1,10 @@
 //! The host FP8 GEMM's paths against Flex's f32 matmul, in one run (`cargo bench --bench host_gemm`):
-//! - `peak`: each packed path's instruction alone (`vdpbf16ps`, `vfmadd231ps` on 512- and 256-bit registers; independent
-//!   accumulators) on one thread and on every thread — the ceiling each path is measured against;
+//! - `peak`: each packed path's instruction alone (`tdpbf16ps` on tiles held in registers, `vdpbf16ps`,
+//!   `vfmadd231ps` on 512- and 256-bit registers; independent accumulators) on one thread and on every thread — the
+//!   ceiling each path is measured against;
 //! - at 1024³, 2048³ and a TransformerLayer's GEMM shapes: Flex's f32 matmul (what an f32 model runs), and the FP8
-//!   GEMM of pre-quantized E4M3 operands on each host path this CPU has (`avx512bf16`: codes to bf16, pack,
-//!   `vdpbf16ps`; `avx512fma` and `avx2fma`: codes to f32, pack, `vfmadd231ps` on zmm or ymm; `f32`: decode to f32 and the `gemm` crate);
+//!   GEMM of pre-quantized E4M3 operands on each host path this CPU has (`amxbf16` and `avx512bf16`: codes to bf16,
+//!   pack, `tdpbf16ps` or `vdpbf16ps`; `avx512fma` and `avx2fma`: codes to f32, pack, `vfmadd231ps` on zmm or ymm; `f32`: decode to f32 and the `gemm` crate);
 //! - a TransformerLayer training step (hidden 1024 and 2048, FFN 4×hidden, 1024 tokens, DelayedScaling) on
 //!   `Autodiff<Te<Flex>>` on each path against the same step in f32 on `Autodiff<Flex>`, and both with the TE
 //!   modules composing Burn ops for their element-wise work (`with_composed_elementwise`: without the fused ops),
@@ -80,6 +81,52 @@ fn fma512_loop(iterations: usize) -> (f32, u64) {
     (sum, iterations as u64 * 12 * 32)
 }
 
+/// `tdpbf16ps` throughput: four 16 × 16 accumulator tiles (two left and two right tiles loaded once),
+/// `iterations` rounds of four tile products; returns the flops done (16 · 16 · 32 products and adds each).
+///
+/// # Safety
+/// AMX was granted to the process (`HostGemmPath::AmxBf16.available()`).
+#[cfg(target_arch = "x86_64")]
+unsafe fn amx_loop(iterations: usize) -> (f32, u64) {
+    #[repr(C, align(64))]
+    struct Config([u8; 64]);
+    let mut config = Config([0; 64]);
+    config.0[0] = 1;
+    for t in 0..8 {
+        config.0[16 + 2 * t] = 64;
+        config.0[48 + t] = 16;
+    }
+    let ones = [0x3f80_3f80u32; 256];
+    let mut out = [0f32; 256];
+    // SAFETY: a valid configuration (palette 1, 16 rows of 64 bytes); `ones` is one 16 × 64-byte tile, `out` one
+    // 16 × 16 f32 tile; the tiles are released at the end.
+    unsafe {
+        std::arch::asm!(
+            "ldtilecfg [{config}]",
+            "tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3",
+            "tileloadd tmm4, [{ones} + {row}*1]", "tileloadd tmm5, [{ones} + {row}*1]",
+            "tileloadd tmm6, [{ones} + {row}*1]", "tileloadd tmm7, [{ones} + {row}*1]",
+            "test {n}, {n}",
+            "jz 3f",
+            "2:",
+            "tdpbf16ps tmm0, tmm4, tmm6", "tdpbf16ps tmm1, tmm4, tmm7",
+            "tdpbf16ps tmm2, tmm5, tmm6", "tdpbf16ps tmm3, tmm5, tmm7",
+            "dec {n}",
+            "jnz 2b",
+            "3:",
+            "tilestored [{out} + {row}*1], tmm0",
+            "tilerelease",
+            config = in(reg) config.0.as_ptr(),
+            ones = in(reg) ones.as_ptr(),
+            out = in(reg) out.as_mut_ptr(),
+            row = in(reg) 64usize,
+            n = inout(reg) iterations => _,
+            options(nostack),
+        );
+    }
+    (out[0], iterations as u64 * 4 * 16 * 16 * 32 * 2)
+}
+
 /// An instruction's throughput loop: `iterations` rounds → (a sum that keeps the work, the flops done).
 type PeakLoop = fn(usize) -> (f32, u64);
 
@@ -87,7 +134,8 @@ type PeakLoop = fn(usize) -> (f32, u64);
 #[cfg(target_arch = "x86_64")]
 fn peak_loop(path: HostGemmPath) -> Option<(&'static str, PeakLoop)> {
     match path {
-        // SAFETY (both): the loops run only where the path is available (checked by the caller).
+        // SAFETY (all): the loops run only where the path is available (checked by the caller).
+        HostGemmPath::AmxBf16 => Some(("peak tdpbf16ps", |n| unsafe { amx_loop(n) })),
         HostGemmPath::Avx512Bf16 => Some(("peak vdpbf16ps", |n| unsafe { dpbf16_loop(n) })),
         HostGemmPath::Avx512Fma => Some(("peak vfmadd231ps zmm", |n| unsafe { fma512_loop(n) })),
         HostGemmPath::Avx2Fma => Some(("peak vfmadd231ps", |n| unsafe { fma_loop(n) })),

@@ -23,7 +23,7 @@ CATEGORIES = [
     ("setup (left out)", ["common::input", "DistributionSampler", "StandardNormal", "TensorData::random",
                           "chacha", "Distribution::sampler"]),
     ("FP8 GEMM micro-kernel", ["host::gemm::fma", "host::gemm::bf16", "host::gemm::blocked", "host::gemm::zmm_tile", "Avx2FmaKernel", "Avx512FmaKernel",
-                               "Avx512Bf16Kernel"]),
+                               "Avx512Bf16Kernel", "host::gemm::amx", "AmxBf16Kernel"]),
     ("FP8 GEMM packing (rayon closures)", ["FnMut<A> for &F>::call_mut", "host::gemm::pack"]),
     ("f32 GEMM (attention, gemm crate)", ["gemm_f32", "gemm_common", "gemm::gemm"]),
     ("quantize (encode, amax)", ["encode_scaled", "amax_bits", "host::fp8", "quantize"]),

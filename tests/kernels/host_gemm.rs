@@ -52,6 +52,10 @@ fn expected_paths() -> Vec<HostGemmPath> {
         .unwrap_or_default();
     let has = |flag: &str| flags.contains(&flag);
     let mut expected = vec![];
+    // The kernel lists AMX's flags only where it manages the tile state, and grants it to a process that asks.
+    if cfg!(target_arch = "x86_64") && has("amx_tile") && has("amx_bf16") {
+        expected.push(HostGemmPath::AmxBf16);
+    }
     if cfg!(target_arch = "x86_64") && has("avx512f") && has("avx512_bf16") {
         expected.push(HostGemmPath::Avx512Bf16);
     }
@@ -539,6 +543,7 @@ fn a_packed_path_falls_back_to_f32_and_says_so() {
     };
     let recorded = |reason: &str| burn_te::fallback_counts().get(reason).copied().unwrap_or(0);
     for path in [
+        HostGemmPath::AmxBf16,
         HostGemmPath::Avx512Bf16,
         HostGemmPath::Avx512Fma,
         HostGemmPath::Avx2Fma,
@@ -548,7 +553,8 @@ fn a_packed_path_falls_back_to_f32_and_says_so() {
         } else {
             "host GEMM path unavailable"
         };
-        let falls_back = path == HostGemmPath::Avx512Bf16 || !path.available();
+        let bf16 = [HostGemmPath::AmxBf16, HostGemmPath::Avx512Bf16];
+        let falls_back = bf16.contains(&path) || !path.available();
         let (before, f32_before, path_before) =
             (recorded(reason), counted(HostGemmPath::F32), counted(path));
         let actual = run(path);
@@ -765,12 +771,14 @@ impl burn_te_kernels::host::gemm::Kernel for EmulatedBf16 {
 /// The packed kernels read through strides (a depth-contiguous, a lane-contiguous and a general layout with an
 /// offset; codes through a table and elements), bit-exact against an integer re-computation: at a small shape,
 /// and at one that crosses several depth blocks, row blocks and column blocks of every path with partial last
-/// blocks (bf16: 384 depths per block, the FMA paths 256; 144 rows and 256 columns per task), so that the loop adding each
-/// later depth block into the output is what the result depends on. A path this CPU lacks must say so; the bf16
-/// path's packing and blocking run everywhere with an emulated instruction.
+/// blocks (bf16: 384 depths per block, the FMA paths 256, AMX 1024 in groups of 32; 144 rows per task, AMX 256;
+/// 256 columns), so that the loop adding each later depth block into the output is what the result depends on. A
+/// path this CPU lacks must say so; the bf16 path's packing and blocking run everywhere with an emulated
+/// instruction.
 #[test]
 fn packed_kernels_are_exact_across_layouts_and_blocks() {
     use burn_te_kernels::host::gemm::HostGemmError;
+    use burn_te_kernels::host::gemm::amx::AmxBf16Kernel;
     use burn_te_kernels::host::gemm::bf16::Avx512Bf16Kernel;
     use burn_te_kernels::host::gemm::fma::Avx2FmaKernel;
     use burn_te_kernels::host::gemm::fma512::Avx512FmaKernel;
@@ -778,10 +786,14 @@ fn packed_kernels_are_exact_across_layouts_and_blocks() {
     let bf16 = |v: f32| exact_bf16(v).expect("a multiple of 1/4");
     let f32_bits = |v: f32| v.to_bits();
     let mut ran = vec![];
-    for (shape, seed) in [((13, 45, 33), 41), ((173, 899, 549), 42)] {
+    for (shape, seed) in [((13, 45, 33), 41), ((300, 1100, 300), 42)] {
         // The bf16 path's packing (pairs), tiles and blocks run on every CPU, its instruction emulated.
         packed_gemm_matches::<EmulatedBf16>(shape, bf16, seed).expect("runs everywhere");
         let results = [
+            (
+                HostGemmPath::AmxBf16,
+                packed_gemm_matches::<AmxBf16Kernel>(shape, bf16, seed),
+            ),
             (
                 HostGemmPath::Avx512Bf16,
                 packed_gemm_matches::<Avx512Bf16Kernel>(shape, bf16, seed),
@@ -911,25 +923,28 @@ fn the_two_fma_paths_give_the_same_bits() {
     }
 }
 
-/// FP8 codes packed as bf16 pairs (the bf16 path) and as f32 values (both FMA paths), every one of the 256 codes
-/// through an arbitrary table, unit by unit against the layout `PackedLhs`/`PackedRhs` document (panel `i`'s unit
-/// `p` of lane `l` at `(i · units + p) · width + l`, a pair `lo | hi << 16`, zero past the lanes and an odd depth):
+/// FP8 codes packed as bf16 pairs (the bf16 and AMX paths) and as f32 values (both FMA paths), every one of the 256
+/// codes through an arbitrary table, unit by unit against the layout `PackedLhs`/`PackedRhs` document (panel `i`'s
+/// unit `p` of lane `l` at `(i · units + p) · width + l`, a pair `lo | hi << 16`, zero past the lanes and an odd
+/// depth; AMX's units padded to groups of 16, its left panels group by group row by row):
 /// lanes contiguous, depth contiguous and neither, with an offset, for lane counts and depths around the vector
 /// packing's 32 lanes and 64-code chunks. Where the flags in `/proc/cpuinfo` promise AVX512-VBMI the vector
 /// packing must be the one that runs: for f32 values, where every table entry is a bf16 value shifted up (a
 /// table with a scale folded in takes the scalar packing, checked here too).
 #[test]
 fn fp8_codes_pack_into_bf16_pairs_as_documented() {
+    use burn_te_kernels::host::gemm::amx::AmxBf16Kernel;
     use burn_te_kernels::host::gemm::fma::Avx2FmaKernel;
     use burn_te_kernels::host::gemm::fma512::Avx512FmaKernel;
     use burn_te_kernels::host::gemm::{self, Elements, Kernel, PackedElement, Source, pack_vbmi};
 
-    /// Packs `lanes × depth` as both operands of `K` through `table` and compares with `expected(width)`.
+    /// Packs `lanes × depth` as both operands of `K` through `table` and compares with `expected(width, grouped)`
+    /// (`grouped`: the left operand where `K` lays each group of units out row by row).
     fn both_operands<K: Kernel>(
         table: &[K::Element; 256],
         (stored, offset): (&[u8], usize),
         (lanes, depth, lane_stride, depth_stride): (usize, usize, usize, usize),
-        expected: impl Fn(usize) -> Vec<u32>,
+        expected: impl Fn(usize, bool) -> Vec<u32>,
         what: &str,
     ) {
         // Lanes are the left operand's rows (its strides (row, depth)) or the right one's columns (strides
@@ -943,14 +958,14 @@ fn fp8_codes_pack_into_bf16_pairs_as_documented() {
             .expect("in bounds");
         same_units(
             lhs.units(),
-            &expected(K::MR),
+            &expected(K::MR, K::LHS_ROW_GROUPS),
             &format!("left operand, {what}"),
         );
         let rhs = gemm::pack_rhs::<K>(depth, lanes, &source((depth_stride, lane_stride)))
             .expect("in bounds");
         same_units(
             rhs.units(),
-            &expected(K::NR),
+            &expected(K::NR, false),
             &format!("right operand, {what}"),
         );
     }
@@ -1001,22 +1016,32 @@ fn fp8_codes_pack_into_bf16_pairs_as_documented() {
                     }
                 }
                 let code = |l: usize, d: usize| codes[l * depth + d];
-                let pairs = |width: usize| -> Vec<u32> {
-                    let units = depth.div_ceil(2);
+                // Pairs with the units padded to a multiple of `group`, grouped row by row where `grouped`.
+                let grouped_pairs = |group: usize, width: usize, grouped: bool| -> Vec<u32> {
+                    let units = depth.div_ceil(2).div_ceil(group) * group;
                     let mut out = vec![0u32; lanes.div_ceil(width) * width * units];
                     for l in 0..lanes {
-                        for p in 0..units {
+                        for p in 0..depth.div_ceil(2) {
                             let lo = u32::from(table[usize::from(code(l, 2 * p))]);
                             let hi = if 2 * p + 1 < depth {
                                 u32::from(table[usize::from(code(l, 2 * p + 1))])
                             } else {
                                 0
                             };
-                            out[(l / width * units + p) * width + l % width] = lo | hi << 16;
+                            let (panel, lane) = (l / width, l % width);
+                            let at = if grouped {
+                                let q = p % group;
+                                (panel * units + p - q) * width + lane * group + q
+                            } else {
+                                (panel * units + p) * width + lane
+                            };
+                            out[at] = lo | hi << 16;
                         }
                     }
                     out
                 };
+                let pairs = |width: usize, _: bool| grouped_pairs(1, width, false);
+                let amx_pairs = |width: usize, grouped: bool| grouped_pairs(16, width, grouped);
                 let singles = |table: &[u32; 256], width: usize| -> Vec<u32> {
                     let mut out = vec![0u32; lanes.div_ceil(width) * width * depth];
                     for l in 0..lanes {
@@ -1031,13 +1056,15 @@ fn fp8_codes_pack_into_bf16_pairs_as_documented() {
                 let stored = (&stored[..], offset);
                 let shape = (lanes, depth, lane_stride, depth_stride);
                 both_operands::<Bf16>(&table, stored, shape, pairs, &format!("bf16, {what}"));
+                let amx = format!("amx, {what}");
+                both_operands::<AmxBf16Kernel>(&table, stored, shape, amx_pairs, &amx);
                 for (name, table) in [("f32", &values), ("f32 scaled", &scaled)] {
-                    let expected = |width| singles(table, width);
+                    let expected = |width, _| singles(table, width);
                     let what = format!("{name}, {what}");
                     both_operands::<Avx2FmaKernel>(table, stored, shape, expected, &what);
                     both_operands::<Avx512FmaKernel>(table, stored, shape, expected, &what);
                 }
-                checked += 10;
+                checked += 12;
             }
         }
     }

@@ -1,5 +1,5 @@
 //! Which path a host FP8 GEMM takes: [`with_host_gemm_path`] on this thread, else `BURN_TE_HOST_GEMM`
-//! (`auto`, `avx512bf16`, `avx512fma`, `avx2fma`, `f32`; read once), else the fastest path of this CPU as measured by [`probe`]
+//! (`auto`, `amxbf16`, `avx512bf16`, `avx512fma`, `avx2fma`, `f32`; read once), else the fastest path of this CPU as measured by [`probe`]
 //! at the first GEMM. A path the CPU lacks, or a packed path that cannot take the operands exactly, runs on
 //! `f32`, recorded as a fallback. Each GEMM counts under `HostFp8Gemm(<path>)` in the metrics report, and the
 //! probe's times under `HostGemmProbe(<path>)`.

@@ -3,6 +3,7 @@
 use std::mem::MaybeUninit;
 
 use burn_te_kernels::host::gemm::HostGemmPath;
+use burn_te_kernels::host::gemm::amx::AmxBf16Kernel;
 use burn_te_kernels::host::gemm::bf16::Avx512Bf16Kernel;
 use burn_te_kernels::host::gemm::fma::Avx2FmaKernel;
 use burn_te_kernels::host::gemm::fma512::Avx512FmaKernel;
@@ -32,6 +33,7 @@ pub(super) fn run_on(
         return Ok(());
     }
     match path {
+        HostGemmPath::AmxBf16 => packed::gemm::<AmxBf16Kernel>(lhs, rhs, dims, out),
         HostGemmPath::Avx512Bf16 => packed::gemm::<Avx512Bf16Kernel>(lhs, rhs, dims, out),
         HostGemmPath::Avx512Fma => packed::gemm::<Avx512FmaKernel>(lhs, rhs, dims, out),
         HostGemmPath::Avx2Fma => packed::gemm::<Avx2FmaKernel>(lhs, rhs, dims, out),

@@ -1,6 +1,7 @@
 //! The blocked GEMM around a micro-kernel: the output split into `MC × NC` tasks across rayon's threads, each over
 //! the depth in blocks of `KC` units; inside a block, one right panel (`KC × NR`, in L1) against every left panel
-//! of the task's rows (`MC × KC`, in L2).
+//! of the task's rows (`MC × KC`, in L2), or, where [`Kernel::ROW_PANELS_OUTER`], one left panel against every
+//! right panel of the task's columns.
 
 use std::mem::MaybeUninit;
 
@@ -9,7 +10,7 @@ use rayon::prelude::*;
 use super::{HostGemmError, Kernel, OutTile, PackedLhs, PackedRhs, Update};
 
 /// The largest micro-kernel tile (`MR · NR`) of any path.
-const MAX_TILE: usize = 12 * 32;
+const MAX_TILE: usize = 32 * 32;
 
 /// `out = alpha · lhs · rhs` (`out` row-major `m × n`, every value written, none read) on `K`'s path. An error when the CPU lacks the
 /// path ([`super::HostGemmPath::available`] tells), the depths differ or `out` does not hold `m × n` values.
@@ -51,7 +52,7 @@ pub fn gemm<K: Kernel>(
     let run = |&(row0, col0): &(usize, usize)| {
         // SAFETY: the CPU has the path (checked above); the task's tile lies inside `out` and no other task
         // writes it.
-        unsafe { task(lhs, rhs, alpha, base.get(), n, row0, col0) };
+        unsafe { K::in_task(|| task(lhs, rhs, alpha, base.get(), n, row0, col0)) };
     };
     if m.saturating_mul(n).saturating_mul(lhs.depth) < 64 * 64 * 64 {
         tasks.iter().for_each(run);
@@ -78,8 +79,8 @@ impl Out {
 /// The output tile `[row0, row0 + MC) × [col0, col0 + NC)` (clipped to the output), over the whole depth.
 ///
 /// # Safety
-/// The CPU has `K`'s path; `out` is the row-major `m × n` output with `n` columns, and no other thread writes this
-/// tile.
+/// The CPU has `K`'s path, and this runs inside [`Kernel::in_task`]; `out` is the row-major `m × n` output with
+/// `n` columns, and no other thread writes this tile.
 unsafe fn task<K: Kernel>(
     lhs: &PackedLhs<K>,
     rhs: &PackedRhs<K>,
@@ -99,28 +100,34 @@ unsafe fn task<K: Kernel>(
             last: p0 + kc == lhs.units,
             alpha,
         };
-        for c0 in (0..cols).step_by(nr) {
-            let panel = (col0 + c0) / nr;
-            let b = &rhs.data[(panel * rhs.units + p0) * nr..][..kc * nr];
-            for r0 in (0..rows).step_by(mr) {
-                let panel = (row0 + r0) / mr;
-                let a = &lhs.data[(panel * lhs.units + p0) * mr..][..kc * mr];
-                // SAFETY: `a` holds `kc` units of MR rows, `b` `kc` units of NR columns; the tile's rows
-                // `row0 + r0 ..` < m and columns `col0 + c0 ..` < n lie in `out` at stride `n`; the CPU has the
-                // path (the caller's contract).
-                unsafe {
-                    let tile = OutTile {
-                        ptr: out.add((row0 + r0) * n + col0 + c0),
-                        ld: n,
-                        rows: mr.min(rows - r0),
-                        cols: nr.min(cols - c0),
-                    };
-                    if (tile.rows, tile.cols) == (mr, nr) {
-                        K::update_whole(a.as_ptr(), b.as_ptr(), kc, tile, update);
-                    } else {
-                        through_tile::<K>(a.as_ptr(), b.as_ptr(), kc, tile, update);
-                    }
+        // The tile at rows `row0 + r0`, columns `col0 + c0` over this depth block.
+        let tile = |r0: usize, c0: usize| {
+            let b = &rhs.data[((col0 + c0) / nr * rhs.units + p0) * nr..][..kc * nr];
+            let a = &lhs.data[((row0 + r0) / mr * lhs.units + p0) * mr..][..kc * mr];
+            // SAFETY: `a` holds `kc` units of MR rows, `b` `kc` units of NR columns; the tile's rows
+            // `row0 + r0 ..` < m and columns `col0 + c0 ..` < n lie in `out` at stride `n`; the CPU has the
+            // path and this runs inside `K::in_task` (the caller's contract).
+            unsafe {
+                let tile = OutTile {
+                    ptr: out.add((row0 + r0) * n + col0 + c0),
+                    ld: n,
+                    rows: mr.min(rows - r0),
+                    cols: nr.min(cols - c0),
+                };
+                if (tile.rows, tile.cols) == (mr, nr) {
+                    K::update_whole(a.as_ptr(), b.as_ptr(), kc, tile, update);
+                } else {
+                    through_tile::<K>(a.as_ptr(), b.as_ptr(), kc, tile, update);
                 }
+            }
+        };
+        if K::ROW_PANELS_OUTER {
+            for r0 in (0..rows).step_by(mr) {
+                (0..cols).step_by(nr).for_each(|c0| tile(r0, c0));
+            }
+        } else {
+            for c0 in (0..cols).step_by(nr) {
+                (0..rows).step_by(mr).for_each(|r0| tile(r0, c0));
             }
         }
     }

@@ -20,9 +20,11 @@
 //! and more come from the host outputs' process-wide pool ([`crate::host::pool`]). Which path runs is
 //! [`HostGemmPath`]'s business, measured by the caller (burn-te's host backend probes them at first use).
 //!
-//! AMX-BF16 is not built: no CPU these were developed on grants it, and a path is built only where a test can run
-//! it.
+//! - [`amx`]: bf16 pairs on AMX-BF16's tile units (`tdpbf16ps` on 16 × 16 tiles), where the kernel grants the
+//!   process AMX's tile state (Intel Xeons since Sapphire Rapids): the bf16 path's exact products, 16 × 32 depth at
+//!   a time.
 
+pub mod amx;
 pub mod bf16;
 mod blocked;
 pub mod fma;
@@ -37,6 +39,8 @@ pub use pack::{Elements, PackedElement, PackedLhs, PackedRhs, Source, pack_lhs, 
 /// Which host FP8 GEMM runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum HostGemmPath {
+    /// bf16 tile products on AMX-BF16 (`tdpbf16ps`), f32 accumulation ([`amx`]).
+    AmxBf16,
     /// bf16 dot products on AVX512-BF16 (`vdpbf16ps`), f32 accumulation ([`bf16`]).
     Avx512Bf16,
     /// f32 fused multiply-adds on AVX-512F (`vfmadd231ps` on 512-bit registers) on exactly decoded operands
@@ -50,7 +54,8 @@ pub enum HostGemmPath {
 
 impl HostGemmPath {
     /// Every path, fastest instruction first.
-    pub const ALL: [HostGemmPath; 4] = [
+    pub const ALL: [HostGemmPath; 5] = [
+        HostGemmPath::AmxBf16,
         HostGemmPath::Avx512Bf16,
         HostGemmPath::Avx512Fma,
         HostGemmPath::Avx2Fma,
@@ -60,6 +65,7 @@ impl HostGemmPath {
     /// The path's name, as in the metrics report and `BURN_TE_HOST_GEMM`.
     pub fn name(self) -> &'static str {
         match self {
+            HostGemmPath::AmxBf16 => "amxbf16",
             HostGemmPath::Avx512Bf16 => "avx512bf16",
             HostGemmPath::Avx512Fma => "avx512fma",
             HostGemmPath::Avx2Fma => "avx2fma",
@@ -70,6 +76,7 @@ impl HostGemmPath {
     /// The instruction that does the path's multiply-adds, as a report names it (`vdpbf16ps zmm`).
     pub fn instruction(self) -> &'static str {
         match self {
+            HostGemmPath::AmxBf16 => "tdpbf16ps tmm",
             HostGemmPath::Avx512Bf16 => "vdpbf16ps zmm",
             HostGemmPath::Avx512Fma => "vfmadd231ps zmm",
             HostGemmPath::Avx2Fma => "vfmadd231ps ymm",
@@ -77,7 +84,7 @@ impl HostGemmPath {
         }
     }
 
-    /// The path named `name` (`avx512bf16`, `avx512fma`, `avx2fma`, `f32`).
+    /// The path named `name` (`amxbf16`, `avx512bf16`, `avx512fma`, `avx2fma`, `f32`).
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|path| path.name() == name)
     }
@@ -85,6 +92,7 @@ impl HostGemmPath {
     /// Whether this CPU runs the path (its instructions detected once per process).
     pub fn available(self) -> bool {
         match self {
+            HostGemmPath::AmxBf16 => amx::granted(),
             HostGemmPath::Avx512Bf16 => detected::avx512_bf16(),
             HostGemmPath::Avx512Fma => detected::avx512f(),
             HostGemmPath::Avx2Fma => detected::avx2_fma(),
@@ -224,16 +232,38 @@ pub trait Kernel: Sized + Send + Sync + 'static {
     const MC: usize;
     /// Columns per task (a multiple of `NR`).
     const NC: usize;
+    /// Packed units per depth group: both operands' depths are padded with zero units to a multiple of it (and
+    /// `KC` is one). 1 where the micro-kernel steps one unit at a time.
+    const GROUP: usize = 1;
+    /// Whether a left panel stores each group of `GROUP` units row by row (`[group][MR][GROUP]`, the layout AMX
+    /// loads a tile's rows from) instead of unit by unit (`[unit][MR]`).
+    const LHS_ROW_GROUPS: bool = false;
+    /// Whether a depth block runs each left panel against every right panel of the task (the left panel reused
+    /// from L1) rather than each right panel against every left one (the default).
+    const ROW_PANELS_OUTER: bool = false;
+
+    /// Runs one task of the blocked GEMM (every micro-kernel call of an `MC × NC` output block) on this thread:
+    /// where a kernel's registers need a set-up, it is done here once per task rather than per call (AMX's tile
+    /// configuration). By default just `task()`.
+    ///
+    /// # Safety
+    /// The CPU has the path's instructions.
+    unsafe fn in_task(task: impl FnOnce()) {
+        task()
+    }
 
     /// `tile[r · NR + c] = Σ_p a[p · MR + r] · b[p · NR + c]` over `kc` packed units.
     ///
     /// # Safety
-    /// The CPU has the path's instructions; `a` holds `kc · MR` units, `b` `kc · NR`, `tile` `MR · NR` values.
+    /// The CPU has the path's instructions, and this runs inside [`Kernel::in_task`]; `a` holds `kc · MR` units,
+    /// `b` `kc · NR`, `tile` `MR · NR` values.
     unsafe fn micro_kernel(a: *const u32, b: *const u32, kc: usize, tile: *mut f32);
 
     /// The whole `MR × NR` output tile `out` updated with `a · b` over `kc` units as `update` says (partial tiles
     /// at the edges go through [`Kernel::micro_kernel`] and a tile on the stack). By default the same way; a kernel
-    /// may write the tile from its registers instead (the same operations in the same order: the same bits).
+    /// may write the tile from its registers instead (the bf16 and FMA paths: the same operations in the same
+    /// order, the same bits; AMX adds a later block's products to the output's partial sums in its tile registers,
+    /// one rounding per addition either way).
     ///
     /// # Safety
     /// As [`Kernel::micro_kernel`]; `out` is `MR × NR` and points at its rows.

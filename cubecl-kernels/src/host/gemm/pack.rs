@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use rayon::prelude::*;
 
 use super::{HostGemmError, Kernel};
-use crate::host::pool::HostBuffer;
+use crate::host::pool::{HostBuffer, POOLED_FROM};
 
 /// An element of a packed operand: `PER_UNIT` consecutive depth elements make one 32-bit unit.
 pub trait PackedElement: Copy + Send + Sync + 'static {
@@ -83,22 +83,25 @@ impl<E> Elements<'_, E> {
 }
 
 /// The left operand (`m × k`) in panels of `K::MR` rows: panel `i`'s unit `p` of row `r` at
-/// `(i · units + p) · MR + r`.
+/// `(i · units + p) · MR + r`, or, where [`Kernel::LHS_ROW_GROUPS`], at
+/// `(i · units + p − q) · MR + r · GROUP + q` (`q = p mod GROUP`: each group of units row by row). `units` is the
+/// depth in units padded to a multiple of [`Kernel::GROUP`].
 pub struct PackedLhs<K: Kernel> {
     pub(super) rows: usize,
     pub(super) depth: usize,
     pub(super) units: usize,
-    pub(super) data: HostBuffer<u32>,
+    pub(super) data: Panels,
     kernel: PhantomData<K>,
 }
 
 /// The right operand (`k × n`) in panels of `K::NR` columns: panel `j`'s unit `p` of column `c` at
 /// `(j · units + p) · NR + c`.
+/// `units` as for [`PackedLhs`].
 pub struct PackedRhs<K: Kernel> {
     pub(super) cols: usize,
     pub(super) depth: usize,
     pub(super) units: usize,
-    pub(super) data: HostBuffer<u32>,
+    pub(super) data: Panels,
     kernel: PhantomData<K>,
 }
 
@@ -123,7 +126,14 @@ pub fn pack_lhs<K: Kernel>(
     source: &Source<'_, K::Element>,
 ) -> Result<PackedLhs<K>, HostGemmError> {
     let (row_stride, depth_stride) = source.strides;
-    let (units, data) = pack::<K>(K::MR, rows, depth, row_stride, depth_stride, source)?;
+    let (units, data) = pack::<K>(
+        K::MR,
+        rows,
+        depth,
+        (row_stride, depth_stride),
+        K::LHS_ROW_GROUPS,
+        source,
+    )?;
     Ok(PackedLhs {
         rows,
         depth,
@@ -140,7 +150,14 @@ pub fn pack_rhs<K: Kernel>(
     source: &Source<'_, K::Element>,
 ) -> Result<PackedRhs<K>, HostGemmError> {
     let (depth_stride, col_stride) = source.strides;
-    let (units, data) = pack::<K>(K::NR, cols, depth, col_stride, depth_stride, source)?;
+    let (units, data) = pack::<K>(
+        K::NR,
+        cols,
+        depth,
+        (col_stride, depth_stride),
+        false,
+        source,
+    )?;
     Ok(PackedRhs {
         cols,
         depth,
@@ -150,30 +167,54 @@ pub fn pack_rhs<K: Kernel>(
     })
 }
 
-/// `lanes` lines of `depth` elements in panels of `width` lanes for `K` (its `MR` or `NR`): the units per lane
-/// and the packed data.
+/// `lanes` lines of `depth` elements in panels of `width` lanes for `K` (its `MR` or `NR`), each group of units
+/// row by row where `row_groups`: the units per lane (padded to `K::GROUP`) and the packed data.
 fn pack<K: Kernel>(
     width: usize,
     lanes: usize,
     depth: usize,
-    lane_stride: usize,
-    depth_stride: usize,
+    (lane_stride, depth_stride): (usize, usize),
+    row_groups: bool,
     source: &Source<'_, K::Element>,
-) -> Result<(usize, HostBuffer<u32>), HostGemmError> {
+) -> Result<(usize, Panels), HostGemmError> {
     const { assert!(K::MR <= MAX_WIDTH && K::NR <= MAX_WIDTH) };
+    const { assert!(K::GROUP * MAX_WIDTH <= MAX_GROUPED && K::KC.is_multiple_of(K::GROUP)) };
     let lines = Lines {
         width,
         lanes,
         depth,
         lane_stride,
         depth_stride,
+        group: K::GROUP,
+        row_groups,
     };
-    let data = lines.pack(K::PATH, source)?;
-    Ok((depth.div_ceil(K::Element::PER_UNIT), data))
+    lines.pack(K::PATH, source)
 }
+
+/// Packed panels: `len` units of a buffer from its first 64-byte boundary, so that every panel (a multiple of 16
+/// units long) starts a cache line: AMX loads a tile row by row, and a row across two lines costs several times
+/// one within a line.
+pub(super) struct Panels {
+    buffer: HostBuffer<u32>,
+    start: usize,
+    len: usize,
+}
+
+impl std::ops::Deref for Panels {
+    type Target = [u32];
+    fn deref(&self) -> &[u32] {
+        &self.buffer[self.start..][..self.len]
+    }
+}
+
+/// 32-bit units per cache line.
+const LINE_UNITS: usize = 64 / size_of::<u32>();
 
 /// The widest panel of any path (the bf16 path's `NR`).
 const MAX_WIDTH: usize = 32;
+
+/// The most units in one group of a panel (`GROUP × width`) that is laid out row by row.
+const MAX_GROUPED: usize = 16 * MAX_WIDTH;
 
 /// `lanes` rows (or columns) of `depth` elements each, lane `l`'s depth `d` stored at
 /// `offset + l · lane_stride + d · depth_stride`, packed in panels of `width` lanes.
@@ -184,23 +225,30 @@ struct Lines {
     depth: usize,
     lane_stride: usize,
     depth_stride: usize,
+    /// Units per group: the depth is padded with zero units to a multiple.
+    group: usize,
+    /// Each group row by row (`[group][width][GROUP]`) rather than unit by unit.
+    row_groups: bool,
 }
 
 impl Lines {
-    /// Lane `first + l` of panel `first / width` at `(panel · units + p) · width + l`; lanes past the end and
-    /// the depth past an odd end are zero. An error where the strides reach beyond `source` (checked
+    /// The units per lane and the panels: lane `first + l` of panel `first / width` at `(panel · units + p) ·
+    /// width + l` (or grouped as [`PackedLhs`] says); lanes past the end, the depth past an odd end and the units
+    /// past the depth's last group are zero. An error where the strides reach beyond `source` (checked
     /// arithmetic: a stride that overflows is out of bounds too).
     fn pack<E: PackedElement>(
         self,
         path: super::HostGemmPath,
         source: &Source<'_, E>,
-    ) -> Result<HostBuffer<u32>, HostGemmError> {
+    ) -> Result<(usize, Panels), HostGemmError> {
         let Lines {
             width,
             lanes,
             depth,
             lane_stride,
             depth_stride,
+            group,
+            row_groups,
         } = self;
         let stored = source.elements.len();
         if lanes > 0 && depth > 0 {
@@ -219,18 +267,35 @@ impl Lines {
                 });
             }
         }
-        let units = depth.div_ceil(E::PER_UNIT);
+        let depth_units = depth.div_ceil(E::PER_UNIT);
+        let units = depth_units.div_ceil(group) * group;
         let panel_len = units
             .checked_mul(width)
-            .filter(|len| len.checked_mul(lanes.div_ceil(width)).is_some())
+            .filter(|len| {
+                len.checked_mul(lanes.div_ceil(width))
+                    .and_then(|len| len.checked_add(LINE_UNITS))
+                    .is_some()
+            })
             .ok_or(HostGemmError::TooLarge {
                 what: path,
                 lanes,
                 depth,
             })?;
         // Every unit is written below; a large buffer is a pooled block that the next step's GEMM of this shape
-        // reuses, pages and all (`crate::host::pool`).
-        let mut data = HostBuffer::<u32>::for_overwrite(lanes.div_ceil(width) * panel_len);
+        // reuses, pages and all (`crate::host::pool`). The panels start at a cache line (`Panels`): a pooled block
+        // starts at a huge page, a smaller buffer is padded by up to a line (with the pool off, a large one may
+        // start mid-line: slower, not wrong).
+        let len = lanes.div_ceil(width) * panel_len;
+        let pad = if len * size_of::<u32>() >= POOLED_FROM {
+            0
+        } else {
+            LINE_UNITS - 1
+        };
+        let mut buffer = HostBuffer::<u32>::for_overwrite(len + pad);
+        let start = Some(buffer.as_ptr().align_offset(64))
+            .filter(|&start| start <= pad)
+            .unwrap_or(0);
+        let data = &mut buffer[start..start + len];
         // The vector packing's table, split once for every panel where the CPU has it.
         let lookup = match source.elements {
             Elements::Codes(_, table) => {
@@ -254,13 +319,25 @@ impl Lines {
                     }
                     Elements::Values(values) => self.panel(panel, count, base, values, |e| e),
                 }
+                panel[depth_units * width..].fill(0);
                 if count < width {
                     for slot in panel.chunks_exact_mut(width) {
                         slot[count..].fill(0);
                     }
                 }
+                if row_groups {
+                    for chunk in panel.chunks_exact_mut(group * width) {
+                        let mut units = [0u32; MAX_GROUPED];
+                        units[..chunk.len()].copy_from_slice(chunk);
+                        for (l, row) in chunk.chunks_exact_mut(group).enumerate() {
+                            for (q, unit) in row.iter_mut().enumerate() {
+                                *unit = units[q * width + l];
+                            }
+                        }
+                    }
+                }
             });
-        Ok(data)
+        Ok((units, Panels { buffer, start, len }))
     }
 
     /// Writes every unit of one panel (`count` lanes from `base`), reading the stored `data` through `element`.
