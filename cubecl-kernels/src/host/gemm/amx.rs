@@ -36,6 +36,7 @@ impl Kernel for AmxBf16Kernel {
     const GROUP: usize = 16;
     const LHS_ROW_GROUPS: bool = true;
     const ROW_PANELS_OUTER: bool = true;
+    const ALPHA_AFTER_TASK: bool = true;
 
     /// The tiles configured for the task, released after it (also where it unwinds).
     unsafe fn in_task(task: impl FnOnce()) {
@@ -75,17 +76,15 @@ impl Kernel for AmxBf16Kernel {
     }
 
     /// In the tile registers: the first depth block starts from zero, a later one from the output's partial sums
-    /// (loaded into the accumulator tiles), so each output value is one running f32 sum over the whole depth; the
-    /// last block's sums are then multiplied by `alpha`.
+    /// (loaded into the accumulator tiles), so each output value is one running f32 sum over the whole depth
+    /// (`alpha` is 1 here: `ALPHA_AFTER_TASK`).
     unsafe fn update_whole(a: *const u32, b: *const u32, kc: usize, out: OutTile, update: Update) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller's contract: `out` is a whole 32 × 32 tile at stride `out.ld`, initialized after the
         // first block.
         unsafe {
+            debug_assert_eq!(update.alpha, 1.0, "the task applies alpha");
             sums(a, b, kc, out.ptr, out.ld, !update.first);
-            if update.last && update.alpha != 1.0 {
-                scale(out.ptr, out.ld, update.alpha);
-            }
         }
         #[cfg(not(target_arch = "x86_64"))]
         unreachable!("a path of x86-64 kernels: {a:?} {b:?} {kc} {out:?} {update:?}")
@@ -105,14 +104,12 @@ pub fn granted() -> bool {
             }
             let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
             let (amx_bf16, amx_tile) = (edx >> 22 & 1 == 1, edx >> 24 & 1 == 1);
-            // Every CPU with AMX has AVX-512F, which the scaling of the output takes.
             const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
             const XFEATURE_XTILEDATA: libc::c_long = 18;
             // SAFETY: `arch_prctl(ARCH_REQ_XCOMP_PERM, feature)` takes two integers and changes only this
             // process's permission to use the feature's state.
             amx_bf16
                 && amx_tile
-                && std::arch::is_x86_feature_detected!("avx512f")
                 && unsafe {
                     libc::syscall(
                         libc::SYS_arch_prctl,
@@ -229,19 +226,5 @@ unsafe fn sums(
             stride = in(reg) 4 * ld,
             options(nostack),
         );
-    }
-}
-
-/// The 32 × 32 tile at `out` (row stride `ld`) multiplied by `alpha`.
-///
-/// # Safety
-/// The CPU has AVX-512F; `out` holds 32 initialized rows of 32 values at stride `ld`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn scale(out: *mut f32, ld: usize, alpha: f32) {
-    for r in 0..32 {
-        // SAFETY: row `r` of the tile (the function's contract).
-        let row = unsafe { std::slice::from_raw_parts_mut(out.add(r * ld), 32) };
-        row.iter_mut().for_each(|v| *v *= alpha);
     }
 }

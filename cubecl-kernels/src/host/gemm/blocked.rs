@@ -93,12 +93,13 @@ unsafe fn task<K: Kernel>(
     let (mr, nr) = (K::MR, K::NR);
     let rows = K::MC.min(lhs.rows - row0);
     let cols = K::NC.min(n - col0);
+    let tile_alpha = if K::ALPHA_AFTER_TASK { 1.0 } else { alpha };
     for p0 in (0..lhs.units).step_by(K::KC) {
         let kc = K::KC.min(lhs.units - p0);
         let update = Update {
             first: p0 == 0,
             last: p0 + kc == lhs.units,
-            alpha,
+            alpha: tile_alpha,
         };
         // The tile at rows `row0 + r0`, columns `col0 + c0` over this depth block.
         let tile = |r0: usize, c0: usize| {
@@ -129,6 +130,15 @@ unsafe fn task<K: Kernel>(
             for c0 in (0..cols).step_by(nr) {
                 (0..rows).step_by(mr).for_each(|r0| tile(r0, c0));
             }
+        }
+    }
+    if K::ALPHA_AFTER_TASK && alpha != 1.0 {
+        for r in 0..rows {
+            // SAFETY: the task's row `row0 + r`, columns `col0 .. col0 + cols`, lies in `out` and no other thread
+            // writes it (the caller's contract); every depth block wrote it.
+            let row =
+                unsafe { std::slice::from_raw_parts_mut(out.add((row0 + r) * n + col0), cols) };
+            row.iter_mut().for_each(|v| *v *= alpha);
         }
     }
 }

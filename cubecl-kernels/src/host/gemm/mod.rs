@@ -241,6 +241,10 @@ pub trait Kernel: Sized + Send + Sync + 'static {
     /// Whether a depth block runs each left panel against every right panel of the task (the left panel reused
     /// from L1) rather than each right panel against every left one (the default).
     const ROW_PANELS_OUTER: bool = false;
+    /// Whether the output factor `alpha` is applied in one pass over a task's output block after its last depth
+    /// block (the tiles updated with `alpha = 1`) rather than to each tile as it is updated: AMX's tile stores are
+    /// not forwarded to the vector loads that would multiply them right after (4 % of the step went to that stall).
+    const ALPHA_AFTER_TASK: bool = false;
 
     /// Runs one task of the blocked GEMM (every micro-kernel call of an `MC × NC` output block) on this thread:
     /// where a kernel's registers need a set-up, it is done here once per task rather than per call (AMX's tile
