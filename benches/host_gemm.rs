@@ -298,6 +298,7 @@ fn draw_chart(
         ("fp8 gemm on avx2fma", RGBColor(60, 160, 90)),
         ("fp8 gemm on avx512fma", RGBColor(150, 80, 180)),
         ("fp8 gemm on avx512bf16", RGBColor(40, 120, 200)),
+        ("fp8 gemm on amxbf16", RGBColor(200, 40, 60)),
     ];
     let value = |shape: &str, function: &str| {
         results
@@ -349,7 +350,10 @@ fn draw_chart(
             .label(function)
             .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 12, y + 6)], color.filled()));
     }
-    for ((name, peak), color) in peaks.iter().zip([RED, MAGENTA, CYAN]) {
+    for ((name, peak), color) in peaks
+        .iter()
+        .zip([RED, MAGENTA, CYAN, RGBColor(230, 150, 60)])
+    {
         chart
             .draw_series(LineSeries::new(
                 [(0.0, *peak), (shapes.len() as f64, *peak)],

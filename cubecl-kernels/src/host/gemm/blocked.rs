@@ -138,9 +138,15 @@ unsafe fn task<K: Kernel>(
             // writes it (the caller's contract); every depth block wrote it.
             let row =
                 unsafe { std::slice::from_raw_parts_mut(out.add((row0 + r) * n + col0), cols) };
-            row.iter_mut().for_each(|v| *v *= alpha);
+            scale(row, alpha);
         }
     }
+}
+
+/// `values` multiplied by `alpha` (AVX-512 and AVX2 clones where the CPU has them).
+#[multiversion::multiversion(targets("x86_64+avx512f", "x86_64+avx2"))]
+fn scale(values: &mut [f32], alpha: f32) {
+    values.iter_mut().for_each(|v| *v *= alpha);
 }
 
 /// A tile of the output updated through a tile on the stack: the micro-kernel's sums, then each output value updated.
