@@ -191,9 +191,9 @@ fn pack<K: Kernel>(
     lines.pack(K::PATH, source)
 }
 
-/// Packed panels: `len` units of a buffer from its first 64-byte boundary, so that every panel (a multiple of 16
-/// units long) starts a cache line: AMX loads a tile row by row, and a row across two lines costs several times
-/// one within a line.
+/// Packed panels: `len` units of a buffer from `start`, its first 64-byte boundary (a pooled block starts at one;
+/// a smaller buffer is padded to have one), so that every panel (a multiple of 16 units long) starts a cache line:
+/// AMX loads a tile row by row, and a row across two lines costs several times one within a line.
 pub(super) struct Panels {
     buffer: HostBuffer<u32>,
     start: usize,
@@ -268,7 +268,15 @@ impl Lines {
             }
         }
         let depth_units = depth.div_ceil(E::PER_UNIT);
-        let units = depth_units.div_ceil(group) * group;
+        let too_large = HostGemmError::TooLarge {
+            what: path,
+            lanes,
+            depth,
+        };
+        let units = depth_units
+            .div_ceil(group)
+            .checked_mul(group)
+            .ok_or(too_large.clone())?;
         let panel_len = units
             .checked_mul(width)
             .filter(|len| {
@@ -276,17 +284,13 @@ impl Lines {
                     .and_then(|len| len.checked_add(LINE_UNITS))
                     .is_some()
             })
-            .ok_or(HostGemmError::TooLarge {
-                what: path,
-                lanes,
-                depth,
-            })?;
+            .ok_or(too_large)?;
         // Every unit is written below; a large buffer is a pooled block that the next step's GEMM of this shape
         // reuses, pages and all (`crate::host::pool`). The panels start at a cache line (`Panels`): a pooled block
         // starts at a huge page, a smaller buffer is padded by up to a line (with the pool off, a large one may
         // start mid-line: slower, not wrong).
         let len = lanes.div_ceil(width) * panel_len;
-        let pad = if len * size_of::<u32>() >= POOLED_FROM {
+        let pad = if len.saturating_mul(size_of::<u32>()) >= POOLED_FROM {
             0
         } else {
             LINE_UNITS - 1
