@@ -10,7 +10,8 @@
 //!   modules composing Burn ops for their element-wise work (`with_composed_elementwise`: without the fused ops),
 //!   and FP8 with the attention core composed instead of fused (`with_composed_attention_core`).
 //!
-//! Read the GFLOP/s (2·m·n·k per iteration) and the ratios to the f32 matmul of the same shape.
+//! Read the GFLOP/s (2·m·n·k per iteration) and the ratios to the f32 matmul of the same shape. `-- share` prints
+//! each packed path's GEMM as a share of its instruction's peak, measured in pairs (for machines whose speed drifts).
 
 mod common;
 
@@ -20,7 +21,7 @@ use burn::tensor::Distribution;
 use burn_te::fused::{with_composed_attention_core, with_composed_elementwise};
 use burn_te::host::gemm::{HostGemmPath, with_host_gemm_path};
 use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
-use burn_te::{Te, TeBackend};
+use burn_te::{Fp8Primitive, Te, TeBackend};
 use criterion::{Criterion, Throughput, criterion_group};
 
 use common::{input, quantize};
@@ -163,21 +164,30 @@ fn peak(c: &mut Criterion) {
     }
 }
 
+/// The GEMM shapes (name, m, k, n): square shapes, then a TransformerLayer's fc1 fprop (tokens × hidden ×
+/// 4·hidden) and its QKV fprop (tokens × hidden × 3·hidden), then the char-GPT's GEMMs.
+const SHAPES: [(&str, usize, usize, usize); 8] = [
+    ("1024^3", 1024, 1024, 1024),
+    ("2048^3", 2048, 2048, 2048),
+    ("fc1 h1024 t1024", 1024, 1024, 4096),
+    ("qkv h2048 t2048", 2048, 2048, 6144),
+    ("fc1 h4096 t1024", 1024, 4096, 16384),
+    // The char-GPT of the parity study at hidden 512 (1024 tokens): fc1 fprop, fc2 fprop, fc1's wgrad.
+    ("fc1 h512 t1024", 1024, 512, 2048),
+    ("fc2 h512 t1024", 1024, 2048, 512),
+    ("fc1 wgrad h512 t1024", 512, 1024, 2048),
+];
+
+/// The FP8 GEMM of `qa · qb` on `path`, its output read back as the bench's callers get it.
+fn fp8_gemm_on(path: HostGemmPath, qa: &Fp8Primitive<Flex>, qb: &Fp8Primitive<Flex>) -> TensorData {
+    with_host_gemm_path(path, || {
+        let out = Flex::fp8_gemm(qa.clone(), false, qb.clone(), false).expect("gemm");
+        Tensor::<Flex, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(out)).into_data()
+    })
+}
+
 fn gemms(c: &mut Criterion) {
-    // (name, m, k, n): square shapes, then a TransformerLayer's fc1 fprop (tokens × hidden × 4·hidden) and its QKV
-    // fprop (tokens × hidden × 3·hidden), then the char-GPT's GEMMs.
-    let shapes = [
-        ("1024^3", 1024, 1024, 1024),
-        ("2048^3", 2048, 2048, 2048),
-        ("fc1 h1024 t1024", 1024, 1024, 4096),
-        ("qkv h2048 t2048", 2048, 2048, 6144),
-        ("fc1 h4096 t1024", 1024, 4096, 16384),
-        // The char-GPT of the parity study at hidden 512 (1024 tokens): fc1 fprop, fc2 fprop, fc1's wgrad.
-        ("fc1 h512 t1024", 1024, 512, 2048),
-        ("fc2 h512 t1024", 1024, 2048, 512),
-        ("fc1 wgrad h512 t1024", 512, 1024, 2048),
-    ];
-    for (name, m, k, n) in shapes {
+    for (name, m, k, n) in SHAPES {
         let mut group = c.benchmark_group(format!("host gemm {name} ({m}x{k}x{n})"));
         group.sample_size(10);
         group.throughput(Throughput::Elements(2 * (m * k * n) as u64));
@@ -188,14 +198,7 @@ fn gemms(c: &mut Criterion) {
         let (qa, qb) = (quantize(&a), quantize(&b));
         for path in HostGemmPath::available_paths() {
             group.bench_function(format!("fp8 gemm on {}", path.name()), |bench| {
-                bench.iter(|| {
-                    with_host_gemm_path(path, || {
-                        let out =
-                            Flex::fp8_gemm(qa.clone(), false, qb.clone(), false).expect("gemm");
-                        Tensor::<Flex, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(out))
-                            .into_data()
-                    })
-                })
+                bench.iter(|| fp8_gemm_on(path, &qa, &qb))
             });
         }
         group.finish();
@@ -254,9 +257,65 @@ fn transformer_layer(c: &mut Criterion) {
 
 criterion_group!(benches, peak, gemms, transformer_layer);
 
+/// Each packed path's GEMM as a share of its instruction's peak, for a machine whose speed drifts within seconds
+/// (a peak measured minutes before a GEMM says little): 7 triples of the peak on every thread, the GEMM (best of
+/// 3 calls), the peak again; a triple's share is the GEMM's rate over its two peaks' mean. Prints each shape's
+/// and path's median share and range (`cargo bench --bench host_gemm -- share`).
+#[cfg(target_arch = "x86_64")]
+fn shares_of_peak() {
+    use std::time::Instant;
+    let threads = rayon::current_num_threads() as f64;
+    println!("share of each path's instruction peak (every thread; 7 triples peak, GEMM, peak):");
+    for (name, m, k, n) in SHAPES {
+        let (qa, qb) = (quantize(&input(m, k, 0)), quantize(&input(k, n, 1)));
+        let flops = 2.0 * (m * k * n) as f64;
+        for path in HostGemmPath::available_paths() {
+            let Some((_, kernel)) = peak_loop(path) else {
+                continue;
+            };
+            let peak = || {
+                let iterations = 1 << 17;
+                let start = Instant::now();
+                let done = rayon::broadcast(|_| kernel(iterations).1);
+                threads * done[0] as f64 / start.elapsed().as_secs_f64()
+            };
+            let gemm = || {
+                (0..3)
+                    .map(|_| {
+                        let start = Instant::now();
+                        std::hint::black_box(fp8_gemm_on(path, &qa, &qb));
+                        flops / start.elapsed().as_secs_f64()
+                    })
+                    .fold(0.0, f64::max)
+            };
+            gemm();
+            let mut shares: Vec<f64> = (0..7)
+                .map(|_| {
+                    let before = peak();
+                    let rate = gemm();
+                    rate / (0.5 * (before + peak()))
+                })
+                .collect();
+            shares.sort_by(f64::total_cmp);
+            println!(
+                "  {name} ({m}x{k}x{n}) on {} ({}): {:.0} % ({:.0}–{:.0} %)",
+                path.name(),
+                path.instruction(),
+                100.0 * shares[3],
+                100.0 * shares[0],
+                100.0 * shares[6],
+            );
+        }
+    }
+}
+
 fn main() {
     benches();
     Criterion::default().configure_from_args().final_summary();
+    #[cfg(target_arch = "x86_64")]
+    if std::env::args().skip(1).any(|a| a == "share") {
+        shares_of_peak();
+    }
     common::chart("burn-te-host-gemm.svg", draw_chart);
 }
 

@@ -233,16 +233,25 @@ pub fn attention_forward(
 /// row's log-sum-exp (−∞ when nothing is visible, NaN when a visible score is).
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
 fn probabilities(s: &mut [f32], visible: impl Fn(usize) -> bool) -> f32 {
-    let mut max = f32::NEG_INFINITY;
-    let mut nan = false;
     for (key, s) in s.iter_mut().enumerate() {
-        if visible(key) {
-            max = max.max(*s);
-            nan |= s.is_nan();
-        } else {
+        if !visible(key) {
             *s = f32::NEG_INFINITY;
         }
     }
+    // The largest score and whether one is NaN, in 16 lanes (the hidden ones are −∞ now), so that the loop
+    // vectorizes: `f32::max` and a NaN flag in one running value were compiled one score at a time.
+    let (mut maxes, mut nans) = ([f32::NEG_INFINITY; 16], [false; 16]);
+    let mut fold = |chunk: &[f32]| {
+        for ((max, nan), &v) in maxes.iter_mut().zip(&mut nans).zip(chunk) {
+            *max = if v > *max { v } else { *max };
+            *nan |= v.is_nan();
+        }
+    };
+    let mut chunks = s.chunks_exact(16);
+    chunks.by_ref().for_each(&mut fold);
+    fold(chunks.remainder());
+    let max = maxes.into_iter().fold(f32::NEG_INFINITY, f32::max);
+    let nan = nans.contains(&true);
     if max == f32::NEG_INFINITY || nan {
         let fill = if nan { f32::NAN } else { 0.0 };
         s.fill(fill);

@@ -110,16 +110,25 @@ fn forward_row(s: &[f32], p: &mut [f32], scale: f32, visible: impl Fn(usize) -> 
 /// sum `Σ e^(s − max)`. Inlined into each caller's CPU clone.
 #[inline(always)]
 pub(super) fn exp_normalized(p: &mut [f32], max: f32) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    for (i, p) in p.iter_mut().enumerate() {
+    // Two simple loops, so that each vectorizes: the exponentials, then their sum with value `i` added to lane
+    // `i mod 8` (one loop doing both, indexing `lanes[i % 8]`, was compiled one value at a time).
+    for p in p.iter_mut() {
         // exp(−∞ − max) = 0 for masked keys (the clamp in `exp` gives 2⁻¹²⁶, hence the select).
-        let e = if *p == f32::NEG_INFINITY {
+        *p = if *p == f32::NEG_INFINITY {
             0.0
         } else {
             exp(*p - max)
         };
-        *p = e;
-        lanes[i % 8] += e;
+    }
+    let mut lanes = [0.0f32; 8];
+    let mut chunks = p.chunks_exact(8);
+    for chunk in &mut chunks {
+        for (lane, e) in lanes.iter_mut().zip(chunk) {
+            *lane += e;
+        }
+    }
+    for (lane, e) in lanes.iter_mut().zip(chunks.remainder()) {
+        *lane += e;
     }
     let sum = lanes.iter().sum::<f32>();
     let inv = 1.0 / sum;

@@ -94,6 +94,19 @@ unsafe fn task<K: Kernel>(
     let rows = K::MC.min(lhs.rows - row0);
     let cols = K::NC.min(n - col0);
     let tile_alpha = if K::ALPHA_AFTER_TASK { 1.0 } else { alpha };
+    // Where the kernel leaves `alpha` to the task: the task's rows `from..to` multiplied by it once their last
+    // depth block is written.
+    let scale_rows = |from: usize, to: usize| {
+        if K::ALPHA_AFTER_TASK && alpha != 1.0 {
+            for r in from..to {
+                // SAFETY: the task's row `row0 + r`, columns `col0 .. col0 + cols`, lies in `out` and no other
+                // thread writes it (the caller's contract); every depth block wrote it.
+                let row =
+                    unsafe { std::slice::from_raw_parts_mut(out.add((row0 + r) * n + col0), cols) };
+                scale(row, alpha);
+            }
+        }
+    };
     for p0 in (0..lhs.units).step_by(K::KC) {
         let kc = K::KC.min(lhs.units - p0);
         let update = Update {
@@ -125,20 +138,23 @@ unsafe fn task<K: Kernel>(
         if K::ROW_PANELS_OUTER {
             for r0 in (0..rows).step_by(mr) {
                 (0..cols).step_by(nr).for_each(|c0| tile(r0, c0));
+                // In the last block, the row panel before this one is scaled while it is still in cache; this
+                // one's newest tile stores would stall the loads (scaling the whole task after it read it back
+                // from L2: 6 % of an AMX GEMM).
+                if update.last && r0 >= mr {
+                    scale_rows(r0 - mr, r0);
+                }
+            }
+            if update.last {
+                scale_rows(rows.saturating_sub(1) / mr * mr, rows);
             }
         } else {
             for c0 in (0..cols).step_by(nr) {
                 (0..rows).step_by(mr).for_each(|r0| tile(r0, c0));
             }
-        }
-    }
-    if K::ALPHA_AFTER_TASK && alpha != 1.0 {
-        for r in 0..rows {
-            // SAFETY: the task's row `row0 + r`, columns `col0 .. col0 + cols`, lies in `out` and no other thread
-            // writes it (the caller's contract); every depth block wrote it.
-            let row =
-                unsafe { std::slice::from_raw_parts_mut(out.add((row0 + r) * n + col0), cols) };
-            scale(row, alpha);
+            if update.last {
+                scale_rows(0, rows);
+            }
         }
     }
 }

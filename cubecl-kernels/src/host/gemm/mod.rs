@@ -241,9 +241,10 @@ pub trait Kernel: Sized + Send + Sync + 'static {
     /// Whether a depth block runs each left panel against every right panel of the task (the left panel reused
     /// from L1) rather than each right panel against every left one (the default).
     const ROW_PANELS_OUTER: bool = false;
-    /// Whether the output factor `alpha` is applied in one pass over a task's output block after its last depth
-    /// block (the tiles updated with `alpha = 1`) rather than to each tile as it is updated: AMX's tile stores are
-    /// not forwarded to the vector loads that would multiply them right after (4 % of the step went to that stall).
+    /// Whether the task applies the output factor `alpha` to its rows once their last depth block is written
+    /// (with [`Kernel::ROW_PANELS_OUTER`], each row panel while the next one is computed; the tiles updated with
+    /// `alpha = 1`) rather than to each tile as it is updated: AMX's tile stores are not forwarded to the vector
+    /// loads that would multiply them right after (4 % of the step went to that stall).
     const ALPHA_AFTER_TASK: bool = false;
 
     /// Runs one task of the blocked GEMM (every micro-kernel call of an `MC × NC` output block) on this thread:

@@ -312,30 +312,43 @@ impl Lines {
             .for_each(|(i, panel)| {
                 let count = width.min(lanes - i * width);
                 let base = source.offset + i * width * lane_stride;
+                // The leading units of each lane already laid out in groups (the vector packing of a
+                // depth-contiguous left operand does that); the rest unit by unit until regrouped below.
+                let mut grouped = 0;
                 match source.elements {
                     Elements::Codes(codes, table) => {
-                        let packed = lookup.as_ref().is_some_and(|lookup| {
+                        let packed = lookup.as_ref().and_then(|lookup| {
                             self.vector_panel(panel, count, base, codes, lookup)
                         });
-                        if !packed {
-                            self.panel(panel, count, base, codes, |c| table[usize::from(c)])
+                        match packed {
+                            Some(units) => grouped = units,
+                            None => {
+                                self.panel(panel, count, base, codes, |c| table[usize::from(c)])
+                            }
                         }
                     }
                     Elements::Values(values) => self.panel(panel, count, base, values, |e| e),
                 }
                 panel[depth_units * width..].fill(0);
+                let (head, panel) = panel.split_at_mut(grouped * width);
                 if count < width {
+                    for chunk in head.chunks_exact_mut(group * width) {
+                        chunk[count * group..].fill(0);
+                    }
                     for slot in panel.chunks_exact_mut(width) {
                         slot[count..].fill(0);
                     }
                 }
                 if row_groups {
+                    // Each group transposed through a copy: unit `q` of lane `l` from `q · width + l` to
+                    // `l · group + q`, the copy read in order (the copy made once per panel, not zeroed per group).
+                    let mut copy = [0u32; MAX_GROUPED];
                     for chunk in panel.chunks_exact_mut(group * width) {
-                        let mut units = [0u32; MAX_GROUPED];
-                        units[..chunk.len()].copy_from_slice(chunk);
-                        for (l, row) in chunk.chunks_exact_mut(group).enumerate() {
-                            for (q, unit) in row.iter_mut().enumerate() {
-                                *unit = units[q * width + l];
+                        let copy = &mut copy[..chunk.len()];
+                        copy.copy_from_slice(chunk);
+                        for (q, units) in copy.chunks_exact(width).enumerate() {
+                            for (row, &unit) in chunk.chunks_exact_mut(group).zip(units) {
+                                row[q] = unit;
                             }
                         }
                     }
@@ -428,7 +441,8 @@ impl Lines {
     }
 
     /// [`Lines::panel`] for codes through `lookup`'s bf16 table on AVX512-VBMI ([`super::pack_vbmi`]), where the
-    /// layout has the lanes or the depth contiguous; `false` (nothing written) otherwise.
+    /// layout has the lanes or the depth contiguous (`None`, nothing written, otherwise): how many leading units of
+    /// each lane it wrote in groups row by row (where the panel is grouped and the depth contiguous; else 0).
     fn vector_panel(
         &self,
         panel: &mut [u32],
@@ -436,7 +450,8 @@ impl Lines {
         base: usize,
         codes: &[u8],
         lookup: &super::pack_vbmi::Lookup,
-    ) -> bool {
+    ) -> Option<usize> {
+        let grouped = self.row_groups && self.group == super::pack_vbmi::GROUPED;
         // SAFETY: `pack` checked that every lane's reach lies inside `codes`; `panel` holds `units · width` units;
         // `count ≤ width ≤ MAX_WIDTH = 32`.
         unsafe {
@@ -448,6 +463,7 @@ impl Lines {
                 self.depth,
                 codes,
                 lookup,
+                grouped,
             )
         }
     }

@@ -32,8 +32,10 @@ pub fn lookup(table: [u16; 256], per: usize) -> Option<Lookup> {
 /// One panel of `width` lanes (`count` of them stored) as units along `depth` (bf16 pairs or f32 values, as
 /// `lookup` was made), from `codes` through `lookup`'s table: lane `l`'s depth `d` read at
 /// `base + l · lane_stride + d · depth_stride`, unit `p` of lane `l` written at `panel[p · width + l]` (a pair
-/// `lo | hi << 16`, an odd depth's last `hi` zero). `false` (nothing written) where neither the lanes nor the
-/// depth are contiguous.
+/// `lo | hi << 16`, an odd depth's last `hi` zero). `None` (nothing written) where neither the lanes nor the
+/// depth are contiguous. Where `grouped` (bf16 pairs in groups of [`GROUPED`] units, the AMX path's left panels),
+/// the depth-contiguous layout writes its leading units straight in groups row by row (unit `p = 16g + q` of lane
+/// `l` at `panel[16g · width + 16l + q]`); returns how many units of each lane are laid out so (0 otherwise).
 ///
 /// # Safety
 /// Every read position lies inside `codes`, `panel` holds `units · width` units (`units` the depth in units) and
@@ -49,7 +51,8 @@ pub(super) unsafe fn panel(
     depth: usize,
     codes: &[u8],
     lookup: &Lookup,
-) -> bool {
+    grouped: bool,
+) -> Option<usize> {
     let per = lookup.per;
     let units = depth.div_ceil(per);
     // A unit from the code of its depth and, in a pair, the next depth's (`None` past the depth's end).
@@ -91,16 +94,17 @@ pub(super) unsafe fn panel(
                 *slot = pair(codes[at + l], None);
             }
         }
-        return true;
+        return Some(0);
     }
     if depth_stride != 1 {
-        return false;
+        return None;
     }
     // Each lane's depth is contiguous: the units of 64 consecutive codes of a lane, then written down the panel.
-    let along = if per == 2 {
-        along_chunks::<2, 32>
-    } else {
-        along_chunks::<1, 64>
+    let grouped = grouped && per == 2;
+    let along = match (per, grouped) {
+        (2, true) => along_chunks::<2, 32, true>,
+        (2, false) => along_chunks::<2, 32, false>,
+        _ => along_chunks::<1, 64, false>,
     };
     // SAFETY: the caller's contract, passed on.
     let whole = unsafe {
@@ -120,8 +124,11 @@ pub(super) unsafe fn panel(
             panel[p * width + l] = pair(codes[at], (per * p + 1 < depth).then(|| codes[at + 1]));
         }
     }
-    true
+    Some(if grouped { whole } else { 0 })
 }
+
+/// The units per group of a grouped panel ([`panel`]'s `grouped`): AMX's 16 depth pairs per tile row.
+pub const GROUPED: usize = 16;
 
 /// The lanes-contiguous layout's first `depths` (even) depths, two per lookup: units of `PER` depths (a row of pairs,
 /// or two rows of f32 values) for `count` lanes.
@@ -165,15 +172,15 @@ unsafe fn across_depths<const PER: usize>(
 }
 
 /// The depth-contiguous layout's whole chunks of 64 codes (`UNITS = 64 / PER` units each: 32 pairs or 64 f32
-/// values): each lane's units looked up into a buffer, then written down the panel. Returns the units written per
-/// lane.
+/// values): each lane's units looked up into a buffer, then written down the panel, or where `GROUPED`, each
+/// lane's 16 units of a group stored at once in the grouped layout ([`panel`]). Returns the units written per lane.
 ///
 /// # Safety
 /// As [`panel`]'s, with the depth contiguous.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
-unsafe fn along_chunks<const PER: usize, const UNITS: usize>(
+unsafe fn along_chunks<const PER: usize, const UNITS: usize, const GROUPED: bool>(
     panel: &mut [u32],
     (width, count): (usize, usize),
     base: usize,
@@ -187,6 +194,22 @@ unsafe fn along_chunks<const PER: usize, const UNITS: usize>(
     // Not cleared: the first `count` lanes' units are written before they are read.
     let mut lanes = [[MaybeUninit::<u32>::uninit(); UNITS]; 32];
     for p0 in (0..whole).step_by(UNITS) {
+        if GROUPED {
+            for l in 0..count {
+                // SAFETY: the lane's 64 codes from depth `PER · p0` lie inside `codes` (the caller's contract);
+                // the groups of units `p0 ..+UNITS` (a multiple of 16 from a multiple of 16) hold lane `l`'s 16
+                // units at `16g · width + 16l` each, inside `panel`'s `units · width`.
+                unsafe {
+                    let looked =
+                        lookup.along::<PER>(codes.as_ptr().add(base + l * lane_stride + PER * p0));
+                    for (i, vector) in looked[..UNITS / 16].iter().enumerate() {
+                        let at = (p0 + 16 * i) * width + 16 * l;
+                        store(panel.as_mut_ptr().add(at), [*vector, *vector], 16);
+                    }
+                }
+            }
+            continue;
+        }
         for (l, lane) in lanes[..count].iter_mut().enumerate() {
             // SAFETY: the lane's 64 codes from depth `PER · p0` lie inside `codes` (the caller's contract); the
             // lane holds `UNITS` units, 16 per vector.
