@@ -13,7 +13,7 @@ use crate::host::pool::OutputValues;
 use rayon::prelude::*;
 
 use super::exp;
-use super::softmax::{SoftmaxMask, exp_normalized, visible};
+use super::softmax::{SoftmaxMask, exp_normalized, max_and_nan, visible};
 
 /// Query rows per block: the block's scores (`ROWS × keys`) stay in L2 between its GEMMs.
 pub const ROWS: usize = 64;
@@ -238,20 +238,8 @@ fn probabilities(s: &mut [f32], visible: impl Fn(usize) -> bool) -> f32 {
             *s = f32::NEG_INFINITY;
         }
     }
-    // The largest score and whether one is NaN, in 16 lanes (the hidden ones are −∞ now), so that the loop
-    // vectorizes: `f32::max` and a NaN flag in one running value were compiled one score at a time.
-    let (mut maxes, mut nans) = ([f32::NEG_INFINITY; 16], [false; 16]);
-    let mut fold = |chunk: &[f32]| {
-        for ((max, nan), &v) in maxes.iter_mut().zip(&mut nans).zip(chunk) {
-            *max = if v > *max { v } else { *max };
-            *nan |= v.is_nan();
-        }
-    };
-    let mut chunks = s.chunks_exact(16);
-    chunks.by_ref().for_each(&mut fold);
-    fold(chunks.remainder());
-    let max = maxes.into_iter().fold(f32::NEG_INFINITY, f32::max);
-    let nan = nans.contains(&true);
+    // The hidden scores are −∞ now.
+    let (max, nan) = max_and_nan(s);
     if max == f32::NEG_INFINITY || nan {
         let fill = if nan { f32::NAN } else { 0.0 };
         s.fill(fill);

@@ -80,20 +80,16 @@ pub fn softmax_forward(
 
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
 fn forward_row(s: &[f32], p: &mut [f32], scale: f32, visible: impl Fn(usize) -> bool) {
-    // The causal mask hides a suffix: the loops run over the visible prefix and zero the rest.
-    let mut max = f32::NEG_INFINITY;
-    let (mut any, mut nan) = (false, false);
+    let mut any = false;
     for (key, (s, p)) in s.iter().zip(p.iter_mut()).enumerate() {
-        let v = s * scale;
         if visible(key) {
-            max = max.max(v);
             any = true;
-            nan |= v.is_nan();
-            *p = v;
+            *p = s * scale;
         } else {
             *p = f32::NEG_INFINITY;
         }
     }
+    let (max, nan) = max_and_nan(p);
     if !any {
         p.fill(0.0);
         return;
@@ -104,6 +100,25 @@ fn forward_row(s: &[f32], p: &mut [f32], scale: f32, visible: impl Fn(usize) -> 
         return;
     }
     exp_normalized(p, max);
+}
+
+/// The largest of a row's scores (−∞ for an empty row) and whether one is NaN. In 16 lanes, so that the loop
+/// vectorizes: `f32::max` and a NaN flag in one running value were compiled one score at a time. Inlined into each
+/// caller's CPU clone.
+#[inline(always)]
+pub(super) fn max_and_nan(scores: &[f32]) -> (f32, bool) {
+    let (mut maxes, mut nans) = ([f32::NEG_INFINITY; 16], [false; 16]);
+    let mut fold = |chunk: &[f32]| {
+        for ((max, nan), &v) in maxes.iter_mut().zip(&mut nans).zip(chunk) {
+            *max = if v > *max { v } else { *max };
+            *nan |= v.is_nan();
+        }
+    };
+    let mut chunks = scores.chunks_exact(16);
+    chunks.by_ref().for_each(&mut fold);
+    fold(chunks.remainder());
+    let max = maxes.into_iter().fold(f32::NEG_INFINITY, f32::max);
+    (max, nans.contains(&true))
 }
 
 /// A row of scaled scores (−∞ where masked, `max` their largest) becomes `e^(s − max) / Σ` in place; returns the
