@@ -89,11 +89,11 @@ fn forward_row(s: &[f32], p: &mut [f32], scale: f32, visible: impl Fn(usize) -> 
             *p = f32::NEG_INFINITY;
         }
     }
-    let (max, nan) = max_and_nan(p);
     if !any {
         p.fill(0.0);
         return;
     }
+    let (max, nan) = max_and_nan(p);
     if nan {
         // A NaN among the visible scores makes the whole row NaN, as the composed softmax does.
         p.fill(f32::NAN);
