@@ -34,6 +34,7 @@ use burn::optim::AdamConfig;
 use burn::prelude::*;
 use burn::record::CompactRecorder;
 use burn::tensor::backend::AutodiffBackend;
+use burn_te::optim::FusedAdamConfig;
 use burn_te::{Te, TeBackend};
 use burn_te_debug::train::TrainStats;
 use burn_te_debug::{Debug, DebugConfig};
@@ -85,6 +86,10 @@ struct Args {
     /// Learning rate (Adam).
     #[arg(long, default_value_t = 3e-3, value_parser = positive)]
     lr: f64,
+    /// The optimizer: burn-te's FusedAdam (each parameter's Adam step in one pass on every core, where the backend
+    /// has the fused kernel: the CPU host path) or Burn's Adam (composed of tensor ops); the same values.
+    #[arg(long, value_enum, default_value_t = OptimizerName::FusedAdam)]
+    optimizer: OptimizerName,
     /// Seed of the weights, the batch order and the sampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -103,6 +108,15 @@ struct Args {
     config: Option<String>,
     #[command(flatten)]
     model: ModelArgs,
+}
+
+/// `--optimizer`'s values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum OptimizerName {
+    /// `burn_te::optim::FusedAdam`.
+    FusedAdam,
+    /// `burn::optim::Adam`.
+    Adam,
 }
 
 fn positive(value: &str) -> Result<f64, String> {
@@ -250,11 +264,23 @@ where
     if !std::io::stdout().is_terminal() {
         training = training.renderer(Lines::new(steps.div_ceil(10), steps * args.epochs));
     }
-    let optimizer = AdamConfig::new()
-        .with_grad_clipping(Some(GradientClippingConfig::Norm(1.0)))
-        .init::<B, Trainee<B>>();
+    let clipping = Some(GradientClippingConfig::Norm(1.0));
+    let trainee = Trainee { gpt: model };
     let start = Instant::now();
-    let result = training.launch(Learner::new(Trainee { gpt: model }, optimizer, args.lr));
+    let result = match args.optimizer {
+        OptimizerName::FusedAdam => {
+            let optimizer = FusedAdamConfig::new()
+                .with_grad_clipping(clipping)
+                .init::<B, Trainee<B>>();
+            training.launch(Learner::new(trainee, optimizer, args.lr))
+        }
+        OptimizerName::Adam => {
+            let optimizer = AdamConfig::new()
+                .with_grad_clipping(clipping)
+                .init::<B, Trainee<B>>();
+            training.launch(Learner::new(trainee, optimizer, args.lr))
+        }
+    };
     let seconds = start.elapsed().as_secs_f64();
     println!(
         "trained {} steps in {seconds:.1} s ({:.0} ms per step, validation included)",

@@ -2,6 +2,7 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{BoolTensor, FloatTensor};
+pub use burn_te_kernels::host::optim::AdamStep;
 use burn_te_kernels::{AmaxComputeAlgo, Fp8Format, Fp8Stats, ScaleBlock, TensorStats};
 
 use crate::error::TeError;
@@ -355,6 +356,19 @@ pub trait TeBackend: Backend {
         panic!("{}", crate::fused::missing_backward("attention"))
     }
 
+    /// One Adam step of a parameter in one pass (`optim::FusedAdam`, TE's `FusedAdam`): the new
+    /// `[param, moment_1, moment_2]` from the parameter, its gradient and the moments (`None` on the first step),
+    /// with the arithmetic of Burn's `Adam`. `None` where the backend has no fused kernel (the optimizer then runs
+    /// Burn's `Adam`).
+    fn te_adam_step(
+        _param: FloatTensor<Self>,
+        _grad: FloatTensor<Self>,
+        _moments: Option<[FloatTensor<Self>; 2]>,
+        _step: AdamStep,
+    ) -> Result<Option<[FloatTensor<Self>; 3]>, TeError> {
+        Ok(None)
+    }
+
     /// A linear layer's forward GEMM at `site`: `x [.., in] · weight [in, out] + bias` in FP8 with `recipe`, or in
     /// high precision with `None`. On autodiff backends its backward runs [`te_linear_dgrad`](Self::te_linear_dgrad)
     /// and [`te_linear_wgrad`](Self::te_linear_wgrad) with the same recipe, on the operands
@@ -680,6 +694,19 @@ macro_rules! forward_fp8_ops {
             let grads = $inner::te_attention_backward(dout, q, k, v, lse, spec, mask);
             <Self as $crate::Decorator>::op_finished("te_attention_backward", inputs, &grads[0]);
             grads
+        }
+        fn te_adam_step(
+            param: $crate::__private::FloatTensor<Self>,
+            grad: $crate::__private::FloatTensor<Self>,
+            moments: Option<[$crate::__private::FloatTensor<Self>; 2]>,
+            step: $crate::backend::AdamStep,
+        ) -> Result<Option<[$crate::__private::FloatTensor<Self>; 3]>, $crate::TeError> {
+            let inputs = <Self as $crate::Decorator>::op_started("te_adam", &[&param, &grad]);
+            let output = $inner::te_adam_step(param, grad, moments, step)?;
+            if let Some([param, ..]) = &output {
+                <Self as $crate::Decorator>::op_finished("te_adam", inputs, param);
+            }
+            Ok(output)
         }
         fn fp8_delayed_state_update(
             state: &Self::DelayedState,

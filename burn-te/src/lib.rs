@@ -66,6 +66,7 @@ mod metrics;
 pub mod microbatch;
 pub mod nn;
 pub mod nvfp4;
+pub mod optim;
 pub mod plain_linear;
 pub mod plan;
 mod primitive;

@@ -468,6 +468,10 @@ pub mod names {
     pub const FUSED_SOFTMAX: &str = "FusedSoftmax";
     /// Counter: fused attention softmax backwards.
     pub const FUSED_SOFTMAX_BACKWARD: &str = "FusedSoftmaxBackward";
+    /// Counter: Adam steps of one parameter fused into one pass (`optim::FusedAdam` on a host backend).
+    pub const FUSED_ADAM: &str = "FusedAdam";
+    /// Counter: `optim::FusedAdam` steps that ran Burn's composed `Adam` (no fused kernel on the backend).
+    pub const COMPOSED_ADAM: &str = "ComposedAdam";
     /// Counter: fused attention cores (`fused::attention`; the host path).
     pub const FUSED_ATTENTION: &str = "FusedAttention";
     /// Counter: fused attention core backwards.

@@ -22,6 +22,7 @@ mod feature_effects;
 mod fp8_attention;
 mod fp8_state;
 mod fused;
+mod fused_adam;
 mod gemm;
 mod grouped_linear;
 mod host_gemm;

@@ -7,6 +7,7 @@
 mod attention;
 mod fused;
 pub mod gemm;
+mod optim;
 
 use std::sync::{Arc, Mutex};
 
@@ -325,6 +326,15 @@ macro_rules! host_te_backend {
                 gated: bool,
             ) -> FloatTensor<Self> {
                 fused::activation_backward::<$backend>($values, dy, x, f, gated)
+            }
+
+            fn te_adam_step(
+                param: FloatTensor<Self>,
+                grad: FloatTensor<Self>,
+                moments: Option<[FloatTensor<Self>; 2]>,
+                step: burn_te_kernels::host::optim::AdamStep,
+            ) -> Result<Option<[FloatTensor<Self>; 3]>, TeError> {
+                optim::te_adam_step::<$backend>($values, param, grad, moments, step)
             }
 
             fn te_softmax_forward(

@@ -6,6 +6,7 @@ mod fp8;
 pub mod fused;
 pub mod gemm;
 pub mod nvfp4;
+pub mod optim;
 pub mod pool;
 
 pub use buffers::{assume_init, uninit, zeroed};
