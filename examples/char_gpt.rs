@@ -250,36 +250,42 @@ where
     if !precision_metrics.0.is_empty() {
         println!("precision metrics: {}", precision_metrics.0.len());
     }
-    let mut training = SupervisedTraining::new(ARTIFACTS, train_loader, valid_loader)
-        .metric_train_numeric(LossMetric::new())
-        .metric_valid_numeric(LossMetric::new())
-        .metric_train_numeric(AccuracyMetric::new())
-        .metric_valid_numeric(AccuracyMetric::new())
-        .metric_train_numeric(PerplexityMetric::new())
-        .metric_valid_numeric(PerplexityMetric::new())
-        .metrics(precision_metrics)
-        .with_file_checkpointer(CompactRecorder::new())
-        .num_epochs(args.epochs)
-        .summary();
-    if !std::io::stdout().is_terminal() {
-        training = training.renderer(Lines::new(steps.div_ceil(10), steps * args.epochs));
-    }
     let clipping = Some(GradientClippingConfig::Norm(1.0));
     let trainee = Trainee { gpt: model };
+    let renderer = (!std::io::stdout().is_terminal())
+        .then(|| Lines::new(steps.div_ceil(10), steps * args.epochs));
+    // The training's type names the optimizer's, so each optimizer builds its own.
+    macro_rules! launch {
+        ($optimizer:expr) => {{
+            let mut training = SupervisedTraining::new(ARTIFACTS, train_loader, valid_loader)
+                .metric_train_numeric(LossMetric::new())
+                .metric_valid_numeric(LossMetric::new())
+                .metric_train_numeric(AccuracyMetric::new())
+                .metric_valid_numeric(AccuracyMetric::new())
+                .metric_train_numeric(PerplexityMetric::new())
+                .metric_valid_numeric(PerplexityMetric::new())
+                .metrics(precision_metrics)
+                .with_file_checkpointer(CompactRecorder::new())
+                .num_epochs(args.epochs)
+                .summary();
+            if let Some(renderer) = renderer {
+                training = training.renderer(renderer);
+            }
+            training.launch(Learner::new(trainee, $optimizer, args.lr))
+        }};
+    }
     let start = Instant::now();
     let result = match args.optimizer {
-        OptimizerName::FusedAdam => {
-            let optimizer = FusedAdamConfig::new()
+        OptimizerName::FusedAdam => launch!(
+            FusedAdamConfig::new()
                 .with_grad_clipping(clipping)
-                .init::<B, Trainee<B>>();
-            training.launch(Learner::new(trainee, optimizer, args.lr))
-        }
-        OptimizerName::Adam => {
-            let optimizer = AdamConfig::new()
+                .init::<B, Trainee<B>>()
+        ),
+        OptimizerName::Adam => launch!(
+            AdamConfig::new()
                 .with_grad_clipping(clipping)
-                .init::<B, Trainee<B>>();
-            training.launch(Learner::new(trainee, optimizer, args.lr))
-        }
+                .init::<B, Trainee<B>>()
+        ),
     };
     let seconds = start.elapsed().as_secs_f64();
     println!(

@@ -356,6 +356,13 @@ pub trait TeBackend: Backend {
         panic!("{}", crate::fused::missing_backward("attention"))
     }
 
+    /// `out [.., n] + bias [n]`, the bias added to every row: the fprop GEMM's bias. By default Burn's broadcast
+    /// add; the host backends add it row by row on every core (Flex's broadcast add is a strided loop on one
+    /// thread).
+    fn te_add_bias(out: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
+        add_bias_broadcast::<Self>(out, bias)
+    }
+
     /// One Adam step of a parameter in one pass (`optim::FusedAdam`, TE's `FusedAdam`): the new
     /// `[param, moment_1, moment_2]` from the parameter, its gradient and the moments (`None` on the first step),
     /// with the arithmetic of Burn's `Adam`. `None` where the backend has no fused kernel (the optimizer then runs
@@ -695,6 +702,15 @@ macro_rules! forward_fp8_ops {
             <Self as $crate::Decorator>::op_finished("te_attention_backward", inputs, &grads[0]);
             grads
         }
+        fn te_add_bias(
+            out: $crate::__private::FloatTensor<Self>,
+            bias: $crate::__private::FloatTensor<Self>,
+        ) -> $crate::__private::FloatTensor<Self> {
+            let inputs = <Self as $crate::Decorator>::op_started("te_add_bias", &[&out, &bias]);
+            let sum = $inner::te_add_bias(out, bias);
+            <Self as $crate::Decorator>::op_finished("te_add_bias", inputs, &sum);
+            sum
+        }
         fn te_adam_step(
             param: $crate::__private::FloatTensor<Self>,
             grad: $crate::__private::FloatTensor<Self>,
@@ -717,6 +733,16 @@ macro_rules! forward_fp8_ops {
             $inner::fp8_delayed_state_update(state, algo, format, margin)
         }
     };
+}
+
+/// `out [.., n] + bias [n]` as Burn's broadcast add ([`TeBackend::te_add_bias`]'s default).
+pub fn add_bias_broadcast<B: Backend>(out: FloatTensor<B>, bias: FloatTensor<B>) -> FloatTensor<B> {
+    use burn::tensor::{Shape, TensorMetadata};
+    let n = bias.shape().num_elements();
+    let rank = out.shape().num_dims().max(1);
+    let mut dims = vec![1; rank];
+    dims[rank - 1] = n;
+    B::float_add(out, B::float_reshape(bias, Shape::from(dims)))
 }
 
 /// A hash of `value` that is stable within a process: buffer identities ([`TeBackend::buffer_id`]) and per-site

@@ -388,14 +388,10 @@ impl<B: TeBackend> Finish<B> {
     fn apply(self, out: FloatTensor<B>) -> FloatTensor<B> {
         match self {
             Finish::Fprop { bias, leading } => {
-                let out_features = *leading.last().expect("the output features");
                 // An empty batch stays empty (Burn's broadcasting does not take a zero-length dimension against 1).
                 let empty = leading.contains(&0);
                 let out = match bias.filter(|_| !empty) {
-                    Some(bias) => {
-                        let bias = B::float_reshape(bias, Shape::from(vec![1, out_features]));
-                        B::float_add(out, bias)
-                    }
+                    Some(bias) => B::te_add_bias(out, bias),
                     None => out,
                 };
                 B::float_reshape(out, Shape::from(leading))

@@ -468,6 +468,8 @@ pub mod names {
     pub const FUSED_SOFTMAX: &str = "FusedSoftmax";
     /// Counter: fused attention softmax backwards.
     pub const FUSED_SOFTMAX_BACKWARD: &str = "FusedSoftmaxBackward";
+    /// Counter: fprop biases added row by row on every core (`TeBackend::te_add_bias` on a host backend).
+    pub const FUSED_BIAS: &str = "FusedBias";
     /// Counter: Adam steps of one parameter fused into one pass (`optim::FusedAdam` on a host backend).
     pub const FUSED_ADAM: &str = "FusedAdam";
     /// Counter: `optim::FusedAdam` steps that ran Burn's composed `Adam` (no fused kernel on the backend).

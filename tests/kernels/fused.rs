@@ -628,3 +628,59 @@ fn fused_ops_name_bad_shapes() {
         "{err}"
     );
 }
+
+/// The fprop GEMM's bias (`TeBackend::te_add_bias`, row by row on every core on Flex) against the sums computed in
+/// f64 and rounded once (what `x + b` in f32 is), for contiguous and transposed outputs over several blocks of
+/// rows; a bias that is not the last dimension keeps Burn's broadcasting.
+#[test]
+fn bias_added_row_by_row_is_each_sum_rounded_once() {
+    let device = Default::default();
+    let mut rng = Rng::new(21);
+    let [batch, rows, width] = [7, 100, 53];
+    let x = rng.normal(batch * rows * width, 0.0, 3.0);
+    let b = rng.normal(width, 1.0, 2.0);
+    let xs =
+        Tensor::<Flex, 3>::from_data(TensorData::new(x.clone(), [batch, rows, width]), &device);
+    let bias = Tensor::<Flex, 1>::from_data(TensorData::new(b.clone(), [width]), &device);
+    // Contiguous, and a transposed view of a [batch, width, rows] tensor (read through its strides).
+    let xt = Tensor::<Flex, 3>::from_data(xs.clone().swap_dims(1, 2).into_data(), &device)
+        .swap_dims(1, 2);
+    for (what, out) in [("contiguous", xs), ("transposed", xt)] {
+        let before = counter("FusedBias");
+        let sum = <Flex as TeBackend>::te_add_bias(
+            out.into_primitive().tensor(),
+            bias.clone().into_primitive().tensor(),
+        );
+        assert_eq!(
+            counter("FusedBias") - before,
+            1,
+            "{what}: the host kernel ran"
+        );
+        let sum = Tensor::<Flex, 3>::from_primitive(TensorPrimitive::Float(sum));
+        assert_eq!(sum.dims(), [batch, rows, width]);
+        let sum = sum.into_data().to_vec::<f32>().expect("f32");
+        for (i, (&s, &x)) in sum.iter().zip(&x).enumerate() {
+            let expected = (f64::from(x) + f64::from(b[i % width])) as f32;
+            assert_eq!(
+                s.to_bits(),
+                expected.to_bits(),
+                "{what}: value {i}: {s} vs {expected}"
+            );
+        }
+    }
+    // A one-value bias broadcasts as Burn's add does.
+    let x = Tensor::<Flex, 2>::from_data(
+        TensorData::new(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2]),
+        &device,
+    );
+    let one = Tensor::<Flex, 1>::from_data(TensorData::new(vec![0.5f32], [1]), &device);
+    let sum = <Flex as TeBackend>::te_add_bias(
+        x.into_primitive().tensor(),
+        one.into_primitive().tensor(),
+    );
+    let sum = Tensor::<Flex, 2>::from_primitive(TensorPrimitive::Float(sum));
+    assert_eq!(
+        sum.into_data().to_vec::<f32>().unwrap(),
+        vec![1.5, 2.5, 3.5, 4.5]
+    );
+}

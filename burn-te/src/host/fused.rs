@@ -5,7 +5,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{BoolTensor, FloatTensor};
 use burn::tensor::{DType, Shape, TensorMetadata};
-use burn_te_kernels::host::fused::{activation, norm, softmax};
+use burn_te_kernels::host::fused::{activation, bias, norm, softmax};
 
 use super::{HostValues, host_tensor};
 use crate::error::TeError;
@@ -92,6 +92,25 @@ pub(super) fn norm_backward<B: Backend>(
         gamma: host_tensor::<B>(dgamma, gamma_shape.clone(), &device),
         beta: (!dbeta.is_empty()).then(|| host_tensor::<B>(dbeta, gamma_shape, &device)),
     }
+}
+
+/// [`TeBackend::te_add_bias`](crate::TeBackend::te_add_bias) on the host: `out [.., n] + bias [n]` row by row on
+/// every core; anything else (other dtypes, a bias that is not the last dimension) as Burn's broadcast add.
+pub(super) fn add_bias<B: Backend>(
+    read: Read<B>,
+    out: FloatTensor<B>,
+    bias: FloatTensor<B>,
+) -> FloatTensor<B> {
+    let width = bias.shape().num_elements();
+    let rows_of_bias = out.shape().as_slice().last() == Some(&width) && width > 0;
+    if !(rows_of_bias && f32_only::<B>(&out) && f32_only::<B>(&bias)) {
+        return crate::backend::add_bias_broadcast::<B>(out, bias);
+    }
+    count_launch(names::FUSED_BIAS);
+    let device = B::float_device(&out);
+    let (x, shape) = read(out).unwrap_or_else(|err| panic!("te_add_bias: {err}"));
+    let (b, _) = read(bias).unwrap_or_else(|err| panic!("te_add_bias: {err}"));
+    host_tensor::<B>(bias::add_bias(&x, &b), shape, &device)
 }
 
 /// [`TeBackend::te_activation_forward`](crate::TeBackend::te_activation_forward) on the host.

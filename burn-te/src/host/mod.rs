@@ -328,6 +328,10 @@ macro_rules! host_te_backend {
                 fused::activation_backward::<$backend>($values, dy, x, f, gated)
             }
 
+            fn te_add_bias(out: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
+                fused::add_bias::<$backend>($values, out, bias)
+            }
+
             fn te_adam_step(
                 param: FloatTensor<Self>,
                 grad: FloatTensor<Self>,

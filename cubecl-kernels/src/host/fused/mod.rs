@@ -7,6 +7,7 @@
 //!   `dgelu`, …);
 //! - [`softmax`]: the attention's scaled, masked softmax, forward and backward (TE's
 //!   `scaled_(upper_triang_)masked_softmax`);
+//! - [`bias`]: a linear layer's bias added to its GEMM's output rows;
 //! - [`attention`]: the whole attention core (q·kᵀ, the masked softmax, ·v) per head at any strides, forward and
 //!   backward (TE's fused attention).
 //!
@@ -16,6 +17,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod bias;
 pub mod norm;
 pub mod softmax;
 
