@@ -3,7 +3,9 @@
 //!   (target ≥ 0.8× its speed), and quantize + GEMM end to end;
 //! - a TransformerLayer FP8 training step on `Autodiff<Te<Flex>>` vs the same step in f32 on `Autodiff<Flex>`
 //!   (target ≤ 1.25×), at hidden 256, 512, 1024 and 2048 (FFN 4×hidden, 256 tokens), so the growth with size
-//!   shows.
+//!   shows;
+//! - one optimizer step over a TransformerLayer's parameters (hidden 512, FFN 2048: char-GPT's layer, 3.1 M
+//!   values): Burn's `Adam` against burn-te's `FusedAdam` (the same values), on `Autodiff<Flex>`.
 
 mod common;
 
@@ -116,5 +118,40 @@ fn linear_rank(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, gemm, linear_rank, transformer_layer);
+/// One Adam step over a TransformerLayer's parameters (fresh gradients from one backward each time, outside the
+/// timing): Burn's composed `Adam` against `FusedAdam`.
+fn optimizer(c: &mut Criterion) {
+    use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+    use burn_te::optim::FusedAdamConfig;
+    type F32 = Autodiff<Flex>;
+    let hidden = 512;
+    let mut group = c.benchmark_group(format!("flex adam step transformer_layer h{hidden}"));
+    group.sample_size(10);
+    let (layer, x, target) = inputs::<F32>(hidden);
+    let gradients = || {
+        let loss = (layer.forward(x.clone(), None) - target.clone())
+            .square()
+            .mean();
+        GradientsParams::from_grads(loss.backward(), &layer)
+    };
+    let mut adam = AdamConfig::new().init::<F32, TransformerLayer<F32>>();
+    let mut fused = FusedAdamConfig::new().init::<F32, TransformerLayer<F32>>();
+    group.bench_function("burn adam", |b| {
+        b.iter_batched(
+            || (layer.clone(), gradients()),
+            |(model, grads)| adam.step(1e-3, model, grads),
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    group.bench_function("burn-te fused adam", |b| {
+        b.iter_batched(
+            || (layer.clone(), gradients()),
+            |(model, grads)| fused.step(1e-3, model, grads),
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(benches, gemm, linear_rank, transformer_layer, optimizer);
 criterion_main!(benches);
