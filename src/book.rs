@@ -50,6 +50,9 @@ pub struct Memory;
 #[doc = include_str!("../docs/src/concepts/microbatches.md")]
 pub struct Microbatches;
 
+#[doc = include_str!("../docs/src/concepts/fused-adam.md")]
+pub struct FusedAdam;
+
 #[doc = include_str!("../docs/src/debug/overview.md")]
 pub struct DebugOverview;
 

@@ -90,31 +90,30 @@ pub fn adam_step(
         moment_1: OutputValues::for_overwrite(len),
         moment_2: OutputValues::for_overwrite(len),
     };
-    let run =
-        |(block, ((x_out, m_out), v_out)): (usize, ((&mut [f32], &mut [f32]), &mut [f32]))| {
-            let range = block * BLOCK..block * BLOCK + x_out.len();
-            let previous = moments.map(|(m, v)| (&m[range.clone()], &v[range.clone()]));
-            block_step(
-                &param[range.clone()],
-                &grad[range],
-                previous,
-                step,
-                [x_out, m_out, v_out],
-            );
-        };
+    let run = |block: usize, x_out: &mut [f32], m_out: &mut [f32], v_out: &mut [f32]| {
+        let range = block * BLOCK..block * BLOCK + x_out.len();
+        let previous = moments.map(|(m, v)| (&m[range.clone()], &v[range.clone()]));
+        block_step(
+            &param[range.clone()],
+            &grad[range],
+            previous,
+            step,
+            [x_out, m_out, v_out],
+        );
+    };
     let AdamOutput {
         param: x,
         moment_1: m,
         moment_2: v,
     } = &mut out;
     if len <= BLOCK {
-        run((0, ((x, m), v)));
+        run(0, x, m, v);
     } else {
         x.par_chunks_mut(BLOCK)
             .zip(m.par_chunks_mut(BLOCK))
             .zip(v.par_chunks_mut(BLOCK))
             .enumerate()
-            .for_each(run);
+            .for_each(|(block, ((x, m), v))| run(block, x, m, v));
     }
     out
 }
