@@ -736,7 +736,10 @@ macro_rules! forward_fp8_ops {
 }
 
 /// `out [.., n] + bias [n]` as Burn's broadcast add ([`TeBackend::te_add_bias`]'s default).
-pub fn add_bias_broadcast<B: Backend>(out: FloatTensor<B>, bias: FloatTensor<B>) -> FloatTensor<B> {
+pub(crate) fn add_bias_broadcast<B: Backend>(
+    out: FloatTensor<B>,
+    bias: FloatTensor<B>,
+) -> FloatTensor<B> {
     use burn::tensor::{Shape, TensorMetadata};
     let n = bias.shape().num_elements();
     let rank = out.shape().num_dims().max(1);
