@@ -419,6 +419,20 @@ pub trait TeBackend: Backend {
         recipe: Option<&Recipe>,
     ) -> FloatTensor<Self>;
 
+    /// A linear layer's two backward GEMMs on one output gradient, `[dgrad, wgrad]` at `sites` with `recipes`:
+    /// dgrad where `weight` is given, wgrad where `x` is. Backends that run their GEMMs quantize the gradient once
+    /// for both where one quantization serves both, as TE does (the `linear::backward` module); by default,
+    /// [`linear_backward_in_turn`].
+    fn te_linear_backward(
+        weight: Option<SavedOperand<Self>>,
+        x: Option<SavedOperand<Self>>,
+        grad: FloatTensor<Self>,
+        sites: [&GemmSite; 2],
+        recipes: [Option<&Recipe>; 2],
+    ) -> [Option<FloatTensor<Self>>; 2] {
+        linear_backward_in_turn::<Self>(weight, x, grad, sites, recipes)
+    }
+
     /// A grouped linear layer's forward (TE's `GroupedLinear`): expert `i` multiplies its rows of `x [rows, in]`
     /// ([`ExpertGemms::rows`]) by `weights[i]` (+ `biases[i]`) at its site with its recipe, as
     /// [`te_linear`](Self::te_linear) does for one layer; the outputs' rows in order. At least one expert has
@@ -475,6 +489,20 @@ pub trait TeBackend: Backend {
         grad: FloatTensor<Self>,
         experts: &ExpertGemms,
     ) -> Vec<Option<FloatTensor<Self>>>;
+}
+
+/// [`TeBackend::te_linear_backward`] by default: `B::te_linear_dgrad`, then `B::te_linear_wgrad`, each quantizing
+/// the gradient itself.
+pub fn linear_backward_in_turn<B: TeBackend>(
+    weight: Option<SavedOperand<B>>,
+    x: Option<SavedOperand<B>>,
+    grad: FloatTensor<B>,
+    sites: [&GemmSite; 2],
+    recipes: [Option<&Recipe>; 2],
+) -> [Option<FloatTensor<B>>; 2] {
+    let dgrad = weight.map(|weight| B::te_linear_dgrad(weight, grad.clone(), sites[0], recipes[0]));
+    let wgrad = x.map(|x| B::te_linear_wgrad(x, grad, sites[1], recipes[1]));
+    [dgrad, wgrad]
 }
 
 /// The FP8 ops of a [`TeBackend`] decorator whose primitives are its inner backend's: every op but the `te_linear`

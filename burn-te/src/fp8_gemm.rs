@@ -83,6 +83,15 @@ pub struct QuantizedOperand<B: TeBackend> {
     pub transposed: bool,
 }
 
+impl<B: TeBackend> Clone for QuantizedOperand<B> {
+    fn clone(&self) -> Self {
+        Self {
+            tensor: self.tensor.clone(),
+            transposed: self.transposed,
+        }
+    }
+}
+
 impl<B: TeBackend> QuantizedOperand<B> {
     fn stored(tensor: Fp8Primitive<B>) -> Self {
         Self {
@@ -554,29 +563,84 @@ pub fn prepare_dgrad<B: TeBackend>(
     recipe: &Recipe,
     overrides: CurrentScalingOverrides,
 ) -> Result<PreparedGemm<B>, TeError> {
-    let (w_dims, g_dims) = (saved_dims::<B>(&weight), dims::<B>(&grad));
+    check_dgrad::<B>(&weight, &dims::<B>(&grad))?;
+    // dgrad and wgrad both record the gradient's amax (the same tensor, so the max is the same): a frozen weight
+    // (no wgrad) or an input without a gradient (no dgrad) still updates the gradient's history.
+    let grad = quantize_gradient::<B>(grad, recipe, site, Gemm::Dgrad, overrides[0])?;
+    prepare_dgrad_quantized::<B>(weight, grad, site, recipe, overrides[1])
+}
+
+/// The shapes dgrad multiplies: the weight `[d_input, d_output]` and the gradient `[.., d_output]` (`g_dims`).
+pub fn check_dgrad<B: TeBackend>(
+    weight: &SavedOperand<B>,
+    g_dims: &[usize],
+) -> Result<(), TeError> {
+    let w_dims = saved_dims::<B>(weight);
     if w_dims.len() != 2 || g_dims.last() != w_dims.get(1) {
         return Err(TeError::ShapeMismatch {
             op: "linear dgrad",
             reason: "expected weight [d_input, d_output] and grad [.., d_output]".into(),
             lhs: w_dims,
-            rhs: g_dims,
+            rhs: g_dims.to_vec(),
         });
     }
-    let (g2, mut leading) = fold_rows::<B>(grad);
-    // dgrad and wgrad both record the gradient's amax (the same tensor, so the max is the same): a frozen weight
-    // (no wgrad) or an input without a gradient (no dgrad) still updates the gradient's history.
-    let qg = quantize_operand::<B>(
+    Ok(())
+}
+
+/// A layer's output gradient as a backward GEMM takes it: folded to `[tokens, d_output]` and quantized, with its
+/// leading dimensions.
+pub struct QuantizedGradient<B: TeBackend> {
+    operand: QuantizedOperand<B>,
+    leading: Vec<usize>,
+}
+
+impl<B: TeBackend> Clone for QuantizedGradient<B> {
+    fn clone(&self) -> Self {
+        Self {
+            operand: self.operand.clone(),
+            leading: self.leading.clone(),
+        }
+    }
+}
+
+/// The gradient quantized for `gemm` (dgrad or wgrad) at `site`, recording its amax under delayed scaling. Under
+/// a per-tensor recipe both backward GEMMs take the same codes (the `linear::backward` module).
+pub fn quantize_gradient<B: TeBackend>(
+    grad: FloatTensor<B>,
+    recipe: &Recipe,
+    site: &GemmSite,
+    gemm: Gemm,
+    override_margin: Option<f32>,
+) -> Result<QuantizedGradient<B>, TeError> {
+    let (g2, leading) = fold_rows::<B>(grad);
+    let role = TensorRole::Gradient;
+    let operand = quantize_operand::<B>(
         g2,
         recipe,
         site,
-        TensorRole::Gradient,
-        k_along_cols(Gemm::Dgrad, TensorRole::Gradient),
+        role,
+        k_along_cols(gemm, role),
         true,
-        overrides[0],
+        override_margin,
     )?;
-    let qw = backward_operand::<B>(weight, recipe, site, TensorRole::Weight, overrides[1])?;
-    leading.push(w_dims[0]);
+    Ok(QuantizedGradient { operand, leading })
+}
+
+/// dgrad's GEMM on a quantized gradient (shapes as [`check_dgrad`] checks them).
+pub fn prepare_dgrad_quantized<B: TeBackend>(
+    weight: SavedOperand<B>,
+    grad: QuantizedGradient<B>,
+    site: &GemmSite,
+    recipe: &Recipe,
+    weight_override: Option<f32>,
+) -> Result<PreparedGemm<B>, TeError> {
+    let d_input = saved_dims::<B>(&weight)[0];
+    let qw = backward_operand::<B>(weight, recipe, site, TensorRole::Weight, weight_override)?;
+    let QuantizedGradient {
+        operand: qg,
+        mut leading,
+    } = grad;
+    leading.push(d_input);
     Ok(PreparedGemm {
         lhs: qg,
         lhs_t: false,
@@ -608,12 +672,20 @@ pub fn prepare_wgrad<B: TeBackend>(
     recipe: &Recipe,
     overrides: CurrentScalingOverrides,
 ) -> Result<PreparedGemm<B>, TeError> {
-    let (x_dims, g_dims) = (saved_dims::<B>(&x), dims::<B>(&grad));
+    check_wgrad::<B>(&x, &dims::<B>(&grad))?;
+    let qx = backward_operand::<B>(x, recipe, site, TensorRole::Activation, overrides[0])?;
+    let grad = quantize_gradient::<B>(grad, recipe, site, Gemm::Wgrad, overrides[1])?;
+    Ok(wgrad_gemm(qx, grad))
+}
+
+/// The shapes wgrad multiplies: the input `[.., d_input]` and the gradient `[.., d_output]` (`g_dims`) with the
+/// same leading dimensions (a quantized input was folded to `[tokens, d_input]` by the forward).
+pub fn check_wgrad<B: TeBackend>(x: &SavedOperand<B>, g_dims: &[usize]) -> Result<(), TeError> {
+    let x_dims = saved_dims::<B>(x);
     let tokens = |d: &[usize]| d[..d.len().saturating_sub(1)].iter().product::<usize>();
-    let same_leading = match &x {
-        // A quantized input was folded to [tokens, in] by the forward.
+    let same_leading = match x {
         Saved::Quantized(_) => {
-            x_dims.len() == 2 && !g_dims.is_empty() && tokens(&x_dims) == tokens(&g_dims)
+            x_dims.len() == 2 && !g_dims.is_empty() && tokens(&x_dims) == tokens(g_dims)
         }
         Saved::HighPrecision(_) => {
             x_dims.len() == g_dims.len() && x_dims[..x_dims.len() - 1] == g_dims[..g_dims.len() - 1]
@@ -626,27 +698,36 @@ pub fn prepare_wgrad<B: TeBackend>(
                 "expected x [.., d_input] and grad [.., d_output] with the same leading dimensions"
                     .into(),
             lhs: x_dims,
-            rhs: g_dims,
+            rhs: g_dims.to_vec(),
         });
     }
-    let (g2, _) = fold_rows::<B>(grad);
-    let qx = backward_operand::<B>(x, recipe, site, TensorRole::Activation, overrides[0])?;
-    let qg = quantize_operand::<B>(
-        g2,
-        recipe,
-        site,
-        TensorRole::Gradient,
-        k_along_cols(Gemm::Wgrad, TensorRole::Gradient),
-        true,
-        overrides[1],
-    )?;
-    Ok(PreparedGemm {
+    Ok(())
+}
+
+/// wgrad's GEMM on a quantized gradient (shapes as [`check_wgrad`] checks them).
+pub fn prepare_wgrad_quantized<B: TeBackend>(
+    x: SavedOperand<B>,
+    grad: QuantizedGradient<B>,
+    site: &GemmSite,
+    recipe: &Recipe,
+    x_override: Option<f32>,
+) -> Result<PreparedGemm<B>, TeError> {
+    let qx = backward_operand::<B>(x, recipe, site, TensorRole::Activation, x_override)?;
+    Ok(wgrad_gemm(qx, grad))
+}
+
+/// `xᵀ · grad` of the quantized operands, over every token.
+fn wgrad_gemm<B: TeBackend>(
+    qx: QuantizedOperand<B>,
+    grad: QuantizedGradient<B>,
+) -> PreparedGemm<B> {
+    PreparedGemm {
         lhs: qx,
         lhs_t: true,
-        rhs: qg,
+        rhs: grad.operand,
         rhs_t: false,
         finish: Finish::Wgrad,
-    })
+    }
 }
 
 /// An attention GEMM's recipe (see [`GemmSite::batched`]): per-tensor scales only, as TE's `fp8_dpa` runs under

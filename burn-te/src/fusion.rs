@@ -42,7 +42,7 @@ impl<B: FusionBackend + TeBackend> TeBackend for Fusion<B> {
     type DelayedState = B::DelayedState;
     type PendingStats = B::PendingStats;
 
-    crate::te_linear_gemms!(fprop dgrad wgrad grouped);
+    crate::te_linear_gemms!(fprop dgrad wgrad backward grouped);
 
     fn fp8_quantize(
         tensor: FloatTensor<Self>,

@@ -1,7 +1,8 @@
 //! What a linear layer's backward keeps of its forward operands, as Transformer Engine does: under an FP8 recipe
 //! the input (for wgrad) is kept *quantized*, in the layout the backward GEMM consumes (TE's columnwise usage),
 //! made by the forward from the high-precision tensor. So the activations a layer keeps alive cost 1 byte per
-//! element (plus scales) instead of 4, and the backward quantizes only the gradient and the weight.
+//! element (plus scales) instead of 4, and the backward quantizes only the gradient (once for both GEMMs under a
+//! per-tensor recipe) and the weight.
 //!
 //! | recipe | input kept for wgrad |
 //! | --- | --- |

@@ -22,7 +22,7 @@ use crate::backend::TeBackend;
 use crate::decorator::Decorator;
 use crate::diagnostics;
 use crate::gemm::Gemm;
-use crate::linear::grouped;
+use crate::linear::{self, grouped};
 use crate::site::{ExpertGemms, GemmSite};
 
 use crate::plain_linear::{plain_linear_backward, plain_linear_forward};
@@ -196,6 +196,27 @@ impl<B: TeBackend> TeBackend for Te<B> {
         diagnostics::observe_gemm::<B>(site, recipe, operands, |[x, grad]| {
             B::te_linear_wgrad(x, saved::values_or_panic::<B>(site, grad), site, recipe)
         })
+    }
+
+    // Both backward GEMMs on `B` (which quantizes the gradient once, each GEMM under its trace span), unless the
+    // diagnostics look at each GEMM or `B` would run them in turn anyway: then each is observed here.
+    fn te_linear_backward(
+        weight: Option<SavedOperand<Self>>,
+        x: Option<SavedOperand<Self>>,
+        grad: FloatTensor<Self>,
+        sites: [&GemmSite; 2],
+        recipes: [Option<&crate::Recipe>; 2],
+    ) -> [Option<FloatTensor<Self>>; 2] {
+        let both = weight.is_some() && x.is_some();
+        if !both
+            || !linear::backward::shares_gradient(sites, recipes)
+            || diagnostics::observes_each_gemm()
+        {
+            return crate::backend::linear_backward_in_turn::<Self>(
+                weight, x, grad, sites, recipes,
+            );
+        }
+        B::te_linear_backward(weight, x, grad, sites, recipes)
     }
 
     // A grouped linear layer's experts: together on `B` (one trace span), or one at a time, each observed as a layer

@@ -476,7 +476,10 @@ fn trace_file_parses_and_nests_user_spans_and_layer_gemms() {
         "{parents:?}"
     );
     assert_eq!(parent_of("fc2.fprop").as_deref(), Some("model_build"));
+    // fc2's two backward GEMMs share one quantized gradient (each still its own span); fc1's input takes no
+    // gradient, so only its wgrad runs.
     assert_eq!(parent_of("fc2.dgrad").as_deref(), Some("loss_backward"));
+    assert_eq!(parent_of("fc2.wgrad").as_deref(), Some("loss_backward"));
     assert_eq!(parent_of("fc1.wgrad").as_deref(), Some("loss_backward"));
     let gemm = events
         .iter()

@@ -84,6 +84,8 @@ pub(crate) struct Run {
 struct Kept {
     fp8_bytes: u64,
     high_precision: u64,
+    /// Quantize passes, forward and backward.
+    quantizes: u64,
 }
 
 pub(crate) fn counter(name: &str) -> u64 {
@@ -127,6 +129,7 @@ impl<A: AutodiffBackend + TeBackend<Device = WgpuDevice>> Trainer<A> {
             kept: Kept {
                 fp8_bytes: 0,
                 high_precision: 0,
+                quantizes: 0,
             },
             original,
         }
@@ -148,19 +151,23 @@ impl<A: AutodiffBackend + TeBackend<Device = WgpuDevice>> Trainer<A> {
         let before = (
             counter(names::KEPT_FP8_BYTES),
             counter(names::KEPT_HIGH_PRECISION),
+            counter(names::QUANTIZE_LAUNCHES),
         );
         let keep_original = self.original.then(save_original_operands);
         let loss = (self.layer.forward(x, None) - target).square().mean();
         drop(keep_original);
         self.kept.fp8_bytes += counter(names::KEPT_FP8_BYTES) - before.0;
         self.kept.high_precision += counter(names::KEPT_HIGH_PRECISION) - before.1;
+        self.kept.quantizes += counter(names::QUANTIZE_LAUNCHES) - before.2;
         loss
     }
 
     /// The backward and the SGD step.
     fn step(&mut self, loss: Tensor<A, 1>) {
         self.run.losses.push(values(loss.clone())[0].to_bits());
+        let before = counter(names::QUANTIZE_LAUNCHES);
         let gradients = loss.backward();
+        self.kept.quantizes += counter(names::QUANTIZE_LAUNCHES) - before;
         let mut step_grads = GradBits::<A> {
             grads: &gradients,
             out: vec![],
@@ -307,6 +314,43 @@ fn fp8_kept_operands_train_bit_identically_on_te_and_balanced_checkpointing() {
             &balanced_original,
             &original,
         );
+    }
+}
+
+/// Under a per-tensor recipe a linear layer's backward quantizes its output gradient once for dgrad and wgrad, as
+/// TE quantizes `grad_output` once: per step and linear, the forward quantizes x and the weight, the backward the
+/// gradient and the weight (for dgrad), and x again where the original operands are kept — 4 (5) passes where
+/// each backward GEMM quantizing the gradient itself takes 5 (6). The same bits as the debug tools' stack (no
+/// session), which runs each GEMM by itself. The other recipes quantize the gradient for each GEMM on both.
+#[test]
+fn one_quantization_of_the_gradient_serves_both_backward_gemms() {
+    type Shared = Autodiff<Te<Wgpu>>;
+    type InTurn = Autodiff<Debug<Te<Wgpu>>>;
+    let _guard = crate::debug::SESSION
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let linears = 4;
+    for (name, recipe) in recipes() {
+        let [
+            (shared_original, shared_original_kept),
+            (shared, shared_kept),
+            (in_turn_original, in_turn_original_kept),
+            (in_turn, in_turn_kept),
+        ] = train_in_lock_step::<Shared, InTurn>(&recipe);
+        assert_same(name, &shared, &in_turn);
+        assert_same(name, &shared_original, &in_turn_original);
+        let quantizes = [
+            shared_kept.quantizes,
+            shared_original_kept.quantizes,
+            in_turn_kept.quantizes,
+            in_turn_original_kept.quantizes,
+        ];
+        if matches!(recipe, Recipe::Delayed(_) | Recipe::Current(_)) {
+            let expected = [4, 5, 5, 6].map(|per_linear| (per_linear * linears * STEPS) as u64);
+            assert_eq!(quantizes, expected, "{name}: quantize passes");
+        } else {
+            assert_eq!(quantizes[..2], quantizes[2..], "{name}: quantize passes");
+        }
     }
 }
 

@@ -113,21 +113,30 @@ impl<B: TeBackend, const N: usize> Backward<B, N> for TeLinearBackward {
         );
         // The gradient reaches the debug tools at the layer's first backward GEMM (see `GemmSite::follows_dgrad`).
         let dgrad_ran = node_x.is_some() && weight_state.is_some();
-        if let (Some(node), Some(weight)) = (node_x, weight_state) {
-            let weight = weight.retrieve::<B>(checkpointer);
-            let site = self.site.with_gemm(Gemm::Dgrad);
-            grads.register::<B>(
-                node.id,
-                B::te_linear_dgrad(weight, grad.clone(), &site, recipe(Gemm::Dgrad)),
-            );
+        let weight = node_x
+            .as_ref()
+            .and(weight_state)
+            .map(|weight| weight.retrieve::<B>(checkpointer));
+        let x = node_weight
+            .as_ref()
+            .and(x_state)
+            .map(|x| x.retrieve::<B>(checkpointer));
+        let sites = [
+            self.site.with_gemm(Gemm::Dgrad),
+            self.site.with_gemm(Gemm::Wgrad).following_dgrad(dgrad_ran),
+        ];
+        let [dx, dweight] = B::te_linear_backward(
+            weight,
+            x,
+            grad.clone(),
+            [&sites[0], &sites[1]],
+            [recipe(Gemm::Dgrad), recipe(Gemm::Wgrad)],
+        );
+        if let (Some(node), Some(dx)) = (node_x, dx) {
+            grads.register::<B>(node.id, dx);
         }
-        if let (Some(node), Some(x)) = (node_weight, x_state) {
-            let x = x.retrieve::<B>(checkpointer);
-            let site = self.site.with_gemm(Gemm::Wgrad).following_dgrad(dgrad_ran);
-            grads.register::<B>(
-                node.id,
-                B::te_linear_wgrad(x, grad.clone(), &site, recipe(Gemm::Wgrad)),
-            );
+        if let (Some(node), Some(dweight)) = (node_weight, dweight) {
+            grads.register::<B>(node.id, dweight);
         }
         if let Some(node) = node_bias {
             grads.register::<B>(node.id, B::linear_bias_backward(grad));

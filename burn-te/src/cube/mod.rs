@@ -301,7 +301,7 @@ where
     type Fp8Data = CubeFp8Data<R>;
     type DelayedState = CubeDelayedState<R>;
 
-    crate::te_linear_gemms!(fprop dgrad wgrad grouped);
+    crate::te_linear_gemms!(fprop dgrad wgrad backward grouped);
     type PendingStats = CubePendingStats<R>;
 
     fn fp8_quantize(

@@ -51,8 +51,8 @@ pub use trace::{TraceGuard, label_layer, start_trace, trace, trace_layer};
 
 #[doc(hidden)]
 pub use observe::{
-    count_transfer_from_device, count_transfer_to_device, observe_gemm, observes_each_gemm,
-    op_finished, op_started, tensor_bytes,
+    count_transfer_from_device, count_transfer_to_device, gemm_span, observe_gemm,
+    observes_each_gemm, op_finished, op_started, tensor_bytes,
 };
 
 /// What happens at the first non-finite value.

@@ -58,6 +58,11 @@ pub fn observes_each_gemm() -> bool {
     flags.eager || flags.device_time || flags.track_non_finite || flags.snapshots
 }
 
+/// The trace span of the layer GEMM at `site` (`decoder.1.fc1.fprop`, with `layer` and `gemm` fields).
+pub fn gemm_span(site: &GemmSite) -> tracing::Span {
+    tracing::info_span!("gemm", label = %site, layer = %site.layer, gemm = %site.gemm.name())
+}
+
 /// Runs one layer GEMM at `site` (`run` issues it) under a `gemm` trace span: with `device_time` or in eager mode,
 /// synced before and after to record `GemmExecuteTime`; with non-finite tracking, its operands and output get a
 /// statistics pass read at [`step`](super::step); in eager mode its output is checked; held for a snapshot when
@@ -70,8 +75,7 @@ pub fn observe_gemm<B: TeBackend>(
     run: impl FnOnce([SavedOperand<B>; 2]) -> FloatTensor<B>,
 ) -> FloatTensor<B> {
     read_env();
-    let span =
-        tracing::info_span!("gemm", label = %site, layer = %site.layer, gemm = %site.gemm.name());
+    let span = gemm_span(site);
     let _entered = span.enter();
     let eager = flags().eager;
     let timed = eager || flags().device_time;

@@ -236,7 +236,7 @@ macro_rules! host_te_backend {
             type DelayedState = HostDelayedState;
             type PendingStats = Fp8Stats;
 
-            $crate::te_linear_gemms!(fprop dgrad wgrad grouped);
+            $crate::te_linear_gemms!(fprop dgrad wgrad backward grouped);
 
             fn fp8_quantize(
                 tensor: FloatTensor<Self>,

@@ -1,13 +1,15 @@
 //! The layer GEMMs of a backend that runs them itself (CubeCL, the host path, Burn's fusion): fprop, dgrad and
 //! wgrad in FP8 under a recipe ([`crate::fp8_gemm`]), in high precision without one, and in high precision again
-//! when the FP8 GEMM fails (counted as a fallback). Decorators forward to their inner backend's instead. A grouped
-//! linear layer's experts: [`grouped`].
+//! when the FP8 GEMM fails (counted as a fallback). Decorators forward to their inner backend's instead. Both
+//! backward GEMMs on one quantized gradient: [`backward`]. A grouped linear layer's experts: [`grouped`].
 
+pub mod backward;
 pub mod grouped;
 
 use burn::tensor::ops::FloatTensor;
 
 use crate::backend::{SavedOperand, TeBackend};
+use crate::error::TeError;
 use crate::fp8_gemm::{
     linear_dgrad, linear_fprop, linear_wgrad, or_high_precision, or_high_precision_saving,
 };
@@ -58,7 +60,7 @@ pub fn dgrad<B: TeBackend>(
     site: &GemmSite,
     recipe: Option<&Recipe>,
 ) -> FloatTensor<B> {
-    backward::<B>(Gemm::Dgrad, weight, grad, site, recipe)
+    backward_gemm::<B>(Gemm::Dgrad, weight, grad, site, recipe)
 }
 
 /// `TeBackend::te_linear_wgrad`: `xᵀ · grad` on the input the forward kept.
@@ -68,36 +70,57 @@ pub fn wgrad<B: TeBackend>(
     site: &GemmSite,
     recipe: Option<&Recipe>,
 ) -> FloatTensor<B> {
-    backward::<B>(Gemm::Wgrad, x, grad, site, recipe)
+    backward_gemm::<B>(Gemm::Wgrad, x, grad, site, recipe)
 }
 
 /// The backward GEMM `gemm` on the operand the forward kept (dgrad: the weight; wgrad: the input) and the gradient.
-fn backward<B: TeBackend>(
+fn backward_gemm<B: TeBackend>(
     gemm: Gemm,
     kept: SavedOperand<B>,
     grad: FloatTensor<B>,
     site: &GemmSite,
     recipe: Option<&Recipe>,
 ) -> FloatTensor<B> {
-    let high_precision = |kept: SavedOperand<B>, grad| {
-        let product = values::<B>(kept)
-            .map(|kept| high_precision_backward::<B>(gemm, site.batched, kept, grad));
-        or_panic::<B>(site, product)
-    };
     match recipe {
         None => {
             count_high_precision(site);
-            high_precision(kept, grad)
+            backward_in_high_precision::<B>(gemm, kept, grad, site)
         }
         Some(recipe) => {
             let fp8 = match gemm {
                 Gemm::Dgrad => linear_dgrad::<B>,
                 _ => linear_wgrad::<B>,
-            }(kept.clone(), grad.clone(), site, recipe, [None, None])
-            .inspect(|_| count_recipe(site, recipe));
-            or_high_precision::<B>(site, fp8, || high_precision(kept, grad))
+            }(kept.clone(), grad.clone(), site, recipe, [None, None]);
+            fp8_backward_or_high_precision::<B>(gemm, kept, grad, site, recipe, fp8)
         }
     }
+}
+
+/// An FP8 backward GEMM's result, counted by its recipe, or on an error the fallback in high precision (recorded).
+fn fp8_backward_or_high_precision<B: TeBackend>(
+    gemm: Gemm,
+    kept: SavedOperand<B>,
+    grad: FloatTensor<B>,
+    site: &GemmSite,
+    recipe: &Recipe,
+    fp8: Result<FloatTensor<B>, TeError>,
+) -> FloatTensor<B> {
+    let fp8 = fp8.inspect(|_| count_recipe(site, recipe));
+    or_high_precision::<B>(site, fp8, || {
+        backward_in_high_precision::<B>(gemm, kept, grad, site)
+    })
+}
+
+/// The backward GEMM `gemm` in high precision on the kept operand's values.
+fn backward_in_high_precision<B: TeBackend>(
+    gemm: Gemm,
+    kept: SavedOperand<B>,
+    grad: FloatTensor<B>,
+    site: &GemmSite,
+) -> FloatTensor<B> {
+    let product =
+        values::<B>(kept).map(|kept| high_precision_backward::<B>(gemm, site.batched, kept, grad));
+    or_panic::<B>(site, product)
 }
 
 /// A backward GEMM in high precision on the kept operand's values and the gradient (dgrad: `grad · keptᵀ`;
@@ -137,7 +160,8 @@ fn count_planned(site: &GemmSite, recipe: &str) {
 
 /// The `TeBackend` methods `te_linear_fprop`, `te_linear_dgrad` and `te_linear_wgrad` (those named) of a backend
 /// that runs its layer GEMMs itself, by the functions of [`linear`](crate::linear): inside `impl TeBackend for ..`,
-/// `burn_te::te_linear_gemms!(fprop dgrad wgrad grouped);`. `grouped` gives the grouped linear layer's three
+/// `burn_te::te_linear_gemms!(fprop dgrad wgrad backward grouped);`. `backward` gives `te_linear_backward`, which
+/// quantizes the gradient once for both backward GEMMs where it can ([`backward`](crate::linear::backward)). `grouped` gives the grouped linear layer's three
 /// (`te_grouped_linear_*`) with the experts' GEMMs issued together ([`grouped`]); `grouped_in_turn` runs each
 /// expert's layer GEMM in turn through the backend's own `te_linear_*` (for a decorator that looks at each).
 #[macro_export]
@@ -190,6 +214,17 @@ macro_rules! te_linear_gemms {
             experts: &$crate::site::ExpertGemms,
         ) -> Vec<Option<$crate::__private::FloatTensor<Self>>> {
             $crate::linear::$($functions)::+::wgrad::<Self>(xs, grad, experts)
+        }
+    };
+    (@backward) => {
+        fn te_linear_backward(
+            weight: Option<$crate::SavedOperand<Self>>,
+            x: Option<$crate::SavedOperand<Self>>,
+            grad: $crate::__private::FloatTensor<Self>,
+            sites: [&$crate::GemmSite; 2],
+            recipes: [Option<&$crate::Recipe>; 2],
+        ) -> [Option<$crate::__private::FloatTensor<Self>>; 2] {
+            $crate::linear::backward::backward::<Self>(weight, x, grad, sites, recipes)
         }
     };
     (@wgrad) => {
