@@ -209,7 +209,7 @@ impl<B: TeBackend> TeBackend for Te<B> {
     ) -> [Option<FloatTensor<Self>>; 2] {
         let both = weight.is_some() && x.is_some();
         if !both
-            || !linear::backward::shares_gradient(sites, recipes)
+            || linear::backward::shared_recipe(sites, recipes).is_none()
             || diagnostics::observes_each_gemm()
         {
             return crate::backend::linear_backward_in_turn::<Self>(

@@ -4,9 +4,9 @@
 //! read either layout of one copy, so the gradient is quantized once and its amax recorded once. The results are
 //! the bits of quantizing it for each GEMM: the same tensor, rule and scale.
 //!
-//! Each GEMM quantizes the gradient itself ([`linear_backward_in_turn`]) under the other recipes (their blocks run along each
-//! GEMM's reduction; NVFP4 transforms wgrad's operands), where a plan gives the two GEMMs different recipes, for an
-//! attention GEMM, and where the diagnostics or the debug tools look at each GEMM by itself.
+//! Each GEMM quantizes the gradient itself ([`linear_backward_in_turn`]) under the other recipes (their blocks
+//! run along each GEMM's reduction; NVFP4 transforms wgrad's operands), where a plan gives the two GEMMs different
+//! recipes, for an attention GEMM, and where the diagnostics or the debug tools look at each GEMM by itself.
 
 use burn::tensor::TensorMetadata;
 use burn::tensor::ops::FloatTensor;
@@ -21,9 +21,11 @@ use crate::gemm::Gemm;
 use crate::recipe::Recipe;
 use crate::site::GemmSite;
 
+use super::fp8_backward_or_high_precision;
+
 /// `TeBackend::te_linear_backward` of a backend that runs its GEMMs: `[dgrad, wgrad]` (dgrad where `weight` is
-/// given, wgrad where `x` is) on one quantization of `grad` where [`shares_gradient`], each GEMM under its trace
-/// span; else [`linear_backward_in_turn`].
+/// given, wgrad where `x` is) on one quantization of `grad` where both run under a [`shared_recipe`], each GEMM
+/// under its trace span; else [`linear_backward_in_turn`].
 pub fn backward<B: TeBackend>(
     weight: Option<SavedOperand<B>>,
     x: Option<SavedOperand<B>>,
@@ -31,8 +33,7 @@ pub fn backward<B: TeBackend>(
     sites: [&GemmSite; 2],
     recipes: [Option<&Recipe>; 2],
 ) -> [Option<FloatTensor<B>>; 2] {
-    if let (Some(weight), Some(x), true) = (&weight, &x, shares_gradient(sites, recipes)) {
-        let recipe = recipes[0].expect("a shared recipe");
+    if let (Some(weight), Some(x), Some(recipe)) = (&weight, &x, shared_recipe(sites, recipes)) {
         if let Some(both) = quantized_once::<B>(weight, x, &grad, sites, recipe) {
             return both;
         }
@@ -40,17 +41,22 @@ pub fn backward<B: TeBackend>(
     linear_backward_in_turn::<B>(weight, x, grad, sites, recipes)
 }
 
-/// Whether dgrad and wgrad at `sites` take one quantization of the gradient: the same per-tensor recipe, a layer
-/// (not an attention) GEMM.
-pub fn shares_gradient(sites: [&GemmSite; 2], recipes: [Option<&Recipe>; 2]) -> bool {
+/// The recipe under which dgrad and wgrad at `sites` take one quantization of the gradient: the same per-tensor
+/// recipe for both, at a layer (not an attention) GEMM.
+pub fn shared_recipe<'a>(
+    sites: [&GemmSite; 2],
+    recipes: [Option<&'a Recipe>; 2],
+) -> Option<&'a Recipe> {
     match recipes {
-        [Some(dgrad), Some(wgrad)] => {
-            dgrad == wgrad
+        [Some(dgrad), Some(wgrad)]
+            if dgrad == wgrad
                 && matches!(dgrad, Recipe::Delayed(_) | Recipe::Current(_))
                 && !sites[0].batched
-                && !sites[1].batched
+                && !sites[1].batched =>
+        {
+            Some(dgrad)
         }
-        _ => false,
+        _ => None,
     }
 }
 
@@ -67,33 +73,22 @@ fn quantized_once<B: TeBackend>(
     check_dgrad::<B>(weight, &g_dims).ok()?;
     check_wgrad::<B>(x, &g_dims).ok()?;
     let [dgrad_site, wgrad_site] = sites;
-    let quantized = gemm_span(dgrad_site)
-        .in_scope(|| quantize_gradient::<B>(grad.clone(), recipe, dgrad_site, Gemm::Dgrad, None))
-        .ok()?;
-    let dgrad = gemm_span(dgrad_site).in_scope(|| {
-        let fp8 = prepare_dgrad_quantized::<B>(
-            weight.clone(),
-            quantized.clone(),
-            dgrad_site,
-            recipe,
-            None,
-        )
-        .and_then(PreparedGemm::run);
-        let (weight, grad) = (weight.clone(), grad.clone());
-        super::fp8_backward_or_high_precision::<B>(
-            Gemm::Dgrad,
-            weight,
-            grad,
-            dgrad_site,
-            recipe,
-            fp8,
-        )
-    });
+    // The gradient is quantized inside dgrad's span, as dgrad quantizes it when each GEMM runs by itself.
+    let dgrad_span = gemm_span(dgrad_site);
+    let entered = dgrad_span.enter();
+    let quantized =
+        quantize_gradient::<B>(grad.clone(), recipe, dgrad_site, Gemm::Dgrad, None).ok()?;
+    let fp8 =
+        prepare_dgrad_quantized::<B>(weight.clone(), quantized.clone(), dgrad_site, recipe, None)
+            .and_then(PreparedGemm::run);
+    let (kept, g) = (weight.clone(), grad.clone());
+    let dgrad = fp8_backward_or_high_precision::<B>(Gemm::Dgrad, kept, g, dgrad_site, recipe, fp8);
+    drop(entered);
     let wgrad = gemm_span(wgrad_site).in_scope(|| {
         let fp8 = prepare_wgrad_quantized::<B>(x.clone(), quantized, wgrad_site, recipe, None)
             .and_then(PreparedGemm::run);
-        let (x, grad) = (x.clone(), grad.clone());
-        super::fp8_backward_or_high_precision::<B>(Gemm::Wgrad, x, grad, wgrad_site, recipe, fp8)
+        let (kept, g) = (x.clone(), grad.clone());
+        fp8_backward_or_high_precision::<B>(Gemm::Wgrad, kept, g, wgrad_site, recipe, fp8)
     });
     Some([Some(dgrad), Some(wgrad)])
 }

@@ -161,9 +161,10 @@ fn count_planned(site: &GemmSite, recipe: &str) {
 /// The `TeBackend` methods `te_linear_fprop`, `te_linear_dgrad` and `te_linear_wgrad` (those named) of a backend
 /// that runs its layer GEMMs itself, by the functions of [`linear`](crate::linear): inside `impl TeBackend for ..`,
 /// `burn_te::te_linear_gemms!(fprop dgrad wgrad backward grouped);`. `backward` gives `te_linear_backward`, which
-/// quantizes the gradient once for both backward GEMMs where it can ([`backward`](crate::linear::backward)). `grouped` gives the grouped linear layer's three
-/// (`te_grouped_linear_*`) with the experts' GEMMs issued together ([`grouped`]); `grouped_in_turn` runs each
-/// expert's layer GEMM in turn through the backend's own `te_linear_*` (for a decorator that looks at each).
+/// quantizes the gradient once for both backward GEMMs where it can ([`backward`](crate::linear::backward)).
+/// `grouped` gives the grouped linear layer's three (`te_grouped_linear_*`) with the experts' GEMMs issued together
+/// ([`grouped`]); `grouped_in_turn` runs each expert's layer GEMM in turn through the backend's own `te_linear_*`
+/// (for a decorator that looks at each).
 #[macro_export]
 macro_rules! te_linear_gemms {
     ($($gemm:ident)*) => { $($crate::te_linear_gemms!(@$gemm);)* };
