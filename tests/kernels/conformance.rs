@@ -148,6 +148,30 @@ fn encode_every_case_host() {
     }
 }
 
+/// Below each format's normal range the host encode rounds with one f32 addition; checked here against an f64
+/// re-computation (`|x| / 2^e_min`, rounded half to even) for every f32 from a quarter of the smallest subnormal to
+/// the smallest normal, where the codes change (every smaller value encodes to zero; a stride of them is checked
+/// too), both signs through the vectorized quantize loop.
+#[test]
+fn encode_below_the_normal_range_matches_f64_for_every_f32() {
+    for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+        let step = f64::from(format.min_subnormal());
+        let min_normal_bits = format.min_normal().to_bits();
+        let from = (format.min_subnormal() / 4.0).to_bits();
+        let tiny = (0..from).step_by(4099);
+        let bits: Vec<u32> = tiny.chain(from..min_normal_bits).collect();
+        for sign in [0, 0x8000_0000u32] {
+            let inputs: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b | sign)).collect();
+            let codes = host::quantize(&inputs, 1.0, format);
+            for (x, code) in inputs.iter().zip(codes) {
+                let magnitude = (f64::from(x.abs()) / step).round_ties_even() as u8;
+                let expected = magnitude | (sign >> 24) as u8;
+                assert_eq!(code, expected, "{format}: encode({:08x})", x.to_bits());
+            }
+        }
+    }
+}
+
 #[test]
 fn encode_every_case_device() {
     let client = client();
