@@ -254,7 +254,7 @@ pub fn k_along_cols(gemm: Gemm, role: TensorRole) -> bool {
 
 /// Whether `recipe` quantizes `role` at fprop into the very codes its backward GEMM uses (one scale per tensor,
 /// or Float8BlockScaling's square weight blocks), so the fprop's tensor is kept rather than quantized again.
-fn fprop_quantization_serves_backward(recipe: &Recipe, role: TensorRole) -> bool {
+pub(crate) fn fprop_quantization_serves_backward(recipe: &Recipe, role: TensorRole) -> bool {
     match recipe {
         Recipe::Delayed(_) | Recipe::Current(_) => true,
         Recipe::Block(_) => role == TensorRole::Weight,

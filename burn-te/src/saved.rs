@@ -2,18 +2,20 @@
 //! the input (for wgrad) is kept *quantized*, in the layout the backward GEMM consumes (TE's columnwise usage),
 //! made by the forward from the high-precision tensor. So the activations a layer keeps alive cost 1 byte per
 //! element (plus scales) instead of 4, and the backward quantizes only the gradient (once for both GEMMs under a
-//! per-tensor recipe) and the weight.
+//! per-tensor recipe).
 //!
-//! | recipe | input kept for wgrad |
-//! | --- | --- |
-//! | DelayedScaling, Float8CurrentScaling | the fprop's FP8 tensor (one scale: the same codes either way) |
-//! | Float8BlockScaling | a second quantization, 128×1 blocks along the tokens |
-//! | MXFP8 | a second quantization, 32×1 blocks along the tokens |
-//! | NVFP4 | the transposed copy under the wgrad's random Hadamard transform |
+//! | recipe | input kept for wgrad | weight kept for dgrad |
+//! | --- | --- | --- |
+//! | DelayedScaling, Float8CurrentScaling | the fprop's FP8 tensor (one scale: the same codes either way) | the fprop's |
+//! | Float8BlockScaling | a second quantization, 128×1 blocks along the tokens | the fprop's (128×128 blocks) |
+//! | MXFP8 | a second quantization, 32×1 blocks along the tokens | none: dgrad quantizes the parameter |
+//! | NVFP4 | the transposed copy under the wgrad's random Hadamard transform | none: dgrad quantizes the parameter |
 //!
-//! The weight is a parameter, in memory anyway: the backward takes it and dgrad quantizes it (an FP8 copy kept
-//! from the forward would cost a byte per weight while the graph lives, where TE keeps one). Inside a micro-batch
-//! of gradient accumulation ([`microbatch`](crate::microbatch())) the layer caches FP8 weight copies anyway, and dgrad uses them.
+//! The weight is kept where its fprop quantization serves dgrad, as TE keeps its `weightmat`: a byte per weight
+//! (plus scales) while the graph lives, where quantizing the parameter again in the backward would cost a pass over
+//! it. MXFP8 and NVFP4 lay dgrad's blocks along the other axis: their dgrad quantizes the parameter, which is in
+//! memory anyway. Inside a micro-batch of gradient accumulation ([`microbatch`](crate::microbatch())) the copies
+//! come from the layer's cache, for every recipe.
 //!
 //! The high-precision input is kept instead (through the autograd graph, so checkpointing strategies apply to it)
 //! outside an FP8 scope, when a debug feature needs it at the backward GEMM (one that modifies the operand or runs

@@ -1,7 +1,7 @@
 //! Weights quantized once per optimizer step (`burn_te::microbatch`, TE's `is_first_microbatch`): gradient
 //! accumulation over three micro-batches trains bit for bit as quantizing the weights at every micro-batch (the
 //! weights did not change), with fewer quantize launches — exactly the weight quantizations of the later
-//! micro-batches and of the backward fewer, counted by the metrics report's `QuantizeLaunches`.
+//! micro-batches fewer, counted by the metrics report's `QuantizeLaunches`.
 
 use burn::backend::Autodiff;
 use burn::module::Module;
@@ -111,15 +111,18 @@ impl burn::module::ModuleVisitor<A> for AccumulatedBits<'_> {
     }
 }
 
-/// Weight quantize launches per optimizer step. Every micro-batch without the cache: each of the four linears
-/// quantizes its weight for fprop and again for dgrad (the backward takes the parameter). With the cache: the first
-/// micro-batch quantizes each once where the fprop's quantization serves the dgrad, twice where the dgrad needs its
-/// own layout, and the later ones none.
+/// Weight quantize launches per optimizer step: each of the four linears quantizes its weight once per forward
+/// where the fprop's quantization serves the dgrad (kept for the backward), twice where the dgrad needs its own
+/// layout. Without the cache at every micro-batch; with it at the first only.
 fn weight_quantizations(recipe: &Recipe, cached: bool) -> u64 {
-    match (cached, recipe) {
-        (false, _) => (MICRO_BATCHES * 4 * 2) as u64,
-        (true, Recipe::Delayed(_) | Recipe::Current(_) | Recipe::Block(_)) => 4,
-        (true, Recipe::Mxfp8(_) | Recipe::Nvfp4(_)) => 8,
+    let per_micro_batch = match recipe {
+        Recipe::Delayed(_) | Recipe::Current(_) | Recipe::Block(_) => 4,
+        Recipe::Mxfp8(_) | Recipe::Nvfp4(_) => 8,
+    };
+    if cached {
+        per_micro_batch
+    } else {
+        MICRO_BATCHES as u64 * per_micro_batch
     }
 }
 

@@ -10,7 +10,8 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::ops::FloatTensor;
 
 use crate::backend::{AutodiffInner, TeBackend};
-use crate::gemm::Gemm;
+use crate::fp8_gemm::fprop_quantization_serves_backward;
+use crate::gemm::{Gemm, TensorRole};
 use crate::metrics::{increment_counter, names};
 use crate::recipe::Recipe;
 use crate::saved::{Saved, SavedOperand, SavedQuantized};
@@ -72,9 +73,11 @@ impl<D> Kept<D> {
 /// Which operands a layer GEMM's forward keeps quantized for the backward: `[x (for wgrad), weight (for dgrad)]`.
 /// x is only needed for the weight gradient, and the weight only for x's; an operand is kept quantized only for a
 /// backward GEMM that runs the forward's recipe (a plan may give it another), and not while the user keeps the
-/// originals. The weight is a parameter, in memory anyway: the backward takes it (and quantizes it for dgrad), but
-/// for the FP8 copy a micro-batch of gradient accumulation caches anyway (see `crate::microbatch`). A batched
-/// site's "weight" is an activation (attention's k or v): kept quantized as x is.
+/// originals. The weight is kept where that costs no quantization of its own: as the fprop quantized it where that
+/// serves dgrad (TE's saved `weightmat`, a byte per weight until the backward instead of a second pass over the
+/// parameter there), and inside a micro-batch, whose cache holds dgrad's copy anyway (see `crate::microbatch`).
+/// Elsewhere (MXFP8, NVFP4) dgrad quantizes the parameter. A batched site's "weight" is an activation (attention's
+/// k or v): kept quantized as x is.
 pub(super) fn save_flags(
     site: &GemmSite,
     recipe: Option<&Recipe>,
@@ -86,9 +89,13 @@ pub(super) fn save_flags(
             && site.recipe_of(gemm, recipe) == recipe
             && !crate::saved::saving_original_operands()
     };
+    let weight_free =
+        recipe.is_some_and(|recipe| fprop_quantization_serves_backward(recipe, TensorRole::Weight));
     [
         weight_tracked && quantize(Gemm::Wgrad),
-        x_tracked && quantize(Gemm::Dgrad) && (site.batched || crate::microbatch::caching()),
+        x_tracked
+            && quantize(Gemm::Dgrad)
+            && (site.batched || weight_free || crate::microbatch::caching()),
     ]
 }
 
