@@ -34,6 +34,9 @@ impl<B: burn::tensor::backend::distributed::DistributedBackend> AutodiffInner fo
 /// A [`Saved`] of backend `B`'s tensors (the same type for `B` and its decorators).
 pub type SavedOperand<B> = Saved<FloatTensor<B>, <B as TeBackend>::Fp8Data>;
 
+/// A grouped linear layer's gradients: the input's (`None` where dgrad did not run) and each expert's weight's.
+pub type GroupedGradients<B> = (Option<FloatTensor<B>>, Vec<Option<FloatTensor<B>>>);
+
 /// The FP8 quantized primitive of a [`TeBackend`].
 pub type Fp8Primitive<B> = Fp8Tensor<<B as TeBackend>::Fp8Data>;
 
@@ -489,6 +492,34 @@ pub trait TeBackend: Backend {
         grad: FloatTensor<Self>,
         experts: &ExpertGemms,
     ) -> Vec<Option<FloatTensor<Self>>>;
+
+    /// A grouped linear layer's two backward GEMMs on one output gradient, at the experts' dgrad and wgrad sites
+    /// (`experts`): [`te_grouped_linear_dgrad`](Self::te_grouped_linear_dgrad) where `weights` is given, and
+    /// [`te_grouped_linear_wgrad`](Self::te_grouped_linear_wgrad). Backends that run their GEMMs quantize each
+    /// expert's gradient rows once for both where one quantization serves both, as
+    /// [`te_linear_backward`](Self::te_linear_backward) does for a layer; by default,
+    /// [`grouped_linear_backward_in_turn`].
+    fn te_grouped_linear_backward(
+        weights: Option<Vec<Option<SavedOperand<Self>>>>,
+        xs: Vec<Option<SavedOperand<Self>>>,
+        grad: FloatTensor<Self>,
+        experts: [&ExpertGemms; 2],
+    ) -> GroupedGradients<Self> {
+        grouped_linear_backward_in_turn::<Self>(weights, xs, grad, experts)
+    }
+}
+
+/// [`TeBackend::te_grouped_linear_backward`] by default: `B::te_grouped_linear_dgrad`, then
+/// `B::te_grouped_linear_wgrad`, each quantizing the gradient itself.
+pub fn grouped_linear_backward_in_turn<B: TeBackend>(
+    weights: Option<Vec<Option<SavedOperand<B>>>>,
+    xs: Vec<Option<SavedOperand<B>>>,
+    grad: FloatTensor<B>,
+    experts: [&ExpertGemms; 2],
+) -> GroupedGradients<B> {
+    let dgrad =
+        weights.map(|weights| B::te_grouped_linear_dgrad(weights, grad.clone(), experts[0]));
+    (dgrad, B::te_grouped_linear_wgrad(xs, grad, experts[1]))
 }
 
 /// [`TeBackend::te_linear_backward`] by default: `B::te_linear_dgrad`, then `B::te_linear_wgrad`, each quantizing

@@ -231,7 +231,7 @@ impl<B: TeBackend> TeBackend for Te<B> {
         if diagnostics::observes_each_gemm() {
             return grouped::in_turn::fprop::<Self>(x, weights, biases, experts, save);
         }
-        let _span = grouped_span(experts, Gemm::Fprop).entered();
+        let _span = grouped_span(experts, Gemm::Fprop.name()).entered();
         B::te_grouped_linear_fprop(x, weights, biases, experts, save)
     }
     fn te_grouped_linear_dgrad(
@@ -242,7 +242,7 @@ impl<B: TeBackend> TeBackend for Te<B> {
         if diagnostics::observes_each_gemm() {
             return grouped::in_turn::dgrad::<Self>(weights, grad, experts);
         }
-        let _span = grouped_span(experts, Gemm::Dgrad).entered();
+        let _span = grouped_span(experts, Gemm::Dgrad.name()).entered();
         B::te_grouped_linear_dgrad(weights, grad, experts)
     }
     fn te_grouped_linear_wgrad(
@@ -253,18 +253,32 @@ impl<B: TeBackend> TeBackend for Te<B> {
         if diagnostics::observes_each_gemm() {
             return grouped::in_turn::wgrad::<Self>(xs, grad, experts);
         }
-        let _span = grouped_span(experts, Gemm::Wgrad).entered();
+        let _span = grouped_span(experts, Gemm::Wgrad.name()).entered();
         B::te_grouped_linear_wgrad(xs, grad, experts)
+    }
+    fn te_grouped_linear_backward(
+        weights: Option<Vec<Option<SavedOperand<Self>>>>,
+        xs: Vec<Option<SavedOperand<Self>>>,
+        grad: FloatTensor<Self>,
+        experts: [&ExpertGemms; 2],
+    ) -> crate::backend::GroupedGradients<Self> {
+        if diagnostics::observes_each_gemm() {
+            return crate::backend::grouped_linear_backward_in_turn::<Self>(
+                weights, xs, grad, experts,
+            );
+        }
+        let _span = grouped_span(experts[0], "dgrad+wgrad").entered();
+        B::te_grouped_linear_backward(weights, xs, grad, experts)
     }
 }
 
-/// The trace span of a grouped linear layer's GEMMs issued together (named by its first expert).
-fn grouped_span(experts: &ExpertGemms, gemm: Gemm) -> tracing::Span {
+/// The trace span of a grouped linear layer's GEMMs `gemm` issued together (named by its first expert).
+fn grouped_span(experts: &ExpertGemms, gemm: &str) -> tracing::Span {
     let first = experts.experts.first().map(|(site, _)| &*site.layer);
     tracing::info_span!(
         "grouped_gemm",
         first_expert = first.unwrap_or(""),
         experts = experts.experts.len(),
-        gemm = gemm.name()
+        gemm
     )
 }

@@ -461,7 +461,9 @@ fn grouped_gemms_issue_together_on_every_host_path() {
 
 /// One Float8CurrentScaling step of `group` on `x`, its experts' GEMMs together and then in turn: together,
 /// `launches` FP8 GEMM launches; in turn, one per expert's GEMM; both with `3 · experts` GEMMs (the experts with
-/// rows) counted under `path_counter`, and the same output and input-gradient bits.
+/// rows) counted under `path_counter`, and the same output, input-gradient and weight-gradient bits. Together, each
+/// expert's gradient rows are quantized once for its dgrad and wgrad (3 quantize launches per expert: x, the
+/// weight kept for dgrad, the gradient); in turn, by each GEMM (4).
 fn together_and_in_turn<A: AutodiffBackend + TeBackend>(
     what: &str,
     group: &GroupedLinear<A>,
@@ -475,19 +477,20 @@ fn together_and_in_turn<A: AutodiffBackend + TeBackend>(
     use burn_te::linear::grouped::with_experts_in_turn;
     let counter = |name: &str| thread_counter_value(name).unwrap_or(0);
     let run = || {
-        let before = (counter("Fp8GemmLaunches"), counter(path_counter));
+        let names = ["Fp8GemmLaunches", path_counter, "QuantizeLaunches"];
+        let before = names.map(counter);
         let y = fp8_autocast(true, Float8CurrentScaling::default(), || {
             group.forward(x.clone(), splits)
         })
         .unwrap();
         let grads = y.clone().sum().backward();
         let (y, dx) = (bits(values(y)), bits(values(x.grad(&grads).unwrap())));
-        (
-            counter("Fp8GemmLaunches") - before.0,
-            counter(path_counter) - before.1,
-            y,
-            dx,
-        )
+        let dw: Vec<Vec<u32>> = (group.weights.iter())
+            .filter_map(|w| w.val().grad(&grads).map(|dw| bits(values(dw))))
+            .collect();
+        let counted = names.map(counter);
+        let [gemm_launches, on_path, quantizes] = [0, 1, 2].map(|i| counted[i] - before[i]);
+        (gemm_launches, on_path, y, dx, dw, quantizes)
     };
     let together = run();
     assert_eq!(together.0, launches, "{what}: FP8 GEMM launches together");
@@ -496,6 +499,12 @@ fn together_and_in_turn<A: AutodiffBackend + TeBackend>(
         3 * experts,
         "{what}: three GEMMs of each expert with rows under {path_counter}"
     );
+    assert_eq!(
+        together.5,
+        3 * experts,
+        "{what}: each expert's gradient quantized once"
+    );
+    assert_eq!(together.4.len() as u64, experts, "{what}: weight gradients");
     let in_turn = with_experts_in_turn(run);
     assert_eq!(
         in_turn.0,
@@ -504,8 +513,13 @@ fn together_and_in_turn<A: AutodiffBackend + TeBackend>(
     );
     assert_eq!(in_turn.1, together.1, "{what}: in turn, counted");
     assert_eq!(
-        (&in_turn.2, &in_turn.3),
-        (&together.2, &together.3),
+        in_turn.5,
+        4 * experts,
+        "{what}: in turn, the gradient by each GEMM"
+    );
+    assert_eq!(
+        (&in_turn.2, &in_turn.3, &in_turn.4),
+        (&together.2, &together.3, &together.4),
         "{what}: in turn, bits"
     );
 }

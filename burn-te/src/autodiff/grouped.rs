@@ -1,8 +1,7 @@
 //! `GroupedLinear`'s backward node on `Autodiff<B>`: one node for all experts of a call (parents: the input, each
-//! expert's weight, each expert's bias), whose backward runs the experts' dgrads as one
-//! [`te_grouped_linear_dgrad`](TeBackend::te_grouped_linear_dgrad) into one input gradient and their wgrads as one
-//! [`te_grouped_linear_wgrad`](TeBackend::te_grouped_linear_wgrad). A node per expert over slices of the input
-//! would give each expert's input gradient as a zero-filled tensor of the whole input, summed.
+//! expert's weight, each expert's bias), whose backward runs the experts' dgrads (into one input gradient) and
+//! wgrads as one [`te_grouped_linear_backward`](TeBackend::te_grouped_linear_backward). A node per expert over
+//! slices of the input would give each expert's input gradient as a zero-filled tensor of the whole input, summed.
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::NodeId;
@@ -67,17 +66,12 @@ impl GroupedLinearBackward {
         let experts = self.experts.m_splits.len();
         // The gradient reaches the debug tools at the layer's first backward GEMM (see `GemmSite::follows_dgrad`).
         let dgrad_ran = parents[0].is_some() && weights.iter().any(Option::is_some);
-        if let (Some(node), true) = (parents[0], dgrad_ran) {
-            let weights: Vec<Option<SavedOperand<B>>> = weights
+        let weights: Option<Vec<Option<SavedOperand<B>>>> = dgrad_ran.then(|| {
+            weights
                 .into_iter()
                 .map(|kept| kept.map(|kept| kept.retrieve::<B>(checkpointer)))
-                .collect();
-            let sites = self.experts.with_gemm(Gemm::Dgrad, false);
-            grads.register::<B>(
-                node,
-                B::te_grouped_linear_dgrad(weights, grad.clone(), &sites),
-            );
-        }
+                .collect()
+        });
         let x = inputs
             .iter()
             .flatten()
@@ -99,8 +93,15 @@ impl GroupedLinearBackward {
                 })
             })
             .collect();
-        let sites = self.experts.with_gemm(Gemm::Wgrad, dgrad_ran);
-        let weight_grads = B::te_grouped_linear_wgrad(xs, grad.clone(), &sites);
+        let sites = [
+            self.experts.with_gemm(Gemm::Dgrad, false),
+            self.experts.with_gemm(Gemm::Wgrad, dgrad_ran),
+        ];
+        let (input_grad, weight_grads) =
+            B::te_grouped_linear_backward(weights, xs, grad.clone(), [&sites[0], &sites[1]]);
+        if let (Some(node), Some(input_grad)) = (parents[0], input_grad) {
+            grads.register::<B>(node, input_grad);
+        }
         for (dw, node) in weight_grads.into_iter().zip(&parents[1..=experts]) {
             if let (Some(dw), Some(node)) = (dw, node) {
                 grads.register::<B>(*node, dw);

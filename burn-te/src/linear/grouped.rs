@@ -7,7 +7,8 @@
 //! itself as soon as it is quantized (see `run_together`). An expert without a recipe runs its
 //! high-precision GEMM; one whose quantization fails falls back alone; if the grouped GEMM fails, every expert in it
 //! falls back. Each is counted and recorded as its own layer GEMM would be, so the numbers and the report are those
-//! of each expert's GEMM run alone.
+//! of each expert's GEMM run alone. The backward ([`backward`]) quantizes each expert's gradient rows once for its
+//! dgrad and wgrad where they share a per-tensor recipe, as a layer's does (the `linear::backward` module).
 
 use std::cell::Cell;
 use std::ops::Range;
@@ -15,11 +16,16 @@ use std::ops::Range;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
+use burn::tensor::TensorMetadata;
+
+use super::backward::shared_recipe;
 use super::{count_high_precision, count_recipe, high_precision_backward};
-use crate::backend::{SavedOperand, TeBackend};
+use crate::backend::{GroupedGradients, SavedOperand, TeBackend};
 use crate::error::TeError;
 use crate::fp8_gemm::{
-    PreparedGemm, or_high_precision, prepare_dgrad, prepare_fprop, prepare_wgrad, run_prepared,
+    PreparedGemm, QuantizedGradient, check_dgrad, check_wgrad, or_high_precision, prepare_dgrad,
+    prepare_dgrad_quantized, prepare_fprop, prepare_wgrad, prepare_wgrad_quantized,
+    quantize_gradient, run_prepared,
 };
 use crate::gemm::Gemm;
 use crate::high_precision::high_precision_gemm;
@@ -233,7 +239,7 @@ pub fn dgrad<B: TeBackend>(
     if experts_in_turn() {
         return in_turn::dgrad::<B>(weights, grad, experts);
     }
-    let blocks = backward::<B>(Gemm::Dgrad, weights, grad, experts);
+    let blocks = backward_gemms::<B>(Gemm::Dgrad, weights, grad, experts, &[]);
     concat_rows::<B>(blocks.into_iter().flatten().collect())
 }
 
@@ -246,16 +252,74 @@ pub fn wgrad<B: TeBackend>(
     if experts_in_turn() {
         return in_turn::wgrad::<B>(xs, grad, experts);
     }
-    backward::<B>(Gemm::Wgrad, xs, grad, experts)
+    backward_gemms::<B>(Gemm::Wgrad, xs, grad, experts, &[])
+}
+
+/// `TeBackend::te_grouped_linear_backward`, the experts' GEMMs together: the dgrads (where `weights` is given),
+/// then the wgrads, each expert's gradient rows quantized once for both where [`shared_gradient`] makes one.
+pub fn backward<B: TeBackend>(
+    weights: Option<Vec<Option<SavedOperand<B>>>>,
+    xs: Vec<Option<SavedOperand<B>>>,
+    grad: FloatTensor<B>,
+    experts: [&ExpertGemms; 2],
+) -> GroupedGradients<B> {
+    let in_turn = experts_in_turn();
+    let shared: Vec<Option<QuantizedGradient<B>>> = match &weights {
+        Some(weights) if !in_turn => (weights.iter().zip(&xs).enumerate())
+            .map(|(i, operands)| shared_gradient::<B>(i, operands, &grad, experts))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let dgrad = weights.map(|weights| {
+        if in_turn {
+            return in_turn::dgrad::<B>(weights, grad.clone(), experts[0]);
+        }
+        let blocks = backward_gemms::<B>(Gemm::Dgrad, weights, grad.clone(), experts[0], &shared);
+        concat_rows::<B>(blocks.into_iter().flatten().collect())
+    });
+    let wgrads = match in_turn {
+        true => in_turn::wgrad::<B>(xs, grad, experts[1]),
+        false => backward_gemms::<B>(Gemm::Wgrad, xs, grad, experts[1], &shared),
+    };
+    (dgrad, wgrads)
+}
+
+/// Expert `i`'s rows of `grad` quantized once for its dgrad and wgrad: where it has rows, both its weight and its
+/// input were kept, and both GEMMs run one per-tensor recipe ([`shared_recipe`]); else `None` (each GEMM quantizes
+/// them itself, and a failure is recorded there).
+fn shared_gradient<B: TeBackend>(
+    i: usize,
+    (weight, x): (&Option<SavedOperand<B>>, &Option<SavedOperand<B>>),
+    grad: &FloatTensor<B>,
+    experts: [&ExpertGemms; 2],
+) -> Option<QuantizedGradient<B>> {
+    let rows = experts[0].rows(i);
+    let (weight, x) = (weight.as_ref()?, x.as_ref()?);
+    let [(dgrad_site, dgrad_recipe), (wgrad_site, wgrad_recipe)] =
+        experts.map(|experts| &experts.experts[i]);
+    let recipe = shared_recipe(
+        [dgrad_site, wgrad_site],
+        [dgrad_recipe.as_ref(), wgrad_recipe.as_ref()],
+    )?;
+    if rows.is_empty() {
+        return None;
+    }
+    let grad = slice_rows::<B>(grad.clone(), rows);
+    let g_dims = grad.shape().as_slice().to_vec();
+    check_dgrad::<B>(weight, &g_dims).ok()?;
+    check_wgrad::<B>(x, &g_dims).ok()?;
+    quantize_gradient::<B>(grad, recipe, dgrad_site, Gemm::Dgrad, None).ok()
 }
 
 /// The experts' backward GEMM `gemm` (dgrad: on each kept weight; wgrad: on each kept input) with their rows of
-/// `grad`, together; `None` for an expert without rows or kept operand.
-fn backward<B: TeBackend>(
+/// `grad`, together, on the expert's `shared` quantized gradient where it has one; `None` for an expert without
+/// rows or kept operand.
+fn backward_gemms<B: TeBackend>(
     gemm: Gemm,
     kept: Vec<Option<SavedOperand<B>>>,
     grad: FloatTensor<B>,
     experts: &ExpertGemms,
+    shared: &[Option<QuantizedGradient<B>>],
 ) -> Vec<Option<FloatTensor<B>>> {
     let pending = kept.into_iter().enumerate().map(|(i, operand)| {
         let rows = experts.rows(i);
@@ -270,9 +334,12 @@ fn backward<B: TeBackend>(
                 or_panic::<B>(site, product)
             }
         };
-        let prepare = |recipe: &Recipe| match gemm {
-            Gemm::Dgrad => prepare_dgrad::<B>(operand, grad, site, recipe, [None, None]),
-            _ => prepare_wgrad::<B>(operand, grad, site, recipe, [None, None]),
+        let quantized = shared.get(i).cloned().flatten();
+        let prepare = |recipe: &Recipe| match (gemm, quantized) {
+            (Gemm::Dgrad, Some(q)) => prepare_dgrad_quantized::<B>(operand, q, site, recipe, None),
+            (Gemm::Dgrad, None) => prepare_dgrad::<B>(operand, grad, site, recipe, [None, None]),
+            (_, Some(q)) => prepare_wgrad_quantized::<B>(operand, q, site, recipe, None),
+            (_, None) => prepare_wgrad::<B>(operand, grad, site, recipe, [None, None]),
         };
         Some(Pending::new(site, recipe.as_ref(), prepare, high_precision))
     });

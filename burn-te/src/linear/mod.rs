@@ -162,9 +162,10 @@ fn count_planned(site: &GemmSite, recipe: &str) {
 /// that runs its layer GEMMs itself, by the functions of [`linear`](crate::linear): inside `impl TeBackend for ..`,
 /// `burn_te::te_linear_gemms!(fprop dgrad wgrad backward grouped);`. `backward` gives `te_linear_backward`, which
 /// quantizes the gradient once for both backward GEMMs where it can ([`backward`](crate::linear::backward)).
-/// `grouped` gives the grouped linear layer's three (`te_grouped_linear_*`) with the experts' GEMMs issued together
-/// ([`grouped`]); `grouped_in_turn` runs each expert's layer GEMM in turn through the backend's own `te_linear_*`
-/// (for a decorator that looks at each).
+/// `grouped` gives the grouped linear layer's four (`te_grouped_linear_*`) with the experts' GEMMs issued together
+/// and each expert's gradient quantized once for both backward GEMMs where it can ([`grouped`]); `grouped_in_turn`
+/// runs each expert's layer GEMM in turn through the backend's own `te_linear_*` (for a decorator that looks at
+/// each).
 #[macro_export]
 macro_rules! te_linear_gemms {
     ($($gemm:ident)*) => { $($crate::te_linear_gemms!(@$gemm);)* };
@@ -190,7 +191,17 @@ macro_rules! te_linear_gemms {
             $crate::linear::dgrad::<Self>(weight, grad, site, recipe)
         }
     };
-    (@grouped) => { $crate::te_linear_gemms!(@grouped_by grouped); };
+    (@grouped) => {
+        $crate::te_linear_gemms!(@grouped_by grouped);
+        fn te_grouped_linear_backward(
+            weights: Option<Vec<Option<$crate::SavedOperand<Self>>>>,
+            xs: Vec<Option<$crate::SavedOperand<Self>>>,
+            grad: $crate::__private::FloatTensor<Self>,
+            experts: [&$crate::site::ExpertGemms; 2],
+        ) -> $crate::backend::GroupedGradients<Self> {
+            $crate::linear::grouped::backward::<Self>(weights, xs, grad, experts)
+        }
+    };
     (@grouped_in_turn) => { $crate::te_linear_gemms!(@grouped_by grouped::in_turn); };
     (@grouped_by $($functions:ident)::+) => {
         fn te_grouped_linear_fprop(
