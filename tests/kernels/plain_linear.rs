@@ -304,8 +304,8 @@ fn buffer_ids_follow_clones_and_tell_tensors_apart() {
 
 /// `burn_te::nn::Linear::from` a plain linear: the same parameters (ids and values); over iterations of evolving
 /// delayed scales the same outputs and input, weight and bias gradients as the plain layer, bit for bit; and its
-/// input kept for the backward as FP8 (`tokens · in` codes and a 4-byte scale per step) where the plain layer's
-/// node keeps the f32 input (no FP8 bytes).
+/// input and weight kept for the backward as FP8 (`tokens · in` and `in · out` codes, each with a 4-byte scale, per
+/// step) where the plain layer's node keeps the f32 input (no FP8 bytes).
 #[test]
 fn a_plain_linear_converted_to_te_keeps_fp8_with_the_same_results() {
     use burn_te::diagnostics::thread_counter_value;
@@ -364,8 +364,8 @@ fn a_plain_linear_converted_to_te_keeps_fp8_with_the_same_results() {
         .unwrap();
         assert_eq!(
             kept() - before,
-            (TOKENS * D + 4) as u64,
-            "it {n}: the converted linear keeps its input as FP8 codes and a scale"
+            ((TOKENS * D + 4) + (D * D + 4)) as u64,
+            "it {n}: the converted linear keeps its input and weight as FP8 codes and a scale each"
         );
         for (k, name) in ["z", "dx", "dw", "db"].iter().enumerate() {
             assert_eq!(

@@ -20,7 +20,7 @@ use burn::tensor::TensorMetadata;
 
 use super::backward::shared_recipe;
 use super::{count_high_precision, count_recipe, high_precision_backward};
-use crate::backend::{GroupedGradients, SavedOperand, TeBackend};
+use crate::backend::{GroupedGradients, SavedOperand, TeBackend, grouped_linear_backward_in_turn};
 use crate::error::TeError;
 use crate::fp8_gemm::{
     PreparedGemm, QuantizedGradient, check_dgrad, check_wgrad, or_high_precision, prepare_dgrad,
@@ -239,7 +239,17 @@ pub fn dgrad<B: TeBackend>(
     if experts_in_turn() {
         return in_turn::dgrad::<B>(weights, grad, experts);
     }
-    let blocks = backward_gemms::<B>(Gemm::Dgrad, weights, grad, experts, &[]);
+    dgrad_rows::<B>(weights, grad, experts, &[])
+}
+
+/// The experts' dgrads together (on their `shared` quantized gradients where given), their rows in order.
+fn dgrad_rows<B: TeBackend>(
+    weights: Vec<Option<SavedOperand<B>>>,
+    grad: FloatTensor<B>,
+    experts: &ExpertGemms,
+    shared: &[Option<QuantizedGradient<B>>],
+) -> FloatTensor<B> {
+    let blocks = backward_gemms::<B>(Gemm::Dgrad, weights, grad, experts, shared);
     concat_rows::<B>(blocks.into_iter().flatten().collect())
 }
 
@@ -263,24 +273,17 @@ pub fn backward<B: TeBackend>(
     grad: FloatTensor<B>,
     experts: [&ExpertGemms; 2],
 ) -> GroupedGradients<B> {
-    let in_turn = experts_in_turn();
+    if experts_in_turn() {
+        return grouped_linear_backward_in_turn::<B>(weights, xs, grad, experts);
+    }
     let shared: Vec<Option<QuantizedGradient<B>>> = match &weights {
-        Some(weights) if !in_turn => (weights.iter().zip(&xs).enumerate())
+        Some(weights) => (weights.iter().zip(&xs).enumerate())
             .map(|(i, operands)| shared_gradient::<B>(i, operands, &grad, experts))
             .collect(),
-        _ => Vec::new(),
+        None => Vec::new(),
     };
-    let dgrad = weights.map(|weights| {
-        if in_turn {
-            return in_turn::dgrad::<B>(weights, grad.clone(), experts[0]);
-        }
-        let blocks = backward_gemms::<B>(Gemm::Dgrad, weights, grad.clone(), experts[0], &shared);
-        concat_rows::<B>(blocks.into_iter().flatten().collect())
-    });
-    let wgrads = match in_turn {
-        true => in_turn::wgrad::<B>(xs, grad, experts[1]),
-        false => backward_gemms::<B>(Gemm::Wgrad, xs, grad, experts[1], &shared),
-    };
+    let dgrad = weights.map(|weights| dgrad_rows::<B>(weights, grad.clone(), experts[0], &shared));
+    let wgrads = backward_gemms::<B>(Gemm::Wgrad, xs, grad, experts[1], &shared);
     (dgrad, wgrads)
 }
 
