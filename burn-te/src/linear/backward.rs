@@ -33,10 +33,10 @@ pub fn backward<B: TeBackend>(
     sites: [&GemmSite; 2],
     recipes: [Option<&Recipe>; 2],
 ) -> [Option<FloatTensor<B>>; 2] {
-    if let (Some(weight), Some(x), Some(recipe)) = (&weight, &x, shared_recipe(sites, recipes)) {
-        if let Some(both) = quantized_once::<B>(weight, x, &grad, sites, recipe) {
-            return both;
-        }
+    if let (Some(weight), Some(x), Some(recipe)) = (&weight, &x, shared_recipe(sites, recipes))
+        && let Some(both) = quantized_once::<B>(weight, x, &grad, sites, recipe)
+    {
+        return both;
     }
     linear_backward_in_turn::<B>(weight, x, grad, sites, recipes)
 }
