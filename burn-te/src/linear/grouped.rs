@@ -13,10 +13,9 @@
 use std::cell::Cell;
 use std::ops::Range;
 
+use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-
-use burn::tensor::TensorMetadata;
 
 use super::backward::shared_recipe;
 use super::{count_high_precision, count_recipe, high_precision_backward};
