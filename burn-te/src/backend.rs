@@ -77,6 +77,20 @@ pub trait TeBackend: Backend {
         rhs_t: bool,
     ) -> Result<FloatTensor<Self>, TeError>;
 
+    /// fprop's FP8 GEMM with its bias: [`fp8_gemm`](Self::fp8_gemm)'s `[.., M, N]` plus `bias [N]` on every row,
+    /// the same bits as [`te_add_bias`](Self::te_add_bias) on its output (the default does exactly that). The host
+    /// path adds the bias in the GEMM's epilogue, on each task's output while it is in cache (cuBLASLt's `BIAS`
+    /// epilogue).
+    fn fp8_gemm_bias(
+        lhs: Fp8Primitive<Self>,
+        lhs_t: bool,
+        rhs: Fp8Primitive<Self>,
+        rhs_t: bool,
+        bias: FloatTensor<Self>,
+    ) -> Result<FloatTensor<Self>, TeError> {
+        gemm_then_bias::<Self>(lhs, lhs_t, rhs, rhs_t, bias)
+    }
+
     /// The work (multiply-adds) from which a grouped linear layer issues an expert's FP8 GEMM by itself, as soon as
     /// it is quantized, instead of with the others in one [`fp8_gemm_grouped`](Self::fp8_gemm_grouped); `None`:
     /// every one together. The host path: a GEMM that keeps its threads busy alone (its operands still in cache).
@@ -573,6 +587,18 @@ macro_rules! forward_fp8_ops {
         ) -> Result<$crate::__private::FloatTensor<Self>, $crate::TeError> {
             $inner::fp8_gemm(lhs, lhs_t, rhs, rhs_t)
         }
+        fn fp8_gemm_bias(
+            lhs: $crate::Fp8Primitive<Self>,
+            lhs_t: bool,
+            rhs: $crate::Fp8Primitive<Self>,
+            rhs_t: bool,
+            bias: $crate::__private::FloatTensor<Self>,
+        ) -> Result<$crate::__private::FloatTensor<Self>, $crate::TeError> {
+            let inputs = <Self as $crate::Decorator>::op_started("fp8_gemm_bias", &[&bias]);
+            let sum = $inner::fp8_gemm_bias(lhs, lhs_t, rhs, rhs_t, bias)?;
+            <Self as $crate::Decorator>::op_finished("fp8_gemm_bias", inputs, &sum);
+            Ok(sum)
+        }
         const GROUPED_GEMM_ALONE_FROM: Option<usize> = $inner::GROUPED_GEMM_ALONE_FROM;
         fn fp8_gemm_grouped(
             gemms: Vec<$crate::backend::GroupedGemmOperands<Self>>,
@@ -792,6 +818,17 @@ macro_rules! forward_fp8_ops {
             $inner::fp8_delayed_state_update(state, algo, format, margin)
         }
     };
+}
+
+/// [`TeBackend::fp8_gemm_bias`]'s default: the GEMM, then [`TeBackend::te_add_bias`] on its output.
+pub(crate) fn gemm_then_bias<B: TeBackend>(
+    lhs: Fp8Primitive<B>,
+    lhs_t: bool,
+    rhs: Fp8Primitive<B>,
+    rhs_t: bool,
+    bias: FloatTensor<B>,
+) -> Result<FloatTensor<B>, TeError> {
+    Ok(B::te_add_bias(B::fp8_gemm(lhs, lhs_t, rhs, rhs_t)?, bias))
 }
 
 /// `out [.., n] + bias [n]` as Burn's broadcast add ([`TeBackend::te_add_bias`]'s default).

@@ -394,6 +394,14 @@ enum Finish<B: TeBackend> {
 }
 
 impl<B: TeBackend> Finish<B> {
+    /// fprop's bias, taken for the GEMM's epilogue (not for an empty batch, which stays empty).
+    fn take_bias(&mut self) -> Option<FloatTensor<B>> {
+        match self {
+            Finish::Fprop { bias, leading } if !leading.contains(&0) => bias.take(),
+            _ => None,
+        }
+    }
+
     fn apply(self, out: FloatTensor<B>) -> FloatTensor<B> {
         match self {
             Finish::Fprop { bias, leading } => {
@@ -423,9 +431,18 @@ impl<B: TeBackend> PreparedGemm<B> {
         batch * rows * cols * (rhs_rows * rhs_cols / k.max(1))
     }
 
-    /// The GEMM by itself ([`TeBackend::fp8_gemm`]).
-    pub fn run(self) -> Result<FloatTensor<B>, TeError> {
-        let out = gemm::<B>(self.lhs, self.lhs_t, self.rhs, self.rhs_t)?;
+    /// The GEMM by itself: [`TeBackend::fp8_gemm`], or with fprop's bias [`TeBackend::fp8_gemm_bias`] (the bias
+    /// in the GEMM's epilogue where the backend has one).
+    pub fn run(mut self) -> Result<FloatTensor<B>, TeError> {
+        let Some(bias) = self.finish.take_bias() else {
+            let out = gemm::<B>(self.lhs, self.lhs_t, self.rhs, self.rhs_t)?;
+            return Ok(self.finish.apply(out));
+        };
+        let (lhs_t, rhs_t) = (
+            self.lhs_t != self.lhs.transposed,
+            self.rhs_t != self.rhs.transposed,
+        );
+        let out = B::fp8_gemm_bias(self.lhs.tensor, lhs_t, self.rhs.tensor, rhs_t, bias)?;
         Ok(self.finish.apply(out))
     }
 }

@@ -315,6 +315,90 @@ fn every_recipe_and_gemm_layout_matches_f64_on_every_path() {
     }
 }
 
+/// fprop's bias in the host GEMM's epilogue (`fp8_gemm_bias`), on every path at a shape that crosses row, column
+/// and depth blocks: the bits of the GEMM followed by `te_add_bias` (which it replaces, so that pass is not
+/// launched), within f64's bound of the exact `x·W + b`; a bias of the wrong length is an error naming it.
+#[test]
+fn fprop_bias_in_the_epilogue_gives_the_bits_of_adding_it_after_on_every_path() {
+    let (m, k, n) = (300, 1100, 300);
+    let mut rng = Rng::new(53);
+    let (x, w, b) = (
+        rng.normal(m * k, 0.0, 1.0),
+        rng.normal(k * n, 0.0, 0.05),
+        rng.normal(n, 0.0, 0.5),
+    );
+    let recipe: Recipe = Float8CurrentScaling::default().into();
+    let site = GemmSite::new("host_gemm_bias", Gemm::Fprop);
+    let quantize = |values: &[f32], shape, role| {
+        quantize_operand::<B>(
+            float(values.to_vec(), shape),
+            &recipe,
+            &site,
+            role,
+            k_along_cols(Gemm::Fprop, role),
+            false,
+            None,
+        )
+        .expect("quantize")
+        .tensor
+    };
+    let (lhs, rhs) = (
+        quantize(&x, [m, k], TensorRole::Activation),
+        quantize(&w, [k, n], TensorRole::Weight),
+    );
+    let (mut expected, mut abs, _) =
+        reference(&stored_f64::<B>(&lhs), false, &stored_f64::<B>(&rhs), false);
+    for (i, (e, s)) in expected.iter_mut().zip(&mut abs).enumerate() {
+        *e += f64::from(b[i % n]);
+        *s += f64::from(b[i % n]).abs();
+    }
+    let vector = |values: &[f32]| {
+        Tensor::<B, 1>::from_floats(values, &Default::default())
+            .into_primitive()
+            .tensor()
+    };
+    let bias = || vector(&b);
+    let values = |out| {
+        Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(out))
+            .into_data()
+            .into_vec::<f32>()
+            .unwrap()
+    };
+    let bias_passes = || burn_te::diagnostics::thread_counter_value("FusedBias").unwrap_or(0);
+    for path in paths() {
+        let (fused, after, passes) = with_host_gemm_path(path, || {
+            let before = bias_passes();
+            let fused = B::fp8_gemm_bias(lhs.clone(), false, rhs.clone(), false, bias())
+                .expect("gemm with bias");
+            let passes = bias_passes() - before;
+            let gemm = B::fp8_gemm(lhs.clone(), false, rhs.clone(), false).expect("gemm");
+            (values(fused), values(B::te_add_bias(gemm, bias())), passes)
+        });
+        assert_eq!(passes, 0, "{path}: the bias ran as a pass of its own");
+        for (i, (f, a)) in fused.iter().zip(&after).enumerate() {
+            assert_eq!(
+                f.to_bits(),
+                a.to_bits(),
+                "{path}: output {i}: {f:e} in the epilogue, {a:e} added after"
+            );
+        }
+        let u = 2f64.powi(-24);
+        let gamma = (k as f64 + 5.0) * u / (1.0 - (k as f64 + 5.0) * u);
+        check_gemm_within(
+            &format!("bias epilogue on {path}"),
+            &fused,
+            &(expected.clone(), abs.clone(), k),
+            gamma,
+        );
+    }
+    let short = vector(&b[..n - 1]);
+    let err = B::fp8_gemm_bias(lhs, false, rhs, false, short).expect_err("a short bias");
+    assert!(
+        err.to_string().contains("bias") && err.to_string().contains(&format!("{}", n - 1)),
+        "{err}"
+    );
+}
+
 /// Batched operands (a batch against a batch, and one matrix broadcast against a batch), transposed both ways.
 #[test]
 fn batched_and_transposed_gemms_match_f64_on_every_path() {
@@ -670,6 +754,7 @@ fn packed_gemm_matches<K: burn_te_kernels::host::gemm::Kernel>(
         |len: usize| -> Vec<u8> { (0..len).map(|_| (rng.next_u64() % 16) as u8).collect() };
     let table: [K::Element; 256] = std::array::from_fn(|c| element(quarter(c as u8)));
     let (a, b) = (draw(m * k), draw(k * n));
+    let bias: Vec<f32> = draw(n).iter().map(|&c| f32::from(c) / 4.0 - 2.0).collect();
     let expected = exact_product(&a, &b, (m, k, n));
     // The matrix `values` (rows × cols, row-major) stored at `offset` with `strides`, the rest filled with 0xff
     // (a value no element has).
@@ -720,7 +805,11 @@ fn packed_gemm_matches<K: burn_te_kernels::host::gemm::Kernel>(
                     .expect("in bounds");
                 // NaN where the GEMM may not read: the first depth block writes without reading.
                 let mut out = vec![std::mem::MaybeUninit::new(f32::NAN); m * n];
-                gemm::gemm(&lhs, &rhs, 1.0, &mut out)?;
+                let plain = gemm::Epilogue {
+                    alpha: 1.0,
+                    bias: None,
+                };
+                gemm::gemm(&lhs, &rhs, plain, &mut out)?;
                 // SAFETY: every value was initialized (NaN) before the GEMM wrote it.
                 let out = unsafe { burn_te_kernels::host::assume_init(out) };
                 for (i, (got, want)) in out.iter().zip(&expected).enumerate() {
@@ -728,6 +817,23 @@ fn packed_gemm_matches<K: burn_te_kernels::host::gemm::Kernel>(
                         got.to_bits(),
                         want.to_bits(),
                         "{what}: output {i} = {got}, exact {want}"
+                    );
+                }
+                // The epilogue: a factor and a bias (multiples of 1/4), every sum still exact in f32.
+                let mut out = vec![std::mem::MaybeUninit::new(f32::NAN); m * n];
+                let epilogue = gemm::Epilogue {
+                    alpha: 0.5,
+                    bias: Some(&bias),
+                };
+                gemm::gemm(&lhs, &rhs, epilogue, &mut out)?;
+                // SAFETY: as above.
+                let out = unsafe { burn_te_kernels::host::assume_init(out) };
+                for (i, (got, want)) in out.iter().zip(&expected).enumerate() {
+                    let want = (f64::from(*want) * 0.5 + f64::from(bias[i % n])) as f32;
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{what}, alpha 0.5 and a bias: output {i} = {got}, exact {want}"
                     );
                 }
             }
@@ -769,7 +875,8 @@ impl burn_te_kernels::host::gemm::Kernel for EmulatedBf16 {
 }
 
 /// The packed kernels read through strides (a depth-contiguous, a lane-contiguous and a general layout with an
-/// offset; codes through a table and elements), bit-exact against an integer re-computation: at a small shape,
+/// offset; codes through a table and elements), bit-exact against an integer re-computation, without and with the
+/// epilogue's factor and bias: at a small shape,
 /// and at one that crosses several depth blocks, row blocks and column blocks of every path with partial last
 /// blocks (bf16: 384 depths per block, the FMA paths 256, AMX 1024 in groups of 32; 144 rows per task, AMX 256;
 /// 256 columns), so that the loop adding each later depth block into the output is what the result depends on. A
@@ -848,7 +955,11 @@ fn fma_path_gemm<K: burn_te_kernels::host::gemm::Kernel<Element = u32>>(
     let lhs = gemm::pack_lhs::<K>(m, k, &source(a, (k, 1)))?;
     let rhs = gemm::pack_rhs::<K>(k, n, &source(b, (n, 1)))?;
     let mut out = burn_te_kernels::host::uninit(m * n);
-    gemm::gemm(&lhs, &rhs, 1.0, &mut out)?;
+    let plain = gemm::Epilogue {
+        alpha: 1.0,
+        bias: None,
+    };
+    gemm::gemm(&lhs, &rhs, plain, &mut out)?;
     // SAFETY: the GEMM wrote every value.
     Ok(out
         .into_iter()

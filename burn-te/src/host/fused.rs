@@ -16,7 +16,8 @@ use crate::primitive::rows_cols;
 /// How a host backend reads its tensors (`flex_values`, `values::<NdArray>`).
 pub(super) type Read<B> = fn(FloatTensor<B>) -> Result<(HostValues, Shape), TeError>;
 
-fn f32_only<B: Backend>(t: &FloatTensor<B>) -> bool {
+/// Whether the tensor holds f32 (what the host kernels take).
+pub(super) fn f32_only<B: Backend>(t: &FloatTensor<B>) -> bool {
     t.dtype() == DType::F32
 }
 

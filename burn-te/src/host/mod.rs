@@ -404,7 +404,22 @@ macro_rules! host_te_backend {
                 rhs_t: bool,
             ) -> Result<FloatTensor<Self>, TeError> {
                 crate::metrics::count_launch(crate::metrics::names::FP8_GEMM_LAUNCHES);
-                host_gemm::<$backend>(lhs, lhs_t, rhs, rhs_t)
+                host_gemm::<$backend>(lhs, lhs_t, rhs, rhs_t, None)
+            }
+
+            fn fp8_gemm_bias(
+                lhs: Fp8Primitive<Self>,
+                lhs_t: bool,
+                rhs: Fp8Primitive<Self>,
+                rhs_t: bool,
+                bias: FloatTensor<Self>,
+            ) -> Result<FloatTensor<Self>, TeError> {
+                if !fused::f32_only::<$backend>(&bias) {
+                    return crate::backend::gemm_then_bias::<Self>(lhs, lhs_t, rhs, rhs_t, bias);
+                }
+                crate::metrics::count_launch(crate::metrics::names::FP8_GEMM_LAUNCHES);
+                let (bias, _) = $values(bias)?;
+                host_gemm::<$backend>(lhs, lhs_t, rhs, rhs_t, Some(&bias))
             }
 
             // A GEMM that splits across the threads by itself (the host GEMM's split threshold).
@@ -658,17 +673,30 @@ fn nvfp4_quantize<D>(
     })
 }
 
-/// The FP8 GEMM on the host ([`gemm::host_fp8_gemm`]: the probe's or the requested path); a batch of one
-/// broadcast against the other operand's batch.
+/// The FP8 GEMM on the host ([`gemm::host_fp8_gemm`]: the probe's or the requested path), with `bias` (one value
+/// per output column) added in its epilogue; a batch of one broadcast against the other operand's batch.
 fn host_gemm<B: Backend>(
     lhs: Fp8Tensor<HostFp8Data<B::Device>>,
     lhs_t: bool,
     rhs: Fp8Tensor<HostFp8Data<B::Device>>,
     rhs_t: bool,
+    bias: Option<&[f32]>,
 ) -> Result<FloatTensor<B>, TeError> {
     let (shape, dims, mut out) = gemm_output(&lhs, lhs_t, &rhs, rhs_t)?;
+    if let Some(bias) = bias
+        && bias.len() != dims.1
+    {
+        return Err(TeError::InvalidShape {
+            module: "fp8_gemm_bias".into(),
+            reason: format!(
+                "expected a bias of one value per output column ({})",
+                dims.1
+            ),
+            shape: vec![bias.len()],
+        });
+    }
     let (a, b) = (host_operand(&lhs, lhs_t), host_operand(&rhs, rhs_t));
-    gemm::host_fp8_gemm(&a, &b, dims, &mut out);
+    gemm::host_fp8_gemm(&a, &b, dims, bias, &mut out);
     // SAFETY: `host_fp8_gemm` writes every value (each path does; a packed path that fails is followed by the f32
     // path over the whole output).
     let out = unsafe { out.assume_init() };

@@ -150,7 +150,7 @@ pub fn measure(paths: &[HostGemmPath]) -> HostGemmProbe {
     for _ in 0..PROBE_RUNS {
         for (path, best) in candidates.iter().zip(&mut best) {
             let start = Instant::now();
-            *best = match run_on(*path, &lhs, &rhs, (m, n, k), &mut out) {
+            *best = match run_on(*path, &lhs, &rhs, (m, n, k), None, &mut out) {
                 Ok(()) => best.map(|b| b.min(start.elapsed())),
                 Err(_) => None,
             };
@@ -168,16 +168,17 @@ pub fn measure(paths: &[HostGemmPath]) -> HostGemmProbe {
     HostGemmProbe { times, chosen }
 }
 
-/// `out[b] = lhs[b] · rhs[b]` (every value of `out` written) on this thread's path ([`requested_host_gemm_path`]), or on f32 where that path is
-/// missing or cannot take the operands exactly (recorded as a fallback); counted under its path. Returns the path
-/// that ran.
+/// `out[b] = lhs[b] · rhs[b] (+ bias)` (every value of `out` written; `bias` one value per column) on this thread's
+/// path ([`requested_host_gemm_path`]), or on f32 where that path is missing or cannot take the operands exactly
+/// (recorded as a fallback); counted under its path. Returns the path that ran.
 pub(crate) fn host_fp8_gemm(
     lhs: &HostOperand<'_>,
     rhs: &HostOperand<'_>,
     dims: (usize, usize, usize),
+    bias: Option<&[f32]>,
     out: &mut [MaybeUninit<f32>],
 ) -> HostGemmPath {
-    let path = host_fp8_gemm_asking(requested_host_gemm_path(), lhs, rhs, dims, out);
+    let path = host_fp8_gemm_asking(requested_host_gemm_path(), lhs, rhs, dims, bias, out);
     count_path(path);
     path
 }
@@ -194,9 +195,10 @@ pub(super) fn host_fp8_gemm_asking(
     lhs: &HostOperand<'_>,
     rhs: &HostOperand<'_>,
     dims: (usize, usize, usize),
+    bias: Option<&[f32]>,
     out: &mut [MaybeUninit<f32>],
 ) -> HostGemmPath {
-    match run_on(requested, lhs, rhs, dims, out) {
+    match run_on(requested, lhs, rhs, dims, bias, out) {
         Ok(()) => requested,
         Err(reason) => {
             let (m, n, k) = dims;
@@ -209,7 +211,8 @@ pub(super) fn host_fp8_gemm_asking(
                 kind,
                 format!("host FP8 GEMM {m}x{n}x{k}: ran on f32, not on {requested}: {reason}"),
             );
-            run_on(HostGemmPath::F32, lhs, rhs, dims, out).expect("the f32 path runs everywhere");
+            run_on(HostGemmPath::F32, lhs, rhs, dims, bias, out)
+                .expect("the f32 path runs everywhere");
             HostGemmPath::F32
         }
     }

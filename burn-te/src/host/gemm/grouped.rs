@@ -24,7 +24,14 @@ pub(crate) struct GroupedHostGemm<'a> {
 pub(crate) fn host_fp8_gemm_grouped(gemms: &mut [GroupedHostGemm<'_>]) {
     let requested = requested_host_gemm_path();
     let run = |gemm: &mut GroupedHostGemm<'_>| {
-        host_fp8_gemm_asking(requested, &gemm.lhs, &gemm.rhs, gemm.dims, &mut gemm.out)
+        host_fp8_gemm_asking(
+            requested,
+            &gemm.lhs,
+            &gemm.rhs,
+            gemm.dims,
+            None,
+            &mut gemm.out,
+        )
     };
     let (mut large, mut small): (Vec<_>, Vec<_>) = gemms
         .iter_mut()

@@ -171,12 +171,14 @@ fn source<'a, E: Copy>(
     }
 }
 
-/// `out[b] = lhs[b] · rhs[b]` (`m × n` each, row-major) on `K`'s path; `Err` with the reason when an operand is
-/// not exact in the path's element or the path cannot run (the caller runs the f32 path then).
+/// `out[b] = lhs[b] · rhs[b] (+ bias)` (`m × n` each, row-major) on `K`'s path, the bias added in the GEMM's
+/// epilogue; `Err` with the reason when an operand is not exact in the path's element or the path cannot run (the
+/// caller runs the f32 path then).
 pub(super) fn gemm<K: Kernel>(
     lhs: &HostOperand<'_>,
     rhs: &HostOperand<'_>,
     (m, n, k): (usize, usize, usize),
+    bias: Option<&[f32]>,
     out: &mut [std::mem::MaybeUninit<f32>],
 ) -> Result<(), String>
 where
@@ -214,7 +216,7 @@ where
             .as_ref()
             .or(own_rhs.as_ref())
             .expect("one of the two");
-        gemm::gemm(a, w, alpha, dst).map_err(|err| err.to_string())?;
+        gemm::gemm(a, w, gemm::Epilogue { alpha, bias }, dst).map_err(|err| err.to_string())?;
     }
     Ok(())
 }

@@ -11,14 +11,16 @@ use burn_te_kernels::host::gemm::fma512::Avx512FmaKernel;
 use super::operand::HostOperand;
 use super::{decoded, packed};
 
-/// `out[b] = lhs[b] · rhs[b]` (`m × n` each, row-major, every value written, none read) on `path`; `Err` with the reason where a
-/// packed path cannot take the operands exactly or the CPU lacks it (`out` is then to be overwritten by another
-/// path).
+/// `out[b] = lhs[b] · rhs[b] (+ bias)` (`m × n` each, row-major, every value written, none read; `bias` one value
+/// per column, checked by the caller) on `path`; `Err` with the reason where a packed path cannot take the operands exactly or the CPU
+/// lacks it (`out` is then to be overwritten by another path). The packed paths add the bias in their epilogue,
+/// the `f32` path after its GEMM.
 pub(super) fn run_on(
     path: HostGemmPath,
     lhs: &HostOperand<'_>,
     rhs: &HostOperand<'_>,
     dims: (usize, usize, usize),
+    bias: Option<&[f32]>,
     out: &mut [MaybeUninit<f32>],
 ) -> Result<(), String> {
     if !path.available() {
@@ -30,16 +32,38 @@ pub(super) fn run_on(
     }
     if k == 0 {
         out.fill(MaybeUninit::new(0.0));
+        // SAFETY: every value was just written.
+        add_bias(unsafe { assume_init_mut(out) }, bias);
         return Ok(());
     }
     match path {
-        HostGemmPath::AmxBf16 => packed::gemm::<AmxBf16Kernel>(lhs, rhs, dims, out),
-        HostGemmPath::Avx512Bf16 => packed::gemm::<Avx512Bf16Kernel>(lhs, rhs, dims, out),
-        HostGemmPath::Avx512Fma => packed::gemm::<Avx512FmaKernel>(lhs, rhs, dims, out),
-        HostGemmPath::Avx2Fma => packed::gemm::<Avx2FmaKernel>(lhs, rhs, dims, out),
+        HostGemmPath::AmxBf16 => packed::gemm::<AmxBf16Kernel>(lhs, rhs, dims, bias, out),
+        HostGemmPath::Avx512Bf16 => packed::gemm::<Avx512Bf16Kernel>(lhs, rhs, dims, bias, out),
+        HostGemmPath::Avx512Fma => packed::gemm::<Avx512FmaKernel>(lhs, rhs, dims, bias, out),
+        HostGemmPath::Avx2Fma => packed::gemm::<Avx2FmaKernel>(lhs, rhs, dims, bias, out),
         HostGemmPath::F32 => {
             decoded::gemm(lhs, rhs, dims, out);
+            // SAFETY: the f32 path writes every value.
+            add_bias(unsafe { assume_init_mut(out) }, bias);
             Ok(())
         }
     }
+}
+
+/// `bias` added to every row of `out` (rows of `bias.len()` values), in parallel.
+fn add_bias(out: &mut [f32], bias: Option<&[f32]>) {
+    use rayon::prelude::*;
+    if let Some(bias) = bias.filter(|bias| !bias.is_empty()) {
+        out.par_chunks_mut(bias.len())
+            .for_each(|row| row.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
+    }
+}
+
+/// `out` as initialized values.
+///
+/// # Safety
+/// Every value of `out` is initialized.
+unsafe fn assume_init_mut(out: &mut [MaybeUninit<f32>]) -> &mut [f32] {
+    // SAFETY: `MaybeUninit<f32>` has `f32`'s layout, and every value is initialized (the caller's contract).
+    unsafe { &mut *(std::ptr::from_mut(out) as *mut [f32]) }
 }

@@ -1,7 +1,8 @@
 //! The blocked GEMM around a micro-kernel: the output split into `MC × NC` tasks across rayon's threads, each over
 //! the depth in blocks of `KC` units; inside a block, one right panel (`KC × NR`, in L1) against every left panel
 //! of the task's rows (`MC × KC`, in L2), or, where [`Kernel::ROW_PANELS_OUTER`], one left panel against every
-//! right panel of the task's columns.
+//! right panel of the task's columns. The epilogue ([`Epilogue`]: the output factor, the bias) runs on each task's
+//! output while it is in cache.
 
 use std::mem::MaybeUninit;
 
@@ -12,12 +13,24 @@ use super::{HostGemmError, Kernel, OutTile, PackedLhs, PackedRhs, Update};
 /// The largest micro-kernel tile (`MR · NR`) of any path.
 const MAX_TILE: usize = 32 * 32;
 
-/// `out = alpha · lhs · rhs` (`out` row-major `m × n`, every value written, none read) on `K`'s path. An error when the CPU lacks the
-/// path ([`super::HostGemmPath::available`] tells), the depths differ or `out` does not hold `m × n` values.
+/// What the GEMM does to its sums before it leaves a task's output: `alpha · sum (+ bias[column])`, a product and
+/// an add with one rounding each (the bits of scaling the output and then adding the bias in another pass).
+#[derive(Clone, Copy, Debug)]
+pub struct Epilogue<'a> {
+    /// The output factor (per-tensor scales).
+    pub alpha: f32,
+    /// One value per output column (a linear layer's bias), or `None`.
+    pub bias: Option<&'a [f32]>,
+}
+
+/// `out = alpha · lhs · rhs (+ bias)` (`out` row-major `m × n`, every value written, none read) on `K`'s path, the
+/// bias added per task while its output is in cache. An error when the CPU lacks the path
+/// ([`super::HostGemmPath::available`] tells), the depths differ, `out` does not hold `m × n` values or the bias
+/// not `n`.
 pub fn gemm<K: Kernel>(
     lhs: &PackedLhs<K>,
     rhs: &PackedRhs<K>,
-    alpha: f32,
+    epilogue: Epilogue<'_>,
     out: &mut [MaybeUninit<f32>],
 ) -> Result<(), HostGemmError> {
     const { assert!(K::MR * K::NR <= MAX_TILE) };
@@ -38,11 +51,20 @@ pub fn gemm<K: Kernel>(
             n,
         });
     }
+    if let Some(bias) = epilogue.bias
+        && bias.len() != n
+    {
+        return Err(HostGemmError::BiasLength {
+            what: K::PATH,
+            len: bias.len(),
+            n,
+        });
+    }
     if !K::PATH.available() {
         return Err(HostGemmError::Unavailable(K::PATH));
     }
     if m == 0 || n == 0 || lhs.units == 0 {
-        out.fill(MaybeUninit::new(0.0));
+        fill_bias_rows(out, n, epilogue.bias);
         return Ok(());
     }
     let tasks: Vec<(usize, usize)> = (0..m.div_ceil(K::MC))
@@ -52,7 +74,7 @@ pub fn gemm<K: Kernel>(
     let run = |&(row0, col0): &(usize, usize)| {
         // SAFETY: the CPU has the path (checked above); the task's tile lies inside `out` and no other task
         // writes it.
-        unsafe { K::in_task(|| task(lhs, rhs, alpha, base.get(), n, row0, col0)) };
+        unsafe { K::in_task(|| task(lhs, rhs, epilogue, base.get(), n, row0, col0)) };
     };
     if m.saturating_mul(n).saturating_mul(lhs.depth) < 64 * 64 * 64 {
         tasks.iter().for_each(run);
@@ -84,7 +106,7 @@ impl Out {
 unsafe fn task<K: Kernel>(
     lhs: &PackedLhs<K>,
     rhs: &PackedRhs<K>,
-    alpha: f32,
+    epilogue: Epilogue<'_>,
     out: *mut f32,
     n: usize,
     row0: usize,
@@ -93,17 +115,20 @@ unsafe fn task<K: Kernel>(
     let (mr, nr) = (K::MR, K::NR);
     let rows = K::MC.min(lhs.rows - row0);
     let cols = K::NC.min(n - col0);
+    let alpha = epilogue.alpha;
     let tile_alpha = if K::ALPHA_AFTER_TASK { 1.0 } else { alpha };
-    // Where the kernel leaves `alpha` to the task: the task's rows `from..to` multiplied by it once their last
-    // depth block is written.
+    // What the tiles leave to the task, on its rows `from..to` once their last depth block is written: `alpha`
+    // where the kernel leaves it to the task, and the bias.
+    let row_alpha = if K::ALPHA_AFTER_TASK { alpha } else { 1.0 };
+    let bias = epilogue.bias.map(|bias| &bias[col0..col0 + cols]);
     let scale_rows = |from: usize, to: usize| {
-        if K::ALPHA_AFTER_TASK && alpha != 1.0 {
+        if row_alpha != 1.0 || bias.is_some() {
             for r in from..to {
                 // SAFETY: the task's row `row0 + r`, columns `col0 .. col0 + cols`, lies in `out` and no other
                 // thread writes it (the caller's contract); every depth block wrote it.
                 let row =
                     unsafe { std::slice::from_raw_parts_mut(out.add((row0 + r) * n + col0), cols) };
-                scale(row, alpha);
+                finish_row(row, row_alpha, bias);
             }
         }
     };
@@ -159,10 +184,28 @@ unsafe fn task<K: Kernel>(
     }
 }
 
-/// `values` multiplied by `alpha` (AVX-512 and AVX2 clones where the CPU has them).
+/// `values` multiplied by `alpha` (skipped at 1), then `bias` added, one rounding each (AVX-512 and AVX2 clones
+/// where the CPU has them).
 #[multiversion::multiversion(targets("x86_64+avx512f", "x86_64+avx2"))]
-fn scale(values: &mut [f32], alpha: f32) {
-    values.iter_mut().for_each(|v| *v *= alpha);
+fn finish_row(values: &mut [f32], alpha: f32, bias: Option<&[f32]>) {
+    if alpha != 1.0 {
+        values.iter_mut().for_each(|v| *v *= alpha);
+    }
+    if let Some(bias) = bias {
+        values.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+    }
+}
+
+/// The output of a GEMM with no depth (or no rows or columns): each row the bias, or zeros.
+fn fill_bias_rows(out: &mut [MaybeUninit<f32>], n: usize, bias: Option<&[f32]>) {
+    match bias {
+        Some(bias) if n > 0 => out.chunks_mut(n).for_each(|row| {
+            row.iter_mut()
+                .zip(bias)
+                .for_each(|(v, &b)| *v = MaybeUninit::new(b));
+        }),
+        _ => out.fill(MaybeUninit::new(0.0)),
+    }
 }
 
 /// A tile of the output updated through a tile on the stack: the micro-kernel's sums, then each output value updated.

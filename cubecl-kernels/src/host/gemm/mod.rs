@@ -16,7 +16,8 @@
 //!
 //! The pieces: [`pack_lhs`] / [`pack_rhs`] lay a stored matrix (any offset and strides, FP8 codes through a table
 //! or decoded elements) out as the micro-kernel reads it ([`pack`]); [`gemm`] splits the output into tiles across
-//! rayon's threads and runs the micro-kernel over cache-sized depth blocks ([`blocked`]); packed buffers of 4 MiB
+//! rayon's threads, runs the micro-kernel over cache-sized depth blocks and finishes each task's output with the
+//! [`Epilogue`] (output factor, bias) while it is in cache ([`blocked`]); packed buffers of 4 MiB
 //! and more come from the host outputs' process-wide pool ([`crate::host::pool`]). Which path runs is
 //! [`HostGemmPath`]'s business, measured by the caller (burn-te's host backend probes them at first use).
 //!
@@ -33,7 +34,7 @@ mod pack;
 pub mod pack_vbmi;
 mod zmm_tile;
 
-pub use blocked::gemm;
+pub use blocked::{Epilogue, gemm};
 pub use pack::{Elements, PackedElement, PackedLhs, PackedRhs, Source, pack_lhs, pack_rhs};
 
 /// Which host FP8 GEMM runs.
@@ -208,6 +209,16 @@ pub enum HostGemmError {
         /// Rows.
         m: usize,
         /// Columns.
+        n: usize,
+    },
+    /// The bias does not hold one value per output column.
+    #[error("{what}: the bias holds {len} values, not one per output column ({n})")]
+    BiasLength {
+        /// The path.
+        what: HostGemmPath,
+        /// Its length.
+        len: usize,
+        /// Output columns.
         n: usize,
     },
     /// This CPU lacks the path's instructions ([`HostGemmPath::available`] tells beforehand).
