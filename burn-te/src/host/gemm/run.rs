@@ -50,12 +50,10 @@ pub(super) fn run_on(
     }
 }
 
-/// `bias` added to every row of `out` (rows of `bias.len()` values), in parallel.
+/// `bias` added to every row of `out` (rows of `bias.len()` values).
 fn add_bias(out: &mut [f32], bias: Option<&[f32]>) {
-    use rayon::prelude::*;
     if let Some(bias) = bias.filter(|bias| !bias.is_empty()) {
-        out.par_chunks_mut(bias.len())
-            .for_each(|row| row.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
+        burn_te_kernels::host::fused::bias::add_bias_in_place(out, bias);
     }
 }
 
