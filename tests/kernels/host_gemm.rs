@@ -315,6 +315,26 @@ fn every_recipe_and_gemm_layout_matches_f64_on_every_path() {
     }
 }
 
+/// `values` (`shape`) quantized by `recipe` as the fprop operand `role` at `site`.
+fn fprop_operand(
+    recipe: &Recipe,
+    site: &GemmSite,
+    values: Vec<f32>,
+    shape: [usize; 2],
+    role: TensorRole,
+) -> burn_te::fp8_gemm::QuantizedOperand<B> {
+    quantize_operand::<B>(
+        float(values, shape),
+        recipe,
+        site,
+        role,
+        k_along_cols(Gemm::Fprop, role),
+        false,
+        None,
+    )
+    .expect("quantize")
+}
+
 /// fprop's bias in the host GEMM's epilogue (`fp8_gemm_bias`), on every path at a shape that crosses row, column
 /// and depth blocks: the bits of the GEMM followed by `te_add_bias` (which it replaces, so that pass is not
 /// launched), within f64's bound of the exact `x·W + b`; a bias of the wrong length is an error naming it.
@@ -329,22 +349,9 @@ fn fprop_bias_in_the_epilogue_gives_the_bits_of_adding_it_after_on_every_path() 
     );
     let recipe: Recipe = Float8CurrentScaling::default().into();
     let site = GemmSite::new("host_gemm_bias", Gemm::Fprop);
-    let quantize = |values: &[f32], shape, role| {
-        quantize_operand::<B>(
-            float(values.to_vec(), shape),
-            &recipe,
-            &site,
-            role,
-            k_along_cols(Gemm::Fprop, role),
-            false,
-            None,
-        )
-        .expect("quantize")
-        .tensor
-    };
     let (lhs, rhs) = (
-        quantize(&x, [m, k], TensorRole::Activation),
-        quantize(&w, [k, n], TensorRole::Weight),
+        fprop_operand(&recipe, &site, x, [m, k], TensorRole::Activation).tensor,
+        fprop_operand(&recipe, &site, w, [k, n], TensorRole::Weight).tensor,
     );
     let (mut expected, mut abs, _) =
         reference(&stored_f64::<B>(&lhs), false, &stored_f64::<B>(&rhs), false);
@@ -588,21 +595,9 @@ fn a_packed_path_falls_back_to_f32_and_says_so() {
     let w = vec![0.5f32; k * n];
     let recipe: Recipe = Float8BlockScaling::default().into();
     let site = GemmSite::new("tiny_block", Gemm::Fprop);
-    let q = |values: Vec<f32>, shape, role| {
-        quantize_operand::<B>(
-            float(values, shape),
-            &recipe,
-            &site,
-            role,
-            k_along_cols(Gemm::Fprop, role),
-            false,
-            None,
-        )
-        .expect("quantize")
-    };
     let (lhs, rhs) = (
-        q(x, [m, k], TensorRole::Activation),
-        q(w, [k, n], TensorRole::Weight),
+        fprop_operand(&recipe, &site, x, [m, k], TensorRole::Activation),
+        fprop_operand(&recipe, &site, w, [k, n], TensorRole::Weight),
     );
     let expected = reference(
         &stored_f64::<B>(&lhs.tensor),
