@@ -31,9 +31,7 @@ pub(super) fn run_on(
         return Ok(());
     }
     if k == 0 {
-        out.fill(MaybeUninit::new(0.0));
-        // SAFETY: every value was just written.
-        add_bias(unsafe { assume_init_mut(out) }, bias);
+        burn_te_kernels::host::gemm::fill_bias_rows(out, n, bias);
         return Ok(());
     }
     match path {

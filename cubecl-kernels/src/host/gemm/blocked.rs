@@ -196,8 +196,8 @@ fn finish_row(values: &mut [f32], alpha: f32, bias: Option<&[f32]>) {
     }
 }
 
-/// The output of a GEMM with no depth (or no rows or columns): each row the bias, or zeros.
-fn fill_bias_rows(out: &mut [MaybeUninit<f32>], n: usize, bias: Option<&[f32]>) {
+/// The output of a GEMM with no depth (or no rows or columns): each row of `n` values the bias, or zeros.
+pub fn fill_bias_rows(out: &mut [MaybeUninit<f32>], n: usize, bias: Option<&[f32]>) {
     match bias {
         Some(bias) if n > 0 => out.chunks_mut(n).for_each(|row| {
             row.iter_mut()

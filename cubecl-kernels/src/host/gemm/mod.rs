@@ -34,7 +34,7 @@ mod pack;
 pub mod pack_vbmi;
 mod zmm_tile;
 
-pub use blocked::{Epilogue, gemm};
+pub use blocked::{Epilogue, fill_bias_rows, gemm};
 pub use pack::{Elements, PackedElement, PackedLhs, PackedRhs, Source, pack_lhs, pack_rhs};
 
 /// Which host FP8 GEMM runs.
