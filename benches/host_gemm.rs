@@ -260,11 +260,13 @@ criterion_group!(benches, peak, gemms, transformer_layer);
 /// Each packed path's GEMM as a share of its instruction's peak, for a machine whose speed drifts within seconds
 /// (a peak measured minutes before a GEMM says little): 7 triples of the peak on every thread, the GEMM (best of
 /// 3 calls), the peak again; a triple's share is the GEMM's rate over its two peaks' mean. Prints each shape's
-/// and path's median share and range (`cargo bench --bench host_gemm -- share`).
+/// and path's median share and range (`cargo bench --bench host_gemm -- share`; `BURN_TE_HOST_GEMM=amxbf16`: that
+/// path alone).
 #[cfg(target_arch = "x86_64")]
 fn shares_of_peak() {
     use std::time::Instant;
     let threads = rayon::current_num_threads() as f64;
+    let only = std::env::var("BURN_TE_HOST_GEMM").ok();
     println!("share of each path's instruction peak (every thread; 7 triples peak, GEMM, peak):");
     for (name, m, k, n) in SHAPES {
         let (qa, qb) = (quantize(&input(m, k, 0)), quantize(&input(k, n, 1)));
@@ -273,6 +275,9 @@ fn shares_of_peak() {
             let Some((_, kernel)) = peak_loop(path) else {
                 continue;
             };
+            if only.as_ref().is_some_and(|only| only != path.name()) {
+                continue;
+            }
             let peak = || {
                 let iterations = 1 << 17;
                 let start = Instant::now();
