@@ -201,7 +201,7 @@ unsafe fn sums(
             // group it names memory it never reads: a prefetch does not fault). The right tiles load with the
             // `T1` hint (read once from L1; the left panel, which every right panel of the block reads again,
             // stays). Measured on Emerald Rapids, one switch at a time in one process: the prefetches took 4–12 %
-            // off the bench's GEMMs, the hint another 5–7 % off those of hidden 1024 and up.
+            // off the bench's GEMMs, the hint another 5–8 % off those of hidden 1024 and up.
             prefetch_group(left.wrapping_add(16 * 32));
             prefetch_group(right.wrapping_add(16 * 32));
             asm!(
