@@ -12,6 +12,8 @@
 //!
 //! Read the GFLOP/s (2·m·n·k per iteration) and the ratios to the f32 matmul of the same shape. `-- share` prints
 //! each packed path's GEMM as a share of its instruction's peak, measured in pairs (for machines whose speed drifts).
+//! `-- steps HIDDEN STEPS` and `-- gemms CALLS` print the step's medians and the GEMMs' rates on the probe's path
+//! alone, for `tools/torch_transformer_layer.py` and `tools/torch_gemm.py` to pair with PyTorch's.
 
 mod common;
 
@@ -314,7 +316,77 @@ fn shares_of_peak() {
     }
 }
 
+/// The TransformerLayer step's median time in f32 (`Autodiff<Flex>`) and in FP8 (`Autodiff<Te<Flex>>`, the host
+/// path the probe chooses), in PyTorch's script's format, for paired runs against it
+/// (`tools/torch_transformer_layer.py --vs-burn-te`): `cargo bench --bench host_gemm -- steps HIDDEN STEPS`.
+fn step_medians(hidden: usize, steps: usize) {
+    use std::time::Instant;
+    fn median_ms(steps: usize, mut step: impl FnMut()) -> f64 {
+        (0..2).for_each(|_| step());
+        let mut times: Vec<f64> = (0..steps.max(1))
+            .map(|_| {
+                let start = Instant::now();
+                step();
+                start.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        times.sort_by(f64::total_cmp);
+        let mid = times.len() / 2;
+        if times.len().is_multiple_of(2) {
+            0.5 * (times[mid - 1] + times[mid])
+        } else {
+            times[mid]
+        }
+    }
+    let (layer, x, target) = layer_inputs::<Autodiff<Flex>>(hidden);
+    let f32_ms = median_ms(steps, || common::train_step(&layer, &x, &target, false));
+    println!("burn-te f32: median {f32_ms:.1} ms");
+    let (layer, x, target) = layer_inputs::<Autodiff<Te<Flex>>>(hidden);
+    let fp8_ms = median_ms(steps, || common::train_step(&layer, &x, &target, true));
+    let path = burn_te::host::gemm::requested_host_gemm_path();
+    println!("burn-te fp8 on {}: median {fp8_ms:.1} ms", path.name());
+}
+
+/// Each GEMM shape's FP8 GEMM on the path the probe chooses, best of `calls` (the whole call as a user makes it:
+/// packing, the GEMM, the output read back), for paired runs against PyTorch's bf16 matmul
+/// (`tools/torch_gemm.py --vs-burn-te`): `cargo bench --bench host_gemm -- gemms CALLS`.
+fn gemm_rates(calls: usize) {
+    use std::time::Instant;
+    let path = burn_te::host::gemm::requested_host_gemm_path();
+    for (name, m, k, n) in SHAPES {
+        let (qa, qb) = (quantize(&input(m, k, 0)), quantize(&input(k, n, 1)));
+        let flops = 2.0 * (m * k * n) as f64;
+        std::hint::black_box(fp8_gemm_on(path, &qa, &qb));
+        let best = (0..calls.max(1))
+            .map(|_| {
+                let start = Instant::now();
+                std::hint::black_box(fp8_gemm_on(path, &qa, &qb));
+                flops / start.elapsed().as_secs_f64()
+            })
+            .fold(0.0, f64::max);
+        println!(
+            "burn-te fp8 gemm {m}x{k}x{n} ({name}) on {}: best {:.0} GFLOP/s",
+            path.name(),
+            best / 1e9
+        );
+    }
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(at) = args.iter().position(|a| a == "gemms") {
+        gemm_rates(args.get(at + 1).and_then(|v| v.parse().ok()).unwrap_or(5));
+        return;
+    }
+    if let Some(at) = args.iter().position(|a| a == "steps") {
+        let number = |i: usize, default: usize| {
+            args.get(at + i)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(default)
+        };
+        step_medians(number(1, 1024), number(2, 10));
+        return;
+    }
     benches();
     Criterion::default().configure_from_args().final_summary();
     #[cfg(target_arch = "x86_64")]

@@ -7,9 +7,20 @@ causal self-attention over 128 tokens × 8 sequences = 1024 tokens, an MSE loss 
 backward. Runs f32 and bf16 autocast (`--modes`); prints the median step time of each.
 
     python3 tools/torch_transformer_layer.py [--hidden 1024] [--threads 2] [--steps 10]
+
+Paired with burn-te (`--vs-burn-te COMMAND`): rounds of PyTorch's modes and burn-te's f32 and FP8 steps in turn
+(the order flipped every round), each round's ratios printed, then their medians. A CPU's speed drifts within
+minutes (a VM's two vCPUs are sometimes one core's two hyperthreads), so only ratios of one round compare:
+
+    cargo bench --bench host_gemm --no-run
+    python3 tools/torch_transformer_layer.py --hidden 2048 --threads 2 --steps 6 --rounds 5 \
+        --vs-burn-te "cargo bench -q --bench host_gemm --"
 """
 import argparse
+import re
+import shlex
 import statistics
+import subprocess
 import time
 
 import torch
@@ -23,6 +34,9 @@ def main():
     parser.add_argument("--steps", type=int, default=10, help="timed steps per mode (after 2 warm-up steps)")
     parser.add_argument("--modes", default="f32,bf16", help="f32, bf16 (autocast) or both, comma-separated; "
                         "bf16 is emulated and very slow on CPUs without AVX512-BF16 or AMX")
+    parser.add_argument("--vs-burn-te", metavar="COMMAND", help="burn-te's host_gemm bench, run with `steps HIDDEN "
+                        "STEPS` appended each round (e.g. \"cargo bench -q --bench host_gemm --\")")
+    parser.add_argument("--rounds", type=int, default=5, help="paired rounds with --vs-burn-te")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -44,16 +58,51 @@ def main():
 
     print(f"torch {torch.__version__}, {args.threads} threads, hidden {h}, FFN {4 * h}, 1024 tokens")
     modes = {"f32": ("f32", False), "bf16": ("bf16 autocast", True)}
-    for name, autocast in (modes[m] for m in args.modes.split(",")):
-        for _ in range(2):
-            step(autocast)
-        times = []
-        for _ in range(args.steps):
-            start = time.perf_counter()
-            step(autocast)
-            times.append(time.perf_counter() - start)
-        print(f"{name}: median {statistics.median(times) * 1e3:.0f} ms (min {min(times) * 1e3:.0f}, "
-              f"max {max(times) * 1e3:.0f})")
+
+    def torch_medians():
+        medians = {}
+        for name, autocast in (modes[m] for m in args.modes.split(",")):
+            for _ in range(2):
+                step(autocast)
+            times = []
+            for _ in range(args.steps):
+                start = time.perf_counter()
+                step(autocast)
+                times.append(time.perf_counter() - start)
+            medians[f"torch {name}"] = statistics.median(times) * 1e3
+            print(f"{name}: median {medians[f'torch {name}']:.0f} ms (min {min(times) * 1e3:.0f}, "
+                  f"max {max(times) * 1e3:.0f})", flush=True)
+        return medians
+
+    if args.vs_burn_te is None:
+        torch_medians()
+        return
+    # The bench's `steps` mode prints "burn-te f32: median X ms" and "burn-te fp8 on PATH: median Y ms".
+    command = shlex.split(args.vs_burn_te) + ["steps", str(h), str(args.steps)]
+    line = re.compile(r"^(burn-te (?:f32|fp8)).*: median ([0-9.]+) ms", re.M)
+
+    def burn_te_medians():
+        run = subprocess.run(command, capture_output=True, text=True, check=True)
+        found = {name: float(ms) for name, ms in line.findall(run.stdout)}
+        if set(found) != {"burn-te f32", "burn-te fp8"}:
+            raise SystemExit(f"`{shlex.join(command)}` printed no step medians:\n{run.stdout}{run.stderr}")
+        print("".join(l + "\n" for l in run.stdout.splitlines() if l.startswith("burn-te")), end="", flush=True)
+        return found
+
+    ratios = {}
+    for r in range(args.rounds):
+        print(f"round {r + 1}:", flush=True)
+        parts = [torch_medians, burn_te_medians]
+        medians = {}
+        for part in parts if r % 2 == 0 else parts[::-1]:
+            medians.update(part())
+        for name in (n for n in medians if n.startswith("torch ")):
+            ratios.setdefault(f"burn-te fp8 / {name}", []).append(medians["burn-te fp8"] / medians[name])
+        ratios.setdefault("burn-te fp8 / burn-te f32", []).append(medians["burn-te fp8"] / medians["burn-te f32"])
+        print("  " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in ratios.items()), flush=True)
+    for name, values in ratios.items():
+        print(f"{name}: median {statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f}) "
+              f"over {len(values)} rounds")
 
 
 if __name__ == "__main__":
