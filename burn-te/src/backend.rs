@@ -373,6 +373,24 @@ pub trait TeBackend: Backend {
         panic!("{}", crate::fused::missing_backward("attention"))
     }
 
+    /// [`te_attention_backward`](Self::te_attention_backward) for q, k and v that were views of one packed tensor
+    /// `[s, b, heads + 2 · groups, d]` (`[b, s, ..]` unless `spec.seq_first`; see
+    /// [`te_attention_packed`](Self::te_attention_packed)): the packed tensor's gradient. By default the three
+    /// gradients concatenated; the host backends write each part in its head slots instead.
+    #[allow(clippy::too_many_arguments)]
+    fn te_attention_packed_backward(
+        dout: FloatTensor<Self>,
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        spec: AttentionSpec,
+        mask: AttentionMask<BoolTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        let [dq, dk, dv] = Self::te_attention_backward(dout, q, k, v, lse, spec, mask);
+        Self::float_cat(vec![dq, dk, dv], 2)
+    }
+
     /// `out [.., n] + bias [n]`, the bias added to every row: the fprop GEMM's bias. By default Burn's broadcast
     /// add; the host backends add it row by row on every core (Flex's broadcast add is a strided loop on one
     /// thread).
@@ -786,6 +804,23 @@ macro_rules! forward_fp8_ops {
             let grads = $inner::te_attention_backward(dout, q, k, v, lse, spec, mask);
             <Self as $crate::Decorator>::op_finished("te_attention_backward", inputs, &grads[0]);
             grads
+        }
+        fn te_attention_packed_backward(
+            dout: $crate::__private::FloatTensor<Self>,
+            q: $crate::__private::FloatTensor<Self>,
+            k: $crate::__private::FloatTensor<Self>,
+            v: $crate::__private::FloatTensor<Self>,
+            lse: $crate::__private::FloatTensor<Self>,
+            spec: $crate::fused::AttentionSpec,
+            mask: $crate::fused::AttentionMask<$crate::__private::BoolTensor<Self>>,
+        ) -> $crate::__private::FloatTensor<Self> {
+            let inputs = <Self as $crate::Decorator>::op_started(
+                "te_attention_packed_backward",
+                &[&dout, &q, &k, &v],
+            );
+            let grad = $inner::te_attention_packed_backward(dout, q, k, v, lse, spec, mask);
+            <Self as $crate::Decorator>::op_finished("te_attention_packed_backward", inputs, &grad);
+            grad
         }
         fn te_add_bias(
             out: $crate::__private::FloatTensor<Self>,

@@ -324,7 +324,8 @@ fn reference_attention(
 }
 
 /// The fused attention core against the composed f64 attention, forward and backward: q, k and v as views of one
-/// packed projection output (`sbhd`, strided, no copy) and as separate `bshd` tensors, grouped-query heads,
+/// packed projection output (`sbhd` and `bshd`, strided, no copy; its gradient written packed) and as separate
+/// `bshd` tensors, grouped-query heads,
 /// causal with more queries than one block of rows (`ROWS`), padding (one batch fully padded: zeros, zero
 /// gradients), and cross-attention with fewer keys than queries.
 #[test]
@@ -339,6 +340,7 @@ fn attention_core_forward_and_backward_match_f64() {
         (true, rows + 6, rows + 6, false, true),
         (false, rows + 6, rows + 6, true, true),
         (false, rows + 6, 37, false, false),
+        (false, rows + 6, rows + 6, true, false),
     ];
     for (seq_first, queries, keys, causal, padded) in cases {
         let what = format!(
@@ -382,10 +384,10 @@ fn attention_core_forward_and_backward_match_f64() {
             )
         };
         // The inputs whose gradients are compared (fused, f64 reference, name), and both outputs.
-        let (inputs, out, rout) = if queries == keys && seq_first {
-            // One packed [s, b, heads + 2·groups, d] tensor: given whole to `te_attention_packed` (one backward
-            // node, whose gradient is the packed tensor's) in the causal case, as q, k and v views of it to
-            // `te_attention` in the other.
+        let (inputs, out, rout) = if queries == keys && (seq_first || !padded) {
+            // One packed [s, b, heads + 2·groups, d] (or [b, s, ..]) tensor: given whole to
+            // `te_attention_packed` (one backward node, whose gradient the backend writes packed) in the causal
+            // cases, as q, k and v views of it to `te_attention` in the other.
             let values = rng.normal(q0 * q1 * (heads + 2 * groups) * d, 0.0, 1.0);
             let shape = [q0, q1, heads + 2 * groups, d];
             let (fp, rp) = (fused(&values, shape), reference(&values, shape));

@@ -84,8 +84,8 @@ impl<B: TeBackend> Backward<B, 3> for AttentionBackward {
     }
 }
 
-/// The backward of the fused attention on packed q, k, v: [`AttentionBackward`]'s three gradients concatenated
-/// into the packed tensor's.
+/// The backward of the fused attention on packed q, k, v: the packed tensor's gradient
+/// ([`TeBackend::te_attention_packed_backward`]).
 #[derive(Debug)]
 struct PackedAttentionBackward {
     spec: AttentionSpec,
@@ -102,9 +102,9 @@ impl<B: TeBackend> Backward<B, 1> for PackedAttentionBackward {
     ) {
         let dout = grads.consume::<B>(&ops.node);
         let ([q, k, v], lse, mask) = ops.state;
-        let [dq, dk, dv] = B::te_attention_backward(dout, q, k, v, lse, self.spec, mask);
         if let [Some(node)] = ops.parents {
-            grads.register::<B>(node.id, B::float_cat(vec![dq, dk, dv], 2));
+            let grad = B::te_attention_packed_backward(dout, q, k, v, lse, self.spec, mask);
+            grads.register::<B>(node.id, grad);
         }
     }
 }

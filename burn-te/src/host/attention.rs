@@ -158,16 +158,89 @@ pub(super) fn attention_forward<B: Backend>(
 pub(super) fn attention_backward<B: Backend>(
     read: ReadStrided<B>,
     dout: FloatTensor<B>,
-    [q, k, v]: [FloatTensor<B>; 3],
+    qkv: [FloatTensor<B>; 3],
     lse: FloatTensor<B>,
     spec: AttentionSpec,
     mask: AttentionMask<BoolTensor<B>>,
 ) -> [FloatTensor<B>; 3] {
+    let device = B::float_device(&qkv[0]);
+    with_backward_operands::<B, _>(read, dout, qkv, lse, spec, mask, |ops, q_shape, k_shape| {
+        let seq_first = spec.seq_first;
+        let [dq, dk, dv] = kernel::attention_backward(
+            ops.dout,
+            ops.q,
+            ops.k,
+            ops.v,
+            ops.lse,
+            ops.dims,
+            spec.scale,
+            ops.mask,
+            bhsd(&contiguous_strides(&q_shape), seq_first),
+            bhsd(&contiguous_strides(&k_shape), seq_first),
+        );
+        [
+            host_tensor::<B>(dq, Shape::from(q_shape), &device),
+            host_tensor::<B>(dk, Shape::from(k_shape.clone()), &device),
+            host_tensor::<B>(dv, Shape::from(k_shape), &device),
+        ]
+    })
+}
+
+/// The backward on the host for q, k and v that were views of one packed tensor: that tensor's gradient
+/// `[s, b, heads + 2 · groups, d]` (`[b, s, ..]` unless `seq_first`), each part written in its head slots.
+pub(super) fn attention_packed_backward<B: Backend>(
+    read: ReadStrided<B>,
+    dout: FloatTensor<B>,
+    qkv: [FloatTensor<B>; 3],
+    lse: FloatTensor<B>,
+    spec: AttentionSpec,
+    mask: AttentionMask<BoolTensor<B>>,
+) -> FloatTensor<B> {
+    let device = B::float_device(&qkv[0]);
+    with_backward_operands::<B, _>(read, dout, qkv, lse, spec, mask, |ops, q_shape, _| {
+        let dims = ops.dims;
+        let packed = kernel::attention_backward_packed(
+            ops.dout,
+            ops.q,
+            ops.k,
+            ops.v,
+            ops.lse,
+            dims,
+            spec.scale,
+            ops.mask,
+            spec.seq_first,
+        );
+        let slots = dims.heads + 2 * dims.groups;
+        let shape = [q_shape[0], q_shape[1], slots, dims.head_dim];
+        host_tensor::<B>(packed, Shape::from(shape), &device)
+    })
+}
+
+/// What the backward kernels read: views of dout, q, k and v, the log-sum-exp, the sizes and the mask.
+struct BackwardOperands<'a> {
+    dout: View<'a>,
+    q: View<'a>,
+    k: View<'a>,
+    v: View<'a>,
+    lse: &'a [f32],
+    dims: AttentionDims,
+    mask: SoftmaxMask<'a>,
+}
+
+/// `kernel` given the backward's operands read at their strides, q's shape and k's.
+fn with_backward_operands<B: Backend, R>(
+    read: ReadStrided<B>,
+    dout: FloatTensor<B>,
+    [q, k, v]: [FloatTensor<B>; 3],
+    lse: FloatTensor<B>,
+    spec: AttentionSpec,
+    mask: AttentionMask<BoolTensor<B>>,
+    kernel: impl FnOnce(BackwardOperands<'_>, Vec<usize>, Vec<usize>) -> R,
+) -> R {
     // The operands are the forward's own, read again: a failure here is a backend failure mid-backward, which
     // has no error path.
     let fail = |err: TeError| -> ! { panic!("fused attention backward: {err}") };
     count_launch(names::FUSED_ATTENTION_BACKWARD);
-    let device = B::float_device(&q);
     let seq_first = spec.seq_first;
     let read = |t| read(t).unwrap_or_else(|err| fail(err));
     let (q, k, v, lse, dout) = (read(q), read(k), read(v), read(lse), read(dout));
@@ -193,25 +266,17 @@ pub(super) fn attention_backward<B: Backend>(
         shape: Shape::from(q_shape.clone()),
         ..dout
     };
-    let grads = kernel::attention_backward(
-        view(&dout, dims.q_shape()),
-        view(&q, dims.q_shape()),
-        view(&k, dims.kv_shape()),
-        view(&v, dims.kv_shape()),
-        &lse.values,
+    let operands = BackwardOperands {
+        dout: view(&dout, dims.q_shape()),
+        q: view(&q, dims.q_shape()),
+        k: view(&k, dims.kv_shape()),
+        v: view(&v, dims.kv_shape()),
+        lse: &lse.values,
         dims,
-        spec.scale,
-        SoftmaxMask {
+        mask: SoftmaxMask {
             causal: mask.causal,
             padding: padding.as_deref(),
         },
-        bhsd(&contiguous_strides(&q_shape), seq_first),
-        bhsd(&contiguous_strides(&k_shape), seq_first),
-    );
-    let [dq, dk, dv] = grads;
-    [
-        host_tensor::<B>(dq, Shape::from(q_shape), &device),
-        host_tensor::<B>(dk, Shape::from(k_shape.clone()), &device),
-        host_tensor::<B>(dv, Shape::from(k_shape), &device),
-    ]
+    };
+    kernel(operands, q_shape, k_shape)
 }

@@ -379,6 +379,25 @@ macro_rules! host_te_backend {
                 attention::attention_backward::<$backend>($strided, dout, [q, k, v], lse, spec, mask)
             }
 
+            fn te_attention_packed_backward(
+                dout: FloatTensor<Self>,
+                q: FloatTensor<Self>,
+                k: FloatTensor<Self>,
+                v: FloatTensor<Self>,
+                lse: FloatTensor<Self>,
+                spec: crate::fused::AttentionSpec,
+                mask: crate::fused::AttentionMask<burn::tensor::ops::BoolTensor<Self>>,
+            ) -> FloatTensor<Self> {
+                attention::attention_packed_backward::<$backend>(
+                    $strided,
+                    dout,
+                    [q, k, v],
+                    lse,
+                    spec,
+                    mask,
+                )
+            }
+
             fn fp8_read(tensor: &Fp8Primitive<Self>) -> Result<Fp8HostData, TeError> {
                 Ok(Fp8HostData {
                     codes: tensor.data.codes.to_vec(),

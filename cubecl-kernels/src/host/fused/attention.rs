@@ -99,7 +99,7 @@ impl AttentionDims {
 }
 
 /// A pointer that tasks writing disjoint elements share.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 struct Shared(*mut f32);
 // SAFETY: every task writes only the elements of its own (batch, head) or (batch, group).
 unsafe impl Send for Shared {}
@@ -264,17 +264,96 @@ pub fn attention_backward(
     q_strides: [usize; 4],
     kv_strides: [usize; 4],
 ) -> [OutputValues; 3] {
-    let d = dims.head_dim;
     let q_len = dims.q_shape().iter().product();
     let kv_len = dims.kv_shape().iter().product();
     let mut dq = OutputValues::zeroed(q_len);
     let mut dk = OutputValues::zeroed(kv_len);
     let mut dv = OutputValues::zeroed(kv_len);
-    let (dq_ptr, dk_ptr, dv_ptr) = (
-        Shared(dq.as_mut_ptr()),
-        Shared(dk.as_mut_ptr()),
-        Shared(dv.as_mut_ptr()),
+    let at = |buffer: &mut OutputValues, strides, shape| {
+        let (ptr, len) = (Shared(buffer.as_mut_ptr()), buffer.len());
+        assert!(
+            last_offset(0, strides, shape) < len,
+            "the gradient's strides {strides:?} leave its buffer of {len}"
+        );
+        (ptr, strides)
+    };
+    let targets = [
+        at(&mut dq, q_strides, dims.q_shape()),
+        at(&mut dk, kv_strides, dims.kv_shape()),
+        at(&mut dv, kv_strides, dims.kv_shape()),
+    ];
+    // SAFETY: each gradient's elements lie in its own buffer (checked above).
+    unsafe { backward_into(dout, q, k, v, lse, dims, scale, mask, targets) };
+    [dq, dk, dv]
+}
+
+/// The gradients of q, k and v as one contiguous tensor `[seq, batch, heads + 2 · groups, head_dim]` (`[batch,
+/// seq, ..]` unless `seq_first`): the gradient of the packed QKV projection whose views q, k and v were, each part
+/// written in its head slots (q's first, then k's and v's), with no concatenation afterwards. Self-attention only
+/// (as many keys as queries).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward_packed(
+    dout: View<'_>,
+    q: View<'_>,
+    k: View<'_>,
+    v: View<'_>,
+    lse: &[f32],
+    dims: AttentionDims,
+    scale: f32,
+    mask: SoftmaxMask<'_>,
+    seq_first: bool,
+) -> OutputValues {
+    assert_eq!(
+        dims.queries, dims.keys,
+        "a packed QKV gradient is self-attention's: as many keys as queries"
     );
+    let (d, slots) = (dims.head_dim, dims.heads + 2 * dims.groups);
+    let row = slots * d;
+    // [batch, head, seq, head_dim] strides of one head slot in the packed layout.
+    let strides = if seq_first {
+        [row, d, dims.batch * row, 1]
+    } else {
+        [dims.queries * row, d, row, 1]
+    };
+    let mut packed = OutputValues::zeroed(dims.batch * dims.queries * row);
+    let base = Shared(packed.as_mut_ptr());
+    let targets =
+        [0, dims.heads, dims.heads + dims.groups].map(|slot| (Shared(base.at(slot * d)), strides));
+    // SAFETY: the three parts lie in disjoint head slots of the buffer's `[.., slots, head_dim]` rows.
+    unsafe { backward_into(dout, q, k, v, lse, dims, scale, mask, targets) };
+    packed
+}
+
+/// The offset of the last element of a `shape` tensor at `strides` from `offset`.
+fn last_offset(offset: usize, strides: [usize; 4], shape: [usize; 4]) -> usize {
+    shape
+        .iter()
+        .zip(strides)
+        .fold(offset, |last, (&n, s)| last + n.saturating_sub(1) * s)
+}
+
+/// The backward's work: `dq`, `dk` and `dv` (zeroed) written at their first elements and `[batch, head, seq,
+/// head_dim]` strides.
+///
+/// # Safety
+/// Each gradient's elements lie in memory that nothing else reads or writes while this runs, apart from the others'.
+#[allow(clippy::too_many_arguments)]
+unsafe fn backward_into(
+    dout: View<'_>,
+    q: View<'_>,
+    k: View<'_>,
+    v: View<'_>,
+    lse: &[f32],
+    dims: AttentionDims,
+    scale: f32,
+    mask: SoftmaxMask<'_>,
+    [
+        (dq_ptr, q_strides),
+        (dk_ptr, kv_strides),
+        (dv_ptr, dv_strides),
+    ]: [(Shared, [usize; 4]); 3],
+) {
+    let d = dims.head_dim;
     let per_group = dims.heads / dims.groups.max(1);
     (0..dims.batch * dims.groups)
         .into_par_iter()
@@ -283,7 +362,7 @@ pub fn attention_backward(
             let (kh, vh) = (k.head(b, g), v.head(b, g));
             let at =
                 |p: Shared, strides: [usize; 4], h: usize| p.at(b * strides[0] + h * strides[1]);
-            let (dkh, dvh) = (at(dk_ptr, kv_strides, g), at(dv_ptr, kv_strides, g));
+            let (dkh, dvh) = (at(dk_ptr, kv_strides, g), at(dv_ptr, dv_strides, g));
             let mut p = vec![0.0f32; ROWS * dims.keys];
             let mut dp = vec![0.0f32; ROWS * dims.keys];
             for h in g * per_group..(g + 1) * per_group {
@@ -324,7 +403,7 @@ pub fn attention_backward(
                             recompute(p, lse[query], |key| visible(mask, dims.keys, b, query, key));
                         }
                         // dV += Pᵀ · dO
-                        let dv_rows = (dvh, kv_strides[2], kv_strides[3]);
+                        let dv_rows = (dvh, dv_strides[2], dv_strides[3]);
                         matmul(
                             (keys, d, rows),
                             dv_rows,
@@ -376,7 +455,6 @@ pub fn attention_backward(
                 }
             }
         });
-    [dq, dk, dv]
 }
 
 /// One row's probabilities from its scaled scores `p` and log-sum-exp, in place (0 where not visible).
