@@ -37,6 +37,7 @@ def main():
     parser.add_argument("--vs-burn-te", metavar="COMMAND", help="burn-te's host_gemm bench, run with `steps HIDDEN "
                         "STEPS` appended each round (e.g. \"cargo bench -q --bench host_gemm --\")")
     parser.add_argument("--rounds", type=int, default=5, help="paired rounds with --vs-burn-te")
+    parser.add_argument("--svg", metavar="FILE", help="with --vs-burn-te: each round's medians as a bar chart")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -90,6 +91,7 @@ def main():
         return found
 
     ratios = {}
+    rounds = []
     for r in range(args.rounds):
         print(f"round {r + 1}:", flush=True)
         parts = [torch_medians, burn_te_medians]
@@ -100,9 +102,49 @@ def main():
             ratios.setdefault(f"burn-te fp8 / {name}", []).append(medians["burn-te fp8"] / medians[name])
         ratios.setdefault("burn-te fp8 / burn-te f32", []).append(medians["burn-te fp8"] / medians["burn-te f32"])
         print("  " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in ratios.items()), flush=True)
+        rounds.append(medians)
     for name, values in ratios.items():
         print(f"{name}: median {statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f}) "
               f"over {len(values)} rounds")
+    if args.svg:
+        with open(args.svg, "w") as f:
+            f.write(rounds_svg(rounds, f"TransformerLayer step, hidden {h}, {args.threads} threads: "
+                                       f"median of {args.steps} steps per round"))
+        print(f"chart: {args.svg}")
+
+
+def rounds_svg(rounds, title):
+    """Each round's step medians as grouped bars (ms), one colour per run, as a plain SVG."""
+    names = list(rounds[0])
+    colors = ["#9ecae1", "#3182bd", "#fdae6b", "#e6550d", "#74c476"]
+    width, height, left, top, bottom = 120 + 150 * len(rounds), 360, 60, 40, 60
+    plot_h = height - top - bottom
+    top_ms = max(v for r in rounds for v in r.values()) * 1.1
+    bar = 120 / len(names)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width + 180}" height="{height}" '
+           f'font-family="sans-serif" font-size="12">',
+           f'<rect width="100%" height="100%" fill="white"/>',
+           f'<text x="{left}" y="20" font-size="14">{title}</text>']
+    for i in range(6):
+        ms = top_ms * i / 5
+        y = top + plot_h * (1 - i / 5)
+        out.append(f'<line x1="{left}" x2="{width}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{ms:.0f}</text>')
+    out.append(f'<text x="14" y="{top + plot_h / 2}" transform="rotate(-90 14 {top + plot_h / 2})" '
+               f'text-anchor="middle">ms per step</text>')
+    for r, medians in enumerate(rounds):
+        x0 = left + 20 + 150 * r
+        for j, name in enumerate(names):
+            h = plot_h * medians[name] / top_ms
+            out.append(f'<rect x="{x0 + j * bar:.1f}" y="{top + plot_h - h:.1f}" width="{bar - 2:.1f}" '
+                       f'height="{h:.1f}" fill="{colors[j % len(colors)]}"/>')
+        out.append(f'<text x="{x0 + 60}" y="{height - bottom + 18}" text-anchor="middle">round {r + 1}</text>')
+    for j, name in enumerate(names):
+        y = top + 20 * j
+        out.append(f'<rect x="{width + 10}" y="{y}" width="12" height="12" fill="{colors[j % len(colors)]}"/>')
+        out.append(f'<text x="{width + 28}" y="{y + 10}">{name}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":
