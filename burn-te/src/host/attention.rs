@@ -5,7 +5,9 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{BoolTensor, FloatTensor};
 use burn::tensor::{DType, Shape, TensorMetadata};
-use burn_te_kernels::host::fused::attention::{self as kernel, AttentionDims, View};
+use burn_te_kernels::host::fused::attention::{
+    self as kernel, AttentionDims, BackwardInputs, View,
+};
 use burn_te_kernels::host::fused::softmax::SoftmaxMask;
 
 use super::{HostValues, host_tensor};
@@ -164,26 +166,27 @@ pub(super) fn attention_backward<B: Backend>(
     mask: AttentionMask<BoolTensor<B>>,
 ) -> [FloatTensor<B>; 3] {
     let device = B::float_device(&qkv[0]);
-    with_backward_operands::<B, _>(read, dout, qkv, lse, spec, mask, |ops, q_shape, k_shape| {
-        let seq_first = spec.seq_first;
-        let [dq, dk, dv] = kernel::attention_backward(
-            ops.dout,
-            ops.q,
-            ops.k,
-            ops.v,
-            ops.lse,
-            ops.dims,
-            spec.scale,
-            ops.mask,
-            bhsd(&contiguous_strides(&q_shape), seq_first),
-            bhsd(&contiguous_strides(&k_shape), seq_first),
-        );
-        [
-            host_tensor::<B>(dq, Shape::from(q_shape), &device),
-            host_tensor::<B>(dk, Shape::from(k_shape.clone()), &device),
-            host_tensor::<B>(dv, Shape::from(k_shape), &device),
-        ]
-    })
+    with_backward_operands::<B, _>(
+        read,
+        dout,
+        qkv,
+        lse,
+        spec,
+        mask,
+        |inputs, q_shape, k_shape| {
+            let seq_first = spec.seq_first;
+            let [dq, dk, dv] = kernel::attention_backward(
+                inputs,
+                bhsd(&contiguous_strides(&q_shape), seq_first),
+                bhsd(&contiguous_strides(&k_shape), seq_first),
+            );
+            [
+                host_tensor::<B>(dq, Shape::from(q_shape), &device),
+                host_tensor::<B>(dk, Shape::from(k_shape.clone()), &device),
+                host_tensor::<B>(dv, Shape::from(k_shape), &device),
+            ]
+        },
+    )
 }
 
 /// The backward on the host for q, k and v that were views of one packed tensor: that tensor's gradient
@@ -197,37 +200,16 @@ pub(super) fn attention_packed_backward<B: Backend>(
     mask: AttentionMask<BoolTensor<B>>,
 ) -> FloatTensor<B> {
     let device = B::float_device(&qkv[0]);
-    with_backward_operands::<B, _>(read, dout, qkv, lse, spec, mask, |ops, q_shape, _| {
-        let dims = ops.dims;
-        let packed = kernel::attention_backward_packed(
-            ops.dout,
-            ops.q,
-            ops.k,
-            ops.v,
-            ops.lse,
-            dims,
-            spec.scale,
-            ops.mask,
-            spec.seq_first,
-        );
+    with_backward_operands::<B, _>(read, dout, qkv, lse, spec, mask, |inputs, q_shape, _| {
+        let dims = inputs.dims;
+        let packed = kernel::attention_backward_packed(inputs, spec.seq_first);
         let slots = dims.heads + 2 * dims.groups;
         let shape = [q_shape[0], q_shape[1], slots, dims.head_dim];
         host_tensor::<B>(packed, Shape::from(shape), &device)
     })
 }
 
-/// What the backward kernels read: views of dout, q, k and v, the log-sum-exp, the sizes and the mask.
-struct BackwardOperands<'a> {
-    dout: View<'a>,
-    q: View<'a>,
-    k: View<'a>,
-    v: View<'a>,
-    lse: &'a [f32],
-    dims: AttentionDims,
-    mask: SoftmaxMask<'a>,
-}
-
-/// `kernel` given the backward's operands read at their strides, q's shape and k's.
+/// `kernel` given what the backward reads (at the operands' strides), q's shape and k's.
 fn with_backward_operands<B: Backend, R>(
     read: ReadStrided<B>,
     dout: FloatTensor<B>,
@@ -235,7 +217,7 @@ fn with_backward_operands<B: Backend, R>(
     lse: FloatTensor<B>,
     spec: AttentionSpec,
     mask: AttentionMask<BoolTensor<B>>,
-    kernel: impl FnOnce(BackwardOperands<'_>, Vec<usize>, Vec<usize>) -> R,
+    kernel: impl FnOnce(BackwardInputs<'_>, Vec<usize>, Vec<usize>) -> R,
 ) -> R {
     // The operands are the forward's own, read again: a failure here is a backend failure mid-backward, which
     // has no error path.
@@ -266,17 +248,18 @@ fn with_backward_operands<B: Backend, R>(
         shape: Shape::from(q_shape.clone()),
         ..dout
     };
-    let operands = BackwardOperands {
+    let inputs = BackwardInputs {
         dout: view(&dout, dims.q_shape()),
         q: view(&q, dims.q_shape()),
         k: view(&k, dims.kv_shape()),
         v: view(&v, dims.kv_shape()),
         lse: &lse.values,
         dims,
+        scale: spec.scale,
         mask: SoftmaxMask {
             causal: mask.causal,
             padding: padding.as_deref(),
         },
     };
-    kernel(operands, q_shape, k_shape)
+    kernel(inputs, q_shape, k_shape)
 }

@@ -249,21 +249,35 @@ fn probabilities(s: &mut [f32], visible: impl Fn(usize) -> bool) -> f32 {
     max + sum.ln()
 }
 
-/// The gradients of q, k and v (each written at its `*_strides` into a buffer of q's or k's length) for the
-/// output gradient `dout`, from the forward's inputs and log-sum-exp.
-#[allow(clippy::too_many_arguments)]
+/// What the backward reads: the output gradient `dout`, the forward's q, k, v and log-sum-exp per query row, its
+/// sizes, scale and mask.
+#[derive(Clone, Copy, Debug)]
+pub struct BackwardInputs<'a> {
+    /// The output's gradient, `[batch, heads, queries, head_dim]`.
+    pub dout: View<'a>,
+    /// The forward's queries.
+    pub q: View<'a>,
+    /// The forward's keys.
+    pub k: View<'a>,
+    /// The forward's values.
+    pub v: View<'a>,
+    /// The forward's log-sum-exp, row-major `[batch, heads, queries]`.
+    pub lse: &'a [f32],
+    /// The sizes.
+    pub dims: AttentionDims,
+    /// The scores' factor.
+    pub scale: f32,
+    /// The forward's mask.
+    pub mask: SoftmaxMask<'a>,
+}
+
+/// The gradients of q, k and v (each written at its `*_strides` into a buffer of q's or k's length).
 pub fn attention_backward(
-    dout: View<'_>,
-    q: View<'_>,
-    k: View<'_>,
-    v: View<'_>,
-    lse: &[f32],
-    dims: AttentionDims,
-    scale: f32,
-    mask: SoftmaxMask<'_>,
+    inputs: BackwardInputs<'_>,
     q_strides: [usize; 4],
     kv_strides: [usize; 4],
 ) -> [OutputValues; 3] {
+    let dims = inputs.dims;
     let q_len = dims.q_shape().iter().product();
     let kv_len = dims.kv_shape().iter().product();
     let mut dq = OutputValues::zeroed(q_len);
@@ -283,7 +297,7 @@ pub fn attention_backward(
         at(&mut dv, kv_strides, dims.kv_shape()),
     ];
     // SAFETY: each gradient's elements lie in its own buffer (checked above).
-    unsafe { backward_into(dout, q, k, v, lse, dims, scale, mask, targets) };
+    unsafe { backward_into(inputs, targets) };
     [dq, dk, dv]
 }
 
@@ -291,18 +305,8 @@ pub fn attention_backward(
 /// seq, ..]` unless `seq_first`): the gradient of the packed QKV projection whose views q, k and v were, each part
 /// written in its head slots (q's first, then k's and v's), with no concatenation afterwards. Self-attention only
 /// (as many keys as queries).
-#[allow(clippy::too_many_arguments)]
-pub fn attention_backward_packed(
-    dout: View<'_>,
-    q: View<'_>,
-    k: View<'_>,
-    v: View<'_>,
-    lse: &[f32],
-    dims: AttentionDims,
-    scale: f32,
-    mask: SoftmaxMask<'_>,
-    seq_first: bool,
-) -> OutputValues {
+pub fn attention_backward_packed(inputs: BackwardInputs<'_>, seq_first: bool) -> OutputValues {
+    let dims = inputs.dims;
     assert_eq!(
         dims.queries, dims.keys,
         "a packed QKV gradient is self-attention's: as many keys as queries"
@@ -320,7 +324,7 @@ pub fn attention_backward_packed(
     let targets =
         [0, dims.heads, dims.heads + dims.groups].map(|slot| (Shared(base.at(slot * d)), strides));
     // SAFETY: the three parts lie in disjoint head slots of the buffer's `[.., slots, head_dim]` rows.
-    unsafe { backward_into(dout, q, k, v, lse, dims, scale, mask, targets) };
+    unsafe { backward_into(inputs, targets) };
     packed
 }
 
@@ -337,16 +341,17 @@ fn last_offset(offset: usize, strides: [usize; 4], shape: [usize; 4]) -> usize {
 ///
 /// # Safety
 /// Each gradient's elements lie in memory that nothing else reads or writes while this runs, apart from the others'.
-#[allow(clippy::too_many_arguments)]
 unsafe fn backward_into(
-    dout: View<'_>,
-    q: View<'_>,
-    k: View<'_>,
-    v: View<'_>,
-    lse: &[f32],
-    dims: AttentionDims,
-    scale: f32,
-    mask: SoftmaxMask<'_>,
+    BackwardInputs {
+        dout,
+        q,
+        k,
+        v,
+        lse,
+        dims,
+        scale,
+        mask,
+    }: BackwardInputs<'_>,
     [
         (dq_ptr, q_strides),
         (dk_ptr, kv_strides),
