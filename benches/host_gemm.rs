@@ -286,15 +286,7 @@ fn shares_of_peak() {
                 let done = rayon::broadcast(|_| kernel(iterations).1);
                 threads * done[0] as f64 / start.elapsed().as_secs_f64()
             };
-            let gemm = || {
-                (0..3)
-                    .map(|_| {
-                        let start = Instant::now();
-                        std::hint::black_box(fp8_gemm_on(path, &qa, &qb));
-                        flops / start.elapsed().as_secs_f64()
-                    })
-                    .fold(0.0, f64::max)
-            };
+            let gemm = || best_rate(path, &qa, &qb, flops, 3);
             gemm();
             let mut shares: Vec<f64> = (0..7)
                 .map(|_| {
@@ -347,23 +339,33 @@ fn step_medians(hidden: usize, steps: usize) {
     println!("burn-te fp8 on {}: median {fp8_ms:.1} ms", path.name());
 }
 
+/// The FP8 GEMM of `qa · qb` on `path`: its best rate (`flops` per second) over `calls` calls (at least one).
+fn best_rate(
+    path: HostGemmPath,
+    qa: &Fp8Primitive<Flex>,
+    qb: &Fp8Primitive<Flex>,
+    flops: f64,
+    calls: usize,
+) -> f64 {
+    (0..calls.max(1))
+        .map(|_| {
+            let start = std::time::Instant::now();
+            std::hint::black_box(fp8_gemm_on(path, qa, qb));
+            flops / start.elapsed().as_secs_f64()
+        })
+        .fold(0.0, f64::max)
+}
+
 /// Each GEMM shape's FP8 GEMM on the path the probe chooses, best of `calls` (the whole call as a user makes it:
 /// packing, the GEMM, the output read back), for paired runs against PyTorch's bf16 matmul
 /// (`tools/torch_gemm.py --vs-burn-te`): `cargo bench --bench host_gemm -- gemms CALLS`.
 fn gemm_rates(calls: usize) {
-    use std::time::Instant;
     let path = burn_te::host::gemm::requested_host_gemm_path();
     for (name, m, k, n) in SHAPES {
         let (qa, qb) = (quantize(&input(m, k, 0)), quantize(&input(k, n, 1)));
         let flops = 2.0 * (m * k * n) as f64;
         std::hint::black_box(fp8_gemm_on(path, &qa, &qb));
-        let best = (0..calls.max(1))
-            .map(|_| {
-                let start = Instant::now();
-                std::hint::black_box(fp8_gemm_on(path, &qa, &qb));
-                flops / start.elapsed().as_secs_f64()
-            })
-            .fold(0.0, f64::max);
+        let best = best_rate(path, &qa, &qb, flops, calls);
         println!(
             "burn-te fp8 gemm {m}x{k}x{n} ({name}) on {}: best {:.0} GFLOP/s",
             path.name(),
