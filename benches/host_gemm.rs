@@ -12,8 +12,8 @@
 //!
 //! Read the GFLOP/s (2·m·n·k per iteration) and the ratios to the f32 matmul of the same shape. `-- share` prints
 //! each packed path's GEMM as a share of its instruction's peak, measured in pairs (for machines whose speed drifts).
-//! `-- steps HIDDEN STEPS` and `-- gemms CALLS` print the step's medians and the GEMMs' rates on the probe's path
-//! alone, for `tools/torch_transformer_layer.py` and `tools/torch_gemm.py` to pair with PyTorch's.
+//! `-- steps HIDDEN STEPS` and `-- gemms CALLS` print the step's medians and the GEMMs' rates on the paths a user
+//! gets (tuned per shape class, or `BURN_TE_HOST_GEMM`'s), for `tools/torch_transformer_layer.py` and `tools/torch_gemm.py` to pair with PyTorch's.
 
 mod common;
 
@@ -220,7 +220,7 @@ fn layer_inputs<B: Backend>(h: usize) -> (TransformerLayer<B>, Tensor<B, 3>, Ten
     (layer, x, target)
 }
 
-/// The step at hidden 1024 and 2048: f32 and FP8 (each packed path, and the probe's choice with the TE modules
+/// The step at hidden 1024 and 2048: f32 and FP8 (the autotune's paths, each path forced, and the autotune's with the TE modules
 /// composing Burn ops for their element-wise work, i.e. without the fused ops, the way it ran before them, and
 /// with the attention core composed of two batched GEMMs around the fused softmax instead of the fused core).
 fn transformer_layer(c: &mut Criterion) {
@@ -238,6 +238,9 @@ fn transformer_layer(c: &mut Criterion) {
             b.iter(|| with_composed_elementwise(|| common::train_step(&layer, &x, &target, false)))
         });
         let (layer, x, target) = layer_inputs::<Autodiff<Te<Flex>>>(hidden);
+        group.bench_function("fp8 Autodiff<Te<Flex>> tuned", |b| {
+            b.iter(|| common::train_step(&layer, &x, &target, true))
+        });
         for path in HostGemmPath::available_paths() {
             group.bench_function(format!("fp8 Autodiff<Te<Flex>> on {}", path.name()), |b| {
                 b.iter(|| {
@@ -309,7 +312,7 @@ fn shares_of_peak() {
 }
 
 /// The TransformerLayer step's median time in f32 (`Autodiff<Flex>`) and in FP8 (`Autodiff<Te<Flex>>`, the host
-/// path the probe chooses), in PyTorch's script's format, for paired runs against it
+/// paths tuned per shape class, or `BURN_TE_HOST_GEMM`'s), in PyTorch's script's format, for paired runs against it
 /// (`tools/torch_transformer_layer.py --vs-burn-te`): `cargo bench --bench host_gemm -- steps HIDDEN STEPS`.
 fn step_medians(hidden: usize, steps: usize) {
     use std::time::Instant;
@@ -333,10 +336,40 @@ fn step_medians(hidden: usize, steps: usize) {
     let (layer, x, target) = layer_inputs::<Autodiff<Flex>>(hidden);
     let f32_ms = median_ms(steps, || common::train_step(&layer, &x, &target, false));
     println!("burn-te f32: median {f32_ms:.1} ms");
+    let counts = || HostGemmPath::ALL.map(|path| gemms_on(path).unwrap_or(0));
+    let before = counts();
     let (layer, x, target) = layer_inputs::<Autodiff<Te<Flex>>>(hidden);
     let fp8_ms = median_ms(steps, || common::train_step(&layer, &x, &target, true));
-    let path = burn_te::host::gemm::requested_host_gemm_path();
-    println!("burn-te fp8 on {}: median {fp8_ms:.1} ms", path.name());
+    // The GEMMs of the FP8 steps by the path they ran on (forced, or tuned per shape class).
+    let paths: Vec<String> = HostGemmPath::ALL
+        .iter()
+        .zip(counts().iter().zip(before))
+        .filter(|(_, (after, before))| *after > before)
+        .map(|(path, (after, before))| format!("{path} x{}", after - before))
+        .collect();
+    println!(
+        "burn-te fp8 on {}: median {fp8_ms:.1} ms",
+        paths.join(" + ")
+    );
+    for tuning in burn_te::host::gemm::host_gemm_tunings() {
+        let [batch, m, k, n] = tuning.dims;
+        let times: Vec<String> = tuning
+            .times
+            .iter()
+            .map(|(path, time)| format!("{path} {:.2} ms", time.as_secs_f64() * 1e3))
+            .collect();
+        let (lhs_t, rhs_t) = tuning.transposed;
+        println!(
+            "  tuned {batch}x{m}x{k}x{n} (lhs_t {lhs_t}, rhs_t {rhs_t}): {} ({})",
+            tuning.chosen,
+            times.join(", ")
+        );
+    }
+}
+
+/// How many host FP8 GEMMs ran on `path` in this process.
+fn gemms_on(path: HostGemmPath) -> Option<u64> {
+    burn_te::diagnostics::counter_value(&format!("{}({path})", burn_te::host::gemm::HOST_FP8_GEMM))
 }
 
 /// The FP8 GEMM of `qa · qb` on `path`: its best rate (`flops` per second) over `calls` calls (at least one).
@@ -356,15 +389,23 @@ fn best_rate(
         .fold(0.0, f64::max)
 }
 
-/// Each GEMM shape's FP8 GEMM on the path the probe chooses, best of `calls` (the whole call as a user makes it:
+/// Each GEMM shape's FP8 GEMM on the path tuned for its shape class (or `BURN_TE_HOST_GEMM`'s), best of `calls` (the whole call as a user makes it:
 /// packing, the GEMM, the output read back), for paired runs against PyTorch's bf16 matmul
 /// (`tools/torch_gemm.py --vs-burn-te`): `cargo bench --bench host_gemm -- gemms CALLS`.
 fn gemm_rates(calls: usize) {
-    let path = burn_te::host::gemm::requested_host_gemm_path();
     for (name, m, k, n) in SHAPES {
         let (qa, qb) = (quantize(&input(m, k, 0)), quantize(&input(k, n, 1)));
         let flops = 2.0 * (m * k * n) as f64;
-        std::hint::black_box(fp8_gemm_on(path, &qa, &qb));
+        // Unforced, as a user's first GEMM of this shape runs (tuned for its class unless BURN_TE_HOST_GEMM names a
+        // path), then that path timed.
+        let before = HostGemmPath::ALL.map(gemms_on);
+        std::hint::black_box(Flex::fp8_gemm(qa.clone(), false, qb.clone(), false).expect("gemm"));
+        let path = HostGemmPath::ALL
+            .into_iter()
+            .zip(before)
+            .find(|&(path, before)| gemms_on(path) > before)
+            .map(|(path, _)| path)
+            .expect("the GEMM was counted under its path");
         let best = best_rate(path, &qa, &qb, flops, calls);
         println!(
             "burn-te fp8 gemm {m}x{k}x{n} ({name}) on {}: best {:.0} GFLOP/s",

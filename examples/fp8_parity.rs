@@ -652,21 +652,27 @@ fn write_outputs(args: &Args, results: &[(&Run, Measured)]) -> Result<(), Error>
         )?;
     }
     if results.iter().any(|(run, _)| run.recipe != "f32") {
-        // The paths' accumulation orders differ in the last bits: a rerun matches only on the same path.
+        // The paths' accumulation orders differ in the last bits: a rerun matches only on the same paths.
         let path = burn_te::host::gemm::requested_host_gemm_path();
-        let how = match std::env::var("BURN_TE_HOST_GEMM") {
-            Ok(value) if !value.is_empty() && value != "auto" => "BURN_TE_HOST_GEMM".to_string(),
-            _ => {
-                let probe = burn_te::host::gemm::probe();
-                let times: Vec<String> = probe
-                    .times
-                    .iter()
-                    .map(|(path, time)| format!("{path} {time:.1?}"))
-                    .collect();
-                format!("the probe: {}", times.join(", "))
+        match std::env::var("BURN_TE_HOST_GEMM") {
+            Ok(value) if !value.is_empty() && value != "auto" => {
+                writeln!(summary, "\nHost FP8 GEMMs on `{path}` (BURN_TE_HOST_GEMM).")?
             }
-        };
-        writeln!(summary, "\nHost FP8 GEMMs on `{path}` ({how}).")?;
+            _ => {
+                let tuned: Vec<String> = burn_te::host::gemm::host_gemm_tunings()
+                    .iter()
+                    .map(|t| {
+                        let [batch, m, k, n] = t.dims;
+                        format!("{batch}x{m}x{k}x{n} `{}`", t.chosen)
+                    })
+                    .collect();
+                writeln!(
+                    summary,
+                    "\nHost FP8 GEMMs tuned per shape class: {}; smaller ones on `{path}` (the probe's).",
+                    tuned.join(", ")
+                )?
+            }
+        }
     }
     std::fs::write(args.out.join("summary.md"), summary)?;
     draw_valid_loss(&args.out.join("valid_loss.svg"), results)?;

@@ -1484,18 +1484,18 @@ fn large_gemm_outputs_reuse_pooled_memory_within_the_bound() {
     );
 }
 
-/// The probe: every path this CPU runs timed (f32 always), the fastest chosen, the choice made once per process
+/// The probe: every path this CPU runs timed (f32 always), the first within 10 % of the fastest chosen (instruction
+/// order), the choice made once per process
 /// and the one an unforced GEMM asks for (unless `BURN_TE_HOST_GEMM` names one).
 #[test]
-fn the_probe_times_every_path_and_chooses_the_fastest() {
+fn the_probe_times_every_path_and_chooses_the_preferred_one() {
     use burn_te::host::gemm::{measure, probe, requested_host_gemm_path};
 
     let available = paths();
     let measured = measure(&available);
     let timed: Vec<HostGemmPath> = measured.times.iter().map(|(p, _)| *p).collect();
     assert_eq!(timed, available, "every available path timed, in order");
-    let fastest = measured.times.iter().min_by_key(|(_, t)| *t).unwrap().0;
-    assert_eq!(measured.chosen, fastest);
+    assert_eq!(measured.chosen, first_within_a_tenth(&measured.times));
     // A path this CPU lacks is not timed; f32 always is.
     let only_missing: Vec<HostGemmPath> = HostGemmPath::ALL
         .into_iter()
@@ -1511,6 +1511,160 @@ fn the_probe_times_every_path_and_chooses_the_fastest() {
         assert_eq!(requested_host_gemm_path(), first.chosen);
     }
     println!("probe: {:?}", first);
+}
+
+/// The first of `times` (in instruction order) whose time is at most 1.1 × the fastest, computed in integer
+/// nanoseconds (10 · t ≤ 11 · fastest).
+fn first_within_a_tenth(times: &[(HostGemmPath, std::time::Duration)]) -> HostGemmPath {
+    let fastest = times.iter().map(|(_, t)| t.as_nanos()).min().unwrap();
+    times
+        .iter()
+        .find(|(_, t)| 10 * t.as_nanos() <= 11 * fastest)
+        .unwrap()
+        .0
+}
+
+/// The choice from measured times: ties within 10 % go to the earlier path (the instruction before the decoded
+/// `f32` path), a path more than 10 % faster than every earlier one wins, and nothing timed is `f32`.
+#[test]
+fn a_path_must_beat_the_earlier_ones_by_a_tenth_to_be_chosen() {
+    use burn_te::host::gemm::preferred;
+    use std::time::Duration;
+    let ms = Duration::from_millis;
+    let (amx, bf16, fma, f32) = (
+        HostGemmPath::AmxBf16,
+        HostGemmPath::Avx512Bf16,
+        HostGemmPath::Avx2Fma,
+        HostGemmPath::F32,
+    );
+    assert_eq!(
+        preferred(&[(fma, ms(100)), (f32, ms(95))]),
+        fma,
+        "within 10 %"
+    );
+    assert_eq!(
+        preferred(&[(fma, ms(110)), (f32, ms(100))]),
+        fma,
+        "at 10 % exactly"
+    );
+    assert_eq!(
+        preferred(&[(fma, ms(111)), (f32, ms(100))]),
+        f32,
+        "beyond 10 %"
+    );
+    assert_eq!(preferred(&[(fma, ms(20)), (f32, ms(100))]), fma);
+    assert_eq!(
+        preferred(&[(amx, ms(50)), (bf16, ms(43)), (f32, ms(40))]),
+        bf16,
+        "the first within 10 % of the fastest (44 ms), not the fastest"
+    );
+    assert_eq!(
+        preferred(&[(amx, ms(50)), (bf16, ms(46)), (f32, ms(40))]),
+        f32
+    );
+    assert_eq!(preferred(&[]), f32, "nothing timed");
+}
+
+/// The autotune: the first unforced GEMM of a shape class (64 × 8192 × 64, rounded up to powers of two) times
+/// every path this CPU runs and keeps the first (in instruction order) within 10 % of the fastest, whose output it returns (the bits of that path forced, within
+/// f64's bound); a later GEMM of the class (60 × 7000 × 60) takes the kept path without timing again; a GEMM
+/// below `TUNED_MIN_PRODUCT` takes the probe's path. Each GEMM counts once, under the path that gave its output.
+#[test]
+fn the_autotune_keeps_each_shape_classs_fastest_path() {
+    use burn_te::host::gemm::{TUNED_MIN_PRODUCT, host_gemm_tunings, probe};
+
+    if std::env::var("BURN_TE_HOST_GEMM").is_ok_and(|v| !v.is_empty() && v != "auto") {
+        panic!("BURN_TE_HOST_GEMM forces a path: unset it to test the autotune");
+    }
+    let available = paths();
+    let class = [1, 64, 8192, 64];
+    let tuned_for = |anchored: [usize; 4]| -> Vec<burn_te::host::gemm::HostGemmTuning> {
+        host_gemm_tunings()
+            .into_iter()
+            .filter(|t| t.anchored == anchored)
+            .collect()
+    };
+    assert!(tuned_for(class).is_empty(), "no other test uses this class");
+    let mut rng = Rng::new(71);
+    let gemm = |rng: &mut Rng, (m, k, n): (usize, usize, usize)| {
+        let a = quantized(rng.normal(m * k, 0.0, 1.0), [m, k]);
+        let b = quantized(rng.normal(k * n, 0.0, 1.0), [k, n]);
+        let counts: Vec<u64> = HostGemmPath::ALL.iter().map(|&p| counted(p)).collect();
+        let out = B::fp8_gemm(a.clone(), false, b.clone(), false).expect("gemm");
+        let out: Vec<f32> = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(out))
+            .into_data()
+            .to_vec()
+            .unwrap();
+        let ran: Vec<HostGemmPath> = HostGemmPath::ALL
+            .iter()
+            .zip(counts)
+            .filter(|&(&p, before)| counted(p) == before + 1)
+            .map(|(&p, _)| p)
+            .collect();
+        let total: u64 = HostGemmPath::ALL.iter().map(|&p| counted(p)).sum();
+        (a, b, out, ran, total)
+    };
+
+    let (m, k, n) = (64, 8192, 64);
+    assert!(m * k * n >= TUNED_MIN_PRODUCT);
+    let before: u64 = HostGemmPath::ALL.iter().map(|&p| counted(p)).sum();
+    let (a, b, out, ran, after) = gemm(&mut rng, (m, k, n));
+    assert_eq!(
+        after,
+        before + 1,
+        "the tuning's timed runs count as one GEMM"
+    );
+    let tuning = tuned_for(class);
+    assert_eq!(tuning.len(), 1, "one tuning of the class: {tuning:?}");
+    let tuning = &tuning[0];
+    assert_eq!(tuning.dims, [1, m, k, n]);
+    let timed: Vec<HostGemmPath> = tuning.times.iter().map(|(p, _)| *p).collect();
+    assert_eq!(
+        timed, available,
+        "every path this CPU runs was timed (E4M3 fits them all)"
+    );
+    assert_eq!(
+        tuning.chosen,
+        first_within_a_tenth(&tuning.times),
+        "the first path within 10 % of the fastest is kept: {tuning:?}"
+    );
+    assert_eq!(ran, vec![tuning.chosen], "counted under the kept path");
+    let forced = with_host_gemm_path(tuning.chosen, || {
+        B::fp8_gemm(a.clone(), false, b.clone(), false).expect("gemm")
+    });
+    let forced: Vec<f32> = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(forced))
+        .into_data()
+        .to_vec()
+        .unwrap();
+    assert!(
+        out.iter()
+            .zip(&forced)
+            .all(|(x, y)| x.to_bits() == y.to_bits()),
+        "the tuned GEMM's output is the kept path's ({})",
+        tuning.chosen
+    );
+    check_gemm(
+        "tuned",
+        &out,
+        &reference(&stored_f64::<B>(&a), false, &stored_f64::<B>(&b), false),
+    );
+
+    // Another GEMM of the class: the kept path, no second tuning.
+    let (_, _, _, ran, _) = gemm(&mut rng, (60, 7000, 60));
+    assert_eq!(ran, vec![tuning.chosen], "the class's kept path");
+    assert_eq!(tuned_for(class).len(), 1, "tuned once");
+    assert_eq!(tuned_for(class)[0].dims, [1, m, k, n], "by its first GEMM");
+
+    // Below the threshold: the probe's path, no tuning.
+    let (small_m, small_k, small_n) = (32, 512, 32);
+    assert!(small_m * small_k * small_n < TUNED_MIN_PRODUCT);
+    let (_, _, _, ran, _) = gemm(&mut rng, (small_m, small_k, small_n));
+    assert_eq!(
+        ran,
+        vec![probe().chosen],
+        "a small GEMM takes the probe's path"
+    );
+    assert!(tuned_for([1, 32, 512, 32]).is_empty(), "not tuned");
 }
 
 /// FP8 training on the host path with bf16 or f16 as Flex's float type (Burn 0.21's `set_default_float_dtype`, fixed

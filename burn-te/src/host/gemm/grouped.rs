@@ -6,9 +6,10 @@
 
 use rayon::prelude::*;
 
-use super::choice::{count_path, host_fp8_gemm_asking, requested_host_gemm_path};
+use super::choice::{forced_host_gemm_path, host_fp8_gemm_forced_or_tuned};
 use super::decoded::PARALLEL_GEMM;
 use super::operand::HostOperand;
+use super::run::count_path;
 
 /// One GEMM of [`host_fp8_gemm_grouped`]: its operands, `(m, n, k)`, and its output (`batch · m · n` values).
 pub(crate) struct GroupedHostGemm<'a> {
@@ -18,20 +19,14 @@ pub(crate) struct GroupedHostGemm<'a> {
     pub out: burn_te_kernels::host::pool::HostOutput,
 }
 
-/// Runs every GEMM of `gemms` into its `out` on the path this thread asks for: those large enough to split across
+/// Runs every GEMM of `gemms` into its `out` on the path this thread forces or, unforced, the path tuned for its
+/// shape class (the probe's for the small ones, [`super::tune`]): those large enough to split across
 /// the threads one after another (two at once would contend for the same threads and caches), then the small ones
 /// side by side in one parallel region.
 pub(crate) fn host_fp8_gemm_grouped(gemms: &mut [GroupedHostGemm<'_>]) {
-    let requested = requested_host_gemm_path();
+    let forced = forced_host_gemm_path();
     let run = |gemm: &mut GroupedHostGemm<'_>| {
-        host_fp8_gemm_asking(
-            requested,
-            &gemm.lhs,
-            &gemm.rhs,
-            gemm.dims,
-            None,
-            &mut gemm.out,
-        )
+        host_fp8_gemm_forced_or_tuned(forced, &gemm.lhs, &gemm.rhs, gemm.dims, None, &mut gemm.out)
     };
     let (mut large, mut small): (Vec<_>, Vec<_>) = gemms
         .iter_mut()

@@ -1,4 +1,4 @@
-//! One host FP8 GEMM on a given path.
+//! One host FP8 GEMM on a given path ([`run_on`]), with the f32 fallback ([`host_fp8_gemm_asking`]) and its count.
 
 use std::mem::MaybeUninit;
 
@@ -10,6 +10,10 @@ use burn_te_kernels::host::gemm::fma512::Avx512FmaKernel;
 
 use super::operand::HostOperand;
 use super::{decoded, packed};
+use crate::metrics;
+
+/// The metrics report's counter prefix of host FP8 GEMMs by path (`HostFp8Gemm(avx2fma)`).
+pub const HOST_FP8_GEMM: &str = "HostFp8Gemm";
 
 /// `out[b] = lhs[b] · rhs[b] (+ bias)` (`m × n` each, row-major, every value written, none read; `bias` one value
 /// per column, checked by the caller) on `path`; `Err` with the reason where a packed path cannot take the operands exactly or the CPU
@@ -44,6 +48,42 @@ pub(super) fn run_on(
             // SAFETY: the f32 path writes every value.
             add_bias(unsafe { assume_init_mut(out) }, bias);
             Ok(())
+        }
+    }
+}
+
+/// Counts a host FP8 GEMM under its path (`HostFp8Gemm(<path>)`), on the thread that issued it.
+pub(crate) fn count_path(path: HostGemmPath) {
+    metrics::increment_counter(&format!("{HOST_FP8_GEMM}({path})"), 1);
+}
+
+/// A host FP8 GEMM on path `requested`, or on f32 where the CPU lacks it or it cannot take the operands exactly
+/// (recorded as a fallback); not counted (the thread that issued it counts it, [`count_path`]). Returns the path
+/// that ran.
+pub(crate) fn host_fp8_gemm_asking(
+    requested: HostGemmPath,
+    lhs: &HostOperand<'_>,
+    rhs: &HostOperand<'_>,
+    dims: (usize, usize, usize),
+    bias: Option<&[f32]>,
+    out: &mut [MaybeUninit<f32>],
+) -> HostGemmPath {
+    match run_on(requested, lhs, rhs, dims, bias, out) {
+        Ok(()) => requested,
+        Err(reason) => {
+            let (m, n, k) = dims;
+            let kind = if requested.available() {
+                "host GEMM path not exact"
+            } else {
+                "host GEMM path unavailable"
+            };
+            crate::fallback::record(
+                kind,
+                format!("host FP8 GEMM {m}x{n}x{k}: ran on f32, not on {requested}: {reason}"),
+            );
+            run_on(HostGemmPath::F32, lhs, rhs, dims, bias, out)
+                .expect("the f32 path runs everywhere");
+            HostGemmPath::F32
         }
     }
 }

@@ -1,0 +1,134 @@
+//! The probe: one GEMM shape timed on every path this CPU runs, once per process at the first host FP8 GEMM that
+//! is not forced. Its choice is the path of GEMMs too small to tune per shape class ([`super::tune`]), and the path
+//! [`super::requested_host_gemm_path`] names.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use burn_te_kernels::Fp8Format;
+use burn_te_kernels::host::gemm::HostGemmPath;
+
+use super::operand::HostOperand;
+use super::run::run_on;
+use crate::metrics;
+use crate::primitive::ElementFormat;
+
+/// The metrics report's time prefix of the probe's measurement per path (`HostGemmProbe(avx2fma)`).
+pub const HOST_GEMM_PROBE: &str = "HostGemmProbe";
+
+/// What the probe measured: each available path's best time on the probe GEMM, and the path chosen ([`preferred`]).
+#[derive(Clone, Debug)]
+pub struct HostGemmProbe {
+    /// `(path, best time)` of every path this CPU runs, fastest instruction first.
+    pub times: Vec<(HostGemmPath, Duration)>,
+    /// The first path within [`PREFERENCE_MARGIN`] of the fastest ([`preferred`]).
+    pub chosen: HostGemmPath,
+}
+
+/// The probe GEMM: `M × K · K × N`, a layer's fprop of E4M3 codes with per-tensor scales.
+pub const PROBE_SHAPE: (usize, usize, usize) = (256, 1024, 512);
+
+/// Rounds of the probe GEMM, each running every path once (the best time per path counts; the first round warms
+/// caches and buffers).
+const PROBE_RUNS: usize = 5;
+
+/// The probe, run once per process at the first host FP8 GEMM that is not forced (a few ms per path): each path
+/// this CPU runs takes the same GEMM ([`PROBE_SHAPE`]) in `PROBE_RUNS` rounds of every path in turn on rayon's
+/// pool, and the [`preferred`] path by their best times wins. The paths' accumulation orders differ, so the choice also decides a run's
+/// last bits: `BURN_TE_HOST_GEMM` pins it where runs must repeat bit for bit across machines or loads. Logged at
+/// `info`, and its times recorded in the metrics report.
+pub fn probe() -> &'static HostGemmProbe {
+    static PROBE: OnceLock<HostGemmProbe> = OnceLock::new();
+    PROBE.get_or_init(|| {
+        let probe = measure(&HostGemmPath::available_paths());
+        for (path, time) in &probe.times {
+            metrics::record_time(&format!("{HOST_GEMM_PROBE}({path})"), *time);
+        }
+        tracing::info!(
+            "host FP8 GEMM: {} chosen by the probe ({}×{}×{}: {})",
+            probe.chosen,
+            PROBE_SHAPE.0,
+            PROBE_SHAPE.1,
+            PROBE_SHAPE.2,
+            probe
+                .times
+                .iter()
+                .map(|(path, time)| format!("{path} {time:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        probe
+    })
+}
+
+/// Times the probe GEMM on each of `paths` (f32 always among the candidates).
+pub fn measure(paths: &[HostGemmPath]) -> HostGemmProbe {
+    let (m, k, n) = PROBE_SHAPE;
+    // Deterministic codes of ordinary magnitudes (no NaN: bit 7 set only with a small magnitude).
+    let codes = |len: usize, seed: usize| -> Vec<u8> {
+        (0..len)
+            .map(|i| ((i * 2_654_435_761 + seed) >> 7) as u8 & 0xbf)
+            .collect()
+    };
+    let (a, b) = (codes(m * k, 1), codes(k * n, 2));
+    let operand = |codes, dims| HostOperand {
+        codes,
+        format: ElementFormat::Fp8(Fp8Format::E4M3),
+        block: None,
+        scale_inv: &[0.25],
+        nvfp4: None,
+        dims,
+        transposed: false,
+    };
+    let (lhs, rhs) = (operand(&a, (1, m, k)), operand(&b, (1, k, n)));
+    let mut out = burn_te_kernels::host::uninit(m * n);
+    let mut candidates: Vec<HostGemmPath> = paths
+        .iter()
+        .chain(&[HostGemmPath::F32])
+        .copied()
+        .filter(|path| path.available())
+        .collect();
+    candidates.sort_by_key(|path| HostGemmPath::ALL.iter().position(|p| p == path));
+    candidates.dedup();
+    // Rounds of every path in turn, so that a burst of other work on the machine slows all paths alike instead of
+    // the one being timed (a wrong choice changes which accumulation order a run gets, not only its speed).
+    let mut best: Vec<Option<Duration>> = vec![Some(Duration::MAX); candidates.len()];
+    for _ in 0..PROBE_RUNS {
+        for (path, best) in candidates.iter().zip(&mut best) {
+            let start = Instant::now();
+            *best = match run_on(*path, &lhs, &rhs, (m, n, k), None, &mut out) {
+                Ok(()) => best.map(|b| b.min(start.elapsed())),
+                Err(_) => None,
+            };
+        }
+    }
+    let times: Vec<(HostGemmPath, Duration)> = candidates
+        .into_iter()
+        .zip(best)
+        .filter_map(|(path, best)| Some((path, best?)))
+        .collect();
+    let chosen = preferred(&times);
+    HostGemmProbe { times, chosen }
+}
+
+/// A path must run this much faster than every path before it in [`HostGemmPath::ALL`]'s order (fastest
+/// instruction first, the decoded `f32` path last) to be chosen over them: 10 %.
+pub const PREFERENCE_MARGIN: f64 = 1.10;
+
+/// The path chosen from measured best times (in [`HostGemmPath::ALL`]'s order): the first whose time is within
+/// [`PREFERENCE_MARGIN`] of the fastest; `f32` where none was timed.
+///
+/// Ties go to the instruction: a timed GEMM runs with its operands in cache, while in a training step the `f32`
+/// path's operands, decoded whole to f32 before the `gemm` crate packs them again, cost memory traffic the timing
+/// does not see. On a 2-core Zen 3 the fastest best time chose `f32` for a third of a TransformerLayer's GEMM
+/// classes by 0.1-5 %, and the step ran 5 % slower than with `avx2fma` everywhere; differences the choice exists
+/// for are far larger (`f32` 9x faster on a 64 x 8192 x 64 GEMM, a single task for the packed path).
+pub fn preferred(times: &[(HostGemmPath, Duration)]) -> HostGemmPath {
+    let Some(fastest) = times.iter().map(|(_, time)| *time).min() else {
+        return HostGemmPath::F32;
+    };
+    times
+        .iter()
+        .find(|(_, time)| time.as_secs_f64() <= fastest.as_secs_f64() * PREFERENCE_MARGIN)
+        .map_or(HostGemmPath::F32, |(path, _)| *path)
+}

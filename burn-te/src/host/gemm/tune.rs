@@ -1,0 +1,201 @@
+//! The host FP8 GEMM's autotune: per shape class, every path this CPU runs that takes the operands exactly is timed
+//! on the GEMM itself, the paths in turn for up to [`TIMED_ROUNDS`] rounds, and the [`preferred`] path by their best
+//! runs (the first in instruction order within 10 % of the fastest) is kept for that class for the rest of the process, as Burn keeps its matmul's choice (and as the device GEMM's
+//! autotune does, [`crate::cube`]). The timed runs are the call's own work: the GEMM's output is the kept path's.
+//!
+//! One probe shape cannot stand for every GEMM: on a 2-core AMD EPYC Zen 3 the probe ([`super::probe`], 256 × 1024 ×
+//! 512) chose `f32`, which was 20 % slower than `avx2fma` on a TransformerLayer step's GEMMs at hidden 1024. GEMMs
+//! below [`TUNED_MIN_PRODUCT`] multiply-adds (where timing is noise and the choice costs little) keep the probe's
+//! choice, and so do GEMMs issued from rayon's workers (a grouped layer's small experts, run side by side).
+//!
+//! The key anchors the batch, M, K and N to powers of two (as Burn's matmul key does) and carries what decides
+//! which paths can take the operands (element formats, block scales, transposition).
+
+use std::collections::HashMap;
+use std::mem::MaybeUninit;
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use burn_te_kernels::ScaleBlock;
+use burn_te_kernels::host::gemm::HostGemmPath;
+
+use super::operand::HostOperand;
+use super::probe::{preferred, probe};
+use super::run::{host_fp8_gemm_asking, run_on};
+use crate::metrics;
+use crate::primitive::ElementFormat;
+
+/// GEMMs with fewer multiply-adds (`batch · M · K · N`) take the probe's path untuned: 256³.
+pub const TUNED_MIN_PRODUCT: usize = 1 << 24;
+
+/// Rounds of timed runs, one run of each candidate per round (the first warms the caches and the pool's buffers).
+pub const TIMED_ROUNDS: usize = 5;
+
+/// After two rounds, no further round once the tuning has taken this long (a large GEMM's runs vary little).
+const ROUNDS_BUDGET: Duration = Duration::from_millis(500);
+
+/// The metrics report's counter of shape classes tuned (`HostFp8GemmTunings`).
+pub const HOST_GEMM_TUNINGS: &str = "HostFp8GemmTunings";
+
+/// One tuned shape class: what was timed and what was kept.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostGemmTuning {
+    /// `(batch, M, K, N)` of the GEMM that tuned it.
+    pub dims: [usize; 4],
+    /// The class: each of `dims` rounded up to a power of two.
+    pub anchored: [usize; 4],
+    /// Whether the GEMM reads each operand transposed (part of the class).
+    pub transposed: (bool, bool),
+    /// Each candidate's best run (paths that could not take the operands exactly are left out), fastest
+    /// instruction first.
+    pub times: Vec<(HostGemmPath, Duration)>,
+    /// The [`preferred`] path, kept for every GEMM of the class.
+    pub chosen: HostGemmPath,
+}
+
+/// What a kept choice is keyed by.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct TuneKey {
+    anchored: [usize; 4],
+    transposed: (bool, bool),
+    formats: (ElementFormat, ElementFormat),
+    blocks: (Option<ScaleBlock>, Option<ScaleBlock>),
+}
+
+fn tunings() -> &'static Mutex<HashMap<TuneKey, HostGemmTuning>> {
+    static TUNINGS: OnceLock<Mutex<HashMap<TuneKey, HostGemmTuning>>> = OnceLock::new();
+    TUNINGS.get_or_init(Default::default)
+}
+
+/// Every shape class tuned so far in this process, smallest first.
+pub fn host_gemm_tunings() -> Vec<HostGemmTuning> {
+    let mut all: Vec<HostGemmTuning> = tunings()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .values()
+        .cloned()
+        .collect();
+    all.sort_by_key(|tuning| (tuning.anchored, tuning.transposed, tuning.dims));
+    all
+}
+
+/// `out[b] = lhs[b] · rhs[b] (+ bias)` on the path kept for its shape class, tuning the class at its first GEMM;
+/// the probe's path for GEMMs too small to tune or issued from rayon's workers. Returns the path that ran (f32
+/// where the kept path cannot take these operands exactly, recorded as a fallback).
+pub(super) fn run_tuned(
+    lhs: &HostOperand<'_>,
+    rhs: &HostOperand<'_>,
+    dims: (usize, usize, usize),
+    bias: Option<&[f32]>,
+    out: &mut [MaybeUninit<f32>],
+) -> HostGemmPath {
+    let (m, n, k) = dims;
+    let batch = lhs.dims.0.max(rhs.dims.0);
+    let product = [batch, m, k, n]
+        .into_iter()
+        .fold(1usize, usize::saturating_mul);
+    let paths = HostGemmPath::available_paths();
+    if let [only] = paths[..] {
+        // Nothing to choose from (a CPU without the packed paths' instructions).
+        return host_fp8_gemm_asking(only, lhs, rhs, dims, bias, out);
+    }
+    if product < TUNED_MIN_PRODUCT || rayon::current_thread_index().is_some() {
+        return host_fp8_gemm_asking(probe().chosen, lhs, rhs, dims, bias, out);
+    }
+    let key = TuneKey {
+        anchored: [batch, m, k, n].map(usize::next_power_of_two),
+        transposed: (lhs.transposed, rhs.transposed),
+        formats: (lhs.format, rhs.format),
+        blocks: (lhs.block, rhs.block),
+    };
+    let kept = |key: &TuneKey| {
+        tunings()
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .map(|tuning| tuning.chosen)
+    };
+    if let Some(path) = kept(&key) {
+        return host_fp8_gemm_asking(path, lhs, rhs, dims, bias, out);
+    }
+    // One tuning at a time in the process (ranks on threads of one process share the pool): the others wait, then
+    // take what it kept.
+    static TUNING: Mutex<()> = Mutex::new(());
+    let _tuning = TUNING.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(path) = kept(&key) {
+        return host_fp8_gemm_asking(path, lhs, rhs, dims, bias, out);
+    }
+    let tuning = tune(
+        paths,
+        (lhs, rhs),
+        dims,
+        bias,
+        out,
+        [batch, m, k, n],
+        key.anchored,
+    );
+    let chosen = tuning.chosen;
+    tunings()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(key, tuning);
+    chosen
+}
+
+/// Times every candidate of `paths` on the GEMM and leaves the [`preferred`] one's output in `out`.
+fn tune(
+    paths: Vec<HostGemmPath>,
+    (lhs, rhs): (&HostOperand<'_>, &HostOperand<'_>),
+    dims: (usize, usize, usize),
+    bias: Option<&[f32]>,
+    out: &mut [MaybeUninit<f32>],
+    bmkn: [usize; 4],
+    anchored: [usize; 4],
+) -> HostGemmTuning {
+    let mut times: Vec<(HostGemmPath, Duration)> = paths
+        .into_iter()
+        .map(|path| (path, Duration::MAX))
+        .collect();
+    let started = Instant::now();
+    let mut last = None;
+    for round in 0..TIMED_ROUNDS {
+        if round >= 2 && started.elapsed() > ROUNDS_BUDGET {
+            break;
+        }
+        // A path that cannot take the operands exactly (a block scale bf16 does not hold) drops out in the first
+        // round, without a fallback recorded: it is no candidate.
+        times.retain_mut(|(path, best)| {
+            let start = Instant::now();
+            let ran = run_on(*path, lhs, rhs, dims, bias, out).is_ok();
+            if ran {
+                *best = (*best).min(start.elapsed());
+                last = Some(*path);
+            }
+            ran
+        });
+    }
+    // `f32` takes any operands, so a candidate always remains.
+    let chosen = preferred(&times);
+    if last != Some(chosen) {
+        host_fp8_gemm_asking(chosen, lhs, rhs, dims, bias, out);
+    }
+    let listed: Vec<String> = times
+        .iter()
+        .map(|(path, time)| format!("{path} {:.3} ms", time.as_secs_f64() * 1e3))
+        .collect();
+    let [batch, m, k, n] = bmkn;
+    tracing::info!(
+        "host FP8 GEMM autotune, batch {batch} x {m}x{k}x{n} (lhs_t {}, rhs_t {}): {chosen} ({})",
+        lhs.transposed,
+        rhs.transposed,
+        listed.join(", ")
+    );
+    metrics::increment_counter(HOST_GEMM_TUNINGS, 1);
+    HostGemmTuning {
+        dims: bmkn,
+        anchored,
+        transposed: (lhs.transposed, rhs.transposed),
+        times,
+        chosen,
+    }
+}
