@@ -13,7 +13,8 @@
 //! Read the GFLOP/s (2·m·n·k per iteration) and the ratios to the f32 matmul of the same shape. `-- share` prints
 //! each packed path's GEMM as a share of its instruction's peak, measured in pairs (for machines whose speed drifts).
 //! `-- steps HIDDEN STEPS` and `-- gemms CALLS` print the step's medians and the GEMMs' rates on the paths a user
-//! gets (tuned per shape class, or `BURN_TE_HOST_GEMM`'s), for `tools/torch_transformer_layer.py` and `tools/torch_gemm.py` to pair with PyTorch's.
+//! gets (tuned per shape class, or `BURN_TE_HOST_GEMM`'s), for `tools/torch_transformer_layer.py` and
+//! `tools/torch_gemm.py` to pair with PyTorch's.
 
 mod common;
 
@@ -220,8 +221,8 @@ fn layer_inputs<B: Backend>(h: usize) -> (TransformerLayer<B>, Tensor<B, 3>, Ten
     (layer, x, target)
 }
 
-/// The step at hidden 1024 and 2048: f32 and FP8 (the autotune's paths, each path forced, and the autotune's with the TE modules
-/// composing Burn ops for their element-wise work, i.e. without the fused ops, the way it ran before them, and
+/// The step at hidden 1024 and 2048: f32 and FP8 (the autotune's paths, each path forced, and the autotune's with
+/// the TE modules composing Burn ops for their element-wise work, i.e. without the fused ops, the way it ran before them, and
 /// with the attention core composed of two batched GEMMs around the fused softmax instead of the fused core).
 fn transformer_layer(c: &mut Criterion) {
     for hidden in [1024, 2048] {
@@ -389,8 +390,8 @@ fn best_rate(
         .fold(0.0, f64::max)
 }
 
-/// Each GEMM shape's FP8 GEMM on the path tuned for its shape class (or `BURN_TE_HOST_GEMM`'s), best of `calls` (the whole call as a user makes it:
-/// packing, the GEMM, the output read back), for paired runs against PyTorch's bf16 matmul
+/// Each GEMM shape's FP8 GEMM on the path tuned for its shape class (or `BURN_TE_HOST_GEMM`'s), best of `calls`
+/// (the whole call as a user makes it: packing, the GEMM, the output read back), for paired runs against PyTorch's bf16 matmul
 /// (`tools/torch_gemm.py --vs-burn-te`): `cargo bench --bench host_gemm -- gemms CALLS`.
 fn gemm_rates(calls: usize) {
     for (name, m, k, n) in SHAPES {

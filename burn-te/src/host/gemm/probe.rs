@@ -34,9 +34,9 @@ const PROBE_RUNS: usize = 5;
 
 /// The probe, run once per process at the first host FP8 GEMM that is not forced (a few ms per path): each path
 /// this CPU runs takes the same GEMM ([`PROBE_SHAPE`]) in `PROBE_RUNS` rounds of every path in turn on rayon's
-/// pool, and the [`preferred`] path by their best times wins. The paths' accumulation orders differ, so the choice also decides a run's
-/// last bits: `BURN_TE_HOST_GEMM` pins it where runs must repeat bit for bit across machines or loads. Logged at
-/// `info`, and its times recorded in the metrics report.
+/// pool, and the [`preferred`] path by their best times wins. The paths' accumulation orders differ, so the choice
+/// also decides a run's last bits: `BURN_TE_HOST_GEMM` pins it where runs must repeat bit for bit across machines
+/// or loads. Logged at `info`, and its times recorded in the metrics report.
 pub fn probe() -> &'static HostGemmProbe {
     static PROBE: OnceLock<HostGemmProbe> = OnceLock::new();
     PROBE.get_or_init(|| {
