@@ -1,6 +1,6 @@
 //! The probe: one GEMM shape timed on every path this CPU runs, once per process at the first host FP8 GEMM that
-//! is not forced. Its choice is the path of GEMMs too small to tune per shape class ([`super::tune`]), and the path
-//! [`super::requested_host_gemm_path`] names.
+//! is not forced. Its choice is the path of GEMMs too small for the autotune to tune per shape class, and the path
+//! that `requested_host_gemm_path` names.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
