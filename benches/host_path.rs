@@ -4,6 +4,8 @@
 //! - a TransformerLayer FP8 training step on `Autodiff<Te<Flex>>` vs the same step in f32 on `Autodiff<Flex>`
 //!   (target ≤ 1.25×), at hidden 256, 512, 1024 and 2048 (FFN 4×hidden, 256 tokens), so the growth with size
 //!   shows;
+//! - the block recipes' quantization (Float8BlockScaling, MXFP8) of a 1024 × 4096 tensor on the host path against
+//!   the one-element-at-a-time reference it replaced;
 //! - one optimizer step over a TransformerLayer's parameters (hidden 512, FFN 2048: char-GPT's layer, 3.1 M
 //!   values): Burn's `Adam` against burn-te's `FusedAdam` (the same values), on `Autodiff<Flex>`.
 
@@ -153,5 +155,41 @@ fn optimizer(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, gemm, linear_rank, transformer_layer, optimizer);
+/// Float8BlockScaling's and MXFP8's quantization of an FFN-wide activation or gradient (1024 tokens × 4096) in
+/// each of its layouts: the host path's (`host::block`, every thread, vector loops) against the one-element-at-a-
+/// time reference it replaced (the same bits).
+fn block_quantize(c: &mut Criterion) {
+    use burn_te_kernels::{BlockScaleRule, Fp8Format, ScaleBlock, block, host};
+    let (rows, cols) = (1024, 4096);
+    let x: Vec<f32> = input(rows, cols, 3)
+        .into_data()
+        .to_vec()
+        .expect("f32 values");
+    let mut group = c.benchmark_group(format!("block quantize {rows}x{cols}"));
+    group.sample_size(10);
+    let layouts = [
+        ("1x128", ScaleBlock::new(1, 128), BlockScaleRule::Pow2),
+        ("128x1", ScaleBlock::new(128, 1), BlockScaleRule::Pow2),
+        ("128x128", ScaleBlock::new(128, 128), BlockScaleRule::Pow2),
+        ("mxfp8 1x32", ScaleBlock::new(1, 32), BlockScaleRule::E8m0),
+    ];
+    for (name, shape, rule) in layouts {
+        let format = Fp8Format::E4M3;
+        group.bench_function(format!("{name} reference"), |b| {
+            b.iter(|| block::host_block_quantize(&x, rows, cols, shape, rule, format))
+        });
+        group.bench_function(format!("{name} host::block"), |b| {
+            b.iter(|| host::block::block_quantize(&x, rows, cols, shape, rule, format))
+        });
+    }
+}
+
+criterion_group!(
+    benches,
+    gemm,
+    linear_rank,
+    transformer_layer,
+    optimizer,
+    block_quantize
+);
 criterion_main!(benches);

@@ -128,6 +128,7 @@ fn block_quantize_checked(
     .unwrap();
     let (codes, scale_inv) =
         block::host_block_quantize(x, rows, cols, block, rule, format).unwrap();
+    host_block_quantize_is_the_reference(x, rows, cols, block, rule, format);
     let (grid_rows, grid_cols) = block.grid(rows, cols);
     let device_codes = host::unpack_codes(
         &download_words(&quantized.codes.codes, x.len().div_ceil(4)),
@@ -341,6 +342,85 @@ fn block_quantize_bit_exact_with_special_values() {
             block_quantize_checked(&x, rows, cols, block, rule, Fp8Format::E4M3);
         }
     }
+}
+
+/// The host path's block quantization (`host::block`, parallel and vectorized) gives the reference's codes and
+/// `scale_inv` bit for bit (`block::host_block_quantize`, one element at a time).
+fn host_block_quantize_is_the_reference(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    block: ScaleBlock,
+    rule: BlockScaleRule,
+    format: Fp8Format,
+) {
+    let (codes, scale_inv) =
+        block::host_block_quantize(x, rows, cols, block, rule, format).unwrap();
+    let (fast_codes, fast_scale_inv) =
+        host::block::block_quantize(x, rows, cols, block, rule, format).unwrap();
+    let what = format!("{rows}x{cols} in {block:?} blocks, {rule:?}, {format:?}");
+    assert_eq!(fast_scale_inv.len(), scale_inv.len(), "{what}: block count");
+    for (i, (fast, reference)) in fast_scale_inv.iter().zip(&scale_inv).enumerate() {
+        assert_eq!(
+            fast.to_bits(),
+            reference.to_bits(),
+            "{what}: scale_inv of block {i}"
+        );
+    }
+    assert_eq!(fast_codes.len(), codes.len(), "{what}: code count");
+    if let Some(i) = (0..codes.len()).find(|&i| fast_codes[i] != codes[i]) {
+        panic!(
+            "{what}: code {i} (row {}, column {}) of x = {:e} is {:#04x}, the reference's {:#04x}",
+            i / cols,
+            i % cols,
+            x[i],
+            fast_codes[i],
+            codes[i]
+        );
+    }
+}
+
+/// The host block quantization across tasks (tensors of several parallel stripes, stacked matrices, partial
+/// blocks at both edges), every block shape the recipes use and odd ones, both rules and formats, with NaN,
+/// infinities, zero blocks and values past each format's range.
+#[test]
+fn host_block_quantize_matches_the_reference_bit_for_bit() {
+    let mut rng = Rng::new(31);
+    let mut checked = 0;
+    for (rows, cols) in [(1, 1), (5, 3), (300, 257), (1024, 96), (129, 1030)] {
+        let mut x = rng.normal(rows * cols, 0.0, 300.0);
+        for (i, v) in x.iter_mut().enumerate() {
+            // Some whole rows tiny (subnormal codes), some huge (E4M3 saturates, E5M2 at its edge).
+            match (i / cols) % 7 {
+                3 => *v *= 1e-9,
+                5 => *v *= 300.0,
+                _ => {}
+            }
+        }
+        if x.len() > 400 {
+            x[17] = f32::NAN;
+            x[301] = f32::NEG_INFINITY;
+            x[399] = f32::INFINITY;
+        }
+        let zero_row = (rows / 2) * cols;
+        x[zero_row..zero_row + cols].fill(0.0);
+        for block in [
+            ScaleBlock::new(1, 128),
+            ScaleBlock::new(128, 1),
+            ScaleBlock::new(128, 128),
+            ScaleBlock::new(1, 32),
+            ScaleBlock::new(32, 1),
+            ScaleBlock::new(3, 5),
+        ] {
+            for rule in [BlockScaleRule::Pow2, BlockScaleRule::E8m0] {
+                for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+                    host_block_quantize_is_the_reference(&x, rows, cols, block, rule, format);
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(checked, 5 * 6 * 2 * 2);
 }
 
 #[test]

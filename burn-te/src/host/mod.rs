@@ -20,7 +20,7 @@ use burn::backend::ndarray::NdArrayTensor;
 use burn::tensor::backend::{Backend, BackendTypes};
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn::tensor::{Shape, TensorData};
-use burn_te_kernels::block::{host_block_quantize, host_block_tensor_stats};
+use burn_te_kernels::block::host_block_tensor_stats;
 use burn_te_kernels::block_range::host_max_block_dynamic_range;
 use burn_te_kernels::host::pool::{HostOutput, OutputValues};
 use burn_te_kernels::{
@@ -275,7 +275,7 @@ macro_rules! host_te_backend {
                     Scaling::Block { block, rule } => {
                         let (rows, cols) = rows_cols(&shape);
                         let (codes, scale_inv) =
-                            host_block_quantize(&x, rows, cols, block, rule, format)?;
+                            host::block::block_quantize(&x, rows, cols, block, rule, format)?;
                         (codes, scale_inv, Some(block))
                     }
                 };

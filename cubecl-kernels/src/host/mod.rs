@@ -1,6 +1,7 @@
 //! The host path: every kernel of this crate in plain Rust, bit-identical to the kernels. It is the reference of the
 //! tests and the implementation used by backends without a CubeCL device (burn-ndarray).
 
+pub mod block;
 mod buffers;
 mod fp8;
 pub mod fused;

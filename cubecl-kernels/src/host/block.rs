@@ -1,0 +1,125 @@
+//! Block-scaled FP8 quantization on the host (Float8BlockScaling's 1×128, 128×1 and 128×128 blocks, MXFP8's 1×32
+//! and 32×1): one task per stripe of a block's rows on rayon's pool, each block's amax and its codes by the vector
+//! loops of the host module, no division per element. The same codes and `scale_inv` as the one-element-at-a-time
+//! reference `block::host_block_quantize`, bit for bit: the same amax (bits of `|x|`, NaN above infinity), the
+//! same [`BlockScaleRule::scales`], the same `encode(x · scale)`.
+
+use std::mem::MaybeUninit;
+
+use rayon::prelude::*;
+
+use super::{amax_bits, assume_init, encode_scaled, uninit};
+use crate::error::KernelError;
+use crate::format::Fp8Format;
+use crate::scale_block::{BlockScaleRule, ScaleBlock};
+
+/// Elements of input per task at least: stripes of one-row blocks are grouped up to this many.
+const TASK_ELEMENTS: usize = 1 << 15;
+
+/// `(codes, scale_inv per block)` of a row-major `[rows, cols]` tensor in `block`s (`scale_inv` row-major over
+/// the block grid; rows are those of the flattened tensor, so stacked matrices whose rows are a multiple of the
+/// block's stack their grids). An error where the block has a zero side or the input is not `rows · cols` long.
+pub fn block_quantize(
+    input: &[f32],
+    rows: usize,
+    cols: usize,
+    block: ScaleBlock,
+    rule: BlockScaleRule,
+    format: Fp8Format,
+) -> Result<(Vec<u8>, Vec<f32>), KernelError> {
+    let (grid_rows, grid_cols) = block.check_host("block_quantize input", input, rows, cols)?;
+    let mut codes = uninit::<u8>(input.len());
+    let mut scale_inv = vec![0.0f32; grid_rows * grid_cols];
+    if input.is_empty() {
+        // SAFETY: there is no code to write.
+        return Ok((unsafe { assume_init(codes) }, scale_inv));
+    }
+    let stripe = block.rows * cols;
+    let per_task = (TASK_ELEMENTS / stripe).max(1);
+    input
+        .par_chunks(stripe * per_task)
+        .zip(codes.par_chunks_mut(stripe * per_task))
+        .zip(scale_inv.par_chunks_mut(grid_cols * per_task))
+        .for_each(|((input, codes), scale_inv)| {
+            let stripes = input.chunks(stripe).zip(codes.chunks_mut(stripe));
+            for ((input, codes), scale_inv) in stripes.zip(scale_inv.chunks_mut(grid_cols)) {
+                quantize_stripe(input, cols, block.cols, (rule, format), codes, scale_inv);
+            }
+        });
+    // SAFETY: the stripes cover the input, and `quantize_stripe` wrote a code for each of their elements.
+    Ok((unsafe { assume_init(codes) }, scale_inv))
+}
+
+/// One stripe of whole rows (`cols` each, one block row of the grid): each block's amax over its rows and columns,
+/// its scales, then every code. `scale_inv` holds the stripe's blocks, `codes` one per input element.
+fn quantize_stripe(
+    input: &[f32],
+    cols: usize,
+    block_cols: usize,
+    (rule, format): (BlockScaleRule, Fp8Format),
+    codes: &mut [MaybeUninit<u8>],
+    scale_inv: &mut [f32],
+) {
+    let mut amax = vec![0u32; scale_inv.len()];
+    for row in input.chunks_exact(cols) {
+        if block_cols == 1 {
+            max_abs_bits_into(&mut amax, row);
+        } else {
+            for (amax, chunk) in amax.iter_mut().zip(row.chunks(block_cols)) {
+                *amax = (*amax).max(amax_bits(chunk));
+            }
+        }
+    }
+    let scales: Vec<f32> = amax
+        .iter()
+        .zip(scale_inv.iter_mut())
+        .map(|(&bits, scale_inv)| {
+            let (scale, inv) = rule.scales(f32::from_bits(bits), format);
+            *scale_inv = inv;
+            scale
+        })
+        .collect();
+    let rows = input.chunks_exact(cols).zip(codes.chunks_exact_mut(cols));
+    for (row, codes) in rows {
+        if block_cols == 1 {
+            encode_scaled_each(row, &scales, format, codes);
+        } else {
+            let chunks = row.chunks(block_cols).zip(codes.chunks_mut(block_cols));
+            for ((chunk, codes), &scale) in chunks.zip(&scales) {
+                encode_scaled(chunk, scale, format, codes);
+            }
+        }
+    }
+}
+
+/// `amax[j] = max(amax[j], bits of |row[j]|)`: the column blocks' amax, one row at a time.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
+fn max_abs_bits_into(amax: &mut [u32], row: &[f32]) {
+    for (amax, x) in amax.iter_mut().zip(row) {
+        *amax = (*amax).max(x.to_bits() & 0x7fff_ffff);
+    }
+}
+
+/// `codes[j] = encode(row[j] · scales[j])`: one scale per column (blocks one column wide).
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
+fn encode_scaled_each(
+    row: &[f32],
+    scales: &[f32],
+    format: Fp8Format,
+    codes: &mut [MaybeUninit<u8>],
+) {
+    assert!(codes.len() == row.len() && scales.len() == row.len());
+    // One loop per format, so the format's constants fold into it (as in `encode_scaled`).
+    match format {
+        Fp8Format::E4M3 => {
+            for ((c, &x), &s) in codes.iter_mut().zip(row).zip(scales) {
+                c.write(Fp8Format::E4M3.encode(x * s));
+            }
+        }
+        Fp8Format::E5M2 => {
+            for ((c, &x), &s) in codes.iter_mut().zip(row).zip(scales) {
+                c.write(Fp8Format::E5M2.encode(x * s));
+            }
+        }
+    }
+}
