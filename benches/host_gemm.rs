@@ -337,40 +337,39 @@ fn step_medians(hidden: usize, steps: usize) {
     let (layer, x, target) = layer_inputs::<Autodiff<Flex>>(hidden);
     let f32_ms = median_ms(steps, || common::train_step(&layer, &x, &target, false));
     println!("burn-te f32: median {f32_ms:.1} ms");
-    let counts = || HostGemmPath::ALL.map(|path| gemms_on(path).unwrap_or(0));
-    let before = counts();
     let (layer, x, target) = layer_inputs::<Autodiff<Te<Flex>>>(hidden);
-    let fp8_ms = median_ms(steps, || common::train_step(&layer, &x, &target, true));
+    let mut fp8_ms = 0.0;
     // The GEMMs of the FP8 steps by the path they ran on (forced, or tuned per shape class).
-    let paths: Vec<String> = HostGemmPath::ALL
-        .iter()
-        .zip(counts().iter().zip(before))
-        .filter(|(_, (after, before))| *after > before)
-        .map(|(path, (after, before))| format!("{path} x{}", after - before))
-        .collect();
+    let paths: Vec<String> = gemms_during(|| {
+        fp8_ms = median_ms(steps, || common::train_step(&layer, &x, &target, true));
+    })
+    .iter()
+    .map(|(path, count)| format!("{path} x{count}"))
+    .collect();
     println!(
         "burn-te fp8 on {}: median {fp8_ms:.1} ms",
         paths.join(" + ")
     );
     for tuning in burn_te::host::gemm::host_gemm_tunings() {
-        let [batch, m, k, n] = tuning.dims;
-        let times: Vec<String> = tuning
-            .times
-            .iter()
-            .map(|(path, time)| format!("{path} {:.2} ms", time.as_secs_f64() * 1e3))
-            .collect();
-        let (lhs_t, rhs_t) = tuning.transposed;
-        println!(
-            "  tuned {batch}x{m}x{k}x{n} (lhs_t {lhs_t}, rhs_t {rhs_t}): {} ({})",
-            tuning.chosen,
-            times.join(", ")
-        );
+        println!("  tuned {tuning}");
     }
 }
 
-/// How many host FP8 GEMMs ran on `path` in this process.
-fn gemms_on(path: HostGemmPath) -> Option<u64> {
-    burn_te::diagnostics::counter_value(&format!("{}({path})", burn_te::host::gemm::HOST_FP8_GEMM))
+/// The host FP8 GEMMs that `run` issued, by the path they ran on (paths with none left out), from the metrics
+/// report's counters.
+fn gemms_during(run: impl FnOnce()) -> Vec<(HostGemmPath, u64)> {
+    let gemms_on = |path: HostGemmPath| {
+        let name = format!("{}({path})", burn_te::host::gemm::HOST_FP8_GEMM);
+        burn_te::diagnostics::counter_value(&name).unwrap_or(0)
+    };
+    let before = HostGemmPath::ALL.map(gemms_on);
+    run();
+    HostGemmPath::ALL
+        .into_iter()
+        .zip(before)
+        .map(|(path, before)| (path, gemms_on(path) - before))
+        .filter(|&(_, count)| count > 0)
+        .collect()
 }
 
 /// The FP8 GEMM of `qa · qb` on `path`: its best rate (`flops` per second) over `calls` calls (at least one).
@@ -399,14 +398,12 @@ fn gemm_rates(calls: usize) {
         let flops = 2.0 * (m * k * n) as f64;
         // Unforced, as a user's first GEMM of this shape runs (tuned for its class unless BURN_TE_HOST_GEMM names a
         // path), then that path timed.
-        let before = HostGemmPath::ALL.map(gemms_on);
-        std::hint::black_box(Flex::fp8_gemm(qa.clone(), false, qb.clone(), false).expect("gemm"));
-        let path = HostGemmPath::ALL
-            .into_iter()
-            .zip(before)
-            .find(|&(path, before)| gemms_on(path) > before)
-            .map(|(path, _)| path)
-            .expect("the GEMM was counted under its path");
+        let ran = gemms_during(|| {
+            std::hint::black_box(
+                Flex::fp8_gemm(qa.clone(), false, qb.clone(), false).expect("gemm"),
+            );
+        });
+        let (path, _) = *ran.first().expect("the GEMM was counted under its path");
         let best = best_rate(path, &qa, &qb, flops, calls);
         println!(
             "burn-te fp8 gemm {m}x{k}x{n} ({name}) on {}: best {:.0} GFLOP/s",

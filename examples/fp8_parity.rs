@@ -651,28 +651,12 @@ fn write_outputs(args: &Args, results: &[(&Run, Measured)]) -> Result<(), Error>
             (hi - lo) / mean * 100.0
         )?;
     }
-    if results.iter().any(|(run, _)| run.recipe != "f32") {
+    let host_gemms_ran =
+        burn_te_suite::device::fp8_gemm_paths().is_some_and(|p| p.contains("host "));
+    if host_gemms_ran {
         // The paths' accumulation orders differ in the last bits: a rerun matches only on the same paths.
-        let path = burn_te::host::gemm::requested_host_gemm_path();
-        match std::env::var("BURN_TE_HOST_GEMM") {
-            Ok(value) if !value.is_empty() && value != "auto" => {
-                writeln!(summary, "\nHost FP8 GEMMs on `{path}` (BURN_TE_HOST_GEMM).")?
-            }
-            _ => {
-                let tuned: Vec<String> = burn_te::host::gemm::host_gemm_tunings()
-                    .iter()
-                    .map(|t| {
-                        let [batch, m, k, n] = t.dims;
-                        format!("{batch}x{m}x{k}x{n} `{}`", t.chosen)
-                    })
-                    .collect();
-                writeln!(
-                    summary,
-                    "\nHost FP8 GEMMs tuned per shape class: {}; smaller ones on `{path}` (the probe's).",
-                    tuned.join(", ")
-                )?
-            }
-        }
+        let choices = burn_te::host::gemm::host_gemm_choices().replace("\n  ", "\n- ");
+        writeln!(summary, "\nHost FP8 GEMMs: {choices}")?;
     }
     std::fs::write(args.out.join("summary.md"), summary)?;
     draw_valid_loss(&args.out.join("valid_loss.svg"), results)?;

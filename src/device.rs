@@ -221,10 +221,14 @@ pub fn wgpu_adapter() -> Option<WgpuAdapter> {
     None
 }
 
-/// Prints `FP8 GEMMs by path: <`[`fp8_gemm_paths`]`>` at the end of an example's training, where any ran.
+/// Prints `FP8 GEMMs by path: <`[`fp8_gemm_paths`]`>` at the end of an example's training, where any ran, and
+/// for host GEMMs what chose their paths (`burn_te::host::gemm::host_gemm_choices`).
 pub fn print_fp8_gemm_paths() {
     if let Some(paths) = fp8_gemm_paths() {
         println!("FP8 GEMMs by path: {paths}");
+        if paths.contains("host ") {
+            println!("{}", burn_te::host::gemm::host_gemm_choices());
+        }
     }
 }
 

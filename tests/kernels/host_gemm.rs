@@ -1524,6 +1524,36 @@ fn first_within_a_tenth(times: &[(HostGemmPath, std::time::Duration)]) -> HostGe
         .0
 }
 
+/// Where a GEMM goes, for every case: small ones to the probe's path; a tuned class's to its kept path on any
+/// thread, rayon's workers included (a grouped layer's experts); an untuned class's tuned on its first GEMM off
+/// the pool, and on the probe's path from a worker, which never tunes.
+#[test]
+fn a_tuned_class_keeps_its_path_on_every_thread_and_tunes_only_off_the_pool() {
+    use burn_te::host::gemm::{TUNED_MIN_PRODUCT, TunedRoute, tuned_route};
+    let (small, large) = (TUNED_MIN_PRODUCT - 1, TUNED_MIN_PRODUCT);
+    let kept = HostGemmPath::Avx2Fma;
+    for on_worker in [false, true] {
+        for class in [None, Some(kept)] {
+            assert_eq!(
+                tuned_route(small, class, on_worker),
+                TunedRoute::Probe,
+                "small GEMM (class {class:?}, on a worker: {on_worker})"
+            );
+        }
+        assert_eq!(
+            tuned_route(large, Some(kept), on_worker),
+            TunedRoute::Kept(kept),
+            "a tuned class, on a worker: {on_worker}"
+        );
+    }
+    assert_eq!(tuned_route(large, None, false), TunedRoute::Tune);
+    assert_eq!(
+        tuned_route(large, None, true),
+        TunedRoute::Probe,
+        "a worker does not tune"
+    );
+}
+
 /// The choice from measured times: ties within 10 % go to the earlier path (the instruction before the decoded
 /// `f32` path), a path more than 10 % faster than every earlier one wins, and nothing timed is `f32`.
 #[test]
@@ -1654,6 +1684,27 @@ fn the_autotune_keeps_each_shape_classs_fastest_path() {
     assert_eq!(ran, vec![tuning.chosen], "the class's kept path");
     assert_eq!(tuned_for(class).len(), 1, "tuned once");
     assert_eq!(tuned_for(class)[0].dims, [1, m, k, n], "by its first GEMM");
+
+    // Issued from one of rayon's workers (where a grouped layer's experts run side by side): the class's kept path
+    // as well. Workers never tune (their siblings' GEMMs would run beside the timed ones), but they take a choice
+    // made elsewhere. This tells the two apart only where the probe chose another path than the class's (printed);
+    // the rule itself is tested for every case in
+    // `a_tuned_class_keeps_its_path_on_every_thread_and_tunes_only_off_the_pool`.
+    println!(
+        "class {class:?} kept {}, the probe's path {}",
+        tuning.chosen,
+        probe().chosen
+    );
+    let (_, _, _, ran, _) = rayon::scope(|_| {
+        assert!(rayon::current_thread_index().is_some(), "on a worker");
+        gemm(&mut rng, (64, 8000, 64))
+    });
+    assert_eq!(
+        ran,
+        vec![tuning.chosen],
+        "a worker's GEMM of a tuned class takes the kept path"
+    );
+    assert_eq!(tuned_for(class).len(), 1, "still tuned once");
 
     // Below the threshold: the probe's path, no tuning.
     let (small_m, small_k, small_n) = (32, 512, 32);

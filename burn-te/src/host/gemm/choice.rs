@@ -14,7 +14,7 @@ use burn_te_kernels::host::gemm::HostGemmPath;
 use super::operand::HostOperand;
 use super::probe::probe;
 use super::run::{count_path, host_fp8_gemm_asking};
-use super::tune::run_tuned;
+use super::tune::{host_gemm_tunings, run_tuned};
 
 thread_local! {
     static FORCED: Cell<Option<HostGemmPath>> = const { Cell::new(None) };
@@ -64,6 +64,30 @@ pub(super) fn forced_host_gemm_path() -> Option<HostGemmPath> {
 /// probe's choice (the path of GEMMs too small to tune; larger ones take their class's tuned path).
 pub fn requested_host_gemm_path() -> HostGemmPath {
     forced_host_gemm_path().unwrap_or_else(|| probe().chosen)
+}
+
+/// What decides this thread's host FP8 GEMMs' paths, for a run's summary: the forced path, or each tuned shape
+/// class (as `HostGemmTuning` displays it) and the probe's path for the rest.
+pub fn host_gemm_choices() -> String {
+    if let Some(path) = forced_host_gemm_path() {
+        return format!(
+            "every host FP8 GEMM on `{path}` (forced: BURN_TE_HOST_GEMM or with_host_gemm_path)"
+        );
+    }
+    let probed = probe().chosen;
+    let tuned: Vec<String> = host_gemm_tunings()
+        .iter()
+        .map(|tuning| format!("\n  tuned {tuning}"))
+        .collect();
+    if tuned.is_empty() {
+        return format!(
+            "host FP8 GEMMs on `{probed}` (the probe's choice: no GEMM large enough to tune its shape)"
+        );
+    }
+    format!(
+        "host FP8 GEMM paths by shape class:{}\n  smaller GEMMs and a grouped layer's experts on `{probed}` (the probe's)",
+        tuned.concat()
+    )
 }
 
 /// `out[b] = lhs[b] · rhs[b] (+ bias)` (every value of `out` written; `bias` one value per column) on the forced

@@ -14,11 +14,14 @@ pub mod tune;
 
 pub use burn_te_kernels::host::gemm::HostGemmPath;
 pub(crate) use choice::host_fp8_gemm;
-pub use choice::{requested_host_gemm_path, with_host_gemm_path};
+pub use choice::{host_gemm_choices, requested_host_gemm_path, with_host_gemm_path};
 pub(crate) use decoded::dequantize;
 pub(crate) use grouped::{GroupedHostGemm, host_fp8_gemm_grouped};
 pub use probe::{
     HOST_GEMM_PROBE, HostGemmProbe, PREFERENCE_MARGIN, PROBE_SHAPE, measure, preferred, probe,
 };
 pub use run::HOST_FP8_GEMM;
-pub use tune::{HOST_GEMM_TUNINGS, HostGemmTuning, TUNED_MIN_PRODUCT, host_gemm_tunings};
+pub use tune::{
+    HOST_GEMM_TUNINGS, HostGemmTuning, TUNED_MIN_PRODUCT, TunedRoute, host_gemm_tunings,
+    tuned_route,
+};

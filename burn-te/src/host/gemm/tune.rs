@@ -6,7 +6,8 @@
 //! One probe shape cannot stand for every GEMM: on a 2-core AMD EPYC Zen 3 the probe ([`super::probe`], 256 × 1024 ×
 //! 512) chose `f32`, which was 20 % slower than `avx2fma` on a TransformerLayer step's GEMMs at hidden 1024. GEMMs
 //! below [`TUNED_MIN_PRODUCT`] multiply-adds (where timing is noise and the choice costs little) keep the probe's
-//! choice, and so do GEMMs issued from rayon's workers (a grouped layer's small experts, run side by side).
+//! choice, and so do GEMMs issued from rayon's workers (a grouped layer's small experts, run side by side) until
+//! their class is tuned on another thread: a worker never times paths itself.
 //!
 //! The key anchors the batch, M, K and N to powers of two (as Burn's matmul key does) and carries what decides
 //! which paths can take the operands (element formats, block scales, transposition).
@@ -53,6 +54,25 @@ pub struct HostGemmTuning {
     pub chosen: HostGemmPath,
 }
 
+/// `1x1024x512x2048 (lhs_t false, rhs_t false): avx2fma (avx2fma 5.10 ms, f32 6.02 ms)`: the GEMM that tuned the
+/// class, what it kept, and each candidate's best run.
+impl std::fmt::Display for HostGemmTuning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let [batch, m, k, n] = self.dims;
+        let (lhs_t, rhs_t) = self.transposed;
+        write!(
+            f,
+            "{batch}x{m}x{k}x{n} (lhs_t {lhs_t}, rhs_t {rhs_t}): {} (",
+            self.chosen
+        )?;
+        for (i, (path, time)) in self.times.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            write!(f, "{sep}{path} {:.2} ms", time.as_secs_f64() * 1e3)?;
+        }
+        f.write_str(")")
+    }
+}
+
 /// What a kept choice is keyed by.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct TuneKey {
@@ -79,9 +99,32 @@ pub fn host_gemm_tunings() -> Vec<HostGemmTuning> {
     all
 }
 
+/// Where [`run_tuned`] sends a GEMM: the probe's path, its class's kept path, or a tuning of its class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TunedRoute {
+    /// The probe's path: a GEMM under [`TUNED_MIN_PRODUCT`], or a rayon worker's GEMM of a class not yet tuned.
+    Probe,
+    /// The path its class keeps, on any thread.
+    Kept(HostGemmPath),
+    /// Time the paths on this GEMM and keep one for its class (never on a rayon worker: its siblings' GEMMs would
+    /// run beside the timed ones).
+    Tune,
+}
+
+/// The route of a GEMM of `product` multiply-adds whose class keeps `kept` (`None`: not tuned yet), issued on one
+/// of rayon's workers or not.
+pub fn tuned_route(product: usize, kept: Option<HostGemmPath>, on_worker: bool) -> TunedRoute {
+    match kept {
+        _ if product < TUNED_MIN_PRODUCT => TunedRoute::Probe,
+        Some(path) => TunedRoute::Kept(path),
+        None if on_worker => TunedRoute::Probe,
+        None => TunedRoute::Tune,
+    }
+}
+
 /// `out[b] = lhs[b] · rhs[b] (+ bias)` on the path kept for its shape class, tuning the class at its first GEMM;
-/// the probe's path for GEMMs too small to tune or issued from rayon's workers. Returns the path that ran (f32
-/// where the kept path cannot take these operands exactly, recorded as a fallback).
+/// the probe's path for GEMMs too small to tune, and for a class not yet tuned when a rayon worker issues it.
+/// Returns the path that ran (f32 where the kept path cannot take these operands exactly, recorded as a fallback).
 pub(super) fn run_tuned(
     lhs: &HostOperand<'_>,
     rhs: &HostOperand<'_>,
@@ -99,9 +142,6 @@ pub(super) fn run_tuned(
         // Nothing to choose from (a CPU without the packed paths' instructions).
         return host_fp8_gemm_asking(only, lhs, rhs, dims, bias, out);
     }
-    if product < TUNED_MIN_PRODUCT || rayon::current_thread_index().is_some() {
-        return host_fp8_gemm_asking(probe().chosen, lhs, rhs, dims, bias, out);
-    }
     let key = TuneKey {
         anchored: [batch, m, k, n].map(usize::next_power_of_two),
         transposed: (lhs.transposed, rhs.transposed),
@@ -115,8 +155,14 @@ pub(super) fn run_tuned(
             .get(key)
             .map(|tuning| tuning.chosen)
     };
-    if let Some(path) = kept(&key) {
-        return host_fp8_gemm_asking(path, lhs, rhs, dims, bias, out);
+    let kept_now = (product >= TUNED_MIN_PRODUCT).then(|| kept(&key)).flatten();
+    let on_worker = rayon::current_thread_index().is_some();
+    match tuned_route(product, kept_now, on_worker) {
+        TunedRoute::Probe => {
+            return host_fp8_gemm_asking(probe().chosen, lhs, rhs, dims, bias, out);
+        }
+        TunedRoute::Kept(path) => return host_fp8_gemm_asking(path, lhs, rhs, dims, bias, out),
+        TunedRoute::Tune => {}
     }
     // One tuning at a time in the process (ranks on threads of one process share the pool): the others wait, then
     // take what it kept.
