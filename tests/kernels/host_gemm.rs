@@ -1513,6 +1513,89 @@ fn the_probe_times_every_path_and_chooses_the_preferred_one() {
     println!("probe: {:?}", first);
 }
 
+/// The child test that [`the_first_gemm_off_the_pool_ends_while_the_workers_wait_for_the_probe`] runs.
+const PROBE_CHILD: &str = "host_gemm::probe_child_first_gemms_off_and_on_the_pool";
+
+/// A process's first host FP8 GEMM issued off rayon's pool while every worker is about to issue one of its own, as
+/// a grouped layer's experts do from the workers: the workers wait for the probe, which runs on a pool of its own,
+/// so every GEMM ends. (The probe once took the workers it waited for: the first GEMM of a test binary filtered to
+/// the grouped-layer tests deadlocked.) In a child process, since the probe runs once per process; a child that
+/// has not ended in two minutes fails the test.
+#[test]
+fn the_first_gemm_off_the_pool_ends_while_the_workers_wait_for_the_probe() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let mut child = Command::new(std::env::current_exe().expect("the test binary"))
+        .args([PROBE_CHILD, "--exact", "--ignored", "--test-threads=1"])
+        .env_remove("BURN_TE_HOST_GEMM")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the child test starts");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().expect("the child's status").is_none() {
+        if Instant::now() > deadline {
+            child.kill().ok();
+            panic!("the child's GEMMs did not end in 120 s: the probe deadlocked");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().expect("the child's output");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "the child test failed: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+#[ignore = "run in a child process by the_first_gemm_off_the_pool_ends_while_the_workers_wait_for_the_probe"]
+fn probe_child_first_gemms_off_and_on_the_pool() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::time::Duration;
+    static STARTED: AtomicUsize = AtomicUsize::new(0);
+    static DONE: AtomicUsize = AtomicUsize::new(0);
+    static GO: AtomicBool = AtomicBool::new(false);
+    let gemm = || {
+        let mut rng = Rng::new(5);
+        let (lhs, rhs) = (rng.normal(32 * 48, 0.0, 1.0), rng.normal(48 * 16, 0.0, 1.0));
+        B::fp8_gemm(
+            quantized(lhs, [32, 48]),
+            false,
+            quantized(rhs, [48, 16]),
+            false,
+        )
+        .expect("a small GEMM")
+    };
+    let workers = rayon::current_num_threads();
+    for _ in 0..workers {
+        rayon::spawn(move || {
+            STARTED.fetch_add(1, Ordering::SeqCst);
+            while !GO.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // After the GEMM below has started the probe: this worker waits for it.
+            std::thread::sleep(Duration::from_millis(50));
+            gemm();
+            DONE.fetch_add(1, Ordering::SeqCst);
+        });
+    }
+    // Every worker busy with a task above before the first GEMM.
+    while STARTED.load(Ordering::SeqCst) < workers {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    GO.store(true, Ordering::SeqCst);
+    gemm();
+    while DONE.load(Ordering::SeqCst) < workers {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        !burn_te::host::gemm::probe().times.is_empty(),
+        "the probe ran"
+    );
+}
+
 /// The first of `times` (in instruction order) whose time is at most 1.1 × the fastest, computed in integer
 /// nanoseconds (10 · t ≤ 11 · fastest).
 fn first_within_a_tenth(times: &[(HostGemmPath, std::time::Duration)]) -> HostGemmPath {

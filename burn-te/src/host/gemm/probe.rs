@@ -40,7 +40,7 @@ const PROBE_RUNS: usize = 5;
 pub fn probe() -> &'static HostGemmProbe {
     static PROBE: OnceLock<HostGemmProbe> = OnceLock::new();
     PROBE.get_or_init(|| {
-        let probe = measure(&HostGemmPath::available_paths());
+        let probe = on_own_pool(|| measure(&HostGemmPath::available_paths()));
         for (path, time) in &probe.times {
             metrics::record_time(&format!("{HOST_GEMM_PROBE}({path})"), *time);
         }
@@ -59,6 +59,28 @@ pub fn probe() -> &'static HostGemmProbe {
         );
         probe
     })
+}
+
+/// `f` on a rayon pool of its own, as many threads as the global pool. The probe's GEMMs run there because the
+/// global pool's workers may be waiting for the probe (a grouped layer's experts issue their GEMMs from them): had
+/// the probe needed those workers, a first GEMM issued off the pool while the workers waited deadlocked.
+fn on_own_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(rayon::current_num_threads())
+        .thread_name(|i| format!("burn-te-probe-{i}"))
+        .build();
+    match pool {
+        Ok(pool) => pool.install(f),
+        Err(err) => {
+            crate::fallback::record(
+                "host GEMM probe on the global pool",
+                format!(
+                    "host FP8 GEMM: no thread pool for the probe ({err}): it runs on rayon's global pool"
+                ),
+            );
+            f()
+        }
+    }
 }
 
 /// Times the probe GEMM on each of `paths` (f32 always among the candidates).
