@@ -1513,44 +1513,51 @@ fn the_probe_times_every_path_and_chooses_the_preferred_one() {
     println!("probe: {:?}", first);
 }
 
-/// The child test that [`the_first_gemm_off_the_pool_ends_while_the_workers_wait_for_the_probe`] runs.
+/// The child test that [`the_first_gemms_end_while_rayons_workers_wait_for_the_probe`] runs.
 const PROBE_CHILD: &str = "host_gemm::probe_child_first_gemms_off_and_on_the_pool";
 
-/// A process's first host FP8 GEMM issued off rayon's pool while every worker is about to issue one of its own, as
-/// a grouped layer's experts do from the workers: the workers wait for the probe, which runs on a pool of its own,
-/// so every GEMM ends. (The probe once took the workers it waited for: the first GEMM of a test binary filtered to
-/// the grouped-layer tests deadlocked.) In a child process, since the probe runs once per process; a child that
-/// has not ended in two minutes fails the test.
+/// A process's first host FP8 GEMMs, which wait for the probe, issued where a probe on rayon's global pool
+/// deadlocked: off the pool while every worker is about to issue one of its own, as a grouped layer's experts do
+/// from the workers (the workers waited for a probe that needed them), and on the pool, several queued (the
+/// worker that started the probe ran another queued GEMM while it waited, which waited for the probe it was
+/// measuring). Each in a child process, since the probe runs once per process; a child that has not ended in two
+/// minutes fails the test. (The kernels tests filtered to the grouped-layer tests hung both ways.)
 #[test]
-fn the_first_gemm_off_the_pool_ends_while_the_workers_wait_for_the_probe() {
+fn the_first_gemms_end_while_rayons_workers_wait_for_the_probe() {
     use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
-    let mut child = Command::new(std::env::current_exe().expect("the test binary"))
-        .args([PROBE_CHILD, "--exact", "--ignored", "--test-threads=1"])
-        .env_remove("BURN_TE_HOST_GEMM")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the child test starts");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while child.try_wait().expect("the child's status").is_none() {
-        if Instant::now() > deadline {
-            child.kill().ok();
-            panic!("the child's GEMMs did not end in 120 s: the probe deadlocked");
+    for mode in ["off the pool", "on the pool"] {
+        let mut child = Command::new(std::env::current_exe().expect("the test binary"))
+            .args([PROBE_CHILD, "--exact", "--ignored", "--test-threads=1"])
+            .env_remove("BURN_TE_HOST_GEMM")
+            .env(PROBE_CHILD_MODE, mode)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the child test starts");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while child.try_wait().expect("the child's status").is_none() {
+            if Instant::now() > deadline {
+                child.kill().ok();
+                panic!("{mode}: the child's GEMMs did not end in 120 s: the probe deadlocked");
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
-        std::thread::sleep(Duration::from_millis(50));
+        let output = child.wait_with_output().expect("the child's output");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && stdout.contains("1 passed"),
+            "{mode}: the child test failed: {stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
-    let output = child.wait_with_output().expect("the child's output");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success() && stdout.contains("1 passed"),
-        "the child test failed: {stdout}{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
 }
 
+/// Where the child issues its first GEMM.
+const PROBE_CHILD_MODE: &str = "BURN_TE_TEST_PROBE_CHILD";
+
 #[test]
-#[ignore = "run in a child process by the_first_gemm_off_the_pool_ends_while_the_workers_wait_for_the_probe"]
+#[ignore = "run in a child process by the_first_gemms_end_while_rayons_workers_wait_for_the_probe"]
 fn probe_child_first_gemms_off_and_on_the_pool() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::time::Duration;
@@ -1569,6 +1576,17 @@ fn probe_child_first_gemms_off_and_on_the_pool() {
         .expect("a small GEMM")
     };
     let workers = rayon::current_num_threads();
+    if std::env::var(PROBE_CHILD_MODE).as_deref() == Ok("on the pool") {
+        use rayon::prelude::*;
+        (0..4 * workers).into_par_iter().for_each(|_| {
+            gemm();
+        });
+        assert!(
+            !burn_te::host::gemm::probe().times.is_empty(),
+            "the probe ran"
+        );
+        return;
+    }
     for _ in 0..workers {
         rayon::spawn(move || {
             STARTED.fetch_add(1, Ordering::SeqCst);

@@ -61,15 +61,16 @@ pub fn probe() -> &'static HostGemmProbe {
     })
 }
 
-/// `f` on a rayon pool of its own, as many threads as the global pool. The probe's GEMMs run there because the
-/// global pool's workers may be waiting for the probe (a grouped layer's experts issue their GEMMs from them): had
-/// the probe needed those workers, a first GEMM issued off the pool while the workers waited deadlocked.
+/// `f` on a rayon pool of its own (as many threads as the global pool), from a thread of its own. The global
+/// pool's workers may be waiting for the probe (a grouped layer's experts issue their GEMMs from them), so the
+/// probe must not need them; and a worker that starts the probe must not run other jobs of its pool while it waits
+/// (`ThreadPool::install` from a worker does), or one of them waits for the probe it is measuring. Both deadlocked.
 fn on_own_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(rayon::current_num_threads())
         .thread_name(|i| format!("burn-te-probe-{i}"))
         .build();
-    match pool {
+    let run = move || match pool {
         Ok(pool) => pool.install(f),
         Err(err) => {
             crate::fallback::record(
@@ -80,7 +81,16 @@ fn on_own_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
             );
             f()
         }
-    }
+    };
+    std::thread::scope(|scope| {
+        let probe = std::thread::Builder::new()
+            .name("burn-te-probe".into())
+            .spawn_scoped(scope, run)
+            .expect("a thread for the host GEMM probe");
+        probe
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
 }
 
 /// Times the probe GEMM on each of `paths` (f32 always among the candidates).
