@@ -182,6 +182,32 @@ fn block_quantize(c: &mut Criterion) {
             b.iter(|| host::block::block_quantize(&x, rows, cols, shape, rule, format))
         });
     }
+    // Both layouts of an operand (the two GEMMs that read it reduce along different dimensions): one pass
+    // against one quantization per layout. The activation and gradient at hidden 512 and 1024 and the FFN's.
+    let pairs = [
+        ("1x128 + 128x1", 128, BlockScaleRule::Pow2),
+        ("mxfp8 1x32 + 32x1", 32, BlockScaleRule::E8m0),
+    ];
+    for width in [512, 1024, cols] {
+        let x = &x[..rows * width];
+        for (name, side, rule) in pairs {
+            let layouts = [
+                (ScaleBlock::new(1, side), rule),
+                (ScaleBlock::new(side, 1), rule),
+            ];
+            let format = Fp8Format::E4M3;
+            group.bench_function(format!("{rows}x{width} {name} one per layout"), |b| {
+                b.iter(|| {
+                    layouts.map(|(block, rule)| {
+                        host::block::block_quantize(x, rows, width, block, rule, format)
+                    })
+                })
+            });
+            group.bench_function(format!("{rows}x{width} {name} pair"), |b| {
+                b.iter(|| host::block::block_quantize_pair(x, rows, width, layouts, format))
+            });
+        }
+    }
 }
 
 criterion_group!(

@@ -3,7 +3,9 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{BoolTensor, FloatTensor};
 pub use burn_te_kernels::host::optim::AdamStep;
-use burn_te_kernels::{AmaxComputeAlgo, Fp8Format, Fp8Stats, ScaleBlock, TensorStats};
+use burn_te_kernels::{
+    AmaxComputeAlgo, BlockScaleRule, Fp8Format, Fp8Stats, ScaleBlock, TensorStats,
+};
 
 use crate::error::TeError;
 use crate::fused::{
@@ -59,6 +61,28 @@ pub trait TeBackend: Backend {
         format: Fp8Format,
         scaling: Scaling<'_, Self::DelayedState>,
     ) -> Result<Fp8Primitive<Self>, TeError>;
+
+    /// Quantizes one tensor in two block layouts, `(block, rule)` each: the operand of two GEMMs that reduce along
+    /// different dimensions (a block recipe's activation for fprop and wgrad, its gradient for dgrad and wgrad), as
+    /// TE's cast-transpose makes both usages at once. Each result is `fp8_quantize`'s with that block scaling; by
+    /// default it is that, twice. The host path reads the tensor once.
+    fn fp8_quantize_block_pair(
+        tensor: FloatTensor<Self>,
+        format: Fp8Format,
+        layouts: [(ScaleBlock, BlockScaleRule); 2],
+    ) -> Result<[Fp8Primitive<Self>; 2], TeError> {
+        let [(block, rule), (second_block, second_rule)] = layouts;
+        let first = Self::fp8_quantize(tensor.clone(), format, Scaling::Block { block, rule })?;
+        let second = Self::fp8_quantize(
+            tensor,
+            format,
+            Scaling::Block {
+                block: second_block,
+                rule: second_rule,
+            },
+        )?;
+        Ok([first, second])
+    }
 
     /// Reads a quantized tensor to the host (a sync point): its codes, row-major, and its `scale_inv` values (one,
     /// or one per block, row-major over the block grid).
@@ -586,6 +610,13 @@ macro_rules! forward_fp8_ops {
             scaling: $crate::Scaling<'_, Self::DelayedState>,
         ) -> Result<$crate::Fp8Primitive<Self>, $crate::TeError> {
             $inner::fp8_quantize(tensor, format, scaling)
+        }
+        fn fp8_quantize_block_pair(
+            tensor: $crate::__private::FloatTensor<Self>,
+            format: $crate::Fp8Format,
+            layouts: [($crate::ScaleBlock, $crate::BlockScaleRule); 2],
+        ) -> Result<[$crate::Fp8Primitive<Self>; 2], $crate::TeError> {
+            $inner::fp8_quantize_block_pair(tensor, format, layouts)
         }
         fn fp8_read(
             tensor: &$crate::Fp8Primitive<Self>,

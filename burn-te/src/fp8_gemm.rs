@@ -299,6 +299,60 @@ fn save_for<B: TeBackend>(
     })
 }
 
+/// An operand quantized for `gemm` (recording its amax under delayed scaling) and, with `save`, kept for
+/// `saved_gemm`, the backward GEMM that reads it: the same quantization where it serves both, both block layouts
+/// in one pass under a block recipe ([`TeBackend::fp8_quantize_block_pair`]), else quantized again.
+fn quantize_for<B: TeBackend>(
+    tensor: FloatTensor<B>,
+    recipe: &Recipe,
+    site: &GemmSite,
+    role: TensorRole,
+    [gemm, saved_gemm]: [Gemm; 2],
+    (override_margin, save): (Option<f32>, bool),
+) -> Result<(QuantizedOperand<B>, Option<SavedQuantized<B::Fp8Data>>), TeError> {
+    let k = k_along_cols(gemm, role);
+    if !save {
+        let quantized =
+            quantize_operand::<B>(tensor, recipe, site, role, k, true, override_margin)?;
+        return Ok((quantized, None));
+    }
+    let shape = Shape::from(dims::<B>(&tensor));
+    if let (None, Some(layouts)) = (
+        override_margin,
+        block_layouts(recipe, role, [gemm, saved_gemm]),
+    ) {
+        let format = recipe.format().for_role(role);
+        let [now, kept] = B::fp8_quantize_block_pair(tensor, format, layouts)?;
+        let saved = SavedQuantized {
+            tensor: kept,
+            transposed: false,
+            shape,
+        };
+        return Ok((QuantizedOperand::stored(now), Some(saved)));
+    }
+    let quantized =
+        quantize_operand::<B>(tensor.clone(), recipe, site, role, k, true, override_margin)?;
+    let overridden = override_margin.is_some();
+    let saved = save_for::<B>(
+        tensor, &quantized, overridden, recipe, site, saved_gemm, role,
+    )?;
+    Ok((quantized, Some(saved)))
+}
+
+/// `role`'s two block layouts under a block recipe, for `gemms` that reduce along different dimensions of it;
+/// `None` under the other recipes and where one layout serves both (Float8BlockScaling's square weight blocks).
+fn block_layouts(
+    recipe: &Recipe,
+    role: TensorRole,
+    gemms: [Gemm; 2],
+) -> Option<[(burn_te_kernels::ScaleBlock, burn_te_kernels::BlockScaleRule); 2]> {
+    if fprop_quantization_serves_backward(recipe, role) {
+        return None;
+    }
+    let [first, second] = gemms.map(|gemm| recipe.block(role, k_along_cols(gemm, role)));
+    Some([first?, second?])
+}
+
 /// The weight as fprop quantized it, and its copy quantized for dgrad where the backward keeps one.
 type WeightForFprop<B> = (
     QuantizedOperand<B>,
@@ -335,12 +389,9 @@ fn fprop_weight<B: TeBackend>(
         return Ok((qw, saved));
     }
     let shape = dims::<B>(&weight);
-    let w_kept = save.then(|| weight.clone());
-    let k = k_along_cols(Gemm::Fprop, role);
-    let qw = quantize_operand::<B>(weight, recipe, site, role, k, true, override_margin)?;
-    let saved = w_kept
-        .map(|w| save_for::<B>(w, &qw, overridden, recipe, site, Gemm::Dgrad, role))
-        .transpose()?;
+    let gemms = [Gemm::Fprop, Gemm::Dgrad];
+    let (qw, saved) =
+        quantize_for::<B>(weight, recipe, site, role, gemms, (override_margin, save))?;
     crate::microbatch::cache::<B>(
         site,
         recipe,
@@ -493,22 +544,14 @@ pub fn prepare_fprop<B: TeBackend>(
         ));
     }
     let (x2, mut leading) = fold_rows::<B>(x);
-    let x_kept = save[0].then(|| x2.clone());
-    let qx = quantize_operand::<B>(
+    let (qx, saved_x) = quantize_for::<B>(
         x2,
         recipe,
         site,
         TensorRole::Activation,
-        k_along_cols(Gemm::Fprop, TensorRole::Activation),
-        true,
-        overrides[0],
+        [Gemm::Fprop, Gemm::Wgrad],
+        (overrides[0], save[0]),
     )?;
-    let saved_x = x_kept
-        .map(|x2| {
-            let (overridden, role) = (overrides[0].is_some(), TensorRole::Activation);
-            save_for::<B>(x2, &qx, overridden, recipe, site, Gemm::Wgrad, role)
-        })
-        .transpose()?;
     let (qw, saved_w) = fprop_weight::<B>(weight, site, recipe, overrides[1], save[1])?;
     leading.push(w_dims[1]);
     let gemm = PreparedGemm {
@@ -641,6 +684,27 @@ pub fn quantize_gradient<B: TeBackend>(
         override_margin,
     )?;
     Ok(QuantizedGradient { operand, leading })
+}
+
+/// The gradient quantized for `[dgrad, wgrad]` at `site`: once under a per-tensor recipe (both GEMMs take the
+/// same codes), both block layouts in one pass under a block recipe.
+pub fn quantize_gradient_for_both<B: TeBackend>(
+    grad: FloatTensor<B>,
+    recipe: &Recipe,
+    site: &GemmSite,
+) -> Result<[QuantizedGradient<B>; 2], TeError> {
+    let role = TensorRole::Gradient;
+    let Some(layouts) = block_layouts(recipe, role, [Gemm::Dgrad, Gemm::Wgrad]) else {
+        let quantized = quantize_gradient::<B>(grad, recipe, site, Gemm::Dgrad, None)?;
+        return Ok([quantized.clone(), quantized]);
+    };
+    let (g2, leading) = fold_rows::<B>(grad);
+    let format = recipe.format().for_role(role);
+    let pair = B::fp8_quantize_block_pair(g2, format, layouts)?;
+    Ok(pair.map(|tensor| QuantizedGradient {
+        operand: QuantizedOperand::stored(tensor),
+        leading: leading.clone(),
+    }))
 }
 
 /// dgrad's GEMM on a quantized gradient (shapes as [`check_dgrad`] checks them).

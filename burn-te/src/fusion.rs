@@ -12,7 +12,7 @@ use burn::tensor::TensorMetadata;
 use burn::tensor::ops::FloatTensor;
 use burn_fusion::stream::OperationStreams;
 use burn_fusion::{Fusion, FusionBackend, NoOp, get_client};
-use burn_te_kernels::{AmaxComputeAlgo, Fp8Format, Fp8Stats, ScaleBlock};
+use burn_te_kernels::{AmaxComputeAlgo, BlockScaleRule, Fp8Format, Fp8Stats, ScaleBlock};
 
 use crate::backend::{Fp8HostData, Fp8Primitive, Scaling, TeBackend};
 use crate::error::TeError;
@@ -50,6 +50,14 @@ impl<B: FusionBackend + TeBackend> TeBackend for Fusion<B> {
         scaling: Scaling<'_, Self::DelayedState>,
     ) -> Result<Fp8Primitive<Self>, TeError> {
         B::fp8_quantize(resolved::<B>(tensor), format, scaling)
+    }
+
+    fn fp8_quantize_block_pair(
+        tensor: FloatTensor<Self>,
+        format: Fp8Format,
+        layouts: [(ScaleBlock, BlockScaleRule); 2],
+    ) -> Result<[Fp8Primitive<Self>; 2], TeError> {
+        B::fp8_quantize_block_pair(resolved::<B>(tensor), format, layouts)
     }
 
     fn fp8_read(tensor: &Fp8Primitive<Self>) -> Result<Fp8HostData, TeError> {

@@ -354,13 +354,47 @@ fn host_block_quantize_is_the_reference(
     rule: BlockScaleRule,
     format: Fp8Format,
 ) {
-    let (codes, scale_inv) =
-        block::host_block_quantize(x, rows, cols, block, rule, format).unwrap();
-    let (fast_codes, fast_scale_inv) =
-        host::block::block_quantize(x, rows, cols, block, rule, format).unwrap();
+    let reference =
+        |block, rule| block::host_block_quantize(x, rows, cols, block, rule, format).unwrap();
     let what = format!("{rows}x{cols} in {block:?} blocks, {rule:?}, {format:?}");
+    let fast = host::block::block_quantize(x, rows, cols, block, rule, format).unwrap();
+    assert_same_quantization(&what, x, cols, &fast, &reference(block, rule));
+    // Both layouts in one pass: this block with this rule, its transpose with the other rule.
+    let transposed = ScaleBlock::new(block.cols, block.rows);
+    let other = match rule {
+        BlockScaleRule::Pow2 => BlockScaleRule::E8m0,
+        BlockScaleRule::E8m0 => BlockScaleRule::Pow2,
+    };
+    let [first, second] = host::block::block_quantize_pair(
+        x,
+        rows,
+        cols,
+        [(block, rule), (transposed, other)],
+        format,
+    )
+    .unwrap();
+    assert_same_quantization(
+        &format!("{what}, first of a pair"),
+        x,
+        cols,
+        &first,
+        &reference(block, rule),
+    );
+    let what =
+        format!("{rows}x{cols} in {transposed:?} blocks, {other:?}, {format:?}, second of a pair");
+    assert_same_quantization(&what, x, cols, &second, &reference(transposed, other));
+}
+
+/// `fast`'s codes and `scale_inv` are `reference`'s, bit for bit.
+fn assert_same_quantization(
+    what: &str,
+    x: &[f32],
+    cols: usize,
+    (fast_codes, fast_scale_inv): &(Vec<u8>, Vec<f32>),
+    (codes, scale_inv): &(Vec<u8>, Vec<f32>),
+) {
     assert_eq!(fast_scale_inv.len(), scale_inv.len(), "{what}: block count");
-    for (i, (fast, reference)) in fast_scale_inv.iter().zip(&scale_inv).enumerate() {
+    for (i, (fast, reference)) in fast_scale_inv.iter().zip(scale_inv).enumerate() {
         assert_eq!(
             fast.to_bits(),
             reference.to_bits(),
@@ -382,7 +416,7 @@ fn host_block_quantize_is_the_reference(
 
 /// The host block quantization across tasks (tensors of several parallel stripes, stacked matrices, partial
 /// blocks at both edges), every block shape the recipes use and odd ones, both rules and formats, with NaN,
-/// infinities, zero blocks and values past each format's range.
+/// infinities, zero blocks and values past each format's range; each block also in a pair with its transpose.
 #[test]
 fn host_block_quantize_matches_the_reference_bit_for_bit() {
     let mut rng = Rng::new(31);

@@ -75,9 +75,10 @@ impl<D> Kept<D> {
 /// backward GEMM that runs the forward's recipe (a plan may give it another), and not while the user keeps the
 /// originals. The weight is kept where that costs no quantization of its own: as the fprop quantized it where that
 /// serves dgrad (TE's saved `weightmat`, a byte per weight until the backward instead of a second pass over the
-/// parameter there), and inside a micro-batch, whose cache holds dgrad's copy anyway (see `crate::microbatch`).
-/// Elsewhere (MXFP8, NVFP4) dgrad quantizes the parameter. A batched site's "weight" is an activation (attention's
-/// k or v): kept quantized as x is.
+/// parameter there), in dgrad's layout made in the fprop's pass where a block recipe makes both at once (MXFP8:
+/// `TeBackend::fp8_quantize_block_pair`), and inside a micro-batch, whose cache holds dgrad's copy anyway (see
+/// `crate::microbatch`). Elsewhere (NVFP4) dgrad quantizes the parameter. A batched site's "weight" is an activation
+/// (attention's k or v): kept quantized as x is.
 pub(super) fn save_flags(
     site: &GemmSite,
     recipe: Option<&Recipe>,
@@ -89,8 +90,10 @@ pub(super) fn save_flags(
             && site.recipe_of(gemm, recipe) == recipe
             && !crate::saved::saving_original_operands()
     };
-    let weight_free =
-        recipe.is_some_and(|recipe| fprop_quantization_serves_backward(recipe, TensorRole::Weight));
+    let weight_free = recipe.is_some_and(|recipe| {
+        fprop_quantization_serves_backward(recipe, TensorRole::Weight)
+            || matches!(recipe, Recipe::Block(_) | Recipe::Mxfp8(_))
+    });
     [
         weight_tracked && quantize(Gemm::Wgrad),
         x_tracked

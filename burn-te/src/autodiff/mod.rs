@@ -15,7 +15,7 @@ use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::{BoolTensor, FloatTensor};
-use burn_te_kernels::{Fp8Format, Fp8Stats, ScaleBlock};
+use burn_te_kernels::{BlockScaleRule, Fp8Format, Fp8Stats, ScaleBlock};
 
 use crate::backend::{
     AutodiffInner, Fp8HostData, Fp8Primitive, GroupedGemmOperands, Scaling, TeBackend,
@@ -39,6 +39,13 @@ impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff
         scaling: Scaling<'_, Self::DelayedState>,
     ) -> Result<Fp8Primitive<Self>, TeError> {
         B::fp8_quantize(Self::inner(tensor), format, scaling)
+    }
+    fn fp8_quantize_block_pair(
+        tensor: FloatTensor<Self>,
+        format: Fp8Format,
+        layouts: [(ScaleBlock, BlockScaleRule); 2],
+    ) -> Result<[Fp8Primitive<Self>; 2], TeError> {
+        B::fp8_quantize_block_pair(Self::inner(tensor), format, layouts)
     }
     fn fp8_read(tensor: &Fp8Primitive<Self>) -> Result<Fp8HostData, TeError> {
         B::fp8_read(tensor)

@@ -24,7 +24,8 @@ use burn_te_kernels::block::host_block_tensor_stats;
 use burn_te_kernels::block_range::host_max_block_dynamic_range;
 use burn_te_kernels::host::pool::{HostOutput, OutputValues};
 use burn_te_kernels::{
-    DelayedScalingHistory, Fp8Format, Fp8Stats, ScaleBlock, host, pow2_margin, scale_from_amax,
+    BlockScaleRule, DelayedScalingHistory, Fp8Format, Fp8Stats, ScaleBlock, host, pow2_margin,
+    scale_from_amax,
 };
 
 use crate::backend::{
@@ -290,6 +291,33 @@ macro_rules! host_te_backend {
                     format: format.into(),
                     block,
                 })
+            }
+
+            fn fp8_quantize_block_pair(
+                tensor: FloatTensor<Self>,
+                format: Fp8Format,
+                layouts: [(ScaleBlock, BlockScaleRule); 2],
+            ) -> Result<[Fp8Primitive<Self>; 2], TeError> {
+                crate::metrics::count_launch(crate::metrics::names::QUANTIZE_LAUNCHES);
+                let device = <$backend>::float_device(&tensor);
+                let (x, shape) = $values(tensor)?;
+                let (rows, cols) = rows_cols(&shape);
+                let pair = host::block::block_quantize_pair(&x, rows, cols, layouts, format)?;
+                let mut layouts = layouts.into_iter();
+                Ok(pair.map(|(codes, scale_inv)| {
+                    let (block, _) = layouts.next().expect("one layout per result");
+                    Fp8Tensor {
+                        data: HostFp8Data {
+                            codes: Arc::new(codes),
+                            scale_inv: Arc::new(scale_inv),
+                            nvfp4: None,
+                            device: device.clone(),
+                        },
+                        shape: shape.clone(),
+                        format: format.into(),
+                        block: Some(block),
+                    }
+                }))
             }
 
             fn te_norm_forward(

@@ -1,12 +1,14 @@
-//! A linear layer's two backward GEMMs on one output gradient, quantized once where one quantization serves both.
-//! TE quantizes `grad_output` once for dgrad and wgrad (both layouts in one cast-transpose). Under a per-tensor
-//! recipe (DelayedScaling, Float8CurrentScaling) both layouts hold the same codes with one scale, and the GEMMs
-//! read either layout of one copy, so the gradient is quantized once and its amax recorded once. The results are
-//! the bits of quantizing it for each GEMM: the same tensor, rule and scale.
+//! A linear layer's two backward GEMMs on one output gradient, quantized once for both. TE quantizes
+//! `grad_output` once for dgrad and wgrad (both layouts in one cast-transpose). Under a per-tensor recipe
+//! (DelayedScaling, Float8CurrentScaling) both layouts hold the same codes with one scale, and the GEMMs read either
+//! layout of one copy, so the gradient is quantized once and its amax recorded once. Under a block recipe
+//! (Float8BlockScaling, MXFP8) its blocks run along each GEMM's reduction, so both layouts are made in one pass
+//! ([`TeBackend::fp8_quantize_block_pair`]). The results are the bits of quantizing it for each GEMM: the same
+//! tensor, rule and scales.
 //!
-//! Each GEMM quantizes the gradient itself ([`linear_backward_in_turn`]) under the other recipes (their blocks
-//! run along each GEMM's reduction; NVFP4 transforms wgrad's operands), where a plan gives the two GEMMs different
-//! recipes, for an attention GEMM, and where the diagnostics or the debug tools look at each GEMM by itself.
+//! Each GEMM quantizes the gradient itself ([`linear_backward_in_turn`]) under NVFP4 (it transforms wgrad's
+//! operands), where a plan gives the two GEMMs different recipes, for an attention GEMM, and where the diagnostics
+//! or the debug tools look at each GEMM by itself.
 
 use burn::tensor::TensorMetadata;
 use burn::tensor::ops::FloatTensor;
@@ -15,7 +17,7 @@ use crate::backend::{SavedOperand, TeBackend, linear_backward_in_turn};
 use crate::diagnostics::gemm_span;
 use crate::fp8_gemm::{
     PreparedGemm, check_dgrad, check_wgrad, prepare_dgrad_quantized, prepare_wgrad_quantized,
-    quantize_gradient,
+    quantize_gradient_for_both,
 };
 use crate::gemm::Gemm;
 use crate::recipe::Recipe;
@@ -41,8 +43,8 @@ pub fn backward<B: TeBackend>(
     linear_backward_in_turn::<B>(weight, x, grad, sites, recipes)
 }
 
-/// The recipe under which dgrad and wgrad at `sites` take one quantization of the gradient: the same per-tensor
-/// recipe for both, at a layer (not an attention) GEMM.
+/// The recipe under which dgrad and wgrad at `sites` take one quantization of the gradient: the same recipe for
+/// both, per tensor or in blocks (not NVFP4), at a layer (not an attention) GEMM.
 pub fn shared_recipe<'a>(
     sites: [&GemmSite; 2],
     recipes: [Option<&'a Recipe>; 2],
@@ -50,7 +52,7 @@ pub fn shared_recipe<'a>(
     match recipes {
         [Some(dgrad), Some(wgrad)]
             if dgrad == wgrad
-                && matches!(dgrad, Recipe::Delayed(_) | Recipe::Current(_))
+                && !matches!(dgrad, Recipe::Nvfp4(_))
                 && !sites[0].batched
                 && !sites[1].batched =>
         {
@@ -76,16 +78,15 @@ fn quantized_once<B: TeBackend>(
     // The gradient is quantized inside dgrad's span, as dgrad quantizes it when each GEMM runs by itself.
     let dgrad_span = gemm_span(dgrad_site);
     let entered = dgrad_span.enter();
-    let quantized =
-        quantize_gradient::<B>(grad.clone(), recipe, dgrad_site, Gemm::Dgrad, None).ok()?;
-    let fp8 =
-        prepare_dgrad_quantized::<B>(weight.clone(), quantized.clone(), dgrad_site, recipe, None)
-            .and_then(PreparedGemm::run);
+    let [for_dgrad, for_wgrad] =
+        quantize_gradient_for_both::<B>(grad.clone(), recipe, dgrad_site).ok()?;
+    let fp8 = prepare_dgrad_quantized::<B>(weight.clone(), for_dgrad, dgrad_site, recipe, None)
+        .and_then(PreparedGemm::run);
     let (kept, g) = (weight.clone(), grad.clone());
     let dgrad = fp8_backward_or_high_precision::<B>(Gemm::Dgrad, kept, g, dgrad_site, recipe, fp8);
     drop(entered);
     let wgrad = gemm_span(wgrad_site).in_scope(|| {
-        let fp8 = prepare_wgrad_quantized::<B>(x.clone(), quantized, wgrad_site, recipe, None)
+        let fp8 = prepare_wgrad_quantized::<B>(x.clone(), for_wgrad, wgrad_site, recipe, None)
             .and_then(PreparedGemm::run);
         let (kept, g) = (x.clone(), grad.clone());
         fp8_backward_or_high_precision::<B>(Gemm::Wgrad, kept, g, wgrad_site, recipe, fp8)

@@ -24,7 +24,7 @@ use crate::error::TeError;
 use crate::fp8_gemm::{
     PreparedGemm, QuantizedGradient, check_dgrad, check_wgrad, or_high_precision, prepare_dgrad,
     prepare_dgrad_quantized, prepare_fprop, prepare_wgrad, prepare_wgrad_quantized,
-    quantize_gradient, run_prepared,
+    quantize_gradient_for_both, run_prepared,
 };
 use crate::gemm::Gemm;
 use crate::high_precision::high_precision_gemm;
@@ -246,7 +246,7 @@ fn dgrad_rows<B: TeBackend>(
     weights: Vec<Option<SavedOperand<B>>>,
     grad: FloatTensor<B>,
     experts: &ExpertGemms,
-    shared: &[Option<QuantizedGradient<B>>],
+    shared: &[Option<[QuantizedGradient<B>; 2]>],
 ) -> FloatTensor<B> {
     let blocks = backward_gemms::<B>(Gemm::Dgrad, weights, grad, experts, shared);
     concat_rows::<B>(blocks.into_iter().flatten().collect())
@@ -275,7 +275,7 @@ pub fn backward<B: TeBackend>(
     if experts_in_turn() {
         return grouped_linear_backward_in_turn::<B>(weights, xs, grad, experts);
     }
-    let shared: Vec<Option<QuantizedGradient<B>>> = match &weights {
+    let shared: Vec<Option<[QuantizedGradient<B>; 2]>> = match &weights {
         Some(weights) => (weights.iter().zip(&xs).enumerate())
             .map(|(i, operands)| shared_gradient::<B>(i, operands, &grad, experts))
             .collect(),
@@ -286,15 +286,15 @@ pub fn backward<B: TeBackend>(
     (dgrad, wgrads)
 }
 
-/// Expert `i`'s rows of `grad` quantized once for its dgrad and wgrad: where it has rows, both its weight and its
-/// input were kept, and both GEMMs run one per-tensor recipe ([`shared_recipe`]); else `None` (each GEMM quantizes
-/// them itself, and a failure is recorded there).
+/// Expert `i`'s rows of `grad` quantized once for its `[dgrad, wgrad]`: where it has rows, both its weight and its
+/// input were kept, and both GEMMs run one recipe that allows it ([`shared_recipe`]); else `None` (each GEMM
+/// quantizes them itself, and a failure is recorded there).
 fn shared_gradient<B: TeBackend>(
     i: usize,
     (weight, x): (&Option<SavedOperand<B>>, &Option<SavedOperand<B>>),
     grad: &FloatTensor<B>,
     experts: [&ExpertGemms; 2],
-) -> Option<QuantizedGradient<B>> {
+) -> Option<[QuantizedGradient<B>; 2]> {
     let rows = experts[0].rows(i);
     let (weight, x) = (weight.as_ref()?, x.as_ref()?);
     let [(dgrad_site, dgrad_recipe), (wgrad_site, wgrad_recipe)] =
@@ -310,7 +310,7 @@ fn shared_gradient<B: TeBackend>(
     let g_dims = grad.shape().as_slice().to_vec();
     check_dgrad::<B>(weight, &g_dims).ok()?;
     check_wgrad::<B>(x, &g_dims).ok()?;
-    quantize_gradient::<B>(grad, recipe, dgrad_site, Gemm::Dgrad, None).ok()
+    quantize_gradient_for_both::<B>(grad, recipe, dgrad_site).ok()
 }
 
 /// The experts' backward GEMM `gemm` (dgrad: on each kept weight; wgrad: on each kept input) with their rows of
@@ -321,7 +321,7 @@ fn backward_gemms<B: TeBackend>(
     kept: Vec<Option<SavedOperand<B>>>,
     grad: FloatTensor<B>,
     experts: &ExpertGemms,
-    shared: &[Option<QuantizedGradient<B>>],
+    shared: &[Option<[QuantizedGradient<B>; 2]>],
 ) -> Vec<Option<FloatTensor<B>>> {
     let pending = kept.into_iter().enumerate().map(|(i, operand)| {
         let rows = experts.rows(i);
@@ -336,7 +336,14 @@ fn backward_gemms<B: TeBackend>(
                 or_panic::<B>(site, product)
             }
         };
-        let quantized = shared.get(i).cloned().flatten();
+        let quantized = shared
+            .get(i)
+            .cloned()
+            .flatten()
+            .map(|[for_dgrad, for_wgrad]| match gemm {
+                Gemm::Dgrad => for_dgrad,
+                _ => for_wgrad,
+            });
         let prepare = |recipe: &Recipe| match (gemm, quantized) {
             (Gemm::Dgrad, Some(q)) => prepare_dgrad_quantized::<B>(operand, q, site, recipe, None),
             (Gemm::Dgrad, None) => prepare_dgrad::<B>(operand, grad, site, recipe, [None, None]),

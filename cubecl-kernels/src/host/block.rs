@@ -41,13 +41,99 @@ pub fn block_quantize(
         .zip(codes.par_chunks_mut(stripe * per_task))
         .zip(scale_inv.par_chunks_mut(grid_cols * per_task))
         .for_each(|((input, codes), scale_inv)| {
-            let stripes = input.chunks(stripe).zip(codes.chunks_mut(stripe));
-            for ((input, codes), scale_inv) in stripes.zip(scale_inv.chunks_mut(grid_cols)) {
-                quantize_stripe(input, cols, block.cols, (rule, format), codes, scale_inv);
-            }
+            quantize_rows(input, cols, (block, rule, format), codes, scale_inv)
         });
     // SAFETY: the stripes cover the input, and `quantize_stripe` wrote a code for each of their elements.
     Ok((unsafe { assume_init(codes) }, scale_inv))
+}
+
+/// What [`block_quantize_pair`] makes: each layout's codes and `scale_inv`.
+pub type BlockPair = [(Vec<u8>, Vec<f32>); 2];
+
+/// The same tensor quantized in two block layouts in one pass over it, as TE's cast-transpose makes both usages
+/// of an operand (Float8BlockScaling's 1×128 for one GEMM and 128×1 for the GEMM that reduces along the other
+/// dimension; MXFP8's 1×32 and 32×1): each task quantizes one stripe of rows in the first layout, then again in
+/// the second while the stripe is still in cache. Each result is [`block_quantize`]'s, bit for bit.
+pub fn block_quantize_pair(
+    input: &[f32],
+    rows: usize,
+    cols: usize,
+    layouts: [(ScaleBlock, BlockScaleRule); 2],
+    format: Fp8Format,
+) -> Result<BlockPair, KernelError> {
+    let [(first, first_rule), (second, second_rule)] = layouts;
+    let (first_grid_rows, first_grid_cols) =
+        first.check_host("block_quantize_pair input", input, rows, cols)?;
+    let (second_grid_rows, second_grid_cols) =
+        second.check_host("block_quantize_pair input", input, rows, cols)?;
+    let mut codes = [uninit::<u8>(input.len()), uninit::<u8>(input.len())];
+    let mut scale_inv = [
+        vec![0.0f32; first_grid_rows * first_grid_cols],
+        vec![0.0f32; second_grid_rows * second_grid_cols],
+    ];
+    if !input.is_empty() {
+        // A stripe of whole block rows of both layouts.
+        let stripe_rows = lcm(first.rows, second.rows);
+        let stripe = stripe_rows * cols;
+        let per_task = (TASK_ELEMENTS / stripe).max(1);
+        let [first_codes, second_codes] = &mut codes;
+        let [first_scales, second_scales] = &mut scale_inv;
+        let grids = |block: ScaleBlock, grid_cols: usize| stripe_rows / block.rows * grid_cols;
+        let (first_grid, second_grid) = (
+            grids(first, first_grid_cols),
+            grids(second, second_grid_cols),
+        );
+        input
+            .par_chunks(stripe * per_task)
+            .zip(first_codes.par_chunks_mut(stripe * per_task))
+            .zip(second_codes.par_chunks_mut(stripe * per_task))
+            .zip(first_scales.par_chunks_mut(first_grid * per_task))
+            .zip(second_scales.par_chunks_mut(second_grid * per_task))
+            .for_each(
+                |((((input, first_codes), second_codes), first_scales), second_scales)| {
+                    let mut first_parts = first_codes
+                        .chunks_mut(stripe)
+                        .zip(first_scales.chunks_mut(first_grid));
+                    let mut second_parts = second_codes
+                        .chunks_mut(stripe)
+                        .zip(second_scales.chunks_mut(second_grid));
+                    for input in input.chunks(stripe) {
+                        let (codes, scales) = first_parts.next().expect("a stripe of each layout");
+                        quantize_rows(input, cols, (first, first_rule, format), codes, scales);
+                        let (codes, scales) = second_parts.next().expect("a stripe of each layout");
+                        quantize_rows(input, cols, (second, second_rule, format), codes, scales);
+                    }
+                },
+            );
+    }
+    // SAFETY: the stripes cover the input in both layouts, and `quantize_stripe` wrote a code for each element.
+    let [first_codes, second_codes] = codes.map(|codes| unsafe { assume_init(codes) });
+    let [first_scales, second_scales] = scale_inv;
+    Ok([(first_codes, first_scales), (second_codes, second_scales)])
+}
+
+/// Whole rows (`cols` each) in `block`s, one block row of the grid after the other; `scale_inv` holds their
+/// blocks.
+fn quantize_rows(
+    input: &[f32],
+    cols: usize,
+    (block, rule, format): (ScaleBlock, BlockScaleRule, Fp8Format),
+    codes: &mut [MaybeUninit<u8>],
+    scale_inv: &mut [f32],
+) {
+    let stripe = block.rows * cols;
+    let grid_cols = cols.div_ceil(block.cols);
+    let stripes = input.chunks(stripe).zip(codes.chunks_mut(stripe));
+    for ((input, codes), scale_inv) in stripes.zip(scale_inv.chunks_mut(grid_cols)) {
+        quantize_stripe(input, cols, block.cols, (rule, format), codes, scale_inv);
+    }
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    fn gcd(a: usize, b: usize) -> usize {
+        if b == 0 { a } else { gcd(b, a % b) }
+    }
+    a / gcd(a, b) * b
 }
 
 /// One stripe of whole rows (`cols` each, one block row of the grid): each block's amax over its rows and columns,
