@@ -309,7 +309,7 @@ fn quantize_for<B: TeBackend>(
     role: TensorRole,
     [gemm, saved_gemm]: [Gemm; 2],
     (override_margin, save): (Option<f32>, bool),
-) -> Result<(QuantizedOperand<B>, Option<SavedQuantized<B::Fp8Data>>), TeError> {
+) -> Result<QuantizedAndKept<B>, TeError> {
     let k = k_along_cols(gemm, role);
     if !save {
         let quantized =
@@ -353,8 +353,9 @@ fn block_layouts(
     Some([first?, second?])
 }
 
-/// The weight as fprop quantized it, and its copy quantized for dgrad where the backward keeps one.
-type WeightForFprop<B> = (
+/// An operand as a forward GEMM quantized it, and its copy quantized for a backward GEMM where the backward keeps
+/// one.
+type QuantizedAndKept<B> = (
     QuantizedOperand<B>,
     Option<SavedQuantized<<B as TeBackend>::Fp8Data>>,
 );
@@ -367,7 +368,7 @@ fn fprop_weight<B: TeBackend>(
     recipe: &Recipe,
     override_margin: Option<f32>,
     save: bool,
-) -> Result<WeightForFprop<B>, TeError> {
+) -> Result<QuantizedAndKept<B>, TeError> {
     let overridden = override_margin.is_some();
     let role = TensorRole::Weight;
     if let Some(cached) = crate::microbatch::cached::<B>(site, recipe, &weight, overridden) {
