@@ -71,17 +71,10 @@ pub trait TeBackend: Backend {
         format: Fp8Format,
         layouts: [(ScaleBlock, BlockScaleRule); 2],
     ) -> Result<[Fp8Primitive<Self>; 2], TeError> {
-        let [(block, rule), (second_block, second_rule)] = layouts;
-        let first = Self::fp8_quantize(tensor.clone(), format, Scaling::Block { block, rule })?;
-        let second = Self::fp8_quantize(
-            tensor,
-            format,
-            Scaling::Block {
-                block: second_block,
-                rule: second_rule,
-            },
-        )?;
-        Ok([first, second])
+        let [first, second] = layouts.map(|(block, rule)| {
+            Self::fp8_quantize(tensor.clone(), format, Scaling::Block { block, rule })
+        });
+        Ok([first?, second?])
     }
 
     /// Reads a quantized tensor to the host (a sync point): its codes, row-major, and its `scale_inv` values (one,

@@ -280,17 +280,7 @@ macro_rules! host_te_backend {
                         (codes, scale_inv, Some(block))
                     }
                 };
-                Ok(Fp8Tensor {
-                    data: HostFp8Data {
-                        codes: Arc::new(codes),
-                        scale_inv: Arc::new(scale_inv),
-                        nvfp4: None,
-                        device,
-                    },
-                    shape,
-                    format: format.into(),
-                    block,
-                })
+                Ok(fp8_tensor(codes, scale_inv, block, shape, format, device))
             }
 
             fn fp8_quantize_block_pair(
@@ -306,17 +296,8 @@ macro_rules! host_te_backend {
                 let mut layouts = layouts.into_iter();
                 Ok(pair.map(|(codes, scale_inv)| {
                     let (block, _) = layouts.next().expect("one layout per result");
-                    Fp8Tensor {
-                        data: HostFp8Data {
-                            codes: Arc::new(codes),
-                            scale_inv: Arc::new(scale_inv),
-                            nvfp4: None,
-                            device: device.clone(),
-                        },
-                        shape: shape.clone(),
-                        format: format.into(),
-                        block: Some(block),
-                    }
+                    let (shape, device) = (shape.clone(), device.clone());
+                    fp8_tensor(codes, scale_inv, Some(block), shape, format, device)
                 }))
             }
 
@@ -718,6 +699,28 @@ fn nvfp4_quantize<D>(
         format: ElementFormat::E2m1,
         block: Some(tile.block()),
     })
+}
+
+/// A host FP8 tensor of `codes` and their `scale_inv` (one, or one per `block`).
+fn fp8_tensor<D>(
+    codes: Vec<u8>,
+    scale_inv: Vec<f32>,
+    block: Option<ScaleBlock>,
+    shape: Shape,
+    format: Fp8Format,
+    device: D,
+) -> Fp8Tensor<HostFp8Data<D>> {
+    Fp8Tensor {
+        data: HostFp8Data {
+            codes: Arc::new(codes),
+            scale_inv: Arc::new(scale_inv),
+            nvfp4: None,
+            device,
+        },
+        shape,
+        format: format.into(),
+        block,
+    }
 }
 
 /// The FP8 GEMM on the host ([`gemm::host_fp8_gemm`]: the probe's or the requested path), with `bias` (one value
