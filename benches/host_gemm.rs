@@ -5,6 +5,7 @@
 //! - at 1024³, 2048³ and a TransformerLayer's GEMM shapes: Flex's f32 matmul (what an f32 model runs), and the FP8
 //!   GEMM of pre-quantized E4M3 operands on each host path this CPU has (`amxbf16` and `avx512bf16`: codes to bf16,
 //!   pack, `tdpbf16ps` or `vdpbf16ps`; `avx512fma` and `avx2fma`: codes to f32, pack, `vfmadd231ps` on zmm or ymm; `f32`: decode to f32 and the `gemm` crate);
+//! - the char-GPT's fc1 and fc2 with per-tensor, Float8BlockScaling and MXFP8 operands on each path;
 //! - a TransformerLayer training step (hidden 1024 and 2048, FFN 4×hidden, 1024 tokens, DelayedScaling) on
 //!   `Autodiff<Te<Flex>>` on each path against the same step in f32 on `Autodiff<Flex>`, and both with the TE
 //!   modules composing Burn ops for their element-wise work (`with_composed_elementwise`: without the fused ops),
@@ -24,7 +25,7 @@ use burn::tensor::Distribution;
 use burn_te::fused::{with_composed_attention_core, with_composed_elementwise};
 use burn_te::host::gemm::{HostGemmPath, with_host_gemm_path};
 use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
-use burn_te::{Fp8Primitive, Te, TeBackend};
+use burn_te::{BlockScaleRule, Fp8Format, Fp8Primitive, ScaleBlock, Scaling, Te, TeBackend};
 use criterion::{Criterion, Throughput, criterion_group};
 
 use common::{input, quantize};
@@ -208,6 +209,52 @@ fn gemms(c: &mut Criterion) {
     }
 }
 
+/// `t` quantized to E4M3 in blocks of `block` with `rule`'s scales.
+fn block_quantize(
+    t: &Tensor<Flex, 2>,
+    block: ScaleBlock,
+    rule: BlockScaleRule,
+) -> Fp8Primitive<Flex> {
+    Flex::fp8_quantize(
+        t.clone().into_primitive().tensor(),
+        Fp8Format::E4M3,
+        Scaling::Block { block, rule },
+    )
+    .expect("block quantize")
+}
+
+/// The char-GPT's fc1 and fc2 fprop with per-tensor operands against the same with block-scaled ones (each block
+/// along the GEMM's depth, as TE's recipes lay them): what a block scale costs each path.
+fn block_scaled_gemms(c: &mut Criterion) {
+    for (name, m, k, n) in [SHAPES[5], SHAPES[6]] {
+        let mut group = c.benchmark_group(format!("host gemm block-scaled {name} ({m}x{k}x{n})"));
+        group.sample_size(10);
+        group.throughput(Throughput::Elements(2 * (m * k * n) as u64));
+        let (a, b) = (input(m, k, 0), input(k, n, 1));
+        let scalings = [
+            ("per-tensor", quantize(&a), quantize(&b)),
+            (
+                "Float8BlockScaling 1x128 . 128x128",
+                block_quantize(&a, ScaleBlock::new(1, 128), BlockScaleRule::Pow2),
+                block_quantize(&b, ScaleBlock::new(128, 128), BlockScaleRule::Pow2),
+            ),
+            (
+                "MXFP8 1x32 . 32x1",
+                block_quantize(&a, ScaleBlock::new(1, 32), BlockScaleRule::E8m0),
+                block_quantize(&b, ScaleBlock::new(32, 1), BlockScaleRule::E8m0),
+            ),
+        ];
+        for path in HostGemmPath::available_paths() {
+            for (scaling, qa, qb) in &scalings {
+                group.bench_function(format!("{scaling} on {}", path.name()), |bench| {
+                    bench.iter(|| fp8_gemm_on(path, qa, qb))
+                });
+            }
+        }
+        group.finish();
+    }
+}
+
 /// A TransformerLayer (hidden `h`, FFN 4·h, 16 heads), its input `[128, 8, h]` (1024 tokens) and a target.
 fn layer_inputs<B: Backend>(h: usize) -> (TransformerLayer<B>, Tensor<B, 3>, Tensor<B, 3>) {
     let device = Default::default();
@@ -261,7 +308,7 @@ fn transformer_layer(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, peak, gemms, transformer_layer);
+criterion_group!(benches, peak, gemms, block_scaled_gemms, transformer_layer);
 
 /// Each packed path's GEMM as a share of its instruction's peak, for a machine whose speed drifts within seconds
 /// (a peak measured minutes before a GEMM says little): 7 triples of the peak on every thread, the GEMM (best of

@@ -19,9 +19,9 @@ use burn_te::{
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Fp8Primitive, Gemm, GemmSite,
     MXFP8BlockScaling, NVFP4BlockScaling, Recipe, Te, TeBackend, TensorRole, fp8_autocast,
 };
-use burn_te_kernels::Fp8Format;
 use burn_te_kernels::host::gemm::bf16::{Avx512Bf16Kernel as Bf16, exact_bf16};
 use burn_te_kernels::nvfp4::decode_e2m1;
+use burn_te_kernels::{Fp8Format, ScaleBlock};
 
 use crate::common::{Rng, alone, f32_from_hex, tsv_rows};
 use crate::nvfp4::nvfp4_tsv;
@@ -735,8 +735,9 @@ fn exact_product(a: &[u8], b: &[u8], (m, k, n): (usize, usize, usize)) -> Vec<f3
     out.into_iter().map(|v| v as f32 / 16.0).collect()
 }
 
-/// One packed kernel on every layout and both element sources, bit for bit against [`exact_product`]; `Err` from
-/// the GEMM where the CPU lacks the path.
+/// One packed kernel on every layout and every element source, bit for bit against [`exact_product`] (codes
+/// through a table, decoded values) or an f64 re-computation (codes with a power-of-two factor per block); `Err`
+/// from the GEMM where the CPU lacks the path.
 fn packed_gemm_matches<K: burn_te_kernels::host::gemm::Kernel>(
     (m, k, n): (usize, usize, usize),
     element: impl Fn(f32) -> K::Element,
@@ -769,6 +770,27 @@ fn packed_gemm_matches<K: burn_te_kernels::host::gemm::Kernel>(
             ("neither contiguous", 5, (2 * cols + 3, 2)),
         ]
     };
+    // Codes with a factor per block: the stored codes read as a row-major matrix of `stored_cols` columns (padded
+    // to whole rows), cut into `block`s (partial at the edges), each with a power of two from 1/2 to 4, so that
+    // every product and sum stays exact in f32.
+    let values: [f32; 256] = std::array::from_fn(|c| quarter(c as u8));
+    let mut factor_rng = Rng::new(seed ^ 0xb10c);
+    let mut blocked = |mut stored: Vec<u8>, stored_cols: usize, block: ScaleBlock| {
+        stored.resize(stored.len().div_ceil(stored_cols) * stored_cols, 0xff);
+        let grid =
+            (stored.len() / stored_cols).div_ceil(block.rows) * stored_cols.div_ceil(block.cols);
+        let factors: Vec<f32> = (0..grid)
+            .map(|_| [0.5, 1.0, 2.0, 4.0][(factor_rng.next_u64() % 4) as usize])
+            .collect();
+        let element = |i: usize| {
+            let (row, col) = (i / stored_cols, i % stored_cols);
+            let factor =
+                factors[row / block.rows * stored_cols.div_ceil(block.cols) + col / block.cols];
+            f64::from(values[usize::from(stored[i])]) * f64::from(factor)
+        };
+        let decoded: Vec<f64> = (0..stored.len()).map(element).collect();
+        (stored, factors, decoded)
+    };
     for (lhs_layout, lhs_offset, lhs_strides) in layouts((m, k)) {
         for (rhs_layout, rhs_offset, rhs_strides) in layouts((k, n)) {
             let lhs_codes = store(&a, (m, k), lhs_offset, lhs_strides);
@@ -782,9 +804,58 @@ fn packed_gemm_matches<K: burn_te_kernels::host::gemm::Kernel>(
                 Elements::Codes(&rhs_codes, &table),
             );
             let as_values = (Elements::Values(&lhs_values), Elements::Values(&rhs_values));
-            for (source, (lhs_elements, rhs_elements)) in
-                [("codes", as_codes), ("values", as_values)]
-            {
+            // The stored matrix's columns: one fewer than the larger stride, so that a lane's contiguous depth
+            // (or a depth's contiguous lanes) runs across the stored rows and their blocks, not only along one
+            // (the burn-te tests above cover the layouts the backends store).
+            let stored_cols = |(rs, cs): (usize, usize)| rs.max(cs) - 1;
+            let (lhs_cols, rhs_cols) = (stored_cols(lhs_strides), stored_cols(rhs_strides));
+            let (lhs_blocked, lhs_factors, lhs_decoded) =
+                blocked(lhs_codes.clone(), lhs_cols, ScaleBlock::new(2, 7));
+            let (rhs_blocked, rhs_factors, rhs_decoded) =
+                blocked(rhs_codes.clone(), rhs_cols, ScaleBlock::new(7, 2));
+            let blocks = |codes, cols, block, factors| {
+                Elements::Blocks(gemm::BlockCodes {
+                    codes,
+                    values: &values,
+                    cols,
+                    block,
+                    factors,
+                })
+            };
+            let as_blocks = (
+                blocks(&lhs_blocked, lhs_cols, ScaleBlock::new(2, 7), &lhs_factors),
+                blocks(&rhs_blocked, rhs_cols, ScaleBlock::new(7, 2), &rhs_factors),
+            );
+            // The blocked operands as dense matrices from each element's position, their product in f64 (exact,
+            // so the order of the sums does not matter). At the large shape, each layout of each operand once
+            // (the pairs of the same layout), for the test's time.
+            let lhs_dense: Vec<f64> = (0..m * k)
+                .map(|i| lhs_decoded[lhs_offset + i / k * lhs_strides.0 + i % k * lhs_strides.1])
+                .collect();
+            let rhs_dense: Vec<f64> = (0..k * n)
+                .map(|i| rhs_decoded[rhs_offset + i / n * rhs_strides.0 + i % n * rhs_strides.1])
+                .collect();
+            let mut expected_blocks = vec![0f64; m * n];
+            let with_blocks = lhs_layout == rhs_layout || m * k * n < 100_000;
+            if with_blocks {
+                for (row, out) in expected_blocks.chunks_exact_mut(n).enumerate() {
+                    for (&x, w) in lhs_dense[row * k..][..k]
+                        .iter()
+                        .zip(rhs_dense.chunks_exact(n))
+                    {
+                        out.iter_mut().zip(w).for_each(|(o, &y)| *o += x * y);
+                    }
+                }
+            }
+            let expected_blocks: Vec<f32> = expected_blocks.into_iter().map(|v| v as f32).collect();
+            let mut sources = vec![
+                ("codes", as_codes, &expected),
+                ("values", as_values, &expected),
+            ];
+            if with_blocks {
+                sources.push(("codes with block factors", as_blocks, &expected_blocks));
+            }
+            for (source, (lhs_elements, rhs_elements), expected) in sources {
                 let what = format!(
                     "{} {m}×{k}×{n}: lhs {lhs_layout}, rhs {rhs_layout}, {source}",
                     K::PATH
@@ -807,7 +878,7 @@ fn packed_gemm_matches<K: burn_te_kernels::host::gemm::Kernel>(
                 gemm::gemm(&lhs, &rhs, plain, &mut out)?;
                 // SAFETY: every value was initialized (NaN) before the GEMM wrote it.
                 let out = unsafe { burn_te_kernels::host::assume_init(out) };
-                for (i, (got, want)) in out.iter().zip(&expected).enumerate() {
+                for (i, (got, want)) in out.iter().zip(expected.iter()).enumerate() {
                     assert_eq!(
                         got.to_bits(),
                         want.to_bits(),
@@ -823,7 +894,7 @@ fn packed_gemm_matches<K: burn_te_kernels::host::gemm::Kernel>(
                 gemm::gemm(&lhs, &rhs, epilogue, &mut out)?;
                 // SAFETY: as above.
                 let out = unsafe { burn_te_kernels::host::assume_init(out) };
-                for (i, (got, want)) in out.iter().zip(&expected).enumerate() {
+                for (i, (got, want)) in out.iter().zip(expected.iter()).enumerate() {
                     let want = (f64::from(*want) * 0.5 + f64::from(bias[i % n])) as f32;
                     assert_eq!(
                         got.to_bits(),
@@ -1234,6 +1305,44 @@ fn packing_out_of_bounds_is_an_error() {
         "{err:?}"
     );
     assert!(err.to_string().contains("beyond usize::MAX"), "{err}");
+    // Codes with block factors: one factor short of the 13 × 45 grid's 7 × 2 blocks of 2 × 32, and codes that do
+    // not fill whole rows.
+    let values = [1f32; 256];
+    let factors = [1f32; 14];
+    let codes = vec![0u8; m * k];
+    let blocks = |codes, cols, factors| Source {
+        elements: Elements::Blocks(gemm::BlockCodes {
+            codes,
+            values: &values,
+            cols,
+            block: ScaleBlock::new(2, 32),
+            factors,
+        }),
+        offset: 0,
+        strides: (k, 1),
+    };
+    gemm::pack_lhs::<Avx2FmaKernel>(m, k, &blocks(&codes, k, &factors))
+        .expect("one factor per block");
+    for (codes, cols, factors) in [
+        (&codes[..], k, &factors[..13]),
+        (&codes[..m * k - 1], k, &factors[..]),
+    ] {
+        let err = gemm::pack_lhs::<Avx2FmaKernel>(m, k, &blocks(codes, cols, factors))
+            .err()
+            .expect("the factors do not fit the blocks");
+        assert!(
+            matches!(err, HostGemmError::BlockFactors { factors: f, .. } if f == factors.len()),
+            "{err:?}"
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!(
+                "{} codes of {k} columns in blocks of 2 × 32",
+                codes.len()
+            )) && message.contains(&format!("not {}", factors.len())),
+            "{message}"
+        );
+    }
 }
 
 /// Packed operands of 4 MiB and more come from the host outputs' process-wide pool, within its bound: a freed

@@ -1,5 +1,6 @@
-//! The packed paths (`avx512bf16`, `avx512fma`, `avx2fma`): each operand's codes become the path's element exactly — through a
-//! table of the 256 codes when nothing is folded, else decoded with the block scale folded in — and
+//! The packed paths (`amxbf16`, `avx512bf16`, `avx512fma`, `avx2fma`): each operand's codes become the path's
+//! element exactly as they are packed — through a table of the 256 codes when nothing is folded, else with the
+//! block's scale folded in ([`BlockCodes`]) — and
 //! [`burn_te_kernels::host::gemm`] packs and multiplies them; per-tensor scales and NVFP4's global scales are
 //! applied to the f32 output as one factor.
 //!
@@ -11,16 +12,15 @@
 use burn_te_kernels::Fp8Format;
 use burn_te_kernels::ScaleBlock;
 use burn_te_kernels::host::gemm::bf16::exact_bf16;
-use burn_te_kernels::host::gemm::{self, Elements, Kernel, PackedElement, Source};
+use burn_te_kernels::host::gemm::{self, BlockCodes, Elements, Kernel, PackedElement, Source};
 
-use super::operand::{HostOperand, decode_blocked};
+use super::operand::HostOperand;
 
 /// A packed path's element made from a decoded value.
 pub(super) trait PathElement: PackedElement {
-    /// Whether `value` is exactly an element (and not flushed by the instruction).
+    /// Whether `value` is exactly an element (and not flushed by the instruction): then
+    /// [`PackedElement::of_value`] gives it exactly.
     fn is_exact(value: f32) -> bool;
-    /// The element of `value`, exact where [`PathElement::is_exact`] holds.
-    fn of(value: f32) -> Self;
     /// Whether a block scale that keeps some value inexact may be folded anyway, rounded once (f32), or must make
     /// the operand fall back (bf16).
     const ROUNDED_FOLDS: bool;
@@ -31,14 +31,6 @@ impl PathElement for u16 {
     fn is_exact(value: f32) -> bool {
         exact_bf16(value).is_some()
     }
-    fn of(value: f32) -> Self {
-        // `exact_bf16(value)` where that is `Some`, else the truncated bits: either way the top half, but a NaN's
-        // quiet form — without branches, so the decoding loops stay tight.
-        let bits = value.to_bits();
-        let nan = bits & 0x7fff_ffff > 0x7f80_0000;
-        let top = (bits >> 16) as u16;
-        if nan { top & 0x8000 | 0x7fc0 } else { top }
-    }
     const ROUNDED_FOLDS: bool = false;
 }
 
@@ -46,9 +38,6 @@ impl PathElement for u16 {
 impl PathElement for u32 {
     fn is_exact(_: f32) -> bool {
         true
-    }
-    fn of(value: f32) -> Self {
-        value.to_bits()
     }
     const ROUNDED_FOLDS: bool = true;
 }
@@ -78,7 +67,7 @@ impl<'a, E: PathElement> Decoding<'a, E> {
                 operand.format.name()
             ));
         }
-        let elements = table.map(E::of);
+        let elements = table.map(E::of_value);
         let (fold, alpha) = match (operand.block, operand.nvfp4) {
             (None, _) => (None, f64::from(operand.scale_inv[0])),
             // E2M1 × E4M3: at most 5 significant bits, exponents far inside bf16's (tested for every pair).
@@ -109,16 +98,19 @@ impl<'a, E: PathElement> Decoding<'a, E> {
         })
     }
 
-    /// The stored tensor's elements: the codes through the table when nothing is folded, else decoded (row-major,
-    /// `cols` columns).
-    fn stored(&self, cols: usize) -> Stored<'_, E> {
-        let Some((block, factors)) = &self.fold else {
-            return Stored::Table(self.codes, &self.elements);
-        };
-        let mut out = vec![E::ZERO; self.codes.len()];
-        let element = |code: u8, factor: f32| E::of(self.table[usize::from(code)] * factor);
-        decode_blocked(self.codes, cols, *block, factors, &mut out, element);
-        Stored::Decoded(out)
+    /// The stored tensor's elements (row-major, `cols` columns): the codes through the table when nothing is
+    /// folded, else with each block's factor folded in as they are packed.
+    fn elements(&self, cols: usize) -> Elements<'_, E> {
+        match &self.fold {
+            None => Elements::Codes(self.codes, &self.elements),
+            Some((block, factors)) => Elements::Blocks(BlockCodes {
+                codes: self.codes,
+                values: &self.table,
+                cols,
+                block: *block,
+                factors,
+            }),
+        }
     }
 }
 
@@ -146,26 +138,15 @@ fn check_exact_folds<E: PathElement>(
     Ok(())
 }
 
-/// An operand's elements.
-enum Stored<'a, E> {
-    /// Codes and the element of each code.
-    Table(&'a [u8], &'a [E; 256]),
-    /// Each element.
-    Decoded(Vec<E>),
-}
-
-/// Batch `b`'s matrix of `operand` as the GEMM reads it, its elements from `stored`.
+/// Batch `b`'s matrix of `operand` as the GEMM reads it, its stored `elements`.
 fn source<'a, E: Copy>(
     operand: &HostOperand<'_>,
-    stored: &'a Stored<'_, E>,
+    elements: Elements<'a, E>,
     b: usize,
 ) -> Source<'a, E> {
     let (offset, strides) = operand.layout(b);
     Source {
-        elements: match stored {
-            Stored::Table(codes, table) => Elements::Codes(codes, table),
-            Stored::Decoded(values) => Elements::Values(values),
-        },
+        elements,
         offset,
         strides,
     }
@@ -189,12 +170,12 @@ where
         Decoding::<K::Element>::new(rhs).map_err(|err| format!("right operand: {err}"))?,
     );
     let alpha = (lhs_decoding.alpha * rhs_decoding.alpha) as f32;
-    let (lhs_stored, rhs_stored) = (
-        lhs_decoding.stored(lhs.dims.2),
-        rhs_decoding.stored(rhs.dims.2),
+    let (lhs_elements, rhs_elements) = (
+        lhs_decoding.elements(lhs.dims.2),
+        rhs_decoding.elements(rhs.dims.2),
     );
-    let pack_lhs = |b| gemm::pack_lhs::<K>(m, k, &source(lhs, &lhs_stored, b));
-    let pack_rhs = |b| gemm::pack_rhs::<K>(k, n, &source(rhs, &rhs_stored, b));
+    let pack_lhs = |b| gemm::pack_lhs::<K>(m, k, &source(lhs, lhs_elements, b));
+    let pack_rhs = |b| gemm::pack_rhs::<K>(k, n, &source(rhs, rhs_elements, b));
     let shared_lhs = (lhs.dims.0 <= 1).then(|| pack_lhs(0)).transpose();
     let shared_rhs = (rhs.dims.0 <= 1).then(|| pack_rhs(0)).transpose();
     let (shared_lhs, shared_rhs) = (

@@ -10,12 +10,12 @@
 //!   is an f32 value; a folded block scale that is not a power of two is rounded once in f32.
 //!
 //! Per-tensor scales (DelayedScaling, Float8CurrentScaling, NVFP4's global scale) are applied to the f32 output as
-//! one factor `alpha`; block scales are folded into the elements by the callers. The products are exact in f32 and
+//! one factor `alpha`; block scales are folded into the elements as they are packed ([`BlockCodes`]). The products are exact in f32 and
 //! each is added to its f32 accumulator with one rounding, so the result differs from the exact sum by at most
 //! `γ_k · Σ|a·b|` (`γ_k = k·u / (1 − k·u)`, `u = 2⁻²⁴`) plus one rounding of `alpha`'s product.
 //!
-//! The pieces: [`pack_lhs`] / [`pack_rhs`] lay a stored matrix (any offset and strides, FP8 codes through a table
-//! or decoded elements) out as the micro-kernel reads it ([`pack`]); [`gemm`] splits the output into tiles across
+//! The pieces: [`pack_lhs`] / [`pack_rhs`] lay a stored matrix (any offset and strides, FP8 codes through a table,
+//! codes with a factor per block ([`BlockCodes`]) or decoded elements) out as the micro-kernel reads it ([`pack`]); [`gemm`] splits the output into tiles across
 //! rayon's threads, runs the micro-kernel over cache-sized depth blocks and finishes each task's output with the
 //! [`Epilogue`] (output factor, bias) while it is in cache ([`blocked`]); packed buffers of 4 MiB
 //! and more come from the host outputs' process-wide pool ([`crate::host::pool`]). Which path runs is
@@ -27,6 +27,7 @@
 
 pub mod amx;
 pub mod bf16;
+mod block_codes;
 mod blocked;
 pub mod fma;
 pub mod fma512;
@@ -34,6 +35,7 @@ mod pack;
 pub mod pack_vbmi;
 mod zmm_tile;
 
+pub use block_codes::BlockCodes;
 pub use blocked::{Epilogue, fill_bias_rows, gemm};
 pub use pack::{Elements, PackedElement, PackedLhs, PackedRhs, Source, pack_lhs, pack_rhs};
 
@@ -188,6 +190,24 @@ pub enum HostGemmError {
         lanes: usize,
         /// Depth.
         depth: usize,
+    },
+    /// A block-scaled operand's codes do not fill whole rows, or its factors are not one per block.
+    #[error(
+        "{what}: {codes} codes of {cols} columns in blocks of {} × {} need one factor per block, not {factors}",
+        block.0,
+        block.1
+    )]
+    BlockFactors {
+        /// The path packing it.
+        what: HostGemmPath,
+        /// Stored codes.
+        codes: usize,
+        /// Columns of the stored matrix.
+        cols: usize,
+        /// The block's rows and columns.
+        block: (usize, usize),
+        /// Factors given.
+        factors: usize,
     },
     /// The two operands' depths differ.
     #[error("{what}: the left operand's depth {lhs} differs from the right's {rhs}")]

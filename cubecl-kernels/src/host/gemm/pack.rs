@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 
 use rayon::prelude::*;
 
-use super::{HostGemmError, Kernel};
+use super::{BlockCodes, HostGemmError, Kernel};
 use crate::host::pool::{HostBuffer, POOLED_FROM};
 
 /// An element of a packed operand: `PER_UNIT` consecutive depth elements make one 32-bit unit.
@@ -16,6 +16,8 @@ pub trait PackedElement: Copy + Send + Sync + 'static {
     const ZERO: Self;
     /// The unit of `lo` and, where `PER_UNIT` is 2, `hi` in the upper half (ignored otherwise).
     fn unit(lo: Self, hi: Self) -> u32;
+    /// The element of `value`: exact where `value` is one (bf16: its top half, a NaN's quiet form; f32: its bits).
+    fn of_value(value: f32) -> Self;
     /// The code table as bf16 bits, which the vector packing ([`super::pack_vbmi`]) takes: every entry's value must
     /// be a bf16 value (`None` otherwise).
     fn bf16_table(table: &[Self; 256]) -> Option<[u16; 256]>;
@@ -29,6 +31,14 @@ impl PackedElement for u16 {
     fn unit(lo: Self, hi: Self) -> u32 {
         u32::from(lo) | u32::from(hi) << 16
     }
+    #[inline(always)]
+    fn of_value(value: f32) -> Self {
+        // The top half without branches, so the decoding loops stay tight; a NaN keeps its sign, quiet.
+        let bits = value.to_bits();
+        let nan = bits & 0x7fff_ffff > 0x7f80_0000;
+        let top = (bits >> 16) as u16;
+        if nan { top & 0x8000 | 0x7fc0 } else { top }
+    }
     fn bf16_table(table: &[Self; 256]) -> Option<[u16; 256]> {
         Some(*table)
     }
@@ -41,6 +51,10 @@ impl PackedElement for u32 {
     #[inline(always)]
     fn unit(lo: Self, _: Self) -> u32 {
         lo
+    }
+    #[inline(always)]
+    fn of_value(value: f32) -> Self {
+        value.to_bits()
     }
     /// An f32 whose low 16 bits are zero is its bf16 bits shifted up: every FP8 and E2M1 code's value is one
     /// (a table with a scale folded in need not be).
@@ -71,6 +85,8 @@ pub enum Elements<'a, E> {
     Codes(&'a [u8], &'a [E; 256]),
     /// The elements.
     Values(&'a [E]),
+    /// Codes whose blocks each have a factor, each element made while its panel is packed.
+    Blocks(BlockCodes<'a>),
 }
 
 impl<E> Elements<'_, E> {
@@ -78,6 +94,7 @@ impl<E> Elements<'_, E> {
         match self {
             Elements::Codes(codes, _) => codes.len(),
             Elements::Values(values) => values.len(),
+            Elements::Blocks(blocks) => blocks.codes.len(),
         }
     }
 }
@@ -250,6 +267,9 @@ impl Lines {
             group,
             row_groups,
         } = self;
+        if let Elements::Blocks(blocks) = &source.elements {
+            blocks.check(path)?;
+        }
         let stored = source.elements.len();
         if lanes > 0 && depth > 0 {
             let last = (lanes - 1)
@@ -305,11 +325,11 @@ impl Lines {
             Elements::Codes(_, table) => {
                 E::bf16_table(table).and_then(|table| super::pack_vbmi::lookup(table, E::PER_UNIT))
             }
-            Elements::Values(_) => None,
+            Elements::Values(_) | Elements::Blocks(_) => None,
         };
         data.par_chunks_mut(panel_len.max(1))
             .enumerate()
-            .for_each(|(i, panel)| {
+            .for_each_init(Vec::<E>::new, |scratch, (i, panel)| {
                 let count = width.min(lanes - i * width);
                 let base = source.offset + i * width * lane_stride;
                 // The leading units of each lane already laid out in groups (the vector packing of a
@@ -328,6 +348,10 @@ impl Lines {
                         }
                     }
                     Elements::Values(values) => self.panel(panel, count, base, values, |e| e),
+                    Elements::Blocks(blocks) => {
+                        let lines = self.decode_panel(scratch, count, base, &blocks);
+                        lines.panel(panel, count, 0, scratch, |e| e);
+                    }
                 }
                 panel[depth_units * width..].fill(0);
                 let (head, panel) = panel.split_at_mut(grouped * width);
@@ -436,6 +460,47 @@ impl Lines {
                         last(data[at])
                     };
                 }
+            }
+        }
+    }
+
+    /// The `count` lanes from `base` of block-scaled codes decoded into `scratch`, and the lines that read them
+    /// there: lane by lane where each lane's depth is contiguous (or neither is), depth by depth where the lanes
+    /// are, so the codes are read in order in runs of one block.
+    fn decode_panel<E: PackedElement>(
+        &self,
+        scratch: &mut Vec<E>,
+        count: usize,
+        base: usize,
+        blocks: &BlockCodes<'_>,
+    ) -> Lines {
+        let (depth, lane_stride, depth_stride) = (self.depth, self.lane_stride, self.depth_stride);
+        scratch.clear();
+        scratch.resize(count * depth, E::ZERO);
+        if lane_stride == 1 && depth_stride != 1 {
+            for (d, line) in scratch.chunks_exact_mut(count.max(1)).enumerate() {
+                blocks.decode_run(base + d * depth_stride, line);
+            }
+            Lines {
+                lane_stride: 1,
+                depth_stride: count,
+                ..*self
+            }
+        } else {
+            for (l, line) in scratch.chunks_exact_mut(depth.max(1)).enumerate() {
+                let first = base + l * lane_stride;
+                if depth_stride == 1 {
+                    blocks.decode_run(first, line);
+                } else {
+                    for (d, element) in line.iter_mut().enumerate() {
+                        blocks.decode_run(first + d * depth_stride, std::slice::from_mut(element));
+                    }
+                }
+            }
+            Lines {
+                lane_stride: depth,
+                depth_stride: 1,
+                ..*self
             }
         }
     }
