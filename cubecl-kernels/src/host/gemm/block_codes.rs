@@ -42,26 +42,34 @@ impl BlockCodes<'_> {
         Ok(())
     }
 
-    /// `out[j]` = stored element `at + j`, consecutive elements of one row or of rows that follow each other: runs
-    /// inside one block, each block's factor looked up once.
+    /// `out[j]` = stored element `at + j`, consecutive elements of one row or of rows that follow each other: one
+    /// division per stored row, then block by block, each block's factor read once.
     #[inline]
     pub(super) fn decode_run<E: PackedElement>(&self, at: usize, out: &mut [E]) {
-        let grid_cols = self.cols.div_ceil(self.block.cols);
+        let (block_cols, grid_cols) = (self.block.cols, self.cols.div_ceil(self.block.cols));
+        let fill = |out: &mut [E], codes: &[u8], factor: f32| {
+            for (o, &code) in out.iter_mut().zip(codes) {
+                *o = E::of_value(self.values[usize::from(code)] * factor);
+            }
+        };
         let mut done = 0;
         while done < out.len() {
             let i = at + done;
             let (row, col) = (i / self.cols, i % self.cols);
-            let run = (self.block.cols - col % self.block.cols)
-                .min(self.cols - col)
-                .min(out.len() - done);
-            let factor = self.factors[row / self.block.rows * grid_cols + col / self.block.cols];
-            for (o, &code) in out[done..done + run]
-                .iter_mut()
-                .zip(&self.codes[i..i + run])
-            {
-                *o = E::of_value(self.values[usize::from(code)] * factor);
+            let len = (self.cols - col).min(out.len() - done);
+            let factors = &self.factors[row / self.block.rows * grid_cols..][..grid_cols];
+            let (out, codes) = (&mut out[done..done + len], &self.codes[i..i + len]);
+            // The first block from `col` (maybe partial), then whole blocks (the last maybe cut by the run).
+            let head = (block_cols - col % block_cols).min(len);
+            let first = col / block_cols;
+            fill(&mut out[..head], &codes[..head], factors[first]);
+            let blocks = out[head..]
+                .chunks_mut(block_cols)
+                .zip(codes[head..].chunks(block_cols));
+            for ((out, codes), &factor) in blocks.zip(&factors[first + 1..]) {
+                fill(out, codes, factor);
             }
-            done += run;
+            done += len;
         }
     }
 }
