@@ -10,13 +10,14 @@
 //!   is an f32 value; a folded block scale that is not a power of two is rounded once in f32.
 //!
 //! Per-tensor scales (DelayedScaling, Float8CurrentScaling, NVFP4's global scale) are applied to the f32 output as
-//! one factor `alpha`; block scales are folded into the elements as they are packed ([`BlockCodes`]). The products are exact in f32 and
-//! each is added to its f32 accumulator with one rounding, so the result differs from the exact sum by at most
-//! `γ_k · Σ|a·b|` (`γ_k = k·u / (1 − k·u)`, `u = 2⁻²⁴`) plus one rounding of `alpha`'s product.
+//! one factor `alpha`; block scales are folded into the elements as they are packed ([`BlockCodes`]). The
+//! products are exact in f32 and each is added to its f32 accumulator with one rounding, so the result differs
+//! from the exact sum by at most `γ_k · Σ|a·b|` (`γ_k = k·u / (1 − k·u)`, `u = 2⁻²⁴`) plus one rounding of
+//! `alpha`'s product.
 //!
-//! The pieces: [`pack_lhs`] / [`pack_rhs`] lay a stored matrix (any offset and strides, FP8 codes through a table,
-//! codes with a factor per block ([`BlockCodes`]) or decoded elements) out as the micro-kernel reads it ([`pack`]); [`gemm`] splits the output into tiles across
-//! rayon's threads, runs the micro-kernel over cache-sized depth blocks and finishes each task's output with the
+//! The pieces: [`pack_lhs`] / [`pack_rhs`] lay a stored matrix (any offset and strides; FP8 codes through a table,
+//! codes with a factor per block ([`BlockCodes`]) or decoded elements) out as the micro-kernel reads it
+//! ([`pack`]); [`gemm`] splits the output into tiles across rayon's threads, runs the micro-kernel over cache-sized depth blocks and finishes each task's output with the
 //! [`Epilogue`] (output factor, bias) while it is in cache ([`blocked`]); packed buffers of 4 MiB
 //! and more come from the host outputs' process-wide pool ([`crate::host::pool`]). Which path runs is
 //! [`HostGemmPath`]'s business, measured by the caller (burn-te's host backend probes them at first use).
