@@ -735,9 +735,9 @@ fn exact_product(a: &[u8], b: &[u8], (m, k, n): (usize, usize, usize)) -> Vec<f3
     out.into_iter().map(|v| v as f32 / 16.0).collect()
 }
 
-/// One packed kernel on every layout and every element source, bit for bit against [`exact_product`] (codes
-/// through a table, decoded values) or an f64 re-computation (codes with a power-of-two factor per block); `Err`
-/// from the GEMM where the CPU lacks the path.
+/// One packed kernel on every layout and both element sources, bit for bit against [`exact_product`] (codes
+/// through a table) or an f64 re-computation (codes with a power-of-two factor per block); `Err` from the GEMM
+/// where the CPU lacks the path.
 fn packed_gemm_matches<K: burn_te_kernels::host::gemm::Kernel>(
     (m, k, n): (usize, usize, usize),
     element: impl Fn(f32) -> K::Element,
@@ -795,15 +795,10 @@ fn packed_gemm_matches<K: burn_te_kernels::host::gemm::Kernel>(
         for (rhs_layout, rhs_offset, rhs_strides) in layouts((k, n)) {
             let lhs_codes = store(&a, (m, k), lhs_offset, lhs_strides);
             let rhs_codes = store(&b, (k, n), rhs_offset, rhs_strides);
-            let lhs_values: Vec<K::Element> =
-                lhs_codes.iter().map(|&c| table[c as usize]).collect();
-            let rhs_values: Vec<K::Element> =
-                rhs_codes.iter().map(|&c| table[c as usize]).collect();
             let as_codes = (
                 Elements::Codes(&lhs_codes, &table),
                 Elements::Codes(&rhs_codes, &table),
             );
-            let as_values = (Elements::Values(&lhs_values), Elements::Values(&rhs_values));
             // The stored matrix's columns: one fewer than the larger stride, so that a lane's contiguous depth
             // (or a depth's contiguous lanes) runs across the stored rows and their blocks, not only along one
             // (the burn-te tests above cover the layouts the backends store).
@@ -848,10 +843,7 @@ fn packed_gemm_matches<K: burn_te_kernels::host::gemm::Kernel>(
                 }
             }
             let expected_blocks: Vec<f32> = expected_blocks.into_iter().map(|v| v as f32).collect();
-            let mut sources = vec![
-                ("codes", as_codes, &expected),
-                ("values", as_values, &expected),
-            ];
+            let mut sources = vec![("codes", as_codes, &expected)];
             if with_blocks {
                 sources.push(("codes with block factors", as_blocks, &expected_blocks));
             }
@@ -941,9 +933,8 @@ impl burn_te_kernels::host::gemm::Kernel for EmulatedBf16 {
 }
 
 /// The packed kernels read through strides (a depth-contiguous, a lane-contiguous and a general layout with an
-/// offset; codes through a table and elements), bit-exact against an integer re-computation, without and with the
-/// epilogue's factor and bias: at a small shape,
-/// and at one that crosses several depth blocks, row blocks and column blocks of every path with partial last
+/// offset; codes through a table, and codes with a factor per block), bit-exact against an integer (or f64)
+/// re-computation, without and with the epilogue's factor and bias: at a small shape, and at one that crosses several depth blocks, row blocks and column blocks of every path with partial last
 /// blocks (bf16: 384 depths per block, the FMA paths 256, AMX 1024 in groups of 32; 144 rows per task, AMX 256;
 /// 256 columns), so that the loop adding each later depth block into the output is what the result depends on. A
 /// path this CPU lacks must say so; the bf16 path's packing and blocking run everywhere with an emulated

@@ -16,11 +16,11 @@
 //! `alpha`'s product.
 //!
 //! The pieces: [`pack_lhs`] / [`pack_rhs`] lay a stored matrix (any offset and strides; FP8 codes through a table,
-//! codes with a factor per block ([`BlockCodes`]) or decoded elements) out as the micro-kernel reads it
-//! ([`pack`]); [`gemm`] splits the output into tiles across rayon's threads, runs the micro-kernel over cache-sized depth blocks and finishes each task's output with the
-//! [`Epilogue`] (output factor, bias) while it is in cache ([`blocked`]); packed buffers of 4 MiB
-//! and more come from the host outputs' process-wide pool ([`crate::host::pool`]). Which path runs is
-//! [`HostGemmPath`]'s business, measured by the caller (burn-te's host backend probes them at first use).
+//! or codes with a factor per block, [`BlockCodes`]) out as the micro-kernel reads it ([`pack`]); [`gemm`] splits
+//! the output into tiles across rayon's threads, runs the micro-kernel over cache-sized depth blocks and finishes
+//! each task's output with the [`Epilogue`] (output factor, bias) while it is in cache ([`blocked`]); packed
+//! buffers of 4 MiB and more come from the host outputs' process-wide pool ([`crate::host::pool`]). Which path runs
+//! is [`HostGemmPath`]'s business, measured by the caller (burn-te's host backend probes them at first use).
 //!
 //! - [`amx`]: bf16 pairs on AMX-BF16's tile units (`tdpbf16ps` on 16 × 16 tiles), where the kernel grants the
 //!   process AMX's tile state (Intel Xeons since Sapphire Rapids): the bf16 path's exact products, 16 × 32 depth at

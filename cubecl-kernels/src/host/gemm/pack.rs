@@ -83,8 +83,6 @@ pub struct Source<'a, E> {
 pub enum Elements<'a, E> {
     /// One code per byte, and each code's element.
     Codes(&'a [u8], &'a [E; 256]),
-    /// The elements.
-    Values(&'a [E]),
     /// Codes whose blocks each have a factor, each element made while its panel is packed.
     Blocks(BlockCodes<'a>),
 }
@@ -93,7 +91,6 @@ impl<E> Elements<'_, E> {
     fn len(&self) -> usize {
         match self {
             Elements::Codes(codes, _) => codes.len(),
-            Elements::Values(values) => values.len(),
             Elements::Blocks(blocks) => blocks.codes.len(),
         }
     }
@@ -325,7 +322,7 @@ impl Lines {
             Elements::Codes(_, table) => {
                 E::bf16_table(table).and_then(|table| super::pack_vbmi::lookup(table, E::PER_UNIT))
             }
-            Elements::Values(_) | Elements::Blocks(_) => None,
+            Elements::Blocks(_) => None,
         };
         data.par_chunks_mut(panel_len.max(1))
             .enumerate()
@@ -347,7 +344,6 @@ impl Lines {
                             }
                         }
                     }
-                    Elements::Values(values) => self.panel(panel, count, base, values, |e| e),
                     Elements::Blocks(blocks) => {
                         let lines = self.decode_panel(scratch, count, base, &blocks);
                         lines.panel(panel, count, 0, scratch, |e| e);
