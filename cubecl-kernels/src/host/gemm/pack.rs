@@ -471,7 +471,7 @@ impl Lines {
         blocks: &BlockCodes<'_>,
     ) -> Lines {
         let (depth, lane_stride, depth_stride) = (self.depth, self.lane_stride, self.depth_stride);
-        scratch.clear();
+        // Every element is decoded below: only a grown buffer's new part is zeroed first, not each panel's.
         scratch.resize(count * depth, E::ZERO);
         if lane_stride == 1 && depth_stride != 1 {
             for (d, line) in scratch.chunks_exact_mut(count.max(1)).enumerate() {
