@@ -360,6 +360,34 @@ type QuantizedAndKept<B> = (
     Option<SavedQuantized<<B as TeBackend>::Fp8Data>>,
 );
 
+/// What an expert GEMM without rows does to its layer's FP8 state, as TE's `GroupedLinear` does on an empty split:
+/// under DelayedScaling the tensors the GEMM quantizes record their amaxes, 0 for the empty input (fprop) or
+/// gradient (dgrad, wgrad) and the weight's own at fprop (TE quantizes every expert's weight). So an expert's
+/// histories roll in every generation whatever its split, and `reduce_amax` makes the same collective calls in the
+/// same order on every rank. Other recipes keep no state: nothing to do.
+pub(crate) fn record_without_rows<B: TeBackend>(
+    gemm: Gemm,
+    weight: Option<FloatTensor<B>>,
+    device: &B::Device,
+    site: &GemmSite,
+    recipe: Option<&Recipe>,
+) -> Result<(), TeError> {
+    let (Some(recipe @ Recipe::Delayed(delayed)), Some(meta)) = (recipe, &site.fp8) else {
+        return Ok(());
+    };
+    let role = match gemm {
+        Gemm::Fprop => TensorRole::Activation,
+        Gemm::Dgrad | Gemm::Wgrad => TensorRole::Gradient,
+    };
+    // Rolls the history if this is the generation's first use; the newest slot then holds 0, the empty tensor's amax.
+    delayed_state::<B>(site, delayed, role, device)?;
+    meta.recorded(role);
+    if let (Gemm::Fprop, Some(weight)) = (gemm, weight) {
+        fprop_weight::<B>(weight, site, recipe, None, false)?;
+    }
+    Ok(())
+}
+
 /// The weight as the fprop quantizes it, and (with `save`) as the dgrad will: from the first micro-batch's cache
 /// in a later micro-batch (see [`crate::microbatch`]), else quantized (and cached in a first micro-batch).
 fn fprop_weight<B: TeBackend>(

@@ -19,7 +19,10 @@ use burn_te_debug::{Debug, DebugError, DebugOptions, ReductionGroup};
 
 use crate::common::{Rng, assert_close, reference_stats};
 use crate::debug::{Collect, SESSION, temp_dir};
-use crate::fp8_state::{D_IN, D_OUT, TOKENS, amax, assert_linear_gemms, delayed_scale, quantized};
+use crate::fp8_state::{
+    D_IN, D_OUT, TOKENS, amax, assert_gemm, assert_linear_gemms, delayed_scale, matmul, quantized,
+    transpose,
+};
 use crate::te::{tensor, values};
 
 /// Tests that exchange over this process's collective server run one at a time.
@@ -205,7 +208,9 @@ fn train_two_peers(
     std::fs::write(dir.join("config.yaml"), CONFIG).unwrap();
     let wgpu = crate::te::device();
     let [g0, g1] = groups;
-    let local = |rank| PeerConfig::local(rank, PEERS).with_timeout(Duration::from_secs(120));
+    // Rank 0's first step compiles its kernels on lavapipe while rank 1 waits in the statistics' reduction: over
+    // 120 s on a 2-core Firecracker VM (2026-11-30), so the collective timeout leaves room for that.
+    let local = |rank| PeerConfig::local(rank, PEERS).with_timeout(Duration::from_secs(600));
     let runs = std::thread::scope(|s| {
         let dir = &dir;
         let wgpu = &wgpu;
@@ -510,6 +515,183 @@ fn two_peers_reduce_amax_and_statistics_exactly() {
     );
 }
 
+/// Rows per expert, per iteration and rank, of [`moe_experts_without_rows_take_part_in_reduce_amax`]: expert 0
+/// has none on rank 0 at iteration 1, on both ranks at iteration 2 (where rank 1 has no rows at all), expert 1
+/// none on rank 0 at iteration 3.
+const MOE_SPLITS: [[[usize; 2]; PEERS]; ITERATIONS] = [
+    [[16, 8], [8, 16]],
+    [[0, 24], [12, 4]],
+    [[0, 24], [0, 0]],
+    [[24, 0], [8, 16]],
+];
+
+/// Mixture of experts, data parallel: each rank's `GroupedLinear` gets its tokens routed differently, and under
+/// DelayedScaling with `reduce_amax` an expert without rows on a rank still takes part in its amax reductions, as
+/// TE's empty split records an amax of 0 for its input and gradient and its weight's own. Without that, the ranks'
+/// reductions pair different tensors and then wait for each other (each peer's timeout turns the hang into an
+/// error). Every expert GEMM of every rank at every iteration equals the f64 product of its operands quantized
+/// with the scales recomputed from the maximum over the ranks of each iteration's amaxes (0 for no rows).
+#[test]
+fn moe_experts_without_rows_take_part_in_reduce_amax() {
+    type S = burn::backend::Autodiff<Te<Flex>>;
+    let _group = GROUP.lock().unwrap_or_else(|p| p.into_inner());
+    burn_te::distributed::reset_local_group();
+    // A window of two iterations: each scale follows the last two amaxes, so an amax of 0 and the weight's amax of
+    // an iteration without rows both change the next scales.
+    let recipe = DelayedScaling {
+        amax_history_len: 2,
+        ..DelayedScaling::default()
+    };
+    assert!(recipe.reduce_amax);
+    let rows = |rank: usize, n: usize| -> usize { MOE_SPLITS[n][rank].iter().sum() };
+    let amplitude = [1.0, 4.0, 0.5, 2.0];
+    let normal = |seed: u64, len: usize, std: f64| Rng::new(seed).normal(len, 0.0, std);
+    let x: Vec<Vec<Vec<f32>>> = (0..PEERS)
+        .map(|r| {
+            (0..ITERATIONS)
+                .map(|n| {
+                    normal(
+                        10 + 10 * r as u64 + n as u64,
+                        rows(r, n) * D_IN,
+                        amplitude[n] * (1.0 + r as f64),
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    let g: Vec<Vec<Vec<f32>>> = (0..PEERS)
+        .map(|r| {
+            (0..ITERATIONS)
+                .map(|n| {
+                    normal(
+                        50 + 10 * r as u64 + n as u64,
+                        rows(r, n) * D_OUT,
+                        1e-3 * amplitude[3 - n],
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    let w: Vec<[Vec<f32>; 2]> = (0..ITERATIONS)
+        .map(|n| {
+            [0, 1].map(|e| {
+                normal(
+                    90 + 2 * n as u64 + e,
+                    D_IN * D_OUT,
+                    0.1 * amplitude[n] * (1.0 + e as f64),
+                )
+            })
+        })
+        .collect();
+
+    // Each rank's (y, dx, dw per expert) per iteration.
+    type Outputs = Vec<(Vec<f32>, Vec<f32>, Vec<Option<Vec<f32>>>)>;
+    let train = |rank: usize| -> Outputs {
+        let config = PeerConfig::local(rank, PEERS).with_timeout(Duration::from_secs(20));
+        let peer = Peer::join(config).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        let bound = peer.bind();
+        let device = Default::default();
+        let mut group = burn_te::nn::GroupedLinearConfig::new(2, D_IN, D_OUT)
+            .with_bias(false)
+            .with_name(Some("moe.experts".into()))
+            .init::<S>(&device);
+        let mut outputs = Vec::new();
+        for n in 0..ITERATIONS {
+            for (e, weight) in group.weights.iter_mut().enumerate() {
+                *weight = Param::from_tensor(tensor(w[n][e].clone(), [D_IN, D_OUT], &device));
+            }
+            let m = rows(rank, n);
+            let xt = tensor::<S, 2>(x[rank][n].clone(), [m, D_IN], &device).require_grad();
+            let splits = MOE_SPLITS[n][rank];
+            let y = fp8_autocast(true, recipe.clone(), || {
+                group.try_forward(xt.clone(), &splits)
+            })
+            .unwrap()
+            .unwrap_or_else(|e| panic!("rank {rank} iteration {n}: {e}"));
+            let gt = tensor::<S, 2>(g[rank][n].clone(), [m, D_OUT], &device);
+            let grads = (y.clone() * gt).sum().backward();
+            let dw = group
+                .weights
+                .iter()
+                .map(|p| p.val().grad(&grads).map(values))
+                .collect();
+            // A rank without rows runs no dgrad: its input (of no rows) gets no gradient.
+            let dx = xt.grad(&grads).map(values).unwrap_or_default();
+            outputs.push((values(y), dx, dw));
+        }
+        let counts = burn_te::fallback::fallback_counts();
+        assert!(
+            !counts.contains_key("expert state not updated"),
+            "rank {rank}: {counts:?}"
+        );
+        drop(bound);
+        peer.leave().unwrap();
+        outputs
+    };
+    let runs: Vec<Outputs> = std::thread::scope(|s| {
+        let handles = [0, 1].map(|rank| s.spawn(move || train(rank)));
+        handles
+            .map(|h| h.join().unwrap_or_else(|_| panic!("a peer panicked")))
+            .into()
+    });
+
+    // Expert e's rows of rank r's `data` (`cols` wide) at iteration n.
+    let expert_rows = |data: &[f32], r: usize, n: usize, e: usize, cols: usize| -> Vec<f32> {
+        let start: usize = MOE_SPLITS[n][r][..e].iter().sum();
+        data[start * cols..(start + MOE_SPLITS[n][r][e]) * cols].to_vec()
+    };
+    for e in 0..2 {
+        let reduced = |of: &dyn Fn(usize, usize) -> Vec<f32>| -> Vec<f32> {
+            (0..ITERATIONS)
+                .map(|n| (0..PEERS).fold(0f32, |a, r| a.max(amax(&of(r, n)))))
+                .collect()
+        };
+        let x_of = |r: usize, n: usize| expert_rows(&x[r][n], r, n, e, D_IN);
+        let g_of = |r: usize, n: usize| expert_rows(&g[r][n], r, n, e, D_OUT);
+        let amaxes = [
+            reduced(&x_of),
+            (0..ITERATIONS).map(|n| amax(&w[n][e])).collect(),
+            reduced(&g_of),
+        ];
+        for (rank, run) in runs.iter().enumerate() {
+            for (n, (y, dx, dw)) in run.iter().enumerate() {
+                let m = MOE_SPLITS[n][rank][e];
+                let what = format!("rank {rank} iteration {n} expert {e}");
+                assert_eq!(dw[e].is_some(), m > 0, "{what}: a weight gradient iff rows");
+                if m == 0 {
+                    continue;
+                }
+                let [qx, qw, qg] = [(x_of(rank, n), 0), (w[n][e].clone(), 1), (g_of(rank, n), 2)]
+                    .map(|(values, i)| {
+                        let role = ROLES[i];
+                        let scale = delayed_scale(&amaxes[i], role, n, &recipe);
+                        quantized(&values, scale, recipe.fp8_format.for_role(role)).1
+                    });
+                let start: usize = MOE_SPLITS[n][rank][..e].iter().sum();
+                let rows_of = |t: &[f32], cols: usize| t[start * cols..(start + m) * cols].to_vec();
+                assert_gemm(
+                    &format!("{what} fprop"),
+                    &rows_of(y, D_OUT),
+                    &matmul(&qx, &qw, m, D_IN, D_OUT),
+                );
+                let wt = transpose(&qw, D_IN, D_OUT);
+                assert_gemm(
+                    &format!("{what} dgrad"),
+                    &rows_of(dx, D_IN),
+                    &matmul(&qg, &wt, m, D_OUT, D_IN),
+                );
+                let xt = transpose(&qx, m, D_IN);
+                let dw = dw[e].as_ref().unwrap();
+                assert_gemm(
+                    &format!("{what} wgrad"),
+                    dw,
+                    &matmul(&xt, &qg, D_IN, m, D_OUT),
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn a_peer_that_dies_fails_the_others_within_the_timeout() {
     let (_guards, dir) = exclusive_group("distributed-dead-peer");
@@ -538,8 +720,10 @@ fn a_peer_that_dies_fails_the_others_within_the_timeout() {
             .logger(collect.clone()),
     )
     .unwrap();
-    let device = crate::te::device();
-    type S = Autodiff<Debug<Te<Wgpu>>>;
+    // The host path: no shader compiled on first use inside the measured step (on lavapipe under gVisor, a first
+    // step's kernels took a minute to compile).
+    let device = Default::default();
+    type S = Autodiff<Debug<Te<Flex>>>;
     let fc = LinearConfig::new(D_IN, D_OUT)
         .with_name(Some("fc".into()))
         .init::<S>(&device);

@@ -110,7 +110,7 @@ pub(crate) fn quantized(values: &[f32], scale: f32, format: Fp8Format) -> (Vec<u
 }
 
 /// `a [m, k] · b [k, n]` in f64 with each output's Σ|terms| (for an accumulation-order tolerance).
-fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<(f64, f64)> {
+pub(crate) fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<(f64, f64)> {
     let mut out = vec![(0.0, 0.0); m * n];
     for i in 0..m {
         for j in 0..n {
@@ -124,14 +124,14 @@ fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<(f64, f64)>
     out
 }
 
-fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+pub(crate) fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     (0..cols * rows)
         .map(|i| a[(i % rows) * cols + i / rows])
         .collect()
 }
 
 /// `actual` equals the f64 reference up to f32 accumulation order.
-fn assert_gemm(what: &str, actual: &[f32], expected: &[(f64, f64)]) {
+pub(crate) fn assert_gemm(what: &str, actual: &[f32], expected: &[(f64, f64)]) {
     assert_eq!(actual.len(), expected.len(), "{what}: length");
     for (i, (a, (e, magnitude))) in actual.iter().zip(expected).enumerate() {
         let tolerance = 1e-5 * magnitude + 1e-30;

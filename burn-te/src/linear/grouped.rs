@@ -24,7 +24,7 @@ use crate::error::TeError;
 use crate::fp8_gemm::{
     PreparedGemm, QuantizedGradient, check_dgrad, check_wgrad, or_high_precision, prepare_dgrad,
     prepare_dgrad_quantized, prepare_fprop, prepare_wgrad, prepare_wgrad_quantized,
-    quantize_gradient_for_both, run_prepared,
+    quantize_gradient_for_both, record_without_rows, run_prepared,
 };
 use crate::gemm::Gemm;
 use crate::high_precision::high_precision_gemm;
@@ -65,6 +65,42 @@ pub(crate) fn concat_rows<B: Backend>(mut blocks: Vec<FloatTensor<B>>) -> FloatT
     match blocks.len() {
         1 => blocks.pop().expect("one block"),
         _ => B::float_cat(blocks, 0),
+    }
+}
+
+/// The experts' outputs stacked in order: `[0, out_features]` like `x` where no expert has rows.
+fn concat_outputs<B: Backend>(
+    blocks: Vec<FloatTensor<B>>,
+    x: &FloatTensor<B>,
+    out_features: usize,
+) -> FloatTensor<B> {
+    if blocks.is_empty() {
+        let shape = burn::tensor::Shape::from([0, out_features]);
+        return B::float_zeros(shape, &B::float_device(x), x.dtype().into());
+    }
+    concat_rows::<B>(blocks)
+}
+
+/// The output features of the experts' weights `[in_features, out_features]`.
+fn out_features<B: Backend>(weights: &[FloatTensor<B>]) -> usize {
+    weights.first().map_or(0, |w| w.shape().as_slice()[1])
+}
+
+/// Expert `gemm` at `site` has no rows: its FP8 state records what TE's records for an empty split
+/// ([`record_without_rows`]). A failure (a peer gone while reducing the amax) is recorded where the user looks; the
+/// expert's output has no rows either way.
+fn without_rows<B: TeBackend>(
+    gemm: Gemm,
+    weight: Option<FloatTensor<B>>,
+    device: &B::Device,
+    site: &GemmSite,
+    recipe: Option<&Recipe>,
+) {
+    if let Err(err) = record_without_rows::<B>(gemm, weight, device, site, recipe) {
+        crate::fallback::record(
+            "expert state not updated",
+            format!("{site}: recording the FP8 state of an expert without rows failed: {err}"),
+        );
     }
 }
 
@@ -195,16 +231,19 @@ pub fn fprop<B: TeBackend>(
     }
     let mut kept: Vec<SavedForBackward<B::Fp8Data>> =
         weights.iter().map(|_| [None, None]).collect();
+    let out_features = out_features::<B>(&weights);
     let pending = weights
         .into_iter()
         .zip(biases)
         .enumerate()
         .map(|(i, (weight, bias))| {
             let rows = experts.rows(i);
+            let (site, recipe) = &experts.experts[i];
             if rows.is_empty() {
+                let device = B::float_device(&x);
+                without_rows::<B>(Gemm::Fprop, Some(weight), &device, site, recipe.as_ref());
                 return None;
             }
-            let (site, recipe) = &experts.experts[i];
             let x = slice_rows::<B>(x.clone(), rows);
             let high_precision = {
                 let (x, weight, bias) = (x.clone(), weight.clone(), bias.clone());
@@ -223,10 +262,8 @@ pub fn fprop<B: TeBackend>(
     for i in fell_back {
         kept[i] = [None, None];
     }
-    (
-        concat_rows::<B>(outputs.into_iter().flatten().collect()),
-        kept,
-    )
+    let outputs = outputs.into_iter().flatten().collect();
+    (concat_outputs::<B>(outputs, &x, out_features), kept)
 }
 
 /// `TeBackend::te_grouped_linear_dgrad`, the experts' GEMMs together.
@@ -296,7 +333,6 @@ fn shared_gradient<B: TeBackend>(
     experts: [&ExpertGemms; 2],
 ) -> Option<[QuantizedGradient<B>; 2]> {
     let rows = experts[0].rows(i);
-    let (weight, x) = (weight.as_ref()?, x.as_ref()?);
     let [(dgrad_site, dgrad_recipe), (wgrad_site, wgrad_recipe)] =
         experts.map(|experts| &experts.experts[i]);
     let recipe = shared_recipe(
@@ -304,8 +340,13 @@ fn shared_gradient<B: TeBackend>(
         [dgrad_recipe.as_ref(), wgrad_recipe.as_ref()],
     )?;
     if rows.is_empty() {
+        // Where an expert with rows quantizes its gradient (its forward kept nothing to look at): the same place
+        // in the order of FP8 state updates on every rank.
+        let device = B::float_device(grad);
+        without_rows::<B>(Gemm::Dgrad, None, &device, dgrad_site, Some(recipe));
         return None;
     }
+    let (weight, x) = (weight.as_ref()?, x.as_ref()?);
     let grad = slice_rows::<B>(grad.clone(), rows);
     let g_dims = grad.shape().as_slice().to_vec();
     check_dgrad::<B>(weight, &g_dims).ok()?;
@@ -325,8 +366,13 @@ fn backward_gemms<B: TeBackend>(
 ) -> Vec<Option<FloatTensor<B>>> {
     let pending = kept.into_iter().enumerate().map(|(i, operand)| {
         let rows = experts.rows(i);
-        let operand = operand.filter(|_| !rows.is_empty())?;
         let (site, recipe) = &experts.experts[i];
+        if rows.is_empty() {
+            let device = B::float_device(&grad);
+            without_rows::<B>(gemm, None, &device, site, recipe.as_ref());
+            return None;
+        }
+        let operand = operand?;
         let grad = slice_rows::<B>(grad.clone(), rows);
         let high_precision = {
             let (operand, grad) = (operand.clone(), grad.clone());
@@ -360,8 +406,9 @@ fn backward_gemms<B: TeBackend>(
 pub mod in_turn {
     use burn::tensor::ops::FloatTensor;
 
-    use super::{concat_rows, slice_rows};
+    use super::{concat_rows, slice_rows, without_rows};
     use crate::backend::{SavedOperand, TeBackend};
+    use crate::gemm::Gemm;
     use crate::primitive::SavedForBackward;
     use crate::site::ExpertGemms;
 
@@ -375,20 +422,23 @@ pub mod in_turn {
     ) -> (FloatTensor<B>, Vec<SavedForBackward<B::Fp8Data>>) {
         let mut outputs = Vec::new();
         let mut kept = Vec::with_capacity(weights.len());
+        let out_features = super::out_features::<B>(&weights);
         for (i, (weight, bias)) in weights.into_iter().zip(biases).enumerate() {
             let rows = experts.rows(i);
+            let (site, recipe) = &experts.experts[i];
             if rows.is_empty() {
+                let device = B::float_device(&x);
+                without_rows::<B>(Gemm::Fprop, Some(weight), &device, site, recipe.as_ref());
                 kept.push([None, None]);
                 continue;
             }
-            let (site, recipe) = &experts.experts[i];
             let x = slice_rows::<B>(x.clone(), rows);
             let (output, saved) =
                 B::te_linear_fprop(x, weight, bias, site, recipe.as_ref(), save[i]);
             outputs.push(output);
             kept.push(saved);
         }
-        (concat_rows::<B>(outputs), kept)
+        (super::concat_outputs::<B>(outputs, &x, out_features), kept)
     }
 
     /// `TeBackend::te_grouped_linear_dgrad`, each expert's `te_linear_dgrad` in turn.
@@ -400,10 +450,15 @@ pub mod in_turn {
         let mut blocks = Vec::new();
         for (i, weight) in weights.into_iter().enumerate() {
             let rows = experts.rows(i);
-            let Some(weight) = weight.filter(|_| !rows.is_empty()) else {
+            let (site, recipe) = &experts.experts[i];
+            if rows.is_empty() {
+                let device = B::float_device(&grad);
+                without_rows::<B>(Gemm::Dgrad, None, &device, site, recipe.as_ref());
+                continue;
+            }
+            let Some(weight) = weight else {
                 continue;
             };
-            let (site, recipe) = &experts.experts[i];
             let grad = slice_rows::<B>(grad.clone(), rows);
             blocks.push(B::te_linear_dgrad(weight, grad, site, recipe.as_ref()));
         }
@@ -420,8 +475,13 @@ pub mod in_turn {
             .enumerate()
             .map(|(i, x)| {
                 let rows = experts.rows(i);
-                let x = x.filter(|_| !rows.is_empty())?;
                 let (site, recipe) = &experts.experts[i];
+                if rows.is_empty() {
+                    let device = B::float_device(&grad);
+                    without_rows::<B>(Gemm::Wgrad, None, &device, site, recipe.as_ref());
+                    return None;
+                }
+                let x = x?;
                 let grad = slice_rows::<B>(grad.clone(), rows);
                 Some(B::te_linear_wgrad(x, grad, site, recipe.as_ref()))
             })

@@ -4,8 +4,9 @@
 //! Expert `i` is a GEMM layer of its own: its weight and bias, its FP8 state (delayed-scaling histories), and its
 //! name `{name}.{i}` (a group named `moe.experts` has experts `moe.experts.0`, `moe.experts.1`, ...), which the
 //! debug tools and recipe plans select. Each expert's GEMMs are quantized and computed as a [`Linear`](super::Linear)'s, so
-//! the result equals running each expert's `Linear` alone, bit for bit. An expert given no rows runs no GEMM and
-//! its FP8 state stays as it was (TE records an amax of 0 for it).
+//! the result equals running each expert's `Linear` alone, bit for bit. An expert given no rows runs no GEMM;
+//! under DelayedScaling its histories record what TE's do for an empty split (an amax of 0 for its input and
+//! gradient, its weight's own), so they roll every iteration and `reduce_amax` pairs the same tensors on every rank.
 //!
 //! The experts run as one grouped call: one autodiff node for the whole group (up to 32 experts; more run in chunks
 //! of 32), whose forward and backward issue each GEMM kind once for all experts
@@ -27,8 +28,7 @@ use crate::autodiff::MAX_EXPERTS;
 use crate::backend::TeBackend;
 use crate::error::TeError;
 use crate::fp8_state::Fp8Meta;
-use crate::gemm::Gemm;
-use crate::site::{ExpertGemms, GemmSite};
+use crate::site::ExpertGemms;
 
 /// Config of [`GroupedLinear`], with TE's argument names.
 #[derive(Config, Debug)]
@@ -113,7 +113,7 @@ impl<B: TeBackend> GroupedLinear<B> {
         m_splits: &[usize],
     ) -> Result<Tensor<B, 2>, TeError> {
         let name = self.name();
-        let [in_features, out_features] = self.weights[0].dims();
+        let in_features = self.weights[0].dims()[0];
         check_features(&name, "input", &x, in_features)?;
         let rows = x.dims()[0];
         if m_splits.len() != self.weights.len() || m_splits.iter().sum::<usize>() != rows {
@@ -130,19 +130,16 @@ impl<B: TeBackend> GroupedLinear<B> {
         let mut start = 0;
         let experts: Vec<usize> = (0..m_splits.len()).collect();
         for chunk in experts.chunks(MAX_EXPERTS) {
+            // A chunk without rows runs too: its experts' FP8 states record what TE's do for an empty split.
             let chunk_rows: usize = chunk.iter().map(|&i| m_splits[i]).sum();
-            if chunk_rows == 0 {
-                continue;
-            }
             let x = match chunk_rows == rows {
                 true => x.clone(),
-                false => x.clone().narrow(0, start, chunk_rows),
+                false => x.clone().slice(burn::tensor::s![start..start + chunk_rows]),
             };
             outputs.push(self.run_experts(x, chunk, m_splits)?);
             start += chunk_rows;
         }
         Ok(match outputs.len() {
-            0 => Tensor::zeros([0, out_features], &x.device()),
             1 => outputs.pop().expect("one output"),
             _ => Tensor::cat(outputs, 0),
         })
@@ -160,12 +157,10 @@ impl<B: TeBackend> GroupedLinear<B> {
             experts: chunk
                 .iter()
                 .map(|&i| {
+                    // An expert without rows runs no GEMM, but its FP8 state records what TE's does for an
+                    // empty split (`crate::linear::grouped`), so every rank's `reduce_amax` calls match.
                     let layer = self.expert_name(i).resolve(&self.weights[i]);
-                    match m_splits[i] {
-                        // An expert without rows runs nothing: its state and plan stay untouched.
-                        0 => Ok((GemmSite::new(layer, Gemm::Fprop), None)),
-                        _ => fprop_site(layer, "grouped_linear", &self.fp8_meta[i]),
-                    }
+                    fprop_site(layer, "grouped_linear", &self.fp8_meta[i])
                 })
                 .collect::<Result<_, TeError>>()?,
         };
