@@ -5,9 +5,10 @@
 use std::mem::MaybeUninit;
 
 use burn_te_kernels::host;
+use burn_te_kernels::host::gemm::BlockCodes;
 use rayon::prelude::*;
 
-use super::operand::{HostOperand, decode_blocked};
+use super::operand::HostOperand;
 use crate::primitive::ElementFormat;
 
 /// Work (`m·n·k`) from which one GEMM is split across rayon's threads (burn-flex's threshold).
@@ -150,15 +151,15 @@ fn decode_into(operand: &HostOperand<'_>, values: &mut Vec<f32>) {
         }
         (format, Some(block)) => {
             let table: [f32; 256] = std::array::from_fn(|code| format.decode(code as u8));
-            let element = |code: u8, factor: f32| table[usize::from(code)] * factor;
-            decode_blocked(
+            // The scales fit the grid: the backend checked the tensor before its GEMM or dequantization.
+            BlockCodes {
                 codes,
-                operand.dims.2,
+                values: &table,
+                cols: operand.dims.2,
                 block,
-                operand.scale_inv,
-                values,
-                element,
-            );
+                factors: operand.scale_inv,
+            }
+            .decode_f32(values);
         }
     }
 }

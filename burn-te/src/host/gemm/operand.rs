@@ -1,7 +1,6 @@
 //! One operand of a host FP8 GEMM as the CPU backends hold it: codes, format, scales and layout.
 
 use burn_te_kernels::ScaleBlock;
-use rayon::prelude::*;
 
 use crate::primitive::{ElementFormat, Nvfp4Scales};
 
@@ -35,35 +34,4 @@ impl HostOperand<'_> {
         };
         (offset, strides)
     }
-}
-
-/// `out[i] = element(codes[i], factor of i's block)` for row-major codes of `cols` columns with one factor per
-/// `block` (row-major over the block grid): bands of the block's rows in parallel, each block's factor looked up
-/// once (no block index per element).
-pub(super) fn decode_blocked<E: Send>(
-    codes: &[u8],
-    cols: usize,
-    block: ScaleBlock,
-    factors: &[f32],
-    out: &mut [E],
-    element: impl Fn(u8, f32) -> E + Sync,
-) {
-    let band = block.rows * cols;
-    if band == 0 {
-        return;
-    }
-    let grid_cols = cols.div_ceil(block.cols);
-    out.par_chunks_mut(band)
-        .zip(codes.par_chunks(band))
-        .zip(factors.par_chunks(grid_cols))
-        .for_each(|((out, codes), factors)| {
-            for (out, codes) in out.chunks_mut(cols).zip(codes.chunks(cols)) {
-                let blocks = out.chunks_mut(block.cols).zip(codes.chunks(block.cols));
-                for ((out, codes), &factor) in blocks.zip(factors) {
-                    for (o, &code) in out.iter_mut().zip(codes) {
-                        *o = element(code, factor);
-                    }
-                }
-            }
-        });
 }

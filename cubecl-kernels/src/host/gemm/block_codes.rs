@@ -1,6 +1,10 @@
 //! A block-scaled operand as the packing reads it: FP8 (or E2M1) codes and one factor per block, each element made
 //! `value(code) · factor` while its panel is packed, so no decoded copy of the whole operand is written and read
 //! back (TE's block recipes: Float8BlockScaling's 1 × 128 and 128 × 128 blocks, MXFP8's 1 × 32, NVFP4's 1 × 16).
+//! The same decode writes the whole operand as f32 where that is what is wanted ([`BlockCodes::decode_f32`]: the
+//! `f32` path, which hands decoded operands to the `gemm` crate, and the host dequantization).
+
+use rayon::prelude::*;
 
 use super::{HostGemmError, HostGemmPath, PackedElement};
 use crate::ScaleBlock;
@@ -42,14 +46,34 @@ impl BlockCodes<'_> {
         Ok(())
     }
 
-    /// `out[j]` = stored element `at + j`, consecutive elements of one row or of rows that follow each other: one
-    /// division per stored row, then block by block, each block's factor read once.
+    /// Every stored element as f32, `values[code] · factor` (what the `f32` path multiplies, and the host
+    /// dequantization), into `out`, one per code: bands of the blocks' rows on rayon's pool. The grid must fit
+    /// ([`check`](Self::check), or the caller's own check of the tensor's scales).
+    pub fn decode_f32(&self, out: &mut [f32]) {
+        let band = self.block.rows * self.cols;
+        if band == 0 {
+            return;
+        }
+        out.par_chunks_mut(band)
+            .enumerate()
+            .for_each(|(i, out)| self.decode(i * band, out, |value| value));
+    }
+
+    /// `out[j]` = stored element `at + j` as the packed element `E`, consecutive elements of one row or of rows
+    /// that follow each other.
     #[inline]
     pub(super) fn decode_run<E: PackedElement>(&self, at: usize, out: &mut [E]) {
+        self.decode(at, out, E::of_value);
+    }
+
+    /// `out[j]` = `element(value · factor)` of stored element `at + j`: one division per stored row, then block by
+    /// block, each block's factor read once.
+    #[inline]
+    fn decode<T>(&self, at: usize, out: &mut [T], element: impl Fn(f32) -> T) {
         let (block_cols, grid_cols) = (self.block.cols, self.cols.div_ceil(self.block.cols));
-        let fill = |out: &mut [E], codes: &[u8], factor: f32| {
+        let fill = |out: &mut [T], codes: &[u8], factor: f32| {
             for (o, &code) in out.iter_mut().zip(codes) {
-                *o = E::of_value(self.values[usize::from(code)] * factor);
+                *o = element(self.values[usize::from(code)] * factor);
             }
         };
         let mut done = 0;
