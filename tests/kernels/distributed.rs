@@ -546,32 +546,20 @@ fn moe_experts_without_rows_take_part_in_reduce_amax() {
     let rows = |rank: usize, n: usize| -> usize { MOE_SPLITS[n][rank].iter().sum() };
     let amplitude = [1.0, 4.0, 0.5, 2.0];
     let normal = |seed: u64, len: usize, std: f64| Rng::new(seed).normal(len, 0.0, std);
-    let x: Vec<Vec<Vec<f32>>> = (0..PEERS)
-        .map(|r| {
-            (0..ITERATIONS)
-                .map(|n| {
-                    normal(
-                        10 + 10 * r as u64 + n as u64,
-                        rows(r, n) * D_IN,
-                        amplitude[n] * (1.0 + r as f64),
-                    )
+    // Each rank's rows at each iteration, `cols` wide, with spread `std(rank, iteration)`.
+    let per_rank =
+        |seed: u64, cols: usize, std: &dyn Fn(usize, usize) -> f64| -> Vec<Vec<Vec<f32>>> {
+            let seed = |r: usize, n: usize| seed + 10 * r as u64 + n as u64;
+            (0..PEERS)
+                .map(|r| {
+                    (0..ITERATIONS)
+                        .map(|n| normal(seed(r, n), rows(r, n) * cols, std(r, n)))
+                        .collect()
                 })
                 .collect()
-        })
-        .collect();
-    let g: Vec<Vec<Vec<f32>>> = (0..PEERS)
-        .map(|r| {
-            (0..ITERATIONS)
-                .map(|n| {
-                    normal(
-                        50 + 10 * r as u64 + n as u64,
-                        rows(r, n) * D_OUT,
-                        1e-3 * amplitude[3 - n],
-                    )
-                })
-                .collect()
-        })
-        .collect();
+        };
+    let x = per_rank(10, D_IN, &|r, n| amplitude[n] * (1.0 + r as f64));
+    let g = per_rank(50, D_OUT, &|_, n| 1e-3 * amplitude[3 - n]);
     let w: Vec<[Vec<f32>; 2]> = (0..ITERATIONS)
         .map(|n| {
             [0, 1].map(|e| {
