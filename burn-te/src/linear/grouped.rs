@@ -86,17 +86,18 @@ fn out_features<B: Backend>(weights: &[FloatTensor<B>]) -> usize {
     weights.first().map_or(0, |w| w.shape().as_slice()[1])
 }
 
-/// Expert `gemm` at `site` has no rows: its FP8 state records what TE's records for an empty split
-/// ([`record_without_rows`]). A failure (a peer gone while reducing the amax) is recorded where the user looks; the
-/// expert's output has no rows either way.
+/// Expert `gemm` at `site` has no rows (of `rows_of`, the group's input or gradient): its FP8 state records what
+/// TE's records for an empty split ([`record_without_rows`]). A failure (a peer gone while reducing the amax) is
+/// recorded where the user looks; the expert's output has no rows either way.
 fn without_rows<B: TeBackend>(
     gemm: Gemm,
     weight: Option<FloatTensor<B>>,
-    device: &B::Device,
+    rows_of: &FloatTensor<B>,
     site: &GemmSite,
     recipe: Option<&Recipe>,
 ) {
-    if let Err(err) = record_without_rows::<B>(gemm, weight, device, site, recipe) {
+    let device = B::float_device(rows_of);
+    if let Err(err) = record_without_rows::<B>(gemm, weight, &device, site, recipe) {
         crate::fallback::record(
             "expert state not updated",
             format!("{site}: recording the FP8 state of an expert without rows failed: {err}"),
@@ -240,8 +241,7 @@ pub fn fprop<B: TeBackend>(
             let rows = experts.rows(i);
             let (site, recipe) = &experts.experts[i];
             if rows.is_empty() {
-                let device = B::float_device(&x);
-                without_rows::<B>(Gemm::Fprop, Some(weight), &device, site, recipe.as_ref());
+                without_rows::<B>(Gemm::Fprop, Some(weight), &x, site, recipe.as_ref());
                 return None;
             }
             let x = slice_rows::<B>(x.clone(), rows);
@@ -342,8 +342,7 @@ fn shared_gradient<B: TeBackend>(
     if rows.is_empty() {
         // Where an expert with rows quantizes its gradient (its forward kept nothing to look at): the same place
         // in the order of FP8 state updates on every rank.
-        let device = B::float_device(grad);
-        without_rows::<B>(Gemm::Dgrad, None, &device, dgrad_site, Some(recipe));
+        without_rows::<B>(Gemm::Dgrad, None, grad, dgrad_site, Some(recipe));
         return None;
     }
     let (weight, x) = (weight.as_ref()?, x.as_ref()?);
@@ -368,8 +367,7 @@ fn backward_gemms<B: TeBackend>(
         let rows = experts.rows(i);
         let (site, recipe) = &experts.experts[i];
         if rows.is_empty() {
-            let device = B::float_device(&grad);
-            without_rows::<B>(gemm, None, &device, site, recipe.as_ref());
+            without_rows::<B>(gemm, None, &grad, site, recipe.as_ref());
             return None;
         }
         let operand = operand?;
@@ -427,8 +425,7 @@ pub mod in_turn {
             let rows = experts.rows(i);
             let (site, recipe) = &experts.experts[i];
             if rows.is_empty() {
-                let device = B::float_device(&x);
-                without_rows::<B>(Gemm::Fprop, Some(weight), &device, site, recipe.as_ref());
+                without_rows::<B>(Gemm::Fprop, Some(weight), &x, site, recipe.as_ref());
                 kept.push([None, None]);
                 continue;
             }
@@ -452,8 +449,7 @@ pub mod in_turn {
             let rows = experts.rows(i);
             let (site, recipe) = &experts.experts[i];
             if rows.is_empty() {
-                let device = B::float_device(&grad);
-                without_rows::<B>(Gemm::Dgrad, None, &device, site, recipe.as_ref());
+                without_rows::<B>(Gemm::Dgrad, None, &grad, site, recipe.as_ref());
                 continue;
             }
             let Some(weight) = weight else {
@@ -477,8 +473,7 @@ pub mod in_turn {
                 let rows = experts.rows(i);
                 let (site, recipe) = &experts.experts[i];
                 if rows.is_empty() {
-                    let device = B::float_device(&grad);
-                    without_rows::<B>(Gemm::Wgrad, None, &device, site, recipe.as_ref());
+                    without_rows::<B>(Gemm::Wgrad, None, &grad, site, recipe.as_ref());
                     return None;
                 }
                 let x = x?;
