@@ -655,8 +655,7 @@ fn moe_experts_without_rows_take_part_in_reduce_amax() {
                         let scale = delayed_scale(&amaxes[i], role, n, &recipe);
                         quantized(&values, scale, recipe.fp8_format.for_role(role)).1
                     });
-                let start: usize = MOE_SPLITS[n][rank][..e].iter().sum();
-                let rows_of = |t: &[f32], cols: usize| t[start * cols..(start + m) * cols].to_vec();
+                let rows_of = |t: &[f32], cols: usize| expert_rows(t, rank, n, e, cols);
                 assert_gemm(
                     &format!("{what} fprop"),
                     &rows_of(y, D_OUT),
