@@ -9,7 +9,10 @@
 //! - a TransformerLayer training step (hidden 1024 and 2048, FFN 4×hidden, 1024 tokens, DelayedScaling) on
 //!   `Autodiff<Te<Flex>>` on each path against the same step in f32 on `Autodiff<Flex>`, and both with the TE
 //!   modules composing Burn ops for their element-wise work (`with_composed_elementwise`: without the fused ops),
-//!   and FP8 with the attention core composed instead of fused (`with_composed_attention_core`).
+//!   and FP8 with the attention core composed instead of fused (`with_composed_attention_core`) or with each norm
+//!   and the FP8 cast of its output apart (`with_norm_cast_unfused`);
+//! - `norm then cast`: a LayerNorm over a TransformerLayer's activations with the FP8 cast of its output, in one
+//!   pass (`norm_forward_quantized`, what `LayerNormLinear` runs) and as two (the norm, then the quantize kernel).
 //!
 //! Read the GFLOP/s (2·m·n·k per iteration) and the ratios to the f32 matmul of the same shape. `-- share` prints
 //! each packed path's GEMM as a share of its instruction's peak, measured in pairs (for machines whose speed drifts).
@@ -22,7 +25,9 @@ mod common;
 use burn::backend::{Autodiff, Flex};
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use burn_te::fused::{with_composed_attention_core, with_composed_elementwise};
+use burn_te::fused::{
+    with_composed_attention_core, with_composed_elementwise, with_norm_cast_unfused,
+};
 use burn_te::host::gemm::{HostGemmPath, with_host_gemm_path};
 use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
 use burn_te::{BlockScaleRule, Fp8Format, Fp8Primitive, ScaleBlock, Scaling, Te, TeBackend};
@@ -299,6 +304,9 @@ fn transformer_layer(c: &mut Criterion) {
         group.bench_function("fp8 Autodiff<Te<Flex>> composed element-wise", |b| {
             b.iter(|| with_composed_elementwise(|| common::train_step(&layer, &x, &target, true)))
         });
+        group.bench_function("fp8 Autodiff<Te<Flex>> norm and cast apart", |b| {
+            b.iter(|| with_norm_cast_unfused(|| common::train_step(&layer, &x, &target, true)))
+        });
         group.bench_function("fp8 Autodiff<Te<Flex>> composed attention core", |b| {
             b.iter(|| {
                 with_composed_attention_core(|| common::train_step(&layer, &x, &target, true))
@@ -308,7 +316,46 @@ fn transformer_layer(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, peak, gemms, block_scaled_gemms, transformer_layer);
+/// A LayerNorm's output quantized for the GEMM after it (delayed scaling: the scale known before the pass), over
+/// 1024 tokens of a TransformerLayer's width: in the norm's pass, and as the norm then the quantize kernel.
+fn norm_then_cast(c: &mut Criterion) {
+    use burn_te::fused::{NormKind, NormSpec};
+    use burn_te_kernels::host::fused::norm::{norm_forward, norm_forward_quantized};
+    let spec = NormSpec {
+        kind: NormKind::LayerNorm,
+        eps: 1e-5,
+        zero_centered_gamma: false,
+    };
+    for hidden in [1024, 2048] {
+        let values = |t: Tensor<Flex, 2>| t.into_data().into_vec::<f32>().expect("f32");
+        let x = values(input(1024, hidden, 0));
+        let (gamma, beta) = (values(input(1, hidden, 1)), values(input(1, hidden, 2)));
+        let mut group = c.benchmark_group(format!("norm then cast 1024x{hidden}"));
+        group.throughput(Throughput::Bytes((x.len() * 4) as u64));
+        group.bench_function("one pass", |b| {
+            b.iter(|| norm_forward_quantized(&x, &gamma, Some(&beta), spec, (3.0, Fp8Format::E4M3)))
+        });
+        group.bench_function("norm, then quantize", |b| {
+            b.iter(|| {
+                let (y, stats) = norm_forward(&x, &gamma, Some(&beta), spec);
+                (
+                    burn_te_kernels::host::quantize_with_amax(&y, 3.0, Fp8Format::E4M3),
+                    stats,
+                )
+            })
+        });
+        group.finish();
+    }
+}
+
+criterion_group!(
+    benches,
+    peak,
+    gemms,
+    block_scaled_gemms,
+    transformer_layer,
+    norm_then_cast
+);
 
 /// Each packed path's GEMM as a share of its instruction's peak, for a machine whose speed drifts within seconds
 /// (a peak measured minutes before a GEMM says little): 7 triples of the peak on every thread, the GEMM (best of

@@ -74,6 +74,23 @@ pub fn delayed_state<B: TeBackend>(
     meta.delayed_state::<B>(role, recipe, format, device, site.generation)
 }
 
+/// Runs `quantize` on `role`'s delayed-scaling state at `site` ([`delayed_state`]); with `record` (the quantization
+/// recorded the tensor's amax into the state's history) the layer's state learns that `role` was recorded.
+pub(crate) fn with_delayed_state<B: TeBackend, T>(
+    site: &GemmSite,
+    recipe: &DelayedScaling,
+    role: TensorRole,
+    device: &B::Device,
+    record: bool,
+    quantize: impl FnOnce(&B::DelayedState) -> Result<T, TeError>,
+) -> Result<T, TeError> {
+    let quantized = quantize(&delayed_state::<B>(site, recipe, role, device)?)?;
+    if let (true, Some(meta)) = (record, &site.fp8) {
+        meta.recorded(role);
+    }
+    Ok(quantized)
+}
+
 /// A quantized GEMM operand: the tensor, and whether it holds the operand's transpose (NVFP4's columnwise copy, see
 /// [`crate::nvfp4`]), which the GEMM then reads transposed back.
 pub struct QuantizedOperand<B: TeBackend> {
@@ -93,7 +110,7 @@ impl<B: TeBackend> Clone for QuantizedOperand<B> {
 }
 
 impl<B: TeBackend> QuantizedOperand<B> {
-    fn stored(tensor: Fp8Primitive<B>) -> Self {
+    pub(crate) fn stored(tensor: Fp8Primitive<B>) -> Self {
         Self {
             tensor,
             transposed: false,
@@ -160,19 +177,10 @@ pub fn quantize_operand<B: TeBackend>(
     let quantized = match recipe {
         Recipe::Delayed(r) => {
             let device = B::float_device(&tensor);
-            let state = delayed_state::<B>(site, r, role, &device)?;
-            let quantized = B::fp8_quantize(
-                tensor,
-                format,
-                Scaling::Delayed {
-                    state: &state,
-                    record,
-                },
-            )?;
-            if let (true, Some(meta)) = (record, &site.fp8) {
-                meta.recorded(role);
-            }
-            quantized
+            let quantize = |state: &B::DelayedState| {
+                B::fp8_quantize(tensor, format, Scaling::Delayed { state, record })
+            };
+            with_delayed_state::<B, _>(site, r, role, &device, record, quantize)?
         }
         Recipe::Current(_) => match site.amax_group(role) {
             None => B::fp8_quantize(tensor, format, Scaling::Current { margin: 0.0 })?,
@@ -223,7 +231,7 @@ fn quantize_shard<B: TeBackend>(
     )
 }
 
-fn dims<B: Backend>(tensor: &FloatTensor<B>) -> Vec<usize> {
+pub(crate) fn dims<B: Backend>(tensor: &FloatTensor<B>) -> Vec<usize> {
     use burn::tensor::TensorMetadata;
     tensor.shape().as_slice().to_vec()
 }
@@ -572,7 +580,7 @@ pub fn prepare_fprop<B: TeBackend>(
             &weight,
         ));
     }
-    let (x2, mut leading) = fold_rows::<B>(x);
+    let (x2, leading) = fold_rows::<B>(x);
     let (qx, saved_x) = quantize_for::<B>(
         x2,
         recipe,
@@ -581,8 +589,35 @@ pub fn prepare_fprop<B: TeBackend>(
         [Gemm::Fprop, Gemm::Wgrad],
         (overrides[0], save[0]),
     )?;
-    let (qw, saved_w) = fprop_weight::<B>(weight, site, recipe, overrides[1], save[1])?;
-    leading.push(w_dims[1]);
+    prepare_fprop_quantized::<B>(
+        (qx, saved_x, leading),
+        weight,
+        bias,
+        site,
+        recipe,
+        overrides[1],
+        save[1],
+    )
+}
+
+/// [`prepare_fprop`] on an input already quantized as `[rows, in]` (with what the backward keeps of it and the
+/// leading dimensions its rows fold): the weight quantized, the GEMM to run.
+pub(crate) fn prepare_fprop_quantized<B: TeBackend>(
+    (qx, saved_x, mut leading): (
+        QuantizedOperand<B>,
+        Option<SavedQuantized<B::Fp8Data>>,
+        Vec<usize>,
+    ),
+    weight: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    site: &GemmSite,
+    recipe: &Recipe,
+    weight_override: Option<f32>,
+    save_weight: bool,
+) -> Result<(PreparedGemm<B>, SavedForBackward<B::Fp8Data>), TeError> {
+    let out = dims::<B>(&weight)[1];
+    let (qw, saved_w) = fprop_weight::<B>(weight, site, recipe, weight_override, save_weight)?;
+    leading.push(out);
     let gemm = PreparedGemm {
         lhs: qx,
         lhs_t: false,

@@ -458,6 +458,9 @@ pub mod names {
     pub const KEPT_HIGH_PRECISION: &str = "KeptForBackwardHighPrecision";
     /// Counter: fused LayerNorm/RMSNorm forwards (`fused::norm`; the host path).
     pub const FUSED_NORM: &str = "FusedNorm";
+    /// Counter: norms whose output the GEMM that follows took in FP8 straight from the norm's pass
+    /// (`TeBackend::te_norm_linear`: a `LayerNormLinear`/`LayerNormMLP` under DelayedScaling on the host path).
+    pub const FUSED_NORM_CAST: &str = "FusedNormCast";
     /// Counter: fused LayerNorm/RMSNorm backwards.
     pub const FUSED_NORM_BACKWARD: &str = "FusedNormBackward";
     /// Counter: fused MLP activation forwards (`fused::activation`; the host path).

@@ -29,6 +29,7 @@ mod host_gemm;
 mod layering;
 mod microbatch;
 mod modules;
+mod norm_cast;
 mod nvfp4;
 mod nvfp4_recipe;
 mod plain_linear;

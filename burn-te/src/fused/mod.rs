@@ -1,7 +1,8 @@
 //! The TE modules' element-wise work as fused [`TeBackend`](crate::TeBackend) ops with their own backward:
 //! LayerNorm/RMSNorm ([`norm`]), the MLP activations ([`activation`]), the attention's scaled, masked softmax
 //! ([`softmax`]) and the whole attention core ([`attention`]: q·kᵀ, the softmax and ·v, reading q, k and v at
-//! their strides).
+//! their strides). A norm whose output the next GEMM takes in FP8 writes the codes in its own pass
+//! ([`norm_linear`], TE's LayerNorm → FP8 cast).
 //!
 //! Each op is three backend methods: `te_<op>` (what the modules call; `Autodiff` registers the op's backward
 //! node there), `te_<op>_forward` and `te_<op>_backward`. A backend that has no fused kernel answers `None` from
@@ -15,12 +16,14 @@
 pub mod activation;
 pub mod attention;
 pub mod norm;
+pub mod norm_linear;
 pub mod softmax;
 
 use std::cell::Cell;
 
 pub use burn_te_kernels::host::fused::activation::Pointwise;
 pub use burn_te_kernels::host::fused::norm::{NormKind, NormSpec};
+pub use norm_linear::with_norm_cast_unfused;
 
 thread_local! {
     static COMPOSED: Cell<bool> = const { Cell::new(false) };
@@ -84,6 +87,39 @@ pub struct NormGrads<T> {
     /// β's (LayerNorm with a bias).
     pub beta: Option<T>,
 }
+
+/// A fused norm's operands: `x [.., width]`, γ and β `[width]`, and which norm.
+#[derive(Clone, Debug)]
+pub struct NormOperands<T> {
+    /// The input.
+    pub x: T,
+    /// γ.
+    pub gamma: T,
+    /// β (LayerNorm with a bias).
+    pub beta: Option<T>,
+    /// Which norm, its ε and γ's storage.
+    pub spec: NormSpec,
+}
+
+/// What a norm whose output the GEMM that follows takes in FP8 returns
+/// ([`TeBackend::te_norm_linear_fprop`](crate::TeBackend::te_norm_linear_fprop)): the layer's output, the norm's
+/// row statistics and the GEMM operands kept quantized for the backward.
+#[derive(Debug)]
+pub struct NormLinearForward<T, D> {
+    /// `norm(x) · weight (+ bias)`.
+    pub output: T,
+    /// The norm's row statistics, for its backward.
+    pub norm: NormSaved<T>,
+    /// `[normalized input for wgrad, weight for dgrad]`, as `te_linear_fprop` keeps them.
+    pub saved: crate::primitive::SavedForBackward<D>,
+}
+
+/// What a fused norm whose output is quantized in its pass returns: the codes `Q` and the row statistics, or
+/// `None` (no such kernel).
+pub type NormFp8Forward<Q, T> = Option<(Q, NormSaved<T>)>;
+
+/// What a norm and the GEMM after it as one op return, or `None` (no such path).
+pub type NormLinearFprop<T, D> = Option<NormLinearForward<T, D>>;
 
 /// The attention mask of a fused softmax over scores `[batch, heads, queries, keys]`.
 #[derive(Clone, Debug)]

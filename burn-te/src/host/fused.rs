@@ -5,12 +5,17 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{BoolTensor, FloatTensor};
 use burn::tensor::{DType, Shape, TensorMetadata};
+use burn_te_kernels::Fp8Format;
 use burn_te_kernels::host::fused::{activation, bias, norm, softmax};
 
-use super::{HostValues, host_tensor};
+use super::{HostDelayedState, HostFp8Data, HostValues, host_tensor};
 use crate::error::TeError;
-use crate::fused::{AttentionMask, NormForward, NormGrads, NormSaved, NormSpec, Pointwise};
+use crate::fused::{
+    AttentionMask, NormForward, NormFp8Forward, NormGrads, NormOperands, NormSaved, NormSpec,
+    Pointwise,
+};
 use crate::metrics::{count_launch, names};
+use crate::primitive::Fp8Tensor;
 use crate::primitive::rows_cols;
 
 /// How a host backend reads its tensors (`flex_values`, `values::<NdArray>`).
@@ -30,19 +35,57 @@ fn read_back<B: Backend>(read: Read<B>, t: FloatTensor<B>) -> (HostValues, Shape
 /// [`TeBackend::te_norm_forward`](crate::TeBackend::te_norm_forward) on the host.
 pub(super) fn norm_forward<B: Backend>(
     read: Read<B>,
-    x: FloatTensor<B>,
-    gamma: FloatTensor<B>,
-    beta: Option<FloatTensor<B>>,
-    spec: NormSpec,
+    norm: NormOperands<FloatTensor<B>>,
 ) -> Result<NormForward<FloatTensor<B>>, TeError> {
-    if !f32_only::<B>(&x) {
+    let device = B::float_device(&norm.x);
+    let forward = run_norm::<B, _>(read, norm, norm::norm_forward)?;
+    Ok(forward.map(|(y, shape, saved)| (host_tensor::<B>(y, shape, &device), saved)))
+}
+
+/// [`TeBackend::te_norm_fp8_forward`](crate::TeBackend::te_norm_fp8_forward) on the host: the norm's output
+/// encoded with the state's scale in the norm's pass, its amax recorded into the state's history.
+pub(super) fn norm_fp8_forward<B: Backend>(
+    read: Read<B>,
+    norm: NormOperands<FloatTensor<B>>,
+    format: Fp8Format,
+    state: &HostDelayedState,
+) -> Result<NormFp8Forward<HostFp8<B>, FloatTensor<B>>, TeError> {
+    let device = B::float_device(&norm.x);
+    let mut history = super::lock(state);
+    let (scale, scale_inv) = (history.scale, history.scale_inv);
+    let forward = run_norm::<B, _>(read, norm, |x, gamma, beta, spec| {
+        let (codes, amax, stats) =
+            norm::norm_forward_quantized(x, gamma, beta, spec, (scale, format));
+        ((codes, amax), stats)
+    })?;
+    Ok(forward.map(|((codes, amax), shape, saved)| {
+        history.record(amax);
+        let codes = super::fp8_tensor(codes, vec![scale_inv], None, shape, format, device);
+        (codes, saved)
+    }))
+}
+
+/// A host backend's FP8 tensor.
+type HostFp8<B> = Fp8Tensor<HostFp8Data<<B as burn::tensor::backend::BackendTypes>::Device>>;
+
+/// A norm kernel's output, the input's shape and the row statistics, or `None` (not f32).
+type NormRun<Y, B> = Option<(Y, Shape, NormSaved<FloatTensor<B>>)>;
+
+/// Reads a norm's operands (`None` for other dtypes than f32), checks that γ and β are `[width]`, runs `kernel`,
+/// and wraps its row statistics as the backward takes them: the kernel's output, the input's shape, the statistics.
+fn run_norm<B: Backend, Y>(
+    read: Read<B>,
+    norm: NormOperands<FloatTensor<B>>,
+    kernel: impl FnOnce(&[f32], &[f32], Option<&[f32]>, NormSpec) -> (Y, norm::NormStats),
+) -> Result<NormRun<Y, B>, TeError> {
+    if !f32_only::<B>(&norm.x) {
         return Ok(None);
     }
     count_launch(names::FUSED_NORM);
-    let device = B::float_device(&x);
-    let (x, shape) = read(x)?;
-    let (gamma, gamma_shape) = read(gamma)?;
-    let beta = beta.map(read).transpose()?;
+    let device = B::float_device(&norm.x);
+    let (x, shape) = read(norm.x)?;
+    let (gamma, gamma_shape) = read(norm.gamma)?;
+    let beta = norm.beta.map(read).transpose()?;
     let width = rows_cols(&shape).1;
     let params = [Some(&gamma_shape), beta.as_ref().map(|(_, s)| s)];
     if let Some(bad) = params
@@ -57,13 +100,13 @@ pub(super) fn norm_forward<B: Backend>(
             rhs: bad.as_slice().to_vec(),
         });
     }
-    let (y, stats) = norm::norm_forward(&x, &gamma, beta.as_ref().map(|(b, _)| &b[..]), spec);
+    let (y, stats) = kernel(&x, &gamma, beta.as_ref().map(|(b, _)| &b[..]), norm.spec);
     let rows = Shape::new([stats.rstd.len()]);
     let saved = NormSaved {
         mean: (!stats.mean.is_empty()).then(|| host_tensor::<B>(stats.mean, rows.clone(), &device)),
         rstd: host_tensor::<B>(stats.rstd, rows, &device),
     };
-    Ok(Some((host_tensor::<B>(y, shape, &device), saved)))
+    Ok(Some((y, shape, saved)))
 }
 
 /// [`TeBackend::te_norm_backward`](crate::TeBackend::te_norm_backward) on the host.

@@ -237,7 +237,7 @@ macro_rules! host_te_backend {
             type DelayedState = HostDelayedState;
             type PendingStats = Fp8Stats;
 
-            $crate::te_linear_gemms!(fprop dgrad wgrad backward grouped);
+            $crate::te_linear_gemms!(fprop dgrad wgrad backward grouped norm);
 
             fn fp8_quantize(
                 tensor: FloatTensor<Self>,
@@ -307,7 +307,16 @@ macro_rules! host_te_backend {
                 beta: Option<FloatTensor<Self>>,
                 spec: crate::fused::NormSpec,
             ) -> Result<crate::fused::NormForward<FloatTensor<Self>>, TeError> {
-                fused::norm_forward::<$backend>($values, x, gamma, beta, spec)
+                let norm = crate::fused::NormOperands { x, gamma, beta, spec };
+                fused::norm_forward::<$backend>($values, norm)
+            }
+
+            fn te_norm_fp8_forward(
+                norm: crate::fused::NormOperands<FloatTensor<Self>>,
+                format: Fp8Format,
+                state: &HostDelayedState,
+            ) -> Result<Option<(Fp8Primitive<Self>, crate::fused::NormSaved<FloatTensor<Self>>)>, TeError> {
+                fused::norm_fp8_forward::<$backend>($values, norm, format, state)
             }
 
             fn te_norm_backward(

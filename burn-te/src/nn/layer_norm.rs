@@ -4,6 +4,7 @@ use burn::module::{Initializer, Param};
 use burn::prelude::*;
 
 use super::names::LayerName;
+use super::norm::FusedNormOperands;
 use super::parallel::TensorParallel;
 use super::{check_features, epsilon, or_panic};
 use crate::backend::TeBackend;
@@ -125,6 +126,23 @@ impl<B: TeBackend> LayerNorm<B> {
     /// Normalizes `x [.., hidden_size]`, or an error naming the layer and the shape.
     pub fn try_forward<const D: usize>(&self, x: Tensor<B, D>) -> Result<Tensor<B, D>, TeError> {
         check_features(&self.name(), "input", &x, self.weight.dims()[0])?;
+        let (weight, bias, spec) = self.params()?;
+        if let Some(y) = fused::norm::try_fused(&x, weight.clone(), Some(bias.clone()), spec)? {
+            return Ok(y);
+        }
+        let (var, mean) = x.clone().var_mean_bias(D - 1);
+        let normalized = (x - mean) / (var + self.eps).sqrt();
+        Ok(normalized * applied_gamma::<B, D>(weight, self.zero_centered_gamma) + bias.unsqueeze())
+    }
+
+    /// γ and β as the fused op takes them, and its spec.
+    pub(crate) fn fused_operands(&self) -> Result<FusedNormOperands<B>, TeError> {
+        let (weight, bias, spec) = self.params()?;
+        Ok((weight, Some(bias), spec))
+    }
+
+    /// γ and β as applied (on token shards, their gradients summed over the group), and the norm's spec.
+    fn params(&self) -> Result<(Tensor<B, 1>, Tensor<B, 1>, NormSpec), TeError> {
         let spec = NormSpec {
             kind: NormKind::LayerNorm,
             eps: self.eps as f32,
@@ -132,12 +150,7 @@ impl<B: TeBackend> LayerNorm<B> {
         };
         let weight = token_shard_param(&self.token_shards, self.weight.val())?;
         let bias = token_shard_param(&self.token_shards, self.bias.val())?;
-        if let Some(y) = fused::norm::try_fused(&x, weight.clone(), Some(bias.clone()), spec)? {
-            return Ok(y);
-        }
-        let (var, mean) = x.clone().var_mean_bias(D - 1);
-        let normalized = (x - mean) / (var + self.eps).sqrt();
-        Ok(normalized * applied_gamma::<B, D>(weight, self.zero_centered_gamma) + bias.unsqueeze())
+        Ok((weight, bias, spec))
     }
 
     /// The layer's name (see [`names`](super::names)).

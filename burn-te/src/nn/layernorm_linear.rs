@@ -4,9 +4,9 @@
 use burn::module::{Initializer, Param};
 use burn::prelude::*;
 
-use super::linear::{gemm_params, split_bias, te_gemm};
+use super::linear::{GemmLayer, gemm_params, norm_te_gemm, split_bias, te_gemm};
 use super::names::LayerName;
-use super::norm::{Norm, Normalization};
+use super::norm::{Norm, Normalization, rename};
 use super::parallel::{ParallelMode, TensorParallel};
 use super::{ModuleOutput, or_panic};
 use crate::backend::TeBackend;
@@ -195,40 +195,37 @@ impl<B: TeBackend> LayerNormLinear<B> {
         &self,
         x: Tensor<B, D>,
     ) -> Result<ModuleOutput<B, D>, TeError> {
+        let (added, returned) = split_bias(&self.bias, self.return_bias);
+        let layer = GemmLayer {
+            weight: &self.weight,
+            bias: added,
+            name: &self.name,
+            fp8_meta: &self.fp8_meta,
+            kind: "layernorm_linear",
+            parallel: self.parallel.as_ref(),
+        };
+        let module = self.name();
+        if !self.return_layernorm_output {
+            let output = norm_te_gemm(&self.layer_norm, &module, x, layer)?;
+            return Ok(ModuleOutput {
+                output,
+                bias: returned,
+                layernorm_output: None,
+            });
+        }
         let normalized = self
             .layer_norm
             .try_forward(x)
-            .map_err(|err| rename(err, &self.name()))?;
-        let (added, returned) = split_bias(&self.bias, self.return_bias);
+            .map_err(|err| rename(err, &module))?;
         Ok(ModuleOutput {
-            output: te_gemm(
-                normalized.clone(),
-                &self.weight,
-                added,
-                &self.name,
-                &self.fp8_meta,
-                "layernorm_linear",
-                self.parallel.as_ref(),
-            )?,
+            output: te_gemm(normalized.clone(), layer)?,
             bias: returned,
-            layernorm_output: self.return_layernorm_output.then_some(normalized),
+            layernorm_output: Some(normalized),
         })
     }
 
     /// The layer's name (see [`names`](super::names)).
     pub fn name(&self) -> String {
         self.name.resolve(&self.weight).to_string()
-    }
-}
-
-/// Reports a sublayer's shape error under the fused module's name.
-pub(crate) fn rename(err: TeError, module: &str) -> TeError {
-    match err {
-        TeError::InvalidShape { reason, shape, .. } => TeError::InvalidShape {
-            module: module.to_string(),
-            reason,
-            shape,
-        },
-        other => other,
     }
 }

@@ -5,10 +5,9 @@ use burn::module::Initializer;
 use burn::prelude::*;
 
 use super::activation::Activation;
-use super::layernorm_linear::rename;
 use super::linear::{Linear, LinearConfig};
 use super::names::LayerName;
-use super::norm::{Norm, Normalization};
+use super::norm::{Norm, Normalization, rename};
 use super::parallel::ParallelMode;
 use super::{ModuleOutput, or_panic};
 use crate::backend::TeBackend;
@@ -193,15 +192,21 @@ impl<B: TeBackend> LayerNormMLP<B> {
         &self,
         x: Tensor<B, D>,
     ) -> Result<ModuleOutput<B, D>, TeError> {
-        let normalized = self
-            .layer_norm
-            .try_forward(x)
-            .map_err(|err| rename(err, &self.name()))?;
-        let hidden = self.fc1.try_forward(normalized.clone())?;
+        let module = self.name();
+        let (hidden, normalized) = if self.return_layernorm_output {
+            let normalized = self
+                .layer_norm
+                .try_forward(x)
+                .map_err(|err| rename(err, &module))?;
+            (self.fc1.try_forward(normalized.clone())?, Some(normalized))
+        } else {
+            let fc1 = self.fc1.forward_after_norm(&self.layer_norm, &module, x)?;
+            (fc1.output, None)
+        };
         let hidden = self.activation.apply(hidden)?;
         let output = self.fc2.forward_all(hidden)?;
         Ok(ModuleOutput {
-            layernorm_output: self.return_layernorm_output.then_some(normalized),
+            layernorm_output: normalized,
             ..output
         })
     }

@@ -5,12 +5,14 @@ use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
 
 use super::names::LayerName;
+use super::norm::{Norm, rename};
 use super::parallel::{ParallelMode, TensorParallel};
 use super::{ModuleOutput, check_features, or_panic};
 use crate::autocast::{ScopeRecipe, active_scope_recipe, layer_recipes};
 use crate::backend::TeBackend;
 use crate::error::TeError;
 use crate::fp8_state::Fp8Meta;
+use crate::fused;
 use crate::gemm::Gemm;
 use crate::recipe::Recipe;
 use crate::site::{GemmSite, Sharding};
@@ -175,22 +177,36 @@ pub(crate) fn gemm_params<B: Backend>(
     (weight, bias)
 }
 
-/// `x [.., in] · weight [in, out] (+ bias)` through [`TeBackend::te_linear`] at the fprop site of `name`: FP8 with
-/// the autocast scope's recipe (or its plan's choice for the layer) and the layer's `fp8_meta`, high precision
-/// outside one. The forwarding code of every TE GEMM module.
+/// A TE GEMM layer as its module holds it: the weight, the bias added in the GEMM, the layer's name, FP8 state,
+/// kind (`linear`, `layernorm_linear`) and tensor-parallel split.
+pub(crate) struct GemmLayer<'a, B: Backend> {
+    pub weight: &'a Param<Tensor<B, 2>>,
+    pub bias: Option<Tensor<B, 1>>,
+    pub name: &'a LayerName,
+    pub fp8_meta: &'a Fp8Meta<B>,
+    pub kind: &'static str,
+    pub parallel: Option<&'a TensorParallel>,
+}
+
+/// `x [.., in] · weight [in, out] (+ bias)` through [`TeBackend::te_linear`] at the fprop site of the layer: FP8
+/// with the autocast scope's recipe (or its plan's choice for the layer) and the layer's `fp8_meta`, high
+/// precision outside one. The forwarding code of every TE GEMM module.
 ///
 /// Split over a tensor-parallel group (`parallel`; `None`: whole): the input exchanged in, the GEMM on this rank's
 /// shard with the sharded operands marked at its sites, the output exchanged out, then the bias (a row layer adds
 /// the whole bias after the sum).
 pub(crate) fn te_gemm<B: TeBackend, const D: usize>(
     x: Tensor<B, D>,
-    weight: &Param<Tensor<B, 2>>,
-    bias: Option<Tensor<B, 1>>,
-    name: &LayerName,
-    fp8_meta: &Fp8Meta<B>,
-    kind: &'static str,
-    parallel: Option<&TensorParallel>,
+    layer: GemmLayer<'_, B>,
 ) -> Result<Tensor<B, D>, TeError> {
+    let GemmLayer {
+        weight,
+        bias,
+        name,
+        fp8_meta,
+        kind,
+        parallel,
+    } = layer;
     let [in_features, _] = weight.dims();
     let layer = name.resolve(weight);
     check_features(&layer, "input", &x, in_features)?;
@@ -209,6 +225,37 @@ pub(crate) fn te_gemm<B: TeBackend, const D: usize>(
                 None => y,
             })
         }
+    }
+}
+
+/// [`te_gemm`] on `norm(x)`, the norm's shape errors under the name of the fused `module`. A whole layer (no
+/// tensor parallelism) whose GEMM runs in FP8 takes both as one op where the backend can write the norm's output
+/// in FP8 ([`fused::norm_linear`](crate::fused::norm_linear): DelayedScaling on the host path).
+pub(crate) fn norm_te_gemm<B: TeBackend, const D: usize>(
+    norm: &Norm<B>,
+    module: &str,
+    x: Tensor<B, D>,
+    layer: GemmLayer<'_, B>,
+) -> Result<Tensor<B, D>, TeError> {
+    let normalize = |x| norm.try_forward(x).map_err(|err| rename(err, module));
+    if layer.parallel.is_some() {
+        return te_gemm(normalize(x)?, layer);
+    }
+    let [in_features, _] = layer.weight.dims();
+    check_features(module, "input", &x, in_features)?;
+    let (site, recipe) = fprop_site(layer.name.resolve(layer.weight), layer.kind, layer.fp8_meta)?;
+    let gemm = (layer.weight.val(), layer.bias.clone());
+    let fused =
+        fused::norm_linear::try_fused(&x, norm.fused_operands()?, gemm, &site, recipe.as_ref())?;
+    match fused {
+        Some(y) => Ok(y),
+        None => Ok(run_gemm(
+            normalize(x)?,
+            layer.weight.val(),
+            layer.bias,
+            &site,
+            recipe.as_ref(),
+        )),
     }
 }
 
@@ -309,18 +356,38 @@ impl<B: TeBackend> Linear<B> {
     ) -> Result<ModuleOutput<B, D>, TeError> {
         let (added, returned) = split_bias(&self.bias, self.return_bias);
         Ok(ModuleOutput {
-            output: te_gemm(
-                x,
-                &self.weight,
-                added,
-                &self.name,
-                &self.fp8_meta,
-                "linear",
-                self.parallel.as_ref(),
-            )?,
+            output: te_gemm(x, self.gemm_layer(added))?,
             bias: returned,
             layernorm_output: None,
         })
+    }
+
+    /// `norm(x)·W (+ b)`, the norm's shape errors under the fused `module`'s name ([`norm_te_gemm`]): a
+    /// `LayerNormMLP`'s FC1 with its norm. The bias returned apart with `return_bias`.
+    pub(crate) fn forward_after_norm<const D: usize>(
+        &self,
+        norm: &Norm<B>,
+        module: &str,
+        x: Tensor<B, D>,
+    ) -> Result<ModuleOutput<B, D>, TeError> {
+        let (added, returned) = split_bias(&self.bias, self.return_bias);
+        Ok(ModuleOutput {
+            output: norm_te_gemm(norm, module, x, self.gemm_layer(added))?,
+            bias: returned,
+            layernorm_output: None,
+        })
+    }
+
+    /// The layer as [`te_gemm`] runs it, with `bias` added in the GEMM.
+    fn gemm_layer(&self, bias: Option<Tensor<B, 1>>) -> GemmLayer<'_, B> {
+        GemmLayer {
+            weight: &self.weight,
+            bias,
+            name: &self.name,
+            fp8_meta: &self.fp8_meta,
+            kind: "linear",
+            parallel: self.parallel.as_ref(),
+        }
     }
 
     /// The layer's name (see [`names`](super::names)).

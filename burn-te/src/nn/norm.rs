@@ -8,6 +8,7 @@ use super::parallel::TensorParallel;
 use super::rms_norm::{RmsNorm, RmsNormConfig};
 use crate::backend::TeBackend;
 use crate::error::TeError;
+use crate::fused::NormSpec;
 
 /// Which normalization a fused module applies (TE's `normalization="LayerNorm" | "RMSNorm"`).
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
@@ -64,12 +65,35 @@ impl<B: Backend> Norm<B> {
     }
 }
 
+/// A norm's γ, β (LayerNorm) and spec as the fused ops take them.
+pub(crate) type FusedNormOperands<B> = (Tensor<B, 1>, Option<Tensor<B, 1>>, NormSpec);
+
 impl<B: TeBackend> Norm<B> {
+    /// γ, β and the spec as the fused ops take them.
+    pub(crate) fn fused_operands(&self) -> Result<FusedNormOperands<B>, TeError> {
+        match self {
+            Norm::LayerNorm(norm) => norm.fused_operands(),
+            Norm::RmsNorm(norm) => norm.fused_operands(),
+        }
+    }
+
     /// Normalizes `x [.., hidden]`, or an error naming the layer and the shape.
     pub fn try_forward<const D: usize>(&self, x: Tensor<B, D>) -> Result<Tensor<B, D>, TeError> {
         match self {
             Norm::LayerNorm(norm) => norm.try_forward(x),
             Norm::RmsNorm(norm) => norm.try_forward(x),
         }
+    }
+}
+
+/// Reports a sublayer's shape error under the fused module's name.
+pub(crate) fn rename(err: TeError, module: &str) -> TeError {
+    match err {
+        TeError::InvalidShape { reason, shape, .. } => TeError::InvalidShape {
+            module: module.to_string(),
+            reason,
+            shape,
+        },
+        other => other,
     }
 }

@@ -5,6 +5,7 @@ use burn::prelude::*;
 
 use super::layer_norm::{applied_gamma, gamma, token_shard_param};
 use super::names::LayerName;
+use super::norm::FusedNormOperands;
 use super::parallel::TensorParallel;
 use super::{check_features, epsilon, or_panic};
 use crate::backend::TeBackend;
@@ -88,18 +89,27 @@ impl<B: TeBackend> RmsNorm<B> {
     /// Normalizes `x [.., hidden_size]`, or an error naming the layer and the shape.
     pub fn try_forward<const D: usize>(&self, x: Tensor<B, D>) -> Result<Tensor<B, D>, TeError> {
         check_features(&self.name(), "input", &x, self.weight.dims()[0])?;
-        let spec = NormSpec {
-            kind: NormKind::RmsNorm,
-            eps: self.eps as f32,
-            zero_centered_gamma: self.zero_centered_gamma,
-        };
-        let weight = token_shard_param(&self.token_shards, self.weight.val())?;
+        let (weight, _, spec) = self.fused_operands()?;
         if let Some(y) = fused::norm::try_fused(&x, weight.clone(), None, spec)? {
             return Ok(y);
         }
         let mean_square = x.clone().square().mean_dim(D - 1);
         Ok(x / (mean_square + self.eps).sqrt()
             * applied_gamma::<B, D>(weight, self.zero_centered_gamma))
+    }
+
+    /// γ as the fused op takes it (on token shards, its gradient summed over the group), no β, and its spec.
+    pub(crate) fn fused_operands(&self) -> Result<FusedNormOperands<B>, TeError> {
+        let spec = NormSpec {
+            kind: NormKind::RmsNorm,
+            eps: self.eps as f32,
+            zero_centered_gamma: self.zero_centered_gamma,
+        };
+        Ok((
+            token_shard_param(&self.token_shards, self.weight.val())?,
+            None,
+            spec,
+        ))
     }
 
     /// The layer's name (see [`names`](super::names)).

@@ -74,7 +74,12 @@ pub fn quantize_with_amax(input: &[f32], scale: f32, format: Fp8Format) -> (Vec<
 
 /// Writes `codes[i] = encode(input[i] · scale)` for every element (`codes` as long as `input`, unwritten before).
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
-fn encode_scaled(input: &[f32], scale: f32, format: Fp8Format, codes: &mut [MaybeUninit<u8>]) {
+pub(crate) fn encode_scaled(
+    input: &[f32],
+    scale: f32,
+    format: Fp8Format,
+    codes: &mut [MaybeUninit<u8>],
+) {
     assert_eq!(codes.len(), input.len(), "one code per input element");
     // One loop per format, so the format's constants fold into it.
     match format {
@@ -137,7 +142,7 @@ pub fn amax(input: &[f32]) -> f32 {
 
 /// The largest `|x|` as bits (NaN's bits are above infinity's, so a NaN wins).
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
-fn amax_bits(input: &[f32]) -> u32 {
+pub(crate) fn amax_bits(input: &[f32]) -> u32 {
     input
         .iter()
         .fold(0, |max, x| max.max(x.to_bits() & 0x7fff_ffff))

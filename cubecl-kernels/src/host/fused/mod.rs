@@ -33,12 +33,12 @@ fn block_rows(width: usize) -> usize {
 
 /// Runs `kernel(first_row, input rows, output rows)` over blocks of rows of `input` (`in_width` per row) and
 /// `output` (`out_width` per row) on rayon's pool. Returns the kernels' results in row order.
-fn par_rows<R: Send>(
+fn par_rows<O: Send, R: Send>(
     input: &[f32],
     in_width: usize,
-    output: &mut [f32],
+    output: &mut [O],
     out_width: usize,
-    kernel: impl Fn(usize, &[f32], &mut [f32]) -> R + Sync,
+    kernel: impl Fn(usize, &[f32], &mut [O]) -> R + Sync,
 ) -> Vec<R> {
     let rows = block_rows(in_width.max(out_width));
     if in_width == 0 || out_width == 0 {

@@ -6,8 +6,12 @@
 //! with `γ` applied as `1 + γ` when it is zero-centred. The forward returns μ (LayerNorm) and `r` per row for the
 //! backward, which returns `dx`, `dγ` and `dβ`.
 
+use std::mem::MaybeUninit;
+
 use super::{add_in_order, dot, par_rows, sum_of};
+use crate::format::Fp8Format;
 use crate::host::pool::OutputValues;
+use crate::host::{amax_bits, assume_init, encode_scaled, uninit};
 
 /// Which normalization, with its ε and γ's storage.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -78,37 +82,103 @@ fn forward_rows(
     let rows = x.len() / width;
     let (mut means, mut rstds) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
     for (x, y) in x.chunks_exact(width).zip(y.chunks_exact_mut(width)) {
-        let n = width as f32;
-        match spec.kind {
-            NormKind::LayerNorm => {
-                let mean = sum_of(x, |v| v) / n;
-                let var = sum_of(x, |v| (v - mean) * (v - mean)) / n;
-                let rstd = 1.0 / (var + spec.eps).sqrt();
-                match beta {
-                    Some(beta) => {
-                        for (((y, x), g), b) in y.iter_mut().zip(x).zip(gamma).zip(beta) {
-                            *y = (x - mean) * rstd * g + b;
-                        }
-                    }
-                    None => {
-                        for ((y, x), g) in y.iter_mut().zip(x).zip(gamma) {
-                            *y = (x - mean) * rstd * g;
-                        }
-                    }
-                }
-                means.push(mean);
-                rstds.push(rstd);
-            }
-            NormKind::RmsNorm => {
-                let rstd = 1.0 / (dot(x, x) / n + spec.eps).sqrt();
-                for ((y, x), g) in y.iter_mut().zip(x).zip(gamma) {
-                    *y = x * rstd * g;
-                }
-                rstds.push(rstd);
-            }
-        }
+        let (mean, rstd) = forward_row(x, y, gamma, beta, spec);
+        means.extend(mean);
+        rstds.push(rstd);
     }
     (means, rstds)
+}
+
+/// One row's output `y` and its statistics `(μ (LayerNorm), r)`.
+#[inline(always)]
+fn forward_row(
+    x: &[f32],
+    y: &mut [f32],
+    gamma: &[f32],
+    beta: Option<&[f32]>,
+    spec: NormSpec,
+) -> (Option<f32>, f32) {
+    let n = gamma.len() as f32;
+    match spec.kind {
+        NormKind::LayerNorm => {
+            let mean = sum_of(x, |v| v) / n;
+            let var = sum_of(x, |v| (v - mean) * (v - mean)) / n;
+            let rstd = 1.0 / (var + spec.eps).sqrt();
+            match beta {
+                Some(beta) => {
+                    for (((y, x), g), b) in y.iter_mut().zip(x).zip(gamma).zip(beta) {
+                        *y = (x - mean) * rstd * g + b;
+                    }
+                }
+                None => {
+                    for ((y, x), g) in y.iter_mut().zip(x).zip(gamma) {
+                        *y = (x - mean) * rstd * g;
+                    }
+                }
+            }
+            (Some(mean), rstd)
+        }
+        NormKind::RmsNorm => {
+            let rstd = 1.0 / (dot(x, x) / n + spec.eps).sqrt();
+            for ((y, x), g) in y.iter_mut().zip(x).zip(gamma) {
+                *y = x * rstd * g;
+            }
+            (None, rstd)
+        }
+    }
+}
+
+/// [`norm_forward`] with its output quantized in the same pass, as TE's LayerNorm kernel writes the FP8 input of
+/// the GEMM that follows: `codes = encode(y · scale)` in `format` (delayed scaling's scale, known before the pass),
+/// the amax of `y`, and the statistics. Each row is normalized into a buffer that stays in L1 and encoded from
+/// there, so `y` never reaches memory; the codes and amax are [`quantize_with_amax`](crate::host::quantize_with_amax)'s
+/// of [`norm_forward`]'s output, bit for bit.
+pub fn norm_forward_quantized(
+    x: &[f32],
+    gamma: &[f32],
+    beta: Option<&[f32]>,
+    spec: NormSpec,
+    (scale, format): (f32, Fp8Format),
+) -> (Vec<u8>, f32, NormStats) {
+    let width = gamma.len();
+    let gamma = applied_gamma(gamma, spec);
+    let mut codes = uninit(x.len());
+    let blocks = par_rows(x, width, &mut codes, width, |_, x, codes| {
+        quantized_rows(x, codes, &gamma, beta, spec, (scale, format))
+    });
+    let mut stats = NormStats::default();
+    let mut amax = 0;
+    for (mean, rstd, bits) in blocks {
+        stats.mean.extend(mean);
+        stats.rstd.extend(rstd);
+        amax = amax.max(bits);
+    }
+    // SAFETY: the blocks cover every row, and `quantized_rows` encodes each of its rows whole.
+    (unsafe { assume_init(codes) }, f32::from_bits(amax), stats)
+}
+
+/// One block's rows of [`norm_forward_quantized`]: its means, `r`s and the bits of its amax.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
+fn quantized_rows(
+    x: &[f32],
+    codes: &mut [MaybeUninit<u8>],
+    gamma: &[f32],
+    beta: Option<&[f32]>,
+    spec: NormSpec,
+    (scale, format): (f32, Fp8Format),
+) -> (Vec<f32>, Vec<f32>, u32) {
+    let width = gamma.len();
+    let rows = x.len() / width;
+    let (mut means, mut rstds) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
+    let (mut y, mut amax) = (vec![0.0f32; width], 0);
+    for (x, codes) in x.chunks_exact(width).zip(codes.chunks_exact_mut(width)) {
+        let (mean, rstd) = forward_row(x, &mut y, gamma, beta, spec);
+        encode_scaled(&y, scale, format, codes);
+        amax = amax.max(amax_bits(&y));
+        means.extend(mean);
+        rstds.push(rstd);
+    }
+    (means, rstds, amax)
 }
 
 /// Gradients of [`norm_forward`] for the output gradient `dy`: `(dx, dγ, dβ)` (`dβ` for LayerNorm; a zero-centred
