@@ -10,7 +10,7 @@
 //!   `Autodiff<Te<Flex>>` on each path against the same step in f32 on `Autodiff<Flex>`, and both with the TE
 //!   modules composing Burn ops for their element-wise work (`with_composed_elementwise`: without the fused ops),
 //!   and FP8 with the attention core composed instead of fused (`with_composed_attention_core`) or with each norm
-//!   and the FP8 cast of its output apart (`with_norm_cast_unfused`);
+//!   and the FP8 cast of its output apart (`with_input_cast_unfused`);
 //! - `norm then cast`: a LayerNorm over a TransformerLayer's activations with the FP8 cast of its output, in one
 //!   pass (`norm_forward_quantized`, what `LayerNormLinear` runs) and as two (the norm, then the quantize kernel).
 //!
@@ -26,7 +26,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn_te::fused::{
-    with_composed_attention_core, with_composed_elementwise, with_norm_cast_unfused,
+    with_composed_attention_core, with_composed_elementwise, with_input_cast_unfused,
 };
 use burn_te::host::gemm::{HostGemmPath, with_host_gemm_path};
 use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
@@ -305,7 +305,7 @@ fn transformer_layer(c: &mut Criterion) {
             b.iter(|| with_composed_elementwise(|| common::train_step(&layer, &x, &target, true)))
         });
         group.bench_function("fp8 Autodiff<Te<Flex>> norm and cast apart", |b| {
-            b.iter(|| with_norm_cast_unfused(|| common::train_step(&layer, &x, &target, true)))
+            b.iter(|| with_input_cast_unfused(|| common::train_step(&layer, &x, &target, true)))
         });
         group.bench_function("fp8 Autodiff<Te<Flex>> composed attention core", |b| {
             b.iter(|| {

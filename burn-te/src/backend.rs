@@ -9,8 +9,8 @@ use burn_te_kernels::{
 
 use crate::error::TeError;
 use crate::fused::{
-    AttentionForward, AttentionMask, AttentionSpec, NormForward, NormFp8Forward, NormGrads,
-    NormLinearFprop, NormOperands, NormSaved, NormSpec, Pointwise,
+    AttentionForward, AttentionMask, AttentionSpec, CastInput, CastInputForward, CastLinearFprop,
+    NormForward, NormGrads, NormSaved, NormSpec, Pointwise,
 };
 use crate::high_precision::high_precision_gemm;
 pub use crate::primitive::{
@@ -273,45 +273,48 @@ pub trait TeBackend: Backend {
         panic!("{}", crate::fused::missing_backward("norm"))
     }
 
-    /// The fused norm with its output quantized in the same pass under delayed scaling with `state` (its amax
-    /// recorded into the state's history), as TE's LayerNorm kernel writes the FP8 input of the GEMM that follows:
-    /// the codes in `format`, shaped as `norm.x`, and the row statistics. `None` by default (no such kernel).
-    fn te_norm_fp8_forward(
-        _norm: NormOperands<FloatTensor<Self>>,
+    /// A norm or activation (`input`) with its output quantized in the same pass under delayed scaling with
+    /// `state` (its amax recorded into the state's history), as TE's LayerNorm and activation kernels write the FP8
+    /// input of the GEMM that follows: the codes in `format`, shaped as the op's output, and what the op's backward
+    /// takes. `None` by default (no such kernel).
+    fn te_cast_input_forward(
+        _input: CastInput<FloatTensor<Self>>,
         _format: Fp8Format,
         _state: &Self::DelayedState,
-    ) -> Result<NormFp8Forward<Fp8Primitive<Self>, FloatTensor<Self>>, TeError> {
+    ) -> Result<CastInputForward<Fp8Primitive<Self>, FloatTensor<Self>>, TeError> {
         Ok(None)
     }
 
-    /// A norm and the fprop GEMM that takes its output as one op (TE's `LayerNormLinear` with its LayerNorm → FP8
-    /// cast fused): `norm(x) · weight + bias` at `site` with `recipe`, the norm's output quantized by the norm's own
-    /// pass and never written in high precision. `None` where the backend has no such path or the recipe takes
-    /// none (only DelayedScaling knows its scale before the pass): the module then runs `te_norm` and `te_linear`.
-    /// Autodiff backends register one backward node: `te_linear`'s backward GEMMs, then the norm's backward.
-    fn te_norm_linear(
-        norm: NormOperands<FloatTensor<Self>>,
+    /// A norm or activation and the fprop GEMM that takes its output as one op (TE's `LayerNormLinear` with its
+    /// LayerNorm → FP8 cast fused, and `LayerNormMLP`'s GELU → FP8): `op(x) · weight + bias` at `site` with
+    /// `recipe`, the op's output quantized by the op's own pass and never written in high precision. `None` where
+    /// the backend has no such path or the recipe takes none (only DelayedScaling knows its scale before the
+    /// pass): the module then runs the op and `te_linear` apart. Autodiff backends register one backward node:
+    /// `te_linear`'s backward GEMMs, then the op's backward.
+    fn te_cast_linear(
+        input: CastInput<FloatTensor<Self>>,
         weight: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
         site: &GemmSite,
         recipe: &Recipe,
     ) -> Result<Option<FloatTensor<Self>>, TeError> {
-        let forward = Self::te_norm_linear_fprop(norm, weight, bias, site, recipe, [false, false])?;
+        let forward =
+            Self::te_cast_linear_fprop(input, weight, bias, site, recipe, [false, false])?;
         Ok(forward.map(|forward| forward.output))
     }
 
-    /// [`te_norm_linear`](Self::te_norm_linear) keeping, for the backward, the normalized input (`save[0]`) and
-    /// the weight (`save[1]`) quantized as [`te_linear_fprop`](Self::te_linear_fprop) keeps them. `None` by
-    /// default; backends that run their GEMMs take it from [`te_linear_gemms!`](crate::te_linear_gemms), and a
-    /// decorator that looks at a GEMM's input in high precision (the debug tools) leaves it `None`.
-    fn te_norm_linear_fprop(
-        _norm: NormOperands<FloatTensor<Self>>,
+    /// [`te_cast_linear`](Self::te_cast_linear) keeping, for the backward, the op's output (`save[0]`) and the
+    /// weight (`save[1]`) quantized as [`te_linear_fprop`](Self::te_linear_fprop) keeps them. `None` by default;
+    /// backends that run their GEMMs take it from [`te_linear_gemms!`](crate::te_linear_gemms), and a decorator
+    /// that looks at a GEMM's input in high precision (the debug tools) leaves it `None`.
+    fn te_cast_linear_fprop(
+        _input: CastInput<FloatTensor<Self>>,
         _weight: FloatTensor<Self>,
         _bias: Option<FloatTensor<Self>>,
         _site: &GemmSite,
         _recipe: &Recipe,
         _save: [bool; 2],
-    ) -> Result<NormLinearFprop<FloatTensor<Self>, Self::Fp8Data>, TeError> {
+    ) -> Result<CastLinearFprop<FloatTensor<Self>, Self::Fp8Data>, TeError> {
         Ok(None)
     }
 
@@ -790,18 +793,18 @@ macro_rules! forward_fp8_ops {
             <Self as $crate::Decorator>::op_finished("te_norm_backward", inputs, &grads.x);
             grads
         }
-        fn te_norm_fp8_forward(
-            norm: $crate::fused::NormOperands<$crate::__private::FloatTensor<Self>>,
+        fn te_cast_input_forward(
+            input: $crate::fused::CastInput<$crate::__private::FloatTensor<Self>>,
             format: $crate::Fp8Format,
             state: &Self::DelayedState,
         ) -> Result<
-            Option<(
+            $crate::fused::CastInputForward<
                 $crate::Fp8Primitive<Self>,
-                $crate::fused::NormSaved<$crate::__private::FloatTensor<Self>>,
-            )>,
+                $crate::__private::FloatTensor<Self>,
+            >,
             $crate::TeError,
         > {
-            $inner::te_norm_fp8_forward(norm, format, state)
+            $inner::te_cast_input_forward(input, format, state)
         }
         fn te_activation_forward(
             x: $crate::__private::FloatTensor<Self>,

@@ -459,8 +459,11 @@ pub mod names {
     /// Counter: fused LayerNorm/RMSNorm forwards (`fused::norm`; the host path).
     pub const FUSED_NORM: &str = "FusedNorm";
     /// Counter: norms whose output the GEMM that follows took in FP8 straight from the norm's pass
-    /// (`TeBackend::te_norm_linear`: a `LayerNormLinear`/`LayerNormMLP` under DelayedScaling on the host path).
+    /// (`TeBackend::te_cast_linear`: a `LayerNormLinear`/`LayerNormMLP` under DelayedScaling on the host path).
     pub const FUSED_NORM_CAST: &str = "FusedNormCast";
+    /// Counter: MLP activations whose output FC2 took in FP8 straight from the activation's pass
+    /// (`TeBackend::te_cast_linear`: a `LayerNormMLP` under DelayedScaling on the host path).
+    pub const FUSED_ACTIVATION_CAST: &str = "FusedActivationCast";
     /// Counter: fused LayerNorm/RMSNorm backwards.
     pub const FUSED_NORM_BACKWARD: &str = "FusedNormBackward";
     /// Counter: fused MLP activation forwards (`fused::activation`; the host path).

@@ -170,24 +170,22 @@ impl<B: TeBackend> TeBackend for Te<B> {
         });
         (output, saved)
     }
-    // A norm and the GEMM after it as one op on `B`, under the GEMM's trace span, unless the diagnostics look at each
-    // GEMM's operands: then the module runs them apart and each GEMM is observed here.
-    fn te_norm_linear_fprop(
-        norm: crate::fused::NormOperands<FloatTensor<Self>>,
+    // A norm or activation and the GEMM after it as one op on `B`, under the GEMM's trace span, unless the
+    // diagnostics look at each GEMM's operands: then the module runs them apart and each GEMM is observed here.
+    fn te_cast_linear_fprop(
+        input: crate::fused::CastInput<FloatTensor<Self>>,
         weight: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
         site: &GemmSite,
         recipe: &crate::Recipe,
         save: [bool; 2],
-    ) -> Result<
-        Option<crate::fused::NormLinearForward<FloatTensor<Self>, Self::Fp8Data>>,
-        crate::TeError,
-    > {
+    ) -> Result<crate::fused::CastLinearFprop<FloatTensor<Self>, Self::Fp8Data>, crate::TeError>
+    {
         if diagnostics::observes_each_gemm() {
             return Ok(None);
         }
         let _span = diagnostics::gemm_span(site).entered();
-        B::te_norm_linear_fprop(norm, weight, bias, site, recipe, save)
+        B::te_cast_linear_fprop(input, weight, bias, site, recipe, save)
     }
     fn te_linear_dgrad(
         weight: SavedOperand<Self>,

@@ -1,13 +1,13 @@
-//! The norm writing the FP8 input of the GEMM that follows (`LayerNormLinear`, `LayerNormMLP` under DelayedScaling
-//! on the host path, TE's LayerNorm → FP8 cast): the kernel's codes and amax are the norm's output quantized, and a
-//! layer's training iterations follow an f64 re-computation of its GEMMs and amax history at every step, with the
-//! same bits as the norm and the GEMM run apart.
+//! A norm or activation writing the FP8 input of the GEMM that follows (`LayerNormLinear`, `LayerNormMLP` under
+//! DelayedScaling on the host path; TE's LayerNorm and GELU kernels with an FP8 output): the kernels' codes and amax
+//! are the op's output quantized, and a layer's training iterations follow an f64 re-computation of its GEMMs and
+//! amax history at every step, with the same bits as the op and the GEMM run apart.
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use burn_te::fused::{NormKind, NormSpec, with_norm_cast_unfused};
+use burn_te::fused::{NormKind, NormSpec, with_input_cast_unfused};
 use burn_te::nn::{LayerNormLinear, LayerNormLinearConfig, LayerNormMLPConfig, Normalization};
 use burn_te::{DelayedScaling, Fp8Format, Te, TensorRole, fp8_autocast};
 use burn_te_kernels::host::fused::norm::{norm_forward, norm_forward_quantized};
@@ -23,6 +23,9 @@ const SEQ: usize = 12;
 const D_IN: usize = 48;
 const D_OUT: usize = 24;
 const TOKENS: usize = BATCH * SEQ;
+
+/// The counters of the norms and activations that wrote their GEMM's FP8 input.
+const CASTS: [&str; 2] = ["FusedNormCast", "FusedActivationCast"];
 
 fn counter(name: &str) -> u64 {
     burn_te::diagnostics::thread_counter_value(name).unwrap_or(0)
@@ -81,6 +84,41 @@ fn norm_cast_codes_are_the_norm_output_quantized() {
     let (_, amax, _) =
         norm_forward_quantized(&x, &gamma, Some(&beta), spec, (1.0, Fp8Format::E4M3));
     assert!(amax.is_nan(), "a NaN row's amax: {amax}");
+}
+
+/// The activation kernel's codes and amax are its output quantized by the quantize kernel, bit for bit: every
+/// pointwise function, plain and gated, both formats, rows over several blocks; the amax is the f64 maximum of |y|.
+#[test]
+fn activation_cast_codes_are_the_activation_output_quantized() {
+    use burn_te::fused::Pointwise;
+    use burn_te_kernels::host::fused::activation::{
+        activation_forward, activation_forward_quantized,
+    };
+    let (rows, width) = (500, 132);
+    let x = Rng::new(4).normal(rows * width, 0.0, 3.0);
+    let functions = [
+        Pointwise::Gelu,
+        Pointwise::QuickGelu,
+        Pointwise::Relu,
+        Pointwise::SquaredRelu,
+        Pointwise::Silu,
+    ];
+    for f in functions {
+        for gated in [false, true] {
+            for (format, scale) in [(Fp8Format::E4M3, 21.0f32), (Fp8Format::E5M2, 0.5)] {
+                let what = format!("{f:?} gated {gated} {format:?}");
+                let y = activation_forward(&x, width, f, gated);
+                let (codes, amax) =
+                    activation_forward_quantized(&x, width, (f, gated), (scale, format));
+                let (expected, expected_amax) =
+                    burn_te_kernels::host::quantize_with_amax(&y, scale, format);
+                assert_eq!(codes, expected, "{what}: codes");
+                assert_eq!(amax.to_bits(), expected_amax.to_bits(), "{what}: amax");
+                let f64_amax = y.iter().fold(0f64, |a, v| a.max(f64::from(v.abs())));
+                assert_eq!(f64::from(amax), f64_amax, "{what}: amax against f64");
+            }
+        }
+    }
 }
 
 /// Every parameter of `module` replaced by seeded normal values (γ around 1, the rest around 0), so that γ, β and
@@ -148,18 +186,18 @@ fn data(n: usize) -> (Vec<f32>, Vec<f32>) {
 }
 
 /// Runs iteration `n` of `module` (its forward `forward`) in a DelayedScaling scope, backward of `sum(y ⊙ g)`
-/// (so the output gradient is exactly `g`), with `FusedNormCast` counted.
+/// (so the output gradient is exactly `g`), with the fused casts counted ([`CASTS`]).
 fn iteration<M: Module<B>>(
     module: &M,
     n: usize,
     forward: impl Fn(&M, Tensor<B, 3>) -> Tensor<B, 3>,
     states: impl Fn(&M) -> Vec<(Vec<f32>, f32)>,
-) -> (Iteration, u64) {
+) -> (Iteration, [u64; 2]) {
     let (x, g) = data(n);
     let x = tensor(x, [BATCH, SEQ, D_IN]).require_grad();
-    let before = counter("FusedNormCast");
+    let before = CASTS.map(counter);
     let y = fp8_autocast(true, recipe(), || forward(module, x.clone())).unwrap();
-    let fused = counter("FusedNormCast") - before;
+    let fused = [0, 1].map(|i| counter(CASTS[i]) - before[i]);
     let gradients = (y.clone() * tensor(g, [BATCH, SEQ, D_OUT]))
         .sum()
         .backward();
@@ -238,12 +276,9 @@ fn layernorm_linear_with_the_norm_writing_fp8_follows_the_f64_recomputation() {
         for n in 0..ITERATIONS {
             let (fused, count) = iteration(&fused_layer, n, forward, layer_states);
             let (unfused, unfused_count) =
-                with_norm_cast_unfused(|| iteration(&unfused_layer, n, forward, layer_states));
-            assert_eq!(
-                (count, unfused_count),
-                (1, 0),
-                "{what} it {n}: FusedNormCast"
-            );
+                with_input_cast_unfused(|| iteration(&unfused_layer, n, forward, layer_states));
+            let counts = [count, unfused_count];
+            assert_eq!(counts, [[1, 0], [0, 0]], "{what} it {n}: {CASTS:?}");
             fused.assert_same(&unfused, &format!("{what} it {n}"));
 
             // The re-computation: the norm's f32 output (the norm op alone), quantized with TE's delayed scales.
@@ -300,28 +335,52 @@ fn layernorm_linear_with_the_norm_writing_fp8_follows_the_f64_recomputation() {
     }
 }
 
-/// LayerNormMLP's FC1 takes the fused op once per iteration, with the same bits as its norm and FC1 run apart.
+/// LayerNormMLP (a plain and a gated activation): FC1 takes its norm's FP8 output and FC2 its activation's, once
+/// each per iteration, with the same bits as the ops apart in every output, gradient and FP8 state (both layers').
 #[test]
-fn layernorm_mlp_fc1_with_the_norm_writing_fp8_equals_the_ops_apart() {
-    let make = || {
-        LayerNormMLPConfig::new(D_IN, 64)
-            .with_name(Some("mlp".into()))
-            .init::<B>(&Default::default())
-            .map(&mut Randomize(Rng::new(9)))
-    };
-    let (fused_mlp, unfused_mlp) = (make(), make());
-    let forward = |m: &burn_te::nn::LayerNormMLP<B>, x: Tensor<B, 3>| {
-        let y = m.forward(x);
-        // Down to D_OUT features, so that the output gradient `g` fits.
-        y.slice([0..BATCH, 0..SEQ, 0..D_OUT])
-    };
-    let no_states = |_: &burn_te::nn::LayerNormMLP<B>| Vec::new();
-    for n in 0..ITERATIONS {
-        let (fused, count) = iteration(&fused_mlp, n, forward, no_states);
-        let (unfused, unfused_count) =
-            with_norm_cast_unfused(|| iteration(&unfused_mlp, n, forward, no_states));
-        assert_eq!((count, unfused_count), (1, 0), "it {n}: FusedNormCast");
-        fused.assert_same(&unfused, &format!("it {n}"));
+fn layernorm_mlp_with_its_norm_and_activation_writing_fp8_equals_the_ops_apart() {
+    use burn_te::nn::{Activation, LayerNormMLP};
+    for activation in [Activation::Gelu, Activation::Swiglu] {
+        let make = || {
+            LayerNormMLPConfig::new(D_IN, 64)
+                .with_activation(activation)
+                .with_name(Some("mlp".into()))
+                .init::<B>(&Default::default())
+                .map(&mut Randomize(Rng::new(9)))
+        };
+        let (fused_mlp, unfused_mlp) = (make(), make());
+        let forward = |m: &LayerNormMLP<B>, x: Tensor<B, 3>| {
+            // Down to D_OUT features, so that the output gradient `g` fits.
+            m.forward(x).slice([0..BATCH, 0..SEQ, 0..D_OUT])
+        };
+        let states = |m: &LayerNormMLP<B>| {
+            let recipe = recipe();
+            let mut states = Vec::new();
+            for meta in [&m.fc1.fp8_meta, &m.fc2.fp8_meta] {
+                for role in [
+                    TensorRole::Activation,
+                    TensorRole::Weight,
+                    TensorRole::Gradient,
+                ] {
+                    let format = recipe.fp8_format.for_role(role);
+                    let view = meta.read(role, &recipe, format).unwrap().expect("state");
+                    states.push((view.history, view.scale));
+                }
+            }
+            states
+        };
+        for n in 0..ITERATIONS {
+            let what = format!("{} it {n}", activation.te_name());
+            let (fused, count) = iteration(&fused_mlp, n, forward, states);
+            let (unfused, unfused_count) =
+                with_input_cast_unfused(|| iteration(&unfused_mlp, n, forward, states));
+            assert_eq!(
+                [count, unfused_count],
+                [[1, 1], [0, 0]],
+                "{what}: {CASTS:?}"
+            );
+            fused.assert_same(&unfused, &what);
+        }
     }
 }
 
@@ -341,14 +400,14 @@ fn debug_tools_and_eager_diagnostics_keep_the_norm_and_the_gemm_apart() {
             .map(&mut Randomize(Rng::new(11)))
     };
     let run = |layer: &LayerNormLinear<B>| {
-        let before = counter("FusedNormCast");
+        let before = counter(CASTS[0]);
         let y = fp8_autocast(true, recipe(), || {
             layer.forward(tensor(x.clone(), [BATCH, SEQ, D_IN]))
         })
         .unwrap();
-        (values(y), counter("FusedNormCast") - before)
+        (values(y), counter(CASTS[0]) - before)
     };
-    let (apart, _) = with_norm_cast_unfused(|| run(&layer()));
+    let (apart, _) = with_input_cast_unfused(|| run(&layer()));
 
     diagnostics::configure_thread(DiagnosticsConfig::new().with_eager(true)).expect("config");
     let eager = run(&layer());

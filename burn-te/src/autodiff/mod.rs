@@ -2,11 +2,11 @@
 //! [`te_linear`](TeBackend::te_linear) registers its own backward node ([`linear`]), which runs the dgrad and wgrad
 //! GEMMs through `B::te_linear_dgrad` / `B::te_linear_wgrad` with the forward's recipe and the layer's sites — so a
 //! decorator below (the debug tools) sees all three GEMMs of every layer. A grouped linear layer's experts share
-//! one node ([`grouped`]); a norm and the GEMM that takes its FP8 output share one too ([`norm_linear`]). A tensor-parallel exchange's backward is the adjoint exchange (`tensor_parallel`).
+//! one node ([`grouped`]); a norm or activation and the GEMM that takes its FP8 output share one too ([`cast_linear`]). A tensor-parallel exchange's backward is the adjoint exchange (`tensor_parallel`).
 
+mod cast_linear;
 mod grouped;
 mod linear;
-mod norm_linear;
 #[cfg(feature = "distributed")]
 mod tensor_parallel;
 
@@ -22,7 +22,7 @@ use crate::backend::{
     AutodiffInner, Fp8HostData, Fp8Primitive, GroupedGemmOperands, Scaling, TeBackend,
 };
 use crate::error::TeError;
-use crate::fused::{AttentionMask, AttentionSpec, NormOperands, NormSpec, Pointwise};
+use crate::fused::{AttentionMask, AttentionSpec, CastInput, NormSpec, Pointwise};
 use crate::primitive::SavedForBackward;
 use crate::recipe::Recipe;
 use crate::site::{ExpertGemms, GemmSite};
@@ -149,14 +149,14 @@ impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff
     ) -> Result<Option<FloatTensor<Self>>, TeError> {
         crate::fused::norm::autodiff_norm::<B, C>(x, gamma, beta, spec)
     }
-    fn te_norm_linear(
-        norm: NormOperands<FloatTensor<Self>>,
+    fn te_cast_linear(
+        input: CastInput<FloatTensor<Self>>,
         weight: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
         site: &GemmSite,
         recipe: &Recipe,
     ) -> Result<Option<FloatTensor<Self>>, TeError> {
-        norm_linear::te_norm_linear::<B, C>(norm, weight, bias, site, recipe)
+        cast_linear::te_cast_linear::<B, C>(input, weight, bias, site, recipe)
     }
     fn te_activation(
         x: FloatTensor<Self>,

@@ -1,8 +1,8 @@
 //! The TE modules' element-wise work as fused [`TeBackend`](crate::TeBackend) ops with their own backward:
 //! LayerNorm/RMSNorm ([`norm`]), the MLP activations ([`activation`]), the attention's scaled, masked softmax
 //! ([`softmax`]) and the whole attention core ([`attention`]: q·kᵀ, the softmax and ·v, reading q, k and v at
-//! their strides). A norm whose output the next GEMM takes in FP8 writes the codes in its own pass
-//! ([`norm_linear`], TE's LayerNorm → FP8 cast).
+//! their strides). A norm or activation whose output the next GEMM takes in FP8 writes the codes in its own pass
+//! ([`cast_linear`], TE's LayerNorm and GELU kernels with an FP8 output).
 //!
 //! Each op is three backend methods: `te_<op>` (what the modules call; `Autodiff` registers the op's backward
 //! node there), `te_<op>_forward` and `te_<op>_backward`. A backend that has no fused kernel answers `None` from
@@ -15,15 +15,15 @@
 
 pub mod activation;
 pub mod attention;
+pub mod cast_linear;
 pub mod norm;
-pub mod norm_linear;
 pub mod softmax;
 
 use std::cell::Cell;
 
 pub use burn_te_kernels::host::fused::activation::Pointwise;
 pub use burn_te_kernels::host::fused::norm::{NormKind, NormSpec};
-pub use norm_linear::with_norm_cast_unfused;
+pub use cast_linear::with_input_cast_unfused;
 
 thread_local! {
     static COMPOSED: Cell<bool> = const { Cell::new(false) };
@@ -101,25 +101,80 @@ pub struct NormOperands<T> {
     pub spec: NormSpec,
 }
 
-/// What a norm whose output the GEMM that follows takes in FP8 returns
-/// ([`TeBackend::te_norm_linear_fprop`](crate::TeBackend::te_norm_linear_fprop)): the layer's output, the norm's
-/// row statistics and the GEMM operands kept quantized for the backward.
+/// An element-wise op whose output the GEMM after it takes in FP8, cast in the op's own pass (TE's LayerNorm and
+/// activation kernels writing FP8): the op and its operands.
+#[derive(Clone, Debug)]
+pub enum CastInput<T> {
+    /// A LayerNorm/RMSNorm (`LayerNormLinear`, `LayerNormMLP`'s FC1).
+    Norm(NormOperands<T>),
+    /// The MLP activation `f` of `x` (gated: of its halves; `LayerNormMLP`'s FC2).
+    Activation {
+        /// The input `[.., width]`.
+        x: T,
+        /// The pointwise function.
+        f: Pointwise,
+        /// `f(a) · v` of the halves `[a, v]`.
+        gated: bool,
+    },
+}
+
+impl<T> CastInput<T> {
+    /// The op's input.
+    pub fn x(&self) -> &T {
+        match self {
+            CastInput::Norm(norm) => &norm.x,
+            CastInput::Activation { x, .. } => x,
+        }
+    }
+
+    /// The same op on the input `f(x)`.
+    pub fn map_x(self, f: impl FnOnce(T) -> T) -> Self {
+        match self {
+            CastInput::Norm(norm) => CastInput::Norm(NormOperands {
+                x: f(norm.x),
+                ..norm
+            }),
+            CastInput::Activation {
+                x,
+                f: pointwise,
+                gated,
+            } => CastInput::Activation {
+                x: f(x),
+                f: pointwise,
+                gated,
+            },
+        }
+    }
+}
+
+/// What the backward of a [`CastInput`] op takes besides its operands: a norm's row statistics.
+#[derive(Clone, Debug)]
+pub enum CastInputSaved<T> {
+    /// The norm's row statistics.
+    Norm(NormSaved<T>),
+    /// An activation keeps nothing else.
+    Activation,
+}
+
+/// What a [`CastInput`] op with its output quantized in its pass returns: the codes `Q` and what its backward
+/// takes, or `None` (no such kernel).
+pub type CastInputForward<Q, T> = Option<(Q, CastInputSaved<T>)>;
+
+/// What a [`CastInput`] op and the GEMM that takes its FP8 output return as one op
+/// ([`TeBackend::te_cast_linear_fprop`](crate::TeBackend::te_cast_linear_fprop)): the layer's output, what the
+/// op's backward takes and the GEMM operands kept quantized for the backward.
 #[derive(Debug)]
-pub struct NormLinearForward<T, D> {
-    /// `norm(x) · weight (+ bias)`.
+pub struct CastLinearForward<T, D> {
+    /// `op(x) · weight (+ bias)`.
     pub output: T,
-    /// The norm's row statistics, for its backward.
-    pub norm: NormSaved<T>,
-    /// `[normalized input for wgrad, weight for dgrad]`, as `te_linear_fprop` keeps them.
+    /// What the op's backward takes.
+    pub input: CastInputSaved<T>,
+    /// `[the op's output for wgrad, weight for dgrad]`, as `te_linear_fprop` keeps them.
     pub saved: crate::primitive::SavedForBackward<D>,
 }
 
-/// What a fused norm whose output is quantized in its pass returns: the codes `Q` and the row statistics, or
-/// `None` (no such kernel).
-pub type NormFp8Forward<Q, T> = Option<(Q, NormSaved<T>)>;
-
-/// What a norm and the GEMM after it as one op return, or `None` (no such path).
-pub type NormLinearFprop<T, D> = Option<NormLinearForward<T, D>>;
+/// [`CastLinearForward`], or `None` (no such path).
+pub type CastLinearFprop<T, D> = Option<CastLinearForward<T, D>>;
 
 /// The attention mask of a fused softmax over scores `[batch, heads, queries, keys]`.
 #[derive(Clone, Debug)]

@@ -11,8 +11,8 @@ use burn_te_kernels::host::fused::{activation, bias, norm, softmax};
 use super::{HostDelayedState, HostFp8Data, HostValues, host_tensor};
 use crate::error::TeError;
 use crate::fused::{
-    AttentionMask, NormForward, NormFp8Forward, NormGrads, NormOperands, NormSaved, NormSpec,
-    Pointwise,
+    AttentionMask, CastInput, CastInputForward, CastInputSaved, NormForward, NormGrads,
+    NormOperands, NormSaved, NormSpec, Pointwise,
 };
 use crate::metrics::{count_launch, names};
 use crate::primitive::Fp8Tensor;
@@ -42,22 +42,33 @@ pub(super) fn norm_forward<B: Backend>(
     Ok(forward.map(|(y, shape, saved)| (host_tensor::<B>(y, shape, &device), saved)))
 }
 
-/// [`TeBackend::te_norm_fp8_forward`](crate::TeBackend::te_norm_fp8_forward) on the host: the norm's output
-/// encoded with the state's scale in the norm's pass, its amax recorded into the state's history.
-pub(super) fn norm_fp8_forward<B: Backend>(
+/// [`TeBackend::te_cast_input_forward`](crate::TeBackend::te_cast_input_forward) on the host: the op's output
+/// encoded with the state's scale in the op's pass, its amax recorded into the state's history.
+pub(super) fn cast_input_forward<B: Backend>(
     read: Read<B>,
-    norm: NormOperands<FloatTensor<B>>,
+    input: CastInput<FloatTensor<B>>,
     format: Fp8Format,
     state: &HostDelayedState,
-) -> Result<NormFp8Forward<HostFp8<B>, FloatTensor<B>>, TeError> {
-    let device = B::float_device(&norm.x);
+) -> Result<CastInputForward<HostFp8<B>, FloatTensor<B>>, TeError> {
+    let device = B::float_device(input.x());
     let mut history = super::lock(state);
     let (scale, scale_inv) = (history.scale, history.scale_inv);
-    let forward = run_norm::<B, _>(read, norm, |x, gamma, beta, spec| {
-        let (codes, amax, stats) =
-            norm::norm_forward_quantized(x, gamma, beta, spec, (scale, format));
-        ((codes, amax), stats)
-    })?;
+    let quantization = (scale, format);
+    let forward = match input {
+        CastInput::Norm(norm) => run_norm::<B, _>(read, norm, |x, gamma, beta, spec| {
+            let (codes, amax, stats) =
+                norm::norm_forward_quantized(x, gamma, beta, spec, quantization);
+            ((codes, amax), stats)
+        })?
+        .map(|(codes, shape, saved)| (codes, shape, CastInputSaved::Norm(saved))),
+        CastInput::Activation { x, f, gated } => {
+            let run = |x: &[f32], width| {
+                activation::activation_forward_quantized(x, width, (f, gated), quantization)
+            };
+            run_activation::<B, _>(read, x, gated, run)?
+                .map(|(codes, shape)| (codes, shape, CastInputSaved::Activation))
+        }
+    };
     Ok(forward.map(|((codes, amax), shape, saved)| {
         history.record(amax);
         let codes = super::fp8_tensor(codes, vec![scale_inv], None, shape, format, device);
@@ -164,11 +175,24 @@ pub(super) fn activation_forward<B: Backend>(
     f: Pointwise,
     gated: bool,
 ) -> Result<Option<FloatTensor<B>>, TeError> {
+    let device = B::float_device(&x);
+    let run = |x: &[f32], width| activation::activation_forward(x, width, f, gated);
+    let forward = run_activation::<B, _>(read, x, gated, run)?;
+    Ok(forward.map(|(y, shape)| host_tensor::<B>(y, shape, &device)))
+}
+
+/// Reads an activation's input (`None` for other dtypes than f32), checks that a gated one has an even width,
+/// runs `kernel` on the values and the width: its output and the output's shape.
+fn run_activation<B: Backend, Y>(
+    read: Read<B>,
+    x: FloatTensor<B>,
+    gated: bool,
+    kernel: impl FnOnce(&[f32], usize) -> Y,
+) -> Result<Option<(Y, Shape)>, TeError> {
     if !f32_only::<B>(&x) {
         return Ok(None);
     }
     count_launch(names::FUSED_ACTIVATION);
-    let device = B::float_device(&x);
     let (x, shape) = read(x)?;
     let width = rows_cols(&shape).1;
     if gated && !width.is_multiple_of(2) {
@@ -180,12 +204,12 @@ pub(super) fn activation_forward<B: Backend>(
             rhs: vec![],
         });
     }
-    let y = activation::activation_forward(&x, width, f, gated);
+    let y = kernel(&x, width);
     let mut dims = shape.as_slice().to_vec();
     if let Some(last) = dims.last_mut() {
         *last = if gated { width / 2 } else { width };
     }
-    Ok(Some(host_tensor::<B>(y, Shape::from(dims), &device)))
+    Ok(Some((y, Shape::from(dims))))
 }
 
 /// [`TeBackend::te_activation_backward`](crate::TeBackend::te_activation_backward) on the host.

@@ -237,7 +237,7 @@ macro_rules! host_te_backend {
             type DelayedState = HostDelayedState;
             type PendingStats = Fp8Stats;
 
-            $crate::te_linear_gemms!(fprop dgrad wgrad backward grouped norm);
+            $crate::te_linear_gemms!(fprop dgrad wgrad backward grouped cast);
 
             fn fp8_quantize(
                 tensor: FloatTensor<Self>,
@@ -311,12 +311,12 @@ macro_rules! host_te_backend {
                 fused::norm_forward::<$backend>($values, norm)
             }
 
-            fn te_norm_fp8_forward(
-                norm: crate::fused::NormOperands<FloatTensor<Self>>,
+            fn te_cast_input_forward(
+                input: crate::fused::CastInput<FloatTensor<Self>>,
                 format: Fp8Format,
                 state: &HostDelayedState,
-            ) -> Result<Option<(Fp8Primitive<Self>, crate::fused::NormSaved<FloatTensor<Self>>)>, TeError> {
-                fused::norm_fp8_forward::<$backend>($values, norm, format, state)
+            ) -> Result<crate::fused::CastInputForward<Fp8Primitive<Self>, FloatTensor<Self>>, TeError> {
+                fused::cast_input_forward::<$backend>($values, input, format, state)
             }
 
             fn te_norm_backward(

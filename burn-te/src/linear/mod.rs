@@ -1,12 +1,12 @@
 //! The layer GEMMs of a backend that runs them itself (CubeCL, the host path, Burn's fusion): fprop, dgrad and
 //! wgrad in FP8 under a recipe ([`crate::fp8_gemm`]), in high precision without one, and in high precision again
 //! when the FP8 GEMM fails (counted as a fallback). Decorators forward to their inner backend's instead. Both
-//! backward GEMMs on one quantized gradient: [`backward`]. A grouped linear layer's experts: [`grouped`]. A norm and
-//! the fprop GEMM after it, the norm writing the GEMM's FP8 input: [`norm`].
+//! backward GEMMs on one quantized gradient: [`backward`]. A grouped linear layer's experts: [`grouped`]. A norm or
+//! activation and the fprop GEMM after it, the op writing the GEMM's FP8 input: [`cast_input`].
 
 pub mod backward;
+pub mod cast_input;
 pub mod grouped;
-pub mod norm;
 
 use burn::tensor::ops::FloatTensor;
 
@@ -167,7 +167,8 @@ fn count_planned(site: &GemmSite, recipe: &str) {
 /// `grouped` gives the grouped linear layer's four (`te_grouped_linear_*`) with the experts' GEMMs issued together
 /// and each expert's gradient quantized once for both backward GEMMs where it can ([`grouped`]); `grouped_in_turn`
 /// runs each expert's layer GEMM in turn through the backend's own `te_linear_*` (for a decorator that looks at
-/// each). `norm` gives `te_norm_linear_fprop`, a norm and the fprop GEMM after it as one op ([`norm`]).
+/// each). `cast` gives `te_cast_linear_fprop`, a norm or activation and the fprop GEMM after it as one op
+/// ([`cast_input`]).
 #[macro_export]
 macro_rules! te_linear_gemms {
     ($($gemm:ident)*) => { $($crate::te_linear_gemms!(@$gemm);)* };
@@ -183,19 +184,19 @@ macro_rules! te_linear_gemms {
             $crate::linear::fprop::<Self>(x, weight, bias, site, recipe, save)
         }
     };
-    (@norm) => {
-        fn te_norm_linear_fprop(
-            norm: $crate::fused::NormOperands<$crate::__private::FloatTensor<Self>>,
+    (@cast) => {
+        fn te_cast_linear_fprop(
+            input: $crate::fused::CastInput<$crate::__private::FloatTensor<Self>>,
             weight: $crate::__private::FloatTensor<Self>,
             bias: Option<$crate::__private::FloatTensor<Self>>,
             site: &$crate::GemmSite,
             recipe: &$crate::Recipe,
             save: [bool; 2],
         ) -> Result<
-            Option<$crate::fused::NormLinearForward<$crate::__private::FloatTensor<Self>, Self::Fp8Data>>,
+            $crate::fused::CastLinearFprop<$crate::__private::FloatTensor<Self>, Self::Fp8Data>,
             $crate::TeError,
         > {
-            $crate::linear::norm::fprop::<Self>(norm, weight, bias, site, recipe, save)
+            $crate::linear::cast_input::fprop::<Self>(input, weight, bias, site, recipe, save)
         }
     };
     (@dgrad) => {

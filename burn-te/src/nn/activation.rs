@@ -119,7 +119,7 @@ impl Activation {
     }
 
     /// The fused kernel's pointwise function (a gated variant uses its base function's).
-    fn kernel(self) -> Pointwise {
+    pub(crate) fn kernel(self) -> Pointwise {
         match self {
             Activation::Gelu | Activation::Geglu => Pointwise::Gelu,
             Activation::Qgelu | Activation::Qgeglu => Pointwise::QuickGelu,

@@ -4,7 +4,7 @@
 use burn::module::{Initializer, Param};
 use burn::prelude::*;
 
-use super::linear::{GemmLayer, gemm_params, norm_te_gemm, split_bias, te_gemm};
+use super::linear::{Before, GemmLayer, cast_te_gemm, gemm_params, split_bias, te_gemm};
 use super::names::LayerName;
 use super::norm::{Norm, Normalization, rename};
 use super::parallel::{ParallelMode, TensorParallel};
@@ -206,7 +206,7 @@ impl<B: TeBackend> LayerNormLinear<B> {
         };
         let module = self.name();
         if !self.return_layernorm_output {
-            let output = norm_te_gemm(&self.layer_norm, &module, x, layer)?;
+            let output = cast_te_gemm(Before::Norm(&self.layer_norm, &module), x, layer)?;
             return Ok(ModuleOutput {
                 output,
                 bias: returned,

@@ -5,7 +5,7 @@ use burn::module::Initializer;
 use burn::prelude::*;
 
 use super::activation::Activation;
-use super::linear::{Linear, LinearConfig};
+use super::linear::{Before, Linear, LinearConfig};
 use super::names::LayerName;
 use super::norm::{Norm, Normalization, rename};
 use super::parallel::ParallelMode;
@@ -200,11 +200,14 @@ impl<B: TeBackend> LayerNormMLP<B> {
                 .map_err(|err| rename(err, &module))?;
             (self.fc1.try_forward(normalized.clone())?, Some(normalized))
         } else {
-            let fc1 = self.fc1.forward_after_norm(&self.layer_norm, &module, x)?;
+            let fc1 = self
+                .fc1
+                .forward_after(Before::Norm(&self.layer_norm, &module), x)?;
             (fc1.output, None)
         };
-        let hidden = self.activation.apply(hidden)?;
-        let output = self.fc2.forward_all(hidden)?;
+        let output = self
+            .fc2
+            .forward_after(Before::Activation(self.activation), hidden)?;
         Ok(ModuleOutput {
             layernorm_output: normalized,
             ..output

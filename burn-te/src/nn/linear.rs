@@ -4,6 +4,7 @@ use burn::module::{Initializer, Param};
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
 
+use super::activation::Activation;
 use super::names::LayerName;
 use super::norm::{Norm, rename};
 use super::parallel::{ParallelMode, TensorParallel};
@@ -13,6 +14,7 @@ use crate::backend::TeBackend;
 use crate::error::TeError;
 use crate::fp8_state::Fp8Meta;
 use crate::fused;
+use crate::fused::cast_linear::InputOp;
 use crate::gemm::Gemm;
 use crate::recipe::Recipe;
 use crate::site::{GemmSite, Sharding};
@@ -228,29 +230,64 @@ pub(crate) fn te_gemm<B: TeBackend, const D: usize>(
     }
 }
 
-/// [`te_gemm`] on `norm(x)`, the norm's shape errors under the name of the fused `module`. A whole layer (no
-/// tensor parallelism) whose GEMM runs in FP8 takes both as one op where the backend can write the norm's output
-/// in FP8 ([`fused::norm_linear`](crate::fused::norm_linear): DelayedScaling on the host path).
-pub(crate) fn norm_te_gemm<B: TeBackend, const D: usize>(
-    norm: &Norm<B>,
-    module: &str,
+/// The op whose output a GEMM layer takes, in a fused module: its norm (with the module's name, under which the
+/// norm's shape errors are reported) or its MLP activation.
+pub(crate) enum Before<'a, B: Backend> {
+    Norm(&'a Norm<B>, &'a str),
+    Activation(Activation),
+}
+
+impl<B: TeBackend> Before<'_, B> {
+    /// The op alone.
+    fn apply<const D: usize>(&self, x: Tensor<B, D>) -> Result<Tensor<B, D>, TeError> {
+        match self {
+            Before::Norm(norm, module) => norm.try_forward(x).map_err(|err| rename(err, module)),
+            Before::Activation(activation) => activation.apply(x),
+        }
+    }
+
+    /// The op's output width for an input of `width`, `None` where it has none (a gated activation of an odd one).
+    fn output_width(&self, width: usize) -> Option<usize> {
+        match self {
+            Before::Activation(activation) if activation.is_gated() => {
+                width.is_multiple_of(2).then_some(width / 2)
+            }
+            _ => Some(width),
+        }
+    }
+
+    /// The op as the fused one takes it.
+    fn fused(&self) -> Result<InputOp<B>, TeError> {
+        Ok(match self {
+            Before::Norm(norm, _) => {
+                let (gamma, beta, spec) = norm.fused_operands()?;
+                InputOp::Norm(gamma, beta, spec)
+            }
+            Before::Activation(activation) => {
+                InputOp::Activation(activation.kernel(), activation.is_gated())
+            }
+        })
+    }
+}
+
+/// [`te_gemm`] on `op(x)`. A whole layer (no tensor parallelism) whose GEMM runs in FP8 takes both as one op where
+/// the backend can write the op's output in FP8 ([`fused::cast_linear`]: DelayedScaling on the host path).
+pub(crate) fn cast_te_gemm<B: TeBackend, const D: usize>(
+    before: Before<'_, B>,
     x: Tensor<B, D>,
     layer: GemmLayer<'_, B>,
 ) -> Result<Tensor<B, D>, TeError> {
-    let normalize = |x| norm.try_forward(x).map_err(|err| rename(err, module));
-    if layer.parallel.is_some() {
-        return te_gemm(normalize(x)?, layer);
-    }
     let [in_features, _] = layer.weight.dims();
-    check_features(module, "input", &x, in_features)?;
+    let chains = before.output_width(x.dims()[D - 1]) == Some(in_features);
+    if layer.parallel.is_some() || !chains {
+        return te_gemm(before.apply(x)?, layer);
+    }
     let (site, recipe) = fprop_site(layer.name.resolve(layer.weight), layer.kind, layer.fp8_meta)?;
     let gemm = (layer.weight.val(), layer.bias.clone());
-    let fused =
-        fused::norm_linear::try_fused(&x, norm.fused_operands()?, gemm, &site, recipe.as_ref())?;
-    match fused {
+    match fused::cast_linear::try_fused(&x, before.fused()?, gemm, &site, recipe.as_ref())? {
         Some(y) => Ok(y),
         None => Ok(run_gemm(
-            normalize(x)?,
+            before.apply(x)?,
             layer.weight.val(),
             layer.bias,
             &site,
@@ -362,17 +399,16 @@ impl<B: TeBackend> Linear<B> {
         })
     }
 
-    /// `norm(x)·W (+ b)`, the norm's shape errors under the fused `module`'s name ([`norm_te_gemm`]): a
-    /// `LayerNormMLP`'s FC1 with its norm. The bias returned apart with `return_bias`.
-    pub(crate) fn forward_after_norm<const D: usize>(
+    /// `op(x)·W (+ b)` ([`cast_te_gemm`]): a `LayerNormMLP`'s FC1 after its norm, its FC2 after its activation.
+    /// The bias returned apart with `return_bias`.
+    pub(crate) fn forward_after<const D: usize>(
         &self,
-        norm: &Norm<B>,
-        module: &str,
+        before: Before<'_, B>,
         x: Tensor<B, D>,
     ) -> Result<ModuleOutput<B, D>, TeError> {
         let (added, returned) = split_bias(&self.bias, self.return_bias);
         Ok(ModuleOutput {
-            output: norm_te_gemm(norm, module, x, self.gemm_layer(added))?,
+            output: cast_te_gemm(before, x, self.gemm_layer(added))?,
             bias: returned,
             layernorm_output: None,
         })

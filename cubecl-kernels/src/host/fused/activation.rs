@@ -2,7 +2,9 @@
 //! takes rows of `2n` (the activated half first, the gate's value half second) and returns `act(a) · v`.
 
 use super::{par_rows, sigmoid};
+use crate::format::Fp8Format;
 use crate::host::pool::OutputValues;
+use crate::host::{amax_bits, assume_init, encode_scaled, uninit};
 
 /// The pointwise function of an activation (its gated variant uses the same one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +87,34 @@ pub fn activation_forward(x: &[f32], width: usize, f: Pointwise, gated: bool) ->
         forward_rows(x, y, width, f, gated)
     });
     y
+}
+
+/// [`activation_forward`] with its output quantized in the same pass, as TE's activation kernels write the FP8
+/// input of the GEMM that follows: `codes = encode(y · scale)` in `format` (delayed scaling's scale) and the amax
+/// of `y`. Each row is computed into a buffer that stays in cache and encoded from there, so `y` never reaches
+/// memory; the codes and amax are [`quantize_with_amax`](crate::host::quantize_with_amax)'s of
+/// [`activation_forward`]'s output, bit for bit.
+pub fn activation_forward_quantized(
+    x: &[f32],
+    width: usize,
+    (f, gated): (Pointwise, bool),
+    (scale, format): (f32, Fp8Format),
+) -> (Vec<u8>, f32) {
+    let out_width = if gated { width / 2 } else { width };
+    let mut codes = uninit(x.len() / width.max(1) * out_width);
+    let blocks = par_rows(x, width, &mut codes, out_width, |_, x, codes| {
+        let mut y = vec![0.0f32; out_width];
+        let mut amax = 0;
+        for (x, codes) in x.chunks_exact(width).zip(codes.chunks_exact_mut(out_width)) {
+            forward_rows(x, &mut y, width, f, gated);
+            encode_scaled(&y, scale, format, codes);
+            amax = amax.max(amax_bits(&y));
+        }
+        amax
+    });
+    let amax = blocks.into_iter().max().unwrap_or(0);
+    // SAFETY: the blocks cover every row, and each row's codes are encoded whole.
+    (unsafe { assume_init(codes) }, f32::from_bits(amax))
 }
 
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
