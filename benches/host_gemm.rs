@@ -316,10 +316,13 @@ fn transformer_layer(c: &mut Criterion) {
     }
 }
 
-/// A LayerNorm's output quantized for the GEMM after it (delayed scaling: the scale known before the pass), over
-/// 1024 tokens of a TransformerLayer's width: in the norm's pass, and as the norm then the quantize kernel.
+/// A LayerNorm's and a GELU's output quantized for the GEMM after it (delayed scaling: the scale known before the
+/// pass), over 1024 tokens of a TransformerLayer's widths: in the op's pass, and as the op then the quantize kernel.
 fn norm_then_cast(c: &mut Criterion) {
     use burn_te::fused::{NormKind, NormSpec};
+    use burn_te_kernels::host::fused::activation::{
+        activation_forward, activation_forward_quantized,
+    };
     use burn_te_kernels::host::fused::norm::{norm_forward, norm_forward_quantized};
     let spec = NormSpec {
         kind: NormKind::LayerNorm,
@@ -342,6 +345,20 @@ fn norm_then_cast(c: &mut Criterion) {
                     burn_te_kernels::host::quantize_with_amax(&y, 3.0, Fp8Format::E4M3),
                     stats,
                 )
+            })
+        });
+        group.finish();
+        let x = values(input(1024, 4 * hidden, 3));
+        let gelu = (burn_te::fused::Pointwise::Gelu, false);
+        let mut group = c.benchmark_group(format!("gelu then cast 1024x{}", 4 * hidden));
+        group.throughput(Throughput::Bytes((x.len() * 4) as u64));
+        group.bench_function("one pass", |b| {
+            b.iter(|| activation_forward_quantized(&x, 4 * hidden, gelu, (3.0, Fp8Format::E4M3)))
+        });
+        group.bench_function("gelu, then quantize", |b| {
+            b.iter(|| {
+                let y = activation_forward(&x, 4 * hidden, gelu.0, gelu.1);
+                burn_te_kernels::host::quantize_with_amax(&y, 3.0, Fp8Format::E4M3)
             })
         });
         group.finish();

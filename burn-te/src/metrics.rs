@@ -449,7 +449,8 @@ pub mod names {
     /// Counter prefix: GEMMs that were to run in FP8 and fell back to high precision, by reason
     /// (`GemmFallback(shape)`).
     pub const GEMM_FALLBACK: &str = "GemmFallback";
-    /// Counter: FP8 quantize kernel launches (host path: quantize passes).
+    /// Counter: FP8 quantize kernel launches (host path: quantize passes; a norm or activation that writes its
+    /// output in FP8 counts as one).
     pub const QUANTIZE_LAUNCHES: &str = "QuantizeLaunches";
     /// Bytes of the operands FP8 layers kept quantized for their backward (see `saved`).
     pub const KEPT_FP8_BYTES: &str = "KeptForBackwardFp8Bytes";

@@ -9,11 +9,10 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::ops::FloatTensor;
 
-use super::linear::{Kept, save_flags};
+use super::linear::{Kept, backward_gemms, save_flags};
 use crate::backend::{AutodiffInner, TeBackend};
 use crate::error::TeError;
 use crate::fused::{CastInput, CastInputSaved, NormOperands};
-use crate::gemm::Gemm;
 use crate::recipe::Recipe;
 use crate::site::GemmSite;
 
@@ -72,20 +71,9 @@ impl<B: TeBackend, const N: usize> Backward<B, N> for CastLinearBackward {
         let (node_weight, node_bias) = (next(true), next(self.bias));
         let weight = weight.map(|weight| weight.retrieve::<B>(checkpointer));
         let kept_input = kept_input.map(|x| x.retrieve::<B>(checkpointer));
-        let sites = [
-            self.site.with_gemm(Gemm::Dgrad),
-            self.site
-                .with_gemm(Gemm::Wgrad)
-                .following_dgrad(weight.is_some()),
-        ];
-        let recipe = |gemm| self.site.recipe_of(gemm, Some(&self.recipe));
-        let [doutput, dweight] = B::te_linear_backward(
-            weight,
-            kept_input,
-            grad.clone(),
-            [&sites[0], &sites[1]],
-            [recipe(Gemm::Dgrad), recipe(Gemm::Wgrad)],
-        );
+        let nodes = [node_weight, node_bias].map(|node| node.map(|node| node.id));
+        let site = (&self.site, Some(&self.recipe));
+        let doutput = backward_gemms::<B>(site, [weight, kept_input], grad, nodes, grads);
         if let (Some((x, gamma, saved)), Some(dy)) = (input_state, doutput) {
             let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(x);
             let input_grads = match (self.op, saved, gamma) {
@@ -111,12 +99,6 @@ impl<B: TeBackend, const N: usize> Backward<B, N> for CastLinearBackward {
                     grads.register::<B>(node.id, grad);
                 }
             }
-        }
-        if let (Some(node), Some(dweight)) = (node_weight, dweight) {
-            grads.register::<B>(node.id, dweight);
-        }
-        if let Some(node) = node_bias {
-            grads.register::<B>(node.id, B::linear_bias_backward(grad));
         }
     }
 }

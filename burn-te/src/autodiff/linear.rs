@@ -114,15 +114,12 @@ impl<B: TeBackend, const N: usize> Backward<B, N> for TeLinearBackward {
     ) {
         let grad = grads.consume::<B>(&ops.node);
         let (x_state, weight_state) = ops.state;
-        let recipe = |gemm| self.site.recipe_of(gemm, self.recipe.as_ref());
         let mut parents = ops.parents.into_iter();
         let (node_x, node_weight, node_bias) = (
             parents.next().flatten(),
             parents.next().flatten(),
             parents.next().flatten(),
         );
-        // The gradient reaches the debug tools at the layer's first backward GEMM (see `GemmSite::follows_dgrad`).
-        let dgrad_ran = node_x.is_some() && weight_state.is_some();
         let weight = node_x
             .as_ref()
             .and(weight_state)
@@ -131,27 +128,51 @@ impl<B: TeBackend, const N: usize> Backward<B, N> for TeLinearBackward {
             .as_ref()
             .and(x_state)
             .map(|x| x.retrieve::<B>(checkpointer));
-        let sites = [
-            self.site.with_gemm(Gemm::Dgrad),
-            self.site.with_gemm(Gemm::Wgrad).following_dgrad(dgrad_ran),
-        ];
-        let [dx, dweight] = B::te_linear_backward(
-            weight,
-            x,
-            grad.clone(),
-            [&sites[0], &sites[1]],
-            [recipe(Gemm::Dgrad), recipe(Gemm::Wgrad)],
+        let nodes = [node_weight, node_bias].map(|node| node.map(|node| node.id));
+        let dx = backward_gemms::<B>(
+            (&self.site, self.recipe.as_ref()),
+            [weight, x],
+            grad,
+            nodes,
+            grads,
         );
         if let (Some(node), Some(dx)) = (node_x, dx) {
             grads.register::<B>(node.id, dx);
         }
-        if let (Some(node), Some(dweight)) = (node_weight, dweight) {
-            grads.register::<B>(node.id, dweight);
-        }
-        if let Some(node) = node_bias {
-            grads.register::<B>(node.id, B::linear_bias_backward(grad));
-        }
     }
+}
+
+/// A layer GEMM's backward on `Autodiff`: dgrad where the weight was kept and wgrad where the input was, through
+/// `B::te_linear_backward` at the backward sites of `site` with the recipes it gives them; the weight's and the
+/// bias's gradients registered (`[weight, bias]`'s nodes, where they take one). Returns the input's gradient.
+pub(super) fn backward_gemms<B: TeBackend>(
+    (site, recipe): (&GemmSite, Option<&Recipe>),
+    [weight, x]: [Option<SavedOperand<B>>; 2],
+    grad: FloatTensor<B>,
+    [weight_node, bias_node]: [Option<NodeId>; 2],
+    grads: &mut Gradients,
+) -> Option<FloatTensor<B>> {
+    let recipe = |gemm| site.recipe_of(gemm, recipe);
+    // The gradient reaches the debug tools at the layer's first backward GEMM (see `GemmSite::follows_dgrad`).
+    let sites = [
+        site.with_gemm(Gemm::Dgrad),
+        site.with_gemm(Gemm::Wgrad)
+            .following_dgrad(weight.is_some()),
+    ];
+    let [dx, dweight] = B::te_linear_backward(
+        weight,
+        x,
+        grad.clone(),
+        [&sites[0], &sites[1]],
+        [recipe(Gemm::Dgrad), recipe(Gemm::Wgrad)],
+    );
+    if let (Some(node), Some(dweight)) = (weight_node, dweight) {
+        grads.register::<B>(node, dweight);
+    }
+    if let Some(node) = bias_node {
+        grads.register::<B>(node, B::linear_bias_backward(grad));
+    }
+    dx
 }
 
 /// `Autodiff<B>`'s `te_linear`: the forward on `B`, keeping what the backward needs, and [`TeLinearBackward`].

@@ -70,6 +70,8 @@ pub(super) fn cast_input_forward<B: Backend>(
         }
     };
     Ok(forward.map(|((codes, amax), shape, saved)| {
+        // A quantize kernel too: it wrote the codes the GEMM reads.
+        count_launch(names::QUANTIZE_LAUNCHES);
         history.record(amax);
         let codes = super::fp8_tensor(codes, vec![scale_inv], None, shape, format, device);
         (codes, saved)
