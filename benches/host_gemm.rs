@@ -464,6 +464,15 @@ fn step_medians(hidden: usize, steps: usize) {
     for tuning in burn_te::host::gemm::host_gemm_tunings() {
         println!("  tuned {tuning}");
     }
+    // The same FP8 step with each norm and activation apart from the FP8 cast of its output, then fused again:
+    // alternating, so that a drifting machine shows in both.
+    for _ in 0..2 {
+        let apart = median_ms(steps, || {
+            with_input_cast_unfused(|| common::train_step(&layer, &x, &target, true))
+        });
+        let fused = median_ms(steps, || common::train_step(&layer, &x, &target, true));
+        println!("burn-te fp8, casts apart: median {apart:.1} ms; fused: median {fused:.1} ms");
+    }
 }
 
 /// The host FP8 GEMMs that `run` issued, by the path they ran on (paths with none left out), from the metrics

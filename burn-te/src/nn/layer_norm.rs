@@ -4,7 +4,6 @@ use burn::module::{Initializer, Param};
 use burn::prelude::*;
 
 use super::names::LayerName;
-use super::norm::FusedNormOperands;
 use super::parallel::TensorParallel;
 use super::{check_features, epsilon, or_panic};
 use crate::backend::TeBackend;
@@ -106,6 +105,9 @@ pub(crate) fn token_shard_param<B: TeBackend>(
         None => Ok(param),
     }
 }
+
+/// A norm's γ, β (LayerNorm) and spec as the fused ops take them.
+pub(crate) type FusedNormOperands<B> = (Tensor<B, 1>, Option<Tensor<B, 1>>, NormSpec);
 
 impl<B: Backend> LayerNorm<B> {
     /// The same norm on token shards of the group of `parallel` when it is sequence-parallel.

@@ -2,13 +2,12 @@
 
 use burn::prelude::*;
 
-use super::layer_norm::{LayerNorm, LayerNormConfig};
+use super::layer_norm::{FusedNormOperands, LayerNorm, LayerNormConfig};
 use super::names::LayerName;
 use super::parallel::TensorParallel;
 use super::rms_norm::{RmsNorm, RmsNormConfig};
 use crate::backend::TeBackend;
 use crate::error::TeError;
-use crate::fused::NormSpec;
 
 /// Which normalization a fused module applies (TE's `normalization="LayerNorm" | "RMSNorm"`).
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
@@ -64,9 +63,6 @@ impl<B: Backend> Norm<B> {
         }
     }
 }
-
-/// A norm's γ, β (LayerNorm) and spec as the fused ops take them.
-pub(crate) type FusedNormOperands<B> = (Tensor<B, 1>, Option<Tensor<B, 1>>, NormSpec);
 
 impl<B: TeBackend> Norm<B> {
     /// γ, β and the spec as the fused ops take them.

@@ -3,9 +3,8 @@
 use burn::module::Param;
 use burn::prelude::*;
 
-use super::layer_norm::{applied_gamma, gamma, token_shard_param};
+use super::layer_norm::{FusedNormOperands, applied_gamma, gamma, token_shard_param};
 use super::names::LayerName;
-use super::norm::FusedNormOperands;
 use super::parallel::TensorParallel;
 use super::{check_features, epsilon, or_panic};
 use crate::backend::TeBackend;
