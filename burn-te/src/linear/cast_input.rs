@@ -45,15 +45,10 @@ pub fn fprop<B: TeBackend>(
     if site.batched || w_dims.len() != 2 || out_dims.last() != w_dims.first() {
         return Ok(None);
     }
-    let mut leading = None;
-    let input = input.map_x(|x| {
-        let (x, rows) = fold_rows::<B>(x);
-        leading = Some(rows);
-        x
-    });
-    let leading = leading.expect("map_x maps the input");
-    let rows = out_dims.iter().rev().skip(1).product::<usize>();
-    let shape = Shape::new([rows, w_dims[0]]);
+    // The op's input folded to rows as its output is: the same leading dimensions.
+    let leading = out_dims[..out_dims.len() - 1].to_vec();
+    let shape = Shape::new([leading.iter().product(), w_dims[0]]);
+    let input = input.map_x(|x| fold_rows::<B>(x).0);
     let device = B::float_device(input.x());
     let role = TensorRole::Activation;
     let format = recipe.format().for_role(role);
