@@ -12,7 +12,9 @@
 //!   and FP8 with the attention core composed instead of fused (`with_composed_attention_core`) or with each norm
 //!   and the FP8 cast of its output apart (`with_input_cast_unfused`);
 //! - `norm then cast`: a LayerNorm over a TransformerLayer's activations with the FP8 cast of its output, in one
-//!   pass (`norm_forward_quantized`, what `LayerNormLinear` runs) and as two (the norm, then the quantize kernel).
+//!   pass (`norm_forward_quantized`, what `LayerNormLinear` runs) and as two (the norm, then the quantize kernel);
+//! - `packing`: one matrix of codes packed for `avx2fma` as a depth-contiguous left operand (the baseline) and as a
+//!   lane-contiguous right operand (a row-major weight in dgrad, activations in wgrad), per code.
 //!
 //! Read the GFLOP/s (2·m·n·k per iteration) and the ratios to the f32 matmul of the same shape. `-- share` prints
 //! each packed path's GEMM as a share of its instruction's peak, measured in pairs (for machines whose speed drifts).
@@ -365,13 +367,41 @@ fn norm_then_cast(c: &mut Criterion) {
     }
 }
 
+/// One matrix of codes packed for the `avx2fma` micro-kernel both ways it is stored for a GEMM: as a left operand
+/// whose depth is contiguous (each panel reads along its rows: the baseline, bound by writing the f32 panels) and as
+/// a right operand whose lanes are contiguous (each depth a whole row apart). Per code, the second should cost what
+/// the first does.
+fn packing(c: &mut Criterion) {
+    use burn_te_kernels::host::gemm::fma::Avx2FmaKernel;
+    use burn_te_kernels::host::gemm::{Elements, Source, pack_lhs, pack_rhs};
+    let table: [u32; 256] = std::array::from_fn(|code| (code as f32 * 0.5).to_bits());
+    for (rows, cols) in [(4096, 1024), (2048, 2048), (1024, 4096)] {
+        let codes: Vec<u8> = (0..rows * cols).map(|i| (i * 7 + i / 13) as u8).collect();
+        let source = Source {
+            elements: Elements::Codes(&codes, &table),
+            offset: 0,
+            strides: (cols, 1),
+        };
+        let mut group = c.benchmark_group(format!("packing {rows}x{cols} codes"));
+        group.throughput(Throughput::Elements((rows * cols) as u64));
+        group.bench_function("depth contiguous (left operand)", |b| {
+            b.iter(|| pack_lhs::<Avx2FmaKernel>(rows, cols, &source).expect("in bounds"))
+        });
+        group.bench_function("lanes contiguous (right operand)", |b| {
+            b.iter(|| pack_rhs::<Avx2FmaKernel>(rows, cols, &source).expect("in bounds"))
+        });
+        group.finish();
+    }
+}
+
 criterion_group!(
     benches,
     peak,
     gemms,
     block_scaled_gemms,
     transformer_layer,
-    norm_then_cast
+    norm_then_cast,
+    packing
 );
 
 /// Each packed path's GEMM as a share of its instruction's peak, for a machine whose speed drifts within seconds

@@ -224,6 +224,24 @@ impl std::ops::Deref for Panels {
 /// 32-bit units per cache line.
 const LINE_UNITS: usize = 64 / size_of::<u32>();
 
+/// Units of depth ahead whose codes [`Lines::panel`] asks the cache for where the lanes are contiguous (measured on
+/// Zen 3: 16 made such a packing 1.5–3× faster, as fast per code as a depth-contiguous one).
+const PREFETCH_AHEAD: usize = 16;
+
+/// A hint that `data[at]` will be read soon (none where `at` is past the end, which a saturated index is, or off
+/// x86-64).
+#[inline(always)]
+fn prefetch<S>(data: &[S], at: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(value) = data.get(at) {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        // SAFETY: a prefetch changes no architectural state; the address is an element of `data`.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>((value as *const S).cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, at);
+}
+
 /// The widest panel of any path (the bf16 path's `NR`).
 const MAX_WIDTH: usize = 32;
 
@@ -429,8 +447,16 @@ impl Lines {
                 }
             }
         } else if lane_stride == 1 {
-            // The lanes are contiguous at each depth (a row-major right operand, a transposed left one).
+            // The lanes are contiguous at each depth (a row-major right operand, a transposed left one). Each
+            // depth is a row of the matrix apart, often a page or more: the hardware prefetchers stop at a page's
+            // end, so the codes of the depth `PREFETCH_AHEAD` units on are asked for here.
             for p in 0..units {
+                prefetch(
+                    data,
+                    (per * (p + PREFETCH_AHEAD))
+                        .saturating_mul(depth_stride)
+                        .saturating_add(base),
+                );
                 let slot = &mut panel[p * width..][..count];
                 let lo = &data[base + per * p * depth_stride..][..count];
                 let hi_depth = per * p + per - 1;
