@@ -14,7 +14,8 @@
 //! - `norm then cast`: a LayerNorm over a TransformerLayer's activations with the FP8 cast of its output, in one
 //!   pass (`norm_forward_quantized`, what `LayerNormLinear` runs) and as two (the norm, then the quantize kernel);
 //! - `packing`: one matrix of codes packed for `avx2fma` as a depth-contiguous left operand (the baseline) and as a
-//!   lane-contiguous right operand (a row-major weight in dgrad, activations in wgrad), per code.
+//!   lane-contiguous right operand (a row-major weight in dgrad, activations in wgrad), per code; and with MXFP8's
+//!   block factors folded in.
 //!
 //! Read the GFLOP/s (2·m·n·k per iteration) and the ratios to the f32 matmul of the same shape. `-- share` prints
 //! each packed path's GEMM as a share of its instruction's peak, measured in pairs (for machines whose speed drifts).
@@ -373,7 +374,7 @@ fn norm_then_cast(c: &mut Criterion) {
 /// the first does.
 fn packing(c: &mut Criterion) {
     use burn_te_kernels::host::gemm::fma::Avx2FmaKernel;
-    use burn_te_kernels::host::gemm::{Elements, Source, pack_lhs, pack_rhs};
+    use burn_te_kernels::host::gemm::{BlockCodes, Elements, Source, pack_lhs, pack_rhs};
     let table: [u32; 256] = std::array::from_fn(|code| (code as f32 * 0.5).to_bits());
     for (rows, cols) in [(4096, 1024), (2048, 2048), (1024, 4096)] {
         let codes: Vec<u8> = (0..rows * cols).map(|i| (i * 7 + i / 13) as u8).collect();
@@ -389,6 +390,31 @@ fn packing(c: &mut Criterion) {
         });
         group.bench_function("lanes contiguous (right operand)", |b| {
             b.iter(|| pack_rhs::<Avx2FmaKernel>(rows, cols, &source).expect("in bounds"))
+        });
+        // The same codes with MXFP8's blocks of 32 along the depth (each element's factor folded in as it is
+        // packed): 1 × 32 for the left operand, 32 × 1 for the right one.
+        let values: [f32; 256] = table.map(f32::from_bits);
+        let factors = vec![0.5f32; rows * cols / 32];
+        let blocks = |block| Source {
+            elements: Elements::Blocks(BlockCodes {
+                codes: &codes,
+                values: &values,
+                cols,
+                block,
+                factors: &factors,
+            }),
+            offset: 0,
+            strides: (cols, 1),
+        };
+        let (lhs, rhs) = (
+            blocks(ScaleBlock::new(1, 32)),
+            blocks(ScaleBlock::new(32, 1)),
+        );
+        group.bench_function("depth contiguous, 1x32 blocks", |b| {
+            b.iter(|| pack_lhs::<Avx2FmaKernel>(rows, cols, &lhs).expect("in bounds"))
+        });
+        group.bench_function("lanes contiguous, 32x1 blocks", |b| {
+            b.iter(|| pack_rhs::<Avx2FmaKernel>(rows, cols, &rhs).expect("in bounds"))
         });
         group.finish();
     }

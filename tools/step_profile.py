@@ -24,7 +24,9 @@ CATEGORIES = [
                           "chacha", "Distribution::sampler"]),
     ("FP8 GEMM micro-kernel", ["host::gemm::fma", "host::gemm::bf16", "host::gemm::blocked", "host::gemm::zmm_tile", "Avx2FmaKernel", "Avx512FmaKernel",
                                "Avx512Bf16Kernel", "host::gemm::amx", "AmxBf16Kernel"]),
-    ("FP8 GEMM packing (rayon closures)", ["FnMut<A> for &F>::call_mut", "host::gemm::pack"]),
+    # The packing's panels are decoded in rayon closures, which perf names after the closure trait.
+    ("FP8 GEMM packing (rayon closures)", ["FnMut<A> for &F>::call_mut", "Fn<A> for &F>::call",
+                                           "host::gemm::pack"]),
     ("f32 GEMM (attention, gemm crate)", ["gemm_f32", "gemm_common", "gemm::gemm"]),
     ("quantize (encode, amax)", ["encode_scaled", "amax_bits", "host::fp8", "quantize"]),
     ("fused element-wise (norm, activation, softmax)", ["host::fused"]),
