@@ -228,10 +228,14 @@ const LINE_UNITS: usize = 64 / size_of::<u32>();
 /// Zen 3: 16 made such a packing 1.6–3.3× faster, as fast per code as a depth-contiguous one).
 const PREFETCH_AHEAD: usize = 16;
 
-/// A hint that `data[at]` will be read soon (none where `at` is past the end, which a saturated index is, or off
-/// x86-64).
+/// A hint that the codes of unit `p + PREFETCH_AHEAD` (of `per` depths each) of a lane starting at `base` will be
+/// read soon, the depths `depth_stride` apart (none where that is past the end of `data`, which a saturated index
+/// is, or off x86-64).
 #[inline(always)]
-fn prefetch<S>(data: &[S], at: usize) {
+fn prefetch_ahead<S>(data: &[S], base: usize, (per, p): (usize, usize), depth_stride: usize) {
+    let at = (per * (p + PREFETCH_AHEAD))
+        .saturating_mul(depth_stride)
+        .saturating_add(base);
     #[cfg(target_arch = "x86_64")]
     if let Some(value) = data.get(at) {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
@@ -454,12 +458,7 @@ impl Lines {
             // depth is a row of the matrix apart, often a page or more: the hardware prefetchers stop at a page's
             // end, so the codes of the depth `PREFETCH_AHEAD` units on are asked for here.
             for p in 0..units {
-                prefetch(
-                    data,
-                    (per * (p + PREFETCH_AHEAD))
-                        .saturating_mul(depth_stride)
-                        .saturating_add(base),
-                );
+                prefetch_ahead(data, base, (per, p), depth_stride);
                 let slot = &mut panel[p * width..][..count];
                 let lo = &data[base + per * p * depth_stride..][..count];
                 let hi_depth = per * p + per - 1;
@@ -527,12 +526,7 @@ impl Lines {
         // The unit's low and high depth (the same run where a unit holds one depth).
         let mut runs = [[E::ZERO; MAX_WIDTH]; 2];
         for p in 0..depth.div_ceil(per) {
-            prefetch(
-                blocks.codes,
-                (per * (p + PREFETCH_AHEAD))
-                    .saturating_mul(depth_stride)
-                    .saturating_add(base),
-            );
+            prefetch_ahead(blocks.codes, base, (per, p), depth_stride);
             for (half, run) in runs.iter_mut().enumerate().take(per) {
                 let d = per * p + half;
                 let run = &mut run[..count];
