@@ -15,7 +15,7 @@
 //!   pass (`norm_forward_quantized`, what `LayerNormLinear` runs) and as two (the norm, then the quantize kernel);
 //! - `packing`: one matrix of codes packed for `avx2fma` as a depth-contiguous left operand (the baseline) and as a
 //!   lane-contiguous right operand (a row-major weight in dgrad, activations in wgrad), per code; and with MXFP8's
-//!   block factors folded in.
+//!   block factors folded in; the right operand also as the bf16 paths' pairs.
 //!
 //! Read the GFLOP/s (2·m·n·k per iteration) and the ratios to the f32 matmul of the same shape. `-- share` prints
 //! each packed path's GEMM as a share of its instruction's peak, measured in pairs (for machines whose speed drifts).
@@ -373,9 +373,11 @@ fn norm_then_cast(c: &mut Criterion) {
 /// a right operand whose lanes are contiguous (each depth a whole row apart). Per code, the second should cost what
 /// the first does.
 fn packing(c: &mut Criterion) {
+    use burn_te_kernels::host::gemm::bf16::Avx512Bf16Kernel;
     use burn_te_kernels::host::gemm::fma::Avx2FmaKernel;
     use burn_te_kernels::host::gemm::{BlockCodes, Elements, Source, pack_lhs, pack_rhs};
     let table: [u32; 256] = std::array::from_fn(|code| (code as f32 * 0.5).to_bits());
+    let bf16_table: [u16; 256] = table.map(|bits| (bits >> 16) as u16);
     for (rows, cols) in [(4096, 1024), (2048, 2048), (1024, 4096)] {
         let codes: Vec<u8> = (0..rows * cols).map(|i| (i * 7 + i / 13) as u8).collect();
         let source = Source {
@@ -390,6 +392,16 @@ fn packing(c: &mut Criterion) {
         });
         group.bench_function("lanes contiguous (right operand)", |b| {
             b.iter(|| pack_rhs::<Avx2FmaKernel>(rows, cols, &source).expect("in bounds"))
+        });
+        // The bf16 and AMX paths' pairs (two depths, two rows apart, per unit), scalar where the CPU lacks
+        // AVX512-VBMI (the packing runs on any CPU; only the GEMM needs the path).
+        let pairs = Source {
+            elements: Elements::Codes(&codes, &bf16_table),
+            offset: 0,
+            strides: (cols, 1),
+        };
+        group.bench_function("lanes contiguous (right operand), bf16 pairs", |b| {
+            b.iter(|| pack_rhs::<Avx512Bf16Kernel>(rows, cols, &pairs).expect("in bounds"))
         });
         // The same codes with MXFP8's blocks of 32 along the depth (each element's factor folded in as it is
         // packed): 1 × 32 for the left operand, 32 × 1 for the right one.
@@ -415,6 +427,20 @@ fn packing(c: &mut Criterion) {
         });
         group.bench_function("lanes contiguous, 32x1 blocks", |b| {
             b.iter(|| pack_rhs::<Avx2FmaKernel>(rows, cols, &rhs).expect("in bounds"))
+        });
+        let rhs_pairs = Source::<u16> {
+            elements: Elements::Blocks(BlockCodes {
+                codes: &codes,
+                values: &values,
+                cols,
+                block: ScaleBlock::new(32, 1),
+                factors: &factors,
+            }),
+            offset: 0,
+            strides: (cols, 1),
+        };
+        group.bench_function("lanes contiguous, 32x1 blocks, bf16 pairs", |b| {
+            b.iter(|| pack_rhs::<Avx512Bf16Kernel>(rows, cols, &rhs_pairs).expect("in bounds"))
         });
         group.finish();
     }

@@ -228,22 +228,22 @@ const LINE_UNITS: usize = 64 / size_of::<u32>();
 /// Zen 3: 16 made such a packing 1.6–3.3× faster, as fast per code as a depth-contiguous one).
 const PREFETCH_AHEAD: usize = 16;
 
-/// A hint that the codes of unit `p + PREFETCH_AHEAD` (of `per` depths each) of a lane starting at `base` will be
-/// read soon, the depths `depth_stride` apart (none where that is past the end of `data`, which a saturated index
-/// is, or off x86-64).
+/// A hint that the codes of unit `p + PREFETCH_AHEAD` (of `per` depths each, every one of them: a bf16 pair's
+/// second depth is another row too) of a lane starting at `base` will be read soon, the depths `depth_stride` apart
+/// (none where that is past the end of `data`, which a saturated index is, or off x86-64).
 #[inline(always)]
 fn prefetch_ahead<S>(data: &[S], base: usize, (per, p): (usize, usize), depth_stride: usize) {
-    let at = (per * (p + PREFETCH_AHEAD))
-        .saturating_mul(depth_stride)
-        .saturating_add(base);
-    #[cfg(target_arch = "x86_64")]
-    if let Some(value) = data.get(at) {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        // SAFETY: a prefetch changes no architectural state; the address is an element of `data`.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>((value as *const S).cast()) };
+    for depth in per * (p + PREFETCH_AHEAD)..per * (p + PREFETCH_AHEAD + 1) {
+        let at = depth.saturating_mul(depth_stride).saturating_add(base);
+        #[cfg(target_arch = "x86_64")]
+        if let Some(value) = data.get(at) {
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            // SAFETY: a prefetch changes no architectural state; the address is an element of `data`.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>((value as *const S).cast()) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (data, at);
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (data, at);
 }
 
 /// The widest panel of any path (the bf16 path's `NR`).
