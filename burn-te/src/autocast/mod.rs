@@ -148,10 +148,15 @@ impl Drop for AutocastGuard {
     }
 }
 
-fn push_frame(recipe: Option<ScopeRecipe>, linears: Option<&PlainLinearStates>) -> AutocastGuard {
+/// Pushes a scope's frame; the outermost one starts a new generation (an iteration) where `iteration`.
+fn push_frame(
+    recipe: Option<ScopeRecipe>,
+    linears: Option<&PlainLinearStates>,
+    iteration: bool,
+) -> AutocastGuard {
     STATE.with(|s| {
         let mut s = s.borrow_mut();
-        if s.frames.is_empty() {
+        if s.frames.is_empty() && iteration {
             s.generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
             rounding::next_iteration();
         }
@@ -201,12 +206,14 @@ fn enter(
     recipe: ScopeRecipe,
 ) -> Result<AutocastGuard, TeError> {
     recipe.base().validate()?;
-    Ok(push_frame(enabled.then_some(recipe), linears))
+    Ok(push_frame(enabled.then_some(recipe), linears, true))
 }
 
-/// A high-precision scope until the guard drops (the attention core of the TE modules runs in one).
+/// A high-precision scope until the guard drops (the attention core of the TE modules runs in one). Not an
+/// iteration: outside any scope (an evaluation pass, say) it starts no generation and draws no stochastic-rounding
+/// bits, so the training iterations around it quantize as they would without it.
 pub(crate) fn high_precision_guard() -> AutocastGuard {
-    push_frame(None, None)
+    push_frame(None, None, false)
 }
 
 /// Runs `f` inside an autocast scope (see [`fp8_autocast_guard`]) and returns its result. With a plan, the first
