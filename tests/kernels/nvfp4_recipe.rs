@@ -261,7 +261,10 @@ fn nvfp4_stochastic_rounding_makes_the_dgrad_unbiased() {
 
 /// Stochastic rounding is reproducible from the backend's seed, as TE's is from torch's: after `Backend::seed`, the
 /// same iterations draw the same bits whatever ran before in the process, another seed draws others. Round to
-/// nearest of the same gradient is the reference each draw is told apart from.
+/// nearest of the same gradient is the reference each draw is told apart from. A TE attention run outside any
+/// autocast scope between two iterations (an evaluation pass) is not an iteration: the next one draws the bits it
+/// draws without it, and the generation stays (so delayed scaling rolls as often). On wgpu the attention composes
+/// its core in a high-precision scope, which counted as an iteration before; Flex's fused core opens none.
 #[test]
 fn nvfp4_stochastic_rounding_follows_the_backends_seed() {
     fn check<B: AutodiffBackend + burn_te::TeBackend>(what: &str, device: &B::Device) {
@@ -279,6 +282,27 @@ fn nvfp4_stochastic_rounding_follows_the_backends_seed() {
         let again = [run(), run()];
         B::seed(device, 8);
         let other = run();
+        B::seed(device, 7);
+        let before_evaluation = run();
+        let generation = burn_te::generation();
+        let attention = burn_te::nn::DotProductAttentionConfig::new(2, 8).init::<B>();
+        let qkv = || tensor::<B, 4>(x[..4 * 2 * 2 * 8].to_vec(), [4, 2, 2, 8], device);
+        let evaluated = attention.forward(qkv(), qkv(), qkv(), None);
+        assert_eq!(evaluated.dims(), [4, 2, 16], "{what}: the attention ran");
+        let kept = burn_te::generation();
+        let after_evaluation = run();
+        assert_eq!(
+            first[0], before_evaluation,
+            "{what}: iteration 1 after the seed"
+        );
+        assert_eq!(
+            first[1], after_evaluation,
+            "{what}: iteration 2 after the seed, an attention outside autocast before it"
+        );
+        assert_eq!(
+            kept, generation,
+            "{what}: the attention outside autocast kept the generation"
+        );
         for (i, (a, b)) in first.iter().zip(&again).enumerate() {
             // y, dx and dw of iteration i after seeding: the same bits.
             assert_eq!(a, b, "{what}: iteration {i} after the same seed");
@@ -295,42 +319,6 @@ fn nvfp4_stochastic_rounding_follows_the_backends_seed() {
         assert_eq!(
             first[0][0], other[0],
             "{what}: y does not depend on the seed"
-        );
-    }
-    check::<Autodiff<Te<Flex>>>("flex", &Default::default());
-    check::<Autodiff<Te<Wgpu>>>("wgpu", &device());
-}
-
-/// A TE attention run outside any autocast scope between two iterations (an evaluation pass) is not an iteration:
-/// the next iteration draws the stochastic-rounding bits it draws without it, and keeps the generation (so delayed
-/// scaling rolls its history as often as without it). On wgpu the attention composes its core in a high-precision
-/// scope, which counted as an iteration before; Flex's fused core opens none.
-#[test]
-fn an_attention_outside_autocast_draws_no_stochastic_rounding_bits() {
-    fn check<B: AutodiffBackend + burn_te::TeBackend>(what: &str, device: &B::Device) {
-        let dims = [32, 32, 64];
-        let (x, w, g) = operands(dims);
-        let sr = NVFP4BlockScaling::default();
-        let run = || linear_and_grads::<B>(&sr, (&x, &w, &g), dims, device);
-        B::seed(device, 7);
-        let plain = [run(), run()];
-        B::seed(device, 7);
-        let first = run();
-        let generation = burn_te::generation();
-        let attention = burn_te::nn::DotProductAttentionConfig::new(2, 8).init::<B>();
-        let qkv = || tensor::<B, 4>(x[..4 * 2 * 2 * 8].to_vec(), [4, 2, 2, 8], device);
-        let evaluated = attention.forward(qkv(), qkv(), qkv(), None);
-        assert_eq!(evaluated.dims(), [4, 2, 16], "{what}: the attention ran");
-        let kept = burn_te::generation();
-        let second = run();
-        assert_eq!(plain[0], first, "{what}: iteration 1 after the seed");
-        assert_eq!(
-            plain[1], second,
-            "{what}: iteration 2 after the seed, an attention outside autocast before it"
-        );
-        assert_eq!(
-            kept, generation,
-            "{what}: the attention outside autocast kept the generation"
         );
     }
     check::<Autodiff<Te<Flex>>>("flex", &Default::default());
