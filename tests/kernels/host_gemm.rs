@@ -1246,6 +1246,190 @@ fn fp8_codes_pack_into_bf16_pairs_as_documented() {
     );
 }
 
+/// Block-scaled codes (`BlockCodes`: E4M3 codes, one factor per block) packed as bf16 pairs (the bf16 path) and as
+/// f32 values (both FMA paths), unit by unit against the layout `PackedLhs`/`PackedRhs` document and each element
+/// re-computed here: `value(code) · factor` rounded once in f32, as bf16 its top half with a NaN made quiet (sign
+/// kept, payload dropped). Every code (NaNs with a payload included) with factors that are powers of two from 2⁻¹³⁰ (products below f32's normal
+/// range) to 2¹⁰⁰ (products that overflow) and factors that are not (bf16's truncation shows): lanes contiguous in
+/// one row's columns (the vector packing on AVX512-VBMI; depths one or two stored rows apart), each lane's depth
+/// inside one stored row (vector too, from an offset inside the row or from its start, where a block a multiple of
+/// 16 wide gives each vector of 16 one factor), and the layouts the scalar packing keeps
+/// (runs that cross a row's end, neither contiguous), for block shapes along either side, square, and of one
+/// element, around the vector packing's 32 lanes and 64-code chunks.
+#[test]
+fn block_scaled_codes_pack_as_documented() {
+    use burn_te_kernels::host::gemm::fma::Avx2FmaKernel;
+    use burn_te_kernels::host::gemm::fma512::Avx512FmaKernel;
+    use burn_te_kernels::host::gemm::{self, BlockCodes, Elements, Kernel, Source, pack_vbmi};
+
+    // E4M3's values, its two NaN codes as signalling NaNs with a payload in their top halves (bf16 values still,
+    // so the vector packing takes them): each product is then a quiet NaN with that payload, which the bf16 element
+    // must drop for the canonical quiet NaN of its sign.
+    let mut values: [f32; 256] = std::array::from_fn(|c| Fp8Format::E4M3.decode(c as u8));
+    values[0x7f] = f32::from_bits(0x7fa1_0000);
+    values[0xff] = f32::from_bits(0xffb0_0000);
+    let mut rng = Rng::new(11);
+    let scales = [
+        2f32.powi(-130),
+        2f32.powi(-3),
+        1.0,
+        4.0,
+        2f32.powi(100),
+        1.3,
+        0.7,
+    ];
+    /// The stored element `i` as a unit's element: f32 bits, or bf16 bits (the top half, a NaN quiet).
+    fn bf16_of(value: f32) -> u32 {
+        let bits = value.to_bits();
+        if value.is_nan() {
+            (bits >> 16) & 0x8000 | 0x7fc0
+        } else {
+            bits >> 16
+        }
+    }
+    /// Packs `lanes × depth` as both operands of `K` and compares with the documented layout of `element`s.
+    #[allow(clippy::too_many_arguments)]
+    fn both_operands<K: Kernel>(
+        blocks: BlockCodes<'_>,
+        offset: usize,
+        (lanes, depth, lane_stride, depth_stride): (usize, usize, usize, usize),
+        per: usize,
+        element: &dyn Fn(usize) -> f32,
+        unit_of: fn(f32) -> u32,
+        what: &str,
+    ) {
+        assert_eq!(
+            (K::GROUP, K::LHS_ROW_GROUPS),
+            (1, false),
+            "{what}: ungrouped panels"
+        );
+        let expected = |width: usize| -> Vec<u32> {
+            let units = depth.div_ceil(per);
+            let mut out = vec![0u32; lanes.div_ceil(width) * width * units];
+            for l in 0..lanes {
+                for p in 0..units {
+                    let at = |d: usize| offset + l * lane_stride + d * depth_stride;
+                    let lo = unit_of(element(at(per * p)));
+                    let hi = if per == 2 && 2 * p + 1 < depth {
+                        unit_of(element(at(2 * p + 1)))
+                    } else {
+                        0
+                    };
+                    out[(l / width * units + p) * width + l % width] = lo | hi << 16;
+                }
+            }
+            out
+        };
+        let source = |strides| Source {
+            elements: Elements::Blocks(blocks),
+            offset,
+            strides,
+        };
+        let lhs = gemm::pack_lhs::<K>(lanes, depth, &source((lane_stride, depth_stride)))
+            .expect("in bounds");
+        same_units(
+            lhs.units(),
+            &expected(K::MR),
+            &format!("left operand, {what}"),
+        );
+        let rhs = gemm::pack_rhs::<K>(depth, lanes, &source((depth_stride, lane_stride)))
+            .expect("in bounds");
+        same_units(
+            rhs.units(),
+            &expected(K::NR),
+            &format!("right operand, {what}"),
+        );
+    }
+
+    let mut checked = 0;
+    for (block_rows, block_cols) in [(1, 32), (32, 1), (2, 7), (7, 2), (16, 16), (1, 1)] {
+        let block = ScaleBlock::new(block_rows, block_cols);
+        for lanes in [1, 12, 32, 45] {
+            for depth in [1usize, 2, 64, 65, 130] {
+                // (layout, stored columns, offset, lane stride, depth stride)
+                let layouts = [
+                    (
+                        "depth contiguous in one row",
+                        depth + 5,
+                        2usize,
+                        depth + 5,
+                        1usize,
+                    ),
+                    (
+                        "depth contiguous from a row's start",
+                        depth.next_multiple_of(16) + 16,
+                        0,
+                        depth.next_multiple_of(16) + 16,
+                        1,
+                    ),
+                    ("depth contiguous across rows", 7, 0, depth + 1, 1),
+                    ("lanes contiguous in one row", lanes + 5, 3, 1, lanes + 5),
+                    (
+                        "lanes contiguous, depths two rows apart",
+                        lanes + 5,
+                        3,
+                        1,
+                        2 * lanes + 10,
+                    ),
+                    (
+                        "lanes contiguous across rows",
+                        lanes / 2 + 1,
+                        1,
+                        1,
+                        lanes + 1,
+                    ),
+                    ("neither", 9, 5, 2 * depth + 1, 2),
+                ];
+                for (layout, cols, offset, lane_stride, depth_stride) in layouts {
+                    let reach = offset + (lanes - 1) * lane_stride + (depth - 1) * depth_stride + 1;
+                    let rows = reach.div_ceil(cols);
+                    let codes: Vec<u8> = (0..rows * cols).map(|_| rng.next_u64() as u8).collect();
+                    let grid = rows.div_ceil(block_rows) * cols.div_ceil(block_cols);
+                    let factors: Vec<f32> = (0..grid)
+                        .map(|_| scales[(rng.next_u64() % scales.len() as u64) as usize])
+                        .collect();
+                    let blocks = BlockCodes {
+                        codes: &codes,
+                        values: &values,
+                        cols,
+                        block,
+                        factors: &factors,
+                    };
+                    let element = |i: usize| {
+                        let (row, col) = (i / cols, i % cols);
+                        let factor = factors
+                            [row / block_rows * cols.div_ceil(block_cols) + col / block_cols];
+                        values[usize::from(codes[i])] * factor
+                    };
+                    let what = format!(
+                        "{lanes} lanes × depth {depth}, {layout}, blocks {block_rows} × {block_cols}"
+                    );
+                    let shape = (lanes, depth, lane_stride, depth_stride);
+                    let bf16 = format!("bf16, {what}");
+                    both_operands::<Bf16>(blocks, offset, shape, 2, &element, bf16_of, &bf16);
+                    let f32_what = format!("f32, {what}");
+                    let bits = f32::to_bits;
+                    both_operands::<Avx2FmaKernel>(
+                        blocks, offset, shape, 1, &element, bits, &f32_what,
+                    );
+                    both_operands::<Avx512FmaKernel>(
+                        blocks, offset, shape, 1, &element, bits, &f32_what,
+                    );
+                    checked += 6;
+                }
+            }
+        }
+    }
+    println!(
+        "{checked} block-scaled packings checked, {} packing where a layout allows",
+        if pack_vbmi::available() {
+            "AVX512-VBMI vector"
+        } else {
+            "scalar"
+        }
+    );
+}
+
 /// Packed units equal, or a failure naming the first unit that differs (and how many do).
 fn same_units(actual: &[u32], expected: &[u32], what: &str) {
     assert_eq!(actual.len(), expected.len(), "{what}: packed length");

@@ -33,6 +33,7 @@ mod blocked;
 pub mod fma;
 pub mod fma512;
 mod pack;
+mod pack_blocks_vbmi;
 pub mod pack_vbmi;
 mod zmm_tile;
 

@@ -346,6 +346,19 @@ impl Lines {
             }
             Elements::Blocks(_) => None,
         };
+        // Block-scaled codes' vector packing: the values as f32 (every FP8 value is a bf16 value, so the same
+        // lookup serves) and each stored column's block.
+        let block_lookup = match source.elements {
+            Elements::Blocks(blocks) => u32::bf16_table(&blocks.values.map(f32::to_bits))
+                .and_then(|table| super::pack_vbmi::lookup(table, 1))
+                .map(|lookup| {
+                    let of_col = (0..blocks.cols)
+                        .map(|c| u32::try_from(c / blocks.block.cols).unwrap_or(u32::MAX))
+                        .collect::<Vec<_>>();
+                    (lookup, of_col)
+                }),
+            Elements::Codes(..) => None,
+        };
         data.par_chunks_mut(panel_len.max(1))
             .enumerate()
             .for_each_init(Vec::<E>::new, |scratch, (i, panel)| {
@@ -366,6 +379,17 @@ impl Lines {
                             }
                         }
                     }
+                    Elements::Blocks(blocks)
+                        if block_lookup.as_ref().is_some_and(|(lookup, block_of_col)| {
+                            self.vector_blocks_panel::<E>(
+                                panel,
+                                count,
+                                base,
+                                &blocks,
+                                lookup,
+                                block_of_col,
+                            )
+                        }) => {}
                     Elements::Blocks(blocks) if lane_stride == 1 && depth_stride != 1 => {
                         self.lanes_contiguous_blocks::<E>(panel, count, base, &blocks)
                     }
@@ -571,6 +595,44 @@ impl Lines {
             lane_stride: depth,
             depth_stride: 1,
             ..*self
+        }
+    }
+
+    /// The block-scaled panel (`count` lanes from `base`) by the vector packing on AVX512-VBMI
+    /// ([`super::pack_blocks_vbmi`]; `lookup` gives the codes' f32 values, `block_of_col` each stored column's
+    /// block): `false`, nothing written, where the layout is not one it takes.
+    fn vector_blocks_panel<E: PackedElement>(
+        &self,
+        panel: &mut [u32],
+        count: usize,
+        base: usize,
+        blocks: &BlockCodes<'_>,
+        lookup: &super::pack_vbmi::Lookup,
+        block_of_col: &[u32],
+    ) -> bool {
+        let scales = super::pack_blocks_vbmi::Scales {
+            factors: blocks.factors,
+            cols: blocks.cols,
+            block_rows: blocks.block.rows,
+            block_cols: blocks.block.cols,
+            grid_cols: blocks.cols.div_ceil(blocks.block.cols),
+            block_of_col,
+        };
+        // SAFETY: `pack` checked that every lane's reach lies inside the codes and the factors fit the grid
+        // (`BlockCodes::check`); `panel` holds `units · width` units; `count ≤ width ≤ MAX_WIDTH = 32`; the lookup
+        // was made for f32 values and `block_of_col` has one block per stored column.
+        unsafe {
+            super::pack_blocks_vbmi::panel(
+                panel,
+                (self.width, count),
+                base,
+                (self.lane_stride, self.depth_stride),
+                self.depth,
+                blocks.codes,
+                lookup,
+                E::PER_UNIT,
+                &scales,
+            )
         }
     }
 
