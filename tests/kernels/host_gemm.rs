@@ -1104,39 +1104,7 @@ fn fp8_codes_pack_into_bf16_pairs_as_documented() {
     use burn_te_kernels::host::gemm::amx::AmxBf16Kernel;
     use burn_te_kernels::host::gemm::fma::Avx2FmaKernel;
     use burn_te_kernels::host::gemm::fma512::Avx512FmaKernel;
-    use burn_te_kernels::host::gemm::{self, Elements, Kernel, PackedElement, Source, pack_vbmi};
-
-    /// Packs `lanes × depth` as both operands of `K` through `table` and compares with `expected(width, grouped)`
-    /// (`grouped`: the left operand where `K` lays each group of units out row by row).
-    fn both_operands<K: Kernel>(
-        table: &[K::Element; 256],
-        (stored, offset): (&[u8], usize),
-        (lanes, depth, lane_stride, depth_stride): (usize, usize, usize, usize),
-        expected: impl Fn(usize, bool) -> Vec<u32>,
-        what: &str,
-    ) {
-        // Lanes are the left operand's rows (its strides (row, depth)) or the right one's columns (strides
-        // (depth, column)).
-        let source = |strides| Source {
-            elements: Elements::Codes(stored, table),
-            offset,
-            strides,
-        };
-        let lhs = gemm::pack_lhs::<K>(lanes, depth, &source((lane_stride, depth_stride)))
-            .expect("in bounds");
-        same_units(
-            lhs.units(),
-            &expected(K::MR, K::LHS_ROW_GROUPS),
-            &format!("left operand, {what}"),
-        );
-        let rhs = gemm::pack_rhs::<K>(depth, lanes, &source((depth_stride, lane_stride)))
-            .expect("in bounds");
-        same_units(
-            rhs.units(),
-            &expected(K::NR, false),
-            &format!("right operand, {what}"),
-        );
-    }
+    use burn_te_kernels::host::gemm::{Elements, PackedElement, pack_vbmi};
 
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let flags = cpuinfo
@@ -1221,16 +1189,31 @@ fn fp8_codes_pack_into_bf16_pairs_as_documented() {
                     out
                 };
                 let what = format!("{lanes} lanes × depth {depth}, {layout}");
-                let stored = (&stored[..], offset);
-                let shape = (lanes, depth, lane_stride, depth_stride);
-                both_operands::<Bf16>(&table, stored, shape, pairs, &format!("bf16, {what}"));
+                let shape = (offset, lanes, depth, lane_stride, depth_stride);
+                let bf16 = format!("bf16, {what}");
+                packs_as_expected::<Bf16>(Elements::Codes(&stored, &table), shape, pairs, &bf16);
                 let amx = format!("amx, {what}");
-                both_operands::<AmxBf16Kernel>(&table, stored, shape, amx_pairs, &amx);
+                packs_as_expected::<AmxBf16Kernel>(
+                    Elements::Codes(&stored, &table),
+                    shape,
+                    amx_pairs,
+                    &amx,
+                );
                 for (name, table) in [("f32", &values), ("f32 scaled", &scaled)] {
                     let expected = |width, _| singles(table, width);
                     let what = format!("{name}, {what}");
-                    both_operands::<Avx2FmaKernel>(table, stored, shape, expected, &what);
-                    both_operands::<Avx512FmaKernel>(table, stored, shape, expected, &what);
+                    packs_as_expected::<Avx2FmaKernel>(
+                        Elements::Codes(&stored, table),
+                        shape,
+                        expected,
+                        &what,
+                    );
+                    packs_as_expected::<Avx512FmaKernel>(
+                        Elements::Codes(&stored, table),
+                        shape,
+                        expected,
+                        &what,
+                    );
                 }
                 checked += 12;
             }
@@ -1260,7 +1243,7 @@ fn fp8_codes_pack_into_bf16_pairs_as_documented() {
 fn block_scaled_codes_pack_as_documented() {
     use burn_te_kernels::host::gemm::fma::Avx2FmaKernel;
     use burn_te_kernels::host::gemm::fma512::Avx512FmaKernel;
-    use burn_te_kernels::host::gemm::{self, BlockCodes, Elements, Kernel, Source, pack_vbmi};
+    use burn_te_kernels::host::gemm::{BlockCodes, Elements, pack_vbmi};
 
     // E4M3's values, its two NaN codes as signalling NaNs with a payload in their top halves (bf16 values still,
     // so the vector packing takes them): each product is then a quiet NaN with that payload, which the bf16 element
@@ -1287,58 +1270,30 @@ fn block_scaled_codes_pack_as_documented() {
             bits >> 16
         }
     }
-    /// Packs `lanes × depth` as both operands of `K` and compares with the documented layout of `element`s.
-    #[allow(clippy::too_many_arguments)]
-    fn both_operands<K: Kernel>(
-        blocks: BlockCodes<'_>,
-        offset: usize,
-        (lanes, depth, lane_stride, depth_stride): (usize, usize, usize, usize),
+    /// The documented layout of `lanes × depth` elements in units of `per` depths, lane `l`'s depth `d` the element
+    /// at `offset + l · lane_stride + d · depth_stride` as a unit's half (`unit_of`), for panels `width` wide.
+    fn documented(
+        (offset, lanes, depth, lane_stride, depth_stride): (usize, usize, usize, usize, usize),
         per: usize,
+        width: usize,
         element: &dyn Fn(usize) -> f32,
         unit_of: fn(f32) -> u32,
-        what: &str,
-    ) {
-        assert_eq!(
-            (K::GROUP, K::LHS_ROW_GROUPS),
-            (1, false),
-            "{what}: ungrouped panels"
-        );
-        let expected = |width: usize| -> Vec<u32> {
-            let units = depth.div_ceil(per);
-            let mut out = vec![0u32; lanes.div_ceil(width) * width * units];
-            for l in 0..lanes {
-                for p in 0..units {
-                    let at = |d: usize| offset + l * lane_stride + d * depth_stride;
-                    let lo = unit_of(element(at(per * p)));
-                    let hi = if per == 2 && 2 * p + 1 < depth {
-                        unit_of(element(at(2 * p + 1)))
-                    } else {
-                        0
-                    };
-                    out[(l / width * units + p) * width + l % width] = lo | hi << 16;
-                }
+    ) -> Vec<u32> {
+        let units = depth.div_ceil(per);
+        let mut out = vec![0u32; lanes.div_ceil(width) * width * units];
+        for l in 0..lanes {
+            for p in 0..units {
+                let at = |d: usize| offset + l * lane_stride + d * depth_stride;
+                let lo = unit_of(element(at(per * p)));
+                let hi = if per == 2 && 2 * p + 1 < depth {
+                    unit_of(element(at(2 * p + 1)))
+                } else {
+                    0
+                };
+                out[(l / width * units + p) * width + l % width] = lo | hi << 16;
             }
-            out
-        };
-        let source = |strides| Source {
-            elements: Elements::Blocks(blocks),
-            offset,
-            strides,
-        };
-        let lhs = gemm::pack_lhs::<K>(lanes, depth, &source((lane_stride, depth_stride)))
-            .expect("in bounds");
-        same_units(
-            lhs.units(),
-            &expected(K::MR),
-            &format!("left operand, {what}"),
-        );
-        let rhs = gemm::pack_rhs::<K>(depth, lanes, &source((depth_stride, lane_stride)))
-            .expect("in bounds");
-        same_units(
-            rhs.units(),
-            &expected(K::NR),
-            &format!("right operand, {what}"),
-        );
+        }
+        out
     }
 
     let mut checked = 0;
@@ -1404,17 +1359,15 @@ fn block_scaled_codes_pack_as_documented() {
                     let what = format!(
                         "{lanes} lanes × depth {depth}, {layout}, blocks {block_rows} × {block_cols}"
                     );
-                    let shape = (lanes, depth, lane_stride, depth_stride);
+                    let shape = (offset, lanes, depth, lane_stride, depth_stride);
+                    let pairs = |width, _| documented(shape, 2, width, &element, bf16_of);
+                    let singles = |width, _| documented(shape, 1, width, &element, f32::to_bits);
                     let bf16 = format!("bf16, {what}");
-                    both_operands::<Bf16>(blocks, offset, shape, 2, &element, bf16_of, &bf16);
-                    let f32_what = format!("f32, {what}");
-                    let bits = f32::to_bits;
-                    both_operands::<Avx2FmaKernel>(
-                        blocks, offset, shape, 1, &element, bits, &f32_what,
-                    );
-                    both_operands::<Avx512FmaKernel>(
-                        blocks, offset, shape, 1, &element, bits, &f32_what,
-                    );
+                    packs_as_expected::<Bf16>(Elements::Blocks(blocks), shape, pairs, &bf16);
+                    let what = format!("f32, {what}");
+                    let source = Elements::Blocks(blocks);
+                    packs_as_expected::<Avx2FmaKernel>(source, shape, singles, &what);
+                    packs_as_expected::<Avx512FmaKernel>(source, shape, singles, &what);
                     checked += 6;
                 }
             }
@@ -1427,6 +1380,37 @@ fn block_scaled_codes_pack_as_documented() {
         } else {
             "scalar"
         }
+    );
+}
+
+/// Packs `lanes × depth` from `elements` as both operands of `K` (the lanes are the left operand's rows, its strides
+/// (row, depth); or the right one's columns, its strides (depth, column)) and compares each with
+/// `expected(width, grouped)` (`grouped`: the left operand where `K` lays each group of units out row by row).
+fn packs_as_expected<K: burn_te_kernels::host::gemm::Kernel>(
+    elements: burn_te_kernels::host::gemm::Elements<'_, K::Element>,
+    (offset, lanes, depth, lane_stride, depth_stride): (usize, usize, usize, usize, usize),
+    expected: impl Fn(usize, bool) -> Vec<u32>,
+    what: &str,
+) {
+    use burn_te_kernels::host::gemm::{self, Source};
+    let source = |strides| Source {
+        elements,
+        offset,
+        strides,
+    };
+    let lhs =
+        gemm::pack_lhs::<K>(lanes, depth, &source((lane_stride, depth_stride))).expect("in bounds");
+    same_units(
+        lhs.units(),
+        &expected(K::MR, K::LHS_ROW_GROUPS),
+        &format!("left operand, {what}"),
+    );
+    let rhs =
+        gemm::pack_rhs::<K>(depth, lanes, &source((depth_stride, lane_stride))).expect("in bounds");
+    same_units(
+        rhs.units(),
+        &expected(K::NR, false),
+        &format!("right operand, {what}"),
     );
 }
 
