@@ -379,23 +379,19 @@ impl Lines {
                             }
                         }
                     }
-                    Elements::Blocks(blocks)
-                        if block_lookup.as_ref().is_some_and(|(lookup, block_of_col)| {
-                            self.vector_blocks_panel::<E>(
-                                panel,
-                                count,
-                                base,
-                                &blocks,
-                                lookup,
-                                block_of_col,
-                            )
-                        }) => {}
-                    Elements::Blocks(blocks) if lane_stride == 1 && depth_stride != 1 => {
-                        self.lanes_contiguous_blocks::<E>(panel, count, base, &blocks)
-                    }
                     Elements::Blocks(blocks) => {
-                        let lines = self.decode_panel(scratch, count, base, &blocks);
-                        lines.panel(panel, count, 0, scratch, |e| e);
+                        let packed = block_lookup.as_ref().is_some_and(|(lookup, of_col)| {
+                            self.vector_blocks_panel::<E>(
+                                panel, count, base, &blocks, lookup, of_col,
+                            )
+                        });
+                        // Else the scalar packing of the layout.
+                        if !packed && lane_stride == 1 && depth_stride != 1 {
+                            self.lanes_contiguous_blocks::<E>(panel, count, base, &blocks)
+                        } else if !packed {
+                            let lines = self.decode_panel(scratch, count, base, &blocks);
+                            lines.panel(panel, count, 0, scratch, |e| e);
+                        }
                     }
                 }
                 panel[depth_units * width..].fill(0);
@@ -610,14 +606,6 @@ impl Lines {
         lookup: &super::pack_vbmi::Lookup,
         block_of_col: &[u32],
     ) -> bool {
-        let scales = super::pack_blocks_vbmi::Scales {
-            factors: blocks.factors,
-            cols: blocks.cols,
-            block_rows: blocks.block.rows,
-            block_cols: blocks.block.cols,
-            grid_cols: blocks.cols.div_ceil(blocks.block.cols),
-            block_of_col,
-        };
         // SAFETY: `pack` checked that every lane's reach lies inside the codes and the factors fit the grid
         // (`BlockCodes::check`); `panel` holds `units · width` units; `count ≤ width ≤ MAX_WIDTH = 32`; the lookup
         // was made for f32 values and `block_of_col` has one block per stored column.
@@ -628,10 +616,10 @@ impl Lines {
                 base,
                 (self.lane_stride, self.depth_stride),
                 self.depth,
-                blocks.codes,
+                blocks,
+                block_of_col,
                 lookup,
                 E::PER_UNIT,
-                &scales,
             )
         }
     }

@@ -7,39 +7,24 @@
 //! the CPU lacks VBMI, where a lane's run crosses a stored row's end, and where neither the lanes nor the depth are
 //! contiguous.
 
+use super::BlockCodes;
 use super::pack_vbmi::Lookup;
-
-/// The factors of a block-scaled operand as [`panel`] reads them.
-pub(super) struct Scales<'a> {
-    /// One factor per block, the blocks row-major.
-    pub factors: &'a [f32],
-    /// Columns of the stored matrix.
-    pub cols: usize,
-    /// Rows of the stored matrix per block.
-    pub block_rows: usize,
-    /// Columns of the stored matrix per block.
-    pub block_cols: usize,
-    /// Blocks per stored row.
-    pub grid_cols: usize,
-    /// Each stored column's block (its index among the blocks of a row), one per column.
-    pub block_of_col: &'a [u32],
-}
 
 /// Depths ahead whose codes the lanes-contiguous layout asks the cache for (`PREFETCH_AHEAD` units of pairs in
 /// `pack.rs`: each depth is a stored row apart, past what the hardware prefetchers follow).
 const PREFETCH_DEPTHS: usize = 32;
 
 /// One panel of `width` lanes (`count` of them stored) as units along `depth`, `per` depths each (2: bf16 pairs;
-/// 1: f32 values), from block-scaled `codes` through `lookup`'s f32 values (made with `per` 1) times `scales`'
-/// factors: lane `l`'s depth `d` read at `base + l · lane_stride + d · depth_stride`, unit `p` of lane `l` written at
+/// 1: f32 values), from `blocks`' codes through `lookup`'s f32 values (made with `per` 1) times their blocks' factors
+/// (`block_of_col`: each stored column's block): lane `l`'s depth `d` read at `base + l · lane_stride + d · depth_stride`, unit `p` of lane `l` written at
 /// `panel[p · width + l]` (the depth past an odd end zero). `false` (nothing written) unless the lanes are
 /// contiguous at every depth and lie in the same columns of their stored rows (the depths a whole number of rows
 /// apart), or each lane's depth is contiguous inside one stored row.
 ///
 /// # Safety
-/// Every read position lies inside `codes`, `panel` holds `units · width` units (`units` the depth in units),
-/// `count ≤ width ≤ 32`, `scales` fit the codes (one factor per block of the grid, a block for each of `cols`
-/// columns), and `lookup` gives f32 values (the CPU has the instructions: a [`Lookup`] exists only where it does).
+/// Every read position lies inside `blocks.codes`, `panel` holds `units · width` units (`units` the depth in units),
+/// `count ≤ width ≤ 32`, the factors fit the codes (one per block of the grid: `BlockCodes::check`), `block_of_col`
+/// has one block per stored column, and `lookup` gives f32 values (the CPU has the instructions: a [`Lookup`] exists only where it does).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
@@ -49,12 +34,12 @@ pub(super) unsafe fn panel(
     base: usize,
     (lane_stride, depth_stride): (usize, usize),
     depth: usize,
-    codes: &[u8],
+    blocks: &BlockCodes<'_>,
+    block_of_col: &[u32],
     lookup: &Lookup,
     per: usize,
-    scales: &Scales<'_>,
 ) -> bool {
-    let cols = scales.cols;
+    let cols = blocks.cols;
     if count == 0 || depth == 0 {
         return false;
     }
@@ -71,10 +56,10 @@ pub(super) unsafe fn panel(
                 base,
                 depth_stride,
                 depth,
-                codes,
+                blocks,
+                block_of_col,
                 lookup,
                 per,
-                scales,
             )
         };
         return true;
@@ -90,10 +75,10 @@ pub(super) unsafe fn panel(
             base,
             lane_stride,
             depth,
-            codes,
+            blocks,
+            block_of_col,
             lookup,
             per,
-            scales,
         )
     };
     true
@@ -111,10 +96,10 @@ pub(super) unsafe fn panel(
     _base: usize,
     _strides: (usize, usize),
     _depth: usize,
-    _codes: &[u8],
+    _blocks: &BlockCodes<'_>,
+    _block_of_col: &[u32],
     lookup: &Lookup,
     _per: usize,
-    _scales: &Scales<'_>,
 ) -> bool {
     match *lookup {
         Lookup::Never(never) => match never {},
@@ -138,14 +123,15 @@ unsafe fn across(
     base: usize,
     depth_stride: usize,
     depth: usize,
-    codes: &[u8],
+    blocks: &BlockCodes<'_>,
+    block_of_col: &[u32],
     lookup: &Lookup,
     per: usize,
-    scales: &Scales<'_>,
 ) {
+    let (codes, grid_cols) = (blocks.codes, blocks.cols.div_ceil(blocks.block.cols));
     use super::pack_vbmi::{lanes, store};
     use std::arch::x86_64::*;
-    let col = base % scales.cols;
+    let col = base % blocks.cols;
     let mask = if count >= 32 {
         u32::MAX
     } else {
@@ -158,11 +144,11 @@ unsafe fn across(
         if m != 0 {
             // SAFETY: the masked lanes' columns `col + 16h + i < col + count ≤ cols` are in `block_of_col`.
             *index = unsafe {
-                _mm512_maskz_loadu_epi32(m, scales.block_of_col.as_ptr().add(col + 16 * h).cast())
+                _mm512_maskz_loadu_epi32(m, block_of_col.as_ptr().add(col + 16 * h).cast())
             };
         }
     }
-    let band_of = |d: usize| (base + d * depth_stride) / scales.cols / scales.block_rows;
+    let band_of = |d: usize| (base + d * depth_stride) / blocks.cols / blocks.block.rows;
     // The factors of the last band read: consecutive depths share one until a block row ends.
     let mut band = usize::MAX;
     let mut factors = [_mm512_setzero_ps(); 2];
@@ -172,7 +158,7 @@ unsafe fn across(
             band = b;
             // SAFETY: the band's `grid_cols` factors are in `factors` (the caller's contract); each masked index is
             // a block column of the band.
-            let row = unsafe { scales.factors.as_ptr().add(b * scales.grid_cols) };
+            let row = unsafe { blocks.factors.as_ptr().add(b * grid_cols) };
             for h in 0..2 {
                 factors[h] = unsafe {
                     _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), halves[h], index[h], row)
@@ -255,11 +241,12 @@ unsafe fn along(
     base: usize,
     lane_stride: usize,
     depth: usize,
-    codes: &[u8],
+    blocks: &BlockCodes<'_>,
+    block_of_col: &[u32],
     lookup: &Lookup,
     per: usize,
-    scales: &Scales<'_>,
 ) {
+    let (codes, grid_cols) = (blocks.codes, blocks.cols.div_ceil(blocks.block.cols));
     use super::pack_vbmi::{down_panel, lanes, store};
     use std::arch::x86_64::*;
     use std::mem::MaybeUninit;
@@ -277,7 +264,7 @@ unsafe fn along(
     // SAFETY: 64 bytes read from a 64-byte array.
     let pairs = unsafe { _mm512_loadu_si512(PAIRS.as_ptr().cast()) };
     // Blocks a whole number of 16-column vectors wide: a vector from a column that is a multiple of 16 lies in one.
-    let aligned = scales.block_cols.is_multiple_of(16);
+    let aligned = blocks.block.cols.is_multiple_of(16);
     // Not cleared: the first `count` lanes' units of a chunk are written before they are read.
     let mut lanes_units = [[MaybeUninit::<u32>::uninit(); 64]; 32];
     for d0 in (0..depth).step_by(64) {
@@ -285,8 +272,8 @@ unsafe fn along(
         let units = n.div_ceil(per);
         for (l, lane) in lanes_units[..count].iter_mut().enumerate() {
             let first = base + l * lane_stride + d0;
-            let col = first % scales.cols;
-            let band = first / scales.cols / scales.block_rows;
+            let col = first % blocks.cols;
+            let band = first / blocks.cols / blocks.block.rows;
             let code_mask = if n == 64 { u64::MAX } else { (1 << n) - 1 };
             // The lane's codes two chunks on (each lane is a stream of its own, a row apart from the next).
             if let Some(code) = codes.get(first + 2 * 64) {
@@ -296,7 +283,7 @@ unsafe fn along(
             // columns `col ..+n` inside `block_of_col` (the lane lies inside one row); the lane buffer holds 64
             // units.
             unsafe {
-                let row = scales.factors.as_ptr().add(band * scales.grid_cols);
+                let row = blocks.factors.as_ptr().add(band * grid_cols);
                 let values = lookup.values(_mm512_maskz_loadu_epi8(
                     code_mask,
                     codes.as_ptr().add(first).cast(),
@@ -309,13 +296,11 @@ unsafe fn along(
                     }
                     let factor = if aligned && col.is_multiple_of(16) {
                         // The 16 columns inside one block: its factor for all.
-                        _mm512_set1_ps(
-                            *row.add(*scales.block_of_col.get_unchecked(col + 16 * i) as usize),
-                        )
+                        _mm512_set1_ps(*row.add(*block_of_col.get_unchecked(col + 16 * i) as usize))
                     } else {
                         let index = _mm512_maskz_loadu_epi32(
                             m,
-                            scales.block_of_col.as_ptr().add(col + 16 * i).cast(),
+                            block_of_col.as_ptr().add(col + 16 * i).cast(),
                         );
                         _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), m, index, row)
                     };
