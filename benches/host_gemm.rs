@@ -510,38 +510,45 @@ fn shares_of_peak() {
 /// (`tools/torch_transformer_layer.py --vs-burn-te`): `cargo bench --bench host_gemm -- steps HIDDEN STEPS`.
 fn step_medians(hidden: usize, steps: usize) {
     use std::time::Instant;
-    fn median_ms(steps: usize, mut step: impl FnMut()) -> f64 {
-        (0..2).for_each(|_| step());
-        let mut times: Vec<f64> = (0..steps.max(1))
-            .map(|_| {
-                let start = Instant::now();
-                step();
-                start.elapsed().as_secs_f64() * 1e3
-            })
-            .collect();
+    fn timed_ms(step: &mut impl FnMut()) -> f64 {
+        let start = Instant::now();
+        step();
+        start.elapsed().as_secs_f64() * 1e3
+    }
+    // The median of `steps` steps after two warm-up steps, and the warm-up steps' times.
+    fn warmed_median_ms(steps: usize, mut step: impl FnMut()) -> (f64, [f64; 2]) {
+        let warm_up = [timed_ms(&mut step), timed_ms(&mut step)];
+        let mut times: Vec<f64> = (0..steps.max(1)).map(|_| timed_ms(&mut step)).collect();
         times.sort_by(f64::total_cmp);
         let mid = times.len() / 2;
-        if times.len().is_multiple_of(2) {
+        let median = if times.len().is_multiple_of(2) {
             0.5 * (times[mid - 1] + times[mid])
         } else {
             times[mid]
-        }
+        };
+        (median, warm_up)
+    }
+    fn median_ms(steps: usize, step: impl FnMut()) -> f64 {
+        warmed_median_ms(steps, step).0
     }
     let (layer, x, target) = layer_inputs::<Autodiff<Flex>>(hidden);
     let f32_ms = median_ms(steps, || common::train_step(&layer, &x, &target, false));
     println!("burn-te f32: median {f32_ms:.1} ms");
     let (layer, x, target) = layer_inputs::<Autodiff<Te<Flex>>>(hidden);
-    let mut fp8_ms = 0.0;
+    let (mut fp8_ms, mut warm_up) = (0.0, [0.0; 2]);
     // The GEMMs of the FP8 steps by the path they ran on (forced, or tuned per shape class).
     let paths: Vec<String> = gemms_during(|| {
-        fp8_ms = median_ms(steps, || common::train_step(&layer, &x, &target, true));
+        (fp8_ms, warm_up) =
+            warmed_median_ms(steps, || common::train_step(&layer, &x, &target, true));
     })
     .iter()
     .map(|(path, count)| format!("{path} x{count}"))
     .collect();
     println!(
-        "burn-te fp8 on {}: median {fp8_ms:.1} ms",
-        paths.join(" + ")
+        "burn-te fp8 on {}: median {fp8_ms:.1} ms; first two steps (each shape class's autotune included) {:.0} and {:.0} ms",
+        paths.join(" + "),
+        warm_up[0],
+        warm_up[1]
     );
     for tuning in burn_te::host::gemm::host_gemm_tunings() {
         println!("  tuned {tuning}");

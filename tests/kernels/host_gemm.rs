@@ -1964,6 +1964,39 @@ fn a_path_must_beat_the_earlier_ones_by_a_tenth_to_be_chosen() {
     assert_eq!(preferred(&[]), f32, "nothing timed");
 }
 
+/// The autotune stops timing a candidate once its best run is more than 1.5 × the fastest's (at 1.5 × exactly it
+/// stays), and a candidate it stops timing is one the choice would not have kept: for every best run from 1 to 300 ms
+/// against a fastest path of 100 ms, placed first in instruction order (where ties favour it), a path dropped is not
+/// chosen.
+#[test]
+fn a_path_half_again_slower_than_the_fastest_is_timed_no_further() {
+    use burn_te::host::gemm::{outpaced, preferred};
+    use std::time::Duration;
+    let ms = Duration::from_millis;
+    assert!(!outpaced(ms(100), ms(100)), "the fastest itself");
+    assert!(!outpaced(ms(150), ms(100)), "at 1.5 × exactly");
+    assert!(outpaced(ms(151), ms(100)), "beyond 1.5 ×");
+    assert!(outpaced(Duration::from_micros(15_001), ms(10)));
+    assert!(!outpaced(Duration::from_micros(14_999), ms(10)));
+    let mut dropped = 0;
+    for best in 1..=300 {
+        let times = [
+            (HostGemmPath::Avx512Bf16, ms(best)),
+            (HostGemmPath::F32, ms(100)),
+        ];
+        let fastest = ms(best.min(100));
+        if outpaced(ms(best), fastest) {
+            dropped += 1;
+            assert_eq!(
+                preferred(&times),
+                HostGemmPath::F32,
+                "a path at {best} ms was dropped against 100 ms, yet the choice would keep it"
+            );
+        }
+    }
+    assert_eq!(dropped, 150, "151 ms to 300 ms are dropped");
+}
+
 /// The autotune: the first unforced GEMM of a shape class (64 × 8192 × 64, rounded up to powers of two) times
 /// every path this CPU runs and keeps the first (in instruction order) within 10 % of the fastest, whose output it returns (the bits of that path forced, within
 /// f64's bound); a later GEMM of the class (60 × 7000 × 60) takes the kept path without timing again; a GEMM

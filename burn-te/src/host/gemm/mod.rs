@@ -22,6 +22,6 @@ pub use probe::{
 };
 pub use run::HOST_FP8_GEMM;
 pub use tune::{
-    HOST_GEMM_TUNINGS, HostGemmTuning, TUNED_MIN_PRODUCT, TunedRoute, host_gemm_tunings,
-    tuned_route,
+    HOST_GEMM_TUNINGS, HostGemmTuning, OUTPACED_FACTOR, TUNED_MIN_PRODUCT, TunedRoute,
+    host_gemm_tunings, outpaced, tuned_route,
 };

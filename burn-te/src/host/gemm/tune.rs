@@ -1,5 +1,6 @@
 //! The host FP8 GEMM's autotune: per shape class, every path this CPU runs that takes the operands exactly is timed
-//! on the GEMM itself, the paths in turn for up to [`TIMED_ROUNDS`] rounds, and the [`preferred`] path by their best
+//! on the GEMM itself, the paths in turn for up to [`TIMED_ROUNDS`] rounds (a path [`outpaced`] after the second
+//! round is timed no further, and the rounds stop when one path is left), and the [`preferred`] path by their best
 //! runs (the first in instruction order within 10 % of the fastest) is kept for that class for the rest of the process, as Burn keeps its matmul's choice (and as the device GEMM's
 //! autotune does, [`crate::cube`]). The timed runs are the call's own work: the GEMM's output is the kept path's.
 //!
@@ -35,6 +36,12 @@ pub const TIMED_ROUNDS: usize = 5;
 /// After two rounds, no further round once the tuning has taken this long (a large GEMM's runs vary little).
 const ROUNDS_BUDGET: Duration = Duration::from_millis(500);
 
+/// From the second round on, a candidate whose best run is more than this many times the fastest one's is timed no
+/// further: to be kept it would have to come within [`super::probe::PREFERENCE_MARGIN`] of the fastest, i.e. run
+/// over a quarter faster than its own best so far. On a CPU whose bf16 dot product runs at twice the FMA rate (AMD
+/// Zen 4) this spares the three FMA-bound paths all rounds after the second.
+pub const OUTPACED_FACTOR: f64 = 1.5;
+
 /// The metrics report's counter of shape classes tuned (`HostFp8GemmTunings`).
 pub const HOST_GEMM_TUNINGS: &str = "HostFp8GemmTunings";
 
@@ -47,8 +54,8 @@ pub struct HostGemmTuning {
     pub anchored: [usize; 4],
     /// Whether the GEMM reads each operand transposed (part of the class).
     pub transposed: (bool, bool),
-    /// Each candidate's best run (paths that could not take the operands exactly are left out), fastest
-    /// instruction first.
+    /// Each candidate's best run (paths that could not take the operands exactly are left out; a path
+    /// [`outpaced`] after two rounds ran no more), fastest instruction first.
     pub times: Vec<(HostGemmPath, Duration)>,
     /// The [`preferred`] path, kept for every GEMM of the class.
     pub chosen: HostGemmPath,
@@ -188,6 +195,12 @@ pub(super) fn run_tuned(
     chosen
 }
 
+/// Whether a candidate whose best run took `best` is out of the running: more than [`OUTPACED_FACTOR`] times the
+/// `fastest` candidate's best run.
+pub fn outpaced(best: Duration, fastest: Duration) -> bool {
+    best.as_secs_f64() > fastest.as_secs_f64() * OUTPACED_FACTOR
+}
+
 /// Times every candidate of `paths` on the GEMM and leaves the [`preferred`] one's output in `out`.
 fn tune(
     paths: Vec<HostGemmPath>,
@@ -202,24 +215,38 @@ fn tune(
         .into_iter()
         .map(|path| (path, Duration::MAX))
         .collect();
+    // Whether each candidate is still timed.
+    let mut racing = vec![true; times.len()];
     let started = Instant::now();
     let mut last = None;
     for round in 0..TIMED_ROUNDS {
-        if round >= 2 && started.elapsed() > ROUNDS_BUDGET {
+        let left = racing.iter().filter(|&&on| on).count();
+        if left <= 1 || (round >= 2 && started.elapsed() > ROUNDS_BUDGET) {
             break;
         }
-        // A path that cannot take the operands exactly (a block scale bf16 does not hold) drops out in the first
-        // round, without a fallback recorded: it is no candidate.
-        times.retain_mut(|(path, best)| {
+        for ((path, best), on) in times.iter_mut().zip(&mut racing) {
+            if !*on {
+                continue;
+            }
             let start = Instant::now();
-            let ran = run_on(*path, lhs, rhs, dims, bias, out).is_ok();
-            if ran {
+            if run_on(*path, lhs, rhs, dims, bias, out).is_ok() {
                 *best = (*best).min(start.elapsed());
                 last = Some(*path);
+            } else {
+                // A path that cannot take the operands exactly (a block scale bf16 does not hold) fails in the
+                // first round, without a fallback recorded: it is no candidate, and no time is kept for it.
+                *on = false;
             }
-            ran
-        });
+        }
+        // The first round warms caches and buffers for whichever path runs first, so it drops nothing.
+        if round >= 1 {
+            let fastest = times.iter().map(|&(_, best)| best).min();
+            for ((_, best), on) in times.iter().zip(&mut racing) {
+                *on &= !fastest.is_some_and(|fastest| outpaced(*best, fastest));
+            }
+        }
     }
+    times.retain(|&(_, best)| best != Duration::MAX);
     // `f32` takes any operands, so a candidate always remains.
     let chosen = preferred(&times);
     if last != Some(chosen) {
