@@ -584,14 +584,23 @@ fn a_pooled_gemm_output_copies_with_its_values() {
 }
 
 /// A packed path falls back to f32 — recorded, and still right — where it cannot run, and takes what it can: a
-/// block scale outside bf16's normal range (a block of values near f32's smallest normal) makes the bf16 path fall
-/// back on a CPU with AVX512-BF16 (elsewhere the path itself is missing), while the f32 FMA paths fold it and run
-/// (each where its CPU has it).
+/// block scale that leaves bf16's normal range makes the bf16 path fall back on a CPU with AVX512-BF16 (elsewhere
+/// the path itself is missing), while the f32 FMA paths fold it and run (each where its CPU has it). Two such
+/// blocks, each among blocks of ordinary scales: values near f32's smallest normal (amax 3e-38 in row 0: its
+/// `scale_inv` 2^-127 is itself subnormal), and a normal `scale_inv` of 2^-118 (amax 1e-33 in row 2) that takes
+/// E4M3's smallest value, 2^-9, below bf16's normal range.
 #[test]
 fn a_packed_path_falls_back_to_f32_and_says_so() {
+    for (row, tiny) in [(0, 3e-38f32), (2, 1e-33)] {
+        tiny_block_falls_back(row, tiny);
+    }
+}
+
+/// [`a_packed_path_falls_back_to_f32_and_says_so`] with `row`'s 1×128 block of amax `tiny`.
+fn tiny_block_falls_back(row: usize, tiny: f32) {
     let (m, k, n) = (4, 128, 8);
     let mut x = vec![1.0f32; m * k];
-    x[..k].iter_mut().for_each(|v| *v = 3e-38); // row 0: one 1×128 block with a tiny amax
+    x[row * k..][..k].iter_mut().for_each(|v| *v = tiny);
     let w = vec![0.5f32; k * n];
     let recipe: Recipe = Float8BlockScaling::default().into();
     let site = GemmSite::new("tiny_block", Gemm::Fprop);
@@ -651,7 +660,11 @@ fn a_packed_path_falls_back_to_f32_and_says_so() {
             assert_eq!(counted(path), path_before + 1, "{path}: ran on {path}");
             assert_eq!(recorded(reason), before, "{path}: no fallback");
         }
-        check_gemm(&format!("the tiny block on {path}"), &actual, &expected);
+        check_gemm(
+            &format!("the tiny block {tiny:e} on {path}"),
+            &actual,
+            &expected,
+        );
     }
 }
 

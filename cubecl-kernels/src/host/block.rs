@@ -123,9 +123,20 @@ fn quantize_rows(
 ) {
     let stripe = block.rows * cols;
     let grid_cols = cols.div_ceil(block.cols);
+    // Each stripe's amax and scales, one block row of the grid: reused from stripe to stripe.
+    let mut scratch = (vec![0u32; grid_cols], vec![0.0f32; grid_cols]);
     let stripes = input.chunks(stripe).zip(codes.chunks_mut(stripe));
     for ((input, codes), scale_inv) in stripes.zip(scale_inv.chunks_mut(grid_cols)) {
-        quantize_stripe(input, cols, block.cols, (rule, format), codes, scale_inv);
+        let format = (rule, format);
+        quantize_stripe(
+            input,
+            cols,
+            block.cols,
+            format,
+            codes,
+            scale_inv,
+            &mut scratch,
+        );
     }
 }
 
@@ -137,7 +148,8 @@ fn lcm(a: usize, b: usize) -> usize {
 }
 
 /// One stripe of whole rows (`cols` each, one block row of the grid): each block's amax over its rows and columns,
-/// its scales, then every code. `scale_inv` holds the stripe's blocks, `codes` one per input element.
+/// its scales, then every code. `scale_inv` holds the stripe's blocks, `codes` one per input element;
+/// `(amax, scales)` are scratch of at least one entry per block.
 fn quantize_stripe(
     input: &[f32],
     cols: usize,
@@ -145,36 +157,50 @@ fn quantize_stripe(
     (rule, format): (BlockScaleRule, Fp8Format),
     codes: &mut [MaybeUninit<u8>],
     scale_inv: &mut [f32],
+    (amax, scales): &mut (Vec<u32>, Vec<f32>),
 ) {
-    let mut amax = vec![0u32; scale_inv.len()];
+    let (amax, scales) = (&mut amax[..scale_inv.len()], &mut scales[..scale_inv.len()]);
+    amax.fill(0);
     for row in input.chunks_exact(cols) {
         if block_cols == 1 {
-            max_abs_bits_into(&mut amax, row);
+            max_abs_bits_into(amax, row);
         } else {
             for (amax, chunk) in amax.iter_mut().zip(row.chunks(block_cols)) {
                 *amax = (*amax).max(amax_bits(chunk));
             }
         }
     }
-    let scales: Vec<f32> = amax
-        .iter()
-        .zip(scale_inv.iter_mut())
-        .map(|(&bits, scale_inv)| {
-            let (scale, inv) = rule.scales(f32::from_bits(bits), format);
-            *scale_inv = inv;
-            scale
-        })
-        .collect();
+    block_scales(amax, (rule, format), scales, scale_inv);
     let rows = input.chunks_exact(cols).zip(codes.chunks_exact_mut(cols));
     for (row, codes) in rows {
         if block_cols == 1 {
-            encode_scaled_each(row, &scales, format, codes);
+            encode_scaled_each(row, scales, format, codes);
         } else {
             let chunks = row.chunks(block_cols).zip(codes.chunks_mut(block_cols));
-            for ((chunk, codes), &scale) in chunks.zip(&scales) {
+            for ((chunk, codes), &scale) in chunks.zip(scales.iter()) {
                 encode_scaled(chunk, scale, format, codes);
             }
         }
+    }
+}
+
+/// `(scales[j], scale_inv[j]) = rule.scales(amax[j])` for each block (`amax` as bits of `|x|`): one loop per rule,
+/// so that each compiles without a branch on the rule.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
+fn block_scales(
+    amax: &[u32],
+    (rule, format): (BlockScaleRule, Fp8Format),
+    scales: &mut [f32],
+    scale_inv: &mut [f32],
+) {
+    let each = |rule: BlockScaleRule, scales: &mut [f32], scale_inv: &mut [f32]| {
+        for ((&bits, scale), inv) in amax.iter().zip(scales).zip(scale_inv) {
+            (*scale, *inv) = rule.scales(f32::from_bits(bits), format);
+        }
+    };
+    match rule {
+        BlockScaleRule::Pow2 => each(BlockScaleRule::Pow2, scales, scale_inv),
+        BlockScaleRule::E8m0 => each(BlockScaleRule::E8m0, scales, scale_inv),
     }
 }
 

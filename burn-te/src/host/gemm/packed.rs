@@ -9,6 +9,8 @@
 //! recorded as a fallback. f32 holds all of these too, and folds any other block scale with one rounding (as the
 //! `f32` path's decode does).
 
+use std::borrow::Cow;
+
 use burn_te_kernels::Fp8Format;
 use burn_te_kernels::ScaleBlock;
 use burn_te_kernels::host::gemm::bf16::exact_bf16;
@@ -49,9 +51,9 @@ struct Decoding<'a, E> {
     table: [f32; 256],
     /// Each code's element (nothing folded).
     elements: [E; 256],
-    /// One factor per block folded into the elements (`None`: nothing folded): a block's `scale_inv`, or the value
-    /// of NVFP4's E4M3 block-scale code.
-    fold: Option<(ScaleBlock, Vec<f32>)>,
+    /// One factor per block folded into the elements (`None`: nothing folded): a block's `scale_inv` (borrowed),
+    /// or the value of NVFP4's E4M3 block-scale code.
+    fold: Option<(ScaleBlock, Cow<'a, [f32]>)>,
     /// The factor applied to the output (the per-tensor scale, NVFP4's global part).
     alpha: f64,
     codes: &'a [u8],
@@ -78,7 +80,8 @@ impl<'a, E: PathElement> Decoding<'a, E> {
                         .block_scales
                         .iter()
                         .map(|&code| Fp8Format::E4M3.decode(code))
-                        .collect(),
+                        .collect::<Vec<f32>>()
+                        .into(),
                 )),
                 f64::from(nvfp4.global_amax) / 2688.0,
             ),
@@ -86,7 +89,7 @@ impl<'a, E: PathElement> Decoding<'a, E> {
                 if !E::ROUNDED_FOLDS {
                     check_exact_folds::<E>(&table, operand)?;
                 }
-                (Some((block, operand.scale_inv.to_vec())), 1.0)
+                (Some((block, Cow::Borrowed(operand.scale_inv))), 1.0)
             }
         };
         Ok(Self {
@@ -125,17 +128,37 @@ fn check_exact_folds<E: PathElement>(
         .filter(|&v| v > 0.0)
         .fold(f32::INFINITY, f32::min);
     let largest = finite.fold(0.0, f32::max);
-    for &scale in operand.scale_inv {
+    let fits = |scale: f32| {
         let power_of_two = scale.is_finite() && scale > 0.0 && scale.to_bits() & 0x7f_ffff == 0;
-        if !power_of_two || !E::is_exact(smallest * scale) || !(largest * scale).is_finite() {
-            return Err(format!(
-                "block scale_inv {scale:e} is not a power of two that keeps every {} value exact in the \
-                 path's element",
-                operand.format.name()
-            ));
-        }
+        power_of_two && E::is_exact(smallest * scale) && (largest * scale).is_finite()
+    };
+    // One pass over the bits: the smallest and largest scale, and any sign or mantissa bit. Where every scale is a
+    // positive normal power of two, the smallest and largest decide for all: bf16 has f32's exponent range, so a
+    // power of two moves a value's exponent only, and a smaller one underflows first, a larger one overflows first.
+    let (mut low, mut high, mut stray) = (u32::MAX, 0u32, 0u32);
+    for &scale in operand.scale_inv {
+        let bits = scale.to_bits();
+        (low, high, stray) = (low.min(bits), high.max(bits), stray | (bits & 0x807f_ffff));
     }
-    Ok(())
+    let normal = |bits: u32| (0x80_0000..0x7f80_0000).contains(&bits);
+    let all_fit = operand.scale_inv.is_empty()
+        || (stray == 0
+            && normal(low)
+            && normal(high)
+            && fits(f32::from_bits(low))
+            && fits(f32::from_bits(high)));
+    if all_fit {
+        return Ok(());
+    }
+    // Name the first that does not fit.
+    match operand.scale_inv.iter().find(|&&scale| !fits(scale)) {
+        None => Ok(()),
+        Some(scale) => Err(format!(
+            "block scale_inv {scale:e} is not a power of two that keeps every {} value exact in the path's \
+             element",
+            operand.format.name()
+        )),
+    }
 }
 
 /// Batch `b`'s matrix of `operand` as the GEMM reads it, its stored `elements`.
