@@ -2,7 +2,6 @@
 //! recipe and its role. Generic over any [`TeBackend`]; the decorators and autodiff call these.
 
 use burn::tensor::Shape;
-use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
 use crate::backend::{Fp8Primitive, GroupedGemmOperands, SavedOperand, TeBackend};
@@ -11,7 +10,7 @@ use crate::gemm::{Gemm, TensorRole};
 pub use crate::high_precision::fold_rows;
 use crate::nvfp4::Nvfp4Plan;
 pub use crate::primitive::SavedForBackward;
-use crate::primitive::{Saved, SavedQuantized, Scaling};
+use crate::primitive::{Saved, SavedQuantized, Scaling, dims};
 use crate::recipe::{DelayedScaling, Recipe};
 use crate::site::GemmSite;
 
@@ -229,11 +228,6 @@ fn quantize_shard<B: TeBackend>(
             record: false,
         },
     )
-}
-
-pub(crate) fn dims<B: Backend>(tensor: &FloatTensor<B>) -> Vec<usize> {
-    use burn::tensor::TensorMetadata;
-    tensor.shape().as_slice().to_vec()
 }
 
 fn shape_error<B: TeBackend>(

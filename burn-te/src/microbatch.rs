@@ -27,7 +27,7 @@ use core::cell::Cell;
 use burn::tensor::ops::FloatTensor;
 
 use crate::backend::{Fp8Tensor, TeBackend};
-use crate::primitive::SavedQuantized;
+use crate::primitive::{SavedQuantized, dims};
 use crate::recipe::Recipe;
 use crate::site::GemmSite;
 
@@ -135,9 +135,4 @@ pub(crate) fn cache<B: TeBackend>(
         fprop: (fprop.0.clone(), fprop.1),
         dgrad: dgrad.cloned(),
     });
-}
-
-fn dims<B: TeBackend>(tensor: &FloatTensor<B>) -> Vec<usize> {
-    use burn::tensor::TensorMetadata;
-    tensor.shape().as_slice().to_vec()
 }

@@ -10,13 +10,13 @@ use burn::tensor::ops::FloatTensor;
 use crate::backend::TeBackend;
 use crate::error::TeError;
 use crate::fp8_gemm::{
-    QuantizedOperand, dims, fold_rows, fprop_quantization_serves_backward, prepare_fprop_quantized,
+    QuantizedOperand, fold_rows, fprop_quantization_serves_backward, prepare_fprop_quantized,
     with_delayed_state,
 };
 use crate::fused::{CastInput, CastLinearForward, CastLinearFprop};
 use crate::gemm::TensorRole;
 use crate::metrics::{count_launch, names};
-use crate::primitive::SavedQuantized;
+use crate::primitive::{SavedQuantized, dims};
 use crate::recipe::Recipe;
 use crate::site::GemmSite;
 
