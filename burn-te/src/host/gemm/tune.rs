@@ -1,6 +1,6 @@
 //! The host FP8 GEMM's autotune: per shape class, every path this CPU runs that takes the operands exactly is timed
-//! on the GEMM itself, the paths in turn for up to [`TIMED_ROUNDS`] rounds (a path [`outpaced`] after the second
-//! round is timed no further, and the rounds stop when one path is left), and the [`preferred`] path by their best
+//! on the GEMM itself, the paths in turn for up to [`TIMED_ROUNDS`] rounds (a path [`outpaced`] after a round is
+//! timed no further, and the rounds stop when one path is left), and the [`preferred`] path by their best
 //! runs (the first in instruction order within 10 % of the fastest) is kept for that class for the rest of the process, as Burn keeps its matmul's choice (and as the device GEMM's
 //! autotune does, [`crate::cube`]). The timed runs are the call's own work: the GEMM's output is the kept path's.
 //!
@@ -36,10 +36,13 @@ pub const TIMED_ROUNDS: usize = 5;
 /// After two rounds, no further round once the tuning has taken this long (a large GEMM's runs vary little).
 const ROUNDS_BUDGET: Duration = Duration::from_millis(500);
 
-/// From the second round on, a candidate whose best run is more than this many times the fastest one's is timed no
-/// further: to be kept it would have to come within [`super::probe::PREFERENCE_MARGIN`] of the fastest, i.e. run
-/// over a quarter faster than its own best so far. On a CPU whose bf16 dot product runs at twice the FMA rate (AMD
-/// Zen 4) this spares the three FMA-bound paths all rounds after the second.
+/// After each round, a candidate whose best run is more than this many times the fastest one's is timed no further:
+/// to be kept it would have to come within [`super::probe::PREFERENCE_MARGIN`] of the fastest, i.e. run over a
+/// quarter faster than its own best so far. A first run slowed by cold caches and fresh buffers can drop a path
+/// after the first round that would have run faster; on Zen 4 a class's first runs were at most 1.64× its best,
+/// which keeps the path then kept within 1.64 / 1.5 < [`super::probe::PREFERENCE_MARGIN`] of the dropped one: the
+/// margin the choice allows anyway. On a CPU whose bf16 dot product runs at twice the FMA rate (AMD Zen 4) this
+/// times the three FMA-bound paths once per class instead of in every round.
 pub const OUTPACED_FACTOR: f64 = 1.5;
 
 /// The metrics report's counter of shape classes tuned (`HostFp8GemmTunings`).
@@ -55,7 +58,7 @@ pub struct HostGemmTuning {
     /// Whether the GEMM reads each operand transposed (part of the class).
     pub transposed: (bool, bool),
     /// Each candidate's best run (paths that could not take the operands exactly are left out; a path
-    /// [`outpaced`] after two rounds ran no more), fastest instruction first.
+    /// [`outpaced`] after a round ran no more), fastest instruction first.
     pub times: Vec<(HostGemmPath, Duration)>,
     /// The [`preferred`] path, kept for every GEMM of the class.
     pub chosen: HostGemmPath,
@@ -238,12 +241,9 @@ fn tune(
                 *on = false;
             }
         }
-        // The first round warms caches and buffers for whichever path runs first, so it drops nothing.
-        if round >= 1 {
-            let fastest = times.iter().map(|&(_, best)| best).min();
-            for ((_, best), on) in times.iter().zip(&mut racing) {
-                *on &= !fastest.is_some_and(|fastest| outpaced(*best, fastest));
-            }
+        let fastest = times.iter().map(|&(_, best)| best).min();
+        for ((_, best), on) in times.iter().zip(&mut racing) {
+            *on &= !fastest.is_some_and(|fastest| outpaced(*best, fastest));
         }
     }
     times.retain(|&(_, best)| best != Duration::MAX);
