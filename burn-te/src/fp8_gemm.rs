@@ -7,10 +7,11 @@ use burn::tensor::ops::FloatTensor;
 use crate::backend::{Fp8Primitive, GroupedGemmOperands, SavedOperand, TeBackend};
 use crate::error::TeError;
 use crate::gemm::{Gemm, TensorRole};
+use crate::high_precision::dims;
 pub use crate::high_precision::fold_rows;
 use crate::nvfp4::Nvfp4Plan;
 pub use crate::primitive::SavedForBackward;
-use crate::primitive::{Saved, SavedQuantized, Scaling, dims};
+use crate::primitive::{Saved, SavedQuantized, Scaling};
 use crate::recipe::{DelayedScaling, Recipe};
 use crate::site::GemmSite;
 

@@ -7,7 +7,6 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
 use crate::gemm::Gemm;
-use crate::primitive::dims;
 
 /// The zeros a GEMM with a zero-sized dimension gives (`out` elements; `None` when neither operand is empty):
 /// answered here because Burn's ndarray matmul divides by zero on an empty operand. An empty batch gives an empty
@@ -128,4 +127,10 @@ pub fn fold_rows<B: Backend>(tensor: FloatTensor<B>) -> (FloatTensor<B>, Vec<usi
         B::float_reshape(tensor, Shape::from(vec![rows, last])),
         leading,
     )
+}
+
+/// A float tensor's dimensions.
+pub(crate) fn dims<B: Backend>(tensor: &FloatTensor<B>) -> Vec<usize> {
+    use burn::tensor::TensorMetadata;
+    tensor.shape().as_slice().to_vec()
 }

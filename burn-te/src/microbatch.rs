@@ -27,7 +27,8 @@ use core::cell::Cell;
 use burn::tensor::ops::FloatTensor;
 
 use crate::backend::{Fp8Tensor, TeBackend};
-use crate::primitive::{SavedQuantized, dims};
+use crate::high_precision::dims;
+use crate::primitive::SavedQuantized;
 use crate::recipe::Recipe;
 use crate::site::GemmSite;
 

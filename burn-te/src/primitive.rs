@@ -163,14 +163,6 @@ pub(crate) fn rows_cols(shape: &Shape) -> (usize, usize) {
     }
 }
 
-/// A float tensor's dimensions.
-pub(crate) fn dims<B: burn::tensor::backend::Backend>(
-    tensor: &burn::tensor::ops::FloatTensor<B>,
-) -> Vec<usize> {
-    use burn::tensor::TensorMetadata;
-    tensor.shape().as_slice().to_vec()
-}
-
 /// The output shape of [`TeBackend::fp8_gemm`](crate::TeBackend::fp8_gemm): the batch dimensions of the batched operand, then `[M, N]`.
 pub fn gemm_output_shape<D>(
     lhs: &Fp8Tensor<D>,

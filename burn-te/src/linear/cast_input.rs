@@ -15,8 +15,9 @@ use crate::fp8_gemm::{
 };
 use crate::fused::{CastInput, CastLinearForward, CastLinearFprop};
 use crate::gemm::TensorRole;
+use crate::high_precision::dims;
 use crate::metrics::{count_launch, names};
-use crate::primitive::{SavedQuantized, dims};
+use crate::primitive::SavedQuantized;
 use crate::recipe::Recipe;
 use crate::site::GemmSite;
 
