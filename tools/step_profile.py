@@ -27,7 +27,8 @@ CATEGORIES = [
     # The packing's panels are decoded in rayon closures, which perf names after the closure trait.
     ("FP8 GEMM packing (rayon closures)", ["FnMut<A> for &F>::call_mut", "Fn<A> for &F>::call",
                                            "host::gemm::pack"]),
-    ("f32 GEMM (attention, gemm crate)", ["gemm_f32", "gemm_common", "gemm::gemm"]),
+    ("f32 GEMM (attention core; the gemm crate before 2026-12)", ["host::fused::head_gemm", "gemm_f32",
+                                                                  "gemm_common", "gemm::gemm"]),
     ("quantize (encode, amax)", ["encode_scaled", "amax_bits", "host::fp8", "quantize"]),
     ("fused element-wise (norm, activation, softmax)", ["host::fused"]),
     ("layout copies", ["to_contiguous", "StridedIter", "memmove", "memcpy"]),

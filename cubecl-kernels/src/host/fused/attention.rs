@@ -13,6 +13,7 @@ use crate::host::pool::OutputValues;
 use rayon::prelude::*;
 
 use super::exp;
+use super::head_gemm::{Strided, head_gemm};
 use super::softmax::{SoftmaxMask, exp_normalized, max_and_nan, visible};
 
 /// Query rows per block: the block's scores (`ROWS × keys`) stay in L2 between its GEMMs.
@@ -111,47 +112,42 @@ impl Shared {
     }
 }
 
-/// `dst (m × n) = [dst +] beta · lhs (m × k) · rhs (k × n)`, one thread, every operand at (row, column) strides.
+/// `dst (m × n) = [dst +] beta · lhs (m × k) · rhs (k × n)`, one thread, every operand at (row, column) strides
+/// ([`head_gemm`], its right operand packed into this thread's scratch).
 ///
 /// # Safety
 /// Every element of the three matrices lies in its allocation; `dst` overlaps neither operand.
 #[allow(clippy::too_many_arguments)]
 unsafe fn matmul(
-    (m, n, k): (usize, usize, usize),
+    dims: (usize, usize, usize),
     dst: (*mut f32, usize, usize),
     accumulate: bool,
     lhs: (*const f32, usize, usize),
     rhs: (*const f32, usize, usize),
     beta: f32,
 ) {
-    if m == 0 || n == 0 {
-        return;
+    thread_local! {
+        static PANELS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    let s = |x: usize| x as isize;
-    // SAFETY: the caller's contract.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.0,
-            s(dst.2),
-            s(dst.1),
-            accumulate,
-            lhs.0,
-            s(lhs.2),
-            s(lhs.1),
-            rhs.0,
-            s(rhs.2),
-            s(rhs.1),
-            1.0,
-            beta,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        )
-    }
+    let strided = |(ptr, row_stride, col_stride)| Strided {
+        ptr,
+        row_stride,
+        col_stride,
+    };
+    PANELS.with_borrow_mut(|panels| {
+        // SAFETY: the caller's contract.
+        unsafe {
+            head_gemm(
+                dims,
+                dst,
+                accumulate,
+                strided(lhs),
+                strided(rhs),
+                beta,
+                panels,
+            )
+        }
+    })
 }
 
 /// The forward: the output (written at `out_strides` for `[batch, heads, queries, head_dim]` into a buffer of

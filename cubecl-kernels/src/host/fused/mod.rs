@@ -18,6 +18,7 @@
 pub mod activation;
 pub mod attention;
 pub mod bias;
+mod head_gemm;
 pub mod norm;
 pub mod softmax;
 

@@ -1,0 +1,135 @@
+//! The attention core's small f32 GEMMs (one head's block of query rows against its keys, `ROWS × keys ×
+//! head_dim` and the like), on one thread: the right operand packed into panels of [`NR`] columns in a buffer the
+//! caller keeps, then [`MR`] rows at a time against each panel with the sums in registers. Each output element is
+//! one f32 sum over the depth in order, whatever the block it falls in.
+//!
+//! A general GEMM library packs both operands on every call, which at these sizes (a few hundred thousand
+//! multiply-adds) costs as much as the products; here the left operand is read where it lies, one broadcast per
+//! row and depth.
+
+/// Columns per panel: one 512-bit register of f32, two 256-bit ones.
+pub const NR: usize = 16;
+
+/// Rows per block: six rows of [`NR`] sums stay in registers on AVX2 (12 of its 16) and on AVX-512.
+pub const MR: usize = 6;
+
+/// A matrix of f32 at (row, column) strides from `ptr`.
+#[derive(Clone, Copy, Debug)]
+pub struct Strided {
+    pub ptr: *const f32,
+    pub row_stride: usize,
+    pub col_stride: usize,
+}
+
+impl Strided {
+    /// The element at (`row`, `col`).
+    ///
+    /// # Safety
+    /// The element lies in the matrix's allocation.
+    #[inline(always)]
+    unsafe fn at(self, row: usize, col: usize) -> f32 {
+        // SAFETY: the caller's contract.
+        unsafe { *self.ptr.add(row * self.row_stride + col * self.col_stride) }
+    }
+}
+
+/// `dst (m × n) = [dst +] beta · lhs (m × k) · rhs (k × n)`, `dst` at (`dst.1`, `dst.2`) strides; `panels` is
+/// scratch for the packed right operand (grown as needed, kept by the caller across calls).
+///
+/// # Safety
+/// Every element of the three matrices lies in its allocation; `dst` overlaps neither operand.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn head_gemm(
+    (m, n, k): (usize, usize, usize),
+    dst: (*mut f32, usize, usize),
+    accumulate: bool,
+    lhs: Strided,
+    rhs: Strided,
+    beta: f32,
+    panels: &mut Vec<f32>,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let width = n.div_ceil(NR);
+    panels.clear();
+    panels.resize(width * k * NR, 0.0);
+    for (j, panel) in panels
+        .chunks_exact_mut((k * NR).max(1))
+        .enumerate()
+        .take(width)
+    {
+        let cols = NR.min(n - j * NR);
+        for (p, row) in panel.chunks_exact_mut(NR).enumerate() {
+            for (c, slot) in row[..cols].iter_mut().enumerate() {
+                // SAFETY: (p, j·NR + c) is inside the k × n right operand.
+                *slot = unsafe { rhs.at(p, j * NR + c) };
+            }
+        }
+    }
+    // SAFETY: the caller's contract; the panels hold k × NR values per panel.
+    unsafe { blocks((m, n, k), dst, accumulate, lhs, panels, beta) }
+}
+
+/// Every block of [`MR`] rows against every panel.
+///
+/// # Safety
+/// As [`head_gemm`]; `panels` holds `n.div_ceil(NR)` panels of `k × NR` values.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
+unsafe fn blocks(
+    (m, n, k): (usize, usize, usize),
+    dst: (*mut f32, usize, usize),
+    accumulate: bool,
+    lhs: Strided,
+    panels: &[f32],
+    beta: f32,
+) {
+    let (out, row_stride, col_stride) = dst;
+    for (j, panel) in panels.chunks_exact((k * NR).max(1)).enumerate() {
+        let cols = NR.min(n - j * NR);
+        for r0 in (0..m).step_by(MR) {
+            let rows = MR.min(m - r0);
+            let sums = if rows == MR {
+                // SAFETY: rows r0..r0 + MR of the left operand exist.
+                unsafe { row_block::<MR>(lhs, r0, panel) }
+            } else {
+                let mut sums = [[0.0f32; NR]; MR];
+                for (r, sum) in sums[..rows].iter_mut().enumerate() {
+                    // SAFETY: row r0 + r of the left operand exists.
+                    *sum = unsafe { row_block::<1>(lhs, r0 + r, panel) }[0];
+                }
+                sums
+            };
+            for (r, sum) in sums[..rows].iter().enumerate() {
+                for (c, &s) in sum[..cols].iter().enumerate() {
+                    let at = (r0 + r) * row_stride + (j * NR + c) * col_stride;
+                    // SAFETY: (r0 + r, j·NR + c) is inside the m × n output.
+                    unsafe {
+                        let d = out.add(at);
+                        *d = if accumulate { *d + beta * s } else { beta * s };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The sums of `R` rows from `r0` against one panel (`k × NR` values), each in depth order.
+///
+/// # Safety
+/// Rows `r0..r0 + R` of the left operand lie in its allocation, `k` (the panel's depth) columns each.
+#[inline(always)]
+unsafe fn row_block<const R: usize>(lhs: Strided, r0: usize, panel: &[f32]) -> [[f32; NR]; R] {
+    let mut sums = [[0.0f32; NR]; R];
+    for (p, b) in panel.chunks_exact(NR).enumerate() {
+        let b: &[f32; NR] = b.try_into().expect("a panel row holds NR values");
+        for (r, sum) in sums.iter_mut().enumerate() {
+            // SAFETY: the caller's contract.
+            let a = unsafe { lhs.at(r0 + r, p) };
+            for l in 0..NR {
+                sum[l] = a.mul_add(b[l], sum[l]);
+            }
+        }
+    }
+    sums
+}
