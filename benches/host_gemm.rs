@@ -21,9 +21,13 @@
 //! each packed path's GEMM as a share of its instruction's peak, measured in pairs (for machines whose speed drifts).
 //! `-- steps HIDDEN STEPS` and `-- gemms CALLS` print the step's medians and the GEMMs' rates on the paths a user
 //! gets (tuned per shape class, or `BURN_TE_HOST_GEMM`'s), for `tools/torch_transformer_layer.py` and
-//! `tools/torch_gemm.py` to pair with PyTorch's.
+//! `tools/torch_gemm.py` to pair with PyTorch's. `-- twice-rate` asks whether the `avx512fma` path's memory side
+//! keeps up with twice this CPU's FMA rate (`host_gemm/twice_rate.rs`).
 
 mod common;
+#[cfg(target_arch = "x86_64")]
+#[path = "host_gemm/twice_rate.rs"]
+mod twice_rate;
 
 use burn::backend::{Autodiff, Flex};
 use burn::prelude::*;
@@ -154,6 +158,25 @@ fn peak_loop(path: HostGemmPath) -> Option<(&'static str, PeakLoop)> {
         HostGemmPath::Avx2Fma => Some(("peak vfmadd231ps", |n| unsafe { fma_loop(n) })),
         HostGemmPath::F32 => None,
     }
+}
+
+/// `vfmadd231ps`'s GFLOP/s on 512-bit registers on every thread (the best of five runs; 0 without AVX-512F).
+#[cfg(target_arch = "x86_64")]
+fn zmm_fma_peak() -> f64 {
+    let Some((_, kernel)) =
+        peak_loop(HostGemmPath::Avx512Fma).filter(|_| HostGemmPath::Avx512Fma.available())
+    else {
+        return 0.0;
+    };
+    let iterations = 1 << 22;
+    let flops = (kernel(1).1 * iterations as u64 * rayon::current_num_threads() as u64) as f64;
+    (0..5)
+        .map(|_| {
+            let start = std::time::Instant::now();
+            rayon::broadcast(|_| std::hint::black_box(kernel(iterations)));
+            flops / start.elapsed().as_secs_f64() / 1e9
+        })
+        .fold(0.0, f64::max)
 }
 
 fn peak(c: &mut Criterion) {
@@ -626,6 +649,11 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let Some(at) = args.iter().position(|a| a == "gemms") {
         gemm_rates(args.get(at + 1).and_then(|v| v.parse().ok()).unwrap_or(5));
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if args.iter().any(|a| a == "twice-rate") {
+        twice_rate::report(&SHAPES, zmm_fma_peak());
         return;
     }
     if let Some(at) = args.iter().position(|a| a == "steps") {

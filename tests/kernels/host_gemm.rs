@@ -2014,6 +2014,7 @@ fn a_path_half_again_slower_than_the_fastest_is_timed_no_further() {
 /// every path this CPU runs and keeps the first (in instruction order) within 10 % of the fastest, whose output it returns (the bits of that path forced, within
 /// f64's bound); a later GEMM of the class (60 × 7000 × 60) takes the kept path without timing again; a GEMM
 /// below `TUNED_MIN_PRODUCT` takes the probe's path. Each GEMM counts once, under the path that gave its output.
+/// On a CPU with `f32` alone (aarch64), no class is tuned and every GEMM runs on it.
 #[test]
 fn the_autotune_keeps_each_shape_classs_fastest_path() {
     use burn_te::host::gemm::{TUNED_MIN_PRODUCT, host_gemm_tunings, probe};
@@ -2059,6 +2060,23 @@ fn the_autotune_keeps_each_shape_classs_fastest_path() {
         before + 1,
         "the tuning's timed runs count as one GEMM"
     );
+    if available == [HostGemmPath::F32] {
+        // A CPU without the packed paths' instructions (aarch64; x86-64 before AVX2): nothing to choose from, so no
+        // class is tuned and every GEMM, whatever its size or thread, runs on `f32`, within f64's bound.
+        assert_eq!(ran, vec![HostGemmPath::F32], "counted under f32");
+        assert!(tuned_for(class).is_empty(), "one path: nothing tuned");
+        check_gemm(
+            "f32 alone",
+            &out,
+            &reference(&stored_f64::<B>(&a), false, &stored_f64::<B>(&b), false),
+        );
+        let (_, _, _, ran, _) = rayon::scope(|_| gemm(&mut rng, (64, 8000, 64)));
+        assert_eq!(ran, vec![HostGemmPath::F32], "a worker's GEMM on f32");
+        let (_, _, _, ran, _) = gemm(&mut rng, (32, 512, 32));
+        assert_eq!(ran, vec![HostGemmPath::F32], "a small GEMM on f32");
+        assert_eq!(probe().chosen, HostGemmPath::F32, "the probe's only path");
+        return;
+    }
     let tuning = tuned_for(class);
     assert_eq!(tuning.len(), 1, "one tuning of the class: {tuning:?}");
     let tuning = &tuning[0];

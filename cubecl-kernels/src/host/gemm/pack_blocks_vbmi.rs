@@ -12,6 +12,7 @@ use super::pack_vbmi::Lookup;
 
 /// Depths ahead whose codes the lanes-contiguous layout asks the cache for (`PREFETCH_AHEAD` units of pairs in
 /// `pack.rs`: each depth is a stored row apart, past what the hardware prefetchers follow).
+#[cfg(target_arch = "x86_64")]
 const PREFETCH_DEPTHS: usize = 32;
 
 /// One panel of `width` lanes (`count` of them stored) as units along `depth`, `per` depths each (2: bf16 pairs;

@@ -343,6 +343,7 @@ pub(super) unsafe fn store(dst: *mut u32, pairs: Pairs, count: usize) {
 }
 
 /// The mask of the first `n ≤ 16` lanes.
+#[cfg(target_arch = "x86_64")]
 pub(super) fn lanes(n: usize) -> u16 {
     if n >= 16 { u16::MAX } else { (1 << n) - 1 }
 }
@@ -351,8 +352,11 @@ pub(super) fn lanes(n: usize) -> u16 {
 /// [`Lookup::across`] (`ACROSS`: unit `l` from lanes `l` and `32 + l`) and [`Lookup::along`] (`ALONG`: unit `p` from
 /// depths `2p` and `2p + 1`); for f32 values, both (`VALUES`: unit `u` of vector `v` from code `16v + u`, its two low
 /// bytes zeroed by [`UPPER_HALVES`]).
+#[cfg(target_arch = "x86_64")]
 const ACROSS: [[u8; 64]; 4] = [order(0, 1, 32), order(16, 1, 32), [0; 64], [0; 64]];
+#[cfg(target_arch = "x86_64")]
 const ALONG: [[u8; 64]; 4] = [order(0, 2, 1), order(32, 2, 1), [0; 64], [0; 64]];
+#[cfg(target_arch = "x86_64")]
 const VALUES: [[u8; 64]; 4] = [
     order(0, 1, 0),
     order(16, 1, 0),
@@ -361,9 +365,11 @@ const VALUES: [[u8; 64]; 4] = [
 ];
 
 /// The bytes an f32 unit keeps: its upper two (bf16 bits shifted up), the lower two zero.
+#[cfg(target_arch = "x86_64")]
 const UPPER_HALVES: u64 = 0xcccc_cccc_cccc_cccc;
 
 /// Unit `u` (of 16) as bytes `low[i]`, `high[i]`, `low[i + hi_at]`, `high[i + hi_at]` with `i = first + step · u`.
+#[cfg(target_arch = "x86_64")]
 const fn order(first: usize, step: usize, hi_at: usize) -> [u8; 64] {
     let mut index = [0u8; 64];
     let mut u = 0;
@@ -420,7 +426,8 @@ pub(super) unsafe fn panel(
     _depth: usize,
     _codes: &[u8],
     lookup: &Lookup,
-) -> bool {
+    _grouped: bool,
+) -> Option<usize> {
     match *lookup {
         Lookup::Never(never) => match never {},
     }
