@@ -7,6 +7,8 @@
 //! multiply-adds) costs as much as the products; here the left operand is read where it lies, one broadcast per
 //! row and depth.
 
+use multiversion::target::target_cfg_f;
+
 /// Columns per panel: one 512-bit register of f32, two 256-bit ones.
 pub const NR: usize = 16;
 
@@ -84,6 +86,9 @@ unsafe fn blocks(
     panels: &[f32],
     beta: f32,
 ) {
+    // A fused multiply-add where the clone has one; elsewhere (x86-64 without FMA) a product and an add, as
+    // `f32::mul_add` would be a call to libm's software `fmaf` per element.
+    let fused = cfg!(not(target_arch = "x86_64")) || target_cfg_f!(target_feature = "fma");
     let (out, row_stride, col_stride) = dst;
     for (j, panel) in panels.chunks_exact((k * NR).max(1)).enumerate() {
         let cols = NR.min(n - j * NR);
@@ -91,12 +96,24 @@ unsafe fn blocks(
             let rows = MR.min(m - r0);
             let sums = if rows == MR {
                 // SAFETY: rows r0..r0 + MR of the left operand exist.
-                unsafe { row_block::<MR>(lhs, r0, panel) }
+                unsafe {
+                    if fused {
+                        row_block::<MR, true>(lhs, r0, panel)
+                    } else {
+                        row_block::<MR, false>(lhs, r0, panel)
+                    }
+                }
             } else {
                 let mut sums = [[0.0f32; NR]; MR];
                 for (r, sum) in sums[..rows].iter_mut().enumerate() {
                     // SAFETY: row r0 + r of the left operand exists.
-                    *sum = unsafe { row_block::<1>(lhs, r0 + r, panel) }[0];
+                    *sum = unsafe {
+                        if fused {
+                            row_block::<1, true>(lhs, r0 + r, panel)
+                        } else {
+                            row_block::<1, false>(lhs, r0 + r, panel)
+                        }
+                    }[0];
                 }
                 sums
             };
@@ -114,12 +131,17 @@ unsafe fn blocks(
     }
 }
 
-/// The sums of `R` rows from `r0` against one panel (`k × NR` values), each in depth order.
+/// The sums of `R` rows from `r0` against one panel (`k × NR` values), each in depth order: each product added with
+/// one rounding where `FUSED`, two otherwise.
 ///
 /// # Safety
 /// Rows `r0..r0 + R` of the left operand lie in its allocation, `k` (the panel's depth) columns each.
 #[inline(always)]
-unsafe fn row_block<const R: usize>(lhs: Strided, r0: usize, panel: &[f32]) -> [[f32; NR]; R] {
+unsafe fn row_block<const R: usize, const FUSED: bool>(
+    lhs: Strided,
+    r0: usize,
+    panel: &[f32],
+) -> [[f32; NR]; R] {
     let mut sums = [[0.0f32; NR]; R];
     for (p, b) in panel.chunks_exact(NR).enumerate() {
         let b: &[f32; NR] = b.try_into().expect("a panel row holds NR values");
@@ -127,7 +149,11 @@ unsafe fn row_block<const R: usize>(lhs: Strided, r0: usize, panel: &[f32]) -> [
             // SAFETY: the caller's contract.
             let a = unsafe { lhs.at(r0 + r, p) };
             for l in 0..NR {
-                sum[l] = a.mul_add(b[l], sum[l]);
+                sum[l] = if FUSED {
+                    a.mul_add(b[l], sum[l])
+                } else {
+                    sum[l] + a * b[l]
+                };
             }
         }
     }
