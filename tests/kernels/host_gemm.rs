@@ -2010,6 +2010,142 @@ fn a_path_half_again_slower_than_the_fastest_is_timed_no_further() {
     assert_eq!(dropped, 150, "151 ms to 300 ms are dropped");
 }
 
+/// Where no packed path that the probe saw faster takes the operands, the paths waiting after the probe are timed
+/// after all: a Float8BlockScaling fprop whose first block holds 1e-33 (its `scale_inv` of 2^-118 takes E4M3's
+/// smallest value below bf16's normal range, so the bf16 paths cannot take it) is tuned among the FMA paths and
+/// `f32`, nothing skipped, and its output is the kept path's bits, within f64's bound.
+#[test]
+fn the_paths_waiting_after_the_probe_are_timed_where_the_faster_ones_cannot_take_the_operands() {
+    use burn_te::host::gemm::{host_gemm_tunings, outpaced_on_probe, probe};
+    if std::env::var("BURN_TE_HOST_GEMM").is_ok_and(|v| !v.is_empty() && v != "auto") {
+        panic!("BURN_TE_HOST_GEMM forces a path: unset it to test the autotune");
+    }
+    let available = paths();
+    // 300 x 768 x 80: class [1, 512, 1024, 128], above the tuning threshold (256^3).
+    let (m, k, n) = (300, 768, 80);
+    let class = [1, 512, 1024, 128];
+    let tuned_for = || -> Vec<burn_te::host::gemm::HostGemmTuning> {
+        host_gemm_tunings()
+            .into_iter()
+            .filter(|t| t.anchored == class)
+            .collect()
+    };
+    assert!(tuned_for().is_empty(), "no other test uses this class");
+    let mut rng = Rng::new(83);
+    let mut x = rng.normal(m * k, 0.0, 1.0);
+    x[..128].iter_mut().for_each(|v| *v = 1e-33);
+    let recipe: Recipe = Float8BlockScaling::default().into();
+    let site = GemmSite::new("waiting_paths", Gemm::Fprop);
+    let (lhs, rhs) = (
+        fprop_operand(&recipe, &site, x, [m, k], TensorRole::Activation),
+        fprop_operand(
+            &recipe,
+            &site,
+            rng.normal(k * n, 0.0, 1.0),
+            [k, n],
+            TensorRole::Weight,
+        ),
+    );
+    let gemm = || {
+        let out = B::fp8_gemm(
+            lhs.tensor.clone(),
+            lhs.transposed,
+            rhs.tensor.clone(),
+            rhs.transposed,
+        )
+        .expect("gemm");
+        Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(out))
+            .into_data()
+            .into_vec::<f32>()
+            .unwrap()
+    };
+    let out = gemm();
+    let tuning = tuned_for();
+    if available == [HostGemmPath::F32] {
+        assert!(tuning.is_empty(), "one path: nothing tuned");
+        return;
+    }
+    assert_eq!(tuning.len(), 1, "one tuning of the class: {tuning:?}");
+    let tuning = &tuning[0];
+    println!(
+        "{tuning} (waiting after the probe: {:?})",
+        outpaced_on_probe(&probe().times)
+    );
+    let bf16 = [HostGemmPath::AmxBf16, HostGemmPath::Avx512Bf16];
+    let expected: Vec<HostGemmPath> = available
+        .iter()
+        .copied()
+        .filter(|p| !bf16.contains(p))
+        .collect();
+    let timed: Vec<HostGemmPath> = tuning.times.iter().map(|(p, _)| *p).collect();
+    assert_eq!(
+        timed, expected,
+        "every path that takes the operands was timed, those waiting after the probe too"
+    );
+    assert!(tuning.skipped.is_empty(), "nothing skipped: {tuning}");
+    let forced = with_host_gemm_path(tuning.chosen, gemm);
+    assert!(
+        out.iter()
+            .zip(&forced)
+            .all(|(x, y)| x.to_bits() == y.to_bits()),
+        "the tuned GEMM's output is the kept path's ({})",
+        tuning.chosen
+    );
+    check_gemm(
+        "waiting paths",
+        &out,
+        &reference(
+            &stored_f64::<B>(&lhs.tensor),
+            lhs.transposed,
+            &stored_f64::<B>(&rhs.tensor),
+            rhs.transposed,
+        ),
+    );
+}
+
+/// The packed paths the probe saw more than 1.5 × slower than the fastest packed path wait in the autotune; `f32`
+/// never does, whatever its time, and at 1.5 × exactly a path is timed. Zen 4's probe (bf16 at twice the FMA rate),
+/// Emerald Rapids' without AMX (bf16 at half the FMA rate) and a CPU with f32 alone.
+#[test]
+fn packed_paths_the_probe_saw_outpaced_wait() {
+    use burn_te::host::gemm::outpaced_on_probe;
+    use std::time::Duration;
+    let us = Duration::from_micros;
+    let (bf16, fma512, fma, f32) = (
+        HostGemmPath::Avx512Bf16,
+        HostGemmPath::Avx512Fma,
+        HostGemmPath::Avx2Fma,
+        HostGemmPath::F32,
+    );
+    assert_eq!(
+        outpaced_on_probe(&[
+            (bf16, us(700)),
+            (fma512, us(1330)),
+            (fma, us(1360)),
+            (f32, us(5000))
+        ]),
+        vec![fma512, fma],
+        "Zen 4: the FMA paths wait, f32 does not"
+    );
+    assert_eq!(
+        outpaced_on_probe(&[
+            (bf16, us(1200)),
+            (fma512, us(700)),
+            (fma, us(1100)),
+            (f32, us(900))
+        ]),
+        vec![bf16, fma],
+        "Intel without AMX: bf16 (1.71x) and avx2fma (1.57x) wait"
+    );
+    assert_eq!(
+        outpaced_on_probe(&[(bf16, us(1050)), (fma512, us(700)), (f32, us(100))]),
+        vec![],
+        "1.5x exactly is timed; f32's speed does not count"
+    );
+    assert_eq!(outpaced_on_probe(&[(f32, us(900))]), vec![], "f32 alone");
+    assert_eq!(outpaced_on_probe(&[]), vec![], "nothing probed");
+}
+
 /// The autotune: the first unforced GEMM of a shape class (64 × 8192 × 64, rounded up to powers of two) times
 /// every path this CPU runs and keeps the first (in instruction order) within 10 % of the fastest, whose output it returns (the bits of that path forced, within
 /// f64's bound); a later GEMM of the class (60 × 7000 × 60) takes the kept path without timing again; a GEMM
@@ -2017,7 +2153,7 @@ fn a_path_half_again_slower_than_the_fastest_is_timed_no_further() {
 /// On a CPU with `f32` alone (aarch64), no class is tuned and every GEMM runs on it.
 #[test]
 fn the_autotune_keeps_each_shape_classs_fastest_path() {
-    use burn_te::host::gemm::{TUNED_MIN_PRODUCT, host_gemm_tunings, probe};
+    use burn_te::host::gemm::{TUNED_MIN_PRODUCT, host_gemm_tunings, outpaced_on_probe, probe};
 
     if std::env::var("BURN_TE_HOST_GEMM").is_ok_and(|v| !v.is_empty() && v != "auto") {
         panic!("BURN_TE_HOST_GEMM forces a path: unset it to test the autotune");
@@ -2082,10 +2218,21 @@ fn the_autotune_keeps_each_shape_classs_fastest_path() {
     let tuning = &tuning[0];
     assert_eq!(tuning.dims, [1, m, k, n]);
     let timed: Vec<HostGemmPath> = tuning.times.iter().map(|(p, _)| *p).collect();
+    // The packed paths the probe saw more than 1.5x slower than the fastest packed one wait, and E4M3 fits that
+    // one: they are not timed (on Zen 4, the FMA paths beside avx512bf16).
+    let waiting = outpaced_on_probe(&probe().times);
+    println!("paths {available:?}, waiting after the probe {waiting:?}");
+    assert!(!waiting.contains(&HostGemmPath::F32), "f32 never waits");
+    let expected: Vec<HostGemmPath> = available
+        .iter()
+        .copied()
+        .filter(|p| !waiting.contains(p))
+        .collect();
     assert_eq!(
-        timed, available,
-        "every path this CPU runs was timed (E4M3 fits them all)"
+        timed, expected,
+        "every path this CPU runs was timed (E4M3 fits them all) but those outpaced on the probe"
     );
+    assert_eq!(tuning.skipped, waiting, "the skipped paths are listed");
     assert_eq!(
         tuning.chosen,
         first_within_a_tenth(&tuning.times),

@@ -1,8 +1,10 @@
 //! The host FP8 GEMM's autotune: per shape class, every path this CPU runs that takes the operands exactly is timed
 //! on the GEMM itself, the paths in turn for up to [`TIMED_ROUNDS`] rounds (a path [`outpaced`] after a round is
-//! timed no further, and the rounds stop when one path is left), and the [`preferred`] path by their best
-//! runs (the first in instruction order within 10 % of the fastest) is kept for that class for the rest of the process, as Burn keeps its matmul's choice (and as the device GEMM's
-//! autotune does, [`crate::cube`]). The timed runs are the call's own work: the GEMM's output is the kept path's.
+//! timed no further, and the rounds stop when one path is left; a packed path [`outpaced_on_probe`] is timed only
+//! where no faster packed path takes the operands), and the [`preferred`] path by their best runs (the first in
+//! instruction order within 10 % of the fastest) is kept for that class for the rest of the process, as Burn keeps
+//! its matmul's choice (and as the device GEMM's autotune does, [`crate::cube`]). The timed runs are the call's own
+//! work: the GEMM's output is the kept path's.
 //!
 //! One probe shape cannot stand for every GEMM: on a 2-core AMD EPYC Zen 3 the probe ([`super::probe`], 256 × 1024 ×
 //! 512) chose `f32`, which was 20 % slower than `avx2fma` on a TransformerLayer step's GEMMs at hidden 1024. GEMMs
@@ -60,6 +62,8 @@ pub struct HostGemmTuning {
     /// Each candidate's best run (paths that could not take the operands exactly are left out; a path
     /// [`outpaced`] after a round ran no more), fastest instruction first.
     pub times: Vec<(HostGemmPath, Duration)>,
+    /// Packed paths not timed: [`outpaced_on_probe`], and a packed path that outpaced them took the operands.
+    pub skipped: Vec<HostGemmPath>,
     /// The [`preferred`] path, kept for every GEMM of the class.
     pub chosen: HostGemmPath,
 }
@@ -78,6 +82,9 @@ impl std::fmt::Display for HostGemmTuning {
         for (i, (path, time)) in self.times.iter().enumerate() {
             let sep = if i == 0 { "" } else { ", " };
             write!(f, "{sep}{path} {:.2} ms", time.as_secs_f64() * 1e3)?;
+        }
+        for path in &self.skipped {
+            write!(f, ", {path} outpaced on the probe")?;
         }
         f.write_str(")")
     }
@@ -204,7 +211,24 @@ pub fn outpaced(best: Duration, fastest: Duration) -> bool {
     best.as_secs_f64() > fastest.as_secs_f64() * OUTPACED_FACTOR
 }
 
-/// Times every candidate of `paths` on the GEMM and leaves the [`preferred`] one's output in `out`.
+/// The packed paths (every path but `f32`) that the probe's `times` show [`outpaced`] by the fastest packed path.
+/// The packed paths share their packing and blocking and differ in the instruction that multiplies, so the probe's
+/// ratio between two of them holds for every shape the autotune sees (on Zen 4: `vdpbf16ps` at twice the FMA rate);
+/// `f32`, another library's GEMM that wins on some shapes, is timed on each class whatever the probe saw.
+pub fn outpaced_on_probe(times: &[(HostGemmPath, Duration)]) -> Vec<HostGemmPath> {
+    let packed = || times.iter().filter(|(path, _)| *path != HostGemmPath::F32);
+    let Some(fastest) = packed().map(|&(_, time)| time).min() else {
+        return vec![];
+    };
+    packed()
+        .filter(|&&(_, time)| outpaced(time, fastest))
+        .map(|&(path, _)| path)
+        .collect()
+}
+
+/// Times every candidate of `paths` on the GEMM and leaves the [`preferred`] one's output in `out`. Packed paths
+/// [`outpaced_on_probe`] wait: they are timed only where no other packed path takes the operands exactly (a block
+/// scale bf16 does not hold), so that on Zen 4 a class's first GEMM runs on the FMA paths not at all.
 fn tune(
     paths: Vec<HostGemmPath>,
     (lhs, rhs): (&HostOperand<'_>, &HostOperand<'_>),
@@ -218,8 +242,12 @@ fn tune(
         .into_iter()
         .map(|path| (path, Duration::MAX))
         .collect();
-    // Whether each candidate is still timed.
-    let mut racing = vec![true; times.len()];
+    // Whether each candidate is still timed; the paths the probe saw outpaced wait.
+    let waiting = outpaced_on_probe(&probe().times);
+    let mut racing: Vec<bool> = times
+        .iter()
+        .map(|(path, _)| !waiting.contains(path))
+        .collect();
     let started = Instant::now();
     let mut last = None;
     for round in 0..TIMED_ROUNDS {
@@ -245,7 +273,21 @@ fn tune(
         for ((_, best), on) in times.iter().zip(&mut racing) {
             *on &= !fastest.is_some_and(|fastest| outpaced(*best, fastest));
         }
+        // No packed path took the operands: the waiting ones are timed from the next round.
+        let packed_ran = times
+            .iter()
+            .any(|&(path, best)| path != HostGemmPath::F32 && best != Duration::MAX);
+        if round == 0 && !packed_ran {
+            for ((path, _), on) in times.iter().zip(&mut racing) {
+                *on |= waiting.contains(path);
+            }
+        }
     }
+    let skipped: Vec<HostGemmPath> = times
+        .iter()
+        .filter(|&&(path, best)| best == Duration::MAX && waiting.contains(&path))
+        .map(|&(path, _)| path)
+        .collect();
     times.retain(|&(_, best)| best != Duration::MAX);
     // `f32` takes any operands, so a candidate always remains.
     let chosen = preferred(&times);
@@ -255,6 +297,11 @@ fn tune(
     let listed: Vec<String> = times
         .iter()
         .map(|(path, time)| format!("{path} {:.3} ms", time.as_secs_f64() * 1e3))
+        .chain(
+            skipped
+                .iter()
+                .map(|path| format!("{path} outpaced on the probe")),
+        )
         .collect();
     let [batch, m, k, n] = bmkn;
     tracing::info!(
@@ -269,6 +316,7 @@ fn tune(
         anchored,
         transposed: (lhs.transposed, rhs.transposed),
         times,
+        skipped,
         chosen,
     }
 }
