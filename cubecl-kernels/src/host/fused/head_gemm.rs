@@ -96,24 +96,12 @@ unsafe fn blocks(
             let rows = MR.min(m - r0);
             let sums = if rows == MR {
                 // SAFETY: rows r0..r0 + MR of the left operand exist.
-                unsafe {
-                    if fused {
-                        row_block::<MR, true>(lhs, r0, panel)
-                    } else {
-                        row_block::<MR, false>(lhs, r0, panel)
-                    }
-                }
+                unsafe { row_block::<MR>(lhs, r0, panel, fused) }
             } else {
                 let mut sums = [[0.0f32; NR]; MR];
                 for (r, sum) in sums[..rows].iter_mut().enumerate() {
                     // SAFETY: row r0 + r of the left operand exists.
-                    *sum = unsafe {
-                        if fused {
-                            row_block::<1, true>(lhs, r0 + r, panel)
-                        } else {
-                            row_block::<1, false>(lhs, r0 + r, panel)
-                        }
-                    }[0];
+                    *sum = unsafe { row_block::<1>(lhs, r0 + r, panel, fused) }[0];
                 }
                 sums
             };
@@ -132,15 +120,16 @@ unsafe fn blocks(
 }
 
 /// The sums of `R` rows from `r0` against one panel (`k × NR` values), each in depth order: each product added with
-/// one rounding where `FUSED`, two otherwise.
+/// one rounding where `fused` (a constant in each clone, inlined), two otherwise.
 ///
 /// # Safety
 /// Rows `r0..r0 + R` of the left operand lie in its allocation, `k` (the panel's depth) columns each.
 #[inline(always)]
-unsafe fn row_block<const R: usize, const FUSED: bool>(
+unsafe fn row_block<const R: usize>(
     lhs: Strided,
     r0: usize,
     panel: &[f32],
+    fused: bool,
 ) -> [[f32; NR]; R] {
     let mut sums = [[0.0f32; NR]; R];
     for (p, b) in panel.chunks_exact(NR).enumerate() {
@@ -149,7 +138,7 @@ unsafe fn row_block<const R: usize, const FUSED: bool>(
             // SAFETY: the caller's contract.
             let a = unsafe { lhs.at(r0 + r, p) };
             for l in 0..NR {
-                sum[l] = if FUSED {
+                sum[l] = if fused {
                     a.mul_add(b[l], sum[l])
                 } else {
                     sum[l] + a * b[l]
