@@ -68,6 +68,14 @@ pub trait Decorator: Clone + Default + core::fmt::Debug + Send + Sync + 'static 
         Self::Inner::linear_weight_backward(x, output_grad)
     }
 
+    /// Seeds the backend's random generator and burn-te's stochastic rounding
+    /// ([`seed_stochastic_rounding`](crate::seed_stochastic_rounding)), so a run that seeds its backend draws the
+    /// same rounding bits whatever ran before it in the process.
+    fn seed(device: &<Self::Inner as BackendTypes>::Device, seed: u64) {
+        crate::seed_stochastic_rounding(seed);
+        Self::Inner::seed(device, seed)
+    }
+
     /// Reads a float tensor to the host; forwards by default. `Te<B>` counts the read, its bytes and its time.
     fn float_into_data(
         tensor: FloatTensor<Self::Inner>,

@@ -39,7 +39,7 @@ pub mod prelude {
 /// backend's), `Backend` and every ops trait for `Te<B>`:
 /// 428 methods, the 218 with a default body included, so that an inner backend's faster versions
 /// of default ops are kept. The ops that `Decorator` declares
-/// (`bool_from_data`, `bool_into_data`, `float_from_data`, `float_into_data`, `float_matmul`, `int_from_data`, `int_into_data`, `linear`, `linear_weight_backward`, `linear_x_backward`, `name`, `tr_execute`) go through the decorator; every other op is `B::op(args)`.
+/// (`bool_from_data`, `bool_into_data`, `float_from_data`, `float_into_data`, `float_matmul`, `int_from_data`, `int_into_data`, `linear`, `linear_weight_backward`, `linear_x_backward`, `name`, `seed`, `tr_execute`) go through the decorator; every other op is `B::op(args)`.
 ///
 /// ```ignore
 /// #[derive(Clone, Default, Debug)]
@@ -110,8 +110,7 @@ macro_rules! forward_backend {
                     }
 
                     fn seed(device: &Self::Device, seed: u64) {
-                        $crate::seed_stochastic_rounding(seed);
-                        B::seed(device, seed)
+                        <Self as Decorator>::seed(device, seed)
                     }
 
                     fn sync(device: &Self::Device) -> Result<(), ExecutionError> {
