@@ -13,7 +13,6 @@ use crate::format::Fp8Format;
 use crate::kernel::{block, reduce::CUBE_SIZE};
 use crate::ops::{Fp8Buffer, StatsReadback, StatsScales, launch_stats};
 pub use crate::scale_block::{BlockScaleRule, ScaleBlock};
-use crate::stats::Fp8Stats;
 
 /// A block-quantized tensor on the device.
 #[derive(Clone, Debug)]
@@ -193,25 +192,6 @@ pub fn host_block_quantize(
         .map(|(index, &x)| format.encode(x * scales[block.slot(index, cols)].0))
         .collect();
     Ok((codes, scales.iter().map(|s| s.1).collect()))
-}
-
-/// Host reference of [`block_tensor_stats`]: the statistics of a `[rows, cols]` tensor and of its block
-/// quantization.
-pub fn host_block_tensor_stats(
-    input: &[f32],
-    rows: usize,
-    cols: usize,
-    block: ScaleBlock,
-    rule: BlockScaleRule,
-    format: Fp8Format,
-) -> Result<Fp8Stats, KernelError> {
-    let scales = host_block_scales(input, rows, cols, block, rule, format)?;
-    let mut stats = Fp8Stats::EMPTY;
-    for (index, &x) in input.iter().enumerate() {
-        let (scale, scale_inv) = scales[block.slot(index, cols)];
-        stats.push(x, format.encode(x * scale), format, scale_inv);
-    }
-    Ok(stats.with_scale_invs(scales.iter().map(|&(_, scale_inv)| scale_inv)))
 }
 
 /// Dequantizes a block-quantized `[rows, cols]` tensor: `decode(code) · scale_inv[block]`, as `F`.

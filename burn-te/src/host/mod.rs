@@ -20,7 +20,6 @@ use burn::backend::ndarray::NdArrayTensor;
 use burn::tensor::backend::{Backend, BackendTypes};
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn::tensor::{Shape, TensorData};
-use burn_te_kernels::block::host_block_tensor_stats;
 use burn_te_kernels::block_range::host_max_block_dynamic_range;
 use burn_te_kernels::host::pool::{HostOutput, OutputValues};
 use burn_te_kernels::{
@@ -539,7 +538,7 @@ macro_rules! host_te_backend {
                     }
                     Some((format, Scaling::Block { block, rule })) => {
                         let (rows, cols) = rows_cols(&shape);
-                        host_block_tensor_stats(&x, rows, cols, block, rule, format)?
+                        host::block_fp8_tensor_stats(&x, rows, cols, block, rule, format)?
                     }
                     Some((format, Scaling::Nvfp4 { tile, rht, .. })) => {
                         crate::nvfp4::check_scale_format(format)?;

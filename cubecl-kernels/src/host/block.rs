@@ -14,7 +14,7 @@ use crate::format::Fp8Format;
 use crate::scale_block::{BlockScaleRule, ScaleBlock};
 
 /// Elements of input per task at least: stripes of one-row blocks are grouped up to this many.
-const TASK_ELEMENTS: usize = 1 << 15;
+pub(super) const TASK_ELEMENTS: usize = 1 << 15;
 
 /// `(codes, scale_inv per block)` of a row-major `[rows, cols]` tensor in `block`s (`scale_inv` row-major over
 /// the block grid; rows are those of the flattened tensor, so stacked matrices whose rows are a multiple of the
@@ -127,12 +127,11 @@ fn quantize_rows(
     let mut scratch = (vec![0u32; grid_cols], vec![0.0f32; grid_cols]);
     let stripes = input.chunks(stripe).zip(codes.chunks_mut(stripe));
     for ((input, codes), scale_inv) in stripes.zip(scale_inv.chunks_mut(grid_cols)) {
-        let format = (rule, format);
         quantize_stripe(
             input,
             cols,
             block.cols,
-            format,
+            (rule, format),
             codes,
             scale_inv,
             &mut scratch,
@@ -160,17 +159,15 @@ fn quantize_stripe(
     (amax, scales): &mut (Vec<u32>, Vec<f32>),
 ) {
     let (amax, scales) = (&mut amax[..scale_inv.len()], &mut scales[..scale_inv.len()]);
-    amax.fill(0);
-    for row in input.chunks_exact(cols) {
-        if block_cols == 1 {
-            max_abs_bits_into(amax, row);
-        } else {
-            for (amax, chunk) in amax.iter_mut().zip(row.chunks(block_cols)) {
-                *amax = (*amax).max(amax_bits(chunk));
-            }
-        }
-    }
-    block_scales(amax, (rule, format), scales, scale_inv);
+    stripe_scales(
+        input,
+        cols,
+        block_cols,
+        (rule, format),
+        amax,
+        scales,
+        scale_inv,
+    );
     let rows = input.chunks_exact(cols).zip(codes.chunks_exact_mut(cols));
     for (row, codes) in rows {
         if block_cols == 1 {
@@ -182,6 +179,31 @@ fn quantize_stripe(
             }
         }
     }
+}
+
+/// The block scales of one stripe of whole rows (`cols` each, one block row of the grid): each block's amax over its
+/// rows and columns, then `(scales[j], scale_inv[j]) = rule.scales(amax[j])`. `amax` is scratch; the three hold
+/// one entry per block of the stripe.
+pub(super) fn stripe_scales(
+    input: &[f32],
+    cols: usize,
+    block_cols: usize,
+    (rule, format): (BlockScaleRule, Fp8Format),
+    amax: &mut [u32],
+    scales: &mut [f32],
+    scale_inv: &mut [f32],
+) {
+    amax.fill(0);
+    for row in input.chunks_exact(cols) {
+        if block_cols == 1 {
+            max_abs_bits_into(amax, row);
+        } else {
+            for (amax, chunk) in amax.iter_mut().zip(row.chunks(block_cols)) {
+                *amax = (*amax).max(amax_bits(chunk));
+            }
+        }
+    }
+    block_scales(amax, (rule, format), scales, scale_inv);
 }
 
 /// `(scales[j], scale_inv[j]) = rule.scales(amax[j])` for each block (`amax` as bits of `|x|`): one loop per rule,

@@ -9,16 +9,16 @@ pub mod gemm;
 pub mod nvfp4;
 pub mod optim;
 pub mod pool;
+mod stats;
 
 pub use buffers::{assume_init, uninit, zeroed};
+pub use stats::{block_fp8_tensor_stats, fp8_tensor_stats, non_finite_counts, tensor_stats};
 
 use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
 use crate::format::Fp8Format;
-
-use crate::stats::{Fp8Stats, TensorStats};
 
 /// Elements per parallel chunk: smaller tensors run on the calling thread.
 const CHUNK: usize = 1 << 15;
@@ -146,68 +146,6 @@ pub(crate) fn amax_bits(input: &[f32]) -> u32 {
     input
         .iter()
         .fold(0, |max, x| max.max(x.to_bits() & 0x7fff_ffff))
-}
-
-/// The tensor's NaN, +inf and -inf counts (and its element count) as statistics whose other fields are those of no
-/// finite element: the cheap check of the diagnostics' non-finite tracking, in parallel chunks.
-pub fn non_finite_counts(input: &[f32]) -> TensorStats {
-    let [nan, pos_inf, neg_inf] = if input.len() <= CHUNK {
-        non_finite_chunk(input)
-    } else {
-        input
-            .par_chunks(CHUNK)
-            .map(non_finite_chunk)
-            .reduce(|| [0; 3], |a, b| [a[0] + b[0], a[1] + b[1], a[2] + b[2]])
-    };
-    let numel = input.len() as u64;
-    TensorStats {
-        numel,
-        finite_count: numel - nan - pos_inf - neg_inf,
-        nonzero_count: nan + pos_inf + neg_inf,
-        nan_count: nan,
-        pos_inf_count: pos_inf,
-        neg_inf_count: neg_inf,
-        ..TensorStats::EMPTY
-    }
-}
-
-/// NaN, +inf, -inf counts of a chunk, by the bits (no branch per element).
-#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
-fn non_finite_chunk(input: &[f32]) -> [u64; 3] {
-    let (mut nan, mut pos, mut neg) = (0u32, 0u32, 0u32);
-    for x in input {
-        let bits = x.to_bits();
-        let magnitude = bits & 0x7fff_ffff;
-        nan += u32::from(magnitude > 0x7f80_0000);
-        let inf = u32::from(magnitude == 0x7f80_0000);
-        neg += inf & (bits >> 31);
-        pos += inf & !(bits >> 31);
-    }
-    [u64::from(nan), u64::from(pos), u64::from(neg)]
-}
-
-/// Statistics of the tensor in one pass.
-pub fn tensor_stats(input: &[f32]) -> TensorStats {
-    let mut stats = TensorStats::EMPTY;
-    for &x in input {
-        stats.push(x as f64);
-    }
-    stats
-}
-
-/// Statistics of the tensor and of its quantization with `scale` in `format`, in one pass.
-pub fn fp8_tensor_stats(input: &[f32], format: Fp8Format, scale: f32) -> Fp8Stats {
-    let scale_inv = 1.0f32 / scale;
-    let mut stats = Fp8Stats::EMPTY;
-    for &x in input {
-        stats.push(x, format.encode(x * scale), format, scale_inv);
-    }
-    let scale_invs = if input.is_empty() {
-        None
-    } else {
-        Some(scale_inv)
-    };
-    stats.with_scale_invs(scale_invs)
 }
 
 /// Packs FP8 codes four per little-endian `u32` word, as the kernels store them (the tail is padded with +0).
