@@ -5,6 +5,7 @@ use rayon::prelude::*;
 
 use crate::error::KernelError;
 use crate::host;
+use crate::host::stats::{LANES, QuantizationErrors, is_finite};
 use crate::nvfp4::format::{
     Nvfp4Rounding, Nvfp4Tile, block_encode_scale, block_scale_code, check_rht_cols, decode_e2m1,
     dequantize_factor, encode_e2m1, global_encode_scale, random_bits, rht_matrix, round_to_bf16,
@@ -238,7 +239,9 @@ fn rht_chunks(input: &[f32], output: &mut [f32], m: &[[f32; 16]; 16]) {
     }
 }
 
-/// The statistics of the device launcher `nvfp4::nvfp4_tensor_stats` on the host (global amax `amax`, `None`: the tensor's own).
+/// The statistics of the device launcher `nvfp4::nvfp4_tensor_stats` on the host (global amax `amax`, `None`: the
+/// tensor's own): the tensor's ([`host::tensor_stats`]), and the quantization's errors band by band of `tile`'s rows
+/// on rayon's pool, each element as the device counts it (see [`band_errors`]).
 pub fn tensor_stats(
     input: &[f32],
     rows: usize,
@@ -246,30 +249,86 @@ pub fn tensor_stats(
     tile: Nvfp4Tile,
     amax: Option<f32>,
 ) -> Result<crate::Fp8Stats, KernelError> {
-    let quantized = quantize(input, rows, cols, tile, amax, Nvfp4Rounding::Nearest)?;
+    let quantized = quantize_codes(input, rows, cols, tile, amax, Nvfp4Rounding::Nearest)?;
     let factors: Vec<f32> = quantized
         .scales
         .iter()
         .map(|&code| dequantize_factor(code, quantized.amax))
         .collect();
-    let mut stats = crate::Fp8Stats::EMPTY;
-    for (index, &x) in input.iter().enumerate() {
-        let code = quantized.code(index);
-        let factor = factors[quantized.block_of(index)];
-        stats.tensor.push(f64::from(x));
-        stats.scale_inv_min = stats.scale_inv_min.min(f64::from(factor));
-        stats.scale_inv_max = stats.scale_inv_max.max(f64::from(factor));
-        // Dequantized to ±0: a ±0 code, or a block whose E4M3 scale underflowed to 0.
-        if x != 0.0 && (code & 0x7 == 0 || factor == 0.0) {
-            stats.underflow_count += 1;
-        }
-        if !x.is_nan() && x.abs() > crate::nvfp4::format::E2M1_MAX * factor {
-            stats.overflow_count += 1;
-        }
-        if x.is_finite() {
-            let error = x - decode_e2m1(code) * factor;
-            stats.squared_error_sum += f64::from(error * error);
-        }
+    let block = tile.block();
+    let band = block.rows * cols;
+    let errors = if band == 0 {
+        QuantizationErrors::default()
+    } else {
+        let bands: Vec<QuantizationErrors> = input
+            .par_chunks(band)
+            .zip(quantized.codes.par_chunks(band))
+            .zip(factors.par_chunks(cols.div_ceil(block.cols)))
+            .map(|((x, codes), factors)| band_errors(x, codes, factors, cols, block.cols))
+            .collect();
+        bands
+            .into_iter()
+            .fold(QuantizationErrors::default(), QuantizationErrors::add)
+    };
+    let range = factors
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(min, max), &factor| {
+            (min.min(f64::from(factor)), max.max(f64::from(factor)))
+        });
+    let stats = crate::Fp8Stats {
+        tensor: host::tensor_stats(input),
+        scale_inv_min: range.0,
+        scale_inv_max: range.1,
+        ..crate::Fp8Stats::EMPTY
+    };
+    let mut stats = stats.with_scale_invs(factors);
+    stats.add_errors(errors);
+    Ok(stats)
+}
+
+/// The errors of one band of whole rows (`cols` each): its blocks' dequantization factors (`factors`, one per block
+/// of the band's block row) expanded to the columns, then [`row_errors`] row by row.
+fn band_errors(
+    x: &[f32],
+    codes: &[u8],
+    factors: &[f32],
+    cols: usize,
+    block_cols: usize,
+) -> QuantizationErrors {
+    let mut column_factors = vec![0.0f32; cols];
+    for (columns, &factor) in column_factors.chunks_mut(block_cols).zip(factors) {
+        columns.fill(factor);
     }
-    Ok(stats.with_scale_invs(factors))
+    x.chunks_exact(cols)
+        .zip(codes.chunks_exact(cols))
+        .map(|(row, codes)| row_errors(row, codes, &column_factors))
+        .fold(QuantizationErrors::default(), QuantizationErrors::add)
+}
+
+/// The errors of one row's E2M1 codes with each column's dequantization factor: an underflow is a nonzero value
+/// dequantized to ±0 (a ±0 code, or a block whose E4M3 scale underflowed to 0), an overflow a value (not NaN) above
+/// `6 · factor`, and the squared error `(x − decode(code) · factor)²` in f32, summed in f64 over the finite values.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
+fn row_errors(row: &[f32], codes: &[u8], factors: &[f32]) -> QuantizationErrors {
+    let decoded: [f32; 16] = core::array::from_fn(|code| decode_e2m1(code as u8));
+    let mut underflow = [0u32; LANES];
+    let mut overflow = [0u32; LANES];
+    let mut squared_error = [0.0f64; LANES];
+    let values = row.iter().zip(codes).zip(factors).enumerate();
+    for (j, ((&x, &code), &factor)) in values {
+        let l = j % LANES;
+        underflow[l] += u32::from(x != 0.0 && (code & 0x7 == 0 || factor == 0.0));
+        overflow[l] += u32::from(!x.is_nan() && x.abs() > crate::nvfp4::format::E2M1_MAX * factor);
+        let error = x - decoded[usize::from(code & 0xf)] * factor;
+        squared_error[l] += if is_finite(x) {
+            f64::from(error * error)
+        } else {
+            0.0
+        };
+    }
+    QuantizationErrors {
+        underflow: underflow.iter().map(|&c| u64::from(c)).sum(),
+        overflow: overflow.iter().map(|&c| u64::from(c)).sum(),
+        squared_error: squared_error.iter().sum(),
+    }
 }

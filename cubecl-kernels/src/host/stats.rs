@@ -20,7 +20,7 @@ use crate::stats::{Fp8Stats, TensorStats};
 const CHUNK: usize = 1 << 14;
 
 /// Independent accumulators per vector pass (two 512-bit registers of f32 lanes, four of f64).
-const LANES: usize = 16;
+pub(super) const LANES: usize = 16;
 
 /// The statistics of the tensor.
 pub fn tensor_stats(input: &[f32]) -> TensorStats {
@@ -217,7 +217,7 @@ pub(super) fn chunk_stats(chunk: &[f32]) -> TensorStats {
 
 /// Whether `x` is finite, from its exponent bits alone (a vector compare).
 #[inline(always)]
-fn is_finite(x: f32) -> bool {
+pub(super) fn is_finite(x: f32) -> bool {
     x.to_bits() & 0x7f80_0000 != 0x7f80_0000
 }
 
@@ -327,9 +327,20 @@ pub(super) struct QuantizationErrors {
     pub squared_error: f64,
 }
 
+impl QuantizationErrors {
+    /// The errors of both groups of values.
+    pub(super) fn add(self, other: Self) -> Self {
+        QuantizationErrors {
+            underflow: self.underflow + other.underflow,
+            overflow: self.overflow + other.overflow,
+            squared_error: self.squared_error + other.squared_error,
+        }
+    }
+}
+
 impl Fp8Stats {
     /// Adds the errors of quantizing this record's values.
-    fn add_errors(&mut self, errors: QuantizationErrors) {
+    pub(super) fn add_errors(&mut self, errors: QuantizationErrors) {
         self.underflow_count += errors.underflow;
         self.overflow_count += errors.overflow;
         self.squared_error_sum += errors.squared_error;
