@@ -81,12 +81,11 @@ pub fn block_fp8_tensor_stats(
                 (vec![0.0f32; cols], vec![0.0f32; cols]);
             let mut task_scale_invs = Vec::with_capacity(task.len().div_ceil(stripe) * grid_cols);
             for stripe in task.chunks(stripe) {
-                let format_rule = (rule, format);
                 stripe_scales(
                     stripe,
                     cols,
                     block.cols,
-                    format_rule,
+                    (rule, format),
                     &mut amax,
                     &mut scales,
                     &mut scale_inv,
@@ -142,7 +141,7 @@ pub fn non_finite_counts(input: &[f32]) -> TensorStats {
 }
 
 /// A chunk's record: merged with others in the chunks' order.
-pub(super) trait Record: Copy + Send {
+trait Record: Copy + Send {
     /// The record of no elements.
     const EMPTY: Self;
     /// The record of both groups of elements.
@@ -164,7 +163,7 @@ impl Record for Fp8Stats {
 }
 
 /// `record` of each [`CHUNK`] of `input` (on rayon's pool when there are several), merged first to last.
-pub(super) fn merge_in_order<R: Record>(input: &[f32], record: impl Fn(&[f32]) -> R + Sync) -> R {
+fn merge_in_order<R: Record>(input: &[f32], record: impl Fn(&[f32]) -> R + Sync) -> R {
     if input.len() <= CHUNK {
         return record(input);
     }
@@ -185,7 +184,7 @@ struct FiniteSums {
 
 /// The statistics of one chunk: the first pass, the squared deviations from its mean, and the non-finite counts
 /// where the first pass saw any.
-pub(super) fn chunk_stats(chunk: &[f32]) -> TensorStats {
+fn chunk_stats(chunk: &[f32]) -> TensorStats {
     let sums = finite_sums(chunk);
     let numel = chunk.len() as u64;
     let mean = if sums.count == 0 {
@@ -349,7 +348,7 @@ impl Fp8Stats {
 
 /// The errors of quantizing `chunk` with one `scale` (`scale_inv` its inverse) in `format`.
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
-pub(super) fn quantization_errors(
+fn quantization_errors(
     chunk: &[f32],
     scale: f32,
     scale_inv: f32,
@@ -366,7 +365,7 @@ pub(super) fn quantization_errors(
 /// The errors of quantizing `row` with a scale per value (`scales[j]`, `scale_invs[j]`): blocks along the row
 /// expanded to its columns.
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
-pub(super) fn quantization_errors_each(
+fn quantization_errors_each(
     row: &[f32],
     scales: &[f32],
     scale_invs: &[f32],
