@@ -2146,6 +2146,39 @@ fn packed_paths_the_probe_saw_outpaced_wait() {
     assert_eq!(outpaced_on_probe(&[]), vec![], "nothing probed");
 }
 
+/// A tuning round times the candidates slowest first, so the likely winner runs last and its output is the one the
+/// GEMM keeps (no run of the kept path after the rounds): before any run by the probe's times, then by each
+/// candidate's best run on the class; a path the probe did not time goes first.
+#[test]
+fn a_tuning_round_times_the_likely_winner_last() {
+    use burn_te::host::gemm::timing_order;
+    use std::time::Duration;
+    let us = Duration::from_micros;
+    let none = Duration::MAX;
+    let (bf16, fma512, f32) = (
+        HostGemmPath::Avx512Bf16,
+        HostGemmPath::Avx512Fma,
+        HostGemmPath::F32,
+    );
+    // Zen 4's probe: bf16 at twice the f32 rate.
+    let probe = [(bf16, us(700)), (fma512, us(1330)), (f32, us(1400))];
+    assert_eq!(
+        timing_order(&[(bf16, none), (f32, none)], &probe),
+        vec![1, 0],
+        "round 0: f32, then bf16"
+    );
+    assert_eq!(
+        timing_order(&[(bf16, us(5000)), (fma512, none), (f32, us(4000))], &probe),
+        vec![1, 0, 2],
+        "later: by the class's best runs (f32 won the first round), a waiting path by its probe time"
+    );
+    assert_eq!(
+        timing_order(&[(bf16, none), (f32, none)], &[(bf16, us(700))]),
+        vec![1, 0],
+        "a path the probe did not time first"
+    );
+}
+
 /// The autotune: the first unforced GEMM of a shape class (64 × 8192 × 64, rounded up to powers of two) times
 /// every path this CPU runs and keeps the first (in instruction order) within 10 % of the fastest, whose output it returns (the bits of that path forced, within
 /// f64's bound); a later GEMM of the class (60 × 7000 × 60) takes the kept path without timing again; a GEMM

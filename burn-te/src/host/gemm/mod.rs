@@ -23,5 +23,5 @@ pub use probe::{
 pub use run::HOST_FP8_GEMM;
 pub use tune::{
     HOST_GEMM_TUNINGS, HostGemmTuning, OUTPACED_FACTOR, TUNED_MIN_PRODUCT, TunedRoute,
-    host_gemm_tunings, outpaced, outpaced_on_probe, tuned_route,
+    host_gemm_tunings, outpaced, outpaced_on_probe, timing_order, tuned_route,
 };

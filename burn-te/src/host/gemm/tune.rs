@@ -1,7 +1,7 @@
 //! The host FP8 GEMM's autotune: per shape class, every path this CPU runs that takes the operands exactly is timed
-//! on the GEMM itself, the paths in turn for up to [`TIMED_ROUNDS`] rounds (a path [`outpaced`] after a round is
-//! timed no further, and the rounds stop when one path is left; a packed path [`outpaced_on_probe`] is timed only
-//! where no faster packed path takes the operands), and the [`preferred`] path by their best runs (the first in
+//! on the GEMM itself, the paths in turn ([`timing_order`]: the likely winner last) for up to [`TIMED_ROUNDS`]
+//! rounds (a path [`outpaced`] after a round is timed no further, and the rounds stop when one path is left; a
+//! packed path [`outpaced_on_probe`] is timed only where no faster packed path takes the operands), and the [`preferred`] path by their best runs (the first in
 //! instruction order within 10 % of the fastest) is kept for that class for the rest of the process, as Burn keeps
 //! its matmul's choice (and as the device GEMM's autotune does, [`crate::cube`]). The timed runs are the call's own
 //! work: the GEMM's output is the kept path's.
@@ -226,6 +226,30 @@ pub fn outpaced_on_probe(times: &[(HostGemmPath, Duration)]) -> Vec<HostGemmPath
         .collect()
 }
 
+/// The order in which a round times the candidates (indices into `times`): those not yet run first, slowest first
+/// by the probe's times (a path the probe did not time before them), then the others slowest first by their best
+/// run on the class. The likely winner runs last, so its output is the one left and the kept path needs no run
+/// after the rounds.
+pub fn timing_order(
+    times: &[(HostGemmPath, Duration)],
+    probed: &[(HostGemmPath, Duration)],
+) -> Vec<usize> {
+    let expected = |&(path, best): &(HostGemmPath, Duration)| {
+        if best != Duration::MAX {
+            (true, best)
+        } else {
+            let probed = probed.iter().find(|(p, _)| *p == path);
+            (false, probed.map_or(Duration::MAX, |&(_, time)| time))
+        }
+    };
+    let mut order: Vec<usize> = (0..times.len()).collect();
+    order.sort_by_key(|&i| {
+        let (ran, time) = expected(&times[i]);
+        (ran, std::cmp::Reverse(time))
+    });
+    order
+}
+
 /// Times every candidate of `paths` on the GEMM and leaves the [`preferred`] one's output in `out`. Packed paths
 /// [`outpaced_on_probe`] wait: they are timed only where no other packed path takes the operands exactly (a block
 /// scale bf16 does not hold), so that on Zen 4 a class's first GEMM runs on the FMA paths not at all.
@@ -255,7 +279,8 @@ fn tune(
         if left <= 1 || (round >= 2 && started.elapsed() > ROUNDS_BUDGET) {
             break;
         }
-        for ((path, best), on) in times.iter_mut().zip(&mut racing) {
+        for i in timing_order(&times, &probe().times) {
+            let ((path, best), on) = (&mut times[i], &mut racing[i]);
             if !*on {
                 continue;
             }
