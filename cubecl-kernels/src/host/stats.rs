@@ -10,9 +10,9 @@
 
 use rayon::prelude::*;
 
-use super::block::{TASK_ELEMENTS, stripe_scales};
 use crate::error::KernelError;
 use crate::format::Fp8Format;
+use crate::host::block::{TASK_ELEMENTS, stripe_scales};
 use crate::scale_block::{BlockScaleRule, ScaleBlock};
 use crate::stats::{Fp8Stats, TensorStats};
 
@@ -48,7 +48,7 @@ pub fn fp8_tensor_stats(input: &[f32], format: Fp8Format, scale: f32) -> Fp8Stat
 }
 
 /// The statistics of a row-major `[rows, cols]` tensor and of its quantization in `block`s with `rule`'s scales
-/// (those of [`super::block::block_quantize`]): one task per stripe of a block's rows (grouped as the quantization
+/// (those of [`crate::host::block::block_quantize`]): one task per stripe of a block's rows (grouped as the quantization
 /// groups them), the tasks' records merged in order. An error where the block has a zero side or the input is not
 /// `rows · cols` long.
 pub fn block_fp8_tensor_stats(
