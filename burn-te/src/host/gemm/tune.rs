@@ -1,10 +1,10 @@
 //! The host FP8 GEMM's autotune: per shape class, every path this CPU runs that takes the operands exactly is timed
 //! on the GEMM itself, the paths in turn ([`timing_order`]: the likely winner last) for up to [`TIMED_ROUNDS`]
 //! rounds (a path [`outpaced`] after a round is timed no further, and the rounds stop when one path is left; a
-//! packed path [`outpaced_on_probe`] is timed only where no faster packed path takes the operands), and the [`preferred`] path by their best runs (the first in
-//! instruction order within 10 % of the fastest) is kept for that class for the rest of the process, as Burn keeps
-//! its matmul's choice (and as the device GEMM's autotune does, [`crate::cube`]). The timed runs are the call's own
-//! work: the GEMM's output is the kept path's.
+//! packed path [`outpaced_on_probe`] is timed only where no faster packed path takes the operands), and the
+//! [`preferred`] path by their best runs (the first in instruction order within 10 % of the fastest) is kept for
+//! that class for the rest of the process, as Burn keeps its matmul's choice (and as the device GEMM's autotune
+//! does, [`crate::cube`]). The timed runs are the call's own work: the GEMM's output is the kept path's.
 //!
 //! One probe shape cannot stand for every GEMM: on a 2-core AMD EPYC Zen 3 the probe ([`super::probe`], 256 × 1024 ×
 //! 512) chose `f32`, which was 20 % slower than `avx2fma` on a TransformerLayer step's GEMMs at hidden 1024. GEMMs
