@@ -1811,6 +1811,8 @@ fn the_first_gemms_end_while_rayons_workers_wait_for_the_probe() {
         let mut child = Command::new(std::env::current_exe().expect("the test binary"))
             .args([PROBE_CHILD, "--exact", "--ignored", "--test-threads=1"])
             .env_remove("BURN_TE_HOST_GEMM")
+            // The probe measured, not taken from the cache on disk.
+            .env(burn_te::host::gemm::HOST_GEMM_CACHE_ENV, "off")
             .env(PROBE_CHILD_MODE, mode)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -26,6 +26,7 @@ mod fused_adam;
 mod gemm;
 mod grouped_linear;
 mod host_gemm;
+mod host_gemm_cache;
 mod layering;
 mod microbatch;
 mod modules;

@@ -1,5 +1,5 @@
 //! The host FP8 GEMM of the CPU backends: which path runs ([`choice`]: forced, or the autotune's choice per shape
-//! class, [`tune`], with the one-shape [`probe`] for small GEMMs), the packed paths on one CPU instruction each
+//! class, [`tune`], with the one-shape [`probe`] for small GEMMs; both kept on disk by [`tune_cache`]), the packed paths on one CPU instruction each
 //! (`packed`: `amxbf16`, `avx512bf16`, `avx512fma`, `avx2fma`) and the portable `f32` path (`decoded`), one GEMM
 //! on a given path (`run`); several issued together (`grouped`).
 
@@ -11,6 +11,7 @@ mod packed;
 pub mod probe;
 mod run;
 pub mod tune;
+pub mod tune_cache;
 
 pub use burn_te_kernels::host::gemm::HostGemmPath;
 pub(crate) use choice::host_fp8_gemm;
@@ -25,3 +26,4 @@ pub use tune::{
     HOST_GEMM_TUNINGS, HostGemmTuning, OUTPACED_FACTOR, TUNED_MIN_PRODUCT, TunedRoute,
     host_gemm_tunings, outpaced, outpaced_on_probe, timing_order, tuned_route,
 };
+pub use tune_cache::{HOST_GEMM_CACHE_ENV, HOST_GEMM_TUNINGS_CACHED, host_gemm_cache_file};

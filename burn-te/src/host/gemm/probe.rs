@@ -10,6 +10,7 @@ use burn_te_kernels::host::gemm::HostGemmPath;
 
 use super::operand::HostOperand;
 use super::run::run_on;
+use super::tune_cache::{StoredChoice, cached_choice, store_choice};
 use crate::metrics;
 use crate::primitive::ElementFormat;
 
@@ -23,6 +24,8 @@ pub struct HostGemmProbe {
     pub times: Vec<(HostGemmPath, Duration)>,
     /// The first path within [`PREFERENCE_MARGIN`] of the fastest ([`preferred`]).
     pub chosen: HostGemmPath,
+    /// Whether the probe came from the cache on disk ([`super::tune_cache`]), measured by an earlier process.
+    pub cached: bool,
 }
 
 /// The probe GEMM: `M × K · K × N`, a layer's fprop of E4M3 codes with per-tensor scales.
@@ -32,7 +35,8 @@ pub const PROBE_SHAPE: (usize, usize, usize) = (256, 1024, 512);
 /// caches and buffers).
 const PROBE_RUNS: usize = 5;
 
-/// The probe, run once per process at the first host FP8 GEMM that is not forced (a few ms per path): each path
+/// The probe, run once per process at the first host FP8 GEMM that is not forced (a few ms per path; taken from
+/// the cache on disk, [`super::tune_cache`], where an earlier process on this CPU stored it): each path
 /// this CPU runs takes the same GEMM ([`PROBE_SHAPE`]) in `PROBE_RUNS` rounds of every path in turn on rayon's
 /// pool, and the [`preferred`] path by their best times wins. The paths' accumulation orders differ, so the choice
 /// also decides a run's last bits: `BURN_TE_HOST_GEMM` pins it where runs must repeat bit for bit across machines
@@ -40,25 +44,44 @@ const PROBE_RUNS: usize = 5;
 pub fn probe() -> &'static HostGemmProbe {
     static PROBE: OnceLock<HostGemmProbe> = OnceLock::new();
     PROBE.get_or_init(|| {
+        let (m, k, n) = PROBE_SHAPE;
+        let key = format!("probe {m}x{k}x{n}");
+        if let Some(choice) = cached_choice(&key) {
+            tracing::info!(
+                "host FP8 GEMM: {} chosen by the probe (cached: {})",
+                choice.chosen,
+                listed(&choice.times)
+            );
+            return HostGemmProbe {
+                times: choice.times,
+                chosen: choice.chosen,
+                cached: true,
+            };
+        }
         let probe = on_own_pool(|| measure(&HostGemmPath::available_paths()));
         for (path, time) in &probe.times {
             metrics::record_time(&format!("{HOST_GEMM_PROBE}({path})"), *time);
         }
         tracing::info!(
-            "host FP8 GEMM: {} chosen by the probe ({}×{}×{}: {})",
+            "host FP8 GEMM: {} chosen by the probe ({m}×{k}×{n}: {})",
             probe.chosen,
-            PROBE_SHAPE.0,
-            PROBE_SHAPE.1,
-            PROBE_SHAPE.2,
-            probe
-                .times
-                .iter()
-                .map(|(path, time)| format!("{path} {time:?}"))
-                .collect::<Vec<_>>()
-                .join(", ")
+            listed(&probe.times)
+        );
+        store_choice(
+            &key,
+            StoredChoice::new([1, m, k, n], &probe.times, &[], probe.chosen),
         );
         probe
     })
+}
+
+/// `avx2fma 1.2ms, f32 1.3ms`.
+fn listed(times: &[(HostGemmPath, Duration)]) -> String {
+    times
+        .iter()
+        .map(|(path, time)| format!("{path} {time:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `f` on a rayon pool of its own (as many threads as the global pool), from a thread of its own. The global
@@ -140,7 +163,11 @@ pub fn measure(paths: &[HostGemmPath]) -> HostGemmProbe {
         .filter_map(|(path, best)| Some((path, best?)))
         .collect();
     let chosen = preferred(&times);
-    HostGemmProbe { times, chosen }
+    HostGemmProbe {
+        times,
+        chosen,
+        cached: false,
+    }
 }
 
 /// A path must run this much faster than every path before it in [`HostGemmPath::ALL`]'s order (fastest

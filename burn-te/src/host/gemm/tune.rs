@@ -12,6 +12,9 @@
 //! choice, and so do GEMMs issued from rayon's workers (a grouped layer's small experts, run side by side) until
 //! their class is tuned on another thread: a worker never times paths itself.
 //!
+//! The choices persist: [`super::tune_cache`] stores each on disk, and a later process on the same CPU takes it at
+//! the class's first GEMM instead of timing the paths again.
+//!
 //! The key anchors the batch, M, K and N to powers of two (as Burn's matmul key does) and carries what decides
 //! which paths can take the operands (element formats, block scales, transposition).
 
@@ -26,6 +29,7 @@ use burn_te_kernels::host::gemm::HostGemmPath;
 use super::operand::HostOperand;
 use super::probe::{preferred, probe};
 use super::run::{host_fp8_gemm_asking, run_on};
+use super::tune_cache::{HOST_GEMM_TUNINGS_CACHED, StoredChoice, cached_choice, store_choice};
 use crate::metrics;
 use crate::primitive::ElementFormat;
 
@@ -66,6 +70,8 @@ pub struct HostGemmTuning {
     pub skipped: Vec<HostGemmPath>,
     /// The [`preferred`] path, kept for every GEMM of the class.
     pub chosen: HostGemmPath,
+    /// Whether the choice came from the cache on disk ([`super::tune_cache`]), made by an earlier process.
+    pub cached: bool,
 }
 
 /// `1x1024x512x2048 (lhs_t false, rhs_t true): avx2fma (avx2fma 19.54 ms, f32 19.21 ms)`: the GEMM that tuned the
@@ -86,7 +92,7 @@ impl std::fmt::Display for HostGemmTuning {
         for path in &self.skipped {
             write!(f, ", {path} outpaced on the probe")?;
         }
-        f.write_str(")")
+        f.write_str(if self.cached { ", cached)" } else { ")" })
     }
 }
 
@@ -97,6 +103,13 @@ struct TuneKey {
     transposed: (bool, bool),
     formats: (ElementFormat, ElementFormat),
     blocks: (Option<ScaleBlock>, Option<ScaleBlock>),
+}
+
+impl TuneKey {
+    /// The key in the cache on disk.
+    fn stored(&self) -> String {
+        format!("{self:?}")
+    }
 }
 
 fn tunings() -> &'static Mutex<HashMap<TuneKey, HostGemmTuning>> {
@@ -165,13 +178,6 @@ pub(super) fn run_tuned(
         formats: (lhs.format, rhs.format),
         blocks: (lhs.block, rhs.block),
     };
-    let kept = |key: &TuneKey| {
-        tunings()
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(key)
-            .map(|tuning| tuning.chosen)
-    };
     let kept_now = (product >= TUNED_MIN_PRODUCT).then(|| kept(&key)).flatten();
     let on_worker = rayon::current_thread_index().is_some();
     match tuned_route(product, kept_now, on_worker) {
@@ -198,11 +204,46 @@ pub(super) fn run_tuned(
         key.anchored,
     );
     let chosen = tuning.chosen;
+    store_choice(
+        &key.stored(),
+        StoredChoice::new(tuning.dims, &tuning.times, &tuning.skipped, chosen),
+    );
     tunings()
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .insert(key, tuning);
     chosen
+}
+
+/// The path kept for `key`'s class: tuned earlier in this process, or taken from the cache on disk at the class's
+/// first GEMM (counted under [`HOST_GEMM_TUNINGS_CACHED`]).
+fn kept(key: &TuneKey) -> Option<HostGemmPath> {
+    let mut tunings = tunings().lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(tuning) = tunings.get(key) {
+        return Some(tuning.chosen);
+    }
+    let choice = cached_choice(&key.stored())?;
+    metrics::increment_counter(HOST_GEMM_TUNINGS_CACHED, 1);
+    let [batch, m, k, n] = choice.dims;
+    tracing::info!(
+        "host FP8 GEMM autotune, batch {batch} x {m}x{k}x{n} (lhs_t {}, rhs_t {}): {} (cached)",
+        key.transposed.0,
+        key.transposed.1,
+        choice.chosen
+    );
+    tunings.insert(
+        key.clone(),
+        HostGemmTuning {
+            dims: choice.dims,
+            anchored: key.anchored,
+            transposed: key.transposed,
+            times: choice.times,
+            skipped: choice.skipped,
+            chosen: choice.chosen,
+            cached: true,
+        },
+    );
+    Some(choice.chosen)
 }
 
 /// Whether a candidate whose best run took `best` is out of the running: more than [`OUTPACED_FACTOR`] times the
@@ -343,5 +384,6 @@ fn tune(
         times,
         skipped,
         chosen,
+        cached: false,
     }
 }
