@@ -13,7 +13,7 @@ use crate::host::pool::OutputValues;
 use rayon::prelude::*;
 
 use super::exp;
-use super::head_gemm::{Strided, head_gemm};
+use super::head_gemm::{PackedRhs, Strided, head_gemm, packed_gemm};
 use super::softmax::{SoftmaxMask, exp_normalized, max_and_nan, visible};
 
 /// Query rows per block: the block's scores (`ROWS × keys`) stay in L2 between its GEMMs.
@@ -127,13 +127,8 @@ unsafe fn matmul(
     beta: f32,
 ) {
     thread_local! {
-        static PANELS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+        static PANELS: std::cell::RefCell<PackedRhs> = std::cell::RefCell::new(PackedRhs::default());
     }
-    let strided = |(ptr, row_stride, col_stride)| Strided {
-        ptr,
-        row_stride,
-        col_stride,
-    };
     PANELS.with_borrow_mut(|panels| {
         // SAFETY: the caller's contract.
         unsafe {
@@ -148,6 +143,42 @@ unsafe fn matmul(
             )
         }
     })
+}
+
+/// [`matmul`] against the leading `k × n` part of a right operand packed by [`packed`] (a head's keys or values,
+/// which every block of its queries reads).
+///
+/// # Safety
+/// Every element of `lhs` and `dst` lies in its allocation; `dst` does not overlap `lhs`.
+unsafe fn packed_matmul(
+    dims: (usize, usize, usize),
+    dst: (*mut f32, usize, usize),
+    accumulate: bool,
+    lhs: (*const f32, usize, usize),
+    rhs: &PackedRhs,
+    beta: f32,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { packed_gemm(dims, dst, accumulate, strided(lhs), rhs, beta) }
+}
+
+/// A `depth × cols` right operand at (row, column) strides, packed for [`packed_matmul`].
+///
+/// # Safety
+/// Every element of the matrix lies in its allocation.
+unsafe fn packed(shape: (usize, usize), rhs: (*const f32, usize, usize)) -> PackedRhs {
+    let mut packed = PackedRhs::default();
+    // SAFETY: the caller's contract.
+    unsafe { packed.pack(shape, strided(rhs)) };
+    packed
+}
+
+fn strided((ptr, row_stride, col_stride): (*const f32, usize, usize)) -> Strided {
+    Strided {
+        ptr,
+        row_stride,
+        col_stride,
+    }
 }
 
 /// The forward: the output (written at `out_strides` for `[batch, heads, queries, head_dim]` into a buffer of
@@ -177,6 +208,15 @@ pub fn attention_forward(
             let (qh, kh, vh) = (q.head(b, h), k.head(b, g), v.head(b, g));
             let oh = out_ptr.at(b * out_strides[0] + h * out_strides[1]);
             let mut scores = vec![0.0f32; ROWS * dims.keys];
+            // kᵀ and v packed once for every block of queries (as many keys as the last block sees).
+            let seen = dims.keys_for(0..dims.queries, mask.causal);
+            // SAFETY: the views are in bounds for their shapes.
+            let (k_t, v_rows) = unsafe {
+                (
+                    packed((d, seen), (kh, k.strides[3], k.strides[2])),
+                    packed((seen, d), (vh, v.strides[2], v.strides[3])),
+                )
+            };
             for r0 in (0..dims.queries).step_by(ROWS) {
                 let rows = ROWS.min(dims.queries - r0);
                 let keys = dims.keys_for(r0..r0 + rows, mask.causal);
@@ -188,7 +228,7 @@ pub fn attention_forward(
                 // SAFETY: the views are in bounds for their shapes; `scores` holds rows × keys; the output rows
                 // of (b, h) lie in `out` (the caller's strides) and only this task writes them.
                 unsafe {
-                    matmul(
+                    packed_matmul(
                         (rows, keys, d),
                         (scores.as_mut_ptr(), keys, 1),
                         false,
@@ -197,7 +237,7 @@ pub fn attention_forward(
                             q.strides[2],
                             q.strides[3],
                         ),
-                        (kh, k.strides[3], k.strides[2]),
+                        &k_t,
                         scale,
                     );
                 }
@@ -207,7 +247,7 @@ pub fn attention_forward(
                 }
                 // SAFETY: as above.
                 unsafe {
-                    matmul(
+                    packed_matmul(
                         (rows, d, keys),
                         (
                             oh.wrapping_add(r0 * out_strides[2]),
@@ -216,7 +256,7 @@ pub fn attention_forward(
                         ),
                         false,
                         (scores.as_ptr(), keys, 1),
-                        (vh, v.strides[2], v.strides[3]),
+                        &v_rows,
                         1.0,
                     );
                 }
@@ -366,6 +406,16 @@ unsafe fn backward_into(
             let (dkh, dvh) = (at(dk_ptr, kv_strides, g), at(dv_ptr, dv_strides, g));
             let mut p = vec![0.0f32; ROWS * dims.keys];
             let mut dp = vec![0.0f32; ROWS * dims.keys];
+            // kᵀ, vᵀ and k packed once for every head of the group and block of queries.
+            let seen = dims.keys_for(0..dims.queries, mask.causal);
+            // SAFETY: the views are in bounds for their shapes.
+            let (k_t, v_t, k_rows) = unsafe {
+                (
+                    packed((d, seen), (kh, k.strides[3], k.strides[2])),
+                    packed((d, seen), (vh, v.strides[3], v.strides[2])),
+                    packed((seen, d), (kh, k.strides[2], k.strides[3])),
+                )
+            };
             for h in g * per_group..(g + 1) * per_group {
                 let (qh, doh) = (q.head(b, h), dout.head(b, h));
                 let dqh = at(dq_ptr, q_strides, h);
@@ -391,12 +441,12 @@ unsafe fn backward_into(
                     // gradients' rows of (b, h) and (b, g) lie in their buffers and only this task writes them.
                     unsafe {
                         // The probabilities again, from the scores and the row's log-sum-exp.
-                        matmul(
+                        packed_matmul(
                             (rows, keys, d),
                             (p.as_mut_ptr(), keys, 1),
                             false,
                             q_rows,
-                            (kh, k.strides[3], k.strides[2]),
+                            &k_t,
                             scale,
                         );
                         for (r, p) in p.chunks_exact_mut(keys).enumerate() {
@@ -414,12 +464,12 @@ unsafe fn backward_into(
                             1.0,
                         );
                         // dP = dO · Vᵀ
-                        matmul(
+                        packed_matmul(
                             (rows, keys, d),
                             (dp.as_mut_ptr(), keys, 1),
                             false,
                             do_rows,
-                            (vh, v.strides[3], v.strides[2]),
+                            &v_t,
                             1.0,
                         );
                     }
@@ -433,13 +483,12 @@ unsafe fn backward_into(
                             q_strides[2],
                             q_strides[3],
                         );
-                        let k_rows = (kh, k.strides[2], k.strides[3]);
-                        matmul(
+                        packed_matmul(
                             (rows, d, keys),
                             dq_rows,
                             false,
                             (dp.as_ptr(), keys, 1),
-                            k_rows,
+                            &k_rows,
                             1.0,
                         );
                         // dK += dSᵀ · Q

@@ -1,11 +1,12 @@
 //! The attention core's small f32 GEMMs (one head's block of query rows against its keys, `ROWS × keys ×
-//! head_dim` and the like), on one thread: the right operand packed into panels of [`NR`] columns in a buffer the
-//! caller keeps, then [`MR`] rows at a time against each panel with the sums in registers. Each output element is
-//! one f32 sum over the depth in order, whatever the block it falls in.
+//! head_dim` and the like), on one thread: the right operand packed into panels of [`NR`] columns
+//! ([`PackedRhs`]), then [`MR`] rows at a time against each panel with the sums in registers. Each output element
+//! is one f32 sum over the depth in order, whatever the block it falls in.
 //!
 //! A general GEMM library packs both operands on every call, which at these sizes (a few hundred thousand
 //! multiply-adds) costs as much as the products; here the left operand is read where it lies, one broadcast per
-//! row and depth.
+//! row and depth, and a right operand that several GEMMs read (a head's keys and values, for each block of its
+//! queries) is packed once: a GEMM reads a leading part of it (its first rows and columns).
 
 use multiversion::target::target_cfg_f;
 
@@ -35,8 +36,42 @@ impl Strided {
     }
 }
 
+/// A `depth × cols` right operand packed for [`packed_gemm`]: `cols.div_ceil(NR)` panels of `depth × NR` values
+/// (the last one's missing columns zero). A GEMM may read any leading `k × n` part of it.
+#[derive(Debug, Default)]
+pub struct PackedRhs {
+    values: Vec<f32>,
+    depth: usize,
+    cols: usize,
+}
+
+impl PackedRhs {
+    /// Packs `rhs` (`depth × cols`) into this buffer, whose allocation is reused.
+    ///
+    /// # Safety
+    /// Every element of the `depth × cols` matrix lies in its allocation.
+    pub unsafe fn pack(&mut self, (depth, cols): (usize, usize), rhs: Strided) {
+        let panel = depth * NR;
+        self.values.clear();
+        self.values.resize(cols.div_ceil(NR) * panel, 0.0);
+        (self.depth, self.cols) = (depth, cols);
+        if panel == 0 {
+            return;
+        }
+        for (j, panel) in self.values.chunks_exact_mut(panel).enumerate() {
+            let width = NR.min(cols - j * NR);
+            for (p, row) in panel.chunks_exact_mut(NR).enumerate() {
+                for (c, slot) in row[..width].iter_mut().enumerate() {
+                    // SAFETY: (p, j·NR + c) is inside the depth × cols operand.
+                    *slot = unsafe { rhs.at(p, j * NR + c) };
+                }
+            }
+        }
+    }
+}
+
 /// `dst (m × n) = [dst +] beta · lhs (m × k) · rhs (k × n)`, `dst` at (`dst.1`, `dst.2`) strides; `panels` is
-/// scratch for the packed right operand (grown as needed, kept by the caller across calls).
+/// scratch for the packed right operand (kept by the caller across calls).
 ///
 /// # Safety
 /// Every element of the three matrices lies in its allocation; `dst` overlaps neither operand.
@@ -48,35 +83,62 @@ pub unsafe fn head_gemm(
     lhs: Strided,
     rhs: Strided,
     beta: f32,
-    panels: &mut Vec<f32>,
+    panels: &mut PackedRhs,
 ) {
     if m == 0 || n == 0 {
         return;
     }
-    let width = n.div_ceil(NR);
-    panels.clear();
-    panels.resize(width * k * NR, 0.0);
-    for (j, panel) in panels
-        .chunks_exact_mut((k * NR).max(1))
-        .enumerate()
-        .take(width)
-    {
-        let cols = NR.min(n - j * NR);
-        for (p, row) in panel.chunks_exact_mut(NR).enumerate() {
-            for (c, slot) in row[..cols].iter_mut().enumerate() {
-                // SAFETY: (p, j·NR + c) is inside the k × n right operand.
-                *slot = unsafe { rhs.at(p, j * NR + c) };
-            }
-        }
+    // SAFETY: the caller's contract.
+    unsafe {
+        panels.pack((k, n), rhs);
+        packed_gemm((m, n, k), dst, accumulate, lhs, panels, beta);
     }
-    // SAFETY: the caller's contract; the panels hold k × NR values per panel.
-    unsafe { blocks((m, n, k), dst, accumulate, lhs, panels, beta) }
 }
 
-/// Every block of [`MR`] rows against every panel.
+/// [`head_gemm`] against the leading `k × n` part of a packed right operand.
+///
+/// # Panics
+/// Where `k` or `n` exceeds the packed operand's depth or columns.
 ///
 /// # Safety
-/// As [`head_gemm`]; `panels` holds `n.div_ceil(NR)` panels of `k × NR` values.
+/// Every element of `lhs` (`m × k`) and `dst` (`m × n`) lies in its allocation; `dst` does not overlap `lhs`.
+pub unsafe fn packed_gemm(
+    (m, n, k): (usize, usize, usize),
+    dst: (*mut f32, usize, usize),
+    accumulate: bool,
+    lhs: Strided,
+    rhs: &PackedRhs,
+    beta: f32,
+) {
+    assert!(
+        k <= rhs.depth && n <= rhs.cols,
+        "a {k} × {n} GEMM operand read from a packed {} × {}",
+        rhs.depth,
+        rhs.cols
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    // SAFETY: the caller's contract; the panels hold depth × NR ≥ k × NR values each, n.div_ceil(NR) of them.
+    unsafe {
+        blocks(
+            (m, n, k),
+            dst,
+            accumulate,
+            lhs,
+            &rhs.values,
+            rhs.depth * NR,
+            beta,
+        )
+    }
+}
+
+/// Every block of [`MR`] rows against the first `n.div_ceil(NR)` panels (`panel_len` values apart), each read to
+/// depth `k`.
+///
+/// # Safety
+/// As [`head_gemm`]; `panels` holds `n.div_ceil(NR)` panels of `panel_len ≥ k × NR` values.
+#[allow(clippy::too_many_arguments)]
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
 unsafe fn blocks(
     (m, n, k): (usize, usize, usize),
@@ -84,13 +146,20 @@ unsafe fn blocks(
     accumulate: bool,
     lhs: Strided,
     panels: &[f32],
+    panel_len: usize,
     beta: f32,
 ) {
     // A fused multiply-add where the clone has one; elsewhere (x86-64 without FMA) a product and an add, as
     // `f32::mul_add` would be a call to libm's software `fmaf` per element.
     let fused = cfg!(not(target_arch = "x86_64")) || target_cfg_f!(target_feature = "fma");
     let (out, row_stride, col_stride) = dst;
-    for (j, panel) in panels.chunks_exact((k * NR).max(1)).enumerate() {
+    let width = n.div_ceil(NR);
+    for (j, panel) in panels
+        .chunks_exact(panel_len.max(1))
+        .take(width)
+        .enumerate()
+    {
+        let panel = &panel[..k * NR];
         let cols = NR.min(n - j * NR);
         for r0 in (0..m).step_by(MR) {
             let rows = MR.min(m - r0);
@@ -118,7 +187,6 @@ unsafe fn blocks(
         }
     }
 }
-
 /// The sums of `R` rows from `r0` against one panel (`k × NR` values), each in depth order: each product added with
 /// one rounding where `fused` (a constant in each clone, inlined), two otherwise.
 ///
