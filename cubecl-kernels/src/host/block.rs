@@ -206,6 +206,14 @@ pub(super) fn stripe_scales(
     block_scales(amax, (rule, format), scales, scale_inv);
 }
 
+/// Each block's value (`values[j]`) in its `block_cols` columns of a row (`columns`; the last block may be
+/// narrower): a stripe's block scales as one value per column.
+pub(super) fn fill_block_columns(columns: &mut [f32], block_cols: usize, values: &[f32]) {
+    for (columns, &value) in columns.chunks_mut(block_cols).zip(values) {
+        columns.fill(value);
+    }
+}
+
 /// `(scales[j], scale_inv[j]) = rule.scales(amax[j])` for each block (`amax` as bits of `|x|`): one loop per rule,
 /// so that each compiles without a branch on the rule.
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]

@@ -5,6 +5,7 @@ use rayon::prelude::*;
 
 use crate::error::KernelError;
 use crate::host;
+use crate::host::block::fill_block_columns;
 use crate::host::stats::{LANES, QuantizationErrors, is_finite};
 use crate::nvfp4::format::{
     Nvfp4Rounding, Nvfp4Tile, block_encode_scale, block_scale_code, check_rht_cols, decode_e2m1,
@@ -296,9 +297,7 @@ fn band_errors(
     block_cols: usize,
 ) -> QuantizationErrors {
     let mut column_factors = vec![0.0f32; cols];
-    for (columns, &factor) in column_factors.chunks_mut(block_cols).zip(factors) {
-        columns.fill(factor);
-    }
+    fill_block_columns(&mut column_factors, block_cols, factors);
     x.chunks_exact(cols)
         .zip(codes.chunks_exact(cols))
         .map(|(row, codes)| row_errors(row, codes, &column_factors))

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 use crate::error::KernelError;
 use crate::format::Fp8Format;
-use crate::host::block::{TASK_ELEMENTS, stripe_scales};
+use crate::host::block::{TASK_ELEMENTS, fill_block_columns, stripe_scales};
 use crate::scale_block::{BlockScaleRule, ScaleBlock};
 use crate::stats::{Fp8Stats, TensorStats};
 
@@ -90,15 +90,8 @@ pub fn block_fp8_tensor_stats(
                     &mut scales,
                     &mut scale_inv,
                 );
-                let blocks = column_scales
-                    .chunks_mut(block.cols)
-                    .zip(column_scale_invs.chunks_mut(block.cols));
-                for ((column_scales, column_scale_invs), (&scale, &inv)) in
-                    blocks.zip(scales.iter().zip(&scale_inv))
-                {
-                    column_scales.fill(scale);
-                    column_scale_invs.fill(inv);
-                }
+                fill_block_columns(&mut column_scales, block.cols, &scales);
+                fill_block_columns(&mut column_scale_invs, block.cols, &scale_inv);
                 for row in stripe.chunks_exact(cols) {
                     stats.add_errors(quantization_errors_each(
                         row,
