@@ -11,7 +11,8 @@ use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
 use burn_te::fp8_gemm::{k_along_cols, quantize_operand};
 use burn_te::host::gemm::{
-    HOST_GEMM_CACHE_ENV, HostGemmPath, host_gemm_cache_file, host_gemm_tunings, probe,
+    HOST_GEMM_CACHE_ENV, HOST_GEMM_TUNINGS, HOST_GEMM_TUNINGS_CACHED, HostGemmPath,
+    host_gemm_cache_file, host_gemm_tunings, probe,
 };
 use burn_te::{Float8BlockScaling, Gemm, GemmSite, Recipe, TeBackend, TensorRole};
 use burn_te_kernels::Fp8Format;
@@ -31,6 +32,8 @@ struct Report {
     tunings: BTreeMap<String, (String, bool)>,
     probe: Option<(String, bool)>,
     file: Option<PathBuf>,
+    /// The metrics report's counters: classes tuned (`HostFp8GemmTunings`) and taken from the cache.
+    counted: (u64, u64),
 }
 
 fn run_child(dir: &Path) -> Report {
@@ -66,6 +69,12 @@ fn run_child(dir: &Path) -> Report {
             }
             ["probe", chosen, cached] => report.probe = Some((chosen.to_owned(), cached == "true")),
             ["file", file] => report.file = Some(PathBuf::from(file)),
+            ["counted", tuned, cached] => {
+                report.counted = (
+                    tuned.parse().expect("a count"),
+                    cached.parse().expect("a count"),
+                );
+            }
             _ => {}
         }
     }
@@ -74,10 +83,10 @@ fn run_child(dir: &Path) -> Report {
 }
 
 /// Three processes on one cache directory: the first measures the probe and tunes every class (nothing cached)
-/// and writes the file; the second takes the probe and every class from it (all cached, the same choices) and its
-/// four GEMMs give the first one's paths and bits; after the file is overwritten with text that is not an entry,
-/// the third measures and tunes again, as the first did. On a CPU with `f32` alone nothing is tuned and the bits
-/// repeat all the same.
+/// and writes the file; the second takes the probe and every class from it (all cached, the same choices, counted as
+/// `HostFp8GemmTuningsCached` and not as `HostFp8GemmTunings`) and its four GEMMs give the first one's paths and
+/// bits; after the file is overwritten with text that is not an entry, the third measures and tunes again, as the
+/// first did. On a CPU with `f32` alone nothing is tuned and the bits repeat all the same.
 #[test]
 fn a_second_process_takes_the_host_gemm_choices_from_the_cache_and_repeats_the_bits() {
     let dir = std::env::temp_dir().join(format!("burn-te-host-gemm-cache-{}", std::process::id()));
@@ -100,6 +109,11 @@ fn a_second_process_takes_the_host_gemm_choices_from_the_cache_and_repeats_the_b
         first.tunings.values().all(|(_, cached)| !cached),
         "none cached in the first process"
     );
+    assert_eq!(
+        first.counted,
+        (3, 0),
+        "HostFp8GemmTunings 3, HostFp8GemmTuningsCached 0"
+    );
     let first_probe = first.probe.clone().expect("the probe reported");
     assert!(!first_probe.1, "the first process measures the probe");
     let file = first.file.clone().expect("the cache file reported");
@@ -119,6 +133,11 @@ fn a_second_process_takes_the_host_gemm_choices_from_the_cache_and_repeats_the_b
         "every class from the cache: {second:?}"
     );
     assert_eq!(
+        second.counted,
+        (0, 3),
+        "HostFp8GemmTunings 0, HostFp8GemmTuningsCached 3"
+    );
+    assert_eq!(
         second.probe,
         Some((first_probe.0.clone(), true)),
         "the probe from the cache"
@@ -131,6 +150,7 @@ fn a_second_process_takes_the_host_gemm_choices_from_the_cache_and_repeats_the_b
         "tuned again: {third:?}"
     );
     assert_eq!(third.tunings.len(), 3);
+    assert_eq!(third.counted, (3, 0), "tuned again, none from the cache");
     assert!(
         third.probe.is_some_and(|(_, cached)| !cached),
         "the probe measured again"
@@ -258,6 +278,12 @@ fn host_gemm_cache_child() {
     if HostGemmPath::available_paths().len() > 1 {
         println!("probe {} {}", probe().chosen, probe().cached);
     }
+    let counted = |name| burn_te::diagnostics::counter_value(name).unwrap_or(0);
+    println!(
+        "counted {} {}",
+        counted(HOST_GEMM_TUNINGS),
+        counted(HOST_GEMM_TUNINGS_CACHED)
+    );
     if let Some(file) = host_gemm_cache_file() {
         println!("file {}", file.display());
     }
