@@ -11,8 +11,8 @@ use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
 use burn_te::fp8_gemm::{k_along_cols, quantize_operand};
 use burn_te::host::gemm::{
-    HOST_GEMM_CACHE_ENV, HOST_GEMM_TUNINGS, HOST_GEMM_TUNINGS_CACHED, HostGemmPath,
-    host_gemm_cache_file, host_gemm_tunings, probe,
+    HOST_GEMM_CACHE_ENV, HOST_GEMM_PROBE, HOST_GEMM_PROBE_CACHED, HOST_GEMM_TUNINGS,
+    HOST_GEMM_TUNINGS_CACHED, HostGemmPath, host_gemm_cache_file, host_gemm_tunings, probe,
 };
 use burn_te::{Float8BlockScaling, Gemm, GemmSite, Recipe, TeBackend, TensorRole};
 use burn_te_kernels::Fp8Format;
@@ -34,6 +34,10 @@ struct Report {
     file: Option<PathBuf>,
     /// The metrics report's counters: classes tuned (`HostFp8GemmTunings`) and taken from the cache.
     counted: (u64, u64),
+    /// The metrics report's probe times: name (`HostGemmProbe(<path>)`, `HostGemmProbeCached(<path>)`) → ns.
+    probe_times: BTreeMap<String, u64>,
+    /// The probe's times per path as `probe()` gives them, in ns.
+    probe_measured: BTreeMap<String, u64>,
 }
 
 fn run_child(dir: &Path) -> Report {
@@ -69,6 +73,16 @@ fn run_child(dir: &Path) -> Report {
             }
             ["probe", chosen, cached] => report.probe = Some((chosen.to_owned(), cached == "true")),
             ["file", file] => report.file = Some(PathBuf::from(file)),
+            ["probe_metric", name, ns] => {
+                report
+                    .probe_times
+                    .insert(name.to_owned(), ns.parse().expect("ns"));
+            }
+            ["probe_time", path, ns] => {
+                report
+                    .probe_measured
+                    .insert(path.to_owned(), ns.parse().expect("ns"));
+            }
             ["counted", tuned, cached] => {
                 report.counted = (
                     tuned.parse().expect("a count"),
@@ -116,6 +130,17 @@ fn a_second_process_takes_the_host_gemm_choices_from_the_cache_and_repeats_the_b
     );
     let first_probe = first.probe.clone().expect("the probe reported");
     assert!(!first_probe.1, "the first process measures the probe");
+    // The metrics report carries the probe's times: measured here, under `HostGemmProbe(<path>)`, one per path.
+    assert_eq!(
+        first.probe_times,
+        probe_metrics(HOST_GEMM_PROBE, &first.probe_measured),
+        "the first process's probe times in the metrics report"
+    );
+    assert_eq!(
+        first.probe_measured.len(),
+        HostGemmPath::available_paths().len(),
+        "every path probed: {first:?}"
+    );
     let file = first.file.clone().expect("the cache file reported");
     assert!(file.starts_with(&dir), "{file:?} under {dir:?}");
     assert!(file.is_file(), "{file:?} written");
@@ -142,6 +167,12 @@ fn a_second_process_takes_the_host_gemm_choices_from_the_cache_and_repeats_the_b
         Some((first_probe.0.clone(), true)),
         "the probe from the cache"
     );
+    // Taken from the cache, the first process's times to the nanosecond, under `HostGemmProbeCached(<path>)`.
+    assert_eq!(
+        second.probe_times,
+        probe_metrics(HOST_GEMM_PROBE_CACHED, &first.probe_measured),
+        "the cached probe times in the second process's metrics report"
+    );
 
     std::fs::write(&file, "not an entry\n{\"key\": 3\n").expect("overwrite the cache file");
     let third = run_child(&dir);
@@ -155,7 +186,20 @@ fn a_second_process_takes_the_host_gemm_choices_from_the_cache_and_repeats_the_b
         third.probe.is_some_and(|(_, cached)| !cached),
         "the probe measured again"
     );
+    assert_eq!(
+        third.probe_times,
+        probe_metrics(HOST_GEMM_PROBE, &third.probe_measured),
+        "measured again, under HostGemmProbe"
+    );
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The metrics report's probe times expected from the probe's own: `<prefix>(<path>)` → ns.
+fn probe_metrics(prefix: &str, times: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    times
+        .iter()
+        .map(|(path, ns)| (format!("{prefix}({path})"), *ns))
+        .collect()
 }
 
 /// FNV-1a over the output's bits.
@@ -277,6 +321,16 @@ fn host_gemm_cache_child() {
     }
     if HostGemmPath::available_paths().len() > 1 {
         println!("probe {} {}", probe().chosen, probe().cached);
+        for (path, time) in &probe().times {
+            println!("probe_time {path} {}", time.as_nanos());
+        }
+        for name in burn_te::diagnostics::metric_names() {
+            if name.starts_with(HOST_GEMM_PROBE) {
+                let data = burn_te::diagnostics::metric_data(&name).expect("a recorded metric");
+                assert_eq!(data.total_samples, 1, "{name}: one sample");
+                println!("probe_metric {name} {}", data.accumulator as u64);
+            }
+        }
     }
     let counted = |name| burn_te::diagnostics::counter_value(name).unwrap_or(0);
     println!(

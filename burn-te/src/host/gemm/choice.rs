@@ -3,7 +3,7 @@
 //! GEMM's shape class ([`super::tune`]; the [`probe`]'s choice for small GEMMs). A path the CPU lacks, or a packed
 //! path that cannot take the operands exactly, runs on `f32`, recorded as a fallback. Each GEMM counts under
 //! `HostFp8Gemm(<path>)` in the metrics report, each tuned class under `HostFp8GemmTunings`, and the probe's times
-//! under `HostGemmProbe(<path>)`.
+//! under `HostGemmProbe(<path>)` (`HostGemmProbeCached(<path>)` where the cache on disk gave them).
 
 use std::cell::Cell;
 use std::mem::MaybeUninit;

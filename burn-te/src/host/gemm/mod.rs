@@ -19,7 +19,8 @@ pub use choice::{host_gemm_choices, requested_host_gemm_path, with_host_gemm_pat
 pub(crate) use decoded::dequantize;
 pub(crate) use grouped::{GroupedHostGemm, host_fp8_gemm_grouped};
 pub use probe::{
-    HOST_GEMM_PROBE, HostGemmProbe, PREFERENCE_MARGIN, PROBE_SHAPE, measure, preferred, probe,
+    HOST_GEMM_PROBE, HOST_GEMM_PROBE_CACHED, HostGemmProbe, PREFERENCE_MARGIN, PROBE_SHAPE,
+    measure, preferred, probe,
 };
 pub use run::HOST_FP8_GEMM;
 pub use tune::{

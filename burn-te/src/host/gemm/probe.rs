@@ -17,6 +17,10 @@ use crate::primitive::ElementFormat;
 /// The metrics report's time prefix of the probe's measurement per path (`HostGemmProbe(avx2fma)`).
 pub const HOST_GEMM_PROBE: &str = "HostGemmProbe";
 
+/// The metrics report's time prefix of the probe's times taken from the cache on disk, as an earlier process
+/// measured them (`HostGemmProbeCached(avx2fma)`).
+pub const HOST_GEMM_PROBE_CACHED: &str = "HostGemmProbeCached";
+
 /// What the probe measured: each available path's best time on the probe GEMM, and the path chosen ([`preferred`]).
 #[derive(Clone, Debug)]
 pub struct HostGemmProbe {
@@ -40,13 +44,15 @@ const PROBE_RUNS: usize = 5;
 /// this CPU runs takes the same GEMM ([`PROBE_SHAPE`]) in `PROBE_RUNS` rounds of every path in turn on rayon's
 /// pool, and the [`preferred`] path by their best times wins. The paths' accumulation orders differ, so the choice
 /// also decides a run's last bits: `BURN_TE_HOST_GEMM` pins it where runs must repeat bit for bit across machines
-/// or loads. Logged at `info`, and its times recorded in the metrics report.
+/// or loads. Logged at `info`, and its times recorded in the metrics report (`HostGemmProbe(<path>)`, or
+/// `HostGemmProbeCached(<path>)` where they come from the cache).
 pub fn probe() -> &'static HostGemmProbe {
     static PROBE: OnceLock<HostGemmProbe> = OnceLock::new();
     PROBE.get_or_init(|| {
         let (m, k, n) = PROBE_SHAPE;
         let key = format!("probe {m}x{k}x{n}");
         if let Some(choice) = cached_choice(&key) {
+            record_times(HOST_GEMM_PROBE_CACHED, &choice.times);
             tracing::info!(
                 "host FP8 GEMM: {} chosen by the probe (cached: {})",
                 choice.chosen,
@@ -59,9 +65,7 @@ pub fn probe() -> &'static HostGemmProbe {
             };
         }
         let probe = on_own_pool(|| measure(&HostGemmPath::available_paths()));
-        for (path, time) in &probe.times {
-            metrics::record_time(&format!("{HOST_GEMM_PROBE}({path})"), *time);
-        }
+        record_times(HOST_GEMM_PROBE, &probe.times);
         tracing::info!(
             "host FP8 GEMM: {} chosen by the probe ({m}×{k}×{n}: {})",
             probe.chosen,
@@ -73,6 +77,13 @@ pub fn probe() -> &'static HostGemmProbe {
         );
         probe
     })
+}
+
+/// Each path's time in the metrics report as `<prefix>(<path>)`.
+fn record_times(prefix: &str, times: &[(HostGemmPath, Duration)]) {
+    for (path, time) in times {
+        metrics::record_time(&format!("{prefix}({path})"), *time);
+    }
 }
 
 /// `avx2fma 1.2ms, f32 1.3ms`.
