@@ -7,8 +7,13 @@
 //! - the block recipes' quantization (Float8BlockScaling, MXFP8) of a 1024 × 4096 tensor on the host path against
 //!   the one-element-at-a-time reference it replaced;
 //! - one optimizer step over a TransformerLayer's parameters (hidden 512, FFN 2048: char-GPT's layer, 3.1 M
-//!   values): Burn's `Adam` against burn-te's `FusedAdam` (the same values), on `Autodiff<Flex>`.
+//!   values): Burn's `Adam` against burn-te's `FusedAdam` (the same values), on `Autodiff<Flex>`;
+//! - the char-GPT's training step, f32 against FP8, and (`-- time-to-loss [STEPS] [EVERY] [SEED] [RECIPE]`, not
+//!   criterion) FP8's time to f32's final validation loss on the fortunes, the two trained side by side
+//!   ([`char_gpt`]).
 
+#[path = "host_path/char_gpt.rs"]
+mod char_gpt;
 mod common;
 
 use burn::backend::{Autodiff, Flex};
@@ -16,7 +21,7 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
 use burn_te::{Te, TeBackend};
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group};
 
 use common::{input, quantize};
 
@@ -216,6 +221,26 @@ criterion_group!(
     linear_rank,
     transformer_layer,
     optimizer,
-    block_quantize
+    block_quantize,
+    char_gpt::step
 );
-criterion_main!(benches);
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(at) = args.iter().position(|a| a == "time-to-loss") {
+        let number = |i: usize, default: usize| {
+            args.get(at + i)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(default)
+        };
+        let (steps, every, seed) = (number(1, 300), number(2, 25), number(3, 0));
+        let recipe = args.get(at + 4).map_or("delayed", String::as_str);
+        if let Err(err) = char_gpt::time_to_loss(steps, every, seed as u64, recipe) {
+            eprintln!("time-to-loss: {err}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -27,7 +27,7 @@ use burn_te_debug::advisor::{Advisor, AdvisorOptions, PlanAdvice, PlanBound, Pla
 use burn_te_debug::stats::StatValue;
 use burn_te_debug::{Debug, DebugOptions, StatLogger};
 use burn_te_suite::cli::{ModelArgs, at_least_one, progress, recipe_name, share};
-use burn_te_suite::lm::{CharGpt, Corpus, LmBatcher, Windows, recipe_named};
+use burn_te_suite::lm::{CharGpt, Corpus, LmBatcher, Windows, recipe_named, warmup_cosine};
 use clap::Parser;
 use indicatif::ProgressBar;
 
@@ -265,7 +265,6 @@ fn train(
         .with_weight_decay(0.01)
         .with_grad_clipping(Some(GradientClippingConfig::Norm(1.0)))
         .init::<B, CharGpt<B>>();
-    let warmup = (args.steps / 10).max(1);
     let last_step = steps;
     let mut curve = Vec::new();
     let mut times = Vec::new();
@@ -278,14 +277,7 @@ fn train(
             let start = Instant::now();
             let loss = model.forward_batch(batch).loss;
             let grads = GradientsParams::from_grads(loss.backward(), &model);
-            // Linear warmup, then cosine decay to a tenth.
-            let lr = if step < warmup {
-                args.lr * (step + 1) as f64 / warmup as f64
-            } else {
-                let t = (step - warmup) as f64 / (args.steps - warmup).max(1) as f64;
-                args.lr * (0.1 + 0.45 * (1.0 + (std::f64::consts::PI * t).cos()))
-            };
-            model = optim.step(lr, model, grads);
+            model = optim.step(warmup_cosine(args.lr, step, args.steps), model, grads);
             let loss = loss.into_scalar().elem::<f64>();
             if config.is_none() || step % args.stats_every != 0 {
                 times.push(start.elapsed().as_secs_f64() * 1e3);

@@ -63,6 +63,17 @@ pub fn recipe_named(name: &str) -> Result<Option<Recipe>, String> {
     }))
 }
 
+/// The parity study's learning rate at `step` (from 0) of a run of `steps`: a linear warmup to `peak` over a tenth
+/// of the steps, then a cosine decay to a tenth of `peak`, which it keeps past `steps`.
+pub fn warmup_cosine(peak: f64, step: usize, steps: usize) -> f64 {
+    let warmup = (steps / 10).max(1);
+    if step < warmup {
+        return peak * (step + 1) as f64 / warmup as f64;
+    }
+    let t = ((step - warmup) as f64 / (steps - warmup).max(1) as f64).min(1.0);
+    peak * (0.1 + 0.45 * (1.0 + (std::f64::consts::PI * t).cos()))
+}
+
 /// SplitMix64: the seeded generator of the batch order, the synthetic corpus and sampling. Written here so a seed
 /// gives the same sequence on every platform and across dependency updates.
 #[derive(Clone, Debug)]

@@ -11,7 +11,9 @@ use burn::module::AutodiffModule;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn_te::{Float8CurrentScaling, Recipe, Te, TeError};
-use burn_te_suite::lm::{CharGptConfig, Corpus, CorpusError, LmBatch, LmBatcher, Window};
+use burn_te_suite::lm::{
+    CharGptConfig, Corpus, CorpusError, LmBatch, LmBatcher, Window, warmup_cosine,
+};
 
 use crate::debug::temp_dir;
 
@@ -349,4 +351,31 @@ fn char_lm_training_lowers_the_loss() {
             "{name}: 80 steps: {last}, unigram entropy {unigram}"
         );
     }
+}
+
+/// The parity study's schedule over 400 steps (peak 2e-3): warmup over 40 steps from peak/40, the peak at the end of
+/// the warmup and the start of the decay, 0.55 · peak halfway through the decay (step 220: cos(π/2) = 0), a tenth of
+/// the peak at step 400 and after it.
+#[test]
+fn warmup_cosine_follows_the_parity_studys_schedule() {
+    let peak = 2e-3;
+    let expected = [
+        (0, peak / 40.0),
+        (19, peak * 20.0 / 40.0),
+        (39, peak),
+        (40, peak),
+        (220, 0.55 * peak),
+        (400, 0.1 * peak),
+        (800, 0.1 * peak),
+    ];
+    for (step, lr) in expected {
+        let got = warmup_cosine(peak, step, 400);
+        assert!(
+            (got - lr).abs() <= 1e-15,
+            "step {step}: {got} (expected {lr})"
+        );
+    }
+    // Step 130 of 400: a quarter into the decay, 0.1 + 0.45 · (1 + cos(π/4)).
+    let quarter = peak * (0.1 + 0.45 * (1.0 + std::f64::consts::FRAC_1_SQRT_2));
+    assert!((warmup_cosine(peak, 130, 400) - quarter).abs() <= 1e-15);
 }
