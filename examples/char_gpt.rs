@@ -8,6 +8,9 @@
 //!   each epoch visits them again in a seeded order. Validation: 512 windows of the validation split.
 //! - Model: token and position embeddings, `--layers` causal `TransformerLayer`s (`blocks.<i>`, FFN 4 × hidden),
 //!   a LayerNorm and the TE `Linear` `lm_head`; every GEMM under `--recipe` (`f32` runs them in high precision).
+//! - Learning rate: the parity study's schedule (`burn_te_suite::lm::LmSchedule`, a burn-train scheduler): a linear
+//!   warmup to `--lr` over a tenth of all steps, then a cosine decay to a tenth of it; `--schedule constant` keeps
+//!   `--lr` throughout. The dashboard and the progress lines show it.
 //! - Metrics: loss, next-byte accuracy and perplexity on both splits; with `--config <yaml>` (TE's debug config
 //!   format; e.g. `examples/learner_dashboard_config.yaml`, whose layer names this model shares) the precision
 //!   stats it logs on the model's GEMMs too, via `TrainStats`. In a terminal burn-train's dashboard shows them
@@ -40,9 +43,11 @@ use burn_te_debug::train::TrainStats;
 use burn_te_debug::{Debug, DebugConfig};
 use burn_te_suite::cli::{ModelArgs, at_least_one, progress, recipe_name};
 use burn_te_suite::device::ExampleDevice;
-use burn_te_suite::lm::{CharGpt, Corpus, LmBatch, LmBatcher, Split, Windows, recipe_named};
+use burn_te_suite::lm::{
+    CharGpt, Corpus, LmBatch, LmBatcher, LmSchedule, Split, Windows, recipe_named,
+};
 use burn_train::metric::{
-    AccuracyMetric, LossMetric, MetricDefinition, MetricId, PerplexityMetric,
+    AccuracyMetric, LearningRateMetric, LossMetric, MetricDefinition, MetricId, PerplexityMetric,
 };
 use burn_train::renderer::{
     EvaluationName, EvaluationProgress, MetricState, MetricsRenderer, MetricsRendererEvaluation,
@@ -83,9 +88,13 @@ struct Args {
     /// Sequences per batch.
     #[arg(long, default_value_t = 16, value_parser = at_least_one)]
     batch: usize,
-    /// Learning rate (Adam).
-    #[arg(long, default_value_t = 3e-3, value_parser = positive)]
+    /// Learning rate (Adam): the peak of the warmup-cosine schedule, or the constant rate.
+    #[arg(long, default_value_t = 2e-3, value_parser = positive)]
     lr: f64,
+    /// The learning rate over the run: warmup-cosine (the parity study's: a linear warmup to --lr over a tenth of
+    /// all steps, then a cosine decay to a tenth of it) or constant (--lr at every step).
+    #[arg(long, value_enum, default_value_t = ScheduleName::WarmupCosine)]
+    schedule: ScheduleName,
     /// The optimizer: burn-te's FusedAdam (each parameter's Adam step in one pass on every core, where the backend
     /// has the fused kernel: the CPU host path) or Burn's Adam (composed of tensor ops); the same values.
     #[arg(long, value_enum, default_value_t = OptimizerName::FusedAdam)]
@@ -108,6 +117,15 @@ struct Args {
     config: Option<String>,
     #[command(flatten)]
     model: ModelArgs,
+}
+
+/// `--schedule`'s values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum ScheduleName {
+    /// `LmSchedule::WarmupCosine` over every epoch's steps.
+    WarmupCosine,
+    /// `LmSchedule::Constant`.
+    Constant,
 }
 
 /// `--optimizer`'s values.
@@ -250,6 +268,13 @@ where
     if !precision_metrics.0.is_empty() {
         println!("precision metrics: {}", precision_metrics.0.len());
     }
+    let schedule = match args.schedule {
+        ScheduleName::WarmupCosine => LmSchedule::WarmupCosine {
+            peak: args.lr,
+            steps: steps * args.epochs,
+        },
+        ScheduleName::Constant => LmSchedule::Constant(args.lr),
+    };
     let clipping = Some(GradientClippingConfig::Norm(1.0));
     let trainee = Trainee { gpt: model };
     let renderer = (!std::io::stdout().is_terminal())
@@ -264,6 +289,7 @@ where
                 .metric_valid_numeric(AccuracyMetric::new())
                 .metric_train_numeric(PerplexityMetric::new())
                 .metric_valid_numeric(PerplexityMetric::new())
+                .metric_train_numeric(LearningRateMetric::new())
                 .metrics(precision_metrics)
                 .with_file_checkpointer(CompactRecorder::new())
                 .num_epochs(args.epochs)
@@ -271,7 +297,7 @@ where
             if let Some(renderer) = renderer {
                 training = training.renderer(renderer);
             }
-            training.launch(Learner::new(trainee, $optimizer, args.lr))
+            training.launch(Learner::new(trainee, $optimizer, schedule.scheduler()))
         }};
     }
     let start = Instant::now();
@@ -315,13 +341,15 @@ where
     Ok(())
 }
 
-/// Progress lines when stdout is not a terminal: the training loss every `every` steps, the validation loss per
-/// epoch, and a progress bar with an ETA on stderr when that is a terminal.
+/// Progress lines when stdout is not a terminal: the training loss and learning rate every `every` steps, the
+/// validation loss per epoch, and a progress bar with an ETA on stderr when that is a terminal.
 struct Lines {
     every: usize,
     bar: ProgressBar,
     names: HashMap<MetricId, String>,
     train_loss: Option<String>,
+    /// The learning rate of the last step (burn-train formats it with two decimals, so the value is kept).
+    lr: Option<f64>,
     /// The running validation loss of the epoch being validated, until it is printed.
     valid_loss: Option<String>,
 }
@@ -333,15 +361,22 @@ impl Lines {
             bar: progress(total as u64, "char_gpt"),
             names: HashMap::new(),
             train_loss: None,
+            lr: None,
             valid_loss: None,
         }
     }
 
+    /// The name of `state`'s metric.
+    fn name(&self, state: &MetricState) -> Option<&str> {
+        let (MetricState::Generic(entry) | MetricState::Numeric(entry, _)) = state;
+        self.names.get(&entry.metric_id).map(String::as_str)
+    }
+
     /// The formatted value of `state` if it is the loss.
     fn loss(&self, state: MetricState) -> Option<String> {
+        let is_loss = self.name(&state) == Some("Loss");
         let (MetricState::Generic(entry) | MetricState::Numeric(entry, _)) = state;
-        (self.names.get(&entry.metric_id).map(String::as_str) == Some("Loss"))
-            .then_some(entry.serialized_entry.formatted)
+        is_loss.then_some(entry.serialized_entry.formatted)
     }
 
     /// Prints the last validation's loss once it is over.
@@ -354,6 +389,10 @@ impl Lines {
 
 impl MetricsRendererTraining for Lines {
     fn update_train(&mut self, state: MetricState) {
+        if let (Some("Learning Rate"), MetricState::Numeric(_, value)) = (self.name(&state), &state)
+        {
+            self.lr = Some(value.current());
+        }
         if let Some(loss) = self.loss(state) {
             self.train_loss = Some(loss);
         }
@@ -379,8 +418,12 @@ impl MetricsRendererTraining for Lines {
         if (step.is_multiple_of(self.every) || progress.items_processed == progress.items_total)
             && let Some(loss) = &self.train_loss
         {
+            let lr = self
+                .lr
+                .map(|lr| format!(", lr {lr:.2e}"))
+                .unwrap_or_default();
             self.bar
-                .suspend(|| println!("epoch {epoch} step {step}: train loss {loss}"));
+                .suspend(|| println!("epoch {epoch} step {step}: train loss {loss}{lr}"));
         }
     }
 
@@ -392,8 +435,16 @@ impl MetricsRendererTraining for Lines {
     ) -> Result<(), Box<dyn std::error::Error>> {
         self.flush_valid();
         self.bar.finish_and_clear();
-        if let Some(summary) = summary {
-            println!("{summary}");
+        if summary.is_some() {
+            // burn-train's own summary starts with the whole model's debug print (hundreds of lines here); the
+            // same table read back from the artifacts has no model.
+            let mut names: Vec<&String> = self.names.values().collect();
+            names.sort();
+            names.dedup();
+            match burn_train::LearnerSummary::new(ARTIFACTS, &names) {
+                Ok(table) => println!("{table}"),
+                Err(err) => println!("(no summary: {err})"),
+            }
         }
         Ok(())
     }

@@ -1,4 +1,5 @@
-//! A byte-level GPT on real text: the corpus and its windows ([`data`]) and the model ([`model`]), shared by
+//! A byte-level GPT on real text: the corpus and its windows ([`data`]), the model ([`model`]) and its learning
+//! rate ([`schedule`]), shared by
 //! `examples/char_gpt.rs` and the tests.
 //!
 //! Tokens are bytes (vocabulary 256), so any UTF-8 text trains without a tokenizer. The model is built from
@@ -12,9 +13,11 @@ pub(crate) use burn_te::__private::burn;
 
 pub mod data;
 pub mod model;
+pub mod schedule;
 
 pub use data::{Corpus, CorpusError, LmBatch, LmBatcher, Split, Window, Windows};
 pub use model::{CharGpt, CharGptConfig, LmOutput, cross_entropy};
+pub use schedule::{LmSchedule, LmScheduler, warmup_cosine};
 
 use burn_te::{
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, MXFP8BlockScaling, NVFP4BlockScaling,
@@ -61,17 +64,6 @@ pub fn recipe_named(name: &str) -> Result<Option<Recipe>, String> {
             ));
         }
     }))
-}
-
-/// The parity study's learning rate at `step` (from 0) of a run of `steps`: a linear warmup to `peak` over a tenth
-/// of the steps, then a cosine decay to a tenth of `peak`, which it keeps past `steps`.
-pub fn warmup_cosine(peak: f64, step: usize, steps: usize) -> f64 {
-    let warmup = (steps / 10).max(1);
-    if step < warmup {
-        return peak * (step + 1) as f64 / warmup as f64;
-    }
-    let t = ((step - warmup) as f64 / (steps - warmup).max(1) as f64).min(1.0);
-    peak * (0.1 + 0.45 * (1.0 + (std::f64::consts::PI * t).cos()))
 }
 
 /// SplitMix64: the seeded generator of the batch order, the synthetic corpus and sampling. Written here so a seed

@@ -12,7 +12,7 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn_te::{Float8CurrentScaling, Recipe, Te, TeError};
 use burn_te_suite::lm::{
-    CharGptConfig, Corpus, CorpusError, LmBatch, LmBatcher, Window, warmup_cosine,
+    CharGptConfig, Corpus, CorpusError, LmBatch, LmBatcher, LmSchedule, Window, warmup_cosine,
 };
 
 use crate::debug::temp_dir;
@@ -378,4 +378,42 @@ fn warmup_cosine_follows_the_parity_studys_schedule() {
     // Step 130 of 400: a quarter into the decay, 0.1 + 0.45 · (1 + cos(π/4)).
     let quarter = peak * (0.1 + 0.45 * (1.0 + std::f64::consts::FRAC_1_SQRT_2));
     assert!((warmup_cosine(peak, 130, 400) - quarter).abs() <= 1e-15);
+}
+
+/// The example's scheduler as burn-train's `Learner` calls it (one `step()` before each optimizer step): the first
+/// call gives step 0's rate, the 40th the peak, the 221st 0.55 · peak (the hand-derived values above). A run
+/// resumed from its record at step 130 goes on with step 130's rate (a quarter into the decay), and a constant
+/// schedule gives its rate at every step.
+#[test]
+fn the_examples_scheduler_steps_the_schedule_and_resumes_from_its_record() {
+    use burn::lr_scheduler::LrScheduler;
+    type B = burn::backend::Flex;
+    let peak = 2e-3;
+    let mut scheduler = LmSchedule::WarmupCosine { peak, steps: 400 }.scheduler();
+    let rates: Vec<f64> = (0..221).map(|_| scheduler.step()).collect();
+    for (call, lr) in [(1, peak / 40.0), (40, peak), (41, peak), (221, 0.55 * peak)] {
+        let got = rates[call - 1];
+        assert!(
+            (got - lr).abs() <= 1e-15,
+            "call {call}: {got} (expected {lr})"
+        );
+    }
+    let mut first = LmSchedule::WarmupCosine { peak, steps: 400 }.scheduler();
+    (0..130).for_each(|_| {
+        first.step();
+    });
+    let record = first.to_record::<B>();
+    let mut resumed = LmSchedule::WarmupCosine { peak, steps: 400 }
+        .scheduler()
+        .load_record::<B>(record);
+    let quarter = peak * (0.1 + 0.45 * (1.0 + std::f64::consts::FRAC_1_SQRT_2));
+    let got = resumed.step();
+    assert!(
+        (got - quarter).abs() <= 1e-15,
+        "resumed at 130: {got} (expected {quarter})"
+    );
+    assert_eq!(got, first.step(), "step 130, resumed vs run on");
+    assert_eq!(resumed.step(), first.step(), "step 131, resumed vs run on");
+    let mut constant = LmSchedule::Constant(3e-3).scheduler();
+    assert!((0..5).all(|_| constant.step() == 3e-3));
 }
