@@ -7,7 +7,8 @@
 //!   picked from the training split by a seeded permutation (the same `--seed`, the same batches on any device);
 //!   each epoch visits them again in a seeded order. Validation: 512 windows of the validation split.
 //! - Model: token and position embeddings, `--layers` causal `TransformerLayer`s (`blocks.<i>`, FFN 4 × hidden),
-//!   a LayerNorm and the TE `Linear` `lm_head`; every GEMM under `--recipe` (`f32` runs them in high precision).
+//!   a LayerNorm and the TE `Linear` `lm_head`; every GEMM under `--recipe` (`f32` runs them in high precision), or
+//!   under a recipe plan over it (`--plan`: a recipe per layer and GEMM).
 //! - Learning rate: the parity study's schedule (`burn_te_suite::lm::LmSchedule`, a burn-train scheduler): a linear
 //!   warmup to `--lr` over a tenth of all steps, then a cosine decay to a tenth of it; `--schedule constant` keeps
 //!   `--lr` throughout. The dashboard and the progress lines show it.
@@ -38,7 +39,7 @@ use burn::prelude::*;
 use burn::record::CompactRecorder;
 use burn::tensor::backend::AutodiffBackend;
 use burn_te::optim::FusedAdamConfig;
-use burn_te::{Te, TeBackend};
+use burn_te::{RecipePlan, Te, TeBackend};
 use burn_te_debug::train::TrainStats;
 use burn_te_debug::{Debug, DebugConfig};
 use burn_te_suite::cli::{ModelArgs, at_least_one, progress, recipe_name};
@@ -79,6 +80,10 @@ struct Args {
     /// run the attention in FP8 too).
     #[arg(long, default_value = "f32", value_parser = recipe_name)]
     recipe: String,
+    /// A recipe plan (burn-te's per-layer recipes, e.g. docs/src/configs/plan_lm_head_high_precision.yaml) over
+    /// --recipe: the GEMMs its rules select run their rule's recipe, the others --recipe.
+    #[arg(long, value_name = "FILE")]
+    plan: Option<PathBuf>,
     /// Steps per epoch.
     #[arg(long, default_value_t = 600, value_parser = at_least_one)]
     steps: usize,
@@ -227,9 +232,12 @@ where
 {
     B::seed(device, args.seed);
     let config = args.model.config();
-    let model = config
-        .try_init::<B>(device)?
-        .with_recipe(recipe_named(&args.recipe)?);
+    let model = config.try_init::<B>(device)?;
+    let model = match (&args.plan, recipe_named(&args.recipe)?) {
+        (Some(plan), Some(recipe)) => model.with_plan(RecipePlan::load_over(plan, recipe)?),
+        (Some(_), None) => return Err("--plan needs an FP8 --recipe to plan over, not f32".into()),
+        (None, recipe) => model.with_recipe(recipe),
+    };
     std::fs::create_dir_all(ARTIFACTS)?;
     config.save(format!("{ARTIFACTS}/model.json"))?;
     let train = split

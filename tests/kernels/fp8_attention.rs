@@ -8,7 +8,10 @@ use burn::backend::{Autodiff, Flex};
 use burn::module::Module;
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn_te::nn::{AttnMaskType, DotProductAttention, DotProductAttentionConfig, QkvFormat};
-use burn_te::{DelayedScaling, Float8CurrentScaling, Fp8Format, Recipe, TensorRole, fp8_autocast};
+use burn_te::{
+    DelayedScaling, Float8CurrentScaling, Fp8Format, RecipePlan, ScopeRecipe, TensorRole,
+    fp8_autocast,
+};
 
 use crate::common::Rng;
 use crate::debug::{SESSION, start_session};
@@ -38,7 +41,7 @@ fn operands(seed: u64) -> [Vec<f32>; 4] {
 fn run<A: burn::tensor::backend::AutodiffBackend + burn_te::TeBackend>(
     layer: &DotProductAttention<A>,
     [q, k, v, r]: &[Vec<f32>; 4],
-    recipe: Option<Recipe>,
+    recipe: Option<ScopeRecipe>,
 ) -> [Vec<f32>; 4] {
     let device = Default::default();
     let leaf = |x: &Vec<f32>| tensor::<A, 4>(x.clone(), SHAPE, &device).require_grad();
@@ -335,6 +338,38 @@ fn recipe_plans_turn_fp8_attention_on_per_layer() {
         ),
         "{message}"
     );
+}
+
+/// A recipe plan whose rules select an attention's GEMMs without asking for FP8 attention (here block scaling for
+/// `bmm1`, without `fp8_dpa`) leaves its core in high precision and fused, as under the plan's recipe alone: the
+/// output and the q, k, v gradients equal that run's bit for bit, with one fused core forward and one backward
+/// counted. (Every core under a plan used to take the composed path: the char-GPT's FP8 step took 1.5× as long
+/// with a plan that only kept `lm_head` in high precision.) The composed core gives other bits here, so the
+/// comparison tells the two apart.
+#[test]
+fn a_plan_without_fp8_attention_for_a_layer_keeps_its_core_fused() {
+    let plan = RecipePlan::from_yaml(
+        "rules:\n  - name: attention_without_fp8_dpa\n    layers:\n      exact_layer_names: [kept_attn.bmm1]\n    \
+         recipe: fp8_block_scaling\n",
+    )
+    .unwrap();
+    let planned = || Some(plan.over(Float8CurrentScaling::default()).unwrap().into());
+    let ops = operands(7);
+    let layer = attention::<B>("kept_attn");
+    let alone = run(&layer, &ops, Some(Float8CurrentScaling::default().into()));
+    let names = ["FusedAttention", "FusedAttentionBackward"];
+    let count = || names.map(|n| burn_te::diagnostics::thread_counter_value(n).unwrap_or(0));
+    let before = count();
+    let under_plan = run(&layer, &ops, planned());
+    let after = count();
+    assert_eq!(
+        [after[0] - before[0], after[1] - before[1]],
+        [1, 1],
+        "fused cores (forward, backward) under the plan"
+    );
+    assert_eq!(under_plan, alone, "output and q, k, v gradients");
+    let composed = burn_te::fused::with_composed_attention_core(|| run(&layer, &ops, planned()));
+    assert_ne!(composed, alone, "the composed core's bits");
 }
 
 /// Statistics and quantization errors apply to the attention GEMMs like any layer's: LogTensorStats' max of q

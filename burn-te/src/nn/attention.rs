@@ -14,16 +14,37 @@ use burn::tensor::activation::softmax;
 use super::linear::{fp8_attention_possible, te_bmm};
 use super::names::LayerName;
 use super::{config_error, dropout, or_panic};
-use crate::autocast::high_precision_guard;
+use crate::autocast::{ScopeRecipe, active_scope_recipe, high_precision_guard};
 use crate::backend::TeBackend;
 use crate::error::TeError;
 use crate::fp8_state::Fp8Meta;
 use crate::fused::attention::AttentionInputs;
 use crate::fused::{self, AttentionSpec};
+use crate::gemm::Gemm;
+use crate::recipe::Recipe;
 use crate::site::Sharding;
 
 /// The module type of the attention GEMMs' sites (TE's snake case).
 const KIND: &str = "dot_product_attention";
+
+/// Whether the attention `layer`'s GEMMs (`{layer}.bmm1`, `{layer}.bmm2`) may run in FP8 here: the scope's recipe
+/// asks for FP8 attention, or its plan gives either GEMM's forward a recipe that does. Otherwise the core runs in
+/// high precision, fused where the backend can.
+fn fp8_attention_in(layer: &str) -> Result<bool, TeError> {
+    let Some(ScopeRecipe::Planned(planned)) = active_scope_recipe() else {
+        return Ok(fp8_attention_possible());
+    };
+    for site in ["bmm1", "bmm2"] {
+        let recipes = planned.layer(&format!("{layer}.{site}"), Some(KIND))?;
+        if recipes
+            .recipe(Gemm::Fprop)
+            .is_some_and(Recipe::fp8_attention)
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
 
 /// Which positions a query may not attend to (TE's `attn_mask_type`).
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
@@ -273,7 +294,7 @@ impl<B: TeBackend> DotProductAttention<B> {
         // The whole core as one fused op where the backend has one, unless its GEMMs may run in FP8 or dropout
         // needs the probabilities.
         let dropout = self.attention_dropout.prob > 0.0 && B::ad_enabled(&q.device());
-        if !dropout && !fp8_attention_possible() {
+        if !dropout && !fp8_attention_in(name)? {
             let spec = AttentionSpec {
                 seq_first: matches!(self.format, QkvFormat::Sbhd),
                 scale: self.scale as f32,

@@ -319,7 +319,7 @@ pub(crate) fn te_bmm<B: TeBackend, const D: usize>(
 }
 
 /// Whether the attention's batched GEMMs may run in FP8 here: the scope's recipe asks for FP8 attention, or a
-/// recipe plan may ask for it per layer.
+/// recipe plan may ask for it per layer (which of them does: `attention::fp8_attention_in`).
 pub(crate) fn fp8_attention_possible() -> bool {
     match active_scope_recipe() {
         None => false,
