@@ -649,23 +649,30 @@ fn gemm_rates(calls: usize) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if let Some(at) = args.iter().position(|a| a == "gemms") {
-        gemm_rates(args.get(at + 1).and_then(|v| v.parse().ok()).unwrap_or(5));
+    if let Some(words) = common::mode_args("gemms") {
+        match common::mode_number(&words, 0, 5) {
+            Ok(calls) => gemm_rates(calls),
+            Err(err) => {
+                eprintln!("gemms: {err}");
+                std::process::exit(1);
+            }
+        }
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if args.iter().any(|a| a == "twice-rate") {
+    if common::mode_args("twice-rate").is_some() {
         twice_rate::report(&SHAPES, zmm_fma_peak());
         return;
     }
-    if let Some(at) = args.iter().position(|a| a == "steps") {
-        let number = |i: usize, default: usize| {
-            args.get(at + i)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(default)
-        };
-        step_medians(number(1, 1024), number(2, 10));
+    if let Some(words) = common::mode_args("steps") {
+        let number = |i, default| common::mode_number(&words, i, default);
+        match (number(0, 1024), number(1, 10)) {
+            (Ok(hidden), Ok(steps)) => step_medians(hidden, steps),
+            (Err(err), _) | (_, Err(err)) => {
+                eprintln!("steps: {err}");
+                std::process::exit(1);
+            }
+        }
         return;
     }
     benches();

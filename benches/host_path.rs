@@ -226,16 +226,14 @@ criterion_group!(
 );
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if let Some(at) = args.iter().position(|a| a == "time-to-loss") {
-        let number = |i: usize, default: usize| {
-            args.get(at + i)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(default)
+    if let Some(words) = common::mode_args("time-to-loss") {
+        let run = || -> Result<(), Box<dyn std::error::Error>> {
+            let number = |i, default| common::mode_number(&words, i, default);
+            let (steps, every, seed) = (number(0, 300)?, number(1, 25)?, number(2, 0)?);
+            let recipe = words.get(3).map_or("delayed", String::as_str);
+            char_gpt::time_to_loss(steps, every, seed as u64, recipe)
         };
-        let (steps, every, seed) = (number(1, 300), number(2, 25), number(3, 0));
-        let recipe = args.get(at + 4).map_or("delayed", String::as_str);
-        if let Err(err) = char_gpt::time_to_loss(steps, every, seed as u64, recipe) {
+        if let Err(err) = run() {
             eprintln!("time-to-loss: {err}");
             std::process::exit(1);
         }

@@ -9,6 +9,22 @@ use burn::tensor::backend::AutodiffBackend;
 use burn_te::nn::TransformerLayer;
 use burn_te::{DelayedScaling, Fp8Format, Fp8Primitive, Scaling, TeBackend, fp8_autocast};
 
+/// The words after a bench's own mode word (`cargo bench --bench NAME -- MODE A B ...`) up to the first flag (cargo
+/// appends `--bench`); `None` where `mode` is not among the arguments.
+pub fn mode_args(mode: &str) -> Option<Vec<String>> {
+    let mut args = std::env::args().skip(1).skip_while(|a| a != mode);
+    args.next()?;
+    Some(args.take_while(|a| !a.starts_with("--")).collect())
+}
+
+/// The `i`-th of a mode's words as a number (`default` where absent); a word that is not one is an error naming it.
+pub fn mode_number(words: &[String], i: usize, default: usize) -> Result<usize, String> {
+    words.get(i).map_or(Ok(default), |word| {
+        word.parse()
+            .map_err(|_| format!("argument {}: expected a whole number, got {word:?}", i + 1))
+    })
+}
+
 /// A `[rows, cols]` Flex matrix of values in [-2, 2), deterministic: `seed` shifts the pattern.
 pub fn input(rows: usize, cols: usize, seed: usize) -> Tensor<Flex, 2> {
     let values: Vec<f32> = (0..rows * cols)
