@@ -8,9 +8,9 @@
 //!   the one-element-at-a-time reference it replaced;
 //! - one optimizer step over a TransformerLayer's parameters (hidden 512, FFN 2048: char-GPT's layer, 3.1 M
 //!   values): Burn's `Adam` against burn-te's `FusedAdam` (the same values), on `Autodiff<Flex>`;
-//! - the char-GPT's training step, f32 against FP8, and (`-- time-to-loss [STEPS] [EVERY] [SEED] [RECIPE]`, not
-//!   criterion) FP8's time to f32's final validation loss on the fortunes, the two trained side by side
-//!   ([`char_gpt`]).
+//! - the char-GPT's training step, f32 against FP8, and (`-- time-to-loss [STEPS] [EVERY] [SEED] [RECIPE]
+//!   [PLAN]`, not criterion) FP8's time to f32's final validation loss on the fortunes, the two trained side by
+//!   side ([`char_gpt`]).
 
 #[path = "host_path/char_gpt.rs"]
 mod char_gpt;
@@ -231,7 +231,8 @@ fn main() {
             let number = |i, default| common::mode_number(&words, i, default);
             let (steps, every, seed) = (number(0, 300)?, number(1, 25)?, number(2, 0)?);
             let recipe = words.get(3).map_or("delayed", String::as_str);
-            char_gpt::time_to_loss(steps, every, seed as u64, recipe)
+            let plan = words.get(4).map(std::path::Path::new);
+            char_gpt::time_to_loss(steps, every, seed as u64, recipe, plan)
         };
         if let Err(err) = run() {
             eprintln!("time-to-loss: {err}");

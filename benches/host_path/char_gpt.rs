@@ -4,8 +4,8 @@
 //! peak 2e-3, linear warmup over a tenth of the steps, cosine decay to a tenth):
 //! - criterion (`char-gpt h512`): one training step of each — forward, cross-entropy, backward, optimizer step — on
 //!   a generated corpus, in the same run;
-//! - `time-to-loss [STEPS] [EVERY] [SEED] [RECIPE]` (300, 25, 0, `delayed`; RECIPE any FP8 name of
-//!   `burn_te_suite::lm::RECIPE_NAMES`): both trained on Debian's fortunes side by side, step for step (f32, then
+//! - `time-to-loss [STEPS] [EVERY] [SEED] [RECIPE] [PLAN]` (300, 25, 0, `delayed`, none; RECIPE any FP8 name of
+//!   `burn_te_suite::lm::RECIPE_NAMES`; PLAN a recipe plan file over it): both trained on Debian's fortunes side by side, step for step (f32, then
 //!   FP8, on the same batch, from the same weights), each step timed, so a drift of the machine's speed reaches both
 //!   alike; validated every EVERY steps on 512 held-out windows. It prints FP8's training time to f32's final
 //!   validation loss against f32's, and draws the validation losses against training seconds
@@ -22,7 +22,7 @@ use burn::optim::{GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn_te::optim::FusedAdamConfig;
-use burn_te::{DelayedScaling, Recipe, Te, TeBackend};
+use burn_te::{DelayedScaling, Recipe, RecipePlan, Te, TeBackend};
 use burn_te_suite::lm::{
     CharGpt, CharGptConfig, Corpus, LmBatcher, Windows, recipe_named, warmup_cosine,
 };
@@ -144,17 +144,26 @@ pub fn step(c: &mut Criterion) {
 /// One run's validation losses: `(step, training seconds so far, loss)`.
 type Curve = Vec<(usize, f64, f64)>;
 
-/// `time-to-loss STEPS EVERY SEED RECIPE`: f32 and FP8 under `recipe` (a name of `burn_te_suite::lm::RECIPE_NAMES`;
-/// `delayed` in the module's doc) trained step for step from the same weights and batches (both drawn from
-/// `seed`); see the module's doc.
+/// `time-to-loss STEPS EVERY SEED RECIPE [PLAN]`: f32 and FP8 under `recipe` (a name of
+/// `burn_te_suite::lm::RECIPE_NAMES`; `delayed` in the module's doc), or under a recipe plan over it read from `plan`,
+/// trained step for step from the same weights and batches (both drawn from `seed`); see the module's doc.
 pub fn time_to_loss(
     steps: usize,
     every: usize,
     seed: u64,
     recipe: &str,
+    plan: Option<&Path>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let fp8_recipe = recipe_named(recipe)?
         .ok_or("time-to-loss compares f32 with an FP8 recipe, not with f32")?;
+    let planned = plan
+        .map(|plan| RecipePlan::load_over(plan, fp8_recipe.clone()))
+        .transpose()?;
+    // The FP8 run's name in the output, the chart and its file: the recipe, and the plan's file stem.
+    let recipe = match plan.and_then(Path::file_stem) {
+        Some(stem) => format!("{recipe} + {}", stem.to_string_lossy()),
+        None => recipe.to_string(),
+    };
     let corpus = Corpus::load(FORTUNES).map_err(|err| {
         format!("{FORTUNES}: {err} (the fortunes are Debian's `fortunes` package: apt-get install fortunes)")
     })?;
@@ -171,6 +180,9 @@ pub fn time_to_loss(
     );
     let mut f32 = Trainer::<F32>::new(None, seed);
     let mut fp8 = Trainer::<Fp8>::new(Some(fp8_recipe), seed);
+    if let Some(planned) = planned {
+        fp8.model = fp8.model.map(|model| model.with_plan(planned));
+    }
     let (mut f32_curve, mut fp8_curve): (Curve, Curve) = (vec![], vec![]);
     let (mut f32_times, mut fp8_times) = (vec![], vec![]);
     let seconds = |times: &[Duration]| times.iter().map(Duration::as_secs_f64).sum::<f64>();
@@ -228,9 +240,10 @@ pub fn time_to_loss(
         ),
     }
     let svg = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(
-        "target/burn-te-char-gpt-time-to-loss-{recipe}-seed{seed}.svg"
+        "target/burn-te-char-gpt-time-to-loss-{}-seed{seed}.svg",
+        recipe.replace(" + ", "+")
     ));
-    draw(&svg, &f32_curve, &fp8_curve, target, recipe)?;
+    draw(&svg, &f32_curve, &fp8_curve, target, &recipe)?;
     println!("chart: {}", svg.display());
     Ok(())
 }

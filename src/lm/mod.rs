@@ -1,6 +1,5 @@
 //! A byte-level GPT on real text: the corpus and its windows ([`data`]), the model ([`model`]) and its learning
-//! rate ([`schedule`]), shared by
-//! `examples/char_gpt.rs` and the tests.
+//! rate ([`schedule`]), shared by `examples/char_gpt.rs` and the tests.
 //!
 //! Tokens are bytes (vocabulary 256), so any UTF-8 text trains without a tokenizer. The model is built from
 //! burn-te's TE modules and runs its GEMMs under the recipe it carries (`None`: f32), so the same code trains in
