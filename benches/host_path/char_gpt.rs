@@ -5,11 +5,11 @@
 //! - criterion (`char-gpt h512`): one training step of each — forward, cross-entropy, backward, optimizer step — on
 //!   a generated corpus, in the same run;
 //! - `time-to-loss [STEPS] [EVERY] [SEED] [RECIPE] [PLAN]` (300, 25, 0, `delayed`, none; RECIPE any FP8 name of
-//!   `burn_te_suite::lm::RECIPE_NAMES`; PLAN a recipe plan file over it): both trained on Debian's fortunes side by side, step for step (f32, then
-//!   FP8, on the same batch, from the same weights), each step timed, so a drift of the machine's speed reaches both
-//!   alike; validated every EVERY steps on 512 held-out windows. It prints FP8's training time to f32's final
-//!   validation loss against f32's, and draws the validation losses against training seconds
-//!   (`target/burn-te-char-gpt-time-to-loss-<RECIPE>-seed<SEED>.svg`).
+//!   `burn_te_suite::lm::RECIPE_NAMES`; PLAN a recipe plan file over it): both trained on Debian's fortunes side by
+//!   side, step for step (f32, then FP8, on the same batch, from the same weights), each step timed, so a drift of
+//!   the machine's speed reaches both alike; validated every EVERY steps on 512 held-out windows. It prints FP8's
+//!   training time to f32's final validation loss against f32's, and draws the validation losses against training
+//!   seconds (`target/burn-te-char-gpt-time-to-loss-<RECIPE>[+<PLAN's stem>]-seed<SEED>.svg`).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
