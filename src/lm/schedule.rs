@@ -39,7 +39,7 @@ impl LmSchedule {
         }
     }
 
-    /// The scheduler that burn-train's `Learner` steps once per optimizer step, from step 0.
+    /// The scheduler that burn-train's `Learner` steps once per training batch (its `lr_step`), from step 0.
     pub fn scheduler(self) -> LmScheduler {
         LmScheduler {
             schedule: self,
@@ -48,8 +48,9 @@ impl LmSchedule {
     }
 }
 
-/// [`LmSchedule`] as burn-train steps it: each [`LrScheduler::step`] gives the rate of the next optimizer step.
-/// Its record is the number of steps taken, so a run resumed from a checkpoint continues the schedule.
+/// [`LmSchedule`] as burn-train steps it: each [`LrScheduler::step`] gives the rate of the next batch's step. Its
+/// record is the number of steps taken (the schedule itself comes from the run's arguments), so a run resumed from
+/// a checkpoint with the same schedule continues it.
 #[derive(Clone, Copy, Debug)]
 pub struct LmScheduler {
     schedule: LmSchedule,

@@ -340,36 +340,69 @@ fn recipe_plans_turn_fp8_attention_on_per_layer() {
     );
 }
 
-/// A recipe plan whose rules select an attention's GEMMs without asking for FP8 attention (here block scaling for
-/// `bmm1`, without `fp8_dpa`) leaves its core in high precision and fused, as under the plan's recipe alone: the
-/// output and the q, k, v gradients equal that run's bit for bit, with one fused core forward and one backward
-/// counted. (Every core under a plan used to take the composed path: the char-GPT's FP8 step took 1.5× as long
-/// with a plan that only kept `lm_head` in high precision.) The composed core gives other bits here, so the
-/// comparison tells the two apart.
+/// The attention core under a recipe plan is fused exactly where neither of its GEMMs runs in FP8, as the plan
+/// gives their forward recipes:
+/// - a rule selecting `bmm1` without FP8 attention (block scaling, no `fp8_dpa`) over current scaling: fused, and
+///   the output and q, k, v gradients equal, bit for bit, the run under current scaling alone;
+/// - a plan over current scaling with `fp8_dpa` whose rule keeps both GEMMs in high precision: fused, the same bits;
+/// - a rule giving only `bmm2` FP8 attention: composed (no fused core counted), and other bits.
+///
+/// Each run counts its fused cores (forward, backward). The composed core gives other bits than the fused one here,
+/// so the comparisons tell the two apart. (Every core under a plan used to take the composed path: the char-GPT's
+/// FP8 step took 1.5–1.7× as long with a plan that only kept `lm_head` in high precision.)
 #[test]
-fn a_plan_without_fp8_attention_for_a_layer_keeps_its_core_fused() {
-    let plan = RecipePlan::from_yaml(
-        "rules:\n  - name: attention_without_fp8_dpa\n    layers:\n      exact_layer_names: [kept_attn.bmm1]\n    \
-         recipe: fp8_block_scaling\n",
-    )
-    .unwrap();
-    let planned = || Some(plan.over(Float8CurrentScaling::default()).unwrap().into());
+fn a_plan_keeps_the_attention_core_fused_where_neither_gemm_runs_in_fp8() {
+    let rule = |layers: &str, recipe: &str| {
+        RecipePlan::from_yaml(&format!(
+            "rules:\n  - name: attention\n    layers:\n      layer_name_regex_pattern: '{layers}'\n    {recipe}\n"
+        ))
+        .unwrap()
+    };
+    let dpa = Float8CurrentScaling {
+        fp8_dpa: true,
+        ..Default::default()
+    };
+    let plans = [
+        (
+            rule("^kept_attn\\.bmm1$", "recipe: fp8_block_scaling"),
+            Float8CurrentScaling::default(),
+            [1, 1],
+        ),
+        (
+            rule("^kept_attn\\.bmm[12]$", "recipe: high_precision"),
+            dpa,
+            [1, 1],
+        ),
+        (
+            rule(
+                "^kept_attn\\.bmm2$",
+                "recipe: fp8_current_scaling\n    options: {fp8_dpa: true}",
+            ),
+            Float8CurrentScaling::default(),
+            [0, 0],
+        ),
+    ];
     let ops = operands(7);
     let layer = attention::<B>("kept_attn");
     let alone = run(&layer, &ops, Some(Float8CurrentScaling::default().into()));
     let names = ["FusedAttention", "FusedAttentionBackward"];
     let count = || names.map(|n| burn_te::diagnostics::thread_counter_value(n).unwrap_or(0));
-    let before = count();
-    let under_plan = run(&layer, &ops, planned());
-    let after = count();
-    assert_eq!(
-        [after[0] - before[0], after[1] - before[1]],
-        [1, 1],
-        "fused cores (forward, backward) under the plan"
-    );
-    assert_eq!(under_plan, alone, "output and q, k, v gradients");
-    let composed = burn_te::fused::with_composed_attention_core(|| run(&layer, &ops, planned()));
-    assert_ne!(composed, alone, "the composed core's bits");
+    for (i, (plan, base, fused)) in plans.into_iter().enumerate() {
+        let planned = || Some(plan.over(base.clone()).unwrap().into());
+        let before = count();
+        let under_plan = run(&layer, &ops, planned());
+        let after = count();
+        let counted = [after[0] - before[0], after[1] - before[1]];
+        assert_eq!(counted, fused, "plan {i}: fused cores (forward, backward)");
+        if fused == [1, 1] {
+            assert_eq!(under_plan, alone, "plan {i}: output and q, k, v gradients");
+            let composed =
+                burn_te::fused::with_composed_attention_core(|| run(&layer, &ops, planned()));
+            assert_ne!(composed, alone, "plan {i}: the composed core's bits");
+        } else {
+            assert_ne!(under_plan, alone, "plan {i}: bmm2 in FP8");
+        }
+    }
 }
 
 /// Statistics and quantization errors apply to the attention GEMMs like any layer's: LogTensorStats' max of q

@@ -11,35 +11,25 @@ use burn::prelude::*;
 use burn::tensor::TensorData;
 use burn::tensor::activation::softmax;
 
-use super::linear::{fp8_attention_possible, te_bmm};
+use super::linear::{fp8_attention_at, te_bmm};
 use super::names::LayerName;
 use super::{config_error, dropout, or_panic};
-use crate::autocast::{ScopeRecipe, active_scope_recipe, high_precision_guard};
+use crate::autocast::high_precision_guard;
 use crate::backend::TeBackend;
 use crate::error::TeError;
 use crate::fp8_state::Fp8Meta;
 use crate::fused::attention::AttentionInputs;
 use crate::fused::{self, AttentionSpec};
-use crate::gemm::Gemm;
-use crate::recipe::Recipe;
 use crate::site::Sharding;
 
 /// The module type of the attention GEMMs' sites (TE's snake case).
 const KIND: &str = "dot_product_attention";
 
-/// Whether the attention `layer`'s GEMMs (`{layer}.bmm1`, `{layer}.bmm2`) may run in FP8 here: the scope's recipe
-/// asks for FP8 attention, or its plan gives either GEMM's forward a recipe that does. Otherwise the core runs in
-/// high precision, fused where the backend can.
+/// Whether either of the attention `layer`'s GEMMs (`{layer}.bmm1`, `{layer}.bmm2`) runs in FP8 here; otherwise the
+/// core runs in high precision, fused where the backend can.
 fn fp8_attention_in(layer: &str) -> Result<bool, TeError> {
-    let Some(ScopeRecipe::Planned(planned)) = active_scope_recipe() else {
-        return Ok(fp8_attention_possible());
-    };
     for site in ["bmm1", "bmm2"] {
-        let recipes = planned.layer(&format!("{layer}.{site}"), Some(KIND))?;
-        if recipes
-            .recipe(Gemm::Fprop)
-            .is_some_and(Recipe::fp8_attention)
-        {
+        if fp8_attention_at(&format!("{layer}.{site}"), KIND)? {
             return Ok(true);
         }
     }

@@ -299,7 +299,8 @@ pub(crate) fn cast_te_gemm<B: TeBackend, const D: usize>(
 /// An attention GEMM, `a [.., M, K] · b [.., K, N]` per batch, in FP8 through [`TeBackend::te_linear`] at the
 /// batched fprop site `layer` (see [`GemmSite::batched`]), `fp8_meta` keeping its operands' scales (`a` as the
 /// activation, `b` as the weight, and the gradient); `None` where the scope (or its plan, for this site) gives no
-/// recipe with TE's `fp8_dpa`/`fp8_mha`: the attention then stays in high precision, as TE's does.
+/// recipe with TE's `fp8_dpa`/`fp8_mha`: the attention then stays in high precision, as TE's does, and its FP8
+/// state is left as it is.
 pub(crate) fn te_bmm<B: TeBackend, const D: usize>(
     a: Tensor<B, D>,
     b: Tensor<B, D>,
@@ -308,7 +309,7 @@ pub(crate) fn te_bmm<B: TeBackend, const D: usize>(
     kind: &'static str,
     sharded: Option<Sharding>,
 ) -> Result<Option<Tensor<B, D>>, TeError> {
-    if !fp8_attention_possible() {
+    if !fp8_attention_at(layer, kind)? {
         return Ok(None);
     }
     let (site, recipe) = fprop_site(layer.into(), kind, fp8_meta)?;
@@ -318,14 +319,17 @@ pub(crate) fn te_bmm<B: TeBackend, const D: usize>(
         .map(|recipe| run_gemm(a, b, None, &site, Some(&recipe))))
 }
 
-/// Whether the attention's batched GEMMs may run in FP8 here: the scope's recipe asks for FP8 attention, or a
-/// recipe plan may ask for it per layer (which of them does: `attention::fp8_attention_in`).
-pub(crate) fn fp8_attention_possible() -> bool {
-    match active_scope_recipe() {
+/// Whether the attention GEMM `site` (of module type `kind`) runs in FP8 here: the scope's recipe asks for FP8
+/// attention, or its plan gives the site's forward a recipe that does.
+pub(crate) fn fp8_attention_at(site: &str, kind: &str) -> Result<bool, TeError> {
+    Ok(match active_scope_recipe() {
         None => false,
         Some(ScopeRecipe::Recipe(recipe)) => recipe.fp8_attention(),
-        Some(_) => true,
-    }
+        Some(ScopeRecipe::Planned(planned)) => planned
+            .layer(site, Some(kind))?
+            .recipe(Gemm::Fprop)
+            .is_some_and(Recipe::fp8_attention),
+    })
 }
 
 /// The fprop site of `layer` with its state and the recipes the scope (or its plan) gives it.
