@@ -10,7 +10,7 @@ use burn_te_kernels::{
 use crate::error::TeError;
 use crate::fused::{
     AttentionForward, AttentionMask, AttentionSpec, CastInput, CastInputForward, CastLinearFprop,
-    NormForward, NormGrads, NormSaved, NormSpec, Pointwise,
+    DropoutMask, NormForward, NormGrads, NormSaved, NormSpec, Pointwise,
 };
 use crate::high_precision::high_precision_gemm;
 pub use crate::primitive::{
@@ -377,6 +377,35 @@ pub trait TeBackend: Backend {
         _scale: f32,
     ) -> FloatTensor<Self> {
         panic!("{}", crate::fused::missing_backward("softmax"))
+    }
+
+    /// A seed for a fused dropout's mask ([`te_dropout`](Self::te_dropout)), drawn from the backend's RNG so that
+    /// `Backend::seed` repeats it; `None` by default (no fused dropout: the modules use Burn's `Dropout`).
+    fn te_dropout_seed(_device: &Self::Device) -> Option<u64> {
+        None
+    }
+
+    /// `x ⊙ mask / (1 − p)` with `mask`'s draws at `x`'s row-major indices: the fused op of `fused::dropout`, or
+    /// `None` where the backend has no fused kernel. Autodiff backends register its backward.
+    fn te_dropout(
+        x: FloatTensor<Self>,
+        mask: DropoutMask,
+    ) -> Result<Option<FloatTensor<Self>>, TeError> {
+        Self::te_dropout_forward(x, mask)
+    }
+
+    /// [`te_dropout`](Self::te_dropout)'s forward. `None` by default (no fused kernel).
+    fn te_dropout_forward(
+        _x: FloatTensor<Self>,
+        _mask: DropoutMask,
+    ) -> Result<Option<FloatTensor<Self>>, TeError> {
+        Ok(None)
+    }
+
+    /// [`te_dropout`](Self::te_dropout)'s backward: the output gradient `dy` through the same mask and factor. A
+    /// backend whose [`te_dropout_forward`](Self::te_dropout_forward) answers implements it.
+    fn te_dropout_backward(_dy: FloatTensor<Self>, _mask: DropoutMask) -> FloatTensor<Self> {
+        panic!("{}", crate::fused::missing_backward("dropout"))
     }
 
     /// The attention core `softmax(q·kᵀ · scale + mask) · v` per head, from q `[s, b, heads, d]` and k, v
@@ -764,7 +793,8 @@ macro_rules! forward_fp8_ops {
         ) -> $crate::__private::FloatTensor<Self> {
             $inner::te_reference_gemm(site, lhs, rhs, bias)
         }
-        // The fused ops: `te_norm`, `te_activation`, `te_softmax` and `te_attention` keep their defaults (this
+        // The fused ops: `te_norm`, `te_activation`, `te_softmax`, `te_dropout` and `te_attention` keep their
+        // defaults (this
         // decorator's forward), so that the forwards and backwards below are seen as ops by the decorator
         // (counted, checked in eager mode) like every other op.
         fn te_norm_forward(
@@ -852,6 +882,29 @@ macro_rules! forward_fp8_ops {
             let ds = $inner::te_softmax_backward(dp, probs, scale);
             <Self as $crate::Decorator>::op_finished("te_softmax_backward", inputs, &ds);
             ds
+        }
+        fn te_dropout_seed(device: &Self::Device) -> Option<u64> {
+            $inner::te_dropout_seed(device)
+        }
+        fn te_dropout_forward(
+            x: $crate::__private::FloatTensor<Self>,
+            mask: $crate::fused::DropoutMask,
+        ) -> Result<Option<$crate::__private::FloatTensor<Self>>, $crate::TeError> {
+            let inputs = <Self as $crate::Decorator>::op_started("te_dropout", &[&x]);
+            let output = $inner::te_dropout_forward(x, mask)?;
+            if let Some(y) = &output {
+                <Self as $crate::Decorator>::op_finished("te_dropout", inputs, y);
+            }
+            Ok(output)
+        }
+        fn te_dropout_backward(
+            dy: $crate::__private::FloatTensor<Self>,
+            mask: $crate::fused::DropoutMask,
+        ) -> $crate::__private::FloatTensor<Self> {
+            let inputs = <Self as $crate::Decorator>::op_started("te_dropout_backward", &[&dy]);
+            let dx = $inner::te_dropout_backward(dy, mask);
+            <Self as $crate::Decorator>::op_finished("te_dropout_backward", inputs, &dx);
+            dx
         }
         fn te_attention_forward(
             q: $crate::__private::FloatTensor<Self>,

@@ -35,8 +35,8 @@
 //! - Burn-generic: `autodiff`, `backend`, `cube`, `ddp`, `decorator`, `diagnostics::closures`,
 //!   `diagnostics::eager`, `diagnostics::nonfinite`, `diagnostics::observe`, `diagnostics::snapshot`,
 //!   `distributed`, `fp8_gemm`, `fp8_state`, `fused::activation`, `fused::attention`, `fused::cast_linear`,
-//!   `fused::norm`, `fused::softmax`, `fusion`, `high_precision`, `host`, `linear`, `microbatch`, `nn`,
-//!   `nvfp4`, `optim`, `plain_linear`, `readback`, `saved`, `te`.
+//!   `fused::dropout`, `fused::norm`, `fused::softmax`, `fusion`, `high_precision`, `host`, `linear`,
+//!   `microbatch`, `nn`, `nvfp4`, `optim`, `plain_linear`, `readback`, `saved`, `te`.
 //! - Plain: `autocast`, `cube::gemm_path`, `cube::gemm_tune`, `data`, `diagnostics`, `diagnostics::trace`, `distributed::launch`,
 //!   `error`, `fallback`, `fused`, `gemm`, `host::gemm`, `metrics`, `plan`, `primitive`, `recipe`, `site`.
 

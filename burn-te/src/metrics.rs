@@ -475,6 +475,10 @@ pub mod names {
     pub const FUSED_SOFTMAX: &str = "FusedSoftmax";
     /// Counter: fused attention softmax backwards.
     pub const FUSED_SOFTMAX_BACKWARD: &str = "FusedSoftmaxBackward";
+    /// Counter: fused dropout forwards (`fused::dropout`, the mask drawn from a seed; the host path).
+    pub const FUSED_DROPOUT: &str = "FusedDropout";
+    /// Counter: fused dropout backwards.
+    pub const FUSED_DROPOUT_BACKWARD: &str = "FusedDropoutBackward";
     /// Counter: fprop biases added row by row on every core (`TeBackend::te_add_bias` on a host backend).
     pub const FUSED_BIAS: &str = "FusedBias";
     /// Counter: Adam steps of one parameter fused into one pass (`optim::FusedAdam` on a host backend).

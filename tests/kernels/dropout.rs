@@ -1,21 +1,69 @@
-//! Dropout in the TE modules (`hidden_dropout`, `attention_dropout`) on `Autodiff<Te<Flex>>`: the attention
-//! probabilities dropped at the rate and scaled by `1/(1 - p)`, forward and backward against an f64 re-computation
-//! with the same mask; the layer's two residual-branch masks replayed from the backend seed, with FC2's bias
-//! gradient against f64; rate 0 and `valid()` bit-identical to the layer without dropout; the seed makes runs repeat.
+//! Dropout in the TE modules (`hidden_dropout`, `attention_dropout`) on `Autodiff<Te<Flex>>`, where burn-te's fused
+//! dropout runs (the host path): its mask replayed from the seed it draws from the backend's RNG (the ChaCha8
+//! stream's words in order, generated here) for the kernel, the layer's residual branches and the fused and
+//! composed attention cores; the attention probabilities dropped at the rate and scaled by `1/(1 − p)`, forward
+//! and backward against an f64 re-computation with the same mask, on every path (fused core, composed core,
+//! Burn's `Dropout`); FC2's bias gradient through the replayed mask against f64; rate 0 and `valid()`
+//! bit-identical to the layer without dropout; the seed makes runs repeat.
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn_te::Te;
+use burn_te::fused::{DropoutMask, with_composed_attention_core, with_composed_elementwise};
 use burn_te::nn::{
     AttnMaskType, DotProductAttentionConfig, QkvFormat, TransformerLayer, TransformerLayerConfig,
 };
+
+use chacha20::ChaCha8Rng;
+use rand_core::{Rng as _, SeedableRng};
 
 use crate::common::{Rng, alone};
 use crate::te::{tensor, values};
 
 type B = Autodiff<Te<Flex>>;
+
+/// The seed a fused dropout draws: the backend RNG's next 64-bit draw.
+fn drawn_seed(device: &burn::tensor::Device<B>) -> u64 {
+    let draw = Tensor::<B, 1, Int>::random([1], Distribution::Default, device).into_data();
+    draw.iter::<i64>().next().expect("one draw") as u64
+}
+
+/// burn-te's dropout mask of `n` elements (`true` = kept), replayed in order: element `i` is kept when word `i` of
+/// `ChaCha8Rng::seed_from_u64(seed)` is below `(1 − p) · 2³²` (rounded).
+fn replayed_mask(seed: u64, n: usize, keep: f64) -> Vec<bool> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let below = (keep * 4_294_967_296.0).round() as u64;
+    (0..n).map(|_| u64::from(rng.next_u32()) < below).collect()
+}
+
+/// The fused kernel over a tensor of several tasks' blocks (16 384 elements each, a partial last one): every
+/// element is `x · 1/(1 − p)` where the replayed mask keeps it and `x · 0` where it drops it, bit for bit, so a
+/// dropped ∞ is NaN as in Burn's `Dropout`; the rate holds; the factor is Burn's `1/(1 − p)` in f64.
+#[test]
+fn the_fused_kernel_applies_the_replayed_mask_at_every_index_across_tasks() {
+    use burn_te_kernels::host::fused::dropout::dropout;
+    let n = 3 * 16_384 + 1_234;
+    let mut x = Rng::new(8).normal(n, 0.0, 1.0);
+    x[7] = f32::INFINITY;
+    x[40_000] = f32::NAN;
+    for (prob, seed) in [(0.1, 1), (0.3, 42), (0.5, u64::MAX)] {
+        let mask = DropoutMask { prob, seed };
+        let y = dropout(&x, mask);
+        let kept = replayed_mask(seed, n, 1.0 - prob);
+        let factor = (1.0 / (1.0 - prob)) as f32;
+        for (i, ((y, x), kept)) in y.iter().zip(&x).zip(&kept).enumerate() {
+            let want = x * if *kept { factor } else { 0.0 };
+            assert!(
+                y.to_bits() == want.to_bits(),
+                "rate {prob}, seed {seed}, element {i}: {y} (expected {want})"
+            );
+        }
+        let zeros = kept.iter().filter(|k| !**k).count();
+        assert_rate(&format!("kernel at rate {prob}"), zeros, n, prob);
+    }
+}
 
 /// `|zeros − n·p|` within 4.5 binomial standard deviations (a false failure about once in 150 000 runs).
 fn assert_rate(what: &str, zeros: usize, n: usize, p: f64) {
@@ -105,11 +153,39 @@ fn assert_close_f64(what: &str, got: &[f32], want: &[f64]) {
     );
 }
 
+/// Which path runs the attention core's dropout.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum AttentionPath {
+    /// The fused core, dropping the probabilities in its pass (the default on the host path).
+    FusedCore,
+    /// Two batched GEMMs around the fused softmax, the probabilities dropped by the fused dropout.
+    ComposedCore,
+    /// Burn's ops and Burn's `Dropout` (a backend without fused ops).
+    BurnOps,
+}
+
 /// The attention probabilities are dropped at `attention_dropout` and the survivors scaled by `1/(1 − p)`; the
-/// output and the gradients of q, k and v equal an f64 attention with the same mask. With `v` the identity the
-/// output *is* the dropped probability matrix, so the mask is read off it.
+/// output and the gradients of q, k and v equal an f64 attention with the same mask, on each path. With `v` the
+/// identity the output *is* the dropped probability matrix, so the mask is read off it: on the fused core and the
+/// composed one it is the mask replayed from the drawn seed at the probabilities' `[b, h, q, k]` indices, and
+/// each path counts the ops it ran.
 #[test]
 fn attention_dropout_drops_probabilities_at_the_rate_and_backpropagates_through_the_mask() {
+    alone(
+        "dropout::attention_dropout_drops_probabilities_at_the_rate_and_backpropagates_through_the_mask",
+        || {
+            attention_dropout_on(AttentionPath::FusedCore);
+            with_composed_attention_core(|| attention_dropout_on(AttentionPath::ComposedCore));
+            with_composed_elementwise(|| attention_dropout_on(AttentionPath::BurnOps));
+        },
+    );
+}
+
+fn counter(name: &str) -> u64 {
+    burn_te::diagnostics::thread_counter_value(name).unwrap_or(0)
+}
+
+fn attention_dropout_on(path: AttentionPath) {
     let device = Default::default();
     let (b, h, s) = (4, 2, 32);
     let d = s;
@@ -131,6 +207,15 @@ fn attention_dropout_drops_probabilities_at_the_rate_and_backpropagates_through_
     let leaf = |x: &Vec<f32>| tensor::<B, 4>(x.clone(), [b, h, s, d], &device).require_grad();
     let (tq, tk, tv) = (leaf(&q), leaf(&k), leaf(&v));
     B::seed(&device, 11);
+    let seed = drawn_seed(&device);
+    B::seed(&device, 11);
+    let names = [
+        "FusedAttention",
+        "FusedAttentionBackward",
+        "FusedDropout",
+        "FusedDropoutBackward",
+    ];
+    let before: Vec<u64> = names.iter().map(|n| counter(n)).collect();
     let out = attention
         .forward(
             tq.clone().swap_dims(1, 2),
@@ -143,6 +228,17 @@ fn attention_dropout_drops_probabilities_at_the_rate_and_backpropagates_through_
     let grads = (out.clone() * tensor::<B, 4>(r.clone(), [b, h, s, d], &device))
         .sum()
         .backward();
+    let counts: Vec<u64> = names
+        .iter()
+        .zip(&before)
+        .map(|(n, b)| counter(n) - b)
+        .collect();
+    let expected = match path {
+        AttentionPath::FusedCore => [1, 1, 0, 0],
+        AttentionPath::ComposedCore => [0, 0, 1, 1],
+        AttentionPath::BurnOps => [0, 0, 0, 0],
+    };
+    assert_eq!(counts, expected, "{path:?}: ops run ({names:?})");
     let (out, dq, dk, dv) = (
         values(out),
         values(tq.grad(&grads).unwrap()),
@@ -150,6 +246,7 @@ fn attention_dropout_drops_probabilities_at_the_rate_and_backpropagates_through_
         values(tv.grad(&grads).unwrap()),
     );
 
+    let replayed = replayed_mask(seed, b * h * s * s, 1.0 - rate);
     let (mut zeros, mut allowed) = (0, 0);
     for head in 0..b * h {
         let at = |x: &[f32]| x[head * s * d..(head + 1) * s * d].to_vec();
@@ -157,6 +254,15 @@ fn attention_dropout_drops_probabilities_at_the_rate_and_backpropagates_through_
         for i in 0..s {
             allowed += i + 1;
             zeros += (0..=i).filter(|&j| !mask[i * s + j]).count();
+            if path != AttentionPath::BurnOps {
+                for j in 0..=i {
+                    assert_eq!(
+                        mask[i * s + j],
+                        replayed[(head * s + i) * s + j],
+                        "{path:?}: head {head}, query {i}, key {j} against the replayed mask"
+                    );
+                }
+            }
         }
         let want = head_reference(
             (&at(&q), &at(&k), &at(&v), &at(&r)),
@@ -164,12 +270,18 @@ fn attention_dropout_drops_probabilities_at_the_rate_and_backpropagates_through_
             (s, d),
             1.0 - rate,
         );
-        assert_close_f64(&format!("head {head} output"), &at(&out), &want.out);
-        assert_close_f64(&format!("head {head} dq"), &at(&dq), &want.dq);
-        assert_close_f64(&format!("head {head} dk"), &at(&dk), &want.dk);
-        assert_close_f64(&format!("head {head} dv"), &at(&dv), &want.dv);
+        let what = |t: &str| format!("{path:?}: head {head} {t}");
+        assert_close_f64(&what("output"), &at(&out), &want.out);
+        assert_close_f64(&what("dq"), &at(&dq), &want.dq);
+        assert_close_f64(&what("dk"), &at(&dk), &want.dk);
+        assert_close_f64(&what("dv"), &at(&dv), &want.dv);
     }
-    assert_rate("attention probabilities", zeros, allowed, rate);
+    assert_rate(
+        &format!("{path:?}: attention probabilities"),
+        zeros,
+        allowed,
+        rate,
+    );
 }
 
 const SHAPE: [usize; 3] = [16, 4, 32];
@@ -204,9 +316,9 @@ fn without_dropout<A: burn_te::TeBackend>(
     h.clone() + layer.layernorm_mlp.forward(h)
 }
 
-/// `hidden_dropout` masks each block's output before its residual add with the backend's next two Bernoulli draws
-/// (replayed here from the same seed), and FC2's bias gradient is the incoming gradient through the second mask,
-/// against f64. Both masks drop at the rate.
+/// `hidden_dropout` masks each block's output before its residual add with the fused dropout, each mask from the
+/// next seed drawn from the backend's RNG (replayed here: the output bit for bit), and FC2's bias gradient is the
+/// incoming gradient through the second mask, against f64. Both masks drop at the rate.
 #[test]
 fn hidden_dropout_masks_both_residual_branches_from_the_backend_seed() {
     alone(
@@ -239,10 +351,16 @@ fn hidden_dropout_masks() {
             .unwrap(),
     );
 
+    // The two masks, replayed from the two seeds the branches drew.
     B::seed(&device, 17);
-    let masks: Vec<Tensor<B, 3>> = (0..2)
-        .map(|_| Tensor::random(SHAPE, Distribution::Bernoulli(keep), &device))
-        .collect();
+    let n = SHAPE.iter().product::<usize>();
+    let masks: Vec<Tensor<B, 3>> = [drawn_seed(&device), drawn_seed(&device)]
+        .map(|seed| {
+            let kept = replayed_mask(seed, n, keep);
+            let mask = kept.into_iter().map(f32::from).collect();
+            tensor::<B, 3>(mask, SHAPE, &device)
+        })
+        .into();
     let h = x.clone() + layer.self_attention.forward(x, None) * masks[0].clone() * (1.0 / keep);
     let want = h.clone() + layer.layernorm_mlp.forward(h) * masks[1].clone() * (1.0 / keep);
     assert_eq!(
@@ -251,7 +369,6 @@ fn hidden_dropout_masks() {
         "the layer's output with the replayed masks"
     );
 
-    let n = SHAPE.iter().product::<usize>();
     let hidden = SHAPE[2];
     let m2 = values(masks[1].clone());
     let want: Vec<f64> = (0..hidden)
@@ -267,6 +384,66 @@ fn hidden_dropout_masks() {
         let zeros = values(mask).iter().filter(|&&m| m == 0.0).count();
         assert_rate(&format!("hidden mask {i}"), zeros, n, rate);
     }
+}
+
+/// A TransformerLayer (grouped-query heads, 80 positions: two blocks of queries per head, QKV packed) with
+/// `attention_dropout` drops the same probabilities in the fused attention core, backward included, as the composed
+/// core does with the fused dropout (which the test above checks against f64), for the same seed: the output and
+/// every parameter's gradient agree within f32 rounding.
+#[test]
+fn a_layer_drops_the_same_probabilities_in_the_fused_core_as_in_the_composed_one() {
+    alone(
+        "dropout::a_layer_drops_the_same_probabilities_in_the_fused_core_as_in_the_composed_one",
+        fused_core_against_composed,
+    );
+}
+
+fn fused_core_against_composed() {
+    let device = Default::default();
+    let shape = [80, 2, 64];
+    B::seed(&device, 3);
+    let layer = TransformerLayerConfig::new(shape[2], 128, 4)
+        .with_num_gqa_groups(Some(2))
+        .with_hidden_dropout(0.0)
+        .with_attention_dropout(0.3)
+        .with_self_attn_mask_type(AttnMaskType::Causal)
+        .init::<B>(&device);
+    let x = tensor::<B, 3>(
+        Rng::new(6).normal(shape.iter().product(), 0.0, 1.0),
+        shape,
+        &device,
+    );
+    // Parameters materialized before the seeded runs (see `layer`).
+    let _ = layer.forward(x.clone(), None);
+    let run = || {
+        B::seed(&device, 23);
+        let before = counter("FusedAttention");
+        let y = layer.forward(x.clone(), None);
+        let fused = counter("FusedAttention") - before;
+        let grads = (y.clone() * y.clone()).sum().backward();
+        struct Collect<'a>(&'a burn::backend::autodiff::grads::Gradients, Vec<Vec<f32>>);
+        impl burn::module::ModuleVisitor<B> for Collect<'_> {
+            fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<B, D>>) {
+                if let Some(grad) = param.val().grad(self.0) {
+                    self.1.push(values(grad));
+                }
+            }
+        }
+        let mut collect = Collect(&grads, Vec::new());
+        layer.visit(&mut collect);
+        (values(y), collect.1, fused)
+    };
+    let (y, grads, fused) = run();
+    let (ry, rgrads, rfused) = with_composed_attention_core(run);
+    assert_eq!((fused, rfused), (1, 0), "fused cores run");
+    let wide = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+    assert_close_f64("layer output", &y, &wide(&ry));
+    assert_eq!(grads.len(), rgrads.len());
+    for (i, (g, r)) in grads.iter().zip(&rgrads).enumerate() {
+        assert_close_f64(&format!("parameter {i}'s gradient"), g, &wide(r));
+    }
+    let (none, _, _) = with_composed_elementwise(run);
+    assert_ne!(y, none, "Burn's Dropout draws another mask");
 }
 
 /// At rate 0 the layer is bit-identical to the layer without dropout; under `valid()` (no autodiff) a layer with

@@ -360,7 +360,11 @@ fn attention_core_forward_and_backward_match_f64() {
         let padding = padded.then_some(padding);
         let scale = 1.0 / (d as f32).sqrt();
         let upstream = rng.normal(q0 * q1 * heads * d, 0.0, 1.0);
-        let spec = AttentionSpec { seq_first, scale };
+        let spec = AttentionSpec {
+            seq_first,
+            scale,
+            dropout: None,
+        };
         let pad_tensor = || {
             padding.clone().map(|p| {
                 Tensor::<F, 2, Bool>::from_data(TensorData::new(p, [batch, keys]), &device)

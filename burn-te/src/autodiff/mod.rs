@@ -22,7 +22,7 @@ use crate::backend::{
     AutodiffInner, Fp8HostData, Fp8Primitive, GroupedGemmOperands, Scaling, TeBackend,
 };
 use crate::error::TeError;
-use crate::fused::{AttentionMask, AttentionSpec, CastInput, NormSpec, Pointwise};
+use crate::fused::{AttentionMask, AttentionSpec, CastInput, DropoutMask, NormSpec, Pointwise};
 use crate::primitive::SavedForBackward;
 use crate::recipe::Recipe;
 use crate::site::{ExpertGemms, GemmSite};
@@ -171,6 +171,15 @@ impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff
         mask: AttentionMask<BoolTensor<Self>>,
     ) -> Result<Option<FloatTensor<Self>>, TeError> {
         crate::fused::softmax::autodiff_softmax::<B, C>(scores, scale, mask)
+    }
+    fn te_dropout_seed(device: &Self::Device) -> Option<u64> {
+        B::te_dropout_seed(device)
+    }
+    fn te_dropout(
+        x: FloatTensor<Self>,
+        mask: DropoutMask,
+    ) -> Result<Option<FloatTensor<Self>>, TeError> {
+        crate::fused::dropout::autodiff_dropout::<B, C>(x, mask)
     }
     fn te_attention(
         q: FloatTensor<Self>,

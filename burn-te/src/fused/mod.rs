@@ -1,8 +1,9 @@
 //! The TE modules' element-wise work as fused [`TeBackend`](crate::TeBackend) ops with their own backward:
 //! LayerNorm/RMSNorm ([`norm`]), the MLP activations ([`activation`]), the attention's scaled, masked softmax
-//! ([`softmax`]) and the whole attention core ([`attention`]: q·kᵀ, the softmax and ·v, reading q, k and v at
-//! their strides). A norm or activation whose output the next GEMM takes in FP8 writes the codes in its own pass
-//! ([`cast_linear`], TE's LayerNorm and GELU kernels with an FP8 output).
+//! ([`softmax`]), dropout ([`dropout`]: its mask regenerated from a seed, never stored) and the whole attention
+//! core ([`attention`]: q·kᵀ, the softmax, its dropout and ·v, reading q, k and v at their strides). A norm or
+//! activation whose output the next GEMM takes in FP8 writes the codes in its own pass ([`cast_linear`], TE's
+//! LayerNorm and GELU kernels with an FP8 output).
 //!
 //! Each op is three backend methods: `te_<op>` (what the modules call; `Autodiff` registers the op's backward
 //! node there), `te_<op>_forward` and `te_<op>_backward`. A backend that has no fused kernel answers `None` from
@@ -16,12 +17,14 @@
 pub mod activation;
 pub mod attention;
 pub mod cast_linear;
+pub mod dropout;
 pub mod norm;
 pub mod softmax;
 
 use std::cell::Cell;
 
 pub use burn_te_kernels::host::fused::activation::Pointwise;
+pub use burn_te_kernels::host::fused::dropout::DropoutMask;
 pub use burn_te_kernels::host::fused::norm::{NormKind, NormSpec};
 pub use cast_linear::with_input_cast_unfused;
 
@@ -196,6 +199,9 @@ pub struct AttentionSpec {
     pub seq_first: bool,
     /// The factor of the scores before the softmax.
     pub scale: f32,
+    /// The dropout of the probabilities (`attention_dropout`), its mask indexed by their `[batch, heads, queries,
+    /// keys]` elements, as [`te_dropout`](crate::TeBackend::te_dropout)'s on the composed core's probabilities.
+    pub dropout: Option<DropoutMask>,
 }
 
 /// The message of a backend that has a fused forward and lacks its backward (a backend bug).

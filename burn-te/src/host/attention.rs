@@ -145,7 +145,7 @@ pub(super) fn attention_forward<B: Backend>(
         vv,
         dims,
         spec.scale,
-        mask,
+        (mask, spec.dropout),
         out_strides,
         out_shape.num_elements(),
     );
@@ -260,6 +260,7 @@ fn with_backward_operands<B: Backend, R>(
             causal: mask.causal,
             padding: padding.as_deref(),
         },
+        dropout: spec.dropout,
     };
     kernel(inputs, q_shape, k_shape)
 }

@@ -6,13 +6,13 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::{BoolTensor, FloatTensor};
 use burn::tensor::{DType, Shape, TensorMetadata};
 use burn_te_kernels::Fp8Format;
-use burn_te_kernels::host::fused::{activation, bias, norm, softmax};
+use burn_te_kernels::host::fused::{activation, bias, dropout, norm, softmax};
 
 use super::{HostDelayedState, HostFp8Data, HostValues, host_tensor};
 use crate::error::TeError;
 use crate::fused::{
-    AttentionMask, CastInput, CastInputForward, CastInputSaved, NormForward, NormGrads,
-    NormOperands, NormSaved, NormSpec, Pointwise,
+    AttentionMask, CastInput, CastInputForward, CastInputSaved, DropoutMask, NormForward,
+    NormGrads, NormOperands, NormSaved, NormSpec, Pointwise,
 };
 use crate::metrics::{count_launch, names};
 use crate::primitive::Fp8Tensor;
@@ -314,4 +314,50 @@ pub(super) fn softmax_backward<B: Backend>(
     let (p, shape) = read_back::<B>(read, probs);
     let ds = softmax::softmax_backward(&dp, &p, rows_cols(&shape).1, scale);
     host_tensor::<B>(ds, shape, &device)
+}
+
+/// [`TeBackend::te_dropout_seed`](crate::TeBackend::te_dropout_seed) on the host: one 64-bit draw of the backend's
+/// RNG (`Tensor::<B, 1, Int>::random([1], Distribution::Default, ..)`).
+pub(super) fn dropout_seed<B: Backend>(device: &B::Device) -> u64 {
+    let draw = burn::tensor::Tensor::<B, 1, burn::tensor::Int>::random(
+        [1],
+        burn::tensor::Distribution::Default,
+        device,
+    );
+    let data = draw.into_data();
+    data.iter::<i64>().next().map_or_else(
+        || panic!("a random draw of one element returned none"),
+        |x| x as u64,
+    )
+}
+
+/// [`TeBackend::te_dropout_forward`](crate::TeBackend::te_dropout_forward) on the host.
+pub(super) fn dropout_forward<B: Backend>(
+    read: Read<B>,
+    x: FloatTensor<B>,
+    mask: DropoutMask,
+) -> Result<Option<FloatTensor<B>>, TeError> {
+    if !f32_only::<B>(&x) {
+        return Ok(None);
+    }
+    count_launch(names::FUSED_DROPOUT);
+    let device = B::float_device(&x);
+    let (x, shape) = read(x)?;
+    Ok(Some(host_tensor::<B>(
+        dropout::dropout(&x, mask),
+        shape,
+        &device,
+    )))
+}
+
+/// [`TeBackend::te_dropout_backward`](crate::TeBackend::te_dropout_backward) on the host.
+pub(super) fn dropout_backward<B: Backend>(
+    read: Read<B>,
+    dy: FloatTensor<B>,
+    mask: DropoutMask,
+) -> FloatTensor<B> {
+    count_launch(names::FUSED_DROPOUT_BACKWARD);
+    let device = B::float_device(&dy);
+    let (dy, shape) = read_back::<B>(read, dy);
+    host_tensor::<B>(dropout::dropout(&dy, mask), shape, &device)
 }

@@ -374,6 +374,24 @@ macro_rules! host_te_backend {
                 fused::softmax_backward::<$backend>($values, dp, probs, scale)
             }
 
+            fn te_dropout_seed(device: &Self::Device) -> Option<u64> {
+                Some(fused::dropout_seed::<$backend>(device))
+            }
+
+            fn te_dropout_forward(
+                x: FloatTensor<Self>,
+                mask: crate::fused::DropoutMask,
+            ) -> Result<Option<FloatTensor<Self>>, TeError> {
+                fused::dropout_forward::<$backend>($values, x, mask)
+            }
+
+            fn te_dropout_backward(
+                dy: FloatTensor<Self>,
+                mask: crate::fused::DropoutMask,
+            ) -> FloatTensor<Self> {
+                fused::dropout_backward::<$backend>($values, dy, mask)
+            }
+
             fn te_attention_forward(
                 q: FloatTensor<Self>,
                 k: FloatTensor<Self>,

@@ -281,13 +281,15 @@ impl<B: TeBackend> DotProductAttention<B> {
         self.check("k", &k, self.groups, batch, keys)?;
         self.check("v", &v, self.groups, batch, keys)?;
         let padding = self.padding(attention_mask, batch, keys)?;
-        // The whole core as one fused op where the backend has one, unless its GEMMs may run in FP8 or dropout
-        // needs the probabilities.
-        let dropout = self.attention_dropout.prob > 0.0 && B::ad_enabled(&q.device());
-        if !dropout && !fp8_attention_in(name)? {
+        // The whole core as one fused op where the backend has one, unless its GEMMs may run in FP8 or it has no
+        // fused dropout for the probabilities. The fused core and the composed one drop the same probabilities.
+        let dropping = self.attention_dropout.prob > 0.0 && B::ad_enabled(&q.device());
+        let dropout_mask = fused::dropout::mask::<B>(self.attention_dropout.prob, &q.device());
+        if (!dropping || dropout_mask.is_some()) && !fp8_attention_in(name)? {
             let spec = AttentionSpec {
                 seq_first: matches!(self.format, QkvFormat::Sbhd),
                 scale: self.scale as f32,
+                dropout: dropout_mask,
             };
             let [q, k, v] = operands.each_ref();
             let causal = self.mask_type.causal();
@@ -349,7 +351,7 @@ impl<B: TeBackend> DotProductAttention<B> {
                 }
             }
         };
-        let probs = self.attention_dropout.forward(probs);
+        let probs = fused::dropout::forward_masked(&self.attention_dropout, probs, dropout_mask)?;
         drop(high_precision);
         let context = bmm(probs, v, "bmm2", &self.bmm2_fp8_meta)?; // [b, h, s, d]
         let width = self.heads * self.head_dim;

@@ -20,6 +20,7 @@ use super::norm::Normalization;
 use super::{dropout, or_panic};
 use crate::backend::TeBackend;
 use crate::error::TeError;
+use crate::fused;
 
 /// Config of [`TransformerLayer`], with TE's argument names and defaults.
 #[derive(Config, Debug)]
@@ -190,9 +191,9 @@ impl<B: TeBackend> TransformerLayer<B> {
         attention_mask: Option<Tensor<B, 2, Bool>>,
     ) -> Result<Tensor<B, 3>, TeError> {
         let attention = self.self_attention.try_forward(x.clone(), attention_mask)?;
-        let hidden = x + self.hidden_dropout.forward(attention);
+        let hidden = x + fused::dropout::forward(&self.hidden_dropout, attention)?;
         let mlp = self.layernorm_mlp.try_forward(hidden.clone())?;
-        Ok(hidden + self.hidden_dropout.forward(mlp))
+        Ok(hidden + fused::dropout::forward(&self.hidden_dropout, mlp)?)
     }
 
     /// The layer's name (its GEMMs are named below it).

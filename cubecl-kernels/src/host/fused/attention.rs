@@ -7,11 +7,14 @@
 //! row, as FlashAttention does: nothing of size queries × keys outlives a task.
 //!
 //! Masks as [`super::softmax`]: a masked key gets probability 0, a row with every key masked outputs zeros, and a
-//! NaN among a row's visible scores makes the row NaN.
+//! NaN among a row's visible scores makes the row NaN. With a [`DropoutMask`] the probabilities are dropped after
+//! the softmax, each at the index of its element in `[batch, heads, queries, keys]`: the same mask as
+//! [`super::dropout`] on the probabilities of the composed core, regenerated in the backward.
 
 use crate::host::pool::OutputValues;
 use rayon::prelude::*;
 
+use super::dropout::DropoutMask;
 use super::exp;
 use super::head_gemm::{PackedRhs, Strided, head_gemm, packed_gemm};
 use super::softmax::{SoftmaxMask, exp_normalized, max_and_nan, visible};
@@ -87,6 +90,11 @@ impl AttentionDims {
     /// k's and v's shape.
     pub fn kv_shape(&self) -> [usize; 4] {
         [self.batch, self.groups, self.keys, self.head_dim]
+    }
+
+    /// The index of the probability of (`batch`, `head`, `query`, key 0) in `[batch, heads, queries, keys]`.
+    fn probability_index(&self, batch: usize, head: usize, query: usize) -> usize {
+        ((batch * self.heads + head) * self.queries + query) * self.keys
     }
 
     /// The keys a block of query rows `rows` can see: all, or under a causal mask up to its last row.
@@ -183,7 +191,7 @@ fn strided((ptr, row_stride, col_stride): (*const f32, usize, usize)) -> Strided
 
 /// The forward: the output (written at `out_strides` for `[batch, heads, queries, head_dim]` into a buffer of
 /// `out_len` values) and the log-sum-exp of each query row's visible scaled scores (`[batch, heads, queries]`;
-/// −∞ for a row with every key masked).
+/// −∞ for a row with every key masked), the probabilities dropped by `dropout` before they weigh v.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_forward(
     q: View<'_>,
@@ -191,7 +199,7 @@ pub fn attention_forward(
     v: View<'_>,
     dims: AttentionDims,
     scale: f32,
-    mask: SoftmaxMask<'_>,
+    (mask, dropout): (SoftmaxMask<'_>, Option<DropoutMask>),
     out_strides: [usize; 4],
     out_len: usize,
 ) -> (OutputValues, Vec<f32>) {
@@ -208,6 +216,7 @@ pub fn attention_forward(
             let (qh, kh, vh) = (q.head(b, h), k.head(b, g), v.head(b, g));
             let oh = out_ptr.at(b * out_strides[0] + h * out_strides[1]);
             let mut scores = vec![0.0f32; ROWS * dims.keys];
+            let mut dropped = dropout.map(|mask| mask.stream());
             // kᵀ and v packed once for every block of queries (as many keys as the last block sees).
             let seen = dims.keys_for(0..dims.queries, mask.causal);
             // SAFETY: the views are in bounds for their shapes.
@@ -244,6 +253,9 @@ pub fn attention_forward(
                 for (r, p) in scores[..rows * keys].chunks_exact_mut(keys).enumerate() {
                     let query = r0 + r;
                     lse[query] = probabilities(p, |key| visible(mask, dims.keys, b, query, key));
+                    if let Some(stream) = &mut dropped {
+                        stream.apply(p, dims.probability_index(b, h, query));
+                    }
                 }
                 // SAFETY: as above.
                 unsafe {
@@ -305,6 +317,8 @@ pub struct BackwardInputs<'a> {
     pub scale: f32,
     /// The forward's mask.
     pub mask: SoftmaxMask<'a>,
+    /// The forward's dropout.
+    pub dropout: Option<DropoutMask>,
 }
 
 /// The gradients of q, k and v (each written at its `*_strides` into a buffer of q's or k's length).
@@ -387,6 +401,7 @@ unsafe fn backward_into(
         dims,
         scale,
         mask,
+        dropout,
     }: BackwardInputs<'_>,
     [
         (dq_ptr, q_strides),
@@ -406,6 +421,8 @@ unsafe fn backward_into(
             let (dkh, dvh) = (at(dk_ptr, kv_strides, g), at(dv_ptr, dv_strides, g));
             let mut p = vec![0.0f32; ROWS * dims.keys];
             let mut dp = vec![0.0f32; ROWS * dims.keys];
+            // With dropout: the dropped probabilities (P keeps the softmax's, which dS takes).
+            let mut dropped = dropout.map(|mask| (mask.stream(), vec![0.0f32; ROWS * dims.keys]));
             // kᵀ, vᵀ and k packed once for every head of the group and block of queries.
             let seen = dims.keys_for(0..dims.queries, mask.causal);
             // SAFETY: the views are in bounds for their shapes.
@@ -453,13 +470,24 @@ unsafe fn backward_into(
                             let query = r0 + r;
                             recompute(p, lse[query], |key| visible(mask, dims.keys, b, query, key));
                         }
-                        // dV += Pᵀ · dO
+                        let weights = match &mut dropped {
+                            Some((stream, pd)) => {
+                                let pd = &mut pd[..rows * keys];
+                                pd.copy_from_slice(p);
+                                for (r, row) in pd.chunks_exact_mut(keys).enumerate() {
+                                    stream.apply(row, dims.probability_index(b, h, r0 + r));
+                                }
+                                &*pd
+                            }
+                            None => &*p,
+                        };
+                        // dV += P̃ᵀ · dO (P̃ the dropped probabilities)
                         let dv_rows = (dvh, dv_strides[2], dv_strides[3]);
                         matmul(
                             (keys, d, rows),
                             dv_rows,
                             true,
-                            (p.as_ptr(), 1, keys),
+                            (weights.as_ptr(), 1, keys),
                             do_rows,
                             1.0,
                         );
@@ -472,6 +500,12 @@ unsafe fn backward_into(
                             &v_t,
                             1.0,
                         );
+                    }
+                    // dP through the dropout: the same mask and factor.
+                    if let Some((stream, _)) = &mut dropped {
+                        for (r, row) in dp.chunks_exact_mut(keys).enumerate() {
+                            stream.apply(row, dims.probability_index(b, h, r0 + r));
+                        }
                     }
                     // dS = scale · P ∘ (dP − Σ P ∘ dP), in dp.
                     score_gradients(p, dp, keys, scale);

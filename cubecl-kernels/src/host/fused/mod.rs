@@ -8,8 +8,10 @@
 //! - [`softmax`]: the attention's scaled, masked softmax, forward and backward (TE's
 //!   `scaled_(upper_triang_)masked_softmax`);
 //! - [`bias`]: a linear layer's bias added to its GEMM's output rows;
-//! - [`attention`]: the whole attention core (q·kᵀ, the masked softmax, ·v) per head at any strides, forward and
-//!   backward (TE's fused attention).
+//! - [`attention`]: the whole attention core (q·kᵀ, the masked softmax, its dropout, ·v) per head at any strides,
+//!   forward and backward (TE's fused attention);
+//! - [`dropout`]: dropout with a mask regenerated from its seed at each element's index (forward and backward
+//!   alike).
 //!
 //! Row reductions (means, softmax sums) accumulate in f32 over eight interleaved partial sums; column reductions
 //! (γ's and β's gradients) sum fixed blocks of rows and then the blocks in order, so every result is the same run
@@ -18,6 +20,7 @@
 pub mod activation;
 pub mod attention;
 pub mod bias;
+pub mod dropout;
 mod head_gemm;
 pub mod norm;
 pub mod softmax;

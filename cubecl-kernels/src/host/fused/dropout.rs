@@ -1,0 +1,73 @@
+//! Dropout, `x ⊙ mask / (1 − p)`, in one pass on rayon's pool, its mask drawn from a counter-based stream so that
+//! any element's draw can be made again at its index: the backward and the fused attention core's dropout
+//! regenerate the mask instead of storing it (as TE's and FlashAttention's Philox dropout do).
+//!
+//! Element `i` of the tensor (row-major) is kept when word `i` of the ChaCha8 stream of
+//! `ChaCha8Rng::seed_from_u64(seed)` (the `chacha20` crate, the generator family of Burn's own RNG) is below
+//! `round((1 − p) · 2³²)`.
+
+use chacha20::ChaCha8Rng;
+use rand_core::{Rng, SeedableRng};
+
+use super::par_rows;
+use crate::host::pool::OutputValues;
+
+/// A dropout's mask: its drop probability and the seed of its stream.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DropoutMask {
+    /// The probability of dropping an element, in `[0, 1)`.
+    pub prob: f64,
+    /// The seed of the ChaCha8 stream the draws are read from.
+    pub seed: u64,
+}
+
+impl DropoutMask {
+    /// An element is kept when its 32-bit draw is below this.
+    pub fn keep_below(&self) -> u64 {
+        ((1.0 - self.prob) * 4_294_967_296.0).round() as u64
+    }
+
+    /// The survivors' factor `1/(1 − p)` (Burn's `Dropout`'s, computed in f64).
+    pub fn scale(&self) -> f32 {
+        (1.0 / (1.0 - self.prob)) as f32
+    }
+
+    /// The stream of draws, to apply the mask to the parts of a tensor at their indices.
+    pub fn stream(&self) -> MaskStream {
+        MaskStream {
+            rng: ChaCha8Rng::seed_from_u64(self.seed),
+            keep_below: self.keep_below(),
+            scale: self.scale(),
+        }
+    }
+}
+
+/// A [`DropoutMask`]'s draws, positioned per part.
+#[derive(Debug)]
+pub struct MaskStream {
+    rng: ChaCha8Rng,
+    keep_below: u64,
+    scale: f32,
+}
+
+impl MaskStream {
+    /// Multiplies `values`, the tensor's elements from index `first` on, by their factors: `1/(1 − p)` where kept,
+    /// 0 where dropped (a NaN or ∞ dropped stays NaN, as `x · 0` in Burn's `Dropout`).
+    pub fn apply(&mut self, values: &mut [f32], first: usize) {
+        self.rng.set_word_pos(first as u128);
+        for v in values {
+            let kept = u64::from(self.rng.next_u32()) < self.keep_below;
+            *v *= if kept { self.scale } else { 0.0 };
+        }
+    }
+}
+
+/// `x ⊙ mask / (1 − p)` (the forward, and for the output's gradient the backward).
+pub fn dropout(x: &[f32], mask: DropoutMask) -> OutputValues {
+    let mut y = OutputValues::for_overwrite(x.len());
+    par_rows(x, 1, &mut y, 1, |first, x, y| {
+        y.copy_from_slice(x);
+        mask.stream().apply(y, first);
+    });
+    y
+}
