@@ -3,7 +3,8 @@
 //! FusedAdam (gradients clipped to norm 1) on the parity study's learning-rate schedule (`examples/fp8_parity.rs`:
 //! peak 2e-3, linear warmup over a tenth of the steps, cosine decay to a tenth):
 //! - criterion (`char-gpt h512`): one training step of each — forward, cross-entropy, backward, optimizer step — on
-//!   a generated corpus, in the same run;
+//!   a generated corpus, in the same run, without dropout (the parity study's setting) and with TE's default 0.1
+//!   (`hidden_dropout` and `attention_dropout`: burn-te's fused dropout, in the fused attention core too);
 //! - `time-to-loss [STEPS] [EVERY] [SEED] [RECIPE] [PLAN]` (300, 25, 0, `delayed`, none; RECIPE any FP8 name of
 //!   `burn_te_suite::lm::RECIPE_NAMES`; PLAN a recipe plan file over it): both trained on Debian's fortunes side by
 //!   side, step for step (f32, then FP8, on the same batch, from the same weights), each step timed, so a drift of
@@ -64,11 +65,14 @@ impl<B: AutodiffBackend + TeBackend> Trainer<B>
 where
     B::InnerBackend: TeBackend,
 {
-    /// Under `recipe` (`None`: f32); the weights drawn from `seed`.
-    fn new(recipe: Option<Recipe>, seed: u64) -> Self {
+    /// Under `recipe` (`None`: f32) with the layers' dropout at `dropout`; the weights drawn from `seed`.
+    fn new(recipe: Option<Recipe>, seed: u64, dropout: f64) -> Self {
         let device = Default::default();
         B::seed(&device, seed);
-        let model = config().init::<B>(&device).with_recipe(recipe);
+        let model = config()
+            .with_dropout(dropout)
+            .init::<B>(&device)
+            .with_recipe(recipe);
         let optim = FusedAdamConfig::new()
             .with_grad_clipping(Some(GradientClippingConfig::Norm(1.0)))
             .init::<B, CharGpt<B>>();
@@ -123,21 +127,27 @@ pub fn step(c: &mut Criterion) {
         .shuffled(SEED);
     let mut group = c.benchmark_group("char-gpt h512 l4 t1024 train step");
     group.sample_size(10);
-    let mut f32 = Trainer::<F32>::new(None, SEED);
-    let mut fp8 = Trainer::<Fp8>::new(Some(DelayedScaling::default().into()), SEED);
     let mut at = 0;
-    group.bench_function("f32 Autodiff<Flex>", |b| {
-        b.iter(|| {
-            at += 1;
-            f32.step(&windows, at, LR)
-        })
-    });
-    group.bench_function("fp8 DelayedScaling Autodiff<Te<Flex>>", |b| {
-        b.iter(|| {
-            at += 1;
-            fp8.step(&windows, at, LR)
-        })
-    });
+    for dropout in [0.0, 0.1] {
+        let label = |name: &str| match dropout {
+            0.0 => name.to_string(),
+            _ => format!("{name} dropout {dropout}"),
+        };
+        let mut f32 = Trainer::<F32>::new(None, SEED, dropout);
+        let mut fp8 = Trainer::<Fp8>::new(Some(DelayedScaling::default().into()), SEED, dropout);
+        group.bench_function(label("f32 Autodiff<Flex>"), |b| {
+            b.iter(|| {
+                at += 1;
+                f32.step(&windows, at, LR)
+            })
+        });
+        group.bench_function(label("fp8 DelayedScaling Autodiff<Te<Flex>>"), |b| {
+            b.iter(|| {
+                at += 1;
+                fp8.step(&windows, at, LR)
+            })
+        });
+    }
     group.finish();
 }
 
@@ -178,8 +188,8 @@ pub fn time_to_loss(
         train.len(),
         valid.len()
     );
-    let mut f32 = Trainer::<F32>::new(None, seed);
-    let mut fp8 = Trainer::<Fp8>::new(Some(fp8_recipe), seed);
+    let mut f32 = Trainer::<F32>::new(None, seed, 0.0);
+    let mut fp8 = Trainer::<Fp8>::new(Some(fp8_recipe), seed, 0.0);
     if let Some(planned) = planned {
         fp8.model = fp8.model.map(|model| model.with_plan(planned));
     }
