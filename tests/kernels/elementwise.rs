@@ -335,3 +335,137 @@ fn zeroed_buffers_are_zero_around_the_parallel_threshold() {
         assert!(codes.iter().all(|&c| c == 0), "u8 × {len}");
     }
 }
+
+/// `view`'s elements in row-major order, one index at a time (the reference of the strided copy).
+fn naive_contiguous(view: host::strided::StridedView<'_>) -> Vec<f32> {
+    let len: usize = view.shape.iter().product();
+    (0..len)
+        .map(|mut flat| {
+            let mut at = view.offset;
+            for (&dim, &stride) in view.shape.iter().zip(view.strides).rev() {
+                at += (flat % dim) * stride;
+                flat /= dim;
+            }
+            view.values[at]
+        })
+        .collect()
+}
+
+/// The host's strided copy gives every layout's elements in row-major order, bit for bit: a permuted 4-D view
+/// (the attention's `[b, s, h, d]` read as `[b, h, s, d]`), a transposed one with its rows read in tiles (rows
+/// not a multiple of the tile; large enough to run as several tasks), a narrowed view at an offset, a broadcast
+/// (stride 0), a scalar and an empty view; a view reaching outside its values or with strides of another rank is
+/// refused.
+#[test]
+fn strided_copy_reads_every_layout_in_row_major_order() {
+    use host::strided::{StridedView, contiguous};
+    let values: Vec<f32> = (0..200_000).map(|i| i as f32 * 0.5 - 3.0).collect();
+    let (b, s, h, d) = (3, 37, 5, 24);
+    let layouts: [(&str, usize, Vec<usize>, Vec<usize>); 6] = [
+        (
+            "[b, s, h, d] as [b, h, s, d]",
+            0,
+            vec![b, h, s, d],
+            vec![s * h * d, d, h * d, 1],
+        ),
+        (
+            "k transposed: [b, h, d, s]",
+            0,
+            vec![b, h, d, s],
+            vec![s * h * d, d, 1, h * d],
+        ),
+        (
+            "a 2-D transpose over several tasks",
+            11,
+            vec![301, 173],
+            vec![1, 311],
+        ),
+        (
+            "narrowed at an offset",
+            1234,
+            vec![17, 9, 4],
+            vec![500, 30, 2],
+        ),
+        ("broadcast rows", 7, vec![6, 5, 40], vec![0, 41, 1]),
+        ("a scalar", 99, vec![], vec![]),
+    ];
+    for (what, offset, shape, strides) in &layouts {
+        let view = StridedView {
+            values: &values,
+            offset: *offset,
+            shape,
+            strides,
+        };
+        let got = contiguous(view).unwrap_or_else(|| panic!("{what}: refused"));
+        let want = naive_contiguous(view);
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "{what}: element {i}");
+        }
+    }
+    let empty = StridedView {
+        values: &values,
+        offset: 0,
+        shape: &[4, 0, 3],
+        strides: &[3, 3, 1],
+    };
+    assert_eq!(contiguous(empty), Some(Vec::new()));
+    let outside = StridedView {
+        values: &values[..1000],
+        offset: 0,
+        shape: &[10, 101],
+        strides: &[1, 10],
+    };
+    assert_eq!(contiguous(outside), None, "the last element is 1009");
+    let ranks = StridedView {
+        values: &values,
+        offset: 0,
+        shape: &[2, 3],
+        strides: &[3],
+    };
+    assert_eq!(contiguous(ranks), None);
+}
+
+/// A permuted Flex tensor (as the attention hands its operands over) quantizes to the codes and scale of the same
+/// values laid out contiguously, bit for bit, and so does a transposed one.
+#[test]
+fn a_permuted_operand_quantizes_as_its_contiguous_copy() {
+    use burn::backend::Flex;
+    use burn::prelude::*;
+    use burn_te::TeBackend;
+    let device = Default::default();
+    let x = Tensor::<Flex, 4>::from_data(
+        TensorData::new(
+            Rng::new(5).normal(2 * 33 * 4 * 16, 0.0, 1.0),
+            [2, 33, 4, 16],
+        ),
+        &device,
+    );
+    for (what, view) in [
+        ("swap_dims(1, 2)", x.clone().swap_dims(1, 2)),
+        (
+            "swap_dims(1, 2).swap_dims(2, 3)",
+            x.clone().swap_dims(1, 2).swap_dims(2, 3),
+        ),
+    ] {
+        let copy = Tensor::<Flex, 4>::from_data(view.to_data(), &device);
+        let quantize = |t: Tensor<Flex, 4>| {
+            let q = Flex::fp8_quantize(
+                t.into_primitive().tensor(),
+                Fp8Format::E4M3,
+                burn_te::Scaling::Current { margin: 0.0 },
+            )
+            .expect("quantize");
+            let data = Flex::fp8_read(&q).expect("read");
+            (
+                q.shape.clone(),
+                data.codes.to_vec(),
+                data.scale_inv.to_vec(),
+            )
+        };
+        let (strided, contiguous) = (quantize(view), quantize(copy));
+        assert_eq!(strided.0, contiguous.0, "{what}: shape");
+        assert_eq!(strided.2, contiguous.2, "{what}: scale_inv");
+        assert!(strided.1 == contiguous.1, "{what}: codes differ");
+    }
+}

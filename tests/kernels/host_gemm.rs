@@ -2074,17 +2074,37 @@ fn the_paths_waiting_after_the_probe_are_timed_where_the_faster_ones_cannot_take
         outpaced_on_probe(&probe().times)
     );
     let bf16 = [HostGemmPath::AmxBf16, HostGemmPath::Avx512Bf16];
-    let expected: Vec<HostGemmPath> = available
+    let takes: Vec<HostGemmPath> = available
         .iter()
         .copied()
         .filter(|p| !bf16.contains(p))
         .collect();
+    // The probe decides which paths wait: usually both FMA paths (the bf16 paths outrun them twice on Zen 4), but a
+    // probe kept on disk from a busy moment may have seen one within the margin; that one then takes the operands
+    // and the waiting ones stay untimed.
+    let waiting = outpaced_on_probe(&probe().times);
+    let unwaiting: Vec<HostGemmPath> = takes
+        .iter()
+        .copied()
+        .filter(|p| *p != HostGemmPath::F32 && !waiting.contains(p))
+        .collect();
+    let (expected, expected_skipped): (Vec<_>, Vec<_>) = if unwaiting.is_empty() {
+        (takes, vec![])
+    } else {
+        println!("a path that takes the operands was not outpaced on the probe: {unwaiting:?}");
+        takes
+            .into_iter()
+            .partition(|p| *p == HostGemmPath::F32 || unwaiting.contains(p))
+    };
     let timed: Vec<HostGemmPath> = tuning.times.iter().map(|(p, _)| *p).collect();
     assert_eq!(
         timed, expected,
-        "every path that takes the operands was timed, those waiting after the probe too"
+        "every path that takes the operands was timed, those waiting after the probe too where no other takes them"
     );
-    assert!(tuning.skipped.is_empty(), "nothing skipped: {tuning}");
+    assert_eq!(
+        tuning.skipped, expected_skipped,
+        "only waiting paths skipped, where another takes the operands: {tuning}"
+    );
     let forced = with_host_gemm_path(tuning.chosen, gemm);
     assert!(
         out.iter()

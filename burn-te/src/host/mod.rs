@@ -94,13 +94,32 @@ fn flex_values(tensor: FlexTensor) -> Result<(HostValues, Shape), TeError> {
     if tensor.dtype() != burn::tensor::DType::F32 {
         return values::<Flex>(tensor);
     }
-    let tensor = if tensor.as_slice::<f32>().is_some() {
-        tensor
-    } else {
-        tensor.to_contiguous()
-    };
-    let shape = tensor.layout().shape().clone();
-    Ok((HostValues::Flex(tensor), shape))
+    if tensor.as_slice::<f32>().is_some() {
+        let shape = tensor.layout().shape().clone();
+        return Ok((HostValues::Flex(tensor), shape));
+    }
+    // A strided view (a permuted or transposed operand): copied out on the pool, a row or a tile of rows at a time
+    // (Flex's own copy walks it one element at a time on one thread).
+    let layout = tensor.layout();
+    let shape = layout.shape().clone();
+    let strides: Option<Vec<usize>> = layout
+        .strides()
+        .iter()
+        .map(|&s| usize::try_from(s).ok())
+        .collect();
+    let copied = strides.and_then(|strides| {
+        burn_te_kernels::host::strided::contiguous(burn_te_kernels::host::strided::StridedView {
+            values: tensor.storage::<f32>(),
+            offset: layout.start_offset(),
+            shape: shape.as_slice(),
+            strides: &strides,
+        })
+    });
+    Ok(match copied {
+        Some(values) => (HostValues::Copied(values), shape),
+        // A flipped view (negative strides).
+        None => (HostValues::Flex(tensor.to_contiguous()), shape),
+    })
 }
 
 /// Any backend's tensor copied out (row-major) for a reader of strided values.

@@ -303,12 +303,15 @@ impl<B: TeBackend> DotProductAttention<B> {
             }
         }
 
-        // Grouped-query heads: consecutive query heads share one key/value head.
+        // Grouped-query heads: consecutive query heads share one key/value head. With one head per group there is
+        // nothing to repeat (a reshape of the expanded view would copy k and v for nothing).
         let per_group = self.heads / self.groups;
-        let repeat = |t: Tensor<B, 4>| {
-            t.unsqueeze_dim::<5>(2)
+        let repeat = |t: Tensor<B, 4>| match per_group {
+            1 => t,
+            _ => t
+                .unsqueeze_dim::<5>(2)
                 .expand([batch, self.groups, per_group, keys, self.head_dim])
-                .reshape([batch, self.heads, keys, self.head_dim])
+                .reshape([batch, self.heads, keys, self.head_dim]),
         };
         let (k, v) = (repeat(k), repeat(v));
 

@@ -10,6 +10,7 @@ pub mod nvfp4;
 pub mod optim;
 pub mod pool;
 mod stats;
+pub mod strided;
 
 pub use buffers::{assume_init, uninit, zeroed};
 pub use stats::{block_fp8_tensor_stats, fp8_tensor_stats, non_finite_counts, tensor_stats};

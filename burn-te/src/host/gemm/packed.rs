@@ -16,6 +16,8 @@ use burn_te_kernels::ScaleBlock;
 use burn_te_kernels::host::gemm::bf16::exact_bf16;
 use burn_te_kernels::host::gemm::{self, BlockCodes, Elements, Kernel, PackedElement, Source};
 
+use rayon::prelude::*;
+
 use super::operand::HostOperand;
 
 /// A packed path's element made from a decoded value.
@@ -205,7 +207,7 @@ where
         shared_lhs.map_err(|err| err.to_string())?,
         shared_rhs.map_err(|err| err.to_string())?,
     );
-    for (b, dst) in out.chunks_mut((m * n).max(1)).enumerate() {
+    let one = |(b, dst): (usize, &mut [std::mem::MaybeUninit<f32>])| {
         let own_lhs = shared_lhs.is_none().then(|| pack_lhs(b)).transpose();
         let own_rhs = shared_rhs.is_none().then(|| pack_rhs(b)).transpose();
         let (own_lhs, own_rhs) = (
@@ -220,7 +222,15 @@ where
             .as_ref()
             .or(own_rhs.as_ref())
             .expect("one of the two");
-        gemm::gemm(a, w, gemm::Epilogue { alpha, bias }, dst).map_err(|err| err.to_string())?;
+        gemm::gemm(a, w, gemm::Epilogue { alpha, bias }, dst).map_err(|err| err.to_string())
+    };
+    // A batch's matrices run side by side (an attention's per-head GEMMs are one task each, so one at a time would
+    // leave the other threads idle); each matrix's own tasks still spread where it is large. The same sums either
+    // way: a matrix's bits do not depend on the thread that runs it.
+    let chunks = (m * n).max(1);
+    if out.len() > chunks {
+        out.par_chunks_mut(chunks).enumerate().try_for_each(one)
+    } else {
+        out.chunks_mut(chunks).enumerate().try_for_each(one)
     }
-    Ok(())
 }

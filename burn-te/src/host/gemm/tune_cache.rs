@@ -29,8 +29,9 @@ pub const HOST_GEMM_CACHE_ENV: &str = "BURN_TE_HOST_GEMM_CACHE";
 /// The metrics report's counter of shape classes whose choice came from the cache (`HostFp8GemmTuningsCached`).
 pub const HOST_GEMM_TUNINGS_CACHED: &str = "HostFp8GemmTuningsCached";
 
-/// Bumped when what a stored choice means changes (new paths, a new timing rule), so old files are not read.
-const FORMAT: u32 = 1;
+/// Bumped when what a stored choice means changes (new paths, a new timing rule, a path's speed on a shape class), so
+/// old files are not read. 2: the packed paths run a batch's matrices side by side.
+const FORMAT: u32 = 2;
 
 /// One choice as stored: the GEMM that made it, each candidate's best run, the paths not timed, the path kept.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
