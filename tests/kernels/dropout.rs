@@ -26,8 +26,38 @@ type B = Autodiff<Te<Flex>>;
 
 /// The seed a fused dropout draws: the backend RNG's next 64-bit draw.
 fn drawn_seed(device: &burn::tensor::Device<B>) -> u64 {
-    let draw = Tensor::<B, 1, Int>::random([1], Distribution::Default, device).into_data();
-    draw.iter::<i64>().next().expect("one draw") as u64
+    let draws = Tensor::<B, 1, Int>::random([4], Distribution::Uniform(0.0, 65536.0), device);
+    let draws: Vec<i64> = draws.into_data().iter::<i64>().collect();
+    draws[0] as u64 | (draws[1] as u64) << 16 | (draws[2] as u64) << 32 | (draws[3] as u64) << 48
+}
+
+/// The seeds span 64 bits on both host backends (burn-ndarray draws an integer of `Distribution::Default` from
+/// 0..255, Flex's integers are 32 bits: one such draw would repeat masks), and differ from call to call: eight
+/// seeds all below 2³² would happen once in 2²⁵⁶.
+#[test]
+fn dropout_seeds_span_64_bits_on_flex_and_ndarray() {
+    use burn::backend::NdArray;
+    use burn_te::TeBackend;
+    fn seeds<H: TeBackend>() -> Vec<u64> {
+        let device = Default::default();
+        (0..8)
+            .map(|_| H::te_dropout_seed(&device).expect("the host path has a fused dropout"))
+            .collect()
+    }
+    for (backend, seeds) in [("Flex", seeds::<Flex>()), ("NdArray", seeds::<NdArray>())] {
+        assert!(
+            seeds.iter().any(|&s| s >= 1 << 32),
+            "{backend}: every seed below 2^32: {seeds:?}"
+        );
+        let mut distinct = seeds.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            seeds.len(),
+            "{backend}: repeated seeds {seeds:?}"
+        );
+    }
 }
 
 /// burn-te's dropout mask of `n` elements (`true` = kept), replayed in order: element `i` is kept when word `i` of
@@ -45,13 +75,34 @@ fn replayed_mask(seed: u64, n: usize, keep: f64) -> Vec<bool> {
 fn the_fused_kernel_applies_the_replayed_mask_at_every_index_across_tasks() {
     use burn_te_kernels::host::fused::dropout::dropout;
     let n = 3 * 16_384 + 1_234;
-    let mut x = Rng::new(8).normal(n, 0.0, 1.0);
-    x[7] = f32::INFINITY;
-    x[40_000] = f32::NAN;
+    let normal = Rng::new(8).normal(n, 0.0, 1.0);
     for (prob, seed) in [(0.1, 1), (0.3, 42), (0.5, u64::MAX)] {
         let mask = DropoutMask { prob, seed };
-        let y = dropout(&x, mask);
         let kept = replayed_mask(seed, n, 1.0 - prob);
+        // ∞ and NaN where the mask drops (in the first and third task's block) and where it keeps.
+        let mut x = normal.clone();
+        let dropped_at = |from: usize| (from..n).find(|&i| !kept[i]).expect("a dropped element");
+        let kept_at = |from: usize| (from..n).find(|&i| kept[i]).expect("a kept element");
+        let specials = [
+            (dropped_at(7), f32::INFINITY),
+            (dropped_at(40_000), f32::NAN),
+            (kept_at(20_000), f32::NEG_INFINITY),
+            (kept_at(30_000), f32::NAN),
+        ];
+        for (i, v) in specials {
+            x[i] = v;
+        }
+        let y = dropout(&x, mask);
+        for (i, v) in specials {
+            // Dropped: `v · 0`, NaN for ∞ and NaN alike (Burn's `Dropout` multiplies too); kept: `v · 1/(1 − p)`.
+            let nan = !kept[i] || v.is_nan();
+            assert!(
+                y[i].is_nan() == nan && (nan || y[i] == v),
+                "rate {prob}, seed {seed}: {v} at {i} (kept: {}) gave {}",
+                kept[i],
+                y[i]
+            );
+        }
         let factor = (1.0 / (1.0 - prob)) as f32;
         for (i, ((y, x), kept)) in y.iter().zip(&x).zip(&kept).enumerate() {
             let want = x * if *kept { factor } else { 0.0 };

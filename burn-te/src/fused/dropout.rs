@@ -19,9 +19,11 @@ use crate::error::TeError;
 
 /// The mask of a training step's dropout at `prob`: its seed drawn from the backend's RNG, or `None` where dropout
 /// is off (`prob` 0, or no autodiff: Burn's `Dropout` is the identity there), the backend has no fused dropout,
-/// or [`with_composed_elementwise`](super::with_composed_elementwise) asks for the composed ops.
+/// [`with_composed_elementwise`](super::with_composed_elementwise) asks for the composed ops, or `prob` is outside
+/// `[0, 1)` (a `Dropout` built by hand: Burn's own gives what it gives there).
 pub(crate) fn mask<B: TeBackend>(prob: f64, device: &B::Device) -> Option<DropoutMask> {
-    if prob == 0.0 || !B::ad_enabled(device) || !super::fused_allowed() {
+    let dropping = prob > 0.0 && prob < 1.0;
+    if !(dropping && B::ad_enabled(device) && super::fused_allowed()) {
         return None;
     }
     B::te_dropout_seed(device).map(|seed| DropoutMask { prob, seed })

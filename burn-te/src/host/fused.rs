@@ -316,19 +316,22 @@ pub(super) fn softmax_backward<B: Backend>(
     host_tensor::<B>(ds, shape, &device)
 }
 
-/// [`TeBackend::te_dropout_seed`](crate::TeBackend::te_dropout_seed) on the host: one 64-bit draw of the backend's
-/// RNG (`Tensor::<B, 1, Int>::random([1], Distribution::Default, ..)`).
+/// [`TeBackend::te_dropout_seed`](crate::TeBackend::te_dropout_seed) on the host: 64 bits from the backend's RNG,
+/// four draws of 16 bits (`Uniform(0, 65536)`), the first the lowest. One draw of `Distribution::Default` is not enough: burn-ndarray draws it from 0..255, and Flex's
+/// integers are 32 bits wide.
 pub(super) fn dropout_seed<B: Backend>(device: &B::Device) -> u64 {
-    let draw = burn::tensor::Tensor::<B, 1, burn::tensor::Int>::random(
-        [1],
-        burn::tensor::Distribution::Default,
+    let draws = burn::tensor::Tensor::<B, 1, burn::tensor::Int>::random(
+        [4],
+        burn::tensor::Distribution::Uniform(0.0, 65536.0),
         device,
-    );
-    let data = draw.into_data();
-    data.iter::<i64>().next().map_or_else(
-        || panic!("a random draw of one element returned none"),
-        |x| x as u64,
     )
+    .into_data();
+    draws
+        .iter::<i64>()
+        .enumerate()
+        .fold(0u64, |seed, (i, draw)| {
+            seed | ((draw as u64 & 0xffff) << (16 * i))
+        })
 }
 
 /// [`TeBackend::te_dropout_forward`](crate::TeBackend::te_dropout_forward) on the host.

@@ -15,9 +15,13 @@ const TILE_ROWS: usize = 16;
 /// A view of `values`: element `[i0, .., in]` at `offset + Σ i·stride`.
 #[derive(Clone, Copy, Debug)]
 pub struct StridedView<'a> {
+    /// The storage the view reads.
     pub values: &'a [f32],
+    /// Where element `[0, .., 0]` lies in `values`.
     pub offset: usize,
+    /// The view's dimensions.
     pub shape: &'a [usize],
+    /// One stride per dimension, in elements (0: broadcast).
     pub strides: &'a [usize],
 }
 
