@@ -317,8 +317,8 @@ pub(super) fn softmax_backward<B: Backend>(
 }
 
 /// [`TeBackend::te_dropout_seed`](crate::TeBackend::te_dropout_seed) on the host: 64 bits from the backend's RNG,
-/// four draws of 16 bits (`Uniform(0, 65536)`), the first the lowest. One draw of `Distribution::Default` is not enough: burn-ndarray draws it from 0..255, and Flex's
-/// integers are 32 bits wide.
+/// four draws of 16 bits (`Uniform(0, 65536)`), the first the lowest. One draw of `Distribution::Default` is not
+/// enough: burn-ndarray draws it from 0..255, and Flex's integers are 32 bits wide.
 pub(super) fn dropout_seed<B: Backend>(device: &B::Device) -> u64 {
     let draws = burn::tensor::Tensor::<B, 1, burn::tensor::Int>::random(
         [4],
