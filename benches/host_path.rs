@@ -8,6 +8,8 @@
 //!   the one-element-at-a-time reference it replaced;
 //! - one optimizer step over a TransformerLayer's parameters (hidden 512, FFN 2048: char-GPT's layer, 3.1 M
 //!   values): Burn's `Adam` against burn-te's `FusedAdam` (the same values), on `Autodiff<Flex>`;
+//! - the attention's layout copies (the context's reshape, the packed QKV gradient's `slice_assign`): Flex's own
+//!   copy against `Te<Flex>`'s on every core;
 //! - the char-GPT's training step, f32 against FP8, and (`-- time-to-loss [STEPS] [EVERY] [SEED] [RECIPE]
 //!   [PLAN]`, not criterion) FP8's time to f32's final validation loss on the fortunes, the two trained side by
 //!   side ([`char_gpt`]).
@@ -215,6 +217,45 @@ fn block_quantize(c: &mut Criterion) {
     }
 }
 
+/// The layout copies of an attention on the host: the context `[b, h, s, d]` permuted to `[s, b, h, d]` and
+/// reshaped to `[s, b, h·d]` for the projection, and the backward's permuted gradient written into a packed
+/// `[s, b, h + 2·h, d]` QKV gradient (`slice_assign`, the backward of `narrow`), on Flex (its own one-element-at-a-
+/// time copy) against `Te<Flex>` (`te_reshape`, `te_slice_assign`: the copy on every core). Shapes: the
+/// char-GPT's (16 × 64 tokens, 8 heads of 64) and a TransformerLayer's at hidden 1024 (1024 tokens, 16 heads).
+fn layout_copies(c: &mut Criterion) {
+    fn on<B: Backend>(
+        group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+        name: &str,
+        [b, h, s, d]: [usize; 4],
+    ) {
+        let device = Default::default();
+        let context = Tensor::<B, 4>::random([b, h, s, d], Distribution::Default, &device);
+        group.bench_function(format!("context reshape on {name}"), |bench| {
+            bench.iter(|| {
+                let out = context.clone().permute([2, 0, 1, 3]).reshape([s, b, h * d]);
+                B::sync(&device).expect("sync");
+                out
+            })
+        });
+        let packed = Tensor::<B, 4>::zeros([s, b, 3 * h, d], &device);
+        group.bench_function(format!("packed gradient slice_assign on {name}"), |bench| {
+            bench.iter(|| {
+                let value = context.clone().permute([2, 0, 1, 3]);
+                let out = packed.clone().slice_assign([0..s, 0..b, 0..h, 0..d], value);
+                B::sync(&device).expect("sync");
+                out
+            })
+        });
+    }
+    for dims in [[16, 8, 64, 64], [1, 16, 1024, 64]] {
+        let mut group = c.benchmark_group(format!("layout copies {dims:?}"));
+        group.sample_size(20);
+        on::<Flex>(&mut group, "Flex", dims);
+        on::<Te<Flex>>(&mut group, "Te<Flex>", dims);
+        group.finish();
+    }
+}
+
 criterion_group!(
     benches,
     gemm,
@@ -222,6 +263,7 @@ criterion_group!(
     transformer_layer,
     optimizer,
     block_quantize,
+    layout_copies,
     char_gpt::step
 );
 

@@ -482,6 +482,24 @@ pub trait TeBackend: Backend {
         Self::float_cat(vec![dq, dk, dv], 2)
     }
 
+    /// Burn's `float_reshape` (what `Te<B>` runs for it). By default the backend's own; the Flex host path copies a
+    /// strided view that cannot be reshaped in place on every core, where Flex copies it one element at a time on
+    /// one thread (`HostLayoutCopies` in the metrics report).
+    fn te_reshape(tensor: FloatTensor<Self>, shape: burn::tensor::Shape) -> FloatTensor<Self> {
+        Self::float_reshape(tensor, shape)
+    }
+
+    /// Burn's `float_slice_assign` (what `Te<B>` runs for it: the backward of a `narrow` or `slice`, among
+    /// others). By default the backend's own; the Flex host path makes a strided `value` contiguous on every core
+    /// first, as [`te_reshape`](Self::te_reshape) does.
+    fn te_slice_assign(
+        tensor: FloatTensor<Self>,
+        slices: &[burn::tensor::Slice],
+        value: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::float_slice_assign(tensor, slices, value)
+    }
+
     /// `out [.., n] + bias [n]`, the bias added to every row: the fprop GEMM's bias. By default Burn's broadcast
     /// add; the host backends add it row by row on every core (Flex's broadcast add is a strided loop on one
     /// thread).

@@ -68,6 +68,25 @@ pub trait Decorator: Clone + Default + core::fmt::Debug + Send + Sync + 'static 
         Self::Inner::linear_weight_backward(x, output_grad)
     }
 
+    /// Reshape; forwards by default. `Te<B>` runs [`TeBackend::te_reshape`](crate::TeBackend::te_reshape): a
+    /// strided view that must be copied is copied on every core on the host path.
+    fn float_reshape(
+        tensor: FloatTensor<Self::Inner>,
+        shape: burn::tensor::Shape,
+    ) -> FloatTensor<Self::Inner> {
+        Self::Inner::float_reshape(tensor, shape)
+    }
+
+    /// `value` written into the `slices` of `tensor`; forwards by default. `Te<B>` runs
+    /// [`TeBackend::te_slice_assign`](crate::TeBackend::te_slice_assign).
+    fn float_slice_assign(
+        tensor: FloatTensor<Self::Inner>,
+        slices: &[burn::tensor::Slice],
+        value: FloatTensor<Self::Inner>,
+    ) -> FloatTensor<Self::Inner> {
+        Self::Inner::float_slice_assign(tensor, slices, value)
+    }
+
     /// Seeds the backend's random generator and burn-te's stochastic rounding
     /// ([`seed_stochastic_rounding`](crate::seed_stochastic_rounding)), so a run that seeds its backend draws the
     /// same rounding bits whatever ran before it in the process.

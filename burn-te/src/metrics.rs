@@ -481,6 +481,9 @@ pub mod names {
     pub const FUSED_DROPOUT_BACKWARD: &str = "FusedDropoutBackward";
     /// Counter: fprop biases added row by row on every core (`TeBackend::te_add_bias` on a host backend).
     pub const FUSED_BIAS: &str = "FusedBias";
+    /// Counter: strided views copied row-major on every core for a reshape or a slice assign (`TeBackend::te_reshape`,
+    /// `te_slice_assign`) or for a host kernel that reads contiguous values (Flex on the host path).
+    pub const HOST_LAYOUT_COPIES: &str = "HostLayoutCopies";
     /// Counter: Adam steps of one parameter fused into one pass (`optim::FusedAdam` on a host backend).
     pub const FUSED_ADAM: &str = "FusedAdam";
     /// Counter: `optim::FusedAdam` steps that ran Burn's composed `Adam` (no fused kernel on the backend).

@@ -1,9 +1,11 @@
 //! `Te<B>`: the backend decorator that runs GEMMs in FP8 inside an autocast scope.
 //!
 //! Every op forwards to `B` (the forwarding is generated once, see [`crate::decorator`]) except Burn's `linear`
-//! (and its two backward GEMMs) and `float_matmul`: inside an FP8 [`fp8_autocast`](crate::fp8_autocast) scope
-//! they quantize their operands by the recipe and run the FP8 GEMM kernel. So a model of plain
-//! `burn::nn::Linear` layers trains in FP8 by swapping `B` for `Te<B>`.
+//! (and its two backward GEMMs), `float_matmul` and the layout ops `float_reshape` and `float_slice_assign`.
+//! Inside an FP8 [`fp8_autocast`](crate::fp8_autocast) scope `linear` and `float_matmul` quantize their operands
+//! by the recipe and run the FP8 GEMM kernel, so a model of plain `burn::nn::Linear` layers trains in FP8 by
+//! swapping `B` for `Te<B>`. The layout ops run the backend's [`TeBackend::te_reshape`] and
+//! [`TeBackend::te_slice_assign`] (on the host path, a strided view's copy on every core).
 //!
 //! `Te<B>` also carries the [diagnostics](crate::diagnostics): it counts every op, transfer and GEMM, checks ops in
 //! eager debug mode, and traces and tracks the layer GEMMs.
@@ -50,6 +52,18 @@ impl<B: TeBackend> Decorator for Te<B> {
                 || B::float_matmul(lhs, rhs),
             ),
         }
+    }
+
+    fn float_reshape(tensor: FloatTensor<B>, shape: burn::tensor::Shape) -> FloatTensor<B> {
+        B::te_reshape(tensor, shape)
+    }
+
+    fn float_slice_assign(
+        tensor: FloatTensor<B>,
+        slices: &[burn::tensor::Slice],
+        value: FloatTensor<B>,
+    ) -> FloatTensor<B> {
+        B::te_slice_assign(tensor, slices, value)
     }
 
     fn linear(

@@ -693,3 +693,128 @@ fn bias_added_row_by_row_is_each_sum_rounded_once() {
         vec![1.5, 2.5, 3.5, 4.5]
     );
 }
+
+/// `Te<Flex>`'s layout ops (`TeBackend::te_reshape`, `te_slice_assign`: a strided view copied on every core)
+/// against the element each output position must hold, found one index at a time from the source values: the
+/// attention's context `[b, h, s, d]` permuted and reshaped to `[s, b, h·d]` (as `DotProductAttention` does
+/// before its projection), a 2-D transpose flattened over several copy tasks, a flipped view (Flex's own copy),
+/// contiguous views (no strided copy), and a permuted value written into a packed `[s, b, slots, d]` tensor (the
+/// backward of `narrow`); then both through `Autodiff<Te<Flex>>`'s backward, whose gradients are the upstream
+/// values moved back by the same index maps.
+#[test]
+fn te_flex_layout_ops_move_every_value_where_its_index_says() {
+    use burn_te::Te;
+    type T = Te<Flex>;
+    let device = Default::default();
+    let mut rng = Rng::new(45);
+    let copies = || counter("HostLayoutCopies");
+    // The first element whose bits differ, named.
+    let same = |what: &str, got: Vec<f32>, want: Vec<f32>| {
+        assert_eq!(got.len(), want.len(), "{what}: length");
+        if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+            panic!("{what}: element {i} is {}, expected {}", got[i], want[i]);
+        }
+    };
+
+    // The context: [b, h, s, d] permuted to [s, b, h, d], reshaped to [s, b, h·d].
+    let (b, h, s, d) = (3, 5, 37, 24);
+    let ctx = rng.normal(b * h * s * d, 0.0, 1.0);
+    let t = Tensor::<T, 4>::from_data(TensorData::new(ctx.clone(), [b, h, s, d]), &device);
+    let before = copies();
+    let out = t.permute([2, 0, 1, 3]).reshape([s, b, h * d]);
+    assert_eq!(copies() - before, 1, "the context was copied on the pool");
+    let mut want = vec![0.0; ctx.len()];
+    for (i, w) in want.iter_mut().enumerate() {
+        let (si, bi, hi, di) = (i / (b * h * d), i / (h * d) % b, i / d % h, i % d);
+        *w = ctx[((bi * h + hi) * s + si) * d + di];
+    }
+    same("context", out.into_data().to_vec().unwrap(), want);
+
+    // A transpose of [301, 173] flattened: several tasks of the copy.
+    let (r, c) = (301, 173);
+    let m = rng.normal(r * c, 0.0, 1.0);
+    let t = Tensor::<T, 2>::from_data(TensorData::new(m.clone(), [r, c]), &device);
+    let before = copies();
+    let flat = t.clone().transpose().reshape([r * c]);
+    assert_eq!(copies() - before, 1);
+    let want: Vec<f32> = (0..r * c).map(|i| m[(i % r) * c + i / r]).collect();
+    same("transpose", flat.into_data().to_vec().unwrap(), want);
+
+    // A flipped view: Flex copies it itself.
+    let before = copies();
+    let flipped = t.clone().flip([1]).reshape([r * c]);
+    assert_eq!(copies() - before, 0, "a negative stride is Flex's copy");
+    let want: Vec<f32> = (0..r * c).map(|i| m[i / c * c + (c - 1 - i % c)]).collect();
+    same("flip", flipped.into_data().to_vec().unwrap(), want);
+
+    // A contiguous tensor's reshape is a view, and a contiguous narrow at an offset is Flex's copy: neither is a
+    // strided copy.
+    let before = copies();
+    let viewed = t.clone().reshape([c, r]);
+    let narrowed = t.narrow(0, 100, 7).reshape([7 * c]);
+    assert_eq!(copies() - before, 0, "contiguous views are Flex's");
+    same("view", viewed.into_data().to_vec().unwrap(), m.clone());
+    let want = m[100 * c..107 * c].to_vec();
+    same("narrow", narrowed.into_data().to_vec().unwrap(), want);
+
+    // A permuted [b, h, s, d] value into slots 2.. of a packed [s, b, slots, d] tensor.
+    let slots = h + 4;
+    let packed = rng.normal(s * b * slots * d, 0.0, 1.0);
+    let dst = Tensor::<T, 4>::from_data(TensorData::new(packed.clone(), [s, b, slots, d]), &device);
+    let value = Tensor::<T, 4>::from_data(TensorData::new(ctx.clone(), [b, h, s, d]), &device)
+        .permute([2, 0, 1, 3]);
+    let before = copies();
+    let assigned = dst.slice_assign([0..s, 0..b, 2..2 + h, 0..d], value);
+    assert_eq!(copies() - before, 1, "the value was copied on the pool");
+    let mut want = packed.clone();
+    for (i, w) in want.iter_mut().enumerate() {
+        let (si, bi, slot, di) = (
+            i / (b * slots * d),
+            i / (slots * d) % b,
+            i / d % slots,
+            i % d,
+        );
+        if (2..2 + h).contains(&slot) {
+            *w = ctx[((bi * h + slot - 2) * s + si) * d + di];
+        }
+    }
+    same("slice assign", assigned.into_data().to_vec().unwrap(), want);
+
+    // Through autodiff: packed [s, b, slots, d] → narrow to slots 2.. → permuted to [b, h, s, d] → reshaped to
+    // [b, h·s·d] (a strided copy) → times an upstream gradient g, summed. d/d packed = g moved back by both maps,
+    // zero off the slots; the backward writes the permuted gradient into the packed one (a strided slice assign).
+    type A = Autodiff<Te<Flex>>;
+    let g = rng.normal(b * h * s * d, 0.0, 1.0);
+    let x = Tensor::<A, 4>::from_data(TensorData::new(packed, [s, b, slots, d]), &device)
+        .require_grad();
+    let upstream = Tensor::<A, 2>::from_data(TensorData::new(g.clone(), [b, h * s * d]), &device);
+    let before = copies();
+    let bhsd = x.clone().narrow(2, 2, h).permute([1, 2, 0, 3]);
+    let loss = (bhsd.reshape([b, h * s * d]) * upstream).sum();
+    let grads = loss.backward();
+    assert_eq!(
+        copies() - before,
+        2,
+        "the forward's reshape and the backward's slice assign"
+    );
+    let dx = x
+        .grad(&grads)
+        .expect("packed gradient")
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap();
+    for (i, &got) in dx.iter().enumerate() {
+        let (si, bi, slot, di) = (
+            i / (b * slots * d),
+            i / (slots * d) % b,
+            i / d % slots,
+            i % d,
+        );
+        let want = if (2..2 + h).contains(&slot) {
+            g[bi * h * s * d + ((slot - 2) * s + si) * d + di]
+        } else {
+            0.0
+        };
+        assert_eq!(got.to_bits(), want.to_bits(), "gradient {i}");
+    }
+}

@@ -7,6 +7,8 @@
 mod attention;
 mod fused;
 pub mod gemm;
+#[cfg(feature = "flex")]
+mod layout;
 mod optim;
 
 use std::sync::{Arc, Mutex};
@@ -100,22 +102,8 @@ fn flex_values(tensor: FlexTensor) -> Result<(HostValues, Shape), TeError> {
     }
     // A strided view (a permuted or transposed operand): copied out on the pool, a row or a tile of rows at a time
     // (Flex's own copy walks it one element at a time on one thread).
-    let layout = tensor.layout();
-    let shape = layout.shape().clone();
-    let strides: Option<Vec<usize>> = layout
-        .strides()
-        .iter()
-        .map(|&s| usize::try_from(s).ok())
-        .collect();
-    let copied = strides.and_then(|strides| {
-        burn_te_kernels::host::strided::contiguous(burn_te_kernels::host::strided::StridedView {
-            values: tensor.storage::<f32>(),
-            offset: layout.start_offset(),
-            shape: shape.as_slice(),
-            strides: &strides,
-        })
-    });
-    Ok(match copied {
+    let shape = tensor.layout().shape().clone();
+    Ok(match layout::strided_values(&tensor) {
         Some(values) => (HostValues::Copied(values), shape),
         // A flipped view (negative strides).
         None => (HostValues::Flex(tensor.to_contiguous()), shape),
@@ -247,9 +235,18 @@ fn lock(state: &HostDelayedState) -> std::sync::MutexGuard<'_, DelayedScalingHis
 }
 
 /// `TeBackend` for a CPU backend `$backend` on the host path; `$values` reads its tensors (`$unordered_values` where
-/// the order does not matter), `$buffer_id` tells their buffers apart.
+/// the order does not matter), `$buffer_id` tells their buffers apart, `$reshape` and `$slice_assign` are its
+/// layout ops.
 macro_rules! host_te_backend {
-    ($backend:ty, $values:path, $unordered_values:path, $strided:path, $buffer_id:path) => {
+    (
+        $backend:ty,
+        $values:path,
+        $unordered_values:path,
+        $strided:path,
+        $buffer_id:path,
+        $reshape:expr,
+        $slice_assign:expr
+    ) => {
         impl TeBackend for $backend {
             type Fp8Data = HostFp8Data<<$backend as BackendTypes>::Device>;
             type DelayedState = HostDelayedState;
@@ -366,6 +363,18 @@ macro_rules! host_te_backend {
 
             fn te_add_bias(out: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
                 fused::add_bias::<$backend>($values, out, bias)
+            }
+
+            fn te_reshape(tensor: FloatTensor<Self>, shape: Shape) -> FloatTensor<Self> {
+                $reshape(tensor, shape)
+            }
+
+            fn te_slice_assign(
+                tensor: FloatTensor<Self>,
+                slices: &[burn::tensor::Slice],
+                value: FloatTensor<Self>,
+            ) -> FloatTensor<Self> {
+                $slice_assign(tensor, slices, value)
             }
 
             fn te_adam_step(
@@ -654,7 +663,9 @@ host_te_backend!(
     values::<NdArray>,
     values::<NdArray>,
     strided_copy::<NdArray>,
-    ndarray_buffer_id
+    ndarray_buffer_id,
+    <NdArray as FloatTensorOps<NdArray>>::float_reshape,
+    <NdArray as FloatTensorOps<NdArray>>::float_slice_assign
 );
 #[cfg(feature = "flex")]
 host_te_backend!(
@@ -662,7 +673,9 @@ host_te_backend!(
     flex_values,
     flex_unordered_values,
     flex_strided,
-    flex_buffer_id
+    flex_buffer_id,
+    layout::flex_reshape,
+    layout::flex_slice_assign
 );
 
 /// The address of the first element and the shape: shared by clones (copy-on-write arrays), distinct for live
