@@ -9,7 +9,7 @@
 //! - one optimizer step over a TransformerLayer's parameters (hidden 512, FFN 2048: char-GPT's layer, 3.1 M
 //!   values): Burn's `Adam` against burn-te's `FusedAdam` (the same values), on `Autodiff<Flex>`;
 //! - the attention's layout copies (the context's reshape, the packed QKV gradient's `slice_assign`): Flex's own
-//!   copy against `Te<Flex>`'s on every core;
+//!   copy against `Te<Flex>`'s on every core, and Burn's own `MultiHeadAttention` on both, forward and backward;
 //! - the char-GPT's training step, f32 against FP8, and (`-- time-to-loss [STEPS] [EVERY] [SEED] [RECIPE]
 //!   [PLAN]`, not criterion) FP8's time to f32's final validation loss on the fortunes, the two trained side by
 //!   side ([`char_gpt`]).
@@ -247,11 +247,34 @@ fn layout_copies(c: &mut Criterion) {
             })
         });
     }
+    /// Burn's own `MultiHeadAttention` (plain Burn modules, f32, no autocast), forward and backward: its context
+    /// is reshaped from `[b, h, s, d]` swapped to `[b, s, h, d]`, and its backward reshapes permuted gradients.
+    fn mha<B: Backend>(
+        group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+        name: &str,
+        [b, h, s, d]: [usize; 4],
+    ) {
+        use burn::nn::attention::{MhaInput, MultiHeadAttentionConfig};
+        let device = Default::default();
+        let module = MultiHeadAttentionConfig::new(h * d, h).init::<Autodiff<B>>(&device);
+        let x = Tensor::<Autodiff<B>, 3>::random([b, s, h * d], Distribution::Default, &device);
+        group.bench_function(
+            format!("burn::nn::MultiHeadAttention fwd+bwd on Autodiff<{name}>"),
+            |bench| {
+                bench.iter(|| {
+                    let out = module.forward(MhaInput::self_attn(x.clone().require_grad()));
+                    out.context.sum().backward()
+                })
+            },
+        );
+    }
     for dims in [[16, 8, 64, 64], [1, 16, 1024, 64]] {
         let mut group = c.benchmark_group(format!("layout copies {dims:?}"));
         group.sample_size(20);
         on::<Flex>(&mut group, "Flex", dims);
         on::<Te<Flex>>(&mut group, "Te<Flex>", dims);
+        mha::<Flex>(&mut group, "Flex", dims);
+        mha::<Te<Flex>>(&mut group, "Te<Flex>", dims);
         group.finish();
     }
 }
