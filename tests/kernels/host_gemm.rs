@@ -1979,10 +1979,10 @@ fn a_path_must_beat_the_earlier_ones_by_a_tenth_to_be_chosen() {
     assert_eq!(preferred(&[]), f32, "nothing timed");
 }
 
-/// The autotune stops timing a candidate once its best run is more than 1.5 × the fastest's (at 1.5 × exactly it
-/// stays), and a candidate it stops timing is one the choice would not have kept: for every best run from 1 to 300 ms
-/// against a fastest path of 100 ms, placed first in instruction order (where ties favour it), a path dropped is not
-/// chosen.
+/// The autotune stops timing a candidate once its best run over two runs or more is more than 1.5 × the fastest's
+/// (at 1.5 × exactly it stays; after one run it stays whatever it took), and a candidate it stops timing is one the
+/// choice would not have kept: for every best run from 1 to 300 ms against a fastest path of 100 ms, placed first
+/// in instruction order (where ties favour it), a path dropped is not chosen.
 #[test]
 fn a_path_half_again_slower_than_the_fastest_is_timed_no_further() {
     use burn_te::host::gemm::{outpaced, preferred};
@@ -2010,6 +2010,23 @@ fn a_path_half_again_slower_than_the_fastest_is_timed_no_further() {
         }
     }
     assert_eq!(dropped, 150, "151 ms to 300 ms are dropped");
+    // Not after one run each: a first run ten times the fastest (another process took the core) keeps the path in
+    // the race, and a second run can clear it; after two runs each, the rule applies.
+    use burn_te::host::gemm::{RUNS_BEFORE_DROP, dropped_after};
+    assert_eq!(RUNS_BEFORE_DROP, 2);
+    assert!(
+        !dropped_after(1, ms(239), ms(23)),
+        "one slow run decides nothing"
+    );
+    assert!(
+        dropped_after(2, ms(239), ms(23)),
+        "two runs each: beyond 1.5 ×"
+    );
+    assert!(
+        !dropped_after(2, ms(30), ms(23)),
+        "two runs each, within 1.5 ×"
+    );
+    assert!(dropped_after(5, ms(151), ms(100)));
 }
 
 /// Where no packed path that the probe saw faster takes the operands, the paths waiting after the probe are timed

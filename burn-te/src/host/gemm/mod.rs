@@ -24,7 +24,8 @@ pub use probe::{
 };
 pub use run::HOST_FP8_GEMM;
 pub use tune::{
-    HOST_GEMM_TUNINGS, HostGemmTuning, OUTPACED_FACTOR, TUNED_MIN_PRODUCT, TunedRoute,
-    host_gemm_tunings, outpaced, outpaced_on_probe, timing_order, tuned_route,
+    HOST_GEMM_TUNINGS, HostGemmTuning, OUTPACED_FACTOR, RUNS_BEFORE_DROP, TUNED_MIN_PRODUCT,
+    TunedRoute, dropped_after, host_gemm_tunings, outpaced, outpaced_on_probe, timing_order,
+    tuned_route,
 };
 pub use tune_cache::{HOST_GEMM_CACHE_ENV, HOST_GEMM_TUNINGS_CACHED, host_gemm_cache_file};

@@ -1,10 +1,11 @@
 //! The host FP8 GEMM's autotune: per shape class, every path this CPU runs that takes the operands exactly is timed
 //! on the GEMM itself, the paths in turn ([`timing_order`]: the likely winner last) for up to [`TIMED_ROUNDS`]
-//! rounds (a path [`outpaced`] after a round is timed no further, and the rounds stop when one path is left; a
-//! packed path [`outpaced_on_probe`] is timed only where no faster packed path takes the operands), and the
-//! [`preferred`] path by their best runs (the first in instruction order within 10 % of the fastest) is kept for
-//! that class for the rest of the process, as Burn keeps its matmul's choice (and as the device GEMM's autotune
-//! does, [`crate::cube`]). The timed runs are the call's own work: the GEMM's output is the kept path's.
+//! rounds (a path [`outpaced`] from the second round on, [`dropped_after`], is timed no further, and the rounds
+//! stop when one path is left; a packed path [`outpaced_on_probe`] is timed only where no faster packed path takes
+//! the operands), and the [`preferred`] path by their best runs (the first in instruction order within 10 % of the
+//! fastest) is kept for that class for the rest of the process, as Burn keeps its matmul's choice (and as the
+//! device GEMM's autotune does, [`crate::cube`]). The timed runs are the call's own work: the GEMM's output is the
+//! kept path's.
 //!
 //! One probe shape cannot stand for every GEMM: on a 2-core AMD EPYC Zen 3 the probe ([`super::probe`], 256 × 1024 ×
 //! 512) chose `f32`, which was 20 % slower than `avx2fma` on a TransformerLayer step's GEMMs at hidden 1024. GEMMs
@@ -47,9 +48,12 @@ const ROUNDS_BUDGET: Duration = Duration::from_millis(500);
 /// quarter faster than its own best so far. A first run slowed by cold caches and fresh buffers can drop a path
 /// after the first round that would have run faster; on Zen 4 a class's first runs were at most 1.64× its best,
 /// which keeps the path then kept within 1.64 / 1.5 < [`super::probe::PREFERENCE_MARGIN`] of the dropped one: the
-/// margin the choice allows anyway. On a CPU whose bf16 dot product runs at twice the FMA rate (AMD Zen 4) this
-/// times the three FMA-bound paths once per class instead of in every round.
+/// margin the choice allows anyway. Not before every candidate has run [`RUNS_BEFORE_DROP`] times: one slow run
+/// decides nothing.
 pub const OUTPACED_FACTOR: f64 = 1.5;
+
+/// Runs of every candidate before one can be dropped as [`outpaced`] ([`dropped_after`]).
+pub const RUNS_BEFORE_DROP: usize = 2;
 
 /// The metrics report's counter of shape classes tuned (`HostFp8GemmTunings`).
 pub const HOST_GEMM_TUNINGS: &str = "HostFp8GemmTunings";
@@ -252,6 +256,14 @@ pub fn outpaced(best: Duration, fastest: Duration) -> bool {
     best.as_secs_f64() > fastest.as_secs_f64() * OUTPACED_FACTOR
 }
 
+/// Whether the autotune stops timing a candidate after `runs` runs each: once every candidate has run
+/// [`RUNS_BEFORE_DROP`] times, if it is [`outpaced`]. One run decides nothing: a run that another process or a
+/// page-faulting first use slowed tenfold (seen while the test suite ran beside it: `avx512bf16` at 239 ms against
+/// its 3–10 ms) would otherwise drop the fastest path, and the choice would be cached on disk.
+pub fn dropped_after(runs: usize, best: Duration, fastest: Duration) -> bool {
+    runs >= RUNS_BEFORE_DROP && outpaced(best, fastest)
+}
+
 /// The packed paths (every path but `f32`) that the probe's `times` show [`outpaced`] by the fastest packed path.
 /// The packed paths share their packing and blocking and differ in the instruction that multiplies, so the probe's
 /// ratio between two of them holds for every shape the autotune sees (on Zen 4: `vdpbf16ps` at twice the FMA rate);
@@ -337,7 +349,7 @@ fn tune(
         }
         let fastest = times.iter().map(|&(_, best)| best).min();
         for ((_, best), on) in times.iter().zip(&mut racing) {
-            *on &= !fastest.is_some_and(|fastest| outpaced(*best, fastest));
+            *on &= !fastest.is_some_and(|fastest| dropped_after(round + 1, *best, fastest));
         }
         // No packed path took the operands: the waiting ones are timed from the next round.
         let packed_ran = times
