@@ -43,13 +43,12 @@ pub const TIMED_ROUNDS: usize = 5;
 /// After two rounds, no further round once the tuning has taken this long (a large GEMM's runs vary little).
 const ROUNDS_BUDGET: Duration = Duration::from_millis(500);
 
-/// After each round, a candidate whose best run is more than this many times the fastest one's is timed no further:
-/// to be kept it would have to come within [`super::probe::PREFERENCE_MARGIN`] of the fastest, i.e. run over a
-/// quarter faster than its own best so far. A first run slowed by cold caches and fresh buffers can drop a path
-/// after the first round that would have run faster; on Zen 4 a class's first runs were at most 1.64× its best,
-/// which keeps the path then kept within 1.64 / 1.5 < [`super::probe::PREFERENCE_MARGIN`] of the dropped one: the
-/// margin the choice allows anyway. Not before every candidate has run [`RUNS_BEFORE_DROP`] times: one slow run
-/// decides nothing.
+/// From the second round on ([`RUNS_BEFORE_DROP`]), a candidate whose best run is more than this many times the
+/// fastest one's is timed no further: to be kept it would have to come within
+/// [`super::probe::PREFERENCE_MARGIN`] of the fastest, i.e. run over a quarter faster than its own best so far. Runs
+/// slowed by cold caches and fresh buffers can still drop a path that would have run faster; on Zen 4 a class's
+/// first runs were at most 1.64× its best, which keeps the path then kept within 1.64 / 1.5 <
+/// [`super::probe::PREFERENCE_MARGIN`] of the dropped one: the margin the choice allows anyway.
 pub const OUTPACED_FACTOR: f64 = 1.5;
 
 /// Runs of every candidate before one can be dropped as [`outpaced`] ([`dropped_after`]).
