@@ -45,14 +45,13 @@ fn copied(tensor: &FlexTensor) -> Option<FlexTensor> {
     Some(FlexTensor::from_data(TensorData::new(values, shape)))
 }
 
-/// Flex's reshape, with the copy of a view that cannot be reshaped in place made on every core.
+/// Flex's reshape, with the copy of a view that cannot be reshaped in place made on every core (Flex reshapes
+/// contiguous views itself, which [`copied`] leaves to it).
 pub(super) fn flex_reshape(tensor: FlexTensor, shape: Shape) -> FlexTensor {
-    if tensor.layout().reshape(shape.clone()).is_none()
-        && let Some(copy) = copied(&tensor)
-    {
-        return copy.reshape(shape);
+    match copied(&tensor) {
+        Some(copy) => copy.reshape(shape),
+        None => tensor.reshape(shape),
     }
-    tensor.reshape(shape)
 }
 
 /// Flex's slice assign, with a strided `value` made contiguous on every core first.
