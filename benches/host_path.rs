@@ -279,6 +279,59 @@ fn layout_copies(c: &mut Criterion) {
     }
 }
 
+/// burn-te's `DotProductAttention` (causal, `sbhd`), forward and backward on `Autodiff<Te<Flex>>` at the char-GPT's
+/// shape (64 positions × 16 sequences, 8 heads of 64): in f32 (the fused core) against `fp8_dpa` under
+/// DelayedScaling (q·kᵀ and p·v and their backward GEMMs in FP8), the cost of FP8 attention on the host.
+fn fp8_attention(c: &mut Criterion) {
+    use burn_te::nn::{DotProductAttentionConfig, MultiheadAttentionConfig};
+    use burn_te::{DelayedScaling, fp8_autocast};
+    type B = Autodiff<Te<Flex>>;
+    let [s, b, h, d] = [64, 16, 8, 64];
+    let device = Default::default();
+    let module = DotProductAttentionConfig::new(h, d).init::<B>();
+    let operand = || Tensor::<B, 4>::random([s, b, h, d], Distribution::Default, &device);
+    let (q, k, v) = (operand(), operand(), operand());
+    let step = |fp8_dpa: bool| {
+        let recipe = DelayedScaling {
+            fp8_dpa,
+            ..Default::default()
+        };
+        let [q, k, v] = [&q, &k, &v].map(|t| t.clone().require_grad());
+        let out = fp8_autocast(true, recipe, || module.forward(q, k, v, None)).expect("recipe");
+        out.sum().backward()
+    };
+    // The whole block as the char-GPT runs it: the QKV projection packed, the core on views of it, the output
+    // projection; FP8 linears either way.
+    let mha = MultiheadAttentionConfig::new(h * d, h)
+        .with_attention_dropout(0.0)
+        .init::<B>(&device);
+    let x = Tensor::<B, 3>::random([s, b, h * d], Distribution::Default, &device);
+    let block = |fp8_dpa: bool| {
+        let recipe = DelayedScaling {
+            fp8_dpa,
+            ..Default::default()
+        };
+        let out = fp8_autocast(true, recipe, || mha.forward(x.clone().require_grad(), None))
+            .expect("recipe");
+        out.sum().backward()
+    };
+    let mut group = c.benchmark_group(format!("attention core [s, b, h, d] = {:?}", [s, b, h, d]));
+    group.sample_size(20);
+    group.bench_function("f32 (fused core) fwd+bwd", |bench| {
+        bench.iter(|| step(false))
+    });
+    group.bench_function("fp8_dpa (DelayedScaling) fwd+bwd", |bench| {
+        bench.iter(|| step(true))
+    });
+    group.bench_function("MultiheadAttention, f32 core, fwd+bwd", |bench| {
+        bench.iter(|| block(false))
+    });
+    group.bench_function("MultiheadAttention, fp8_dpa, fwd+bwd", |bench| {
+        bench.iter(|| block(true))
+    });
+    group.finish();
+}
+
 criterion_group!(
     benches,
     gemm,
@@ -287,6 +340,7 @@ criterion_group!(
     optimizer,
     block_quantize,
     layout_copies,
+    fp8_attention,
     char_gpt::step
 );
 

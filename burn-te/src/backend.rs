@@ -500,6 +500,25 @@ pub trait TeBackend: Backend {
         Self::float_slice_assign(tensor, slices, value)
     }
 
+    /// `tensor` split along `dim` into views of `sizes` (Burn's `split_with_sizes`). On `Autodiff` the parts'
+    /// gradients are joined into the tensor's once ([`te_cat`](Self::te_cat)) when the last part's arrives, where
+    /// Burn's `narrow` zero-fills a whole-tensor gradient per part and sums them: so every part must reach the loss
+    /// (the attention core's q, k and v of a packed projection do).
+    fn te_split(tensor: FloatTensor<Self>, dim: usize, sizes: &[usize]) -> Vec<FloatTensor<Self>> {
+        use burn::tensor::TensorMetadata;
+        split_slices(&tensor.shape(), dim, sizes)
+            .iter()
+            .map(|slices| Self::float_slice(tensor.clone(), slices))
+            .collect()
+    }
+
+    /// Burn's `float_cat` (what `Te<B>` runs for it: the packed gradient of [`te_split`](Self::te_split), among
+    /// others). By default the backend's own; the Flex host path joins strided f32 views on every core, where
+    /// Flex makes each contiguous and joins them on one thread.
+    fn te_cat(tensors: Vec<FloatTensor<Self>>, dim: usize) -> FloatTensor<Self> {
+        Self::float_cat(tensors, dim)
+    }
+
     /// `out [.., n] + bias [n]`, the bias added to every row: the fprop GEMM's bias. By default Burn's broadcast
     /// add; the host backends add it row by row on every core (Flex's broadcast add is a strided loop on one
     /// thread).
@@ -1041,6 +1060,29 @@ pub(crate) fn hash_of(value: &impl std::hash::Hash) -> u64 {
     hasher.finish()
 }
 
+/// The slices of each part of a tensor of `shape` split along `dim` into `sizes` ([`TeBackend::te_split`]).
+pub(crate) fn split_slices(
+    shape: &burn::tensor::Shape,
+    dim: usize,
+    sizes: &[usize],
+) -> Vec<Vec<burn::tensor::Slice>> {
+    use burn::tensor::Slice;
+    let mut start = 0;
+    sizes
+        .iter()
+        .map(|&len| {
+            let part = (0..shape.num_dims())
+                .map(|d| match d {
+                    _ if d == dim => Slice::from(start..start + len),
+                    _ => Slice::from(0..shape[d]),
+                })
+                .collect();
+            start += len;
+            part
+        })
+        .collect()
+}
+
 /// q, k and v of a packed `[.., heads + 2 · groups, d]` tensor ([`TeBackend::te_attention_packed`]): views along
 /// dimension 2.
 pub(crate) fn split_packed<B: Backend>(
@@ -1048,9 +1090,8 @@ pub(crate) fn split_packed<B: Backend>(
     heads: usize,
     groups: usize,
 ) -> [FloatTensor<B>; 3] {
-    use burn::tensor::{Tensor, TensorPrimitive};
+    use burn::tensor::TensorMetadata;
 
-    let qkv = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(qkv));
-    [(0, heads), (heads, groups), (heads + groups, groups)]
-        .map(|(start, len)| qkv.clone().narrow(2, start, len).into_primitive().tensor())
+    let slices = split_slices(&qkv.shape(), 2, &[heads, groups, groups]);
+    [0, 1, 2].map(|part| B::float_slice(qkv.clone(), &slices[part]))
 }

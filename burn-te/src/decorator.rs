@@ -87,6 +87,12 @@ pub trait Decorator: Clone + Default + core::fmt::Debug + Send + Sync + 'static 
         Self::Inner::float_slice_assign(tensor, slices, value)
     }
 
+    /// `tensors` joined along `dim`; forwards by default. `Te<B>` runs
+    /// [`TeBackend::te_cat`](crate::TeBackend::te_cat).
+    fn float_cat(tensors: Vec<FloatTensor<Self::Inner>>, dim: usize) -> FloatTensor<Self::Inner> {
+        Self::Inner::float_cat(tensors, dim)
+    }
+
     /// Seeds the backend's random generator and burn-te's stochastic rounding
     /// ([`seed_stochastic_rounding`](crate::seed_stochastic_rounding)), so a run that seeds its backend draws the
     /// same rounding bits whatever ran before it in the process.

@@ -4,8 +4,8 @@
 //! (and its two backward GEMMs), `float_matmul` and the layout ops `float_reshape` and `float_slice_assign`.
 //! Inside an FP8 [`fp8_autocast`](crate::fp8_autocast) scope `linear` and `float_matmul` quantize their operands
 //! by the recipe and run the FP8 GEMM kernel, so a model of plain `burn::nn::Linear` layers trains in FP8 by
-//! swapping `B` for `Te<B>`. The layout ops run the backend's [`TeBackend::te_reshape`] and
-//! [`TeBackend::te_slice_assign`] (on the host path, a strided view's copy on every core).
+//! swapping `B` for `Te<B>`. The layout ops run the backend's [`TeBackend::te_reshape`],
+//! [`TeBackend::te_slice_assign`] and [`TeBackend::te_cat`] (on the host path, strided views copied on every core).
 //!
 //! `Te<B>` also carries the [diagnostics](crate::diagnostics): it counts every op, transfer and GEMM, checks ops in
 //! eager debug mode, and traces and tracks the layer GEMMs.
@@ -64,6 +64,10 @@ impl<B: TeBackend> Decorator for Te<B> {
         value: FloatTensor<B>,
     ) -> FloatTensor<B> {
         B::te_slice_assign(tensor, slices, value)
+    }
+
+    fn float_cat(tensors: Vec<FloatTensor<B>>, dim: usize) -> FloatTensor<B> {
+        B::te_cat(tensors, dim)
     }
 
     fn linear(

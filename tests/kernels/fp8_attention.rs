@@ -71,6 +71,50 @@ fn run<A: burn::tensor::backend::AutodiffBackend + burn_te::TeBackend>(
     ]
 }
 
+/// [`run`] with q, k and v the parts of one packed leaf `[b, s, 3h, d]` split by `TeBackend::te_split` (what
+/// `MultiheadAttention` does with its QKV projection), whose gradient is joined from the parts' once; the
+/// gradients are that leaf's, cut back into q's, k's and v's `[b, h, s, d]`.
+fn run_packed<A: burn::tensor::backend::AutodiffBackend + burn_te::TeBackend>(
+    layer: &DotProductAttention<A>,
+    [q, k, v, r]: &[Vec<f32>; 4],
+    recipe: ScopeRecipe,
+) -> [Vec<f32>; 4] {
+    use burn::tensor::{Tensor, TensorPrimitive};
+    let device = Default::default();
+    let [b, h, s, d] = SHAPE;
+    let at = |bi: usize, hi: usize, si: usize, di: usize| ((bi * h + hi) * s + si) * d + di;
+    let mut packed = vec![0.0; 3 * q.len()];
+    for (i, p) in packed.iter_mut().enumerate() {
+        let (bi, si, slot, di) = (
+            i / (s * 3 * h * d),
+            i / (3 * h * d) % s,
+            i / d % (3 * h),
+            i % d,
+        );
+        *p = [q, k, v][slot / h][at(bi, slot % h, si, di)];
+    }
+    let leaf = tensor::<A, 4>(packed, [b, s, 3 * h, d], &device).require_grad();
+    let parts = A::te_split(leaf.clone().into_primitive().tensor(), 2, &[h, h, h]);
+    let [tq, tk, tv] = <[_; 3]>::try_from(parts)
+        .unwrap()
+        .map(|p| Tensor::<A, 4>::from_primitive(TensorPrimitive::Float(p)));
+    let out = fp8_autocast(true, recipe, || layer.forward(tq, tk, tv, None)).unwrap();
+    let out = out.reshape([b, s, h, d]).swap_dims(1, 2);
+    let grads = (out.clone() * tensor::<A, 4>(r.clone(), SHAPE, &device))
+        .sum()
+        .backward();
+    let joined = values(leaf.grad(&grads).unwrap());
+    let part = |p: usize| -> Vec<f32> {
+        (0..q.len())
+            .map(|i| {
+                let (bi, hi, si, di) = (i / (h * s * d), i / (s * d) % h, i / d % s, i % d);
+                joined[((bi * s + si) * 3 * h + p * h + hi) * d + di]
+            })
+            .collect()
+    };
+    [values(out), part(0), part(1), part(2)]
+}
+
 /// `[rows, inner] · [inner, cols]` per head in f64; `ta`/`tb` read the operand transposed.
 fn bmm(
     a: &[f64],
@@ -185,7 +229,16 @@ fn fp8_attention_matches_the_f64_attention_of_the_quantized_operands() {
         fp8_dpa: true,
         ..Default::default()
     };
-    let fp8 = run(&layer, &ops, Some(dpa.into()));
+    let fp8 = run(&layer, &ops, Some(dpa.clone().into()));
+    // q, k, v split from one packed leaf: the same numbers, the packed gradient joined from the parts'.
+    let packed = run_packed(&layer, &ops, dpa.into());
+    for (i, what) in ["output", "dq", "dk", "dv"].iter().enumerate() {
+        let differs = (0..fp8[i].len()).find(|&j| fp8[i][j].to_bits() != packed[i][j].to_bits());
+        assert_eq!(
+            differs, None,
+            "{what}: packed q, k, v against separate ones"
+        );
+    }
     let f32_run = run(&layer, &ops, None);
     let without = run(&layer, &ops, Some(Float8CurrentScaling::default().into()));
     for (i, what) in ["output", "dq", "dk", "dv"].iter().enumerate() {

@@ -818,3 +818,175 @@ fn te_flex_layout_ops_move_every_value_where_its_index_says() {
         assert_eq!(got.to_bits(), want.to_bits(), "gradient {i}");
     }
 }
+
+/// `Te<Flex>`'s `cat` (`TeBackend::te_cat`: strided views joined on every core) and `te_split` on
+/// `Autodiff<Te<Flex>>` (views whose gradients are joined once) against the element each position must hold,
+/// found one index at a time: permuted `[b, hᵢ, s, d]` parts joined along the heads of `[s, b, Σhᵢ, d]` (one an
+/// empty part), transposed matrices joined along rows (elements not adjacent), and the cases left to Flex (the last
+/// dimension; contiguous along the first); then a packed `[s, b, h + 2g, d]` leaf split into q, k, v, each permuted
+/// and weighted by its own upstream values: its gradient is those values moved back, joined by one copy.
+#[test]
+fn te_flex_cat_and_te_split_move_every_value_where_its_index_says() {
+    use burn_te::Te;
+    type T = Te<Flex>;
+    type A = Autodiff<Te<Flex>>;
+    let device = Default::default();
+    let mut rng = Rng::new(46);
+    let copies = || counter("HostLayoutCopies");
+    let same = |what: &str, got: Vec<f32>, want: &[f32]| {
+        assert_eq!(got.len(), want.len(), "{what}: length");
+        if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+            panic!("{what}: element {i} is {}, expected {}", got[i], want[i]);
+        }
+    };
+
+    // Permuted heads, joined along dimension 2 of [s, b, heads, d].
+    let (s, b, d) = (37, 3, 24);
+    let heads = [5, 0, 2, 7];
+    let total: usize = heads.iter().sum();
+    let sources: Vec<Vec<f32>> = heads
+        .iter()
+        .map(|&h| rng.normal(b * h * s * d, 0.0, 1.0))
+        .collect();
+    let parts: Vec<Tensor<T, 4>> = sources
+        .iter()
+        .zip(heads)
+        .map(|(x, h)| {
+            Tensor::<T, 4>::from_data(TensorData::new(x.clone(), [b, h, s, d]), &device)
+                .permute([2, 0, 1, 3])
+        })
+        .collect();
+    let before = copies();
+    let joined = Tensor::cat(parts, 2);
+    assert_eq!(copies() - before, 1, "joined on the pool");
+    let want: Vec<f32> = (0..s * b * total * d)
+        .map(|i| {
+            let (si, bi, slot, di) = (
+                i / (b * total * d),
+                i / (total * d) % b,
+                i / d % total,
+                i % d,
+            );
+            let p = (0..heads.len())
+                .find(|&p| slot < heads[..=p].iter().sum())
+                .unwrap();
+            let hi = slot - heads[..p].iter().sum::<usize>();
+            sources[p][((bi * heads[p] + hi) * s + si) * d + di]
+        })
+        .collect();
+    same("heads", joined.into_data().to_vec().unwrap(), &want);
+
+    // Transposes [cᵢ, r] of row-major [r, cᵢ] matrices joined along dimension 0: a row's elements lie cᵢ apart.
+    let (r, cols) = (301, [173, 40]);
+    let mats: Vec<Vec<f32>> = cols.iter().map(|&c| rng.normal(r * c, 0.0, 1.0)).collect();
+    let parts: Vec<Tensor<T, 2>> = mats
+        .iter()
+        .zip(cols)
+        .map(|(m, c)| {
+            Tensor::<T, 2>::from_data(TensorData::new(m.clone(), [r, c]), &device).transpose()
+        })
+        .collect();
+    let before = copies();
+    let joined = Tensor::cat(parts.clone(), 0);
+    assert_eq!(copies() - before, 1, "joined on the pool");
+    let want: Vec<f32> = (0..(cols[0] + cols[1]) * r)
+        .map(|i| {
+            let (row, col) = (i / r, i % r);
+            let (p, at) = if row < cols[0] {
+                (0, row)
+            } else {
+                (1, row - cols[0])
+            };
+            mats[p][col * cols[p] + at]
+        })
+        .collect();
+    same("transposes", joined.into_data().to_vec().unwrap(), &want);
+
+    // Left to Flex: the last dimension (of views of the transposes above), and contiguous tensors along the first.
+    let before = copies();
+    let last = Tensor::cat(parts.iter().map(|t| t.clone().transpose()).collect(), 1);
+    let stacked = Tensor::cat(
+        mats.iter()
+            .map(|m| Tensor::<T, 1>::from_data(TensorData::new(m.clone(), [m.len()]), &device))
+            .collect(),
+        0,
+    );
+    assert_eq!(copies() - before, 0, "Flex's own");
+    let width = cols[0] + cols[1];
+    let want: Vec<f32> = (0..r * width)
+        .map(|i| {
+            let (row, col) = (i / width, i % width);
+            let (p, at) = if col < cols[0] {
+                (0, col)
+            } else {
+                (1, col - cols[0])
+            };
+            mats[p][row * cols[p] + at]
+        })
+        .collect();
+    same("last dimension", last.into_data().to_vec().unwrap(), &want);
+    same(
+        "contiguous",
+        stacked.into_data().to_vec().unwrap(),
+        &mats.concat(),
+    );
+
+    // A packed [s, b, h + 2g, d] leaf split into q, k, v on Autodiff; each part permuted to [b, heads, s, d] and
+    // weighted by its own upstream values uᵢ. d/d packed = each uᵢ moved back into its slots, joined once.
+    let (h, g) = (5, 2);
+    let slots = h + 2 * g;
+    let packed = rng.normal(s * b * slots * d, 0.0, 1.0);
+    let x = Tensor::<A, 4>::from_data(TensorData::new(packed.clone(), [s, b, slots, d]), &device)
+        .require_grad();
+    let sizes = [h, g, g];
+    let upstream: Vec<Vec<f32>> = sizes
+        .iter()
+        .map(|&n| rng.normal(b * n * s * d, 0.0, 1.0))
+        .collect();
+    let before = copies();
+    let parts = A::te_split(x.clone().into_primitive().tensor(), 2, &sizes);
+    let mut loss = Tensor::<A, 1>::zeros([1], &device);
+    let starts = [0, h, h + g];
+    for (p, part) in parts.into_iter().enumerate() {
+        let part = Tensor::<A, 4>::from_primitive(TensorPrimitive::Float(part));
+        let n = sizes[p];
+        let want: Vec<f32> = (0..s * b * n * d)
+            .map(|i| {
+                let (si, bi, hi, di) = (i / (b * n * d), i / (n * d) % b, i / d % n, i % d);
+                packed[((si * b + bi) * slots + starts[p] + hi) * d + di]
+            })
+            .collect();
+        same("part", part.clone().into_data().to_vec().unwrap(), &want);
+        let u =
+            Tensor::<A, 4>::from_data(TensorData::new(upstream[p].clone(), [b, n, s, d]), &device);
+        loss = loss + (part.permute([1, 2, 0, 3]) * u).sum();
+    }
+    let grads = loss.backward();
+    assert_eq!(
+        copies() - before,
+        1,
+        "the parts' gradients joined by one copy"
+    );
+    let want: Vec<f32> = (0..packed.len())
+        .map(|i| {
+            let (si, bi, slot, di) = (
+                i / (b * slots * d),
+                i / (slots * d) % b,
+                i / d % slots,
+                i % d,
+            );
+            let p = starts.iter().rposition(|&start| start <= slot).unwrap();
+            let (n, hi) = (sizes[p], slot - starts[p]);
+            upstream[p][((bi * n + hi) * s + si) * d + di]
+        })
+        .collect();
+    same(
+        "packed gradient",
+        x.grad(&grads)
+            .expect("packed gradient")
+            .into_data()
+            .to_vec()
+            .unwrap(),
+        &want,
+    );
+}

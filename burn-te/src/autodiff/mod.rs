@@ -2,11 +2,13 @@
 //! [`te_linear`](TeBackend::te_linear) registers its own backward node ([`linear`]), which runs the dgrad and wgrad
 //! GEMMs through `B::te_linear_dgrad` / `B::te_linear_wgrad` with the forward's recipe and the layer's sites — so a
 //! decorator below (the debug tools) sees all three GEMMs of every layer. A grouped linear layer's experts share
-//! one node ([`grouped`]); a norm or activation and the GEMM that takes its FP8 output share one too ([`cast_linear`]). A tensor-parallel exchange's backward is the adjoint exchange (`tensor_parallel`).
+//! one node ([`grouped`]); a norm or activation and the GEMM that takes its FP8 output share one too ([`cast_linear`]).
+//! The parts of a split tensor (q, k and v of a packed projection) join their gradients into one ([`split`]). A tensor-parallel exchange's backward is the adjoint exchange (`tensor_parallel`).
 
 mod cast_linear;
 mod grouped;
 mod linear;
+mod split;
 #[cfg(feature = "distributed")]
 mod tensor_parallel;
 
@@ -197,6 +199,9 @@ impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff
         mask: AttentionMask<BoolTensor<Self>>,
     ) -> Result<Option<FloatTensor<Self>>, TeError> {
         crate::fused::attention::autodiff_attention_packed::<B, C>(qkv, parts, spec, mask)
+    }
+    fn te_split(tensor: FloatTensor<Self>, dim: usize, sizes: &[usize]) -> Vec<FloatTensor<Self>> {
+        split::autodiff_split::<B, C>(tensor, dim, sizes)
     }
 
     /// The forward alone (an autodiff backend keeps its operands in its own graph, see `te_linear`).

@@ -39,7 +39,7 @@ pub mod prelude {
 /// backend's), `Backend` and every ops trait for `Te<B>`:
 /// 428 methods, the 218 with a default body included, so that an inner backend's faster versions
 /// of default ops are kept. The ops that `Decorator` declares
-/// (`bool_from_data`, `bool_into_data`, `float_from_data`, `float_into_data`, `float_matmul`, `float_reshape`, `float_slice_assign`, `int_from_data`, `int_into_data`, `linear`, `linear_weight_backward`, `linear_x_backward`, `name`, `seed`, `tr_execute`) go through the decorator; every other op is `B::op(args)`.
+/// (`bool_from_data`, `bool_into_data`, `float_cat`, `float_from_data`, `float_into_data`, `float_matmul`, `float_reshape`, `float_slice_assign`, `int_from_data`, `int_into_data`, `linear`, `linear_weight_backward`, `linear_x_backward`, `name`, `seed`, `tr_execute`) go through the decorator; every other op is `B::op(args)`.
 ///
 /// ```ignore
 /// #[derive(Clone, Default, Debug)]
@@ -987,7 +987,7 @@ macro_rules! forward_backend {
 
                     fn float_cat(tensors: Vec<FloatTensor<Self>>, dim: usize) -> FloatTensor<Self> {
                         let __inputs = <Self as Decorator>::op_started("float_cat", &[]);
-                        let __output = B::float_cat(tensors, dim);
+                        let __output = <Self as Decorator>::float_cat(tensors, dim);
                         <Self as Decorator>::op_finished("float_cat", __inputs, &__output);
                         __output
                     }

@@ -1,36 +1,48 @@
-//! [`TeBackend::te_reshape`](crate::TeBackend::te_reshape) and
-//! [`TeBackend::te_slice_assign`](crate::TeBackend::te_slice_assign) on Flex: a strided view that has to be copied
-//! (a permuted attention context reshaped for its projection, a permuted gradient written into a packed one) is
-//! copied by [`burn_te_kernels::host::strided`] on every core, where Flex's own copy walks it one element at a
-//! time on one thread.
+//! [`TeBackend::te_reshape`](crate::TeBackend::te_reshape),
+//! [`TeBackend::te_slice_assign`](crate::TeBackend::te_slice_assign) and
+//! [`TeBackend::te_cat`](crate::TeBackend::te_cat) on Flex: a strided view that has to be copied (a permuted
+//! attention context reshaped for its projection, permuted gradients joined into a packed one) is copied by
+//! [`burn_te_kernels::host::strided`] on every core, where Flex's own copy walks it one element at a time on one
+//! thread.
 
 use burn::backend::flex::FlexTensor;
 use burn::backend::flex::ops::slice::slice_assign;
 use burn::tensor::{DType, Shape, Slice, TensorData};
-use burn_te_kernels::host::strided::{StridedView, contiguous};
+use burn_te_kernels::host::strided::{StridedView, concatenated, contiguous};
 
 use crate::metrics::{count_launch, names};
 
 /// An f32 view's values in row-major order, copied on the pool; `None` for another dtype or a negative stride (a
 /// flipped view), which Flex copies itself.
 pub(super) fn strided_values(tensor: &FlexTensor) -> Option<Vec<f32>> {
+    let strides = f32_strides(tensor)?;
+    let values = contiguous(view(tensor, &strides))?;
+    count_launch(names::HOST_LAYOUT_COPIES);
+    Some(values)
+}
+
+/// An f32 tensor's strides in elements; `None` for another dtype or a negative stride.
+fn f32_strides(tensor: &FlexTensor) -> Option<Vec<usize>> {
     if tensor.dtype() != DType::F32 {
         return None;
     }
-    let layout = tensor.layout();
-    let strides: Vec<usize> = layout
+    tensor
+        .layout()
         .strides()
         .iter()
         .map(|&s| usize::try_from(s).ok())
-        .collect::<Option<_>>()?;
-    let values = contiguous(StridedView {
+        .collect()
+}
+
+/// The kernel's view of an f32 tensor with `strides` ([`f32_strides`]).
+fn view<'a>(tensor: &'a FlexTensor, strides: &'a [usize]) -> StridedView<'a> {
+    let layout = tensor.layout();
+    StridedView {
         values: tensor.storage::<f32>(),
         offset: layout.start_offset(),
         shape: layout.shape().as_slice(),
-        strides: &strides,
-    })?;
-    count_launch(names::HOST_LAYOUT_COPIES);
-    Some(values)
+        strides,
+    }
 }
 
 /// A row-major copy of a strided f32 view, or `None` where there is nothing to copy (a contiguous tensor, a
@@ -62,4 +74,29 @@ pub(super) fn flex_slice_assign(
 ) -> FlexTensor {
     let value = copied(&value).unwrap_or(value);
     slice_assign(tensor, slices, value)
+}
+
+/// Flex's cat, with f32 tensors joined on every core (counted as one layout copy) unless the dimension is the
+/// last, a tensor is flipped or they are contiguous and joined along the first dimension (one `memcpy` each in
+/// Flex), which Flex does itself.
+pub(super) fn flex_cat(tensors: Vec<FlexTensor>, dim: usize) -> FlexTensor {
+    let flex = |tensors| burn::backend::flex::ops::cat::cat(tensors, dim);
+    if tensors.len() < 2 || (dim == 0 && tensors.iter().all(FlexTensor::is_contiguous)) {
+        return flex(tensors);
+    }
+    let Some(strides) = tensors.iter().map(f32_strides).collect::<Option<Vec<_>>>() else {
+        return flex(tensors);
+    };
+    let views: Vec<StridedView<'_>> = tensors
+        .iter()
+        .zip(&strides)
+        .map(|(t, s)| view(t, s))
+        .collect();
+    let Some(values) = concatenated(&views, dim) else {
+        return flex(tensors);
+    };
+    count_launch(names::HOST_LAYOUT_COPIES);
+    let mut shape = tensors[0].layout().shape().as_slice().to_vec();
+    shape[dim] = tensors.iter().map(|t| t.layout().shape()[dim]).sum();
+    FlexTensor::from_data(TensorData::new(values, shape))
 }

@@ -235,8 +235,8 @@ fn lock(state: &HostDelayedState) -> std::sync::MutexGuard<'_, DelayedScalingHis
 }
 
 /// `TeBackend` for a CPU backend `$backend` on the host path; `$values` reads its tensors (`$unordered_values` where
-/// the order does not matter), `$buffer_id` tells their buffers apart, `$reshape` and `$slice_assign` are its
-/// layout ops.
+/// the order does not matter), `$buffer_id` tells their buffers apart, `$reshape`, `$slice_assign` and `$cat` are
+/// its layout ops.
 macro_rules! host_te_backend {
     (
         $backend:ty,
@@ -245,7 +245,8 @@ macro_rules! host_te_backend {
         $strided:path,
         $buffer_id:path,
         $reshape:expr,
-        $slice_assign:expr
+        $slice_assign:expr,
+        $cat:expr
     ) => {
         impl TeBackend for $backend {
             type Fp8Data = HostFp8Data<<$backend as BackendTypes>::Device>;
@@ -375,6 +376,10 @@ macro_rules! host_te_backend {
                 value: FloatTensor<Self>,
             ) -> FloatTensor<Self> {
                 $slice_assign(tensor, slices, value)
+            }
+
+            fn te_cat(tensors: Vec<FloatTensor<Self>>, dim: usize) -> FloatTensor<Self> {
+                $cat(tensors, dim)
             }
 
             fn te_adam_step(
@@ -665,7 +670,8 @@ host_te_backend!(
     strided_copy::<NdArray>,
     ndarray_buffer_id,
     <NdArray as FloatTensorOps<NdArray>>::float_reshape,
-    <NdArray as FloatTensorOps<NdArray>>::float_slice_assign
+    <NdArray as FloatTensorOps<NdArray>>::float_slice_assign,
+    <NdArray as FloatTensorOps<NdArray>>::float_cat
 );
 #[cfg(feature = "flex")]
 host_te_backend!(
@@ -675,7 +681,8 @@ host_te_backend!(
     flex_strided,
     flex_buffer_id,
     layout::flex_reshape,
-    layout::flex_slice_assign
+    layout::flex_slice_assign,
+    layout::flex_cat
 );
 
 /// The address of the first element and the shape: shared by clones (copy-on-write arrays), distinct for live

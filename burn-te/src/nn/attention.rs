@@ -8,8 +8,8 @@
 
 use burn::nn::Dropout;
 use burn::prelude::*;
-use burn::tensor::TensorData;
 use burn::tensor::activation::softmax;
+use burn::tensor::{TensorData, TensorPrimitive};
 
 use super::linear::{fp8_attention_at, te_bmm};
 use super::names::LayerName;
@@ -256,12 +256,28 @@ impl<B: TeBackend> DotProductAttention<B> {
         attention_mask: Option<Tensor<B, 2, Bool>>,
     ) -> Result<Tensor<B, 3>, TeError> {
         let (heads, groups) = (self.heads, self.groups);
-        let part = |start, len| qkv.clone().narrow(2, start, len);
-        let parts = [
-            part(0, heads),
-            part(heads, groups),
-            part(heads + groups, groups),
-        ];
+        let invalid = |reason: String| TeError::InvalidShape {
+            module: name.to_string(),
+            reason,
+            shape: qkv.dims().to_vec(),
+        };
+        if qkv.dims()[2] != heads + 2 * groups {
+            return Err(invalid(format!(
+                "packed q, k, v need {heads} + 2 · {groups} heads along dimension 2"
+            )));
+        }
+        // Views whose gradients join into the packed tensor's once (on Autodiff; see `te_split`).
+        let parts = B::te_split(
+            qkv.clone().into_primitive().tensor(),
+            2,
+            &[heads, groups, groups],
+        )
+        .into_iter()
+        .map(|part| Tensor::from_primitive(TensorPrimitive::Float(part)))
+        .collect::<Vec<_>>();
+        let count = parts.len();
+        let parts = <[Tensor<B, 4>; 3]>::try_from(parts)
+            .map_err(|_| invalid(format!("the backend's te_split gave {count} parts, not 3")))?;
         self.core(name, parts, Some(qkv), attention_mask)
     }
 

@@ -1,6 +1,6 @@
-//! A strided view's elements copied out in row-major order, on rayon's pool: rows whose elements are adjacent are
-//! copied whole, others (a transposed view) are read a tile of rows at a time, so that rows adjacent in the source
-//! are read together.
+//! Strided views' elements copied out in row-major order, on rayon's pool: one view ([`contiguous`]), or several
+//! joined along a dimension ([`concatenated`]). Rows whose elements are adjacent are copied whole, others (a
+//! transposed view) are read a tile of rows at a time, so that rows adjacent in the source are read together.
 
 use std::mem::MaybeUninit;
 
@@ -25,81 +25,154 @@ pub struct StridedView<'a> {
     pub strides: &'a [usize],
 }
 
-/// The view's elements in row-major order, or `None` when shape and strides differ in rank or an element lies
-/// outside `values`.
-pub fn contiguous(view: StridedView<'_>) -> Option<Vec<f32>> {
-    let StridedView {
-        values,
-        offset,
-        shape,
-        strides,
-    } = view;
-    if shape.len() != strides.len() {
-        return None;
+impl StridedView<'_> {
+    /// The number of elements, or `None` when shape and strides differ in rank, the count overflows or an element
+    /// lies outside `values`.
+    fn checked_len(&self) -> Option<usize> {
+        if self.shape.len() != self.strides.len() {
+            return None;
+        }
+        let len = self
+            .shape
+            .iter()
+            .try_fold(1usize, |len, &dim| len.checked_mul(dim))?;
+        if len == 0 {
+            return Some(0);
+        }
+        let last = self
+            .shape
+            .iter()
+            .zip(self.strides)
+            .try_fold(self.offset, |at, (&dim, &stride)| {
+                at.checked_add((dim - 1).checked_mul(stride)?)
+            })?;
+        (last < self.values.len()).then_some(len)
     }
-    let len = shape
-        .iter()
-        .try_fold(1usize, |len, &dim| len.checked_mul(dim))?;
-    if len == 0 {
-        return Some(Vec::new());
-    }
-    let last = shape
-        .iter()
-        .zip(strides)
-        .try_fold(offset, |at, (&dim, &stride)| {
-            at.checked_add((dim - 1).checked_mul(stride)?)
-        })?;
-    if last >= values.len() {
-        return None;
-    }
-    // Rows are the last dimension (a scalar is one row of one element).
-    let (cols, col_stride) = match (shape.last(), strides.last()) {
-        (Some(&cols), Some(&stride)) => (cols, stride),
-        _ => (1, 1),
-    };
-    let outer = &shape[..shape.len().saturating_sub(1)];
-    let outer_strides = &strides[..strides.len().saturating_sub(1)];
-    // The first element of flat row `row` (its index over the leading dimensions, row-major).
-    let row_start = |mut row: usize| {
-        let mut at = offset;
-        for (&dim, &stride) in outer.iter().zip(outer_strides).rev() {
+
+    /// Where flat row `row` of dimensions `dims` (a suffix of the view's leading ones, row-major) starts, from
+    /// `at`.
+    fn row_start(&self, dims: std::ops::Range<usize>, mut row: usize, mut at: usize) -> usize {
+        for (&dim, &stride) in self.shape[dims.clone()]
+            .iter()
+            .zip(&self.strides[dims])
+            .rev()
+        {
             at += (row % dim) * stride;
             row /= dim;
         }
         at
-    };
-    let mut out = crate::host::uninit::<f32>(len);
+    }
+}
+
+/// Where one output row is read: its storage, first element and the distance between its elements.
+type RowSource<'a> = (&'a [f32], usize, usize);
+
+/// Fills `out` (whole rows of `cols`) on the pool, row `r` read from `source(r)`.
+fn copy_rows<'a>(
+    out: &mut [MaybeUninit<f32>],
+    cols: usize,
+    source: impl Fn(usize) -> RowSource<'a> + Sync,
+) {
     let rows_per_task = (TASK / cols).max(1);
     let copy = |(task, dst): (usize, &mut [MaybeUninit<f32>])| {
         let first = task * rows_per_task;
-        if col_stride == 1 {
-            for (r, dst) in dst.chunks_exact_mut(cols).enumerate() {
-                let start = row_start(first + r);
-                for (d, &v) in dst.iter_mut().zip(&values[start..start + cols]) {
-                    d.write(v);
-                }
-            }
-            return;
-        }
         for (t, tile) in dst.chunks_mut(TILE_ROWS * cols).enumerate() {
             let rows = tile.len() / cols;
-            let mut starts = [0usize; TILE_ROWS];
-            for (r, start) in starts[..rows].iter_mut().enumerate() {
-                *start = row_start(first + t * TILE_ROWS + r);
+            let mut sources = [(&[][..], 0, 0); TILE_ROWS];
+            for (r, at) in sources[..rows].iter_mut().enumerate() {
+                *at = source(first + t * TILE_ROWS + r);
+            }
+            if sources[..rows].iter().all(|&(_, _, stride)| stride == 1) {
+                for (dst, &(values, start, _)) in tile.chunks_exact_mut(cols).zip(&sources) {
+                    for (d, &v) in dst.iter_mut().zip(&values[start..start + cols]) {
+                        d.write(v);
+                    }
+                }
+                continue;
             }
             for c in 0..cols {
-                for (r, &start) in starts[..rows].iter().enumerate() {
-                    tile[r * cols + c].write(values[start + c * col_stride]);
+                for (r, &(values, start, stride)) in sources[..rows].iter().enumerate() {
+                    tile[r * cols + c].write(values[start + c * stride]);
                 }
             }
         }
     };
     let chunk = rows_per_task * cols;
-    if len <= chunk {
-        copy((0, &mut out));
+    if out.len() <= chunk {
+        copy((0, out));
     } else {
         out.par_chunks_mut(chunk).enumerate().for_each(copy);
     }
-    // SAFETY: every task wrote each element of its chunk (whole rows: chunks are whole rows, tiles whole rows).
+}
+
+/// The view's elements in row-major order, or `None` when shape and strides differ in rank or an element lies
+/// outside `values`.
+pub fn contiguous(view: StridedView<'_>) -> Option<Vec<f32>> {
+    let len = view.checked_len()?;
+    if len == 0 {
+        return Some(Vec::new());
+    }
+    // Rows are the last dimension (a scalar is one row of one element).
+    let (cols, col_stride) = match (view.shape.last(), view.strides.last()) {
+        (Some(&cols), Some(&stride)) => (cols, stride),
+        _ => (1, 1),
+    };
+    let leading = 0..view.shape.len().saturating_sub(1);
+    let mut out = crate::host::uninit::<f32>(len);
+    copy_rows(&mut out, cols, |row| {
+        let start = view.row_start(leading.clone(), row, view.offset);
+        (view.values, start, col_stride)
+    });
+    // SAFETY: `copy_rows` wrote every element (whole rows).
+    Some(unsafe { crate::host::assume_init(out) })
+}
+
+/// The views joined along dimension `dim` (Burn's `cat`), in row-major order: `None` when they differ in rank or
+/// in a dimension other than `dim`, an element lies outside its storage, there are none, or `dim` is the last
+/// dimension (rows of different lengths; Flex's own copy joins those).
+pub fn concatenated(parts: &[StridedView<'_>], dim: usize) -> Option<Vec<f32>> {
+    let first = parts.first()?;
+    let rank = first.shape.len();
+    if dim + 1 >= rank {
+        return None;
+    }
+    let mut len = 0usize;
+    for part in parts {
+        let same = part.shape.len() == rank
+            && (0..rank).all(|d| d == dim || part.shape[d] == first.shape[d]);
+        if !same {
+            return None;
+        }
+        len = len.checked_add(part.checked_len()?)?;
+    }
+    if len == 0 {
+        return Some(Vec::new());
+    }
+    let cols = first.shape[rank - 1];
+    // Each block (one index of the dimensions before `dim`) holds every part's rows in turn: part i's
+    // `shape[dim..rank - 1]`, starting at `starts[i]` of the block's rows.
+    let part_rows: Vec<usize> = parts
+        .iter()
+        .map(|p| p.shape[dim..rank - 1].iter().product())
+        .collect();
+    let starts: Vec<usize> = part_rows
+        .iter()
+        .scan(0, |at, &rows| {
+            let start = *at;
+            *at += rows;
+            Some(start)
+        })
+        .collect();
+    let block_rows: usize = part_rows.iter().sum();
+    let mut out = crate::host::uninit::<f32>(len);
+    copy_rows(&mut out, cols, |row| {
+        let (block, within) = (row / block_rows, row % block_rows);
+        let i = starts.partition_point(|&start| start <= within) - 1;
+        let part = &parts[i];
+        let at = part.row_start(0..dim, block, part.offset);
+        let start = part.row_start(dim..rank - 1, within - starts[i], at);
+        (part.values, start, part.strides[rank - 1])
+    });
+    // SAFETY: `copy_rows` wrote every element (whole rows).
     Some(unsafe { crate::host::assume_init(out) })
 }
