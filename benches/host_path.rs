@@ -10,6 +10,8 @@
 //!   values): Burn's `Adam` against burn-te's `FusedAdam` (the same values), on `Autodiff<Flex>`;
 //! - the attention's layout copies (the context's reshape, the packed QKV gradient's `slice_assign`): Flex's own
 //!   copy against `Te<Flex>`'s on every core, and Burn's own `MultiHeadAttention` on both, forward and backward;
+//! - the attention core (`DotProductAttention`) and the whole `MultiheadAttention` block, forward and backward, in
+//!   f32 (the fused core) against `fp8_dpa` (its GEMMs in FP8), at the char-GPT's shape;
 //! - the char-GPT's training step, f32 against FP8, and (`-- time-to-loss [STEPS] [EVERY] [SEED] [RECIPE]
 //!   [PLAN]`, not criterion) FP8's time to f32's final validation loss on the fortunes, the two trained side by
 //!   side ([`char_gpt`]).
@@ -291,13 +293,33 @@ fn fp8_attention(c: &mut Criterion) {
     let module = DotProductAttentionConfig::new(h, d).init::<B>();
     let operand = || Tensor::<B, 4>::random([s, b, h, d], Distribution::Default, &device);
     let (q, k, v) = (operand(), operand(), operand());
+    let recipe = |fp8_dpa| DelayedScaling {
+        fp8_dpa,
+        ..Default::default()
+    };
     let step = |fp8_dpa: bool| {
-        let recipe = DelayedScaling {
-            fp8_dpa,
-            ..Default::default()
-        };
         let [q, k, v] = [&q, &k, &v].map(|t| t.clone().require_grad());
-        let out = fp8_autocast(true, recipe, || module.forward(q, k, v, None)).expect("recipe");
+        let out =
+            fp8_autocast(true, recipe(fp8_dpa), || module.forward(q, k, v, None)).expect("recipe");
+        out.sum().backward()
+    };
+    // q, k, v as views of one packed leaf [s, b, 3h, d], split by Burn's `narrow` (each part's gradient written
+    // into a zero-filled packed one, the three summed) or by `te_split` (joined once), as `MultiheadAttention` has.
+    let packed = Tensor::<B, 4>::random([s, b, 3 * h, d], Distribution::Default, &device);
+    let on_packed = |te_split: bool| {
+        let leaf = packed.clone().require_grad();
+        let [q, k, v] = match te_split {
+            false => [0, 1, 2].map(|p| leaf.clone().narrow(2, p * h, h)),
+            true => <[_; 3]>::try_from(B::te_split(
+                leaf.clone().into_primitive().tensor(),
+                2,
+                &[h, h, h],
+            ))
+            .expect("three parts")
+            .map(|p| Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(p))),
+        };
+        let out =
+            fp8_autocast(true, recipe(true), || module.forward(q, k, v, None)).expect("recipe");
         out.sum().backward()
     };
     // The whole block as the char-GPT runs it: the QKV projection packed, the core on views of it, the output
@@ -307,12 +329,10 @@ fn fp8_attention(c: &mut Criterion) {
         .init::<B>(&device);
     let x = Tensor::<B, 3>::random([s, b, h * d], Distribution::Default, &device);
     let block = |fp8_dpa: bool| {
-        let recipe = DelayedScaling {
-            fp8_dpa,
-            ..Default::default()
-        };
-        let out = fp8_autocast(true, recipe, || mha.forward(x.clone().require_grad(), None))
-            .expect("recipe");
+        let out = fp8_autocast(true, recipe(fp8_dpa), || {
+            mha.forward(x.clone().require_grad(), None)
+        })
+        .expect("recipe");
         out.sum().backward()
     };
     let mut group = c.benchmark_group(format!("attention core [s, b, h, d] = {:?}", [s, b, h, d]));
@@ -323,6 +343,14 @@ fn fp8_attention(c: &mut Criterion) {
     group.bench_function("fp8_dpa (DelayedScaling) fwd+bwd", |bench| {
         bench.iter(|| step(true))
     });
+    group.bench_function(
+        "fp8_dpa on packed q, k, v split by narrow, fwd+bwd",
+        |bench| bench.iter(|| on_packed(false)),
+    );
+    group.bench_function(
+        "fp8_dpa on packed q, k, v split by te_split, fwd+bwd",
+        |bench| bench.iter(|| on_packed(true)),
+    );
     group.bench_function("MultiheadAttention, f32 core, fwd+bwd", |bench| {
         bench.iter(|| block(false))
     });
