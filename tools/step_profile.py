@@ -31,7 +31,7 @@ CATEGORIES = [
                                                                   "gemm_common", "gemm::gemm"]),
     ("quantize (encode, amax)", ["encode_scaled", "amax_bits", "host::fp8", "quantize"]),
     ("fused element-wise (norm, activation, softmax)", ["host::fused"]),
-    ("layout copies", ["to_contiguous", "StridedIter", "memmove", "memcpy"]),
+    ("layout copies", ["to_contiguous", "StridedIter", "host::strided", "memmove", "memcpy"]),
     ("zeroing and page faults", ["memset", "clear_page", "page_fault", "get_page_from_freelist",
                                  "do_anonymous_page", "handle_mm_fault", "folio"]),
     ("Flex element-wise (with libm)", ["burn_flex::ops", "macerator", "__expf", "__powf", "__tanhf", "__logf",

@@ -7,14 +7,15 @@
 
 use burn::backend::flex::FlexTensor;
 use burn::backend::flex::ops::slice::slice_assign;
-use burn::tensor::{DType, Shape, Slice, TensorData};
+use burn::tensor::{DType, Shape, Slice};
+use burn_te_kernels::host::pool::OutputValues;
 use burn_te_kernels::host::strided::{StridedView, concatenated, contiguous};
 
 use crate::metrics::{count_launch, names};
 
 /// An f32 view's values in row-major order, copied on the pool; `None` for another dtype or a negative stride (a
 /// flipped view), which Flex copies itself.
-pub(super) fn strided_values(tensor: &FlexTensor) -> Option<Vec<f32>> {
+pub(super) fn strided_values(tensor: &FlexTensor) -> Option<OutputValues> {
     let strides = f32_strides(tensor)?;
     let values = contiguous(view(tensor, &strides))?;
     count_launch(names::HOST_LAYOUT_COPIES);
@@ -52,9 +53,8 @@ fn copied(tensor: &FlexTensor) -> Option<FlexTensor> {
     if tensor.is_contiguous() || layout.strides().iter().all(|&s| s == 0) {
         return None;
     }
-    let shape = layout.shape().as_slice().to_vec();
     let values = strided_values(tensor)?;
-    Some(FlexTensor::from_data(TensorData::new(values, shape)))
+    Some(flex_tensor(values, layout.shape().clone()))
 }
 
 /// Flex's reshape, with the copy of a view that cannot be reshaped in place made on every core (Flex reshapes
@@ -96,7 +96,12 @@ pub(super) fn flex_cat(tensors: Vec<FlexTensor>, dim: usize) -> FlexTensor {
         return flex(tensors);
     };
     count_launch(names::HOST_LAYOUT_COPIES);
-    let mut shape = tensors[0].layout().shape().as_slice().to_vec();
+    let mut shape = tensors[0].layout().shape().clone();
     shape[dim] = tensors.iter().map(|t| t.layout().shape()[dim]).sum();
-    FlexTensor::from_data(TensorData::new(values, shape))
+    flex_tensor(values, shape)
+}
+
+/// A Flex tensor of `values` (a pooled buffer returns to the pool when it drops).
+fn flex_tensor(values: OutputValues, shape: Shape) -> FlexTensor {
+    super::host_tensor::<burn::backend::Flex>(values, shape, &Default::default())
 }

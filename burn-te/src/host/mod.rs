@@ -56,7 +56,7 @@ pub type HostDelayedState = Arc<Mutex<DelayedScalingHistory>>;
 /// A tensor's f32 values on the host: a Flex tensor's own buffer when it holds contiguous f32 (no copy), else a
 /// copy read through the backend.
 enum HostValues {
-    Copied(Vec<f32>),
+    Copied(OutputValues),
     #[cfg(feature = "flex")]
     Flex(FlexTensor),
     /// The elements `start..end` of a Flex tensor's storage, in storage order (a permuted view's values).
@@ -87,7 +87,7 @@ fn values<B: Backend>(tensor: FloatTensor<B>) -> Result<(HostValues, Shape), TeE
         .convert::<f32>()
         .into_vec::<f32>()
         .map_err(|err| TeError::Read(format!("{err:?}")))?;
-    Ok((HostValues::Copied(values), shape))
+    Ok((HostValues::Copied(values.into()), shape))
 }
 
 /// A Flex tensor's values in place when it is f32 (made contiguous first if it is a strided view).

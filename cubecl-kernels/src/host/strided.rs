@@ -1,10 +1,13 @@
 //! Strided views' elements copied out in row-major order, on rayon's pool: one view ([`contiguous`]), or several
 //! joined along a dimension ([`concatenated`]). Rows whose elements are adjacent are copied whole, others (a
-//! transposed view) are read a tile of rows at a time, so that rows adjacent in the source are read together.
+//! transposed view) are read a tile of rows at a time, so that rows adjacent in the source are read together. Large
+//! outputs come from the buffer pool ([`super::pool`]), so each step's copies reuse pages already faulted in.
 
 use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
+
+use super::pool::{HostOutput, OutputValues};
 
 /// Output elements per parallel task (at least one row).
 const TASK: usize = 1 << 14;
@@ -107,10 +110,10 @@ fn copy_rows<'a>(
 
 /// The view's elements in row-major order, or `None` when shape and strides differ in rank or an element lies
 /// outside `values`.
-pub fn contiguous(view: StridedView<'_>) -> Option<Vec<f32>> {
+pub fn contiguous(view: StridedView<'_>) -> Option<OutputValues> {
     let len = view.checked_len()?;
     if len == 0 {
-        return Some(Vec::new());
+        return Some(Vec::new().into());
     }
     // Rows are the last dimension (a scalar is one row of one element).
     let (cols, col_stride) = match (view.shape.last(), view.strides.last()) {
@@ -118,19 +121,19 @@ pub fn contiguous(view: StridedView<'_>) -> Option<Vec<f32>> {
         _ => (1, 1),
     };
     let leading = 0..view.shape.len().saturating_sub(1);
-    let mut out = crate::host::uninit::<f32>(len);
+    let mut out = HostOutput::uninit(len);
     copy_rows(&mut out, cols, |row| {
         let start = view.row_start(leading.clone(), row, view.offset);
         (view.values, start, col_stride)
     });
     // SAFETY: `copy_rows` wrote every element (whole rows).
-    Some(unsafe { crate::host::assume_init(out) })
+    Some(unsafe { out.assume_init() })
 }
 
 /// The views joined along dimension `dim` (Burn's `cat`), in row-major order: `None` when they differ in rank or
 /// in a dimension other than `dim`, an element lies outside its storage, there are none, or `dim` is the last
 /// dimension (rows of different lengths; Flex's own copy joins those).
-pub fn concatenated(parts: &[StridedView<'_>], dim: usize) -> Option<Vec<f32>> {
+pub fn concatenated(parts: &[StridedView<'_>], dim: usize) -> Option<OutputValues> {
     let first = parts.first()?;
     let rank = first.shape.len();
     if dim + 1 >= rank {
@@ -146,7 +149,7 @@ pub fn concatenated(parts: &[StridedView<'_>], dim: usize) -> Option<Vec<f32>> {
         len = len.checked_add(part.checked_len()?)?;
     }
     if len == 0 {
-        return Some(Vec::new());
+        return Some(Vec::new().into());
     }
     let cols = first.shape[rank - 1];
     // Each block (one index of the dimensions before `dim`) holds every part's rows in turn: part i's
@@ -164,7 +167,7 @@ pub fn concatenated(parts: &[StridedView<'_>], dim: usize) -> Option<Vec<f32>> {
         })
         .collect();
     let block_rows: usize = part_rows.iter().sum();
-    let mut out = crate::host::uninit::<f32>(len);
+    let mut out = HostOutput::uninit(len);
     copy_rows(&mut out, cols, |row| {
         let (block, within) = (row / block_rows, row % block_rows);
         let i = starts.partition_point(|&start| start <= within) - 1;
@@ -174,5 +177,5 @@ pub fn concatenated(parts: &[StridedView<'_>], dim: usize) -> Option<Vec<f32>> {
         (part.values, start, part.strides[rank - 1])
     });
     // SAFETY: `copy_rows` wrote every element (whole rows).
-    Some(unsafe { crate::host::assume_init(out) })
+    Some(unsafe { out.assume_init() })
 }
