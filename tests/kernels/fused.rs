@@ -886,18 +886,18 @@ fn te_flex_cat_and_te_split_move_every_value_where_its_index_says() {
             Tensor::<T, 2>::from_data(TensorData::new(m.clone(), [r, c]), &device).transpose()
         })
         .collect();
+    // Which matrix index `x` of the joined `Σcᵢ` falls in, and where in it.
+    let matrix = |x: usize| match x.checked_sub(cols[0]) {
+        None => (0, x),
+        Some(at) => (1, at),
+    };
     let before = copies();
     let joined = Tensor::cat(parts.clone(), 0);
     assert_eq!(copies() - before, 1, "joined on the pool");
     let want: Vec<f32> = (0..(cols[0] + cols[1]) * r)
         .map(|i| {
-            let (row, col) = (i / r, i % r);
-            let (p, at) = if row < cols[0] {
-                (0, row)
-            } else {
-                (1, row - cols[0])
-            };
-            mats[p][col * cols[p] + at]
+            let (p, at) = matrix(i / r);
+            mats[p][(i % r) * cols[p] + at]
         })
         .collect();
     same("transposes", joined.into_data().to_vec().unwrap(), &want);
@@ -915,13 +915,8 @@ fn te_flex_cat_and_te_split_move_every_value_where_its_index_says() {
     let width = cols[0] + cols[1];
     let want: Vec<f32> = (0..r * width)
         .map(|i| {
-            let (row, col) = (i / width, i % width);
-            let (p, at) = if col < cols[0] {
-                (0, col)
-            } else {
-                (1, col - cols[0])
-            };
-            mats[p][row * cols[p] + at]
+            let (p, at) = matrix(i % width);
+            mats[p][(i / width) * cols[p] + at]
         })
         .collect();
     same("last dimension", last.into_data().to_vec().unwrap(), &want);
