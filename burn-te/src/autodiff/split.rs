@@ -16,16 +16,14 @@ use burn::tensor::ops::FloatTensor;
 use crate::backend::{AutodiffInner, TeBackend, split_slices};
 
 /// The parts' gradients as they arrive, one slot per part.
-struct Arrived<B: TeBackend> {
-    grads: Vec<Option<FloatTensor<B>>>,
-}
+type Arrived<B> = Mutex<Vec<Option<FloatTensor<B>>>>;
 
 /// The backward of part `part`: its gradient waits in `arrived` until every part's is there, then the joined
 /// gradient is registered for the split tensor.
 struct PartBackward<B: TeBackend> {
     part: usize,
     dim: usize,
-    arrived: Arc<Mutex<Arrived<B>>>,
+    arrived: Arc<Arrived<B>>,
 }
 
 impl<B: TeBackend> core::fmt::Debug for PartBackward<B> {
@@ -47,9 +45,9 @@ impl<B: TeBackend> Backward<B, 1> for PartBackward<B> {
         };
         let joined = {
             let mut arrived = self.arrived.lock().unwrap_or_else(PoisonError::into_inner);
-            arrived.grads[self.part] = Some(grad);
-            if arrived.grads.iter().all(Option::is_some) {
-                arrived.grads.iter_mut().map(Option::take).collect()
+            arrived[self.part] = Some(grad);
+            if arrived.iter().all(Option::is_some) {
+                arrived.iter_mut().map(Option::take).collect()
             } else {
                 None
             }
@@ -66,9 +64,7 @@ pub(crate) fn autodiff_split<B: TeBackend + AutodiffInner, C: CheckpointStrategy
     dim: usize,
     sizes: &[usize],
 ) -> Vec<FloatTensor<Autodiff<B, C>>> {
-    let arrived = Arc::new(Mutex::new(Arrived::<B> {
-        grads: sizes.iter().map(|_| None).collect(),
-    }));
+    let arrived: Arc<Arrived<B>> = Arc::new(Mutex::new(sizes.iter().map(|_| None).collect()));
     split_slices(&tensor.primitive.shape(), dim, sizes)
         .iter()
         .enumerate()
