@@ -62,6 +62,15 @@ pub trait TeBackend: Backend {
         scaling: Scaling<'_, Self::DelayedState>,
     ) -> Result<Fp8Primitive<Self>, TeError>;
 
+    /// Whether `tensor` is a transposed view (its last two dimensions swapped over memory that holds its columns
+    /// in order), which quantization reads faster as its transpose. The batched GEMMs then quantize the transpose
+    /// under per-tensor scales (the same codes, in memory's order) and read it transposed back. By default `false`;
+    /// the Flex host path says `true` for such views (an attention's `kᵀ`).
+    fn fp8_transposed_view(tensor: &FloatTensor<Self>) -> bool {
+        let _ = tensor;
+        false
+    }
+
     /// Quantizes one tensor in two block layouts, `(block, rule)` each: the operand of two GEMMs that reduce along
     /// different dimensions (a block recipe's activation for fprop and wgrad, its gradient for dgrad and wgrad), as
     /// TE's cast-transpose makes both usages at once. Each result is `fp8_quantize`'s with that block scaling; by
@@ -721,6 +730,9 @@ macro_rules! forward_fp8_ops {
             layouts: [($crate::ScaleBlock, $crate::BlockScaleRule); 2],
         ) -> Result<[$crate::Fp8Primitive<Self>; 2], $crate::TeError> {
             $inner::fp8_quantize_block_pair(tensor, format, layouts)
+        }
+        fn fp8_transposed_view(tensor: &$crate::__private::FloatTensor<Self>) -> bool {
+            $inner::fp8_transposed_view(tensor)
         }
         fn fp8_read(
             tensor: &$crate::Fp8Primitive<Self>,

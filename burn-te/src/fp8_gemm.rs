@@ -203,6 +203,46 @@ pub fn quantize_operand<B: TeBackend>(
     Ok(QuantizedOperand::stored(quantized))
 }
 
+/// [`quantize_operand`] for a batched GEMM (per-tensor scales only): a transposed view
+/// ([`TeBackend::fp8_transposed_view`], an attention's `kᵀ`) is quantized as its transpose, read in memory's order,
+/// and marked to be read transposed back. The same codes, in the other layout.
+fn quantize_batched<B: TeBackend>(
+    tensor: FloatTensor<B>,
+    recipe: &Recipe,
+    site: &GemmSite,
+    role: TensorRole,
+    k_along_cols: bool,
+    record: bool,
+    current_margin: Option<f32>,
+) -> Result<QuantizedOperand<B>, TeError> {
+    if !B::fp8_transposed_view(&tensor) {
+        return quantize_operand::<B>(
+            tensor,
+            recipe,
+            site,
+            role,
+            k_along_cols,
+            record,
+            current_margin,
+        );
+    }
+    let n = dims::<B>(&tensor).len();
+    let transpose = B::float_swap_dims(tensor, n - 2, n - 1);
+    let quantized = quantize_operand::<B>(
+        transpose,
+        recipe,
+        site,
+        role,
+        !k_along_cols,
+        record,
+        current_margin,
+    )?;
+    Ok(QuantizedOperand {
+        tensor: quantized.tensor,
+        transposed: !quantized.transposed,
+    })
+}
+
 /// Current scaling of one shard of a tensor: the scale from the amax over every shard (reduced over `group`), so
 /// each rank quantizes its shard exactly as the whole tensor would be — TE's amax reduction for tensors sharded
 /// over a tensor-parallel group. Quantized through a delayed-scaling state holding that scale.
@@ -634,12 +674,16 @@ fn backward_operand<B: TeBackend>(
 ) -> Result<QuantizedOperand<B>, TeError> {
     match saved {
         Saved::HighPrecision(tensor) => {
-            let tensor = match site.batched {
-                true => tensor,
-                false => fold_rows::<B>(tensor).0,
-            };
             let k = k_along_cols(site.gemm, role);
-            quantize_operand::<B>(tensor, recipe, site, role, k, false, override_margin)
+            match site.batched {
+                true => {
+                    quantize_batched::<B>(tensor, recipe, site, role, k, false, override_margin)
+                }
+                false => {
+                    let tensor = fold_rows::<B>(tensor).0;
+                    quantize_operand::<B>(tensor, recipe, site, role, k, false, override_margin)
+                }
+            }
         }
         Saved::Quantized(_) if override_margin.is_some() => Err(TeError::InvalidRecipe(format!(
             "{site}: the {role:?} was kept quantized by the forward, and a per-tensor scaling override \
@@ -928,8 +972,8 @@ fn batched_fprop<B: TeBackend>(
     )?;
     let (x_kept, w_kept) = (save[0].then(|| x.clone()), save[1].then(|| w.clone()));
     let (activation, weight) = (TensorRole::Activation, TensorRole::Weight);
-    let qx = quantize_operand::<B>(x, recipe, site, activation, true, true, overrides[0])?;
-    let qw = quantize_operand::<B>(w, recipe, site, weight, false, true, overrides[1])?;
+    let qx = quantize_batched::<B>(x, recipe, site, activation, true, true, overrides[0])?;
+    let qw = quantize_batched::<B>(w, recipe, site, weight, false, true, overrides[1])?;
     let saved_x = x_kept
         .map(|x| {
             save_for::<B>(
@@ -976,7 +1020,7 @@ fn batched_dgrad<B: TeBackend>(
         true,
     )?;
     let role = TensorRole::Gradient;
-    let qg = quantize_operand::<B>(grad, recipe, site, role, true, true, overrides[0])?;
+    let qg = quantize_batched::<B>(grad, recipe, site, role, true, true, overrides[0])?;
     let qw = backward_operand::<B>(w, recipe, site, TensorRole::Weight, overrides[1])?;
     gemm::<B>(qg, false, qw, true)
 }
@@ -999,7 +1043,7 @@ fn batched_wgrad<B: TeBackend>(
     )?;
     let qx = backward_operand::<B>(x, recipe, site, TensorRole::Activation, overrides[0])?;
     let role = TensorRole::Gradient;
-    let qg = quantize_operand::<B>(grad, recipe, site, role, false, true, overrides[1])?;
+    let qg = quantize_batched::<B>(grad, recipe, site, role, false, true, overrides[1])?;
     gemm::<B>(qx, true, qg, false)
 }
 

@@ -534,6 +534,158 @@ fn strided_join_puts_every_part_in_its_place() {
     assert!(concatenated(&[], 0).is_none(), "no parts");
 }
 
+/// The host's in-place quantization of a strided view ([`host::strided::quantized`], [`host::strided::amax`]) gives
+/// the codes and amax of the view's row-major copy (the one-index-at-a-time copy here) quantized as a contiguous
+/// tensor, bit for bit, in both formats: a permuted `[b, h, s, d]` view, a packed QKV part at an offset, a contiguous
+/// view at an offset and a broadcast (runs straddling the parallel tasks), rows of exactly the shortest run read in
+/// place, a scalar and an empty view. Only the view's elements count: a NaN inside it makes the amax NaN, one beside
+/// it does not. Runs shorter than 16 (a transposed view), a view outside its values and ranks that differ are
+/// refused.
+#[test]
+fn strided_quantize_reads_views_in_place_as_their_copies() {
+    use host::strided::{MIN_RUN, StridedView, amax, quantized};
+    let mut values = mixed_values(60_000, 8);
+    for v in &mut values {
+        if !v.is_finite() {
+            *v = 7.5;
+        }
+    }
+    let (b, s, h, d) = (4, 61, 6, 24);
+    let (pb, ps, ph, pd) = (2, 50, 4, 48);
+    let layouts: [(&str, usize, Vec<usize>, Vec<usize>); 6] = [
+        (
+            "[b, s, h, d] as [b, h, s, d]",
+            0,
+            vec![b, h, s, d],
+            vec![s * h * d, d, h * d, 1],
+        ),
+        (
+            "k of a packed [b, s, 3h, d]",
+            ph * pd,
+            vec![pb, ph, ps, pd],
+            vec![ps * 3 * ph * pd, pd, 3 * ph * pd, 1],
+        ),
+        ("contiguous at an offset", 77, vec![40, 500], vec![500, 1]),
+        ("broadcast rows", 7, vec![6, 5, 40], vec![0, 41, 1]),
+        ("rows of MIN_RUN", 3, vec![1000, MIN_RUN], vec![20, 1]),
+        ("a scalar", 99, vec![], vec![]),
+    ];
+    for (what, offset, shape, strides) in &layouts {
+        let view = StridedView {
+            values: &values,
+            offset: *offset,
+            shape,
+            strides,
+        };
+        let copy = naive_contiguous(view);
+        assert_eq!(
+            amax(view).map(f32::to_bits),
+            Some(host::amax(&copy).to_bits()),
+            "{what}: amax"
+        );
+        for (format, scale) in [(Fp8Format::E4M3, 3.0), (Fp8Format::E5M2, 0.0078125)] {
+            let (want, want_amax) = host::quantize_with_amax(&copy, scale, format);
+            let (got, got_amax) =
+                quantized(view, scale, format, true).unwrap_or_else(|| panic!("{what}: refused"));
+            assert_eq!(
+                got_amax.to_bits(),
+                want_amax.to_bits(),
+                "{what} {format:?}: amax"
+            );
+            if let Some(i) = (0..want.len()).find(|&i| got.get(i) != want.get(i)) {
+                panic!(
+                    "{what} {format:?}: code {i} is {:?}, expected {}",
+                    got.get(i),
+                    want[i]
+                );
+            }
+            assert_eq!(got.len(), want.len(), "{what}");
+            let (again, none) = quantized(view, scale, format, false).expect("read in place");
+            assert!(again == got && none == 0.0, "{what}: without the amax");
+        }
+    }
+
+    let [b_stride, h_stride, s_stride, _] = [s * h * d, d, h * d, 1];
+    let permuted = |values| StridedView {
+        values,
+        offset: 0,
+        shape: &layouts[0].2,
+        strides: &layouts[0].3,
+    };
+    let mut with_nan = values.clone();
+    with_nan[b_stride + 2 * h_stride + 5 * s_stride + 3] = f32::NAN;
+    assert!(
+        amax(permuted(&with_nan)).expect("read").is_nan(),
+        "a NaN in the view"
+    );
+    let (_, recorded) = quantized(permuted(&with_nan), 1.0, Fp8Format::E4M3, true).expect("read");
+    assert!(recorded.is_nan(), "a NaN in the view, recorded");
+    // Element [0, 0, 0, d - 1] is in storage, not in a view of d - 1 columns.
+    let mut beside = values.clone();
+    beside[d - 1] = f32::NAN;
+    let narrower = StridedView {
+        shape: &[b, h, s, d - 1],
+        ..permuted(&beside)
+    };
+    assert!(
+        !amax(narrower).expect("read").is_nan(),
+        "a NaN beside the view"
+    );
+
+    let empty = StridedView {
+        values: &values,
+        offset: 0,
+        shape: &[4, 0, 3],
+        strides: &[3, 3, 1],
+    };
+    assert_eq!(
+        quantized(empty, 1.0, Fp8Format::E4M3, true).map(|(c, _)| c.len()),
+        Some(0)
+    );
+    let refused: [(&str, StridedView<'_>); 4] = [
+        (
+            "k transposed: [b, h, d, s]",
+            StridedView {
+                shape: &[b, h, d, s],
+                strides: &[s * h * d, d, 1, h * d],
+                ..permuted(&values)
+            },
+        ),
+        (
+            "rows of 15",
+            StridedView {
+                shape: &[1000, MIN_RUN - 1],
+                strides: &[20, 1],
+                ..permuted(&values)
+            },
+        ),
+        (
+            "outside its values",
+            StridedView {
+                values: &values[..1000],
+                shape: &[10, 101],
+                strides: &[101, 1],
+                ..permuted(&values)
+            },
+        ),
+        (
+            "ranks differ",
+            StridedView {
+                shape: &[2, 30],
+                strides: &[30],
+                ..permuted(&values)
+            },
+        ),
+    ];
+    for (what, view) in refused {
+        assert!(amax(view).is_none(), "{what}: amax");
+        assert!(
+            quantized(view, 1.0, Fp8Format::E4M3, true).is_none(),
+            "{what}: codes"
+        );
+    }
+}
+
 /// [`naive_contiguous`] of part `p` of `views`.
 fn naive_contiguous_of<'a>(
     views: &'a [host::strided::StridedView<'a>],

@@ -50,6 +50,9 @@ impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff
     ) -> Result<[Fp8Primitive<Self>; 2], TeError> {
         B::fp8_quantize_block_pair(Self::inner(tensor), format, layouts)
     }
+    fn fp8_transposed_view(tensor: &FloatTensor<Self>) -> bool {
+        B::fp8_transposed_view(&tensor.primitive)
+    }
     fn fp8_read(tensor: &Fp8Primitive<Self>) -> Result<Fp8HostData, TeError> {
         B::fp8_read(tensor)
     }

@@ -22,6 +22,20 @@ pub(super) fn strided_values(tensor: &FlexTensor) -> Option<OutputValues> {
     Some(values)
 }
 
+/// Whether an f32 tensor is a transposed view: its last dimension strided and the one before it adjacent in memory
+/// (both longer than one element), so that its transpose is read in place a run of columns at a time.
+pub(super) fn transposed_view(tensor: &FlexTensor) -> bool {
+    let layout = tensor.layout();
+    let (shape, strides) = (layout.shape(), layout.strides());
+    let n = shape.num_dims();
+    tensor.dtype() == DType::F32
+        && n >= 2
+        && shape[n - 1] > 1
+        && shape[n - 2] > 1
+        && strides[n - 2] == 1
+        && strides[n - 1] != 1
+}
+
 /// An f32 tensor's strides in elements; `None` for another dtype or a negative stride.
 fn f32_strides(tensor: &FlexTensor) -> Option<Vec<usize>> {
     if tensor.dtype() != DType::F32 {

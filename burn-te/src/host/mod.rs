@@ -10,6 +10,7 @@ pub mod gemm;
 #[cfg(feature = "flex")]
 mod layout;
 mod optim;
+mod quantize;
 
 use std::sync::{Arc, Mutex};
 
@@ -119,6 +120,11 @@ fn strided_copy<B: Backend>(tensor: FloatTensor<B>) -> Result<attention::Strided
         strides: attention::contiguous_strides(shape.as_slice()),
         shape,
     })
+}
+
+/// No transposed views: a backend whose tensors are read through a row-major copy ([`strided_copy`]).
+fn never_transposed<T>(_: &T) -> bool {
+    false
 }
 
 /// A Flex tensor's f32 values where they lie, with its view's offset and strides (no copy of a permuted or
@@ -235,14 +241,15 @@ fn lock(state: &HostDelayedState) -> std::sync::MutexGuard<'_, DelayedScalingHis
 }
 
 /// `TeBackend` for a CPU backend `$backend` on the host path; `$values` reads its tensors (`$unordered_values` where
-/// the order does not matter), `$buffer_id` tells their buffers apart, `$reshape`, `$slice_assign` and `$cat` are
-/// its layout ops.
+/// the order does not matter, `$strided` at their strides), `$transposed_view` tells a transposed view,
+/// `$buffer_id` tells their buffers apart, `$reshape`, `$slice_assign` and `$cat` are its layout ops.
 macro_rules! host_te_backend {
     (
         $backend:ty,
         $values:path,
         $unordered_values:path,
         $strided:path,
+        $transposed_view:path,
         $buffer_id:path,
         $reshape:expr,
         $slice_assign:expr,
@@ -262,41 +269,43 @@ macro_rules! host_te_backend {
             ) -> Result<Fp8Primitive<Self>, TeError> {
                 crate::metrics::count_launch(crate::metrics::names::QUANTIZE_LAUNCHES);
                 let device = <$backend>::float_device(&tensor);
-                let (x, shape) = $values(tensor)?;
-                let (codes, scale_inv, block) = match scaling {
+                // Per-tensor scales read the tensor at its strides (a permuted operand is not copied first).
+                let per_tensor = |x: attention::Strided, (codes, scale_inv)| {
+                    Ok(fp8_tensor(codes, vec![scale_inv], None, x.shape, format, device.clone()))
+                };
+                match scaling {
+                    Scaling::Current { margin } => {
+                        let x = $strided(tensor)?;
+                        let quantized = quantize::current(&x, format, margin)?;
+                        per_tensor(x, quantized)
+                    }
+                    Scaling::Delayed { state, record } => {
+                        let x = $strided(tensor)?;
+                        let quantized = quantize::delayed(&x, format, state, record)?;
+                        per_tensor(x, quantized)
+                    }
                     Scaling::Nvfp4 {
                         tile,
                         rounding,
                         rht,
                         amax_group,
                     } => {
+                        let (x, shape) = $values(tensor)?;
                         let plan = (tile, rounding, rht);
-                        return nvfp4_quantize(&x, shape, format, plan, amax_group, device);
-                    }
-                    Scaling::Current { margin } => {
-                        let scale = current_scale(&x, format, margin)?;
-                        (host::quantize(&x, scale, format), vec![1.0 / scale], None)
-                    }
-                    Scaling::Delayed { state, record } => {
-                        let mut history = lock(state);
-                        let (scale, scale_inv) = (history.scale, history.scale_inv);
-                        let codes = if record {
-                            let (codes, amax) = host::quantize_with_amax(&x, scale, format);
-                            history.record(amax);
-                            codes
-                        } else {
-                            host::quantize(&x, scale, format)
-                        };
-                        (codes, vec![scale_inv], None)
+                        nvfp4_quantize(&x, shape, format, plan, amax_group, device)
                     }
                     Scaling::Block { block, rule } => {
+                        let (x, shape) = $values(tensor)?;
                         let (rows, cols) = rows_cols(&shape);
                         let (codes, scale_inv) =
                             host::block::block_quantize(&x, rows, cols, block, rule, format)?;
-                        (codes, scale_inv, Some(block))
+                        Ok(fp8_tensor(codes, scale_inv, Some(block), shape, format, device))
                     }
-                };
-                Ok(fp8_tensor(codes, scale_inv, block, shape, format, device))
+                }
+            }
+
+            fn fp8_transposed_view(tensor: &FloatTensor<Self>) -> bool {
+                $transposed_view(tensor)
             }
 
             fn fp8_quantize_block_pair(
@@ -668,6 +677,7 @@ host_te_backend!(
     values::<NdArray>,
     values::<NdArray>,
     strided_copy::<NdArray>,
+    never_transposed,
     ndarray_buffer_id,
     <NdArray as FloatTensorOps<NdArray>>::float_reshape,
     <NdArray as FloatTensorOps<NdArray>>::float_slice_assign,
@@ -679,6 +689,7 @@ host_te_backend!(
     flex_values,
     flex_unordered_values,
     flex_strided,
+    layout::transposed_view,
     flex_buffer_id,
     layout::flex_reshape,
     layout::flex_slice_assign,

@@ -1,5 +1,6 @@
 //! Strided views' elements copied out in row-major order, on rayon's pool: one view ([`contiguous`]), or several
-//! joined along a dimension ([`concatenated`]). Rows whose elements are adjacent are copied whole, others (a
+//! joined along a dimension ([`concatenated`]); or read where they lie, for an FP8 operand's amax ([`amax`]) and
+//! codes ([`quantized`]), without the copy. Rows whose elements are adjacent are copied whole, others (a
 //! transposed view) are read a tile of rows at a time, so that rows adjacent in the source are read together. Large
 //! outputs come from the buffer pool ([`super::pool`]), so each step's copies reuse pages already faulted in.
 
@@ -8,6 +9,8 @@ use std::mem::MaybeUninit;
 use rayon::prelude::*;
 
 use super::pool::{HostOutput, OutputValues};
+use super::{amax_bits, assume_init, encode_scaled, uninit};
+use crate::format::Fp8Format;
 
 /// Output elements per parallel task (at least one row).
 const TASK: usize = 1 << 14;
@@ -65,6 +68,105 @@ impl StridedView<'_> {
         }
         at
     }
+}
+
+impl StridedView<'_> {
+    /// The view as runs of adjacent elements: `(run, lead)`, the elements of one run (the trailing dimensions that
+    /// lie in storage order, merged; dimensions of one element skipped) and how many leading dimensions index the
+    /// runs. A contiguous view is one run; a permuted `[b, h, s, d]` view has runs of `d`.
+    fn runs(&self) -> (usize, usize) {
+        let (mut run, mut lead) = (1, self.shape.len());
+        while lead > 0 && (self.shape[lead - 1] == 1 || self.strides[lead - 1] == run) {
+            run *= self.shape[lead - 1];
+            lead -= 1;
+        }
+        (run, lead)
+    }
+
+    /// The pieces of output elements `range` (row-major) as `(storage start, output start, length)`, each within one
+    /// run of [`runs`](Self::runs) `(run, lead)`.
+    fn pieces(
+        &self,
+        (run, lead): (usize, usize),
+        range: std::ops::Range<usize>,
+    ) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        let mut at = range.start;
+        std::iter::from_fn(move || {
+            if at >= range.end {
+                return None;
+            }
+            let within = at % run;
+            let len = (run - within).min(range.end - at);
+            let start = self.row_start(0..lead, at / run, self.offset) + within;
+            let piece = (start, at, len);
+            at += len;
+            Some(piece)
+        })
+    }
+}
+
+/// Runs of fewer elements than this are copied out first ([`contiguous`]) rather than read in place: a transposed
+/// view's single elements.
+pub const MIN_RUN: usize = 16;
+
+/// The view's largest `|x|` as [`super::amax`] computes it, read in place on the pool; `None` when shape and strides
+/// differ in rank, an element lies outside `values` or its runs of adjacent elements are shorter than [`MIN_RUN`].
+pub fn amax(view: StridedView<'_>) -> Option<f32> {
+    let len = view.checked_len()?;
+    let runs = view.runs();
+    if runs.0 < MIN_RUN.min(len) {
+        return None;
+    }
+    let task = |t: usize| {
+        view.pieces(runs, t * TASK..((t + 1) * TASK).min(len))
+            .map(|(start, _, n)| amax_bits(&view.values[start..start + n]))
+            .fold(0, u32::max)
+    };
+    let bits = match len.div_ceil(TASK) {
+        0 | 1 => task(0),
+        tasks => (0..tasks).into_par_iter().map(task).reduce(|| 0, u32::max),
+    };
+    Some(f32::from_bits(bits))
+}
+
+/// [`super::quantize`] of the view's elements in row-major order, read in place on the pool, and with `with_amax`
+/// their amax in the same pass ([`super::quantize_with_amax`]; else 0): the same codes as the quantization of a
+/// [`contiguous`] copy. `None` as for [`amax`].
+pub fn quantized(
+    view: StridedView<'_>,
+    scale: f32,
+    format: Fp8Format,
+    with_amax: bool,
+) -> Option<(Vec<u8>, f32)> {
+    let len = view.checked_len()?;
+    let runs = view.runs();
+    if runs.0 < MIN_RUN.min(len) {
+        return None;
+    }
+    let mut codes = uninit(len);
+    let task = |(t, out): (usize, &mut [MaybeUninit<u8>])| {
+        let first = t * TASK;
+        let mut bits = 0;
+        for (start, at, n) in view.pieces(runs, first..first + out.len()) {
+            let x = &view.values[start..start + n];
+            encode_scaled(x, scale, format, &mut out[at - first..at - first + n]);
+            if with_amax {
+                bits = bits.max(amax_bits(x));
+            }
+        }
+        bits
+    };
+    let bits = if len <= TASK {
+        task((0, &mut codes))
+    } else {
+        codes
+            .par_chunks_mut(TASK)
+            .enumerate()
+            .map(task)
+            .reduce(|| 0, u32::max)
+    };
+    // SAFETY: the tasks' pieces cover every output element, and `encode_scaled` wrote a code for each.
+    Some((unsafe { assume_init(codes) }, f32::from_bits(bits)))
 }
 
 /// Where one output row is read: its storage, first element and the distance between its elements.
