@@ -1025,7 +1025,8 @@ fn batched_dgrad<B: TeBackend>(
     gemm::<B>(qg, false, qw, true)
 }
 
-/// The wgrad of a batched site: `xᵀ · grad` → `[.., K, N]`, per batch (no sum over the batches).
+/// The wgrad of a batched site: `xᵀ · grad` → `[.., K, N]`, per batch (no sum over the batches); computed as the
+/// transpose of `gradᵀ · x` where the site's weight is a transposed view ([`GemmSite::weight_transposed`]).
 fn batched_wgrad<B: TeBackend>(
     x: SavedOperand<B>,
     grad: FloatTensor<B>,
@@ -1044,6 +1045,12 @@ fn batched_wgrad<B: TeBackend>(
     let qx = backward_operand::<B>(x, recipe, site, TensorRole::Activation, overrides[0])?;
     let role = TensorRole::Gradient;
     let qg = quantize_batched::<B>(grad, recipe, site, role, false, true, overrides[1])?;
+    if site.weight_transposed {
+        // `(gradᵀ · x)ᵀ`: row-major as the untransposed weight, to which the gradient flows back.
+        let transpose = gemm::<B>(qg, true, qx, false)?;
+        let n = dims::<B>(&transpose).len();
+        return Ok(B::float_swap_dims(transpose, n - 2, n - 1));
+    }
     gemm::<B>(qx, true, qg, false)
 }
 

@@ -38,6 +38,11 @@ pub struct GemmSite {
     /// The "weight" operand carries the input's leading (batch) dimensions: an attention GEMM (`q·kᵀ`, `p·v`), per
     /// batch `x [.., M, K] · w [.., K, N]`, whose wgrad keeps the batches instead of summing over them.
     pub batched: bool,
+    /// For a batched site: its "weight" is a transposed view (an attention's `kᵀ`, see
+    /// [`TeBackend::fp8_transposed_view`](crate::TeBackend::fp8_transposed_view)). Its wgrad then writes the
+    /// gradient's transpose row-major and returns it transposed, so the gradient reaches the untransposed tensor
+    /// without a copy.
+    pub weight_transposed: bool,
     /// The operands this rank holds one shard of (a tensor-parallel layer's), whose current-scaling amax is
     /// reduced over the ranks holding the others, so every rank quantizes with the whole tensor's scale.
     pub sharded: Option<Sharding>,
@@ -74,7 +79,16 @@ impl GemmSite {
             follows_dgrad: false,
             recipes: None,
             batched: false,
+            weight_transposed: false,
             sharded: None,
+        }
+    }
+
+    /// The same site, its weight a transposed view or not (see [`weight_transposed`](Self::weight_transposed)).
+    pub fn with_weight_transposed(self, weight_transposed: bool) -> Self {
+        Self {
+            weight_transposed,
+            ..self
         }
     }
 

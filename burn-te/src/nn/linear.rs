@@ -313,7 +313,11 @@ pub(crate) fn te_bmm<B: TeBackend, const D: usize>(
         return Ok(None);
     }
     let (site, recipe) = fprop_site(layer.into(), kind, fp8_meta)?;
-    let site = site.batched().with_sharding(sharded);
+    let transposed = B::fp8_transposed_view(&b.clone().into_primitive().tensor());
+    let site = site
+        .batched()
+        .with_sharding(sharded)
+        .with_weight_transposed(transposed);
     Ok(recipe
         .filter(Recipe::fp8_attention)
         .map(|recipe| run_gemm(a, b, None, &site, Some(&recipe))))
