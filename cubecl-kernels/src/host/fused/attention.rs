@@ -17,7 +17,7 @@ use rayon::prelude::*;
 use super::dropout::DropoutMask;
 use super::exp;
 use super::head_gemm::{PackedRhs, Strided, head_gemm, packed_gemm};
-use super::softmax::{SoftmaxMask, exp_normalized, max_and_nan, visible};
+use super::softmax::{RowMask, SoftmaxMask, exp_normalized, max_and_nan};
 
 /// Query rows per block: the block's scores (`ROWS × keys`) stay in L2 between its GEMMs.
 pub const ROWS: usize = 64;
@@ -252,7 +252,7 @@ pub fn attention_forward(
                 }
                 for (r, p) in scores[..rows * keys].chunks_exact_mut(keys).enumerate() {
                     let query = r0 + r;
-                    lse[query] = probabilities(p, |key| visible(mask, dims.keys, b, query, key));
+                    lse[query] = probabilities(p, mask.row(dims.keys, b, query, p.len()));
                     if let Some(stream) = &mut dropped {
                         stream.apply(p, dims.probability_index(b, h, query));
                     }
@@ -280,20 +280,17 @@ pub fn attention_forward(
 /// The scaled scores `s` of one query row become its probabilities in place (0 where not visible); returns the
 /// row's log-sum-exp (−∞ when nothing is visible, NaN when a visible score is).
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
-fn probabilities(s: &mut [f32], visible: impl Fn(usize) -> bool) -> f32 {
-    for (key, s) in s.iter_mut().enumerate() {
-        if !visible(key) {
-            *s = f32::NEG_INFINITY;
-        }
-    }
-    // The hidden scores are −∞ now.
-    let (max, nan) = max_and_nan(s);
+fn probabilities<'a>(s: &mut [f32], row: RowMask<'a>) -> f32 {
+    let (visible, hidden) = s.split_at_mut(row.limit);
+    row.hide_padded(visible, f32::NEG_INFINITY);
+    let (max, nan) = max_and_nan(visible);
     if max == f32::NEG_INFINITY || nan {
         let fill = if nan { f32::NAN } else { 0.0 };
         s.fill(fill);
         return if nan { f32::NAN } else { f32::NEG_INFINITY };
     }
-    let sum = exp_normalized(s, max);
+    let sum = exp_normalized(visible, max);
+    hidden.fill(0.0);
     max + sum.ln()
 }
 
@@ -468,7 +465,7 @@ unsafe fn backward_into(
                         );
                         for (r, p) in p.chunks_exact_mut(keys).enumerate() {
                             let query = r0 + r;
-                            recompute(p, lse[query], |key| visible(mask, dims.keys, b, query, key));
+                            recompute(p, lse[query], mask.row(dims.keys, b, query, p.len()));
                         }
                         let weights = match &mut dropped {
                             Some((stream, pd)) => {
@@ -543,14 +540,17 @@ unsafe fn backward_into(
 
 /// One row's probabilities from its scaled scores `p` and log-sum-exp, in place (0 where not visible).
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
-fn recompute(p: &mut [f32], lse: f32, visible: impl Fn(usize) -> bool) {
+fn recompute<'a>(p: &mut [f32], lse: f32, row: RowMask<'a>) {
     if lse == f32::NEG_INFINITY {
         p.fill(0.0);
         return;
     }
-    for (key, p) in p.iter_mut().enumerate() {
-        *p = if visible(key) { exp(*p - lse) } else { 0.0 };
+    let (visible, hidden) = p.split_at_mut(row.limit);
+    for p in visible.iter_mut() {
+        *p = exp(*p - lse);
     }
+    row.hide_padded(visible, 0.0);
+    hidden.fill(0.0);
 }
 
 /// `dp ← scale · p ∘ (dp − Σ p ∘ dp)` per row of `keys`.

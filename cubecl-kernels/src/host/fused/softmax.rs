@@ -44,16 +44,47 @@ impl ScoresShape {
     }
 }
 
-/// Whether key `key` is visible to query `query` of batch `batch`.
-#[inline(always)]
-pub(super) fn visible(
-    mask: SoftmaxMask<'_>,
-    keys: usize,
-    batch: usize,
-    query: usize,
-    key: usize,
-) -> bool {
-    !(mask.causal && key > query) && mask.padding.is_none_or(|p| !p[batch * keys + key])
+impl<'a> SoftmaxMask<'a> {
+    /// The mask of query `query` of batch `batch` over the first `len` of its `keys` keys.
+    #[inline(always)]
+    pub(super) fn row(self, keys: usize, batch: usize, query: usize, len: usize) -> RowMask<'a> {
+        let limit = if self.causal {
+            (query + 1).min(len)
+        } else {
+            len
+        };
+        let padding = self.padding.map(|p| &p[batch * keys..batch * keys + limit]);
+        RowMask { limit, padding }
+    }
+}
+
+/// The keys one query row sees: those before `limit` (every key, or up to the query's position under a causal
+/// mask), less the padded ones. The rows' loops run over that prefix in straight lines (they vectorize), the keys
+/// after it are set once.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RowMask<'a> {
+    /// The keys before it may be visible, the others are not.
+    pub limit: usize,
+    /// Which of the keys before `limit` are padding.
+    padding: Option<&'a [bool]>,
+}
+
+impl RowMask<'_> {
+    /// Whether the row sees any key.
+    #[inline(always)]
+    fn any(&self) -> bool {
+        self.limit > 0 && self.padding.is_none_or(|p| p.contains(&false))
+    }
+
+    /// The padded keys' values among `prefix` (the row's first `limit`) set to `value`.
+    #[inline(always)]
+    pub(super) fn hide_padded(&self, prefix: &mut [f32], value: f32) {
+        if let Some(padding) = self.padding {
+            for (x, &padded) in prefix.iter_mut().zip(padding) {
+                *x = if padded { value } else { *x };
+            }
+        }
+    }
 }
 
 /// `softmax(scores · scale)` over the visible keys of each row.
@@ -72,34 +103,31 @@ pub fn softmax_forward(
             .enumerate()
         {
             let (batch, query) = shape.row(first + i);
-            forward_row(s, p, scale, |key| visible(mask, keys, batch, query, key));
+            forward_row(s, p, scale, mask.row(keys, batch, query, keys));
         }
     });
     probs
 }
 
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma"))]
-fn forward_row(s: &[f32], p: &mut [f32], scale: f32, visible: impl Fn(usize) -> bool) {
-    let mut any = false;
-    for (key, (s, p)) in s.iter().zip(p.iter_mut()).enumerate() {
-        if visible(key) {
-            any = true;
-            *p = s * scale;
-        } else {
-            *p = f32::NEG_INFINITY;
-        }
-    }
-    if !any {
+fn forward_row<'a>(s: &[f32], p: &mut [f32], scale: f32, row: RowMask<'a>) {
+    if !row.any() {
         p.fill(0.0);
         return;
     }
-    let (max, nan) = max_and_nan(p);
+    let (visible, hidden) = p.split_at_mut(row.limit);
+    for (p, s) in visible.iter_mut().zip(s) {
+        *p = s * scale;
+    }
+    row.hide_padded(visible, f32::NEG_INFINITY);
+    let (max, nan) = max_and_nan(visible);
     if nan {
         // A NaN among the visible scores makes the whole row NaN, as the composed softmax does.
         p.fill(f32::NAN);
         return;
     }
-    exp_normalized(p, max);
+    exp_normalized(visible, max);
+    hidden.fill(0.0);
 }
 
 /// The largest of a row's scores (−∞ for an empty row) and whether one is NaN. In 16 lanes, so that the loop
