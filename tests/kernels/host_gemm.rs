@@ -544,14 +544,14 @@ fn a_quantized_tensor_whose_buffers_do_not_fit_its_shape_is_refused() {
     B::fp8_gemm(fits.clone(), false, fits, false).expect("a tensor that fits runs");
 }
 
-/// A GEMM output large enough to come from the pool (4 MiB) is copied like any tensor's data: `TensorData::clone`
+/// A GEMM output large enough to come from the pool (4 MiB; pooled from 1 MiB) is copied like any tensor's data: `TensorData::clone`
 /// and a `slice_assign` on a shared tensor copy its bytes with the alignment the pool reports, which Burn's byte
 /// buffers must accept. Operands of 1.75 (scale 448 / 1.75 = 256, a power of two): every output is `k · 3.0625`
 /// exactly.
 #[test]
 fn a_pooled_gemm_output_copies_with_its_values() {
     let (m, k, n) = (512, 32, 2048);
-    assert_eq!(m * n * 4, burn_te_kernels::host::pool::POOLED_FROM);
+    assert!(m * n * 4 >= burn_te_kernels::host::pool::POOLED_FROM);
     let out = B::fp8_gemm(
         quantized(vec![1.75; m * k], [m, k]),
         false,
@@ -1517,7 +1517,7 @@ fn packing_out_of_bounds_is_an_error() {
     }
 }
 
-/// Packed operands of 4 MiB and more come from the host outputs' process-wide pool, within its bound: a freed
+/// Packed operands of 1 MiB and more come from the host outputs' process-wide pool, within its bound: a freed
 /// packing buffer is reused by the next operand of its size and overwritten whole (the units, and the zeros of the
 /// lanes past the last row, re-computed from the codes after a pack of other codes into the same block), at most
 /// the bound stays held (the least recently freed released), a small operand is a plain allocation, and with the
@@ -1591,7 +1591,7 @@ fn large_packing_buffers_come_from_the_pool_within_its_bound() {
             assert_eq!(pool_stats(), stats(2, 5, 0));
             drop(packed);
             assert_eq!(pool_stats(), stats(2, 5, 24), "held within the bound");
-            // Below 4 MiB: a plain allocation.
+            // Below 1 MiB: a plain allocation.
             let small = codes(6);
             assert_eq!(pack(&small, 6).units(), expected(&small, 6));
             assert_eq!(
@@ -1627,7 +1627,7 @@ fn large_gemm_outputs_reuse_pooled_memory_within_the_bound() {
             unsafe { std::env::set_var("BURN_TE_HOST_POOL_MIB", "24") };
             // A 4 MiB output (512 × 2048 f32): pooled.
             let (m, k, n) = (512, 32, 2048);
-            assert_eq!(m * n * 4, POOLED_FROM);
+            assert!(m * n * 4 >= POOLED_FROM);
             let mut rng = Rng::new(41);
             let x = rng.normal(m * k, 0.0, 1.0);
             let w = rng.normal(k * n, 0.0, 0.05);
@@ -1696,12 +1696,12 @@ fn large_gemm_outputs_reuse_pooled_memory_within_the_bound() {
                 "held within the 24 MiB bound"
             );
             // Below the pooled size: a plain allocation, the pool untouched.
-            let small = quantize(x[..256 * k].to_vec(), [256, k], TensorRole::Activation);
+            let small = quantize(x[..64 * k].to_vec(), [64, k], TensorRole::Activation);
             drop(B::fp8_gemm(small, false, wq.clone(), false).expect("gemm"));
             assert_eq!(
                 pool_stats(),
                 stats(2, 7, 24),
-                "a 2 MiB output is not pooled"
+                "a 512 KiB output is not pooled"
             );
             // The metrics report counts the GEMM outputs the pool served.
             let pool_counter = |kind: &str| {
