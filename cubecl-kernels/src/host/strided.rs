@@ -68,9 +68,7 @@ impl StridedView<'_> {
         }
         at
     }
-}
 
-impl StridedView<'_> {
     /// The view as runs of adjacent elements: `(run, lead)`, the elements of one run (the trailing dimensions that
     /// lie in storage order, merged; dimensions of one element skipped) and how many leading dimensions index the
     /// runs. A contiguous view is one run; a permuted `[b, h, s, d]` view has runs of `d`.
