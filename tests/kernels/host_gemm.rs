@@ -1612,6 +1612,106 @@ fn large_packing_buffers_come_from_the_pool_within_its_bound() {
     );
 }
 
+/// The minor page faults of the calling thread so far (`/proc/thread-self/stat`, field 10).
+fn thread_minor_faults() -> u64 {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("/proc/thread-self/stat");
+    let after_name = stat
+        .rsplit_once(')')
+        .expect("the stat line names the thread")
+        .1;
+    after_name
+        .split_whitespace()
+        .nth(7)
+        .and_then(|f| f.parse().ok())
+        .expect("minflt")
+}
+
+/// glibc's malloc thresholds fixed by `keep_freed_memory`: a step's buffers (16 of 2 MiB, each written, then all
+/// freed) allocated again step after step come back without page faults. With glibc's own moving thresholds (the
+/// first part, before they are fixed) the 32 MiB freed at the arena's top went back to the OS, and each step
+/// faulted its 8 192 pages in again. Alone in its process (the thresholds are process-wide).
+#[test]
+fn freed_step_buffers_stay_mapped_with_the_malloc_thresholds_kept() {
+    alone(
+        "host_gemm::freed_step_buffers_stay_mapped_with_the_malloc_thresholds_kept",
+        || {
+            use burn_te_kernels::host::malloc::{MallocThresholds, keep_freed_memory};
+            const PAGES: u64 = 16 * (2 << 20) / 4096;
+            // One step's faults: its buffers written whole, then freed together.
+            let step = || {
+                let before = thread_minor_faults();
+                let buffers: Vec<Vec<u8>> = (0..16).map(|i| vec![i as u8 + 1; 2 << 20]).collect();
+                std::hint::black_box(&buffers);
+                drop(buffers);
+                thread_minor_faults() - before
+            };
+            let moving: Vec<u64> = (0..4).map(|_| step()).collect();
+            assert!(
+                moving[1..].iter().all(|&f| f >= PAGES / 2),
+                "with glibc's own thresholds each step faults its pages in again: {moving:?}"
+            );
+            assert_eq!(keep_freed_memory(), MallocThresholds::Set);
+            let kept: Vec<u64> = (0..4).map(|_| step()).collect();
+            assert!(
+                kept[1..].iter().all(|&f| f < 64),
+                "with the thresholds kept a step reuses the pages freed by the step before: {kept:?} faults per \
+                 step (glibc's own: {moving:?})"
+            );
+        },
+    );
+}
+
+/// The host path applies the thresholds at its first output and says so in the metrics report
+/// (`HostMallocThresholds(set)`); `BURN_TE_HOST_MALLOC=glibc` leaves glibc's own, and an unknown value is recorded
+/// as a fallback naming the variable, the default taken. Each alone in its process with the variable set.
+#[test]
+fn the_host_path_reports_what_it_did_to_the_malloc_thresholds() {
+    let cases = [
+        (None, "set"),
+        (Some("glibc"), "left to glibc"),
+        (Some("sometimes"), "set"),
+    ];
+    let test = "host_gemm::the_host_path_reports_what_it_did_to_the_malloc_thresholds";
+    if std::env::var_os("BURN_TE_TEST_ALONE").is_some() {
+        let value = std::env::var(burn_te::host::HOST_MALLOC_ENV).ok();
+        let (_, expected) = cases
+            .iter()
+            .find(|(v, _)| v.map(str::to_string) == value)
+            .expect("a case of this test");
+        // One host FP8 GEMM: the host path's first output.
+        let device = Default::default();
+        let a = Tensor::<Autodiff<Te<Flex>>, 2>::ones([4, 4], &device);
+        let out =
+            fp8_autocast(true, DelayedScaling::default(), || a.clone().matmul(a)).expect("recipe");
+        // Four products of ones, through DelayedScaling's scale 448 and its f32 inverse.
+        let values = out.into_data().to_vec::<f32>().unwrap();
+        assert!(values.iter().all(|v| (v - 4.0).abs() < 4e-6), "{values:?}");
+        let counter = format!("{}({expected})", burn_te::host::HOST_MALLOC_THRESHOLDS);
+        assert_eq!(
+            burn_te::diagnostics::counter_value(&counter),
+            Some(1),
+            "{counter}"
+        );
+        let fallback = burn_te::fallback_counts()
+            .get(burn_te::host::HOST_MALLOC_ENV)
+            .copied();
+        let unknown = value.as_deref() == Some("sometimes");
+        assert_eq!(
+            fallback,
+            unknown.then_some(1),
+            "the fallback of an unknown value"
+        );
+        return;
+    }
+    for (value, _) in cases {
+        let vars: Vec<(&str, &str)> = value
+            .map(|v| (burn_te::host::HOST_MALLOC_ENV, v))
+            .into_iter()
+            .collect();
+        crate::common::alone_with(test, &vars, || unreachable!("the parent only spawns"));
+    }
+}
+
 /// Large GEMM outputs reuse freed memory from the pool (`burn_te_kernels::host::pool`) within its bound, and a
 /// reused block is overwritten whole: a GEMM whose every output differs in sign from the block's previous contents
 /// matches f64; a fused norm's output and a zeroed buffer from dirty blocks hold what they should, and a buffer for

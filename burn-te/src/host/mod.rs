@@ -9,8 +9,11 @@ mod fused;
 pub mod gemm;
 #[cfg(feature = "flex")]
 mod layout;
+mod memory;
 mod optim;
 mod quantize;
+
+pub use memory::{HOST_MALLOC_ENV, HOST_MALLOC_THRESHOLDS};
 
 use std::sync::{Arc, Mutex};
 
@@ -206,6 +209,7 @@ fn host_tensor<B: Backend>(
     device: &B::Device,
 ) -> FloatTensor<B> {
     use burn::tensor::DType;
+    memory::configure();
     // A pooled buffer returns to the pool when the tensor drops.
     let values = values.into();
     if let Some(reused) = values.pooled() {
@@ -892,7 +896,7 @@ fn gemm_output<D>(
         lhs: lhs.shape.as_slice().to_vec(),
         rhs: rhs.shape.as_slice().to_vec(),
     })?;
-    configure_output_pool();
+    memory::configure();
     let out = HostOutput::uninit(len);
     Ok((shape, (m, n, k), out))
 }
@@ -938,28 +942,6 @@ fn check_operand<D>(t: &Fp8Tensor<HostFp8Data<D>>, what: &'static str) -> Result
         )));
     }
     Ok(())
-}
-
-/// Sets the output pool's bound from `BURN_TE_HOST_POOL_MIB` (MiB; 0: no pool), once per process. An unreadable
-/// value is recorded as a fallback and the default (1 GiB) kept.
-fn configure_output_pool() {
-    static CONFIGURED: std::sync::Once = std::sync::Once::new();
-    CONFIGURED.call_once(|| {
-        let Ok(value) = std::env::var("BURN_TE_HOST_POOL_MIB") else {
-            return;
-        };
-        let mib = value.trim().parse::<usize>().ok();
-        match mib.and_then(|mib| mib.checked_mul(1 << 20)) {
-            Some(bytes) => burn_te_kernels::host::pool::set_held_limit(bytes),
-            None => crate::fallback::record(
-                "BURN_TE_HOST_POOL_MIB",
-                format!(
-                    "BURN_TE_HOST_POOL_MIB={value:?} is not a whole number of MiB that fits in memory: keeping {} MiB",
-                    burn_te_kernels::host::pool::held_limit() >> 20
-                ),
-            ),
-        }
-    });
 }
 
 /// A host FP8 tensor as [`gemm`] reads it.

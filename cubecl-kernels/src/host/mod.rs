@@ -6,6 +6,7 @@ mod buffers;
 mod fp8;
 pub mod fused;
 pub mod gemm;
+pub mod malloc;
 pub mod nvfp4;
 pub mod optim;
 pub mod pool;

@@ -1,0 +1,71 @@
+//! The host path's memory settings, applied once per process at its first output: the output pool's bound
+//! (`BURN_TE_HOST_POOL_MIB`) and glibc's malloc thresholds (`BURN_TE_HOST_MALLOC`), so that a step's freed buffers
+//! are reused by the next step instead of coming back as fresh pages.
+
+use burn_te_kernels::host::malloc::{MallocThresholds, keep_freed_memory};
+use burn_te_kernels::host::pool;
+
+/// The metrics report's counter of what the host path did to glibc's malloc thresholds:
+/// `HostMallocThresholds(set)`, `(set by GLIBC_TUNABLES)`, `(left to glibc)`, `(refused by glibc)` or `(not glibc)`.
+pub const HOST_MALLOC_THRESHOLDS: &str = "HostMallocThresholds";
+
+/// The variable that chooses glibc's thresholds: `keep` (the default: fixed, freed step buffers stay mapped) or
+/// `glibc` (glibc's own, moving with what the process frees).
+pub const HOST_MALLOC_ENV: &str = "BURN_TE_HOST_MALLOC";
+
+/// Applies the settings, once per process.
+pub(super) fn configure() {
+    static CONFIGURED: std::sync::Once = std::sync::Once::new();
+    CONFIGURED.call_once(|| {
+        configure_pool();
+        configure_malloc();
+    });
+}
+
+/// The output pool's bound from `BURN_TE_HOST_POOL_MIB` (MiB; 0: no pool). An unreadable value is recorded as a
+/// fallback and the default (1 GiB) kept.
+fn configure_pool() {
+    let Ok(value) = std::env::var("BURN_TE_HOST_POOL_MIB") else {
+        return;
+    };
+    let mib = value.trim().parse::<usize>().ok();
+    match mib.and_then(|mib| mib.checked_mul(1 << 20)) {
+        Some(bytes) => pool::set_held_limit(bytes),
+        None => crate::fallback::record(
+            "BURN_TE_HOST_POOL_MIB",
+            format!(
+                "BURN_TE_HOST_POOL_MIB={value:?} is not a whole number of MiB that fits in memory: keeping {} MiB",
+                pool::held_limit() >> 20
+            ),
+        ),
+    }
+}
+
+/// glibc's thresholds as `BURN_TE_HOST_MALLOC` asks ([`keep_freed_memory`] unless `glibc`), counted in the
+/// metrics report and logged. An unknown value is recorded as a fallback and the default taken.
+fn configure_malloc() {
+    let value = std::env::var(HOST_MALLOC_ENV).ok();
+    let thresholds = match value.as_deref().map(str::trim) {
+        Some("glibc") => None,
+        None | Some("keep") => Some(keep_freed_memory()),
+        Some(other) => {
+            crate::fallback::record(
+                HOST_MALLOC_ENV,
+                format!(
+                    "{HOST_MALLOC_ENV}={other:?} is neither `keep` nor `glibc`: keeping freed memory"
+                ),
+            );
+            Some(keep_freed_memory())
+        }
+    };
+    if thresholds == Some(MallocThresholds::Refused) {
+        crate::fallback::record(
+            HOST_MALLOC_ENV,
+            "glibc refused the malloc thresholds: freed host buffers may come back as fresh pages"
+                .into(),
+        );
+    }
+    let outcome = thresholds.map_or_else(|| "left to glibc".to_string(), |t| t.to_string());
+    tracing::info!("host path: glibc's malloc thresholds {outcome}");
+    crate::metrics::increment_counter(&format!("{HOST_MALLOC_THRESHOLDS}({outcome})"), 1);
+}
