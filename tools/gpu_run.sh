@@ -10,29 +10,51 @@
 # With a toolchain on the GPU machine, `cargo bench --features cuda,autotune --bench cuda` and
 # `cargo test --release --features cuda,autotune --test kernels` do the same.
 #
-# Order: the tests that compare cuBLASLt on CubeCL's stream with its own stream, check bf16 and run every tiled
-# routine (each plane routine on the matrix units, `each_forced_tiled_routine_runs_or_falls_back_counted`) first, then the
-# steps (f16 and bf16 processes, each with FP8 on both streams). A fresh machine autotunes Burn's kernels for
-# minutes at each float type's first step; CubeCL caches the results under target/autotune, so a second run on the
-# same machine is quick. Results go to $OUT (or target/gpu-out).
+# The whole run keeps within BUDGET_S seconds (default 540), in this order:
+# 1. the CUDA tests of the device paths: a TransformerLayer trained on every path and recipe (cuBLASLt on both
+#    streams, bit for bit), then the GEMM tests that compare the two streams bit for bit;
+# 2. the TransformerLayer step per float type of STEP_FLOATS (default "f16 bf16"), each in its own process: on
+#    Burn's fused `Cuda`, and in FP8 on cuBLASLt on CubeCL's stream and on its own stream, with activations of that
+#    type; each row also prints the host's share of its step;
+# 3. with the time left (GEMMS=0 skips it), the f32 process's GEMMs at 4096³ (cuBLASLt on both streams, the tiled
+#    routines).
+# A fresh machine autotunes Burn's kernels for minutes at each float type's first step. CubeCL caches the results
+# under target/autotune; the run packs them into $OUT/autotune.tar.xz, and a later run that finds that file in
+# target/gpuc starts from it. On an H200 without one, the run starts from tools/gpu-autotune-h200.tar.xz, the
+# choices of Burn 0.21's kernels an H200 made here (2026-12-04; CubeCL keys them by device index, not model).
+# Results go to $OUT (or target/gpu-out).
 set -u
 G=target/gpuc
 OUT=${OUT:-target/gpu-out}; mkdir -p "$OUT"
+t0=$(date +%s); deadline=$(( t0 + ${BUDGET_S:-540} ))
+left() { echo $(( deadline - $(date +%s) )); }
+el() { echo "[t=$(( $(date +%s) - t0 ))s] $*"; }
 unxz() { (xz -dc $G/$1.xz 2>/dev/null || python3 -c "import lzma,sys;sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" $G/$1.xz) > $G/$1; chmod +x $G/$1; }
 unxz cuda; unxz kernels
-export CRITERION_HOME=$OUT/criterion CUBECL_AUTOTUNE_LEVEL=minimal
+seed=$G/autotune.tar.xz
+[ -f $seed ] || { nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && seed=tools/gpu-autotune-h200.tar.xz; }
+if [ -f $seed ] && [ ! -d target/autotune ]; then
+  mkdir -p target && python3 -c "import tarfile,sys;tarfile.open(sys.argv[1]).extractall('target')" $seed && el "autotune cache seeded from $seed"
+fi
+export CRITERION_HOME=/tmp/criterion CUBECL_AUTOTUNE_LEVEL=minimal
 if ! ldconfig -p | grep -q libcublasLt; then
   d=$(dirname "$(find / -name 'libcublasLt.so*' 2>/dev/null | head -1)"); export LD_LIBRARY_PATH=$d:${LD_LIBRARY_PATH:-}
 fi
-t0=$(date +%s); el() { echo "[t=$(( $(date +%s) - t0 ))s] $*"; }
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-el "tests: cuBLASLt streams, bf16, the tiled path"
-timeout ${TESTS_S:-200} $G/kernels --test-threads 1 device_gemm cubek_tiled 2>&1 | tee $OUT/tests.txt | grep -E "^test |test result|panicked" | head -40
-run() { # float timeout filter
-  el "$1: $3"
-  BURN_TE_BENCH_FLOAT=$1 timeout $2 $G/cuda --bench "$3" --warm-up-time 1 --measurement-time 3 2>&1 | tee $OUT/$1.txt | grep -E "^cuda|time:|thrpt:|paths|fallbacks|panicked|rror" | head -70
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee $OUT/gpu.txt
+tests() { # timeout name filter...
+  local s=$1 name=$2; shift 2; el "tests ($name, ${s}s): $*"
+  timeout $s $G/kernels --test-threads 1 "$@" 2>&1 | tee $OUT/tests-$name.txt | grep -E "^test |test result|panicked|^  left|^ right" | head -30
 }
-run f16 ${F16_S:-240} "transformer_layer"
-run bf16 ${BF16_S:-240} "gemm 4096x4096x4096|transformer_layer"
-run f32 ${F32_S:-200} "gemm 4096x4096x4096"
-el done
+tests ${TRAIN_S:-110} train device_gemm::transformer_layer_trains_the_same_on_every_path
+tests ${STREAM_S:-90} streams device_gemm::each_forced_tiled_routine device_gemm::exact_sums device_gemm::random_operands device_gemm::a_group device_gemm::bf16_operands device_gemm::empty_batches
+bench() { # float seconds filter
+  el "$1 ($2 s): $3"
+  BURN_TE_BENCH_FLOAT=$1 timeout $2 $G/cuda --bench "$3" --warm-up-time 1 --measurement-time 3 2>&1 | tee $OUT/bench-$1.txt | grep -E "^cuda|time:|thrpt:|paths|returns after|panicked|rror" | head -40
+}
+for float in ${STEP_FLOATS:-f16 bf16}; do
+  [ $(left) -gt 70 ] && bench $float $(( $(left) - 40 )) "transformer_layer"
+done
+[ "${GEMMS:-1}" = 1 ] && [ $(left) -gt 70 ] && bench f32 $(( $(left) - 30 )) "gemm 4096x4096x4096"
+el "packing the autotune cache"
+[ -d target/autotune ] && python3 -c "import tarfile;t=tarfile.open('$OUT/autotune.tar.xz','w:xz');t.add('target/autotune','autotune');t.close()"
+ls -la $OUT; el done
