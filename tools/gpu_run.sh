@@ -12,7 +12,8 @@
 #
 # The whole run keeps within BUDGET_S seconds (default 540), in this order:
 # 1. the CUDA tests of the device paths: a TransformerLayer trained on every path and recipe (cuBLASLt on both
-#    streams, bit for bit), then the GEMM tests that compare the two streams bit for bit;
+#    streams; its printed losses kept in $OUT/tests-train.txt), then the GEMM tests that compare the two streams bit
+#    for bit;
 # 2. the TransformerLayer step per float type of STEP_FLOATS (default "f16 bf16"), each in its own process: on
 #    Burn's fused `Cuda`, and in FP8 on cuBLASLt on CubeCL's stream and on its own stream, with activations of that
 #    type; each row also prints the host's share of its step;
@@ -45,7 +46,7 @@ tests() { # timeout name filter...
   local s=$1 name=$2; shift 2; el "tests ($name, ${s}s): $*"
   timeout $s $G/kernels --test-threads 1 "$@" 2>&1 | tee $OUT/tests-$name.txt | grep -E "^test |test result|panicked|^  left|^ right" | head -30
 }
-tests ${TRAIN_S:-110} train device_gemm::transformer_layer_trains_the_same_on_every_path
+tests ${TRAIN_S:-110} train --nocapture device_gemm::transformer_layer_trains_the_same_on_every_path
 tests ${STREAM_S:-90} streams device_gemm::each_forced_tiled_routine device_gemm::exact_sums device_gemm::random_operands device_gemm::a_group device_gemm::bf16_operands device_gemm::empty_batches
 bench() { # float seconds filter
   el "$1 ($2 s): $3"
