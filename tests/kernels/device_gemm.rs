@@ -717,12 +717,7 @@ fn transformer_layer_trains_the_same_on_every_path() {
                 "{what} asking for {path}: cuBLASLt's refusals recorded"
             );
             println!("{what}: simt {simt:?}, {path} {other:?}");
-            for (step, (a, b)) in simt.iter().zip(&other).enumerate() {
-                assert!(
-                    (a - b).abs() <= 1e-3 * a.abs(),
-                    "{what} on {path}, step {step}: {a} vs {b}"
-                );
-            }
+            within_paths_bound(&format!("{what} on {path}"), &simt, &other);
             if path == DeviceGemmPath::CublasLt && !refused {
                 // The same kernels in the same order on CubeCL's stream: the same losses to the bit, where the
                 // own stream gives its bits again. Burn's CUDA kernels need not (their reductions' order), and
@@ -748,13 +743,19 @@ fn transformer_layer_trains_the_same_on_every_path() {
                         "{what}: cuBLASLt on CubeCL's stream against its own stream"
                     );
                 }
-                for (step, (a, b)) in other.iter().zip(&on_cubecl).enumerate() {
-                    assert!(
-                        (a - b).abs() <= 1e-3 * a.abs(),
-                        "{what} on CubeCL's stream, step {step}: {a} vs {b}"
-                    );
-                }
+                within_paths_bound(&format!("{what} on CubeCL's stream"), &other, &on_cubecl);
             }
+        }
+    }
+
+    /// Each step's loss within 1e-3 (relative) of the reference's: the bound between paths that differ only in
+    /// the order and precision of the accumulation.
+    fn within_paths_bound(what: &str, reference: &[f32], losses: &[f32]) {
+        for (step, (a, b)) in reference.iter().zip(losses).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-3 * a.abs(),
+                "{what}, step {step}: {a} vs {b}"
+            );
         }
     }
 
