@@ -233,6 +233,19 @@ pub fn cubek_refusal(
             "DoubleUnit takes a depth that is a multiple of {stage_depth}, not {depth}"
         ));
     }
+    if let CubekRoutine::Plane(
+        PlaneRoutine::DoubleBuffering | PlaneRoutine::OrderedDoubleBuffering,
+        _,
+    ) = routine
+        && !depth.is_multiple_of(DOUBLE_BUFFERED_PLANE_DEPTH)
+    {
+        // cubek-matmul 0.2's double-buffered plane routines gave a wrong product at K = 96 on an H200 (the stale
+        // half stage of DoubleUnit, by its look); whole stage pairs only.
+        return Some(format!(
+            "the double-buffered plane routines take a depth that is a multiple of {DOUBLE_BUFFERED_PLANE_DEPTH}, not \
+             {depth}"
+        ));
+    }
     if routine == CubekRoutine::SimpleUnit
         && widest_word == 8
         && depth >= SIMPLE_UNIT_WIDE_MAX_DEPTH
@@ -248,6 +261,10 @@ pub fn cubek_refusal(
 
 /// The depth from which SimpleUnit cannot take eight-code words ([`cubek_refusal`]).
 const SIMPLE_UNIT_WIDE_MAX_DEPTH: usize = 512;
+
+/// The depth (codes) the double-buffered plane routines take whole ([`cubek_refusal`]): a pair of their stages,
+/// each as deep as a plane is wide (32 or 64 lanes; its f16 tiles' depth times the plane's tiles along K).
+const DOUBLE_BUFFERED_PLANE_DEPTH: usize = 128;
 
 /// Code words along K in one of DoubleUnit's stages (two halves of two loads each): its depth takes whole stages
 /// ([`cubek_refusal`]).

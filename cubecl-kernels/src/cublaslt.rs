@@ -11,18 +11,20 @@
 //! - on the library's own stream of the device's primary context (CubeCL's context): CubeCL's queue is synced
 //!   before the call and the library's stream after it, so that neither reads a buffer before the other wrote it. A
 //!   group of GEMMs (a grouped linear layer's experts) pays these two waits once ([`fp8_gemm_grouped`]);
-//! - on CubeCL's own stream, which the vendored cubecl-cuda names with each resource (`GpuResource::stream`): the
-//!   call is enqueued after the kernels that wrote its operands and before those that will read its output, and
-//!   nothing waits. Its workspace comes from CubeCL's memory pool on that stream. Only for operands of the calling
-//!   thread's stream: CubeCL does not order another stream's reuse of a buffer after this stream's reads, so a
-//!   group with such an operand takes the library's own stream.
+//! - on CubeCL's own stream, as a host task of the vendored cubecl-cuda ([`launch_host_task`]): the call goes
+//!   through CubeCL's launch queue like a kernel and is enqueued, on the device's thread, after the kernels that
+//!   wrote its operands and before those that will read its output. Nothing waits, and the caller makes no round
+//!   trip to the device's thread for the buffers' addresses. Its workspace comes from CubeCL's memory pool on that
+//!   stream. Only for operands of the calling thread's stream: CubeCL does not order another stream's reuse of a
+//!   buffer after this stream's reads, so a group with such an operand takes the library's own stream.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
+use cubecl::cuda::host_task::launch_host_task;
 use cubecl::cuda::{CudaDevice, CudaRuntime};
 use cubecl::prelude::*;
-use cubecl::server::Handle;
+use cubecl::server::{Binding, Handle};
 use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::{result as driver, sys as driver_sys};
 
@@ -153,51 +155,69 @@ pub fn fp8_gemm_grouped<F: Float + CubeElement>(
         _ => LtStream::Own,
     };
     if calls.iter().any(Result::is_ok) {
-        let on_cubecl = match ran_on {
+        match ran_on {
             LtStream::CubeCl => {
-                // A workspace from CubeCL's pool on the calls' stream (the calling thread's, as the outputs'); it
-                // stays held until the calls are enqueued, and CubeCL's next use of the memory comes after them.
+                // The library and each shape's plan made here, so that their errors are this call's.
+                with_lt_device(device.index, |lt_device| {
+                    calls
+                        .iter()
+                        .flatten()
+                        .try_for_each(|call| lt_device.prepare(&call.shape))
+                })?;
+                // A workspace from CubeCL's pool on the calls' stream (the calling thread's, as the outputs'): the
+                // host tasks hold it, and CubeCL's next use of the memory comes after them.
                 let workspace = client.empty(WORKSPACE_BYTES);
-                let resource = client.get_resource(workspace.clone())?;
-                let (stream, ptr) = (resource.resource().stream, resource.resource().ptr);
-                Some((stream, ptr, workspace))
+                for call in calls.iter().flatten() {
+                    let mut buffers = call.bindings();
+                    buffers.push(workspace.clone().binding());
+                    let (ordinal, shape) = (device.index, call.shape);
+                    let work = move |pointers: &[u64], stream: driver_sys::CUstream| {
+                        let [a, b, a_scale, b_scale, out, workspace] = *pointers else {
+                            return Err(format!("{} buffer addresses for 6", pointers.len()));
+                        };
+                        let ptrs = LtPointers {
+                            a,
+                            b,
+                            a_scale,
+                            b_scale,
+                            out,
+                        };
+                        with_lt_device(ordinal, |lt_device| {
+                            lt_device.matmul(&shape, &ptrs, stream, workspace)
+                        })
+                        .map_err(|error| error.to_string())
+                    };
+                    launch_host_task(client, buffers, Box::new(work));
+                }
             }
             LtStream::Own => {
                 // CubeCL's queue has written the operands (and allocated the outputs) before the library reads them.
                 cubecl::future::block_on(client.sync())?;
-                None
-            }
-        };
-        let devices = DEVICES.get_or_init(|| Mutex::new(HashMap::new()));
-        let mut devices = devices
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let lt_device = match devices.entry(device.index) {
-            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
-            std::collections::hash_map::Entry::Vacant(entry) => {
-                entry.insert(LtDevice::new(device.index)?)
-            }
-        };
-        match &on_cubecl {
-            Some((stream, workspace, _held)) => {
-                for call in calls.iter().flatten() {
-                    lt_device.matmul(&call.shape, &call.ptrs, *stream, *workspace)?;
-                }
-            }
-            None => {
-                let (stream, workspace) = (lt_device.stream, lt_device.workspace);
-                let enqueued = calls.iter().flatten().try_for_each(|call| {
-                    lt_device.matmul(&call.shape, &call.ptrs, stream, workspace)
-                });
-                // Waited for even when a call failed: the calls before it may still read the buffers dropped below.
-                let waited = lt_device.wait();
-                enqueued?;
-                waited?;
+                let ptrs = calls
+                    .iter()
+                    .flatten()
+                    .map(|call| call.pointers(client))
+                    .collect::<Result<Vec<_>, _>>()?;
+                with_lt_device(device.index, |lt_device| {
+                    let (stream, workspace) = (lt_device.stream, lt_device.workspace);
+                    let enqueued =
+                        calls
+                            .iter()
+                            .flatten()
+                            .zip(&ptrs)
+                            .try_for_each(|(call, ptrs)| {
+                                lt_device.matmul(&call.shape, ptrs, stream, workspace)
+                            });
+                    // Waited for even when a call failed: the calls before it may still read the buffers dropped
+                    // below.
+                    let waited = lt_device.wait();
+                    enqueued.and(waited)
+                })?;
             }
         }
     }
-    // The K-major copies and the inputs stay alive until here: the library has read them (its own stream) or reads
-    // them before CubeCL's next use of their memory (CubeCL's stream).
+    // The K-major copies and the inputs stay alive until here: the library has read them (its own stream) or the
+    // host tasks hold them until they are enqueued, before CubeCL's next use of their memory (CubeCL's stream).
     let outputs = calls
         .into_iter()
         .map(|call| call.map(|call| call.output))
@@ -234,15 +254,15 @@ fn checked_shape<F: Float + CubeElement>(
     })
 }
 
-/// One cuBLASLt call ready to go: its K-major operands (kept alive until the library has read them), its output
-/// and their device pointers.
+/// One cuBLASLt call ready to go: its K-major operands and their scales (kept alive until the library has read
+/// them) and its output.
 struct LtCall {
     shape: LtShape,
-    ptrs: LtPointers,
+    /// A's and B's K-major codes, then A's and B's `scale_inv`.
+    inputs: [Handle; 4],
     output: Handle,
     /// Whether an operand buffer comes from another CubeCL stream than the output (the calling thread's).
     foreign_inputs: bool,
-    _k_major: (Handle, Handle),
 }
 
 impl LtCall {
@@ -273,28 +293,56 @@ impl LtCall {
         let a_codes = k_major(a, !a.transposed)?;
         let b_codes = k_major(b, b.transposed)?;
         let output = client.empty(shape.batch * shape.m * shape.n * size_of::<F>());
+        let inputs = [a_codes, b_codes, a.scale_inv.clone(), b.scale_inv.clone()];
+        let foreign_inputs = inputs.iter().any(|handle| handle.stream != output.stream);
+        Ok(LtCall {
+            shape,
+            inputs,
+            output,
+            foreign_inputs,
+        })
+    }
+
+    /// The buffers in [`LtPointers`]' order: A, B, A's scale, B's scale, the output.
+    fn bindings(&self) -> Vec<Binding> {
+        self.inputs
+            .iter()
+            .chain([&self.output])
+            .map(|handle| handle.clone().binding())
+            .collect()
+    }
+
+    /// The buffers' device pointers, each asked of CubeCL's device thread (a blocking round trip).
+    fn pointers(&self, client: &ComputeClient<CudaRuntime>) -> Result<LtPointers, KernelError> {
         let pointer = |handle: &Handle| -> Result<u64, KernelError> {
             let resource = client.get_resource(handle.clone())?;
             Ok(resource.resource().ptr)
         };
-        let ptrs = LtPointers {
-            a: pointer(&a_codes)?,
-            b: pointer(&b_codes)?,
-            a_scale: pointer(a.scale_inv)?,
-            b_scale: pointer(b.scale_inv)?,
-            out: pointer(&output)?,
-        };
-        let foreign_inputs = [&a_codes, &b_codes, a.scale_inv, b.scale_inv]
-            .iter()
-            .any(|handle| handle.stream != output.stream);
-        Ok(LtCall {
-            shape,
-            ptrs,
-            output,
-            foreign_inputs,
-            _k_major: (a_codes, b_codes),
+        let [a, b, a_scale, b_scale] = &self.inputs;
+        Ok(LtPointers {
+            a: pointer(a)?,
+            b: pointer(b)?,
+            a_scale: pointer(a_scale)?,
+            b_scale: pointer(b_scale)?,
+            out: pointer(&self.output)?,
         })
     }
+}
+
+/// Runs `f` on the cuBLASLt state of the device `ordinal`, made at its first use.
+fn with_lt_device<T>(
+    ordinal: usize,
+    f: impl FnOnce(&mut LtDevice) -> Result<T, KernelError>,
+) -> Result<T, KernelError> {
+    let devices = DEVICES.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut devices = devices
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let lt_device = match devices.entry(ordinal) {
+        std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+        std::collections::hash_map::Entry::Vacant(entry) => entry.insert(LtDevice::new(ordinal)?),
+    };
+    f(lt_device)
 }
 
 static DEVICES: OnceLock<Mutex<HashMap<usize, LtDevice>>> = OnceLock::new();
@@ -402,15 +450,7 @@ impl LtDevice {
         stream: driver_sys::CUstream,
         workspace: driver_sys::CUdeviceptr,
     ) -> Result<(), KernelError> {
-        unsafe { driver::ctx::set_current(self.context) }
-            .map_err(|e| library_error("cuCtxSetCurrent", e))?;
-        if !self.plans.contains_key(shape) {
-            if self.plans.len() >= PLANS_KEPT {
-                self.plans.clear();
-            }
-            let plan = self.plan(shape, ptrs)?;
-            self.plans.insert(*shape, plan);
-        }
+        self.prepare(shape)?;
         let plan = &self.plans[shape];
         set_scale_pointers(plan.desc.0, ptrs)?;
         let (alpha, beta) = (1.0f32, 0.0f32);
@@ -437,13 +477,28 @@ impl LtDevice {
         .map_err(|e| library_error("cublasLtMatmul", e))
     }
 
-    /// The plan of one shape: its descriptors and the heuristic's algorithm (asked with this call's scale pointers
-    /// set, as every later call has its own).
+    /// Makes the plan of `shape` unless the device has it, with the device's context current on this thread.
+    fn prepare(&mut self, shape: &LtShape) -> Result<(), KernelError> {
+        unsafe { driver::ctx::set_current(self.context) }
+            .map_err(|e| library_error("cuCtxSetCurrent", e))?;
+        if !self.plans.contains_key(shape) {
+            if self.plans.len() >= PLANS_KEPT {
+                self.plans.clear();
+            }
+            let plan = self.plan(shape)?;
+            self.plans.insert(*shape, plan);
+        }
+        Ok(())
+    }
+
+    /// The plan of one shape: its descriptors and the heuristic's algorithm. The heuristic is asked with scale
+    /// pointers set, as every call sets its own; the device's workspace address stands for them (the heuristic
+    /// reads no device memory).
     ///
     /// In cuBLASLt's column-major terms the row-major `out[M, N]` is `D[N, M] = op(B-side) · op(A-side)` with
     /// cuBLASLt's A our `b` ([N, K] rows = K × N column-major, used transposed) and its B our `a` ([M, K] rows =
     /// K × M column-major, used as is): the "TN" layout FP8 requires.
-    fn plan(&self, shape: &LtShape, ptrs: &LtPointers) -> Result<LtPlan, KernelError> {
+    fn plan(&self, shape: &LtShape) -> Result<LtPlan, KernelError> {
         use sys::cublasLtMatmulDescAttributes_t as Desc;
         let data_type = |format: Fp8Format| match format {
             Fp8Format::E4M3 => sys::cudaDataType::CUDA_R_8F_E4M3,
@@ -474,7 +529,14 @@ impl LtDevice {
             (&as_is as *const i32).cast(),
             size_of::<i32>(),
         )?;
-        set_scale_pointers(desc.0, ptrs)?;
+        let stand_in = LtPointers {
+            a: 0,
+            b: 0,
+            a_scale: self.workspace,
+            b_scale: self.workspace,
+            out: 0,
+        };
+        set_scale_pointers(desc.0, &stand_in)?;
         let fast_accumulation: i8 = 0;
         set_desc(
             Desc::CUBLASLT_MATMUL_DESC_FAST_ACCUM,

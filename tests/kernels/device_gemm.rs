@@ -360,52 +360,69 @@ fn check_falls_back(
 
 /// `with_tiled_routine` forces each of cubek's routines onto the tiled path: a routine the device has runs the GEMM
 /// (counted as tiled) and one whose matrix units it lacks (lavapipe: every plane routine) runs on the kernel,
-/// counted and recorded as a fallback; either way the output is the f64 product bit for bit (operands whose
-/// partial sums are exact), so a routine that runs a wrong K or a wrong tile fails here wherever it runs.
+/// counted and recorded as a fallback; so does a double-buffered plane routine at a depth that is not a whole
+/// number of its stage pairs (128 codes). Either way the output is the f64 product bit for bit (operands whose
+/// partial sums are exact), at whole and partial row tiles and depths of one to two stage pairs, so a routine that
+/// runs a wrong K or a wrong tile fails here wherever it runs. Every routine and shape is checked before the test
+/// fails, and the failure lists each wrong one.
 #[test]
 fn each_forced_tiled_routine_runs_or_falls_back_counted() {
     use burn_te::cube::gemm_path::with_tiled_routine;
-    use burn_te_kernels::cubek_gemm::CubekRoutine;
+    use burn_te_kernels::cubek_gemm::{CubekRoutine, PlaneRoutine, PlaneTile};
     let matmul = client().properties().features.matmul.clone();
     let mut rng = Rng::new(96);
-    // K = 96: not a multiple of 64 (a double-buffered stage pair of 32-code stages); 70 rows: a partial tile.
-    let (m, k, n) = (70, 96, 48);
-    let lhs = quantize(half_integers(&mut rng, m * k), [1, m, k], Fp8Format::E4M3);
-    let rhs = quantize(half_integers(&mut rng, n * k), [1, n, k], Fp8Format::E4M3);
-    let expected = reference(&stored_f64::<B>(&lhs), false, &stored_f64::<B>(&rhs), true);
+    let n = 48;
     let mut ran_tiled = 0;
-    for routine in CubekRoutine::ALL {
-        let has_units = match routine {
-            CubekRoutine::SimpleUnit | CubekRoutine::DoubleUnit => true,
-            CubekRoutine::Plane(_, burn_te_kernels::cubek_gemm::PlaneTile::Cmma) => {
-                !matmul.cmma.is_empty()
-            }
-            CubekRoutine::Plane(_, burn_te_kernels::cubek_gemm::PlaneTile::Mma) => {
-                !matmul.mma.is_empty()
-            }
-        };
-        let expect = if has_units {
-            ran_tiled += 1;
-            DeviceGemmPath::Tiled
-        } else {
-            DeviceGemmPath::Simt
-        };
-        let fallbacks = device_fallbacks();
-        let got = with_tiled_routine(routine, || {
-            gemm_on(DeviceGemmPath::Tiled, expect, &lhs, false, &rhs, true)
-        });
-        let name = routine.name();
-        if !has_units {
-            assert!(
-                device_fallbacks() > fallbacks,
-                "{name}: the fallback is recorded"
+    let mut wrong = Vec::new();
+    // 64 and 70 rows: whole and partial row tiles; K = 96: not a whole stage pair of the double-buffered routines.
+    for (m, k) in [(64, 96), (70, 96), (64, 128), (70, 128), (70, 256)] {
+        let lhs = quantize(half_integers(&mut rng, m * k), [1, m, k], Fp8Format::E4M3);
+        let rhs = quantize(half_integers(&mut rng, n * k), [1, n, k], Fp8Format::E4M3);
+        let expected = reference(&stored_f64::<B>(&lhs), false, &stored_f64::<B>(&rhs), true);
+        for routine in CubekRoutine::ALL {
+            let has_units = match routine {
+                CubekRoutine::SimpleUnit | CubekRoutine::DoubleUnit => true,
+                CubekRoutine::Plane(_, PlaneTile::Cmma) => !matmul.cmma.is_empty(),
+                CubekRoutine::Plane(_, PlaneTile::Mma) => !matmul.mma.is_empty(),
+            };
+            let double_buffered = matches!(
+                routine,
+                CubekRoutine::Plane(
+                    PlaneRoutine::DoubleBuffering | PlaneRoutine::OrderedDoubleBuffering,
+                    _
+                )
             );
-        }
-        for (i, (&y, &e)) in got.iter().zip(&expected.0).enumerate() {
-            assert_eq!(f64::from(y), e, "{name}: output {i}");
+            let expect = if has_units && !(double_buffered && k % 128 != 0) {
+                ran_tiled += 1;
+                DeviceGemmPath::Tiled
+            } else {
+                DeviceGemmPath::Simt
+            };
+            let fallbacks = device_fallbacks();
+            let got = with_tiled_routine(routine, || {
+                gemm_on(DeviceGemmPath::Tiled, expect, &lhs, false, &rhs, true)
+            });
+            let name = routine.name();
+            if expect == DeviceGemmPath::Simt {
+                assert!(
+                    device_fallbacks() > fallbacks,
+                    "{name} {m}x{k}: the fallback is recorded"
+                );
+            }
+            let first_wrong = got
+                .iter()
+                .zip(&expected.0)
+                .position(|(&y, &e)| f64::from(y) != e);
+            if let Some(i) = first_wrong {
+                wrong.push(format!(
+                    "{name} ({expect}) at {m}x{k}x{n}: output {i} is {} for {}",
+                    got[i], expected.0[i]
+                ));
+            }
         }
     }
-    assert!(ran_tiled >= 2, "the unit routines run on every device");
+    assert!(wrong.is_empty(), "wrong products:\n{}", wrong.join("\n"));
+    assert!(ran_tiled >= 10, "the unit routines run on every device");
 }
 
 /// `BURN_TE_TILED_ROUTINES` (read once per process, so each value in a process of its own): `all` lets the autotune

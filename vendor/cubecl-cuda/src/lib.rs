@@ -4,6 +4,8 @@ extern crate alloc;
 
 mod compute;
 mod device;
+// burn-te patch: a library's work on CubeCL's stream.
+pub mod host_task;
 mod runtime;
 
 pub use device::*;

@@ -656,6 +656,26 @@ impl CudaServer {
             },
         )?;
 
+        // burn-te patch: a host task (`crate::host_task`) runs its work with its buffers' pointers and the stream in
+        // place of a kernel, after the waits `command` made for those buffers' writes.
+        if crate::host_task::HostTask::is(kernel.as_ref()) {
+            let pointers = bindings
+                .buffers
+                .into_iter()
+                .map(|binding| command.resource(binding).map(|resource| resource.ptr))
+                .collect::<Result<Vec<_>, _>>()?;
+            let stream = command.streams.current().sys;
+            let work = crate::host_task::HostTask::into_work(kernel);
+            return match work.map(|work| work(&pointers, stream)) {
+                Some(Ok(())) | None => Ok(()),
+                Some(Err(reason)) => Err(LaunchError::Unknown {
+                    reason: format!("host task: {reason}"),
+                    backtrace: BackTrace::capture(),
+                }
+                .into()),
+            };
+        }
+
         let count = match count {
             CubeCount::Static(x, y, z) => (x, y, z),
             // TODO: CUDA doesn't have an exact equivalent of dynamic dispatch. Instead, kernels are free to launch other kernels.
