@@ -23,6 +23,8 @@
 # under target/autotune; the run packs them into $OUT/autotune.tar.xz, and a later run that finds that file in
 # target/gpuc starts from it. On an H200 without one, the run starts from tools/gpu-autotune-h200.tar.xz, the
 # choices of Burn 0.21's kernels an H200 made here (2026-12-04; CubeCL keys them by device index, not model).
+# PROFILE=<float> runs only the steps of that float type under CubeCL's profiler (CUBECL_DEBUG_OPTION=profile-medium),
+# its log in $OUT/profile-<float>.log.xz: every launch is timed alone, so the steps' times there are not their speed.
 # Results go to $OUT (or target/gpu-out).
 set -u
 G=target/gpuc
@@ -46,6 +48,13 @@ tests() { # timeout name filter...
   local s=$1 name=$2; shift 2; el "tests ($name, ${s}s): $*"
   timeout $s $G/kernels --test-threads 1 "$@" 2>&1 | tee $OUT/tests-$name.txt | grep -E "^test |test result|panicked|^  left|^ right" | head -30
 }
+if [ -n "${PROFILE:-}" ]; then # CubeCL's per-kernel profile of the steps of one float type, instead of the checks below
+  el "profile ($PROFILE, $(( $(left) - 20 )) s)"
+  BURN_TE_BENCH_FLOAT=$PROFILE CUBECL_DEBUG_LOG=$OUT/profile-$PROFILE.log CUBECL_DEBUG_OPTION=profile-medium \
+    timeout $(( $(left) - 20 )) $G/cuda --bench transformer_layer --warm-up-time 1 --measurement-time 2 2>&1 \
+    | grep -E "^cuda|time:|returns after" | tee $OUT/bench-profile-$PROFILE.txt
+  ls -la $OUT; xz -T4 -9 $OUT/profile-$PROFILE.log; el done; exit 0
+fi
 tests ${TRAIN_S:-110} train --nocapture device_gemm::transformer_layer_trains_the_same_on_every_path
 tests ${STREAM_S:-90} streams device_gemm::each_forced_tiled_routine device_gemm::exact_sums device_gemm::random_operands device_gemm::a_group device_gemm::bf16_operands device_gemm::empty_batches
 bench() { # float seconds filter

@@ -778,6 +778,28 @@ fn cubek_tiled_refusals_name_the_reason() {
         ),
         None
     );
+    // The double-buffered plane routines take whole stage pairs (128 codes): an H200 gave wrong sums at K = 96
+    // (`device_gemm::each_forced_tiled_routine_runs_or_falls_back_counted` checks the products where they run).
+    use burn_te_kernels::cubek_gemm::{PlaneRoutine, PlaneTile};
+    for k in [96, 128] {
+        let side = Operand::per_tensor(1, 4, k, 24, Fp8Format::E4M3);
+        for routine in CubekRoutine::ALL {
+            let double_buffered = matches!(
+                routine,
+                CubekRoutine::Plane(
+                    PlaneRoutine::DoubleBuffering | PlaneRoutine::OrderedDoubleBuffering,
+                    PlaneTile::Cmma | PlaneTile::Mma
+                )
+            );
+            let reason = cubek_refusal(&side.gemm(false), &side.gemm(true), routine);
+            if double_buffered && k == 96 {
+                let reason = reason.expect("a depth of 96 is refused");
+                assert!(reason.contains("multiple of 128, not 96"), "{reason}");
+            } else {
+                assert_eq!(reason, None, "{} at K = {k}", routine.name());
+            }
+        }
+    }
 }
 
 /// An f16 output of the tiled path is the f32 output rounded once: the scales are applied to the f32 accumulator

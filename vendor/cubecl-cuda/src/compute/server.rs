@@ -226,9 +226,7 @@ impl ComputeServer for CudaServer {
             },
         )?;
         let memory = binding.memory.clone();
-        let mut resource = command.resource(binding)?;
-        // burn-te patch: the asking stream, which `command` made wait for the binding's stream.
-        resource.stream = command.streams.current().sys;
+        let resource = command.resource(binding)?;
 
         Ok(ManagedResource::new(memory, resource))
     }

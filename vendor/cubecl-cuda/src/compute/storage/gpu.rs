@@ -32,25 +32,12 @@ pub struct GpuResource {
     pub binding: *mut std::ffi::c_void,
     /// The size of the resource.
     pub size: u64,
-    /// burn-te patch: the stream a caller's work on this resource is ordered on. The storage's own stream here;
-    /// `CudaServer::get_resource` sets the asking stream, which it made wait for the resource's writes.
-    pub stream: cudarc::driver::sys::CUstream,
 }
 
 impl GpuResource {
-    /// Creates a new [`GpuResource`] (burn-te patch: on `stream`).
-    pub fn new(
-        ptr: u64,
-        binding: *mut std::ffi::c_void,
-        size: u64,
-        stream: cudarc::driver::sys::CUstream,
-    ) -> Self {
-        Self {
-            ptr,
-            binding,
-            size,
-            stream,
-        }
+    /// Creates a new [`GpuResource`].
+    pub fn new(ptr: u64, binding: *mut std::ffi::c_void, size: u64) -> Self {
+        Self { ptr, binding, size }
     }
 }
 
@@ -172,7 +159,6 @@ impl ComputeStorage for GpuStorage {
             *ptr,
             ptr as *const cudarc::driver::sys::CUdeviceptr as *mut std::ffi::c_void,
             size,
-            self.stream,
         )
     }
 
