@@ -658,10 +658,23 @@ fn grouped_gemms_equal_each_alone() {
     assert!(max_grouped_gemms(&client()) > 1);
 }
 
+/// Whether `routine` is one of the double-buffered plane routines (refused at a depth that is not a multiple of 128).
+fn double_buffered_plane(routine: CubekRoutine) -> bool {
+    use burn_te_kernels::cubek_gemm::PlaneRoutine;
+    matches!(
+        routine,
+        CubekRoutine::Plane(
+            PlaneRoutine::DoubleBuffering | PlaneRoutine::OrderedDoubleBuffering,
+            _
+        )
+    )
+}
+
 /// Runs cubek's tiled routines on FP8 operands decoded on load and checks each output against the f64 product, as
 /// the SIMT kernel is checked. Returns the outputs of the routines that ran. The routines on matrix units need a
 /// device with them (lavapipe has none: each must then fail naming the missing units) and take per-tensor scales
-/// only; `DoubleUnit` takes a depth that is a multiple of 16; otherwise each must refuse with an error naming why.
+/// only; `DoubleUnit` takes a depth that is a multiple of 16, the double-buffered plane routines one that is a
+/// multiple of 128; otherwise each must refuse with an error naming why.
 fn check_cubek_gemm(a: &Operand, a_t: bool, b: &Operand, b_t: bool) -> Vec<Vec<f32>> {
     let mut outputs = Vec::new();
     let device_has_matrix_units = !client().properties().features.matmul.cmma.is_empty();
@@ -673,6 +686,14 @@ fn check_cubek_gemm(a: &Operand, a_t: bool, b: &Operand, b_t: bool) -> Vec<Vec<f
                 if routine == CubekRoutine::DoubleUnit && depth % 16 != 0 =>
             {
                 assert!(reason.contains("multiple of 16"), "{reason}");
+            }
+            Err(KernelError::InvalidArgument { reason, .. })
+                if double_buffered_plane(routine)
+                    && depth % 128 != 0
+                    && a.block.is_none()
+                    && b.block.is_none() =>
+            {
+                assert!(reason.contains("multiple of 128"), "{reason}");
             }
             Err(KernelError::InvalidArgument { reason, .. })
                 if routine.on_matrix_units() && (a.block.is_some() || b.block.is_some()) =>
@@ -780,19 +801,11 @@ fn cubek_tiled_refusals_name_the_reason() {
     );
     // The double-buffered plane routines take whole stage pairs (128 codes): an H200 gave wrong sums at K = 96
     // (`device_gemm::each_forced_tiled_routine_runs_or_falls_back_counted` checks the products where they run).
-    use burn_te_kernels::cubek_gemm::{PlaneRoutine, PlaneTile};
     for k in [96, 128] {
         let side = Operand::per_tensor(1, 4, k, 24, Fp8Format::E4M3);
         for routine in CubekRoutine::ALL {
-            let double_buffered = matches!(
-                routine,
-                CubekRoutine::Plane(
-                    PlaneRoutine::DoubleBuffering | PlaneRoutine::OrderedDoubleBuffering,
-                    PlaneTile::Cmma | PlaneTile::Mma
-                )
-            );
             let reason = cubek_refusal(&side.gemm(false), &side.gemm(true), routine);
-            if double_buffered && k == 96 {
+            if double_buffered_plane(routine) && k == 96 {
                 let reason = reason.expect("a depth of 96 is refused");
                 assert!(reason.contains("multiple of 128, not 96"), "{reason}");
             } else {
