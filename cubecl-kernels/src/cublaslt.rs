@@ -452,7 +452,7 @@ impl LtDevice {
     ) -> Result<(), KernelError> {
         self.prepare(shape)?;
         let plan = &self.plans[shape];
-        set_scale_pointers(plan.desc.0, ptrs)?;
+        set_scale_pointers(plan.desc.0, ptrs.a_scale, ptrs.b_scale)?;
         let (alpha, beta) = (1.0f32, 0.0f32);
         unsafe {
             lt::matmul(
@@ -529,14 +529,7 @@ impl LtDevice {
             (&as_is as *const i32).cast(),
             size_of::<i32>(),
         )?;
-        let stand_in = LtPointers {
-            a: 0,
-            b: 0,
-            a_scale: self.workspace,
-            b_scale: self.workspace,
-            out: 0,
-        };
-        set_scale_pointers(desc.0, &stand_in)?;
+        set_scale_pointers(desc.0, self.workspace, self.workspace)?;
         let fast_accumulation: i8 = 0;
         set_desc(
             Desc::CUBLASLT_MATMUL_DESC_FAST_ACCUM,
@@ -638,16 +631,17 @@ impl LtDevice {
     }
 }
 
-/// Points the operation's A and B scales at this call's `scale_inv` values. cuBLASLt's A is our B and its B our A:
-/// the scales swap with them.
+/// Points the operation's A and B scales at the `scale_inv` values of our `a` and `b`. cuBLASLt's A is our B and
+/// its B our A: the scales swap with them.
 fn set_scale_pointers(
     desc: sys::cublasLtMatmulDesc_t,
-    ptrs: &LtPointers,
+    a_scale: u64,
+    b_scale: u64,
 ) -> Result<(), KernelError> {
     use sys::cublasLtMatmulDescAttributes_t as Desc;
     for (attribute, pointer) in [
-        (Desc::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, ptrs.b_scale),
-        (Desc::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, ptrs.a_scale),
+        (Desc::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, b_scale),
+        (Desc::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, a_scale),
     ] {
         // SAFETY: `desc` is a live descriptor; the value is copied.
         unsafe {

@@ -659,7 +659,7 @@ fn grouped_gemms_equal_each_alone() {
 }
 
 /// Whether `routine` is one of the double-buffered plane routines (refused at a depth that is not a multiple of 128).
-fn double_buffered_plane(routine: CubekRoutine) -> bool {
+pub(crate) fn double_buffered_plane(routine: CubekRoutine) -> bool {
     use burn_te_kernels::cubek_gemm::PlaneRoutine;
     matches!(
         routine,
