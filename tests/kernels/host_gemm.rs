@@ -340,7 +340,7 @@ fn fprop_operand(
 /// launched), within f64's bound of the exact `x·W + b`; a bias of the wrong length is an error naming it.
 #[test]
 fn fprop_bias_in_the_epilogue_gives_the_bits_of_adding_it_after_on_every_path() {
-    let (m, k, n) = (300, 1100, 300);
+    let (m, k, n) = (530, 1100, 300);
     let mut rng = Rng::new(53);
     let (x, w, b) = (
         rng.normal(m * k, 0.0, 1.0),
@@ -948,7 +948,7 @@ impl burn_te_kernels::host::gemm::Kernel for EmulatedBf16 {
 /// The packed kernels read through strides (a depth-contiguous, a lane-contiguous and a general layout with an
 /// offset; codes through a table, and codes with a factor per block), bit-exact against an integer (or f64)
 /// re-computation, without and with the epilogue's factor and bias: at a small shape, and at one that crosses several depth blocks, row blocks and column blocks of every path with partial last
-/// blocks (bf16: 384 depths per block, the FMA paths 256, AMX 1024 in groups of 32; 144 rows per task, AMX 256;
+/// blocks (bf16: 384 depths per block, the FMA paths 256, AMX 512 in groups of 32; 144 rows per task, AMX 512;
 /// 256 columns), so that the loop adding each later depth block into the output is what the result depends on. A
 /// path this CPU lacks must say so; the bf16 path's packing and blocking run everywhere with an emulated
 /// instruction.
@@ -963,7 +963,7 @@ fn packed_kernels_are_exact_across_layouts_and_blocks() {
     let bf16 = |v: f32| exact_bf16(v).expect("a multiple of 1/4");
     let f32_bits = |v: f32| v.to_bits();
     let mut ran = vec![];
-    for (shape, seed) in [((13, 45, 33), 41), ((300, 1100, 300), 42)] {
+    for (shape, seed) in [((13, 45, 33), 41), ((530, 1100, 300), 42)] {
         // The bf16 path's packing (pairs), tiles and blocks run on every CPU, its instruction emulated.
         packed_gemm_matches::<EmulatedBf16>(shape, bf16, seed).expect("runs everywhere");
         let results = [
@@ -2213,6 +2213,13 @@ fn the_paths_waiting_after_the_probe_are_timed_where_the_faster_ones_cannot_take
             .into_iter()
             .partition(|p| *p == HostGemmPath::F32 || unwaiting.contains(p))
     };
+    // A bf16 path the probe saw outpaced (`avx512bf16` behind AMX on an Intel Xeon) waits too, and is listed as
+    // skipped whether it never ran or ran once in round 1 and could not take the operands.
+    let expected_skipped: Vec<HostGemmPath> = available
+        .iter()
+        .copied()
+        .filter(|p| waiting.contains(p) && (bf16.contains(p) || expected_skipped.contains(p)))
+        .collect();
     let timed: Vec<HostGemmPath> = tuning.times.iter().map(|(p, _)| *p).collect();
     assert_eq!(
         timed, expected,

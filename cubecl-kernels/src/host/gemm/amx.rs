@@ -10,9 +10,10 @@
 //! The micro-kernel holds a 32 × 32 output tile in four tile registers (`tmm0`–`tmm3`) and steps the depth 16
 //! pairs at a time: two left tiles (`tmm4`, `tmm5`: 16 rows × 16 pairs, a panel's group row by row,
 //! [`Kernel::LHS_ROW_GROUPS`]) and two right tiles (`tmm6`, `tmm7`: 16 pairs × 16 columns, the right panel as the
-//! other paths pack it) make four tile products, while the next group of both panels is prefetched into L1 (the
-//! tiles stream from L2 otherwise). Rust has no stable AMX intrinsics, so the instructions are inline assembly
-//! (`ldtilecfg`, `tilezero`, `tileloadd`, `tileloaddt1`, `tdpbf16ps`, `tilestored`, `tilerelease`, `prefetcht0`).
+//! other paths pack it) make four tile products; the left panel stays in L1 while the right ones stream from L2, and
+//! the tiles' sums wait between depth blocks in a buffer of the task's ([`Kernel::SUMS_IN_TASK_BUFFER`]). Rust has
+//! no stable AMX intrinsics, so the instructions are inline assembly (`ldtilecfg`, `tilezero`, `tileloadd`,
+//! `tileloaddt1`, `tdpbf16ps`, `tilestored`, `tilerelease`).
 //! The tile registers are no compiler's: each task of the blocked GEMM configures them on its thread and releases them
 //! at its end ([`Kernel::in_task`]; configuring them per micro-kernel call cost a fifth of the GEMM).
 
@@ -26,18 +27,21 @@ impl Kernel for AmxBf16Kernel {
     type Element = u16;
     const MR: usize = 32;
     const NR: usize = 32;
-    /// Depth pairs per block: a left panel of `KC × MR` pairs (64 KiB) is read by every right panel of the task
-    /// (`ROW_PANELS_OUTER`), the right ones streaming from L2, while the output tile's sums stay in the tile
-    /// registers over the whole block (of 256, 512 and 1024 depths per block with 128 or 256 rows per task, the
-    /// fastest on the Emerald Rapids it was tuned on, by 2–20 % against the right panel reused).
-    const KC: usize = 512;
-    /// A task's left block (`MC × KC` pairs, 512 KiB) and right block (`KC × NC`, 512 KiB) in a 2 MiB L2.
-    const MC: usize = 256;
+    /// Depth pairs per block: a left panel of `KC × MR` pairs (32 KiB) stays in L1 while every right panel of the
+    /// task (`ROW_PANELS_OUTER`) streams by from L2, loaded with the `T1` hint (read once) so as not to evict it.
+    /// The tiles' partial sums go to the task's buffer between blocks (`SUMS_IN_TASK_BUFFER`). On a 2-core Xeon of
+    /// family 6 model 167 (2026-12-05), a stand-alone copy of the blocked loop: 128, 192, 256, 384 and 512 pairs
+    /// per block, 256, 512 and 1024 rows per task, 256 and 512 columns, with and without software prefetch
+    /// (which slowed it), with the sums kept apart or in the output; this was the fastest, 1.2–1.35× the blocking
+    /// it replaced (512 pairs, 256 × 256, prefetch, sums in the output).
+    const KC: usize = 256;
+    /// A task's left block (`MC × KC` pairs, 512 KiB) and right block (`KC × NC`, 256 KiB) in a 2 MiB L2.
+    const MC: usize = 512;
     const NC: usize = 256;
     const GROUP: usize = 16;
     const LHS_ROW_GROUPS: bool = true;
     const ROW_PANELS_OUTER: bool = true;
-    const ALPHA_AFTER_TASK: bool = true;
+    const SUMS_IN_TASK_BUFFER: bool = true;
 
     /// The tiles configured for the task, released after it (also where it unwinds).
     unsafe fn in_task(task: impl FnOnce()) {
@@ -76,9 +80,9 @@ impl Kernel for AmxBf16Kernel {
         unreachable!("the AMX path runs only where AMX was granted: {a:?} {b:?} {kc} {tile:?}")
     }
 
-    /// In the tile registers: the first depth block starts from zero, a later one from the output's partial sums
+    /// In the tile registers: the first depth block starts from zero, a later one from the task's partial sums
     /// (loaded into the accumulator tiles), so each output value is one running f32 sum over the whole depth
-    /// (`alpha` is 1 here: `ALPHA_AFTER_TASK`).
+    /// (`alpha` is 1 here: the task applies it, `SUMS_IN_TASK_BUFFER`).
     unsafe fn update_whole(a: *const u32, b: *const u32, kc: usize, out: OutTile, update: Update) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller's contract: `out` is a whole 32 × 32 tile at stride `out.ld`, initialized after the
@@ -197,13 +201,11 @@ unsafe fn sums(
             // (128 bytes apart).
             let left = a.add(g * 16 * 32);
             let right = b.add(g * 16 * 32);
-            // The next group's 2 KiB of each panel, asked into L1 while this group's products run (past the last
-            // group it names memory it never reads: a prefetch does not fault). The right tiles load with the
-            // `T1` hint (read once from L1; the left panel, which every right panel of the block reads again,
-            // stays). Measured on Emerald Rapids, one switch at a time in one process: the prefetches took 4–12 %
-            // off the bench's GEMMs, the hint another 5–8 % off those of hidden 1024 and up.
-            prefetch_group(left.wrapping_add(16 * 32));
-            prefetch_group(right.wrapping_add(16 * 32));
+            // The right tiles load with the `T1` hint (read once; the left panel, which every right panel of the
+            // block reads again, stays in L1). Measured on Emerald Rapids, one switch at a time in one process:
+            // the hint took 5–8 % off the bench's GEMMs of hidden 1024 and up. Software prefetches of the next
+            // group (4–12 % faster there with 512 pairs per block) slowed the 256-pair blocks by a fifth on a Xeon
+            // of model 167.
             asm!(
                 "tileloadd tmm4, [{left} + {row}*1]",
                 "tileloaddt1 tmm6, [{right} + {pairs}*1]",
@@ -234,22 +236,5 @@ unsafe fn sums(
             stride = in(reg) 4 * ld,
             options(nostack),
         );
-    }
-}
-
-/// A panel's group (2 KiB from `group`) asked into L1 (`prefetcht0`, one per cache line).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn prefetch_group(group: *const u32) {
-    let group = group.cast::<u8>();
-    for line in 0..32 {
-        // SAFETY: `prefetcht0` is a hint; it neither faults nor changes memory.
-        unsafe {
-            std::arch::asm!(
-                "prefetcht0 [{line}]",
-                line = in(reg) group.wrapping_add(64 * line),
-                options(nostack, readonly, preserves_flags),
-            )
-        };
     }
 }

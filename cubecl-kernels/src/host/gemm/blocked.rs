@@ -98,6 +98,26 @@ impl Out {
     }
 }
 
+/// How many values longer than a task's columns the rows of its sums buffer are
+/// ([`Kernel::SUMS_IN_TASK_BUFFER`]): 64 bytes, so that rows a power of two of bytes long do not fall into one L1 set.
+pub const TASK_SUMS_PAD: usize = 16;
+
+thread_local! {
+    /// This thread's task sums buffer ([`Kernel::SUMS_IN_TASK_BUFFER`]): `MC × (NC + TASK_SUMS_PAD)` values of the
+    /// largest such kernel that ran on the thread, plus the slack that aligns them (0.5 MiB for AMX), held for the
+    /// thread's life.
+    static TASK_SUMS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Where a task's tiles keep their sums: the output itself (`ld` = `n`), or the thread's task buffer.
+#[derive(Clone, Copy)]
+struct Sums {
+    /// The task's first value.
+    ptr: *mut f32,
+    /// Its row stride.
+    ld: usize,
+}
+
 /// The output tile `[row0, row0 + MC) × [col0, col0 + NC)` (clipped to the output), over the whole depth.
 ///
 /// # Safety
@@ -112,23 +132,79 @@ unsafe fn task<K: Kernel>(
     row0: usize,
     col0: usize,
 ) {
+    if K::SUMS_IN_TASK_BUFFER {
+        TASK_SUMS.with_borrow_mut(|buffer| {
+            let ld = K::NC + TASK_SUMS_PAD;
+            let len = K::MC * ld + 16;
+            if buffer.len() < len {
+                buffer.resize(len, 0.0);
+            }
+            let ptr = buffer.as_mut_ptr();
+            // SAFETY: the buffer holds `MC · ld` values past its first 64-byte boundary (16 values of slack), this
+            // thread's alone while the task runs; the rest is `task_over`'s contract, the caller's.
+            unsafe {
+                let sums = Sums {
+                    ptr: ptr.add(ptr.align_offset(64)),
+                    ld,
+                };
+                task_over(lhs, rhs, epilogue, out, n, row0, col0, sums);
+            }
+        })
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let sums = Sums {
+                ptr: out.add(row0 * n + col0),
+                ld: n,
+            };
+            task_over(lhs, rhs, epilogue, out, n, row0, col0, sums);
+        }
+    }
+}
+
+/// [`task`] with its tiles' sums kept at `sums` (the task's first value and row stride): the output itself, or a
+/// buffer finished into the output with `alpha` and the bias after the last depth block.
+///
+/// # Safety
+/// As [`task`]; `sums` holds the task's `MC` rows of `NC` values at stride `sums.ld`, no other thread's, and is the
+/// output's own tile where the kernel does not keep its sums apart.
+#[allow(clippy::too_many_arguments)]
+unsafe fn task_over<K: Kernel>(
+    lhs: &PackedLhs<K>,
+    rhs: &PackedRhs<K>,
+    epilogue: Epilogue<'_>,
+    out: *mut f32,
+    n: usize,
+    row0: usize,
+    col0: usize,
+    sums: Sums,
+) {
     let (mr, nr) = (K::MR, K::NR);
     let rows = K::MC.min(lhs.rows - row0);
     let cols = K::NC.min(n - col0);
     let alpha = epilogue.alpha;
-    let tile_alpha = if K::ALPHA_AFTER_TASK { 1.0 } else { alpha };
-    // What the tiles leave to the task, on its rows `from..to` once their last depth block is written: `alpha`
-    // where the kernel leaves it to the task, and the bias.
-    let row_alpha = if K::ALPHA_AFTER_TASK { alpha } else { 1.0 };
+    let apart = K::SUMS_IN_TASK_BUFFER;
+    let tile_alpha = if apart { 1.0 } else { alpha };
     let bias = epilogue.bias.map(|bias| &bias[col0..col0 + cols]);
-    let scale_rows = |from: usize, to: usize| {
-        if row_alpha != 1.0 || bias.is_some() {
-            for r in from..to {
-                // SAFETY: the task's row `row0 + r`, columns `col0 .. col0 + cols`, lies in `out` and no other
-                // thread writes it (the caller's contract); every depth block wrote it.
-                let row =
-                    unsafe { std::slice::from_raw_parts_mut(out.add((row0 + r) * n + col0), cols) };
-                finish_row(row, row_alpha, bias);
+    // The task's rows `from..to` once their last depth block is written: the sums, times `alpha` where the tiles
+    // left it, plus the bias, into the output.
+    let finish_rows = |from: usize, to: usize| {
+        if !apart && bias.is_none() {
+            return;
+        }
+        for r in from..to {
+            // SAFETY: the task's row `r` of sums and output row `row0 + r`, columns `col0 .. col0 + cols`, lie in
+            // `sums` and `out`, which no other thread writes (the caller's contract), every depth block wrote the
+            // sums, and they are one and the same row where the sums are not apart.
+            unsafe {
+                let to_out = out.add((row0 + r) * n + col0);
+                if apart {
+                    let from_sums = std::slice::from_raw_parts(sums.ptr.add(r * sums.ld), cols);
+                    let to_out = std::slice::from_raw_parts_mut(to_out.cast(), cols);
+                    finish_row_into(from_sums, to_out, alpha, bias);
+                } else if let Some(bias) = bias {
+                    add_bias(std::slice::from_raw_parts_mut(to_out, cols), bias);
+                }
             }
         }
     };
@@ -143,13 +219,13 @@ unsafe fn task<K: Kernel>(
         let tile = |r0: usize, c0: usize| {
             let b = &rhs.data[((col0 + c0) / nr * rhs.units + p0) * nr..][..kc * nr];
             let a = &lhs.data[((row0 + r0) / mr * lhs.units + p0) * mr..][..kc * mr];
-            // SAFETY: `a` holds `kc` units of MR rows, `b` `kc` units of NR columns; the tile's rows
-            // `row0 + r0 ..` < m and columns `col0 + c0 ..` < n lie in `out` at stride `n`; the CPU has the
-            // path and this runs inside `K::in_task` (the caller's contract).
+            // SAFETY: `a` holds `kc` units of MR rows, `b` `kc` units of NR columns; the tile's rows `r0 ..` <
+            // `rows` and columns `c0 ..` < `cols` lie in `sums` at stride `sums.ld`; the CPU has the path and this
+            // runs inside `K::in_task` (the caller's contract).
             unsafe {
                 let tile = OutTile {
-                    ptr: out.add((row0 + r0) * n + col0 + c0),
-                    ld: n,
+                    ptr: sums.ptr.add(r0 * sums.ld + c0),
+                    ld: sums.ld,
                     rows: mr.min(rows - r0),
                     cols: nr.min(cols - c0),
                 };
@@ -163,36 +239,47 @@ unsafe fn task<K: Kernel>(
         if K::ROW_PANELS_OUTER {
             for r0 in (0..rows).step_by(mr) {
                 (0..cols).step_by(nr).for_each(|c0| tile(r0, c0));
-                // In the last block, the row panel before this one is scaled while it is still in cache; this
-                // one's newest tile stores would stall the loads (scaling the whole task after it read it back
+                // In the last block, the row panel before this one is finished while it is still in cache; this
+                // one's newest tile stores would stall the loads (finishing the whole task after it read it back
                 // from L2: 6 % of an AMX GEMM).
                 if update.last && r0 >= mr {
-                    scale_rows(r0 - mr, r0);
+                    finish_rows(r0 - mr, r0);
                 }
             }
             if update.last {
-                scale_rows(rows.saturating_sub(1) / mr * mr, rows);
+                finish_rows(rows.saturating_sub(1) / mr * mr, rows);
             }
         } else {
             for c0 in (0..cols).step_by(nr) {
                 (0..rows).step_by(mr).for_each(|r0| tile(r0, c0));
             }
             if update.last {
-                scale_rows(0, rows);
+                finish_rows(0, rows);
             }
         }
     }
 }
 
-/// `values` multiplied by `alpha` (skipped at 1), then `bias` added, one rounding each (AVX-512 and AVX2 clones
-/// where the CPU has them).
+/// `bias` added to `values` (AVX-512 and AVX2 clones where the CPU has them).
 #[multiversion::multiversion(targets("x86_64+avx512f", "x86_64+avx2"))]
-fn finish_row(values: &mut [f32], alpha: f32, bias: Option<&[f32]>) {
-    if alpha != 1.0 {
-        values.iter_mut().for_each(|v| *v *= alpha);
-    }
-    if let Some(bias) = bias {
-        values.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+fn add_bias(values: &mut [f32], bias: &[f32]) {
+    values.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+}
+
+/// `to = sums · alpha + bias`, value by value, one rounding each (the tiles' own `alpha` and a bias pass after
+/// them give the same bits).
+#[multiversion::multiversion(targets("x86_64+avx512f", "x86_64+avx2"))]
+fn finish_row_into(sums: &[f32], to: &mut [MaybeUninit<f32>], alpha: f32, bias: Option<&[f32]>) {
+    match bias {
+        Some(bias) => to
+            .iter_mut()
+            .zip(sums)
+            .zip(bias)
+            .for_each(|((t, s), b)| *t = MaybeUninit::new(*s * alpha + b)),
+        None => to
+            .iter_mut()
+            .zip(sums)
+            .for_each(|(t, s)| *t = MaybeUninit::new(*s * alpha)),
     }
 }
 

@@ -274,11 +274,13 @@ pub trait Kernel: Sized + Send + Sync + 'static {
     /// Whether a depth block runs each left panel against every right panel of the task (the left panel reused
     /// from L1) rather than each right panel against every left one (the default).
     const ROW_PANELS_OUTER: bool = false;
-    /// Whether the task applies the output factor `alpha` to its rows once their last depth block is written
-    /// (with [`Kernel::ROW_PANELS_OUTER`], each row panel while the next one is computed; the tiles updated with
-    /// `alpha = 1`) rather than to each tile as it is updated: AMX's tile stores are not forwarded to the vector
-    /// loads that would multiply them right after (4 % of the step went to that stall).
-    const ALPHA_AFTER_TASK: bool = false;
+    /// Whether a task keeps its tiles' sums in a buffer of its own thread (rows [`blocked::TASK_SUMS_PAD`] values
+    /// longer than the task's, each tile 64-byte aligned) over every depth block, and writes each output value
+    /// once, times `alpha` plus the bias, after the last block (with [`Kernel::ROW_PANELS_OUTER`], each row panel
+    /// while the next one is computed; the tiles updated with `alpha = 1`), rather than updating the output in
+    /// place. A layer's output rows are a power of two of bytes apart, which puts the 32 rows of an AMX tile in
+    /// one L1 set; and AMX's tile stores are not forwarded to the vector loads that would scale them in place.
+    const SUMS_IN_TASK_BUFFER: bool = false;
 
     /// Runs one task of the blocked GEMM (every micro-kernel call of an `MC × NC` output block) on this thread:
     /// where a kernel's registers need a set-up, it is done here once per task rather than per call (AMX's tile
