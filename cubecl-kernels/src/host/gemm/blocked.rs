@@ -100,7 +100,7 @@ impl Out {
 
 /// How many values longer than a task's columns the rows of its sums buffer are
 /// ([`Kernel::SUMS_IN_TASK_BUFFER`]): 64 bytes, so that rows a power of two of bytes long do not fall into one L1 set.
-pub const TASK_SUMS_PAD: usize = 16;
+const TASK_SUMS_PAD: usize = 16;
 
 thread_local! {
     /// This thread's task sums buffer ([`Kernel::SUMS_IN_TASK_BUFFER`]): `MC × (NC + TASK_SUMS_PAD)` values of the

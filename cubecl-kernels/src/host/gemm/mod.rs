@@ -274,7 +274,7 @@ pub trait Kernel: Sized + Send + Sync + 'static {
     /// Whether a depth block runs each left panel against every right panel of the task (the left panel reused
     /// from L1) rather than each right panel against every left one (the default).
     const ROW_PANELS_OUTER: bool = false;
-    /// Whether a task keeps its tiles' sums in a buffer of its own thread (rows [`blocked::TASK_SUMS_PAD`] values
+    /// Whether a task keeps its tiles' sums in a buffer of its own thread (rows 16 values
     /// longer than the task's, each tile 64-byte aligned) over every depth block, and writes each output value
     /// once, times `alpha` plus the bias, after the last block (with [`Kernel::ROW_PANELS_OUTER`], each row panel
     /// while the next one is computed; the tiles updated with `alpha = 1`), rather than updating the output in
