@@ -73,8 +73,14 @@ pub fn gemm<K: Kernel>(
     let base = Out(out.as_mut_ptr().cast());
     let run = |&(row0, col0): &(usize, usize)| {
         // SAFETY: the CPU has the path (checked above); the task's tile lies inside `out` and no other task
-        // writes it.
-        unsafe { K::in_task(|| task(lhs, rhs, epilogue, base.get(), n, row0, col0)) };
+        // writes it; its sums are the output's tile or this thread's buffer (`with_task_sums`).
+        unsafe {
+            K::in_task(|| {
+                with_task_sums::<K>(base.get(), n, row0, col0, |sums| {
+                    task(lhs, rhs, epilogue, base.get(), n, row0, col0, sums)
+                })
+            })
+        };
     };
     if m.saturating_mul(n).saturating_mul(lhs.depth) < 64 * 64 * 64 {
         tasks.iter().for_each(run);
@@ -118,19 +124,15 @@ struct Sums {
     ld: usize,
 }
 
-/// The output tile `[row0, row0 + MC) × [col0, col0 + NC)` (clipped to the output), over the whole depth.
-///
-/// # Safety
-/// The CPU has `K`'s path, and this runs inside [`Kernel::in_task`]; `out` is the row-major `m × n` output with
-/// `n` columns, and no other thread writes this tile.
-unsafe fn task<K: Kernel>(
-    lhs: &PackedLhs<K>,
-    rhs: &PackedRhs<K>,
-    epilogue: Epilogue<'_>,
+/// `run` with the place where the task at `(row0, col0)` of the `n`-column output `out` keeps its tiles' sums: the
+/// thread's task buffer where the kernel keeps them apart ([`Kernel::SUMS_IN_TASK_BUFFER`]), else the output's own
+/// tile.
+fn with_task_sums<K: Kernel>(
     out: *mut f32,
     n: usize,
     row0: usize,
     col0: usize,
+    run: impl FnOnce(Sums),
 ) {
     if K::SUMS_IN_TASK_BUFFER {
         TASK_SUMS.with_borrow_mut(|buffer| {
@@ -140,36 +142,31 @@ unsafe fn task<K: Kernel>(
                 buffer.resize(len, 0.0);
             }
             let ptr = buffer.as_mut_ptr();
-            // SAFETY: the buffer holds `MC · ld` values past its first 64-byte boundary (16 values of slack), this
-            // thread's alone while the task runs; the rest is `task_over`'s contract, the caller's.
-            unsafe {
-                let sums = Sums {
-                    ptr: ptr.add(ptr.align_offset(64)),
-                    ld,
-                };
-                task_over(lhs, rhs, epilogue, out, n, row0, col0, sums);
-            }
+            // The buffer holds `MC · ld` values past its first 64-byte boundary (16 values of slack), this thread's
+            // alone while `run` runs.
+            run(Sums {
+                ptr: ptr.wrapping_add(ptr.align_offset(64)),
+                ld,
+            })
         })
     } else {
-        // SAFETY: the caller's contract.
-        unsafe {
-            let sums = Sums {
-                ptr: out.add(row0 * n + col0),
-                ld: n,
-            };
-            task_over(lhs, rhs, epilogue, out, n, row0, col0, sums);
-        }
+        run(Sums {
+            ptr: out.wrapping_add(row0 * n + col0),
+            ld: n,
+        })
     }
 }
 
-/// [`task`] with its tiles' sums kept at `sums` (the task's first value and row stride): the output itself, or a
-/// buffer finished into the output with `alpha` and the bias after the last depth block.
+/// The output tile `[row0, row0 + MC) × [col0, col0 + NC)` (clipped to the output), over the whole depth, its
+/// tiles' sums kept at `sums` ([`with_task_sums`]): the output itself, or a buffer finished into the output with
+/// `alpha` and the bias after the last depth block.
 ///
 /// # Safety
-/// As [`task`]; `sums` holds the task's `MC` rows of `NC` values at stride `sums.ld`, no other thread's, and is the
-/// output's own tile where the kernel does not keep its sums apart.
+/// The CPU has `K`'s path, and this runs inside [`Kernel::in_task`]; `out` is the row-major `m × n` output with
+/// `n` columns, and no other thread writes this tile; `sums` holds the task's `MC` rows of `NC` values at stride
+/// `sums.ld`, no other thread's, and is the output's own tile where the kernel does not keep its sums apart.
 #[allow(clippy::too_many_arguments)]
-unsafe fn task_over<K: Kernel>(
+unsafe fn task<K: Kernel>(
     lhs: &PackedLhs<K>,
     rhs: &PackedRhs<K>,
     epilogue: Epilogue<'_>,
