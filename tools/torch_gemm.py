@@ -4,7 +4,7 @@ shapes of `benches/host_gemm.rs`.
 
 Optional and not part of CI: PyTorch is installed only by whoever runs it (`pip install torch`). Each round runs
 burn-te's bench in its `gemms` mode (every shape on the path the probe chooses, best of CALLS calls: packing, the
-GEMM and the output read back, as a user calls it) and PyTorch's `a @ b` on bf16 operands of the same shapes (best
+GEMM and the output dropped, as a training step calls it) and PyTorch's `a @ b` on bf16 operands of the same shapes (best
 of CALLS), the order flipped every round; it prints each round's GFLOP/s and ratios, then each shape's median
 ratio. A CPU's speed drifts within minutes, so only ratios of one round compare:
 
