@@ -462,6 +462,118 @@ fn attention_core_forward_and_backward_match_f64() {
     }
 }
 
+/// The attention core's GEMM sums each output element over the depth in order, one rounding per product (a fused
+/// multiply-add where the CPU has FMA), whatever block of rows and panel of columns it falls in, then writes
+/// `beta · sum` or adds it: the bits of that loop, for every layout its operands come in (a transposed right operand,
+/// a row-major one, strided ones), row counts around its row blocks and column counts around its 32-column panels.
+#[test]
+fn head_gemm_sums_each_element_in_depth_order_on_every_layout() {
+    use burn_te_kernels::host::fused::head_gemm::{PackedRhs, Strided, head_gemm};
+    #[cfg(target_arch = "x86_64")]
+    let fma = std::arch::is_x86_feature_detected!("fma");
+    #[cfg(not(target_arch = "x86_64"))]
+    let fma = true;
+    let mut rng = Rng::new(5);
+    let mut panels = PackedRhs::default();
+    let mut cases = 0;
+    for (m, n, k) in [
+        (1, 1, 1),
+        (5, 31, 16),
+        (6, 32, 64),
+        (7, 33, 65),
+        (13, 40, 3),
+        (70, 128, 64),
+    ] {
+        let a = rng.normal(m * k, 0.0, 1.0);
+        let b = rng.normal(k * n, 0.0, 1.0);
+        let start = rng.normal(m * n, 0.0, 1.0);
+        // (row stride, column stride) of each operand: row-major, or transposed (the other one contiguous).
+        for lhs_t in [false, true] {
+            for rhs_layout in 0..3 {
+                for dst_t in [false, true] {
+                    for (accumulate, beta) in [(false, 0.125f32), (true, 0.7)] {
+                        let lhs_strides = if lhs_t { (1, m) } else { (k, 1) };
+                        // 0: row-major; 1: transposed (the depth contiguous, kᵀ of the core); 2: each element 3 apart.
+                        let (rhs_strides, rhs_len) = match rhs_layout {
+                            0 => ((n, 1), k * n),
+                            1 => ((1, k), k * n),
+                            _ => ((3 * n, 3), 3 * k * n),
+                        };
+                        let dst_strides = if dst_t { (1, m) } else { (n, 1) };
+                        let at = |(rs, cs): (usize, usize), r: usize, c: usize| r * rs + c * cs;
+                        let lhs: Vec<f32> = {
+                            let mut v = vec![0.0; m * k];
+                            for r in 0..m {
+                                for p in 0..k {
+                                    v[at(lhs_strides, r, p)] = a[r * k + p];
+                                }
+                            }
+                            v
+                        };
+                        let rhs: Vec<f32> = {
+                            let mut v = vec![f32::NAN; rhs_len];
+                            for p in 0..k {
+                                for c in 0..n {
+                                    v[at(rhs_strides, p, c)] = b[p * n + c];
+                                }
+                            }
+                            v
+                        };
+                        let mut dst = vec![0.0f32; m * n];
+                        for r in 0..m {
+                            for c in 0..n {
+                                dst[at(dst_strides, r, c)] = start[r * n + c];
+                            }
+                        }
+                        let strided = |ptr: *const f32, (row_stride, col_stride)| Strided {
+                            ptr,
+                            row_stride,
+                            col_stride,
+                        };
+                        // SAFETY: every element of the three m × k, k × n and m × n matrices lies in its vector at
+                        // its strides; `dst` is a vector of its own.
+                        unsafe {
+                            head_gemm(
+                                (m, n, k),
+                                (dst.as_mut_ptr(), dst_strides.0, dst_strides.1),
+                                accumulate,
+                                strided(lhs.as_ptr(), lhs_strides),
+                                strided(rhs.as_ptr(), rhs_strides),
+                                beta,
+                                &mut panels,
+                            )
+                        };
+                        for r in 0..m {
+                            for c in 0..n {
+                                let mut sum = 0.0f32;
+                                for p in 0..k {
+                                    let (x, y) = (a[r * k + p], b[p * n + c]);
+                                    sum = if fma { x.mul_add(y, sum) } else { sum + x * y };
+                                }
+                                let old = start[r * n + c];
+                                let want = if accumulate {
+                                    old + beta * sum
+                                } else {
+                                    beta * sum
+                                };
+                                let got = dst[at(dst_strides, r, c)];
+                                assert_eq!(
+                                    got.to_bits(),
+                                    want.to_bits(),
+                                    "{m}×{n}×{k}, lhs transposed {lhs_t}, rhs layout {rhs_layout}, dst transposed \
+                                     {dst_t}, accumulate {accumulate}: ({r}, {c}) is {got}, the in-order sum gives {want}"
+                                );
+                            }
+                        }
+                        cases += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(cases, 6 * 2 * 3 * 2 * 2);
+}
+
 /// The fused kernels' `exp` (what GELU's σ and the softmax use) against f64 over the whole f32 range it takes.
 #[test]
 fn fused_exp_is_within_two_ulp() {

@@ -1,6 +1,6 @@
 //! The attention core's small f32 GEMMs (one head's block of query rows against its keys, `ROWS × keys ×
 //! head_dim` and the like), on one thread: the right operand packed into panels of [`NR`] columns
-//! ([`PackedRhs`]), then [`MR`] rows at a time against each panel with the sums in registers. Each output element
+//! ([`PackedRhs`]), then a few rows at a time against each panel with the sums in registers. Each output element
 //! is one f32 sum over the depth in order, whatever the block it falls in.
 //!
 //! A general GEMM library packs both operands on every call, which at these sizes (a few hundred thousand
@@ -10,11 +10,16 @@
 
 use multiversion::target::target_cfg_f;
 
-/// Columns per panel: one 512-bit register of f32, two 256-bit ones.
-pub const NR: usize = 16;
+/// Columns per panel: two 512-bit registers of f32, four 256-bit ones.
+pub const NR: usize = 32;
 
-/// Rows per block: six rows of [`NR`] sums stay in registers on AVX2 (12 of its 16) and on AVX-512.
-pub const MR: usize = 6;
+/// Rows per block on AVX-512: six rows of [`NR`] sums in 12 of its 32 registers, enough independent sums to keep
+/// both FMA units busy through their latency (one row of 16 columns per register, six in all, left a quarter of
+/// the rate to the latency and ran at about 27 % of the FMA peak).
+const MR_AVX512: usize = 6;
+
+/// Rows per block elsewhere (AVX2, other CPUs): three rows of [`NR`] sums in 12 of AVX2's 16 registers.
+const MR_NARROW: usize = 3;
 
 /// A matrix of f32 at (row, column) strides from `ptr`.
 #[derive(Clone, Copy, Debug)]
@@ -60,7 +65,32 @@ impl PackedRhs {
         }
         for (j, panel) in self.values.chunks_exact_mut(panel).enumerate() {
             let width = NR.min(cols - j * NR);
+            if rhs.row_stride == 1 {
+                // The depth is contiguous (a transposed operand: a head's keys as kᵀ): each column's run of
+                // depths read in order and written down the panel, rather than one element of each run per slot.
+                for c in 0..width {
+                    // SAFETY: column j·NR + c's `depth` elements, one apart, are inside the operand.
+                    let run = unsafe {
+                        std::slice::from_raw_parts(
+                            rhs.ptr.add((j * NR + c) * rhs.col_stride),
+                            depth,
+                        )
+                    };
+                    for (row, &value) in panel.chunks_exact_mut(NR).zip(run) {
+                        row[c] = value;
+                    }
+                }
+                continue;
+            }
             for (p, row) in panel.chunks_exact_mut(NR).enumerate() {
+                if rhs.col_stride == 1 {
+                    // SAFETY: depth p's columns j·NR .. + width, one apart, are inside the operand.
+                    let run = unsafe {
+                        std::slice::from_raw_parts(rhs.ptr.add(p * rhs.row_stride + j * NR), width)
+                    };
+                    row[..width].copy_from_slice(run);
+                    continue;
+                }
                 for (c, slot) in row[..width].iter_mut().enumerate() {
                     // SAFETY: (p, j·NR + c) is inside the depth × cols operand.
                     *slot = unsafe { rhs.at(p, j * NR + c) };
@@ -133,8 +163,8 @@ pub unsafe fn packed_gemm(
     }
 }
 
-/// Every block of [`MR`] rows against the first `n.div_ceil(NR)` panels (`panel_len` values apart), each read to
-/// depth `k`.
+/// Every block of rows (six on AVX-512, three elsewhere) against the first `n.div_ceil(NR)` panels (`panel_len`
+/// values apart), each read to depth `k`.
 ///
 /// # Safety
 /// As [`head_gemm`]; `panels` holds `n.div_ceil(NR)` panels of `panel_len ≥ k × NR` values.
@@ -152,7 +182,7 @@ unsafe fn blocks(
     // A fused multiply-add where the clone has one; elsewhere (x86-64 without FMA) a product and an add, as
     // `f32::mul_add` would be a call to libm's software `fmaf` per element.
     let fused = cfg!(not(target_arch = "x86_64")) || target_cfg_f!(target_feature = "fma");
-    let (out, row_stride, col_stride) = dst;
+    let wide = target_cfg_f!(target_feature = "avx512f");
     let width = n.div_ceil(NR);
     for (j, panel) in panels
         .chunks_exact(panel_len.max(1))
@@ -160,26 +190,61 @@ unsafe fn blocks(
         .enumerate()
     {
         let panel = &panel[..k * NR];
-        let cols = NR.min(n - j * NR);
-        for r0 in (0..m).step_by(MR) {
-            let rows = MR.min(m - r0);
-            let sums = if rows == MR {
-                // SAFETY: rows r0..r0 + MR of the left operand exist.
-                unsafe { row_block::<MR>(lhs, r0, panel, fused) }
-            } else {
-                let mut sums = [[0.0f32; NR]; MR];
-                for (r, sum) in sums[..rows].iter_mut().enumerate() {
-                    // SAFETY: row r0 + r of the left operand exists.
-                    *sum = unsafe { row_block::<1>(lhs, r0 + r, panel, fused) }[0];
+        let cols = (j * NR, NR.min(n - j * NR));
+        if wide {
+            // SAFETY: the function's contract.
+            unsafe { panel_rows::<MR_AVX512>((m, cols), dst, accumulate, lhs, panel, beta, fused) }
+        } else {
+            // SAFETY: the function's contract.
+            unsafe { panel_rows::<MR_NARROW>((m, cols), dst, accumulate, lhs, panel, beta, fused) }
+        }
+    }
+}
+
+/// Every block of `MR` rows of the `m`-row output against one panel (`k × NR` values), written to the panel's
+/// columns `cols` (first, count) of `dst`.
+///
+/// # Safety
+/// As [`blocks`]; the panel's columns lie in the output.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn panel_rows<const MR: usize>(
+    (m, (c0, cols)): (usize, (usize, usize)),
+    (out, row_stride, col_stride): (*mut f32, usize, usize),
+    accumulate: bool,
+    lhs: Strided,
+    panel: &[f32],
+    beta: f32,
+    fused: bool,
+) {
+    for r0 in (0..m).step_by(MR) {
+        let rows = MR.min(m - r0);
+        let sums = if rows == MR {
+            // SAFETY: rows r0..r0 + MR of the left operand exist.
+            unsafe { row_block::<MR>(lhs, r0, panel, fused) }
+        } else {
+            let mut sums = [[0.0f32; NR]; MR];
+            for (r, sum) in sums[..rows].iter_mut().enumerate() {
+                // SAFETY: row r0 + r of the left operand exists.
+                *sum = unsafe { row_block::<1>(lhs, r0 + r, panel, fused) }[0];
+            }
+            sums
+        };
+        for (r, sum) in sums[..rows].iter().enumerate() {
+            let row = out.wrapping_add((r0 + r) * row_stride + c0 * col_stride);
+            if col_stride == 1 {
+                // SAFETY: (r0 + r, c0 .. c0 + cols) is inside the m × n output, a contiguous run here.
+                let row = unsafe { std::slice::from_raw_parts_mut(row, cols) };
+                if accumulate {
+                    row.iter_mut().zip(sum).for_each(|(d, &s)| *d += beta * s);
+                } else {
+                    row.iter_mut().zip(sum).for_each(|(d, &s)| *d = beta * s);
                 }
-                sums
-            };
-            for (r, sum) in sums[..rows].iter().enumerate() {
+            } else {
                 for (c, &s) in sum[..cols].iter().enumerate() {
-                    let at = (r0 + r) * row_stride + (j * NR + c) * col_stride;
-                    // SAFETY: (r0 + r, j·NR + c) is inside the m × n output.
+                    // SAFETY: (r0 + r, c0 + c) is inside the m × n output.
                     unsafe {
-                        let d = out.add(at);
+                        let d = row.add(c * col_stride);
                         *d = if accumulate { *d + beta * s } else { beta * s };
                     }
                 }
@@ -187,6 +252,7 @@ unsafe fn blocks(
         }
     }
 }
+
 /// The sums of `R` rows from `r0` against one panel (`k × NR` values), each in depth order: each product added with
 /// one rounding where `fused` (a constant in each clone, inlined), two otherwise.
 ///

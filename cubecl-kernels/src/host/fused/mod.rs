@@ -21,7 +21,7 @@ pub mod activation;
 pub mod attention;
 pub mod bias;
 pub mod dropout;
-mod head_gemm;
+pub mod head_gemm;
 pub mod norm;
 pub mod softmax;
 
