@@ -183,26 +183,23 @@ unsafe fn task<K: Kernel>(
     let apart = K::SUMS_IN_TASK_BUFFER;
     let tile_alpha = if apart { 1.0 } else { alpha };
     let bias = epilogue.bias.map(|bias| &bias[col0..col0 + cols]);
-    // The task's rows `from..to` once their last depth block is written: the sums, times `alpha` where the tiles
-    // left it, plus the bias, into the output.
-    let finish_rows = |from: usize, to: usize| {
-        if !apart && bias.is_none() {
-            return;
-        }
-        for r in from..to {
-            // SAFETY: the task's row `r` of sums and output row `row0 + r`, columns `col0 .. col0 + cols`, lie in
-            // `sums` and `out`, which no other thread writes (the caller's contract), every depth block wrote the
-            // sums, and they are one and the same row where the sums are not apart.
-            unsafe {
-                let to_out = out.add((row0 + r) * n + col0);
-                if apart {
-                    let from_sums = std::slice::from_raw_parts(sums.ptr.add(r * sums.ld), cols);
-                    let to_out = std::slice::from_raw_parts_mut(to_out.cast(), cols);
-                    finish_row_into(from_sums, to_out, alpha, bias);
-                } else if let Some(bias) = bias {
-                    add_bias(std::slice::from_raw_parts_mut(to_out, cols), bias);
-                }
-            }
+    // The tile at rows `r0`, columns `c0` of the task once its last depth block is written: its sums, times
+    // `alpha`, plus the bias, into the output.
+    let finish_tile = |(r0, c0): (usize, usize)| {
+        let (tile_rows, tile_cols) = (mr.min(rows - r0), nr.min(cols - c0));
+        // SAFETY: the tile's sums lie in `sums` and its output values in `out` (rows `row0 + r0 ..`, columns
+        // `col0 + c0 ..`), neither written by another thread (the caller's contract); every depth block wrote the
+        // sums.
+        unsafe {
+            finish_tile_into(
+                sums.ptr.add(r0 * sums.ld + c0),
+                sums.ld,
+                out.add((row0 + r0) * n + col0 + c0),
+                n,
+                (tile_rows, tile_cols),
+                alpha,
+                bias.map(|bias| &bias[c0..c0 + tile_cols]),
+            )
         }
     };
     for p0 in (0..lhs.units).step_by(K::KC) {
@@ -233,26 +230,41 @@ unsafe fn task<K: Kernel>(
                 }
             }
         };
-        if K::ROW_PANELS_OUTER {
-            for r0 in (0..rows).step_by(mr) {
-                (0..cols).step_by(nr).for_each(|c0| tile(r0, c0));
-                // In the last block, the row panel before this one is finished while it is still in cache; this
-                // one's newest tile stores would stall the loads (finishing the whole task after it read it back
-                // from L2: 6 % of an AMX GEMM).
-                if update.last && r0 >= mr {
-                    finish_rows(r0 - mr, r0);
+        // In the last block, where the sums are apart, each tile is finished one tile behind: its sums are still
+        // in L1, and the newest tile's stores have not yet reached it (AMX's tile stores are not forwarded to the
+        // vector loads; finishing a whole row panel after the next one read its sums back from L2: 7 % of an AMX
+        // GEMM).
+        let mut pending = None;
+        let mut visit = |r0: usize, c0: usize| {
+            tile(r0, c0);
+            if apart && update.last {
+                if let Some(behind) = pending.replace((r0, c0)) {
+                    finish_tile(behind);
                 }
             }
-            if update.last {
-                finish_rows(rows.saturating_sub(1) / mr * mr, rows);
+        };
+        if K::ROW_PANELS_OUTER {
+            for r0 in (0..rows).step_by(mr) {
+                (0..cols).step_by(nr).for_each(|c0| visit(r0, c0));
             }
         } else {
             for c0 in (0..cols).step_by(nr) {
-                (0..rows).step_by(mr).for_each(|r0| tile(r0, c0));
+                (0..rows).step_by(mr).for_each(|r0| visit(r0, c0));
             }
-            if update.last {
-                finish_rows(0, rows);
-            }
+        }
+        if let Some(last) = pending {
+            finish_tile(last);
+        }
+    }
+    // Tiles updated in place took `alpha` in the last block; the bias follows while the task's output is in cache.
+    if let (false, Some(bias)) = (apart, bias) {
+        for r in 0..rows {
+            // SAFETY: output row `row0 + r`, columns `col0 .. col0 + cols`, lies in `out` and no other thread
+            // writes it (the caller's contract); every depth block wrote it.
+            add_bias(
+                unsafe { std::slice::from_raw_parts_mut(out.add((row0 + r) * n + col0), cols) },
+                bias,
+            );
         }
     }
 }
@@ -263,20 +275,45 @@ fn add_bias(values: &mut [f32], bias: &[f32]) {
     values.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
 }
 
-/// `to = sums · alpha + bias`, value by value, one rounding each (the tiles' own `alpha` and a bias pass after
-/// them give the same bits).
+/// The `rows × cols` output values at `out` (row stride `out_ld`) = the sums at `sums` (row stride `sums_ld`) ·
+/// `alpha` + `bias` (one value per column), value by value, one rounding each (the tiles' own `alpha` and a bias
+/// pass after them give the same bits). AVX-512 and AVX2 clones where the CPU has them.
+///
+/// # Safety
+/// `sums` holds `rows` initialized rows of `cols` values at stride `sums_ld`, `out` `rows` writable rows of `cols`
+/// at stride `out_ld`, disjoint from them; `bias` (where given) holds `cols` values.
 #[multiversion::multiversion(targets("x86_64+avx512f", "x86_64+avx2"))]
-fn finish_row_into(sums: &[f32], to: &mut [MaybeUninit<f32>], alpha: f32, bias: Option<&[f32]>) {
-    match bias {
-        Some(bias) => to
-            .iter_mut()
-            .zip(sums)
-            .zip(bias)
-            .for_each(|((t, s), b)| *t = MaybeUninit::new(*s * alpha + b)),
-        None => to
-            .iter_mut()
-            .zip(sums)
-            .for_each(|(t, s)| *t = MaybeUninit::new(*s * alpha)),
+unsafe fn finish_tile_into(
+    sums: *const f32,
+    sums_ld: usize,
+    out: *mut f32,
+    out_ld: usize,
+    (rows, cols): (usize, usize),
+    alpha: f32,
+    bias: Option<&[f32]>,
+) {
+    for r in 0..rows {
+        // SAFETY: row `r` of each lies in it (the function's contract).
+        let (from, to) = unsafe {
+            (
+                std::slice::from_raw_parts(sums.add(r * sums_ld), cols),
+                std::slice::from_raw_parts_mut(
+                    out.add(r * out_ld).cast::<MaybeUninit<f32>>(),
+                    cols,
+                ),
+            )
+        };
+        match bias {
+            Some(bias) => to
+                .iter_mut()
+                .zip(from)
+                .zip(bias)
+                .for_each(|((t, s), b)| *t = MaybeUninit::new(*s * alpha + b)),
+            None => to
+                .iter_mut()
+                .zip(from)
+                .for_each(|(t, s)| *t = MaybeUninit::new(*s * alpha)),
+        }
     }
 }
 

@@ -276,9 +276,8 @@ pub trait Kernel: Sized + Send + Sync + 'static {
     const ROW_PANELS_OUTER: bool = false;
     /// Whether a task keeps its tiles' sums in a buffer of its own thread (rows 16 values
     /// longer than the task's, each tile 64-byte aligned) over every depth block, and writes each output value
-    /// once, times `alpha` plus the bias, after the last block (with [`Kernel::ROW_PANELS_OUTER`], each row panel
-    /// while the next one is computed; the tiles updated with `alpha = 1`), rather than updating the output in
-    /// place. A layer's output rows are a power of two of bytes apart, which puts the 32 rows of an AMX tile in
+    /// once, times `alpha` plus the bias, in the last block (each tile as soon as the next one is computed; the
+    /// tiles updated with `alpha = 1`), rather than updating the output in place. A layer's output rows are a power of two of bytes apart, which puts the 32 rows of an AMX tile in
     /// one L1 set; and AMX's tile stores are not forwarded to the vector loads that would scale them in place.
     const SUMS_IN_TASK_BUFFER: bool = false;
 
