@@ -907,6 +907,23 @@ fn packed_gemm_matches<K: burn_te_kernels::host::gemm::Kernel>(
                         "{what}, alpha 0.5 and a bias: output {i} = {got}, exact {want}"
                     );
                 }
+                // The right operand packed block by block inside the tasks (AMX's way, any path's units): the same
+                // bits.
+                let in_tasks =
+                    gemm::rhs_in_tasks::<K>(k, n, &source(rhs_elements, rhs_offset, rhs_strides))
+                        .expect("in bounds");
+                let mut out = vec![std::mem::MaybeUninit::new(f32::NAN); m * n];
+                gemm::gemm(&lhs, &in_tasks, epilogue, &mut out)?;
+                // SAFETY: as above.
+                let out = unsafe { burn_te_kernels::host::assume_init(out) };
+                for (i, (got, want)) in out.iter().zip(expected.iter()).enumerate() {
+                    let want = (f64::from(*want) * 0.5 + f64::from(bias[i % n])) as f32;
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{what}, right operand packed in the tasks: output {i} = {got}, exact {want}"
+                    );
+                }
             }
         }
     }
@@ -947,9 +964,10 @@ impl burn_te_kernels::host::gemm::Kernel for EmulatedBf16 {
 
 /// The packed kernels read through strides (a depth-contiguous, a lane-contiguous and a general layout with an
 /// offset; codes through a table, and codes with a factor per block), bit-exact against an integer (or f64)
-/// re-computation, without and with the epilogue's factor and bias: at a small shape, and at one that crosses several depth blocks, row blocks and column blocks of every path with partial last
-/// blocks (bf16: 384 depths per block, the FMA paths 256, AMX 512 in groups of 32; 144 rows per task, AMX 512;
-/// 256 columns), so that the loop adding each later depth block into the output is what the result depends on. A
+/// re-computation, without and with the epilogue's factor and bias, the right operand packed whole and in the
+/// tasks (`rhs_in_tasks`): at a small shape, and at one that crosses several depth blocks, row blocks and column
+/// blocks of every path with partial last blocks (bf16: 384 depths per block, the FMA paths 256, AMX 512 in groups
+/// of 32; 144 rows per task, AMX 512; 256 columns), so that the loop adding each later depth block into the output is what the result depends on. A
 /// path this CPU lacks must say so; the bf16 path's packing and blocking run everywhere with an emulated
 /// instruction.
 #[test]

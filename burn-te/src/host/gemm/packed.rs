@@ -202,27 +202,34 @@ where
     let pack_lhs = |b| gemm::pack_lhs::<K>(m, k, &source(lhs, lhs_elements, b));
     let pack_rhs = |b| gemm::pack_rhs::<K>(k, n, &source(rhs, rhs_elements, b));
     let shared_lhs = (lhs.dims.0 <= 1).then(|| pack_lhs(0)).transpose();
-    let shared_rhs = (rhs.dims.0 <= 1).then(|| pack_rhs(0)).transpose();
+    // A right operand the tasks pack block by block (`Kernel::RHS_IN_TASKS`) is only checked here, per matrix.
+    let shared_rhs = (rhs.dims.0 <= 1 && !K::RHS_IN_TASKS)
+        .then(|| pack_rhs(0))
+        .transpose();
     let (shared_lhs, shared_rhs) = (
         shared_lhs.map_err(|err| err.to_string())?,
         shared_rhs.map_err(|err| err.to_string())?,
     );
     let one = |(b, dst): (usize, &mut [std::mem::MaybeUninit<f32>])| {
         let own_lhs = shared_lhs.is_none().then(|| pack_lhs(b)).transpose();
-        let own_rhs = shared_rhs.is_none().then(|| pack_rhs(b)).transpose();
-        let (own_lhs, own_rhs) = (
-            own_lhs.map_err(|err| err.to_string())?,
-            own_rhs.map_err(|err| err.to_string())?,
-        );
+        let own_lhs = own_lhs.map_err(|err| err.to_string())?;
         let a = shared_lhs
             .as_ref()
             .or(own_lhs.as_ref())
             .expect("one of the two");
+        let epilogue = gemm::Epilogue { alpha, bias };
+        if K::RHS_IN_TASKS {
+            let w = gemm::rhs_in_tasks::<K>(k, n, &source(rhs, rhs_elements, b))
+                .map_err(|err| err.to_string())?;
+            return gemm::gemm(a, &w, epilogue, dst).map_err(|err| err.to_string());
+        }
+        let own_rhs = shared_rhs.is_none().then(|| pack_rhs(b)).transpose();
+        let own_rhs = own_rhs.map_err(|err| err.to_string())?;
         let w = shared_rhs
             .as_ref()
             .or(own_rhs.as_ref())
             .expect("one of the two");
-        gemm::gemm(a, w, gemm::Epilogue { alpha, bias }, dst).map_err(|err| err.to_string())
+        gemm::gemm(a, w, epilogue, dst).map_err(|err| err.to_string())
     };
     // A batch's matrices run side by side (an attention's per-head GEMMs are one task each, so one at a time would
     // leave the other threads idle); each matrix's own tasks still spread where it is large. The same sums either

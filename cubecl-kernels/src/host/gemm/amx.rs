@@ -10,7 +10,8 @@
 //! The micro-kernel holds a 32 × 32 output tile in four tile registers (`tmm0`–`tmm3`) and steps the depth 16
 //! pairs at a time: two left tiles (`tmm4`, `tmm5`: 16 rows × 16 pairs, a panel's group row by row,
 //! [`Kernel::LHS_ROW_GROUPS`]) and two right tiles (`tmm6`, `tmm7`: 16 pairs × 16 columns, the right panel as the
-//! other paths pack it) make four tile products; the left panel stays in L1 while the right ones stream from L2, and
+//! other paths pack it) make four tile products; the left panel stays in L1 while the right ones stream from L2 (each
+//! task packs its right block there itself, [`Kernel::RHS_IN_TASKS`]), and
 //! the tiles' sums wait between depth blocks in a buffer of the task's ([`Kernel::SUMS_IN_TASK_BUFFER`]). Rust has
 //! no stable AMX intrinsics, so the instructions are inline assembly (`ldtilecfg`, `tilezero`, `tileloadd`,
 //! `tileloaddt1`, `tdpbf16ps`, `tilestored`, `tilerelease`).
@@ -42,6 +43,7 @@ impl Kernel for AmxBf16Kernel {
     const LHS_ROW_GROUPS: bool = true;
     const ROW_PANELS_OUTER: bool = true;
     const SUMS_IN_TASK_BUFFER: bool = true;
+    const RHS_IN_TASKS: bool = true;
 
     /// The tiles configured for the task, released after it (also where it unwinds).
     unsafe fn in_task(task: impl FnOnce()) {

@@ -8,6 +8,7 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
+use super::pack::RhsInTasks;
 use super::{HostGemmError, Kernel, OutTile, PackedLhs, PackedRhs, Update};
 
 /// The largest micro-kernel tile (`MR · NR`) of any path.
@@ -23,26 +24,109 @@ pub struct Epilogue<'a> {
     pub bias: Option<&'a [f32]>,
 }
 
+/// The right operand as the tasks read it: packed whole beforehand ([`super::pack_rhs`]), or packed by each task
+/// block by block into a buffer of its thread ([`super::rhs_in_tasks`]). The same units either way, so the same bits.
+pub enum Rhs<'r, 'a, K: Kernel> {
+    /// Packed whole.
+    Packed(&'r PackedRhs<K>),
+    /// Packed in the tasks.
+    InTasks(&'r RhsInTasks<'a, K>),
+}
+
+impl<K: Kernel> Clone for Rhs<'_, '_, K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K: Kernel> Copy for Rhs<'_, '_, K> {}
+
+impl<'r, K: Kernel> From<&'r PackedRhs<K>> for Rhs<'r, '_, K> {
+    fn from(rhs: &'r PackedRhs<K>) -> Self {
+        Rhs::Packed(rhs)
+    }
+}
+
+impl<'r, 'a, K: Kernel> From<&'r RhsInTasks<'a, K>> for Rhs<'r, 'a, K> {
+    fn from(rhs: &'r RhsInTasks<'a, K>) -> Self {
+        Rhs::InTasks(rhs)
+    }
+}
+
+impl<K: Kernel> Rhs<'_, '_, K> {
+    fn depth(self) -> usize {
+        match self {
+            Rhs::Packed(rhs) => rhs.depth,
+            Rhs::InTasks(rhs) => rhs.depth,
+        }
+    }
+
+    fn cols(self) -> usize {
+        match self {
+            Rhs::Packed(rhs) => rhs.cols,
+            Rhs::InTasks(rhs) => rhs.cols,
+        }
+    }
+
+    /// `run` with the panels of columns `col0 ..+cols` over the depth block of units `p0 ..+kc`: a slice and where
+    /// in it each panel's block starts (the first panel's, then one panel's step): the packed operand's own, or this
+    /// thread's block buffer, packed here.
+    fn with_block(
+        self,
+        (col0, cols): (usize, usize),
+        (p0, kc): (usize, usize),
+        run: impl FnOnce(&[u32], usize, usize),
+    ) {
+        let nr = K::NR;
+        match self {
+            Rhs::Packed(rhs) => run(
+                &rhs.data,
+                ((col0 / nr) * rhs.units + p0) * nr,
+                rhs.units * nr,
+            ),
+            Rhs::InTasks(rhs) => RHS_BLOCK.with_borrow_mut(|buffer| {
+                let len = cols.div_ceil(nr) * kc * nr;
+                // 16 units of slack to start at a cache line (AMX loads a tile row of 64 bytes; across two lines it
+                // costs several times one within a line).
+                if buffer.len() < len + 16 {
+                    buffer.resize(len + 16, 0);
+                }
+                let start = buffer.as_ptr().align_offset(64);
+                let block = &mut buffer[start..start + len];
+                rhs.pack_block((col0, cols), (p0, kc), block, &mut Vec::new());
+                run(block, 0, kc * nr)
+            }),
+        }
+    }
+}
+
+thread_local! {
+    /// This thread's right-operand block ([`Rhs::InTasks`]): `KC × NC` units of the largest such kernel that ran on
+    /// the thread (256 KiB for AMX), held for the thread's life.
+    static RHS_BLOCK: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// `out = alpha · lhs · rhs (+ bias)` (`out` row-major `m × n`, every value written, none read) on `K`'s path, the
 /// bias added per task while its output is in cache. An error when the CPU lacks the path
 /// ([`super::HostGemmPath::available`] tells), the depths differ, `out` does not hold `m × n` values or the bias
 /// not `n`.
-pub fn gemm<K: Kernel>(
+pub fn gemm<'r, 'a: 'r, K: Kernel>(
     lhs: &PackedLhs<K>,
-    rhs: &PackedRhs<K>,
+    rhs: impl Into<Rhs<'r, 'a, K>>,
     epilogue: Epilogue<'_>,
     out: &mut [MaybeUninit<f32>],
 ) -> Result<(), HostGemmError> {
+    let rhs = rhs.into();
     const { assert!(K::MR * K::NR <= MAX_TILE) };
     const { assert!(K::MC.is_multiple_of(K::MR) && K::NC.is_multiple_of(K::NR)) };
-    if lhs.depth != rhs.depth {
+    if lhs.depth != rhs.depth() {
         return Err(HostGemmError::DepthMismatch {
             what: K::PATH,
             lhs: lhs.depth,
-            rhs: rhs.depth,
+            rhs: rhs.depth(),
         });
     }
-    let (m, n) = (lhs.rows, rhs.cols);
+    let (m, n) = (lhs.rows, rhs.cols());
     if m.checked_mul(n) != Some(out.len()) {
         return Err(HostGemmError::OutputLength {
             what: K::PATH,
@@ -168,7 +252,7 @@ fn with_task_sums<K: Kernel>(
 #[allow(clippy::too_many_arguments)]
 unsafe fn task<K: Kernel>(
     lhs: &PackedLhs<K>,
-    rhs: &PackedRhs<K>,
+    rhs: Rhs<'_, '_, K>,
     epilogue: Epilogue<'_>,
     out: *mut f32,
     n: usize,
@@ -209,52 +293,55 @@ unsafe fn task<K: Kernel>(
             last: p0 + kc == lhs.units,
             alpha: tile_alpha,
         };
-        // The tile at rows `row0 + r0`, columns `col0 + c0` over this depth block.
-        let tile = |r0: usize, c0: usize| {
-            let b = &rhs.data[((col0 + c0) / nr * rhs.units + p0) * nr..][..kc * nr];
-            let a = &lhs.data[((row0 + r0) / mr * lhs.units + p0) * mr..][..kc * mr];
-            // SAFETY: `a` holds `kc` units of MR rows, `b` `kc` units of NR columns; the tile's rows `r0 ..` <
-            // `rows` and columns `c0 ..` < `cols` lie in `sums` at stride `sums.ld`; the CPU has the path and this
-            // runs inside `K::in_task` (the caller's contract).
-            unsafe {
-                let tile = OutTile {
-                    ptr: sums.ptr.add(r0 * sums.ld + c0),
-                    ld: sums.ld,
-                    rows: mr.min(rows - r0),
-                    cols: nr.min(cols - c0),
-                };
-                if (tile.rows, tile.cols) == (mr, nr) {
-                    K::update_whole(a.as_ptr(), b.as_ptr(), kc, tile, update);
-                } else {
-                    through_tile::<K>(a.as_ptr(), b.as_ptr(), kc, tile, update);
+        rhs.with_block((col0, cols), (p0, kc), |panels, first, step| {
+            // The tile at rows `row0 + r0`, columns `col0 + c0` over this depth block.
+            let tile = |r0: usize, c0: usize| {
+                let b = &panels[first + c0 / nr * step..][..kc * nr];
+                let a = &lhs.data[((row0 + r0) / mr * lhs.units + p0) * mr..][..kc * mr];
+                // SAFETY: `a` holds `kc` units of MR rows, `b` `kc` units of NR columns; the tile's rows `r0 ..` <
+                // `rows` and columns `c0 ..` < `cols` lie in `sums` at stride `sums.ld`; the CPU has the path and this
+                // runs inside `K::in_task` (the caller's contract).
+                unsafe {
+                    let tile = OutTile {
+                        ptr: sums.ptr.add(r0 * sums.ld + c0),
+                        ld: sums.ld,
+                        rows: mr.min(rows - r0),
+                        cols: nr.min(cols - c0),
+                    };
+                    if (tile.rows, tile.cols) == (mr, nr) {
+                        K::update_whole(a.as_ptr(), b.as_ptr(), kc, tile, update);
+                    } else {
+                        through_tile::<K>(a.as_ptr(), b.as_ptr(), kc, tile, update);
+                    }
                 }
-            }
-        };
-        // In the last block, where the sums are apart, each tile is finished one tile behind: its sums are still
-        // in L1, and the newest tile's stores have not yet reached it (AMX's tile stores are not forwarded to the
-        // vector loads; finishing a whole row panel after the next one read its sums back from L2: 7 % of an AMX
-        // GEMM).
-        let mut pending = None;
-        let mut visit = |r0: usize, c0: usize| {
-            tile(r0, c0);
-            if apart && update.last {
-                if let Some(behind) = pending.replace((r0, c0)) {
+            };
+            // In the last block, where the sums are apart, each tile is finished one tile behind: its sums are still
+            // in L1, and the newest tile's stores have not yet reached it (AMX's tile stores are not forwarded to the
+            // vector loads; finishing a whole row panel after the next one read its sums back from L2: 7 % of an AMX
+            // GEMM).
+            let mut pending = None;
+            let mut visit = |r0: usize, c0: usize| {
+                tile(r0, c0);
+                if apart
+                    && update.last
+                    && let Some(behind) = pending.replace((r0, c0))
+                {
                     finish_tile(behind);
                 }
+            };
+            if K::ROW_PANELS_OUTER {
+                for r0 in (0..rows).step_by(mr) {
+                    (0..cols).step_by(nr).for_each(|c0| visit(r0, c0));
+                }
+            } else {
+                for c0 in (0..cols).step_by(nr) {
+                    (0..rows).step_by(mr).for_each(|r0| visit(r0, c0));
+                }
             }
-        };
-        if K::ROW_PANELS_OUTER {
-            for r0 in (0..rows).step_by(mr) {
-                (0..cols).step_by(nr).for_each(|c0| visit(r0, c0));
+            if let Some(last) = pending {
+                finish_tile(last);
             }
-        } else {
-            for c0 in (0..cols).step_by(nr) {
-                (0..rows).step_by(mr).for_each(|r0| visit(r0, c0));
-            }
-        }
-        if let Some(last) = pending {
-            finish_tile(last);
-        }
+        });
     }
     // Tiles updated in place took `alpha` in the last block; the bias follows while the task's output is in cache.
     if let (false, Some(bias)) = (apart, bias) {

@@ -38,8 +38,11 @@ pub mod pack_vbmi;
 mod zmm_tile;
 
 pub use block_codes::BlockCodes;
-pub use blocked::{Epilogue, fill_bias_rows, gemm};
-pub use pack::{Elements, PackedElement, PackedLhs, PackedRhs, Source, pack_lhs, pack_rhs};
+pub use blocked::{Epilogue, Rhs, fill_bias_rows, gemm};
+pub use pack::{
+    Elements, PackedElement, PackedLhs, PackedRhs, RhsInTasks, Source, pack_lhs, pack_rhs,
+    rhs_in_tasks,
+};
 
 /// Which host FP8 GEMM runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -280,6 +283,10 @@ pub trait Kernel: Sized + Send + Sync + 'static {
     /// tiles updated with `alpha = 1`), rather than updating the output in place. A layer's output rows are a power of two of bytes apart, which puts the 32 rows of an AMX tile in
     /// one L1 set; and AMX's tile stores are not forwarded to the vector loads that would scale them in place.
     const SUMS_IN_TASK_BUFFER: bool = false;
+    /// Whether the callers pack the right operand inside the GEMM's tasks, block by block ([`rhs_in_tasks`]),
+    /// rather than whole beforehand ([`pack_rhs`]): where the micro-kernel outruns the memory that a whole packed
+    /// operand goes through (AMX).
+    const RHS_IN_TASKS: bool = false;
 
     /// Runs one task of the blocked GEMM (every micro-kernel call of an `MC × NC` output block) on this thread:
     /// where a kernel's registers need a set-up, it is done here once per task rather than per call (AMX's tile

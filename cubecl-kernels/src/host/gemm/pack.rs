@@ -181,6 +181,81 @@ pub fn pack_rhs<K: Kernel>(
     })
 }
 
+/// The right operand (`k × n`) checked and left where it is stored: each task of the GEMM packs the depth blocks of
+/// its columns as it reaches them, into a buffer of its thread that stays in L2, laid out as [`PackedRhs`]'s panels
+/// of those columns and depths ([`RhsInTasks::pack_block`]). A task's block is packed once per task that reads it
+/// (once per `MC` rows of the output) instead of once for the whole GEMM, but the packed bf16 pairs never travel
+/// to memory and back: on AMX, packing a whole right operand ahead was a sixth of the GEMM, bound by memory.
+pub struct RhsInTasks<'a, K: Kernel> {
+    pub(super) cols: usize,
+    pub(super) depth: usize,
+    lines: Lines,
+    source: Source<'a, K::Element>,
+    lookups: Lookups,
+}
+
+/// The `depth × cols` right operand read from `source`, checked as [`pack_rhs`] checks it, to be packed block by
+/// block inside the GEMM's tasks.
+pub fn rhs_in_tasks<'a, K: Kernel>(
+    depth: usize,
+    cols: usize,
+    source: &Source<'a, K::Element>,
+) -> Result<RhsInTasks<'a, K>, HostGemmError> {
+    const { assert!(K::NR <= MAX_WIDTH) };
+    let (depth_stride, col_stride) = source.strides;
+    let lines = Lines {
+        width: K::NR,
+        lanes: cols,
+        depth,
+        lane_stride: col_stride,
+        depth_stride,
+        group: K::GROUP,
+        row_groups: false,
+    };
+    lines.check(K::PATH, source)?;
+    Ok(RhsInTasks {
+        cols,
+        depth,
+        lines,
+        source: *source,
+        lookups: Lookups::of(source),
+    })
+}
+
+impl<K: Kernel> RhsInTasks<'_, K> {
+    /// Columns `col0 ..+cols` over units `p0 ..+kc` (a depth block: `p0` a multiple of `K::KC`) packed into
+    /// `into` as [`PackedRhs`] would hold them, with `kc` units per panel: panel `j` (columns `col0 + j · NR ..`)
+    /// from `j · kc · NR`. `into` holds `cols.div_ceil(NR) · kc · NR` units; `scratch` is a buffer the scalar
+    /// packing of block-scaled codes may use.
+    pub(super) fn pack_block(
+        &self,
+        (col0, cols): (usize, usize),
+        (p0, kc): (usize, usize),
+        into: &mut [u32],
+        scratch: &mut Vec<K::Element>,
+    ) {
+        let per = <K::Element as PackedElement>::PER_UNIT;
+        let d0 = p0 * per;
+        let lines = Lines {
+            lanes: cols,
+            depth: (kc * per).min(self.depth - d0),
+            ..self.lines
+        };
+        // The block's own stored offset: every index the panels read is an index into the same storage.
+        let source = Source {
+            offset: self.source.offset + col0 * lines.lane_stride + d0 * lines.depth_stride,
+            ..self.source
+        };
+        let panel_len = kc * K::NR;
+        for (j, panel) in into[..cols.div_ceil(K::NR) * panel_len]
+            .chunks_exact_mut(panel_len)
+            .enumerate()
+        {
+            lines.pack_panel(panel, j, &source, &self.lookups, scratch);
+        }
+    }
+}
+
 /// `lanes` lines of `depth` elements in panels of `width` lanes for `K` (its `MR` or `NR`), each group of units
 /// row by row where `row_groups`: the units per lane (padded to `K::GROUP`) and the packed data.
 fn pack<K: Kernel>(
@@ -252,6 +327,37 @@ const MAX_WIDTH: usize = 32;
 /// The most units in one group of a panel (`GROUP × width`) that is laid out row by row.
 const MAX_GROUPED: usize = 16 * MAX_WIDTH;
 
+/// The vector packing's tables for one source, made once for every panel where the CPU has AVX512-VBMI: the codes'
+/// elements as bf16 (`codes`), or, for block-scaled codes, their values as f32 (every FP8 value is a bf16 value, so
+/// the same lookup serves) and each stored column's block (`blocks`).
+pub(super) struct Lookups {
+    codes: Option<super::pack_vbmi::Lookup>,
+    blocks: Option<(super::pack_vbmi::Lookup, Vec<u32>)>,
+}
+
+impl Lookups {
+    fn of<E: PackedElement>(source: &Source<'_, E>) -> Self {
+        match source.elements {
+            Elements::Codes(_, table) => Self {
+                codes: E::bf16_table(table)
+                    .and_then(|table| super::pack_vbmi::lookup(table, E::PER_UNIT)),
+                blocks: None,
+            },
+            Elements::Blocks(blocks) => Self {
+                codes: None,
+                blocks: u32::bf16_table(&blocks.values.map(f32::to_bits))
+                    .and_then(|table| super::pack_vbmi::lookup(table, 1))
+                    .map(|lookup| {
+                        let of_col = (0..blocks.cols)
+                            .map(|c| u32::try_from(c / blocks.block.cols).unwrap_or(u32::MAX))
+                            .collect::<Vec<_>>();
+                        (lookup, of_col)
+                    }),
+            },
+        }
+    }
+}
+
 /// `lanes` rows (or columns) of `depth` elements each, lane `l`'s depth `d` stored at
 /// `offset + l · lane_stride + d · depth_stride`, packed in panels of `width` lanes.
 #[derive(Clone, Copy)]
@@ -277,6 +383,39 @@ impl Lines {
         path: super::HostGemmPath,
         source: &Source<'_, E>,
     ) -> Result<(usize, Panels), HostGemmError> {
+        let (units, panel_len) = self.check(path, source)?;
+        // Every unit is written below; a large buffer is a pooled block that the next step's GEMM of this shape
+        // reuses, pages and all (`crate::host::pool`). The panels start at a cache line (`Panels`): a pooled block
+        // starts at a huge page, a smaller buffer is padded by up to a line (with the pool off, a large one may
+        // start mid-line: slower, not wrong).
+        let len = self.lanes.div_ceil(self.width) * panel_len;
+        let pad = if len.saturating_mul(size_of::<u32>()) >= POOLED_FROM {
+            0
+        } else {
+            LINE_UNITS - 1
+        };
+        let mut buffer = HostBuffer::<u32>::for_overwrite(len + pad);
+        let start = Some(buffer.as_ptr().align_offset(64))
+            .filter(|&start| start <= pad)
+            .unwrap_or(0);
+        let data = &mut buffer[start..start + len];
+        let lookups = Lookups::of(source);
+        data.par_chunks_mut(panel_len.max(1))
+            .enumerate()
+            .for_each_init(Vec::<E>::new, |scratch, (i, panel)| {
+                self.pack_panel(panel, i, source, &lookups, scratch)
+            });
+        Ok((units, Panels { buffer, start, len }))
+    }
+
+    /// The units per lane (padded to a multiple of the group) and the units per panel, or an error where the strides
+    /// reach beyond `source` (checked arithmetic: a stride that overflows is out of bounds too), a block-scaled
+    /// source's factors do not fit its grid, or the panels would not fit in memory.
+    fn check<E: PackedElement>(
+        &self,
+        path: super::HostGemmPath,
+        source: &Source<'_, E>,
+    ) -> Result<(usize, usize), HostGemmError> {
         let Lines {
             width,
             lanes,
@@ -284,8 +423,8 @@ impl Lines {
             lane_stride,
             depth_stride,
             group,
-            row_groups,
-        } = self;
+            ..
+        } = *self;
         if let Elements::Blocks(blocks) = &source.elements {
             blocks.check(path)?;
         }
@@ -306,13 +445,13 @@ impl Lines {
                 });
             }
         }
-        let depth_units = depth.div_ceil(E::PER_UNIT);
         let too_large = HostGemmError::TooLarge {
             what: path,
             lanes,
             depth,
         };
-        let units = depth_units
+        let units = depth
+            .div_ceil(E::PER_UNIT)
             .div_ceil(group)
             .checked_mul(group)
             .ok_or(too_large.clone())?;
@@ -324,102 +463,83 @@ impl Lines {
                     .is_some()
             })
             .ok_or(too_large)?;
-        // Every unit is written below; a large buffer is a pooled block that the next step's GEMM of this shape
-        // reuses, pages and all (`crate::host::pool`). The panels start at a cache line (`Panels`): a pooled block
-        // starts at a huge page, a smaller buffer is padded by up to a line (with the pool off, a large one may
-        // start mid-line: slower, not wrong).
-        let len = lanes.div_ceil(width) * panel_len;
-        let pad = if len.saturating_mul(size_of::<u32>()) >= POOLED_FROM {
-            0
-        } else {
-            LINE_UNITS - 1
-        };
-        let mut buffer = HostBuffer::<u32>::for_overwrite(len + pad);
-        let start = Some(buffer.as_ptr().align_offset(64))
-            .filter(|&start| start <= pad)
-            .unwrap_or(0);
-        let data = &mut buffer[start..start + len];
-        // The vector packing's table, split once for every panel where the CPU has it.
-        let lookup = match source.elements {
-            Elements::Codes(_, table) => {
-                E::bf16_table(table).and_then(|table| super::pack_vbmi::lookup(table, E::PER_UNIT))
+        Ok((units, panel_len))
+    }
+
+    /// Panel `i` (lanes `i · width ..`) of a source [`Lines::check`] passed, every unit of it written: lanes past
+    /// the end, the depth past an odd end and the units past the depth's last group zero; `scratch` a buffer the
+    /// scalar packing of block-scaled codes may use.
+    fn pack_panel<E: PackedElement>(
+        &self,
+        panel: &mut [u32],
+        i: usize,
+        source: &Source<'_, E>,
+        lookups: &Lookups,
+        scratch: &mut Vec<E>,
+    ) {
+        let Lines {
+            width,
+            lanes,
+            depth,
+            lane_stride,
+            depth_stride,
+            group,
+            row_groups,
+        } = *self;
+        let depth_units = depth.div_ceil(E::PER_UNIT);
+        let count = width.min(lanes - i * width);
+        let base = source.offset + i * width * lane_stride;
+        // The leading units of each lane already laid out in groups (the vector packing of a depth-contiguous left
+        // operand does that); the rest unit by unit until regrouped below.
+        let mut grouped = 0;
+        match source.elements {
+            Elements::Codes(codes, table) => {
+                let packed = lookups
+                    .codes
+                    .as_ref()
+                    .and_then(|lookup| self.vector_panel(panel, count, base, codes, lookup));
+                match packed {
+                    Some(units) => grouped = units,
+                    None => self.panel(panel, count, base, codes, |c| table[usize::from(c)]),
+                }
             }
-            Elements::Blocks(_) => None,
-        };
-        // Block-scaled codes' vector packing: the values as f32 (every FP8 value is a bf16 value, so the same
-        // lookup serves) and each stored column's block.
-        let block_lookup = match source.elements {
-            Elements::Blocks(blocks) => u32::bf16_table(&blocks.values.map(f32::to_bits))
-                .and_then(|table| super::pack_vbmi::lookup(table, 1))
-                .map(|lookup| {
-                    let of_col = (0..blocks.cols)
-                        .map(|c| u32::try_from(c / blocks.block.cols).unwrap_or(u32::MAX))
-                        .collect::<Vec<_>>();
-                    (lookup, of_col)
-                }),
-            Elements::Codes(..) => None,
-        };
-        data.par_chunks_mut(panel_len.max(1))
-            .enumerate()
-            .for_each_init(Vec::<E>::new, |scratch, (i, panel)| {
-                let count = width.min(lanes - i * width);
-                let base = source.offset + i * width * lane_stride;
-                // The leading units of each lane already laid out in groups (the vector packing of a
-                // depth-contiguous left operand does that); the rest unit by unit until regrouped below.
-                let mut grouped = 0;
-                match source.elements {
-                    Elements::Codes(codes, table) => {
-                        let packed = lookup.as_ref().and_then(|lookup| {
-                            self.vector_panel(panel, count, base, codes, lookup)
-                        });
-                        match packed {
-                            Some(units) => grouped = units,
-                            None => {
-                                self.panel(panel, count, base, codes, |c| table[usize::from(c)])
-                            }
-                        }
-                    }
-                    Elements::Blocks(blocks) => {
-                        let packed = block_lookup.as_ref().is_some_and(|(lookup, of_col)| {
-                            self.vector_blocks_panel::<E>(
-                                panel, count, base, &blocks, lookup, of_col,
-                            )
-                        });
-                        // Else the scalar packing of the layout.
-                        if !packed && lane_stride == 1 && depth_stride != 1 {
-                            self.lanes_contiguous_blocks::<E>(panel, count, base, &blocks)
-                        } else if !packed {
-                            let lines = self.decode_panel(scratch, count, base, &blocks);
-                            lines.panel(panel, count, 0, scratch, |e| e);
-                        }
+            Elements::Blocks(blocks) => {
+                let packed = lookups.blocks.as_ref().is_some_and(|(lookup, of_col)| {
+                    self.vector_blocks_panel::<E>(panel, count, base, &blocks, lookup, of_col)
+                });
+                // Else the scalar packing of the layout.
+                if !packed && lane_stride == 1 && depth_stride != 1 {
+                    self.lanes_contiguous_blocks::<E>(panel, count, base, &blocks)
+                } else if !packed {
+                    let lines = self.decode_panel(scratch, count, base, &blocks);
+                    lines.panel(panel, count, 0, scratch, |e| e);
+                }
+            }
+        }
+        panel[depth_units * width..].fill(0);
+        let (head, panel) = panel.split_at_mut(grouped * width);
+        if count < width {
+            for chunk in head.chunks_exact_mut(group * width) {
+                chunk[count * group..].fill(0);
+            }
+            for slot in panel.chunks_exact_mut(width) {
+                slot[count..].fill(0);
+            }
+        }
+        if row_groups {
+            // Each group transposed through a copy: unit `q` of lane `l` from `q · width + l` to `l · group + q`,
+            // the copy read in order (the copy made once per panel, not zeroed per group).
+            let mut copy = [0u32; MAX_GROUPED];
+            for chunk in panel.chunks_exact_mut(group * width) {
+                let copy = &mut copy[..chunk.len()];
+                copy.copy_from_slice(chunk);
+                for (q, units) in copy.chunks_exact(width).enumerate() {
+                    for (row, &unit) in chunk.chunks_exact_mut(group).zip(units) {
+                        row[q] = unit;
                     }
                 }
-                panel[depth_units * width..].fill(0);
-                let (head, panel) = panel.split_at_mut(grouped * width);
-                if count < width {
-                    for chunk in head.chunks_exact_mut(group * width) {
-                        chunk[count * group..].fill(0);
-                    }
-                    for slot in panel.chunks_exact_mut(width) {
-                        slot[count..].fill(0);
-                    }
-                }
-                if row_groups {
-                    // Each group transposed through a copy: unit `q` of lane `l` from `q · width + l` to
-                    // `l · group + q`, the copy read in order (the copy made once per panel, not zeroed per group).
-                    let mut copy = [0u32; MAX_GROUPED];
-                    for chunk in panel.chunks_exact_mut(group * width) {
-                        let copy = &mut copy[..chunk.len()];
-                        copy.copy_from_slice(chunk);
-                        for (q, units) in copy.chunks_exact(width).enumerate() {
-                            for (row, &unit) in chunk.chunks_exact_mut(group).zip(units) {
-                                row[q] = unit;
-                            }
-                        }
-                    }
-                }
-            });
-        Ok((units, Panels { buffer, start, len }))
+            }
+        }
     }
 
     /// Writes every unit of one panel (`count` lanes from `base`), reading the stored `data` through `element`.
