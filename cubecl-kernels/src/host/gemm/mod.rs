@@ -285,7 +285,7 @@ pub trait Kernel: Sized + Send + Sync + 'static {
     const SUMS_IN_TASK_BUFFER: bool = false;
     /// Whether the callers pack the right operand inside the GEMM's tasks, block by block ([`rhs_in_tasks`]),
     /// rather than whole beforehand ([`pack_rhs`]): where the micro-kernel outruns the memory that a whole packed
-    /// operand goes through (AMX).
+    /// operand goes through (AMX; `avx512fma`'s f32 panels, four bytes a value).
     const RHS_IN_TASKS: bool = false;
 
     /// Runs one task of the blocked GEMM (every micro-kernel call of an `MC × NC` output block) on this thread:
