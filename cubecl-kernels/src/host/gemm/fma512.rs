@@ -29,6 +29,11 @@ impl Kernel for Avx512FmaKernel {
     /// alternating, 3 rounds): the bench's GEMMs 1.0–1.19× as fast (1024³ +8–14 %, fc1 h4096 +15–19 %); 1 032 rows
     /// per task instead of 516 ran the same.
     const RHS_IN_TASKS: bool = true;
+    /// Each left panel (12 KiB) stays in L1 against the task's right panels streaming from L2. On the same Xeon
+    /// (no AMX, old and new binaries alternating, 3 rounds): the bench's GEMMs 0.90–1.15× as fast (all but 1024³
+    /// 0.98–1.15×), the hidden-1024 FP8 step 0.92–0.99×; a stand-alone copy of the loop 1.06–1.08× at
+    /// 1032 × 1024 × 4096.
+    const ROW_PANELS_OUTER: bool = true;
 
     unsafe fn micro_kernel(a: *const u32, b: *const u32, kc: usize, tile: *mut f32) {
         #[cfg(target_arch = "x86_64")]
