@@ -21,7 +21,8 @@
 //! each packed path's GEMM as a share of its instruction's peak, measured in pairs (for machines whose speed drifts).
 //! `-- steps HIDDEN STEPS` and `-- gemms CALLS` print the step's medians and the GEMMs' rates on the paths a user
 //! gets (tuned per shape class, or `BURN_TE_HOST_GEMM`'s), for `tools/torch_transformer_layer.py` and
-//! `tools/torch_gemm.py` to pair with PyTorch's. `-- twice-rate` asks whether the `avx512fma` path's memory side
+//! `tools/torch_gemm.py` to pair with PyTorch's; `-- step-server HIDDEN` runs one step per request, for runs
+//! interleaved step by step with PyTorch's. `-- twice-rate` asks whether the `avx512fma` path's memory side
 //! keeps up with twice this CPU's FMA rate (`host_gemm/twice_rate.rs`).
 
 mod common;
@@ -620,6 +621,45 @@ fn step_medians(hidden: usize, steps: usize) {
     }
 }
 
+/// One training step at a time on request, for runs interleaved step by step with PyTorch's
+/// (`tools/torch_transformer_layer.py --interleave`), where a machine's speed drifts within seconds:
+/// `cargo bench --bench host_gemm -- step-server HIDDEN`. Builds the f32 and FP8 layers, runs two warm-up steps of
+/// each (the FP8 ones tune each shape class) and prints `ready` and the FP8 GEMMs' paths; then for each line `f32`
+/// or `fp8` on stdin runs one step and prints its time in ms, until `quit` or the end of input. Any other line is an
+/// error that names it.
+fn step_server(hidden: usize) -> Result<(), String> {
+    use std::io::{BufRead, Write};
+    use std::time::Instant;
+    let (f32_layer, f32_x, f32_target) = layer_inputs::<Autodiff<Flex>>(hidden);
+    let (fp8_layer, fp8_x, fp8_target) = layer_inputs::<Autodiff<Te<Flex>>>(hidden);
+    let f32_step = || common::train_step(&f32_layer, &f32_x, &f32_target, false);
+    let fp8_step = || common::train_step(&fp8_layer, &fp8_x, &fp8_target, true);
+    (0..2).for_each(|_| f32_step());
+    let paths: Vec<String> = gemms_during(|| (0..2).for_each(|_| fp8_step()))
+        .iter()
+        .map(|(path, count)| format!("{path} x{count}"))
+        .collect();
+    let mut out = std::io::stdout().lock();
+    let mut say = |line: String| {
+        writeln!(out, "{line}")
+            .and_then(|()| out.flush())
+            .map_err(|err| format!("stdout: {err}"))
+    };
+    say(format!("ready; warm-up fp8 GEMMs on {}", paths.join(" + ")))?;
+    for line in std::io::stdin().lock().lines() {
+        let line = line.map_err(|err| format!("stdin: {err}"))?;
+        let start = Instant::now();
+        match line.trim() {
+            "f32" => f32_step(),
+            "fp8" => fp8_step(),
+            "quit" => return Ok(()),
+            other => return Err(format!("expected `f32`, `fp8` or `quit`, got {other:?}")),
+        }
+        say(format!("{:.3}", start.elapsed().as_secs_f64() * 1e3))?;
+    }
+    Ok(())
+}
+
 /// The host FP8 GEMMs that `run` issued, by the path they ran on (paths with none left out), from the metrics
 /// report's counters.
 fn gemms_during(run: impl FnOnce()) -> Vec<(HostGemmPath, u64)> {
@@ -702,6 +742,15 @@ fn main() {
                 eprintln!("steps: {err}");
                 std::process::exit(1);
             }
+        }
+        return;
+    }
+    if let Some(words) = common::mode_args("step-server") {
+        let served =
+            common::mode_number(&words, 0, 1024).and_then(step_server);
+        if let Err(err) = served {
+            eprintln!("step-server: {err}");
+            std::process::exit(1);
         }
         return;
     }

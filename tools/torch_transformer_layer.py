@@ -15,6 +15,10 @@ minutes (a VM's two vCPUs are sometimes one core's two hyperthreads), so only ra
     cargo bench --bench host_gemm --no-run
     python3 tools/torch_transformer_layer.py --hidden 2048 --threads 2 --steps 6 --rounds 5 \
         --vs-burn-te "cargo bench -q --bench host_gemm --"
+
+Where the speed drifts within seconds (a VM whose cores a neighbour shares), `--interleave` runs the bench as a
+server (`step-server HIDDEN`) and times one step of each run in turn, the order rotated every step: each round's
+medians are then of steps taken side by side, and the ratios of each turn's steps are summarized too.
 """
 import argparse
 import re
@@ -37,6 +41,8 @@ def main():
     parser.add_argument("--vs-burn-te", metavar="COMMAND", help="burn-te's host_gemm bench, run with `steps HIDDEN "
                         "STEPS` appended each round (e.g. \"cargo bench -q --bench host_gemm --\")")
     parser.add_argument("--rounds", type=int, default=5, help="paired rounds with --vs-burn-te")
+    parser.add_argument("--interleave", action="store_true", help="with --vs-burn-te: one step of each run in "
+                        "turn (burn-te's bench as a `step-server`), not each run's steps in a block")
     parser.add_argument("--svg", metavar="FILE", help="with --vs-burn-te: each round's medians as a bar chart")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -78,13 +84,17 @@ def main():
     if args.vs_burn_te is None:
         torch_medians()
         return
-    # The bench's `steps` mode prints "burn-te f32: median X ms" and "burn-te fp8 on PATH: median Y ms".
+    if args.interleave:
+        interleaved(args, step)
+        return
+    # The bench's `steps` mode prints "burn-te f32: median X ms" and "burn-te fp8 on PATH: median Y ms" (then
+    # further FP8 medians, with the casts apart and fused, which the ratios leave out).
     command = shlex.split(args.vs_burn_te) + ["steps", str(h), str(args.steps)]
-    line = re.compile(r"^(burn-te (?:f32|fp8)).*: median ([0-9.]+) ms", re.M)
+    line = re.compile(r"^(burn-te f32|burn-te fp8 on [^:]*): median ([0-9.]+) ms", re.M)
 
     def burn_te_medians():
         run = subprocess.run(command, capture_output=True, text=True, check=True)
-        found = {name: float(ms) for name, ms in line.findall(run.stdout)}
+        found = {name.split(" on ")[0]: float(ms) for name, ms in line.findall(run.stdout)}
         if set(found) != {"burn-te f32", "burn-te fp8"}:
             raise SystemExit(f"`{shlex.join(command)}` printed no step medians:\n{run.stdout}{run.stderr}")
         print("".join(l + "\n" for l in run.stdout.splitlines() if l.startswith("burn-te")), end="", flush=True)
@@ -110,6 +120,68 @@ def main():
         with open(args.svg, "w") as f:
             f.write(rounds_svg(rounds, f"TransformerLayer step, hidden {h}, {args.threads} threads: "
                                        f"median of {args.steps} steps per round"))
+        print(f"chart: {args.svg}")
+
+
+def interleaved(args, torch_step):
+    """Rounds of `--steps` turns; each turn times one step of every run (PyTorch's modes in this process, burn-te's
+    f32 and FP8 in the bench's `step-server`), in an order rotated every turn."""
+    command = shlex.split(args.vs_burn_te) + ["step-server", str(args.hidden)]
+    server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+    ready = server.stdout.readline()
+    if not ready.startswith("ready"):
+        raise SystemExit(f"`{shlex.join(command)}` did not start: {ready!r} (exit {server.wait()})")
+    print(f"burn-te step-server {ready.strip()}", flush=True)
+
+    def burn_te_step(kind):
+        server.stdin.write(kind + "\n")
+        reply = server.stdout.readline()
+        if not reply.strip():
+            raise SystemExit(f"`{shlex.join(command)}` stopped (exit {server.wait()})")
+        return float(reply)
+
+    def timed_torch(autocast):
+        start = time.perf_counter()
+        torch_step(autocast)
+        return (time.perf_counter() - start) * 1e3
+
+    modes = {"f32": ("f32", False), "bf16": ("bf16 autocast", True)}
+    runs = {f"torch {name}": (lambda a=autocast: timed_torch(a))
+            for name, autocast in (modes[m] for m in args.modes.split(","))}
+    runs["burn-te f32"] = lambda: burn_te_step("f32")
+    runs["burn-te fp8"] = lambda: burn_te_step("fp8")
+    for name, run in runs.items():
+        if name.startswith("torch"):
+            run(), run()
+    names = list(runs)
+    rounds, turn_ratios, turn = [], {}, 0
+    for r in range(args.rounds):
+        times = {name: [] for name in names}
+        for _ in range(args.steps):
+            order = names[turn % len(names):] + names[:turn % len(names)]
+            turn += 1
+            this_turn = {name: runs[name]() for name in order}
+            for name, ms in this_turn.items():
+                times[name].append(ms)
+            for name in (n for n in names if n != "burn-te fp8"):
+                turn_ratios.setdefault(f"burn-te fp8 / {name}", []).append(this_turn["burn-te fp8"] / this_turn[name])
+        medians = {name: statistics.median(v) for name, v in times.items()}
+        rounds.append(medians)
+        print(f"round {r + 1}: " + ", ".join(f"{name} {ms:.1f} ms" for name, ms in medians.items()), flush=True)
+    server.stdin.write("quit\n")
+    server.stdin.close()
+    server.wait()
+    for name in turn_ratios:
+        per_round = [m["burn-te fp8"] / m[name.split(" / ")[1]] for m in rounds]
+        values = sorted(turn_ratios[name])
+        q = lambda f: values[min(len(values) - 1, int(f * len(values)))]
+        print(f"{name}: rounds' medians {statistics.median(per_round):.2f} ({min(per_round):.2f}-{max(per_round):.2f}); "
+              f"turn by turn median {statistics.median(values):.2f} (quartiles {q(0.25):.2f}-{q(0.75):.2f}, "
+              f"{len(values)} turns)")
+    if args.svg:
+        with open(args.svg, "w") as f:
+            f.write(rounds_svg(rounds, f"TransformerLayer step, hidden {args.hidden}, {args.threads} threads: "
+                                       f"median of {args.steps} interleaved steps per round"))
         print(f"chart: {args.svg}")
 
 
