@@ -746,8 +746,7 @@ fn main() {
         return;
     }
     if let Some(words) = common::mode_args("step-server") {
-        let served =
-            common::mode_number(&words, 0, 1024).and_then(step_server);
+        let served = common::mode_number(&words, 0, 1024).and_then(step_server);
         if let Err(err) = served {
             eprintln!("step-server: {err}");
             std::process::exit(1);
