@@ -116,11 +116,7 @@ def main():
     for name, values in ratios.items():
         print(f"{name}: median {statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f}) "
               f"over {len(values)} rounds")
-    if args.svg:
-        with open(args.svg, "w") as f:
-            f.write(rounds_svg(rounds, f"TransformerLayer step, hidden {h}, {args.threads} threads: "
-                                       f"median of {args.steps} steps per round"))
-        print(f"chart: {args.svg}")
+    write_chart(args, rounds, "steps")
 
 
 def interleaved(args, torch_step):
@@ -178,10 +174,15 @@ def interleaved(args, torch_step):
         print(f"{name}: rounds' medians {statistics.median(per_round):.2f} ({min(per_round):.2f}-{max(per_round):.2f}); "
               f"turn by turn median {statistics.median(values):.2f} (quartiles {q(0.25):.2f}-{q(0.75):.2f}, "
               f"{len(values)} turns)")
+    write_chart(args, rounds, "interleaved steps")
+
+
+def write_chart(args, rounds, what):
+    """With `--svg`: each round's medians of `what` as a bar chart in that file."""
     if args.svg:
         with open(args.svg, "w") as f:
             f.write(rounds_svg(rounds, f"TransformerLayer step, hidden {args.hidden}, {args.threads} threads: "
-                                       f"median of {args.steps} interleaved steps per round"))
+                                       f"median of {args.steps} {what} per round"))
         print(f"chart: {args.svg}")
 
 
