@@ -31,6 +31,10 @@ import torch
 import torch.nn as nn
 
 
+# `--modes` names: PyTorch's run name and whether it runs under bf16 autocast.
+MODES = {"f32": ("f32", False), "bf16": ("bf16 autocast", True)}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, default=1024, help="hidden size (FFN is 4x)")
@@ -64,11 +68,10 @@ def main():
         loss.backward()
 
     print(f"torch {torch.__version__}, {args.threads} threads, hidden {h}, FFN {4 * h}, 1024 tokens")
-    modes = {"f32": ("f32", False), "bf16": ("bf16 autocast", True)}
 
     def torch_medians():
         medians = {}
-        for name, autocast in (modes[m] for m in args.modes.split(",")):
+        for name, autocast in (MODES[m] for m in args.modes.split(",")):
             for _ in range(2):
                 step(autocast)
             times = []
@@ -141,9 +144,8 @@ def interleaved(args, torch_step):
         torch_step(autocast)
         return (time.perf_counter() - start) * 1e3
 
-    modes = {"f32": ("f32", False), "bf16": ("bf16 autocast", True)}
     runs = {f"torch {name}": (lambda a=autocast: timed_torch(a))
-            for name, autocast in (modes[m] for m in args.modes.split(","))}
+            for name, autocast in (MODES[m] for m in args.modes.split(","))}
     runs["burn-te f32"] = lambda: burn_te_step("f32")
     runs["burn-te fp8"] = lambda: burn_te_step("fp8")
     for name, run in runs.items():
