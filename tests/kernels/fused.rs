@@ -481,7 +481,10 @@ fn head_gemm_sums_each_element_in_depth_order_on_every_layout() {
         (5, 31, 16),
         (6, 32, 64),
         (7, 33, 65),
+        (8, 32, 64),
         (13, 40, 3),
+        (15, 33, 17),
+        (16, 64, 9),
         (70, 128, 64),
     ] {
         let a = rng.normal(m * k, 0.0, 1.0);
@@ -571,7 +574,7 @@ fn head_gemm_sums_each_element_in_depth_order_on_every_layout() {
             }
         }
     }
-    assert_eq!(cases, 6 * 2 * 3 * 2 * 2);
+    assert_eq!(cases, 9 * 2 * 3 * 2 * 2);
 }
 
 /// The fused kernels' `exp` (what GELU's σ and the softmax use) against f64 over the whole f32 range it takes.

@@ -275,7 +275,7 @@ pub(super) unsafe fn down_panel<const U: usize>(
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn transpose16(r: [std::arch::x86_64::__m512i; 16]) -> [std::arch::x86_64::__m512i; 16] {
+pub(crate) fn transpose16(r: [std::arch::x86_64::__m512i; 16]) -> [std::arch::x86_64::__m512i; 16] {
     use std::arch::x86_64::*;
     // Quarter `k` of t[2m]: rows 2m, 2m + 1 at elements 4k, 4k + 1; of t[2m + 1]: at 4k + 2, 4k + 3.
     let t: [__m512i; 16] = std::array::from_fn(|i| {
