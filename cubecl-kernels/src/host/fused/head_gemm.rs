@@ -127,14 +127,14 @@ impl PackedRhs {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn down_panel(panel: &mut [f32], first: *const f32, col_stride: usize, width: usize) {
-    use crate::host::gemm::pack_vbmi::transpose16;
+    use crate::host::gemm::pack_vbmi::{lanes, transpose16};
     use std::arch::x86_64::*;
     let depth = panel.len() / NR;
     for c0 in (0..width).step_by(16) {
         let stored = (width - c0).min(16);
         for p0 in (0..depth).step_by(16) {
             let count = (depth - p0).min(16);
-            let depths = ((1u32 << count) - 1) as u16;
+            let depths = lanes(count);
             let rows: [__m512i; 16] = std::array::from_fn(|c| {
                 if c < stored {
                     // SAFETY: depths p0 ..+count of column c0 + c < width lie in the operand; the masked-out
@@ -154,7 +154,7 @@ unsafe fn down_panel(panel: &mut [f32], first: *const f32, col_stride: usize, wi
                 // SAFETY: depth p0 + q < depth, columns c0 ..+stored (≤ width ≤ NR) of its panel row.
                 unsafe {
                     let at = panel.as_mut_ptr().add((p0 + q) * NR + c0);
-                    _mm512_mask_storeu_epi32(at.cast(), ((1u32 << stored) - 1) as u16, *column);
+                    _mm512_mask_storeu_epi32(at.cast(), lanes(stored), *column);
                 }
             }
         }

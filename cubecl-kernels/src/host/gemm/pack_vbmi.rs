@@ -344,7 +344,7 @@ pub(super) unsafe fn store(dst: *mut u32, pairs: Pairs, count: usize) {
 
 /// The mask of the first `n ≤ 16` lanes.
 #[cfg(target_arch = "x86_64")]
-pub(super) fn lanes(n: usize) -> u16 {
+pub(crate) fn lanes(n: usize) -> u16 {
     if n >= 16 { u16::MAX } else { (1 << n) - 1 }
 }
 
