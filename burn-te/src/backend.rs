@@ -535,6 +535,13 @@ pub trait TeBackend: Backend {
         add_bias_broadcast::<Self>(out, bias)
     }
 
+    /// A linear layer's bias gradient, `output_grad [.., n]` summed over every dimension but the last (Burn's
+    /// `linear_bias_backward`, what `Te<B>` runs for it; TE's `dbias`). By default the backend's own; the host
+    /// backends sum blocks of columns on every core (Flex sums the rows on one thread).
+    fn te_bias_grad(output_grad: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::linear_bias_backward(output_grad)
+    }
+
     /// One Adam step of a parameter in one pass (`optim::FusedAdam`, TE's `FusedAdam`): the new
     /// `[param, moment_1, moment_2]` from the parameter, its gradient and the moments (`None` on the first step),
     /// with the arithmetic of Burn's `Adam`. `None` where the backend has no fused kernel (the optimizer then runs

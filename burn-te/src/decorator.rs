@@ -68,6 +68,12 @@ pub trait Decorator: Clone + Default + core::fmt::Debug + Send + Sync + 'static 
         Self::Inner::linear_weight_backward(x, output_grad)
     }
 
+    /// The gradient of `linear` for its bias (the output gradient's column sums); forwards by default. `Te<B>` runs
+    /// [`TeBackend::te_bias_grad`](crate::TeBackend::te_bias_grad).
+    fn linear_bias_backward(output_grad: FloatTensor<Self::Inner>) -> FloatTensor<Self::Inner> {
+        Self::Inner::linear_bias_backward(output_grad)
+    }
+
     /// Reshape; forwards by default. `Te<B>` runs [`TeBackend::te_reshape`](crate::TeBackend::te_reshape): a
     /// strided view that must be copied is copied on every core on the host path.
     fn float_reshape(

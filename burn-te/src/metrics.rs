@@ -481,6 +481,9 @@ pub mod names {
     pub const FUSED_DROPOUT_BACKWARD: &str = "FusedDropoutBackward";
     /// Counter: fprop biases added row by row on every core (`TeBackend::te_add_bias` on a host backend).
     pub const FUSED_BIAS: &str = "FusedBias";
+    /// Counter: bias gradients summed in blocks of columns on every core (`TeBackend::te_bias_grad` on a host
+    /// backend).
+    pub const FUSED_BIAS_GRAD: &str = "FusedBiasGrad";
     /// Counter: strided views copied row-major on every core for a reshape or a slice assign (`TeBackend::te_reshape`,
     /// `te_slice_assign`) or for a host kernel that reads contiguous values (Flex on the host path).
     pub const HOST_LAYOUT_COPIES: &str = "HostLayoutCopies";

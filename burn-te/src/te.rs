@@ -1,7 +1,8 @@
 //! `Te<B>`: the backend decorator that runs GEMMs in FP8 inside an autocast scope.
 //!
 //! Every op forwards to `B` (the forwarding is generated once, see [`crate::decorator`]) except Burn's `linear`
-//! (and its two backward GEMMs), `float_matmul` and the layout ops `float_reshape` and `float_slice_assign`.
+//! (and its backward: two GEMMs and the bias's [`TeBackend::te_bias_grad`]), `float_matmul` and the layout ops
+//! `float_reshape` and `float_slice_assign`.
 //! Inside an FP8 [`fp8_autocast`](crate::fp8_autocast) scope `linear` and `float_matmul` quantize their operands
 //! by the recipe and run the FP8 GEMM kernel, so a model of plain `burn::nn::Linear` layers trains in FP8 by
 //! swapping `B` for `Te<B>`. The layout ops run the backend's [`TeBackend::te_reshape`],
@@ -95,6 +96,10 @@ impl<B: TeBackend> Decorator for Te<B> {
     fn linear_weight_backward(x: FloatTensor<B>, output_grad: FloatTensor<B>) -> FloatTensor<B> {
         let (recipe, site) = plain_linear_backward::<B>(Gemm::Wgrad, &x, &output_grad);
         Self::te_linear_wgrad(Saved::HighPrecision(x), output_grad, &site, recipe.as_ref())
+    }
+
+    fn linear_bias_backward(output_grad: FloatTensor<B>) -> FloatTensor<B> {
+        B::te_bias_grad(output_grad)
     }
 
     fn float_into_data(

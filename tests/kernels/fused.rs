@@ -753,6 +753,110 @@ fn fused_ops_name_bad_shapes() {
     );
 }
 
+/// Each column's sum over the rows, in row order, in f32 (what the bias gradient kernel promises bit for bit), and
+/// its f64 sum with the bound of an in-order f32 sum (`rows · ε · Σ|x|`) checked against it.
+fn column_sums_in_row_order(values: &[f32], width: usize) -> Vec<f32> {
+    let rows = values.len() / width;
+    (0..width)
+        .map(|c| {
+            let (mut sum, mut exact, mut magnitude) = (0.0f32, 0.0f64, 0.0f64);
+            for r in 0..rows {
+                let v = values[r * width + c];
+                sum += v;
+                exact += f64::from(v);
+                magnitude += f64::from(v).abs();
+            }
+            let bound = rows as f64 * f64::from(f32::EPSILON) * magnitude;
+            assert!(
+                (f64::from(sum) - exact).abs() <= bound,
+                "column {c}: the in-order f32 sum {sum} is off f64's {exact} by more than {bound}"
+            );
+            sum
+        })
+        .collect()
+}
+
+/// The bias gradient (`TeBackend::te_bias_grad`: the output gradient's column sums in blocks of 128 columns on
+/// every core on Flex) is each column summed in row order, bit for bit, for widths of whole and partial blocks,
+/// small tensors (one thread) and large ones, contiguous and transposed; and a TE `Linear`'s bias gradient in an FP8
+/// scope on `Autodiff<Te<Flex>>` goes through it (the output gradient is exactly `g` there).
+#[test]
+fn bias_gradient_sums_each_column_in_row_order() {
+    use burn_te::nn::LinearConfig;
+    use burn_te::{DelayedScaling, Te, fp8_autocast};
+    let device = Default::default();
+    let mut rng = Rng::new(22);
+    for [batch, rows, width] in [
+        [3, 5, 7],
+        [1, 1024, 1],
+        [4, 256, 129],
+        [2, 300, 1000],
+        [1, 40_000, 2],
+    ] {
+        let g = rng.normal(batch * rows * width, 0.5, 2.0);
+        let expected = column_sums_in_row_order(&g, width);
+        let gs =
+            Tensor::<Flex, 3>::from_data(TensorData::new(g.clone(), [batch, rows, width]), &device);
+        // A transposed view of a [batch, width, rows] tensor holding the same values.
+        let gt = Tensor::<Flex, 3>::from_data(gs.clone().swap_dims(1, 2).into_data(), &device)
+            .swap_dims(1, 2);
+        for (what, grad) in [("contiguous", gs), ("transposed", gt)] {
+            let before = counter("FusedBiasGrad");
+            let sums = <Flex as TeBackend>::te_bias_grad(grad.into_primitive().tensor());
+            assert_eq!(
+                counter("FusedBiasGrad") - before,
+                1,
+                "{what}: the host kernel ran"
+            );
+            let sums = Tensor::<Flex, 1>::from_primitive(TensorPrimitive::Float(sums));
+            assert_eq!(sums.dims(), [width]);
+            let sums = sums.into_data().to_vec::<f32>().expect("f32");
+            for (c, (s, e)) in sums.iter().zip(&expected).enumerate() {
+                assert_eq!(
+                    s.to_bits(),
+                    e.to_bits(),
+                    "{what} [{batch}, {rows}, {width}] column {c}: {s} vs {e}"
+                );
+            }
+        }
+    }
+
+    type T = Autodiff<Te<Flex>>;
+    let (rows, d_in, d_out) = (300, 64, 200);
+    let layer = LinearConfig::new(d_in, d_out)
+        .with_name(Some("fc".into()))
+        .init::<T>(&device);
+    let x = Tensor::<T, 2>::from_data(
+        TensorData::new(rng.normal(rows * d_in, 0.0, 1.0), [rows, d_in]),
+        &device,
+    );
+    let g = rng.normal(rows * d_out, 0.25, 1.0);
+    let before = counter("FusedBiasGrad");
+    let y = fp8_autocast(true, DelayedScaling::default(), || layer.forward(x.clone())).unwrap();
+    let grads = (y * Tensor::<T, 2>::from_data(TensorData::new(g.clone(), [rows, d_out]), &device))
+        .sum()
+        .backward();
+    assert_eq!(
+        counter("FusedBiasGrad") - before,
+        1,
+        "the layer's bias gradient ran on the host kernel"
+    );
+    let bias = layer.bias.as_ref().expect("a bias").val();
+    let dbias = bias.grad(&grads).expect("the bias's gradient");
+    let dbias = dbias.into_data().to_vec::<f32>().expect("f32");
+    for (c, (s, e)) in dbias
+        .iter()
+        .zip(column_sums_in_row_order(&g, d_out))
+        .enumerate()
+    {
+        assert_eq!(
+            s.to_bits(),
+            e.to_bits(),
+            "TE Linear's dbias column {c}: {s} vs {e}"
+        );
+    }
+}
+
 /// The fprop GEMM's bias (`TeBackend::te_add_bias`, row by row on every core on Flex) against the sums computed in
 /// f64 and rounded once (what `x + b` in f32 is), for contiguous and transposed outputs over several blocks of
 /// rows; a bias that is not the last dimension keeps Burn's broadcasting.

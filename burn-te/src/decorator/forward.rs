@@ -39,7 +39,7 @@ pub mod prelude {
 /// backend's), `Backend` and every ops trait for `Te<B>`:
 /// 428 methods, the 218 with a default body included, so that an inner backend's faster versions
 /// of default ops are kept. The ops that `Decorator` declares
-/// (`bool_from_data`, `bool_into_data`, `float_cat`, `float_from_data`, `float_into_data`, `float_matmul`, `float_reshape`, `float_slice_assign`, `int_from_data`, `int_into_data`, `linear`, `linear_weight_backward`, `linear_x_backward`, `name`, `seed`, `tr_execute`) go through the decorator; every other op is `B::op(args)`.
+/// (`bool_from_data`, `bool_into_data`, `float_cat`, `float_from_data`, `float_into_data`, `float_matmul`, `float_reshape`, `float_slice_assign`, `int_from_data`, `int_into_data`, `linear`, `linear_bias_backward`, `linear_weight_backward`, `linear_x_backward`, `name`, `seed`, `tr_execute`) go through the decorator; every other op is `B::op(args)`.
 ///
 /// ```ignore
 /// #[derive(Clone, Default, Debug)]
@@ -2852,7 +2852,7 @@ macro_rules! forward_backend {
 
                     fn linear_bias_backward(output_grad: FloatTensor<Self>) -> FloatTensor<Self> {
                         let __inputs = <Self as Decorator>::op_started("linear_bias_backward", &[&output_grad]);
-                        let __output = B::linear_bias_backward(output_grad);
+                        let __output = <Self as Decorator>::linear_bias_backward(output_grad);
                         <Self as Decorator>::op_finished("linear_bias_backward", __inputs, &__output);
                         __output
                     }

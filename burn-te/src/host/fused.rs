@@ -170,6 +170,21 @@ pub(super) fn add_bias<B: Backend>(
     host_tensor::<B>(bias::add_bias(&x, &b), shape, &device)
 }
 
+/// [`TeBackend::te_bias_grad`](crate::TeBackend::te_bias_grad) on the host: the column sums of `output_grad
+/// [.., n]` in blocks of columns on every core; other dtypes and rank-1 or empty gradients as Burn's
+/// `linear_bias_backward`.
+pub(super) fn bias_grad<B: Backend>(read: Read<B>, output_grad: FloatTensor<B>) -> FloatTensor<B> {
+    let shape = output_grad.shape();
+    let width = shape.as_slice().last().copied().unwrap_or(0);
+    if !(f32_only::<B>(&output_grad) && shape.num_dims() >= 2 && width > 0) {
+        return B::linear_bias_backward(output_grad);
+    }
+    count_launch(names::FUSED_BIAS_GRAD);
+    let device = B::float_device(&output_grad);
+    let (dy, _) = read_back::<B>(read, output_grad);
+    host_tensor::<B>(bias::bias_grad(&dy, width), Shape::new([width]), &device)
+}
+
 /// [`TeBackend::te_activation_forward`](crate::TeBackend::te_activation_forward) on the host.
 pub(super) fn activation_forward<B: Backend>(
     read: Read<B>,

@@ -379,6 +379,10 @@ macro_rules! host_te_backend {
                 fused::add_bias::<$backend>($values, out, bias)
             }
 
+            fn te_bias_grad(output_grad: FloatTensor<Self>) -> FloatTensor<Self> {
+                fused::bias_grad::<$backend>($values, output_grad)
+            }
+
             fn te_reshape(tensor: FloatTensor<Self>, shape: Shape) -> FloatTensor<Self> {
                 $reshape(tensor, shape)
             }

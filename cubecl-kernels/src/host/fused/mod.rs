@@ -7,15 +7,16 @@
 //!   `dgelu`, …);
 //! - [`softmax`]: the attention's scaled, masked softmax, forward and backward (TE's
 //!   `scaled_(upper_triang_)masked_softmax`);
-//! - [`bias`]: a linear layer's bias added to its GEMM's output rows;
+//! - [`bias`]: a linear layer's bias added to its GEMM's output rows, and its gradient (the column sums);
 //! - [`attention`]: the whole attention core (q·kᵀ, the masked softmax, its dropout, ·v) per head at any strides,
 //!   forward and backward (TE's fused attention);
 //! - [`dropout`]: dropout with a mask regenerated from its seed at each element's index (forward and backward
 //!   alike).
 //!
 //! Row reductions (means, softmax sums) accumulate in f32 over eight interleaved partial sums; column reductions
-//! (γ's and β's gradients) sum fixed blocks of rows and then the blocks in order, so every result is the same run
-//! after run, whatever the number of threads.
+//! (γ's and β's gradients) sum fixed blocks of rows and then the blocks in order, and the bias's gradient sums each
+//! column's rows in order (a block of columns per task), so every result is the same run after run, whatever the
+//! number of threads.
 
 pub mod activation;
 pub mod attention;
