@@ -65,13 +65,15 @@ impl PackedRhs {
         if panel == 0 {
             return;
         }
+        #[cfg(target_arch = "x86_64")]
+        let avx512 = std::arch::is_x86_feature_detected!("avx512f");
         for (j, panel) in self.values.chunks_exact_mut(panel).enumerate() {
             let width = NR.min(cols - j * NR);
             if rhs.row_stride == 1 {
                 // The depth is contiguous (a transposed operand: a head's keys as kᵀ).
                 #[cfg(target_arch = "x86_64")]
-                if std::arch::is_x86_feature_detected!("avx512f") {
-                    // SAFETY: AVX-512F (checked just now); the columns' depths lie in the operand.
+                if avx512 {
+                    // SAFETY: AVX-512F (checked above); the columns' depths lie in the operand.
                     unsafe {
                         down_panel(
                             panel,
