@@ -21,8 +21,8 @@
 //! each packed path's GEMM as a share of its instruction's peak, measured in pairs (for machines whose speed drifts).
 //! `-- steps HIDDEN STEPS` and `-- gemms CALLS` print the step's medians and the GEMMs' rates on the paths a user
 //! gets (tuned per shape class, or `BURN_TE_HOST_GEMM`'s), for `tools/torch_transformer_layer.py` and
-//! `tools/torch_gemm.py` to pair with PyTorch's; `-- step-server HIDDEN` runs one step per request, for runs
-//! interleaved step by step with PyTorch's. `-- twice-rate` asks whether the `avx512fma` path's memory side
+//! `tools/torch_gemm.py` to pair with PyTorch's; `-- step-server HIDDEN [DROPOUT_PERCENT]` runs one step per
+//! request, for runs interleaved step by step with PyTorch's. `-- twice-rate` asks whether the `avx512fma` path's memory side
 //! keeps up with twice this CPU's FMA rate (`host_gemm/twice_rate.rs`).
 
 mod common;
@@ -301,11 +301,19 @@ fn block_scaled_gemms(c: &mut Criterion) {
 
 /// A TransformerLayer (hidden `h`, FFN 4·h, 16 heads), its input `[128, 8, h]` (1024 tokens) and a target.
 fn layer_inputs<B: Backend>(h: usize) -> (TransformerLayer<B>, Tensor<B, 3>, Tensor<B, 3>) {
+    // No dropout, as the baselines (and PyTorch's layer in the comparisons) have none.
+    layer_inputs_with_dropout(h, 0.0)
+}
+
+/// [`layer_inputs`] with both of the layer's dropouts at `dropout` (TE's default is 0.1).
+fn layer_inputs_with_dropout<B: Backend>(
+    h: usize,
+    dropout: f64,
+) -> (TransformerLayer<B>, Tensor<B, 3>, Tensor<B, 3>) {
     let device = Default::default();
     let layer = TransformerLayerConfig::new(h, 4 * h, 16)
-        // No dropout, as the baselines (and PyTorch's layer in the comparisons) have none.
-        .with_hidden_dropout(0.0)
-        .with_attention_dropout(0.0)
+        .with_hidden_dropout(dropout)
+        .with_attention_dropout(dropout)
         .init(&device);
     let x = Tensor::random([128, 8, h], Distribution::Normal(0.0, 1.0), &device);
     let target = Tensor::random([128, 8, h], Distribution::Normal(0.0, 1.0), &device);
@@ -623,15 +631,23 @@ fn step_medians(hidden: usize, steps: usize) {
 
 /// One training step at a time on request, for runs interleaved step by step with PyTorch's
 /// (`tools/torch_transformer_layer.py --interleave`), where a machine's speed drifts within seconds:
-/// `cargo bench --bench host_gemm -- step-server HIDDEN`. Builds the f32 and FP8 layers, runs two warm-up steps of
-/// each (the FP8 ones tune each shape class) and prints `ready` and the FP8 GEMMs' paths; then for each line `f32`
-/// or `fp8` on stdin runs one step and prints its time in ms, until `quit` or the end of input. Any other line is an
-/// error that names it.
-fn step_server(hidden: usize) -> Result<(), String> {
+/// `cargo bench --bench host_gemm -- step-server HIDDEN [DROPOUT_PERCENT]` (both dropouts, 0 by default; TE's
+/// default is 10). Builds the f32 and FP8 layers, runs two warm-up steps of each (the FP8 ones tune each shape
+/// class) and prints `ready` and the FP8 GEMMs' paths; then for each line `f32` or `fp8` on stdin runs one step and
+/// prints its time in ms, until `quit` or the end of input. Any other line is an error that names it.
+fn step_server(hidden: usize, dropout_percent: usize) -> Result<(), String> {
     use std::io::{BufRead, Write};
     use std::time::Instant;
-    let (f32_layer, f32_x, f32_target) = layer_inputs::<Autodiff<Flex>>(hidden);
-    let (fp8_layer, fp8_x, fp8_target) = layer_inputs::<Autodiff<Te<Flex>>>(hidden);
+    if dropout_percent >= 100 {
+        return Err(format!(
+            "a dropout of {dropout_percent} % drops everything: give 0 to 99"
+        ));
+    }
+    let dropout = dropout_percent as f64 / 100.0;
+    let (f32_layer, f32_x, f32_target) =
+        layer_inputs_with_dropout::<Autodiff<Flex>>(hidden, dropout);
+    let (fp8_layer, fp8_x, fp8_target) =
+        layer_inputs_with_dropout::<Autodiff<Te<Flex>>>(hidden, dropout);
     let f32_step = || common::train_step(&f32_layer, &f32_x, &f32_target, false);
     let fp8_step = || common::train_step(&fp8_layer, &fp8_x, &fp8_target, true);
     (0..2).for_each(|_| f32_step());
@@ -746,7 +762,8 @@ fn main() {
         return;
     }
     if let Some(words) = common::mode_args("step-server") {
-        let served = common::mode_number(&words, 0, 1024).and_then(step_server);
+        let served = common::mode_number(&words, 0, 1024)
+            .and_then(|hidden| step_server(hidden, common::mode_number(&words, 1, 0)?));
         if let Err(err) = served {
             eprintln!("step-server: {err}");
             std::process::exit(1);

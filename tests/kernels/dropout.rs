@@ -116,6 +116,44 @@ fn the_fused_kernel_applies_the_replayed_mask_at_every_index_across_tasks() {
     }
 }
 
+/// The mask applied to a part of a tensor at its index (`MaskStream::apply`, what the attention core does per row of
+/// probabilities, and the kernel per task): every element is `x · 1/(1 − p)` where the replayed mask keeps it and
+/// `x · 0` where it drops it, bit for bit, for parts that start inside a ChaCha block and span several of the
+/// stream's 1 KiB chunks, and at rate 0 (every draw kept).
+#[test]
+fn the_mask_applies_at_any_index_from_any_offset() {
+    let parts = [
+        (0, 1),
+        (1, 3),
+        (5, 16),
+        (15, 255),
+        (16, 256),
+        (17, 257),
+        (255, 700),
+        (1_000, 1_031),
+    ];
+    let n = parts.iter().map(|(first, len)| first + len).max().unwrap();
+    let x = Rng::new(9).normal(n, 0.0, 1.0);
+    for (prob, seed) in [(0.0, 3), (0.1, 5), (0.5, u64::MAX)] {
+        let mask = DropoutMask { prob, seed };
+        let kept = replayed_mask(seed, n, 1.0 - prob);
+        let factor = (1.0 / (1.0 - prob)) as f32;
+        for (first, len) in parts {
+            let mut part = x[first..first + len].to_vec();
+            mask.stream().apply(&mut part, first);
+            for (j, y) in part.iter().enumerate() {
+                let i = first + j;
+                let want = x[i] * if kept[i] { factor } else { 0.0 };
+                assert_eq!(
+                    y.to_bits(),
+                    want.to_bits(),
+                    "rate {prob}, seed {seed}, part {first}..+{len}, element {i}: {y} (expected {want})"
+                );
+            }
+        }
+    }
+}
+
 /// `|zeros − n·p|` within 4.5 binomial standard deviations (a false failure about once in 150 000 runs).
 fn assert_rate(what: &str, zeros: usize, n: usize, p: f64) {
     let (expected, sd) = (n as f64 * p, (n as f64 * p * (1.0 - p)).sqrt());

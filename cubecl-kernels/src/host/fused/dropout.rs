@@ -50,15 +50,36 @@ pub struct MaskStream {
     scale: f32,
 }
 
+/// Draws per [`MaskStream::apply`] chunk: the stream's words copied out 1 KiB at a time, then applied in a loop
+/// that vectorizes (one `next_u32` call per element cost as much as the ChaCha8 blocks themselves).
+const CHUNK: usize = 256;
+
 impl MaskStream {
     /// Multiplies `values`, the tensor's elements from index `first` on, by their factors: `1/(1 − p)` where kept,
     /// 0 where dropped (a NaN or ∞ dropped stays NaN, as `x · 0` in Burn's `Dropout`).
     pub fn apply(&mut self, values: &mut [f32], first: usize) {
         self.rng.set_word_pos(first as u128);
-        for v in values {
-            let kept = u64::from(self.rng.next_u32()) < self.keep_below;
-            *v *= if kept { self.scale } else { 0.0 };
+        let mut bytes = [0u8; 4 * CHUNK];
+        for values in values.chunks_mut(CHUNK) {
+            let bytes = &mut bytes[..4 * values.len()];
+            // The stream's next words, little-endian (as `next_u32` reads them).
+            self.rng.fill_bytes(bytes);
+            scale_kept(values, bytes, self.keep_below, self.scale);
         }
+    }
+}
+
+/// `values[i] *= scale` where draw `i` (little-endian words of `draws`) is below `keep_below`, else `*= 0`.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw", "x86_64+avx2+fma"))]
+fn scale_kept(values: &mut [f32], draws: &[u8], keep_below: u64, scale: f32) {
+    let Ok(below) = u32::try_from(keep_below) else {
+        // Every 32-bit draw is below 2³² (p = 0 keeps all).
+        values.iter_mut().for_each(|v| *v *= scale);
+        return;
+    };
+    for (v, draw) in values.iter_mut().zip(draws.chunks_exact(4)) {
+        let draw = u32::from_le_bytes([draw[0], draw[1], draw[2], draw[3]]);
+        *v *= if draw < below { scale } else { 0.0 };
     }
 }
 
