@@ -4,12 +4,12 @@
 //!
 //! Element `i` of the tensor (row-major) is kept when word `i` of the ChaCha8 stream of
 //! `ChaCha8Rng::seed_from_u64(seed)` (the `chacha20` crate, the generator family of Burn's own RNG) is below
-//! `round((1 − p) · 2³²)`.
+//! `round((1 − p) · 2³²)`. On AVX-512 the words are made 16 blocks at a time ([`super::keystream`]), the same bits.
 
 use chacha20::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 
-use super::par_rows;
+use super::{keystream, par_rows};
 use crate::host::pool::OutputValues;
 
 /// A dropout's mask: its drop probability and the seed of its stream.
@@ -32,10 +32,24 @@ impl DropoutMask {
         (1.0 / (1.0 - self.prob)) as f32
     }
 
-    /// The stream of draws, to apply the mask to the parts of a tensor at their indices.
+    /// The stream of draws, to apply the mask to the parts of a tensor at their indices: made 16 blocks at a time
+    /// on AVX-512, else [`rng_stream`](Self::rng_stream).
     pub fn stream(&self) -> MaskStream {
+        let rng = ChaCha8Rng::seed_from_u64(self.seed);
+        if !keystream::available() {
+            return self.rng_stream();
+        }
         MaskStream {
-            rng: ChaCha8Rng::seed_from_u64(self.seed),
+            words: Words::Avx512(keystream::Key::new(rng.get_seed())),
+            keep_below: self.keep_below(),
+            scale: self.scale(),
+        }
+    }
+
+    /// The same draws from the `chacha20` crate's RNG (what CPUs without AVX-512 use).
+    pub fn rng_stream(&self) -> MaskStream {
+        MaskStream {
+            words: Words::Rng(ChaCha8Rng::seed_from_u64(self.seed)),
             keep_below: self.keep_below(),
             scale: self.scale(),
         }
@@ -45,40 +59,72 @@ impl DropoutMask {
 /// A [`DropoutMask`]'s draws, positioned per part.
 #[derive(Debug)]
 pub struct MaskStream {
-    rng: ChaCha8Rng,
+    words: Words,
     keep_below: u64,
     scale: f32,
 }
 
-/// Draws per [`MaskStream::apply`] chunk: the stream's words copied out 1 KiB at a time, then applied in a loop
-/// that vectorizes (one `next_u32` call per element cost as much as the ChaCha8 blocks themselves).
-const CHUNK: usize = 256;
+/// Where a [`MaskStream`]'s words come from: 16 blocks at a time on AVX-512 ([`keystream`]), else the crate's RNG.
+#[derive(Debug)]
+enum Words {
+    Avx512(keystream::Key),
+    Rng(ChaCha8Rng),
+}
+
+/// Draws per [`MaskStream::apply`] chunk: the stream's words made or copied out 1 KiB at a time, then applied in a
+/// loop that vectorizes (one `next_u32` call per element cost as much as the ChaCha8 blocks themselves).
+const CHUNK: usize = keystream::BLOCKS * keystream::BLOCK_WORDS;
 
 impl MaskStream {
     /// Multiplies `values`, the tensor's elements from index `first` on, by their factors: `1/(1 − p)` where kept,
     /// 0 where dropped (a NaN or ∞ dropped stays NaN, as `x · 0` in Burn's `Dropout`).
     pub fn apply(&mut self, values: &mut [f32], first: usize) {
-        self.rng.set_word_pos(first as u128);
-        let mut bytes = [0u8; 4 * CHUNK];
-        for values in values.chunks_mut(CHUNK) {
-            let bytes = &mut bytes[..4 * values.len()];
-            // The stream's next words, little-endian (as `next_u32` reads them).
-            self.rng.fill_bytes(bytes);
-            scale_kept(values, bytes, self.keep_below, self.scale);
+        let mut draws = [0u32; CHUNK];
+        match &mut self.words {
+            #[cfg(target_arch = "x86_64")]
+            Words::Avx512(key) => {
+                // Chunks of 16 blocks from the block that holds word `first`, the first one entered at its word.
+                let words = keystream::BLOCK_WORDS;
+                let (mut block, mut skip) = ((first / words) as u64, first % words);
+                let mut rest = values;
+                while !rest.is_empty() {
+                    // SAFETY: the variant exists only where the CPU has AVX-512F (`keystream::available`).
+                    unsafe { keystream::blocks(key, block, &mut draws) };
+                    let take = rest.len().min(CHUNK - skip);
+                    let (now, later) = rest.split_at_mut(take);
+                    scale_kept(now, &draws[skip..skip + take], self.keep_below, self.scale);
+                    (rest, skip, block) = (later, 0, block + keystream::BLOCKS as u64);
+                }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            Words::Avx512(_) => unreachable!("made only where AVX-512F was detected"),
+            Words::Rng(rng) => {
+                rng.set_word_pos(first as u128);
+                let mut bytes = [0u8; 4 * CHUNK];
+                for values in values.chunks_mut(CHUNK) {
+                    let (bytes, draws) =
+                        (&mut bytes[..4 * values.len()], &mut draws[..values.len()]);
+                    // The stream's next words, little-endian (as `next_u32` reads them).
+                    rng.fill_bytes(bytes);
+                    for (draw, word) in draws.iter_mut().zip(bytes.chunks_exact(4)) {
+                        *draw = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+                    }
+                    scale_kept(values, draws, self.keep_below, self.scale);
+                }
+            }
         }
     }
 }
 
-/// `values[i] *= scale` where draw `i` (little-endian words of `draws`) is below `keep_below`, else `*= 0`.
+/// `values[i] *= scale` where `draws[i]` is below `keep_below`, else `*= 0`.
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw", "x86_64+avx2+fma"))]
-fn scale_kept(values: &mut [f32], draws: &[u8], keep_below: u64, scale: f32) {
+fn scale_kept(values: &mut [f32], draws: &[u32], keep_below: u64, scale: f32) {
     let Ok(below) = u32::try_from(keep_below) else {
         // Every 32-bit draw is below 2³² (p = 0 keeps all).
         values.iter_mut().for_each(|v| *v *= scale);
         return;
     };
-    for (v, draw) in values.iter_mut().zip(draws.chunks_exact(4)) {
-        let draw = u32::from_le_bytes([draw[0], draw[1], draw[2], draw[3]]);
+    for (v, &draw) in values.iter_mut().zip(draws) {
         *v *= if draw < below { scale } else { 0.0 };
     }
 }

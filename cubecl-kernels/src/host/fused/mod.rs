@@ -23,6 +23,7 @@ pub mod attention;
 pub mod bias;
 pub mod dropout;
 pub mod head_gemm;
+mod keystream;
 pub mod norm;
 pub mod softmax;
 
