@@ -2,7 +2,9 @@
 """The TransformerLayer training step of `benches/host_gemm.rs`, in PyTorch on the same CPU, for comparison.
 
 Optional and not part of CI: PyTorch is installed only by whoever runs it (`pip install torch`). The layer is the
-one burn-te benches: pre-LN `nn.TransformerEncoderLayer` (hidden h, FFN 4h, 16 heads, tanh GELU, no dropout),
+one burn-te benches: pre-LN `nn.TransformerEncoderLayer` (hidden h, FFN 4h, 16 heads, tanh GELU, no dropout unless
+`--dropout`: PyTorch's layer then drops in four places, the probabilities, both blocks' outputs and the FFN's
+activations, TE's in three, without the last),
 causal self-attention over 128 tokens × 8 sequences = 1024 tokens, an MSE loss against a random target, the
 backward. Runs f32 and bf16 autocast (`--modes`); prints the median step time of each.
 
@@ -45,15 +47,20 @@ def main():
     parser.add_argument("--vs-burn-te", metavar="COMMAND", help="burn-te's host_gemm bench, run with `steps HIDDEN "
                         "STEPS` appended each round (e.g. \"cargo bench -q --bench host_gemm --\")")
     parser.add_argument("--rounds", type=int, default=5, help="paired rounds with --vs-burn-te")
+    parser.add_argument("--dropout", type=int, default=0, metavar="PERCENT",
+                        help="the layer's dropouts in percent, PyTorch's and burn-te's alike (TE's default is 10; "
+                        "burn-te's only with --interleave)")
     parser.add_argument("--interleave", action="store_true", help="with --vs-burn-te: one step of each run in "
                         "turn (burn-te's bench as a `step-server`), not each run's steps in a block")
     parser.add_argument("--svg", metavar="FILE", help="with --vs-burn-te: each round's medians as a bar chart")
     args = parser.parse_args()
+    if args.dropout and args.vs_burn_te and not args.interleave:
+        parser.error("--dropout with --vs-burn-te needs --interleave (the bench's `steps` mode runs no dropout)")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     h, seq, batch = args.hidden, 128, 8
     layer = nn.TransformerEncoderLayer(
-        h, 16, dim_feedforward=4 * h, dropout=0.0, activation=lambda x: nn.functional.gelu(x, approximate="tanh"),
+        h, 16, dim_feedforward=4 * h, dropout=args.dropout / 100, activation=lambda x: nn.functional.gelu(x, approximate="tanh"),
         norm_first=True, batch_first=False,
     )
     x = torch.randn(seq, batch, h)
@@ -125,7 +132,7 @@ def main():
 def interleaved(args, torch_step):
     """Rounds of `--steps` turns; each turn times one step of every run (PyTorch's modes in this process, burn-te's
     f32 and FP8 in the bench's `step-server`), in an order rotated every turn."""
-    command = shlex.split(args.vs_burn_te) + ["step-server", str(args.hidden)]
+    command = shlex.split(args.vs_burn_te) + ["step-server", str(args.hidden), str(args.dropout)]
     server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
     ready = server.stdout.readline()
     if not ready.startswith("ready"):
@@ -183,8 +190,9 @@ def write_chart(args, rounds, what):
     """With `--svg`: each round's medians of `what` as a bar chart in that file."""
     if args.svg:
         with open(args.svg, "w") as f:
-            f.write(rounds_svg(rounds, f"TransformerLayer step, hidden {args.hidden}, {args.threads} threads: "
-                                       f"median of {args.steps} {what} per round"))
+            dropout = f", dropout {args.dropout} %" if args.dropout else ""
+            f.write(rounds_svg(rounds, f"TransformerLayer step, hidden {args.hidden}{dropout}, {args.threads} "
+                                       f"threads: median of {args.steps} {what} per round"))
         print(f"chart: {args.svg}")
 
 
