@@ -49,7 +49,7 @@ impl DropoutMask {
     /// The same draws from the `chacha20` crate's RNG (what CPUs without AVX-512 use).
     pub fn rng_stream(&self) -> MaskStream {
         MaskStream {
-            words: Words::Rng(ChaCha8Rng::seed_from_u64(self.seed)),
+            words: Words::Rng(Box::new(ChaCha8Rng::seed_from_u64(self.seed))),
             keep_below: self.keep_below(),
             scale: self.scale(),
         }
@@ -68,7 +68,8 @@ pub struct MaskStream {
 #[derive(Debug)]
 enum Words {
     Avx512(keystream::Key),
-    Rng(ChaCha8Rng),
+    /// Boxed: the generator and its 4-block buffer are 320 bytes.
+    Rng(Box<ChaCha8Rng>),
 }
 
 /// Draws per [`MaskStream::apply`] chunk: the stream's words made or copied out 1 KiB at a time, then applied in a
