@@ -35,21 +35,21 @@ impl DropoutMask {
     /// The stream of draws, to apply the mask to the parts of a tensor at their indices: made 16 blocks at a time
     /// on AVX-512, else [`rng_stream`](Self::rng_stream).
     pub fn stream(&self) -> MaskStream {
-        let rng = ChaCha8Rng::seed_from_u64(self.seed);
         if !keystream::available() {
             return self.rng_stream();
         }
-        MaskStream {
-            words: Words::Avx512(keystream::Key::new(rng.get_seed())),
-            keep_below: self.keep_below(),
-            scale: self.scale(),
-        }
+        let key = keystream::Key::new(ChaCha8Rng::seed_from_u64(self.seed).get_seed());
+        self.stream_of(Words::Avx512(key))
     }
 
     /// The same draws from the `chacha20` crate's RNG (what CPUs without AVX-512 use).
     pub fn rng_stream(&self) -> MaskStream {
+        self.stream_of(Words::Rng(Box::new(ChaCha8Rng::seed_from_u64(self.seed))))
+    }
+
+    fn stream_of(&self, words: Words) -> MaskStream {
         MaskStream {
-            words: Words::Rng(Box::new(ChaCha8Rng::seed_from_u64(self.seed))),
+            words,
             keep_below: self.keep_below(),
             scale: self.scale(),
         }

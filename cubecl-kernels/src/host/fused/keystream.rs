@@ -44,15 +44,20 @@ pub(super) fn available() -> bool {
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn blocks(key: &Key, first: u64, out: &mut [u32; BLOCKS * BLOCK_WORDS]) {
     use std::arch::x86_64::*;
-    let counters: [u64; BLOCKS] = std::array::from_fn(|b| first.wrapping_add(b as u64));
-    let lanes = |f: &dyn Fn(u64) -> u32| -> __m512i {
-        let words: [u32; BLOCKS] = std::array::from_fn(|b| f(counters[b]));
-        // SAFETY: 16 words read from a 16-word array.
-        unsafe { _mm512_loadu_si512(words.as_ptr().cast()) }
+    // Block `first + b`'s 64-bit counter, low and high words, in lane `b`.
+    let counter = |b: usize| first.wrapping_add(b as u64);
+    let low: [u32; BLOCKS] = std::array::from_fn(|b| counter(b) as u32);
+    let high: [u32; BLOCKS] = std::array::from_fn(|b| (counter(b) >> 32) as u32);
+    // SAFETY: 16 words read from each 16-word array.
+    let (low, high) = unsafe {
+        (
+            _mm512_loadu_si512(low.as_ptr().cast()),
+            _mm512_loadu_si512(high.as_ptr().cast()),
+        )
     };
     let start: [__m512i; 16] = std::array::from_fn(|i| match i {
-        12 => lanes(&|c| c as u32),
-        13 => lanes(&|c| (c >> 32) as u32),
+        12 => low,
+        13 => high,
         _ => _mm512_set1_epi32(key.0[i] as i32),
     });
     let mut x = start;
