@@ -22,8 +22,8 @@
 //! `-- steps HIDDEN STEPS` and `-- gemms CALLS` print the step's medians and the GEMMs' rates on the paths a user
 //! gets (tuned per shape class, or `BURN_TE_HOST_GEMM`'s), for `tools/torch_transformer_layer.py` and
 //! `tools/torch_gemm.py` to pair with PyTorch's; `-- step-server HIDDEN [DROPOUT_PERCENT]` runs one step per
-//! request, for runs interleaved step by step with PyTorch's. `-- twice-rate` asks whether the `avx512fma` path's memory side
-//! keeps up with twice this CPU's FMA rate (`host_gemm/twice_rate.rs`).
+//! request, for runs interleaved step by step with PyTorch's. `-- twice-rate` asks whether the `avx512fma` path's
+//! memory side keeps up with twice this CPU's FMA rate (`host_gemm/twice_rate.rs`).
 
 mod common;
 #[cfg(target_arch = "x86_64")]
