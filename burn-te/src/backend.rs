@@ -544,13 +544,14 @@ pub trait TeBackend: Backend {
 
     /// One Adam step of a parameter in one pass (`optim::FusedAdam`, TE's `FusedAdam`): the new
     /// `[param, moment_1, moment_2]` from the parameter, its gradient and the moments (`None` on the first step),
-    /// with the arithmetic of Burn's `Adam`. `None` where the backend has no fused kernel (the optimizer then runs
-    /// Burn's `Adam`).
+    /// with the arithmetic of Burn's `Adam`, the gradient first clipped as Burn's `GradientClipping::Norm(clip_norm)`
+    /// where given. `None` where the backend has no fused kernel (the optimizer then runs Burn's clipping and `Adam`).
     fn te_adam_step(
         _param: FloatTensor<Self>,
         _grad: FloatTensor<Self>,
         _moments: Option<[FloatTensor<Self>; 2]>,
         _step: AdamStep,
+        _clip_norm: Option<f32>,
     ) -> Result<Option<[FloatTensor<Self>; 3]>, TeError> {
         Ok(None)
     }
@@ -1027,9 +1028,10 @@ macro_rules! forward_fp8_ops {
             grad: $crate::__private::FloatTensor<Self>,
             moments: Option<[$crate::__private::FloatTensor<Self>; 2]>,
             step: $crate::backend::AdamStep,
+            clip_norm: Option<f32>,
         ) -> Result<Option<[$crate::__private::FloatTensor<Self>; 3]>, $crate::TeError> {
             let inputs = <Self as $crate::Decorator>::op_started("te_adam", &[&param, &grad]);
-            let output = $inner::te_adam_step(param, grad, moments, step)?;
+            let output = $inner::te_adam_step(param, grad, moments, step, clip_norm)?;
             if let Some([param, ..]) = &output {
                 <Self as $crate::Decorator>::op_finished("te_adam", inputs, param);
             }

@@ -8,6 +8,11 @@
 //! its gradient and both moments once, on every core; elsewhere (the CubeCL backends, other dtypes) it runs Burn's
 //! `Adam` itself. The metrics report counts both (`FusedAdam`, `ComposedAdam`).
 //!
+//! Gradient clipping by norm (`grad_clipping: Norm`) is part of the fused step: the gradient's squares on every
+//! core, Burn's own sum and coefficient, and the product with the coefficient inside the step's one pass, where
+//! Burn's clipping makes three passes on the calling thread. The same bits as Burn's clipping. Clipping by value
+//! stays Burn's, applied before the step.
+//!
 //! ```no_run
 //! use burn::grad_clipping::GradientClippingConfig;
 //! use burn_te::optim::FusedAdamConfig;
@@ -19,6 +24,7 @@
 //! ```
 
 use burn::config::Config;
+use burn::grad_clipping::{GradientClipping, GradientClippingConfig};
 use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::decay::WeightDecayConfig;
@@ -46,7 +52,7 @@ pub struct FusedAdamConfig {
     /// An L2 penalty added to the gradient (Burn's `WeightDecay`).
     pub weight_decay: Option<WeightDecayConfig>,
     /// Gradient clipping before the step.
-    pub grad_clipping: Option<burn::grad_clipping::GradientClippingConfig>,
+    pub grad_clipping: Option<GradientClippingConfig>,
 }
 
 /// Adam with each parameter's step fused into one pass where the backend can ([`TeBackend::te_adam_step`]),
@@ -57,6 +63,9 @@ pub struct FusedAdam {
     beta_2: f32,
     epsilon: f32,
     penalty: Option<f32>,
+    /// The norm the step clips each gradient to (Burn's `GradientClipping::Norm`), set by
+    /// [`FusedAdamConfig::init`].
+    clip_norm: Option<f32>,
     /// Burn's `Adam` with the same configuration, for backends without the fused kernel.
     composed: burn::optim::Adam,
 }
@@ -75,22 +84,38 @@ impl FusedAdamConfig {
             beta_2: self.beta_2,
             epsilon: self.epsilon,
             penalty: self.weight_decay.as_ref().map(|decay| decay.penalty),
+            clip_norm: None,
             composed,
         }
     }
 
-    /// The optimizer for module `M` on autodiff backend `B` (with the gradient clipping, where set), as
-    /// `AdamConfig::init`.
+    /// The optimizer for module `M` on autodiff backend `B` (with the gradient clipping, where set: by norm in the
+    /// step, by value as Burn applies it), as `AdamConfig::init`.
     pub fn init<B: AutodiffBackend, M: AutodiffModule<B>>(
         &self,
     ) -> OptimizerAdaptor<FusedAdam, M, B>
     where
         B::InnerBackend: TeBackend,
     {
-        let optimizer = OptimizerAdaptor::from(self.build());
         match &self.grad_clipping {
-            Some(clipping) => optimizer.with_grad_clipping(clipping.init()),
-            None => optimizer,
+            Some(GradientClippingConfig::Norm(max_norm)) => OptimizerAdaptor::from(FusedAdam {
+                clip_norm: Some(*max_norm),
+                ..self.build()
+            }),
+            Some(by_value) => {
+                OptimizerAdaptor::from(self.build()).with_grad_clipping(by_value.init())
+            }
+            None => OptimizerAdaptor::from(self.build()),
+        }
+    }
+}
+
+impl FusedAdam {
+    /// `grad` clipped to the step's norm by Burn's clipping, for Burn's `Adam` where the step is not fused.
+    fn clipped<B: TeBackend, const D: usize>(&self, grad: Tensor<B, D>) -> Tensor<B, D> {
+        match self.clip_norm {
+            Some(max_norm) => GradientClipping::Norm(max_norm).clip_gradient(grad),
+            None => grad,
         }
     }
 }
@@ -123,6 +148,7 @@ impl<B: TeBackend> SimpleOptimizer<B> for FusedAdam {
             grad.clone().into_primitive().tensor(),
             moments,
             step,
+            self.clip_norm,
         );
         match fused {
             Ok(Some([param, moment_1, moment_2])) => {
@@ -134,7 +160,7 @@ impl<B: TeBackend> SimpleOptimizer<B> for FusedAdam {
             }
             Ok(None) => {
                 count_launch(names::COMPOSED_ADAM);
-                self.composed.step(lr, tensor, grad, state)
+                self.composed.step(lr, tensor, self.clipped(grad), state)
             }
             Err(err) => {
                 count_launch(names::COMPOSED_ADAM);
@@ -142,7 +168,7 @@ impl<B: TeBackend> SimpleOptimizer<B> for FusedAdam {
                     "fused Adam",
                     format!("fused Adam step not possible, ran Burn's Adam: {err}"),
                 );
-                self.composed.step(lr, tensor, grad, state)
+                self.composed.step(lr, tensor, self.clipped(grad), state)
             }
         }
     }

@@ -3,7 +3,7 @@
 //! several steps (weight decay, gradient clipping, a parameter spread over several of the kernel's blocks),
 //! including a run resumed from Burn's `Adam` checkpoint.
 
-use burn::backend::{Autodiff, Flex};
+use burn::backend::{Autodiff, Flex, NdArray};
 use burn::grad_clipping::GradientClippingConfig;
 use burn::module::{Module, Param};
 use burn::optim::adaptor::OptimizerAdaptor;
@@ -11,6 +11,7 @@ use burn::optim::decay::WeightDecayConfig;
 use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
+use burn::tensor::backend::AutodiffBackend;
 use burn_te::optim::{AdamStep, FusedAdam, FusedAdamConfig};
 use burn_te_kernels::host::optim::adam_step;
 
@@ -122,7 +123,7 @@ struct Params<B: Backend> {
     b: Param<Tensor<B, 1>>,
 }
 
-fn params(device: &burn::backend::flex::FlexDevice) -> Params<F> {
+fn params<B: Backend>(device: &B::Device) -> Params<B> {
     let mut rng = Rng::new(11);
     let [rows, cols] = [300, 251];
     let w = Tensor::from_data(
@@ -137,32 +138,32 @@ fn params(device: &burn::backend::flex::FlexDevice) -> Params<F> {
 }
 
 /// A loss whose gradients change with the parameters: Σ c ⊙ (p − target)² over both.
-fn loss(model: &Params<F>, step: usize) -> Tensor<F, 1> {
+fn loss<B: Backend>(model: &Params<B>, step: usize) -> Tensor<B, 1> {
     let w = model.w.val();
     let b = model.b.val();
     let device = w.device();
     let [rows, cols] = w.dims();
     let mut rng = Rng::new(100 + step as u64);
-    let target_w = Tensor::<F, 2>::from_data(
+    let target_w = Tensor::<B, 2>::from_data(
         TensorData::new(rng.normal(rows * cols, 0.0, 1.0), [rows, cols]),
         &device,
     );
-    let scale_w = Tensor::<F, 2>::from_data(
+    let scale_w = Tensor::<B, 2>::from_data(
         TensorData::new(rng.normal(rows * cols, 1.0, 0.5), [rows, cols]),
         &device,
     );
     let target_b =
-        Tensor::<F, 1>::from_data(TensorData::new(rng.normal(37, 0.0, 1.0), [37]), &device);
+        Tensor::<B, 1>::from_data(TensorData::new(rng.normal(37, 0.0, 1.0), [37]), &device);
     ((w - target_w).powi_scalar(2) * scale_w).sum() + (b - target_b).powi_scalar(2).sum()
 }
 
 /// The parameters' bits after each of `steps` steps of `optimizer`, from `model`, numbering steps from `first`.
-fn train<O: Optimizer<Params<F>, F>>(
+fn train<B: AutodiffBackend, O: Optimizer<Params<B>, B>>(
     optimizer: &mut O,
-    mut model: Params<F>,
+    mut model: Params<B>,
     first: usize,
     steps: usize,
-) -> (Params<F>, Vec<Vec<u32>>) {
+) -> (Params<B>, Vec<Vec<u32>>) {
     let mut history = Vec::new();
     for step in first..first + steps {
         let grads = loss(&model, step).backward();
@@ -182,40 +183,82 @@ fn counter(name: &str) -> u64 {
     burn_te::diagnostics::thread_counter_value(name).unwrap_or(0)
 }
 
-#[test]
-fn fused_adam_gives_burns_adam_bits_at_every_step() {
-    let device = Default::default();
-    let decay = Some(WeightDecayConfig::new(0.01));
-    let clipping = Some(GradientClippingConfig::Norm(1.0));
-    for (weight_decay, grad_clipping) in [(None, None), (decay, clipping)] {
+/// Each parameter's gradient norm at the first step, in f64 from the gradient's values: `[w, b]`.
+fn first_gradient_norms<B: AutodiffBackend>(device: &B::Device) -> [f64; 2] {
+    let model = params::<B>(device);
+    let grads = loss(&model, 0).backward();
+    let norm = |data: TensorData| {
+        let values = data.to_vec::<f32>().expect("f32 gradients");
+        values
+            .iter()
+            .map(|&g| f64::from(g).powi(2))
+            .sum::<f64>()
+            .sqrt()
+    };
+    [
+        norm(model.w.grad(&grads).expect("w's gradient").into_data()),
+        norm(model.b.grad(&grads).expect("b's gradient").into_data()),
+    ]
+}
+
+/// FusedAdam against Burn's Adam, bit for bit at every step, on backend `B`: without clipping and decay; clipping
+/// by norm where it scales both parameters' gradients (1), only `w`'s (100, between the two norms) and with decay;
+/// clipping by value. Every step fused.
+fn fused_adam_gives_burns_adam_bits_on<B: AutodiffBackend>(device: &B::Device)
+where
+    B::InnerBackend: burn_te::TeBackend,
+{
+    let [norm_w, norm_b] = first_gradient_norms::<B>(device);
+    assert!(
+        norm_w > 100.0 && norm_b > 1.0 && norm_b < 100.0,
+        "the cases below clip both gradients at 1 and only w's at 100: norms w {norm_w}, b {norm_b}"
+    );
+    let decay = || Some(WeightDecayConfig::new(0.01));
+    let cases = [
+        (None, None),
+        (decay(), Some(GradientClippingConfig::Norm(1.0))),
+        (None, Some(GradientClippingConfig::Norm(100.0))),
+        (decay(), Some(GradientClippingConfig::Norm(100.0))),
+        (None, Some(GradientClippingConfig::Value(0.5))),
+    ];
+    for (weight_decay, grad_clipping) in cases {
         let burn_adam = AdamConfig::new()
             .with_beta_2(0.98)
             .with_weight_decay(weight_decay.clone())
             .with_grad_clipping(grad_clipping.clone())
-            .init::<F, Params<F>>();
+            .init::<B, Params<B>>();
         let fused_adam = FusedAdamConfig::new()
             .with_beta_2(0.98)
             .with_weight_decay(weight_decay.clone())
             .with_grad_clipping(grad_clipping.clone())
-            .init::<F, Params<F>>();
-        let (_, expected) = train(&mut { burn_adam }, params(&device), 0, 5);
+            .init::<B, Params<B>>();
+        let (_, expected) = train(&mut { burn_adam }, params::<B>(device), 0, 5);
         let fused_before = counter("FusedAdam");
-        let (_, actual) = train(&mut { fused_adam }, params(&device), 0, 5);
+        let (_, actual) = train(&mut { fused_adam }, params::<B>(device), 0, 5);
         assert_eq!(
             counter("FusedAdam") - fused_before,
             2 * 5,
-            "every step of both parameters fused on Flex"
+            "every step of both parameters fused on {}",
+            B::name(device)
         );
         for (step, (actual, expected)) in actual.iter().zip(&expected).enumerate() {
             let differ = actual.iter().zip(expected).filter(|(a, e)| a != e).count();
             assert_eq!(
                 differ,
                 0,
-                "step {step} (weight decay {weight_decay:?}): {differ} of {} parameter values differ from Burn's Adam",
+                "step {step} on {} (weight decay {weight_decay:?}, clipping {grad_clipping:?}): {differ} of {} \
+                 parameter values differ from Burn's Adam",
+                B::name(device),
                 actual.len()
             );
         }
     }
+}
+
+#[test]
+fn fused_adam_gives_burns_adam_bits_at_every_step() {
+    fused_adam_gives_burns_adam_bits_on::<F>(&Default::default());
+    fused_adam_gives_burns_adam_bits_on::<Autodiff<NdArray>>(&Default::default());
 }
 
 #[test]

@@ -404,8 +404,9 @@ macro_rules! host_te_backend {
                 grad: FloatTensor<Self>,
                 moments: Option<[FloatTensor<Self>; 2]>,
                 step: burn_te_kernels::host::optim::AdamStep,
+                clip_norm: Option<f32>,
             ) -> Result<Option<[FloatTensor<Self>; 3]>, TeError> {
-                optim::te_adam_step::<$backend>($values, param, grad, moments, step)
+                optim::te_adam_step::<$backend>($values, param, grad, moments, step, clip_norm)
             }
 
             fn te_softmax_forward(

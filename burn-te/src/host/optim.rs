@@ -1,23 +1,27 @@
 //! [`TeBackend::te_adam_step`](crate::TeBackend::te_adam_step) on the host path: the Burn glue around
 //! [`burn_te_kernels::host::optim`]. f32 parameters only; other dtypes answer `None` (the optimizer runs Burn's
-//! `Adam`, which keeps the dtype).
+//! `Adam`, which keeps the dtype). Gradient clipping by norm runs here too: its squares on every core, then Burn's
+//! own ops for the rest of the coefficient, which the step applies to the gradient as it reads it (Burn's clipping
+//! is three passes over the gradient on the calling thread, the last a product).
 
+use burn::prelude::ToElement;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, TensorMetadata};
-use burn_te_kernels::host::optim::{AdamOutput, AdamStep, adam_step};
+use burn::tensor::{DType, FloatDType, Shape, Tensor, TensorMetadata, TensorPrimitive};
+use burn_te_kernels::host::optim::{AdamOutput, AdamStep, adam_step, squares};
 
 use super::fused::Read;
 use super::host_tensor;
 use crate::error::TeError;
 
-/// One fused Adam step of a host backend's parameter.
+/// One fused Adam step of a host backend's parameter, its gradient first clipped to norm `clip_norm` where given.
 pub(super) fn te_adam_step<B: Backend>(
     read: Read<B>,
     param: FloatTensor<B>,
     grad: FloatTensor<B>,
     moments: Option<[FloatTensor<B>; 2]>,
     step: AdamStep,
+    clip_norm: Option<f32>,
 ) -> Result<Option<[FloatTensor<B>; 3]>, TeError> {
     let all_f32 = [Some(&param), Some(&grad)]
         .into_iter()
@@ -42,6 +46,10 @@ pub(super) fn te_adam_step<B: Backend>(
             rhs: bad.as_slice().to_vec(),
         });
     }
+    let step = match clip_norm {
+        Some(max_norm) => step.with_grad_scale(clip_coefficient::<B>(&g, max_norm, &device)),
+        None => step,
+    };
     let AdamOutput {
         param,
         moment_1,
@@ -55,4 +63,19 @@ pub(super) fn te_adam_step<B: Backend>(
     Ok(Some([param, moment_1, moment_2].map(|values| {
         host_tensor::<B>(values, shape.clone(), &device)
     })))
+}
+
+/// The coefficient by which Burn's `GradientClipping::Norm(max_norm)` multiplies gradient `g` (f32, contiguous, as
+/// autodiff gives it): `min(1, max_norm / (‖g‖ + f32's smallest normal))`. The squares come from
+/// [`squares`] on every core (`x · x`, Burn's bits); the sum, the square root and the rest are the backend's own
+/// ops in Burn's order, so the coefficient is Burn's bit for bit.
+fn clip_coefficient<B: Backend>(g: &[f32], max_norm: f32, device: &B::Device) -> f32 {
+    let squared = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(host_tensor::<B>(
+        squares(g),
+        Shape::new([g.len()]),
+        device,
+    )));
+    let norm = squared.sum().sqrt();
+    let coefficient = max_norm / norm.add_scalar(FloatDType::F32.finfo().min_positive);
+    coefficient.clamp_max(1.0).into_scalar().to_f32()
 }

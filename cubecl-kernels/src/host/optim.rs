@@ -6,6 +6,7 @@
 //! bits Burn's `Adam` gives:
 //!
 //! ```text
+//! g  = g · c_clip                            (Burn's clipping by norm, where set: c_clip from [`AdamStep::grad_scale`])
 //! g  = g + penalty · x                       (Burn's WeightDecay, where set)
 //! m  = β₁ · m + (1 − β₁) · g                 (first step: (1 − β₁) · g)
 //! v  = β₂ · v + (1 − β₂) · g²                (first step: (1 − β₂) · g²)
@@ -34,6 +35,9 @@ pub struct AdamStep {
     pub lr: f32,
     /// The L2 penalty added to the gradient (`g + penalty · x`), where set.
     pub penalty: Option<f32>,
+    /// The factor the gradient is multiplied by before anything else: gradient clipping by norm's coefficient, 1
+    /// where there is none (`g · 1` is `g`, bit for bit).
+    pub grad_scale: f32,
 }
 
 impl AdamStep {
@@ -55,8 +59,34 @@ impl AdamStep {
             epsilon: epsilon * bias_correction2_sqrt,
             lr: lr as f32,
             penalty,
+            grad_scale: 1.0,
         }
     }
+
+    /// The same step on the gradient times `scale` (gradient clipping's coefficient).
+    pub fn with_grad_scale(self, scale: f32) -> Self {
+        Self {
+            grad_scale: scale,
+            ..self
+        }
+    }
+}
+
+/// `values[i]²`, in blocks on rayon's pool: the pass of Burn's gradient clipping by norm before its sum
+/// (`x · x`, the bits of Burn's `square` on Flex and NdArray).
+pub fn squares(values: &[f32]) -> OutputValues {
+    let mut out = OutputValues::for_overwrite(values.len());
+    let square = |(out, values): (&mut [f32], &[f32])| {
+        out.iter_mut().zip(values).for_each(|(o, v)| *o = v * v)
+    };
+    if values.len() <= BLOCK {
+        square((&mut out, values));
+    } else {
+        out.par_chunks_mut(BLOCK)
+            .zip(values.par_chunks(BLOCK))
+            .for_each(square);
+    }
+    out
 }
 
 /// A parameter and its two moments after a step.
@@ -130,6 +160,7 @@ fn block_step(
     let n = x_out.len();
     let (x, g, m_out, v_out) = (&x[..n], &g[..n], &mut m_out[..n], &mut v_out[..n]);
     let (one_minus_beta_1, one_minus_beta_2) = (1.0 - s.beta_1, 1.0 - s.beta_2);
+    let scale = s.grad_scale;
     // One loop per case (first step or not, penalty or not), so that no branch is left in a loop and each
     // vectorizes. `$grad(i)` is the gradient, `$moments(i, g)` the new moments.
     macro_rules! steps {
@@ -154,11 +185,11 @@ fn block_step(
                 )
             };
             match penalty {
-                Some(p) => steps!(|i: usize| x[i] * p + g[i], next),
-                None => steps!(|i: usize| g[i], next),
+                Some(p) => steps!(|i: usize| x[i] * p + g[i] * scale, next),
+                None => steps!(|i: usize| g[i] * scale, next),
             }
         }
-        (None, Some(p)) => steps!(|i: usize| x[i] * p + g[i], first),
-        (None, None) => steps!(|i: usize| g[i], first),
+        (None, Some(p)) => steps!(|i: usize| x[i] * p + g[i] * scale, first),
+        (None, None) => steps!(|i: usize| g[i] * scale, first),
     }
 }
