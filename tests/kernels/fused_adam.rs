@@ -116,12 +116,17 @@ fn fused_adam_kernel_follows_an_f64_adam_at_every_step() {
     }
 }
 
-/// Two parameters: one spread over several of the kernel's blocks, one small.
+/// Three parameters: one spread over several of the kernel's blocks, one small, and one that the loss reads
+/// transposed (its gradient a transposed view on Flex).
 #[derive(Module, Debug)]
 struct Params<B: Backend> {
     w: Param<Tensor<B, 2>>,
     b: Param<Tensor<B, 1>>,
+    u: Param<Tensor<B, 2>>,
 }
+
+/// `u`'s shape.
+const U: [usize; 2] = [180, 250];
 
 fn params<B: Backend>(device: &B::Device) -> Params<B> {
     let mut rng = Rng::new(11);
@@ -131,13 +136,18 @@ fn params<B: Backend>(device: &B::Device) -> Params<B> {
         device,
     );
     let b = Tensor::from_data(TensorData::new(rng.normal(37, 0.5, 1.0), [37]), device);
+    let u = Tensor::from_data(
+        TensorData::new(rng.normal(U[0] * U[1], 0.0, 0.3), U),
+        device,
+    );
     Params {
         w: Param::from_tensor(w),
         b: Param::from_tensor(b),
+        u: Param::from_tensor(u),
     }
 }
 
-/// A loss whose gradients change with the parameters: Σ c ⊙ (p − target)² over both.
+/// A loss whose gradients change with the parameters: Σ c ⊙ (p − target)² over each (`u` as `uᵀ`).
 fn loss<B: Backend>(model: &Params<B>, step: usize) -> Tensor<B, 1> {
     let w = model.w.val();
     let b = model.b.val();
@@ -154,7 +164,13 @@ fn loss<B: Backend>(model: &Params<B>, step: usize) -> Tensor<B, 1> {
     );
     let target_b =
         Tensor::<B, 1>::from_data(TensorData::new(rng.normal(37, 0.0, 1.0), [37]), &device);
-    ((w - target_w).powi_scalar(2) * scale_w).sum() + (b - target_b).powi_scalar(2).sum()
+    let target_u = Tensor::<B, 2>::from_data(
+        TensorData::new(rng.normal(U[0] * U[1], 0.0, 1.0), [U[1], U[0]]),
+        &device,
+    );
+    ((w - target_w).powi_scalar(2) * scale_w).sum()
+        + (b - target_b).powi_scalar(2).sum()
+        + (model.u.val().transpose() - target_u).powi_scalar(2).sum()
 }
 
 /// The parameters' bits after each of `steps` steps of `optimizer`, from `model`, numbering steps from `first`.
@@ -169,11 +185,15 @@ fn train<B: AutodiffBackend, O: Optimizer<Params<B>, B>>(
         let grads = loss(&model, step).backward();
         let grads = GradientsParams::from_grads(grads, &model);
         model = optimizer.step(3e-3, model, grads);
-        let bits = [model.w.val().into_data(), model.b.val().into_data()]
-            .iter()
-            .flat_map(|data| data.to_vec::<f32>().expect("f32 parameters"))
-            .map(f32::to_bits)
-            .collect();
+        let bits = [
+            model.w.val().into_data(),
+            model.b.val().into_data(),
+            model.u.val().into_data(),
+        ]
+        .iter()
+        .flat_map(|data| data.to_vec::<f32>().expect("f32 parameters"))
+        .map(f32::to_bits)
+        .collect();
         history.push(bits);
     }
     (model, history)
@@ -183,8 +203,8 @@ fn counter(name: &str) -> u64 {
     burn_te::diagnostics::thread_counter_value(name).unwrap_or(0)
 }
 
-/// Each parameter's gradient norm at the first step, in f64 from the gradient's values: `[w, b]`.
-fn first_gradient_norms<B: AutodiffBackend>(device: &B::Device) -> [f64; 2] {
+/// Each parameter's gradient norm at the first step, in f64 from the gradient's values: `[w, b, u]`.
+fn first_gradient_norms<B: AutodiffBackend>(device: &B::Device) -> [f64; 3] {
     let model = params::<B>(device);
     let grads = loss(&model, 0).backward();
     let norm = |data: TensorData| {
@@ -198,20 +218,21 @@ fn first_gradient_norms<B: AutodiffBackend>(device: &B::Device) -> [f64; 2] {
     [
         norm(model.w.grad(&grads).expect("w's gradient").into_data()),
         norm(model.b.grad(&grads).expect("b's gradient").into_data()),
+        norm(model.u.grad(&grads).expect("u's gradient").into_data()),
     ]
 }
 
 /// FusedAdam against Burn's Adam, bit for bit at every step, on backend `B`: without clipping and decay; clipping
-/// by norm where it scales both parameters' gradients (1), only `w`'s (100, between the two norms) and with decay;
+/// by norm where it scales every parameter's gradient (1), all but `b`'s (100, between the norms) and with decay;
 /// clipping by value. Every step fused.
 fn fused_adam_gives_burns_adam_bits_on<B: AutodiffBackend>(device: &B::Device)
 where
     B::InnerBackend: burn_te::TeBackend,
 {
-    let [norm_w, norm_b] = first_gradient_norms::<B>(device);
+    let [norm_w, norm_b, norm_u] = first_gradient_norms::<B>(device);
     assert!(
-        norm_w > 100.0 && norm_b > 1.0 && norm_b < 100.0,
-        "the cases below clip both gradients at 1 and only w's at 100: norms w {norm_w}, b {norm_b}"
+        norm_w > 100.0 && norm_u > 100.0 && norm_b > 1.0 && norm_b < 100.0,
+        "the cases below clip every gradient at 1 and all but b's at 100: norms w {norm_w}, b {norm_b}, u {norm_u}"
     );
     let decay = || Some(WeightDecayConfig::new(0.01));
     let cases = [
@@ -237,8 +258,8 @@ where
         let (_, actual) = train(&mut { fused_adam }, params::<B>(device), 0, 5);
         assert_eq!(
             counter("FusedAdam") - fused_before,
-            2 * 5,
-            "every step of both parameters fused on {}",
+            3 * 5,
+            "every step of the three parameters fused on {}",
             B::name(device)
         );
         for (step, (actual, expected)) in actual.iter().zip(&expected).enumerate() {
@@ -257,6 +278,16 @@ where
 
 #[test]
 fn fused_adam_gives_burns_adam_bits_at_every_step() {
+    // `u`'s case: on Flex its gradient is a transposed view, which Flex's `square` and `sum` read in storage order.
+    let model = params::<F>(&Default::default());
+    let grad_u = model
+        .u
+        .grad(&loss(&model, 0).backward())
+        .expect("u's gradient");
+    assert!(
+        !grad_u.into_primitive().tensor().is_contiguous(),
+        "u's gradient is a transposed view on Flex"
+    );
     fused_adam_gives_burns_adam_bits_on::<F>(&Default::default());
     fused_adam_gives_burns_adam_bits_on::<Autodiff<NdArray>>(&Default::default());
 }

@@ -82,6 +82,18 @@ impl std::ops::Deref for HostValues {
     }
 }
 
+impl HostValues {
+    /// Whether these are a tensor's own contiguous buffer, read in place: the order in which the backend's own
+    /// passes over the tensor read its values too.
+    fn in_place(&self) -> bool {
+        #[cfg(feature = "flex")]
+        if let HostValues::Flex(_) = self {
+            return true;
+        }
+        false
+    }
+}
+
 /// The values and shape of any backend's tensor, copied out through `into_data`.
 fn values<B: Backend>(tensor: FloatTensor<B>) -> Result<(HostValues, Shape), TeError> {
     let data = burn_te_kernels::cubecl::future::block_on(B::float_into_data(tensor))

@@ -1,8 +1,9 @@
 //! [`TeBackend::te_adam_step`](crate::TeBackend::te_adam_step) on the host path: the Burn glue around
 //! [`burn_te_kernels::host::optim`]. f32 parameters only; other dtypes answer `None` (the optimizer runs Burn's
-//! `Adam`, which keeps the dtype). Gradient clipping by norm runs here too: its squares on every core, then Burn's
-//! own ops for the rest of the coefficient, which the step applies to the gradient as it reads it (Burn's clipping
-//! is three passes over the gradient on the calling thread, the last a product).
+//! `Adam`, which keeps the dtype). Gradient clipping by norm runs here too: its squares on every core (where the
+//! gradient is a contiguous Flex buffer), then Burn's own ops for the rest of the coefficient, which the step
+//! applies to the gradient as it reads it (Burn's clipping is three passes over the gradient on the calling thread,
+//! the last a product).
 
 use burn::prelude::ToElement;
 use burn::tensor::backend::Backend;
@@ -32,6 +33,8 @@ pub(super) fn te_adam_step<B: Backend>(
         return Ok(None);
     }
     let device = B::float_device(&param);
+    // For the clipping's squares where the gradient is not read in place (see `clip_coefficient`).
+    let clipped = clip_norm.map(|max_norm| (max_norm, grad.clone()));
     let (x, shape) = read(param)?;
     let (g, grad_shape) = read(grad)?;
     let moments = moments
@@ -46,8 +49,17 @@ pub(super) fn te_adam_step<B: Backend>(
             rhs: bad.as_slice().to_vec(),
         });
     }
-    let step = match clip_norm {
-        Some(max_norm) => step.with_grad_scale(clip_coefficient::<B>(&g, max_norm, &device)),
+    let step = match clipped {
+        Some((max_norm, grad)) => {
+            // The squares on every core where the gradient is a contiguous buffer (the order in which the backend
+            // sums it); else the backend's own `square`, whose layout its sum follows.
+            let squared = if g.in_place() {
+                host_tensor::<B>(squares(&g), Shape::new([g.len()]), &device)
+            } else {
+                B::float_powi_scalar(grad, 2.into())
+            };
+            step.with_grad_scale(clip_coefficient::<B>(squared, max_norm))
+        }
         None => step,
     };
     let AdamOutput {
@@ -65,17 +77,13 @@ pub(super) fn te_adam_step<B: Backend>(
     })))
 }
 
-/// The coefficient by which Burn's `GradientClipping::Norm(max_norm)` multiplies gradient `g` (f32, contiguous, as
-/// autodiff gives it): `min(1, max_norm / (‖g‖ + f32's smallest normal))`. The squares come from
-/// [`squares`] on every core (`x · x`, Burn's bits); the sum, the square root and the rest are the backend's own
-/// ops in Burn's order, so the coefficient is Burn's bit for bit.
-fn clip_coefficient<B: Backend>(g: &[f32], max_norm: f32, device: &B::Device) -> f32 {
-    let squared = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(host_tensor::<B>(
-        squares(g),
-        Shape::new([g.len()]),
-        device,
-    )));
-    let norm = squared.sum().sqrt();
+/// The coefficient by which Burn's `GradientClipping::Norm(max_norm)` multiplies a gradient whose squares are
+/// `squared` (in the backend's order): `min(1, max_norm / (‖g‖ + f32's smallest normal))`, by the backend's own ops
+/// in Burn's order (the sum, the square root, the add, the reciprocal, the product and the clamp), so Burn's bits.
+fn clip_coefficient<B: Backend>(squared: FloatTensor<B>, max_norm: f32) -> f32 {
+    let norm = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(B::float_sqrt(B::float_sum(
+        squared,
+    ))));
     let coefficient = max_norm / norm.add_scalar(FloatDType::F32.finfo().min_positive);
     coefficient.clamp_max(1.0).into_scalar().to_f32()
 }
