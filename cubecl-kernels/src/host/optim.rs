@@ -6,7 +6,7 @@
 //! bits Burn's `Adam` gives:
 //!
 //! ```text
-//! g  = g · c_clip                            (Burn's clipping by norm, where set: c_clip from [`AdamStep::grad_scale`])
+//! g  = c · g                                 (Burn's clipping by norm, where set: c is AdamStep::grad_scale)
 //! g  = g + penalty · x                       (Burn's WeightDecay, where set)
 //! m  = β₁ · m + (1 − β₁) · g                 (first step: (1 − β₁) · g)
 //! v  = β₂ · v + (1 − β₂) · g²                (first step: (1 − β₂) · g²)
