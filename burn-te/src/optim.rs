@@ -10,8 +10,8 @@
 //!
 //! Gradient clipping by norm (`grad_clipping: Norm`) is part of the fused step: the gradient's squares on every
 //! core (a contiguous gradient on Flex), Burn's own sum and coefficient, and the product with the coefficient inside
-//! the step's one pass, where Burn's clipping makes three passes on the calling thread. The same bits as Burn's clipping. Clipping by value
-//! stays Burn's, applied before the step.
+//! the step's one pass, where Burn's clipping makes three passes on the calling thread. The same bits as Burn's
+//! clipping. Clipping by value stays Burn's, applied before the step.
 //!
 //! ```no_run
 //! use burn::grad_clipping::GradientClippingConfig;
