@@ -13,7 +13,7 @@
 # The whole run keeps within BUDGET_S seconds (default 540), in this order:
 # 1. the CUDA tests of the device paths: a TransformerLayer trained on every path and recipe (cuBLASLt on both
 #    streams; its printed losses kept in $OUT/tests-train.txt), then the GEMM tests that compare the two streams bit
-#    for bit;
+#    for bit, and every FP8 code through every tiled routine (the device's own FP8 conversion from sm 89);
 # 2. the TransformerLayer step per float type of STEP_FLOATS (default "f16 bf16"), each in its own process: on
 #    Burn's fused `Cuda`, and in FP8 on cuBLASLt on CubeCL's stream and on its own stream, with activations of that
 #    type; each row also prints the host's share of its step;
@@ -56,7 +56,7 @@ if [ -n "${PROFILE:-}" ]; then # CubeCL's per-kernel profile of the steps of one
   ls -la $OUT; xz -T4 -9 $OUT/profile-$PROFILE.log; el done; exit 0
 fi
 tests ${TRAIN_S:-110} train --nocapture device_gemm::transformer_layer_trains_the_same_on_every_path
-tests ${STREAM_S:-90} streams device_gemm::each_forced_tiled_routine device_gemm::exact_sums device_gemm::random_operands device_gemm::a_group device_gemm::bf16_operands device_gemm::empty_batches
+tests ${STREAM_S:-120} streams gemm::every_code_through_every_tiled_routine device_gemm::each_forced_tiled_routine device_gemm::exact_sums device_gemm::random_operands device_gemm::a_group device_gemm::bf16_operands device_gemm::empty_batches
 bench() { # float seconds filter
   el "$1 ($2 s): $3"
   BURN_TE_BENCH_FLOAT=$1 timeout $2 $G/cuda --bench "$3" --warm-up-time 1 --measurement-time 3 2>&1 | tee $OUT/bench-$1.txt | grep -E "^cuda|time:|thrpt:|paths|returns after|panicked|rror" | head -40

@@ -7,9 +7,12 @@
 //! The stage type is f32 for the unit routines (every device; on devices without matrix units such as lavapipe they
 //! are what cubek itself runs) and f16 for the plane routines on matrix units (cooperative matrices or MMA: exact,
 //! since every E4M3, E5M2 and E2M1 value is an f16 value; block-scaled values need not be, so they take per-tensor
-//! scales only). The plane routines are the families Burn's own matmul autotunes among on such devices: one stage
-//! or two (double-buffered, ordered), one row of tiles per plane or several. What this path cannot take exactly is
-//! named by [`cubek_refusal`]: the caller runs it on the SIMT kernel and says so.
+//! scales only). FP8 codes without block scales are converted by the device itself where it has FP8 conversions
+//! (CUDA from sm 89): two codes per instruction instead of about twenty operations per code
+//! ([`crate::kernel::code_view::native_conversion`]). The plane routines are the families Burn's own matmul
+//! autotunes among on such devices: one stage or two (double-buffered, ordered), one row of tiles per plane or
+//! several. What this path cannot take exactly is named by [`cubek_refusal`]: the caller runs it on the SIMT kernel
+//! and says so.
 
 use cubecl::ir::{ElemType, FloatKind, StorageType};
 use cubecl::prelude::*;

@@ -52,6 +52,23 @@ impl Operand {
         }
     }
 
+    /// The given codes (row-major) as a `rows × cols` operand with per-tensor scale 1.
+    fn from_codes(rows: usize, cols: usize, codes: &[u8], format: Fp8Format) -> Self {
+        Operand {
+            codes: Fp8Buffer {
+                codes: client().create_from_slice(u32::as_bytes(&host::pack_codes(codes))),
+                len: codes.len(),
+                format,
+            },
+            scale_inv: upload(&[1.0]),
+            batch: 1,
+            rows,
+            cols,
+            block: None,
+            values: codes.iter().map(|&c| format.decode(c) as f64).collect(),
+        }
+    }
+
     /// Block quantization on the device (checked bit-exact against the host reference).
     fn blocked(
         rows: usize,
@@ -811,6 +828,86 @@ fn cubek_tiled_refusals_name_the_reason() {
             } else {
                 assert_eq!(reason, None, "{} at K = {k}", routine.name());
             }
+        }
+    }
+}
+
+/// Every FP8 code, NaN, infinities, subnormals and both zeros included, in each of a word's four lanes, goes through
+/// every tiled routine the device runs and through the SIMT kernel as its value: row `i` of the left operand holds
+/// code `i` in column `i % 4` (zeros elsewhere), the right operand (used as stored, dgrad's layout, so its words run
+/// along N) is `2^p` in row `p < 4` (zeros beyond), so output `(i, j)` is the code's value (the host decode, itself
+/// checked against the ml_dtypes vectors in `conformance`) times `2^(i % 4)`, exact, and a code read from the wrong
+/// lane shows. Where the device converts FP8 in hardware (CUDA from sm 89) the tiled routines take
+/// that conversion, elsewhere the integer decode: both must give these bits. K = 128 lets every routine run.
+#[test]
+fn every_code_through_every_tiled_routine() {
+    let (codes_count, depth, n) = (256, 128, 16);
+    let device_has_matrix_units = !client().properties().features.matmul.cmma.is_empty();
+    for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+        let weights = [1.0f32, 2.0, 4.0, 8.0];
+        let mut a = vec![0u8; codes_count * depth];
+        for code in 0..codes_count {
+            a[code * depth + code % 4] = code as u8;
+        }
+        let mut b = vec![0u8; depth * n];
+        for (row, &weight) in b.chunks_mut(n).zip(&weights) {
+            row.fill(format.encode(weight));
+        }
+        let a = Operand::from_codes(codes_count, depth, &a, format);
+        let b = Operand::from_codes(depth, n, &b, format);
+        let want: Vec<u32> = (0..codes_count)
+            .flat_map(|code| {
+                let mut row = [0.0f32; 4];
+                row[code % 4] = format.decode(code as u8);
+                let sum = (0..4).fold(0.0f32, |sum, p| sum + row[p] * weights[p]);
+                std::iter::repeat_n(sum.to_bits(), n)
+            })
+            .collect();
+        let same = |got: &[f32], what: &str| {
+            for (index, (&got, &want)) in got.iter().zip(&want).enumerate() {
+                let want = f32::from_bits(want);
+                assert!(
+                    got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                    "{} code {:#04x} on {what}: {got} ({:#010x}), want {want} ({:#010x})",
+                    format.name(),
+                    index / n,
+                    got.to_bits(),
+                    want.to_bits()
+                );
+            }
+        };
+        let simt = fp8_gemm::<TestRuntime, f32>(&client(), &a.gemm(false), &b.gemm(false)).unwrap();
+        same(&download(&simt, want.len()), "the SIMT kernel");
+        let mut ran = Vec::new();
+        for routine in CubekRoutine::ALL {
+            match fp8_gemm_cubek::<TestRuntime, f32>(
+                &client(),
+                &a.gemm(false),
+                &b.gemm(false),
+                routine,
+            ) {
+                Ok(out) => {
+                    same(&download(&out, want.len()), &routine.name());
+                    ran.push(routine);
+                }
+                Err(KernelError::Library { reason, .. })
+                    if routine.on_matrix_units() && !device_has_matrix_units =>
+                {
+                    assert!(
+                        reason.contains("unavailable"),
+                        "{}: {reason}",
+                        routine.name()
+                    );
+                }
+                Err(error) => panic!("{}: {error}", routine.name()),
+            }
+        }
+        assert!(
+            ran.contains(&CubekRoutine::SimpleUnit) && ran.contains(&CubekRoutine::DoubleUnit),
+            "the unit routines run on every device: ran {ran:?}"
+        );
+        if device_has_matrix_units {
+            assert_eq!(ran.len(), CubekRoutine::COUNT, "ran {ran:?}");
         }
     }
 }

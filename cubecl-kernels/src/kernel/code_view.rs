@@ -9,12 +9,16 @@
 
 use std::marker::PhantomData;
 
+use cubecl::features::TypeUsage;
+use cubecl::ir::{ElemType, FloatKind, StorageType};
 use cubecl::prelude::barrier::BarrierExpand;
 use cubecl::prelude::*;
 use cubecl::std::tensor::layout::Coordinates;
 use cubecl::std::tensor::{View, ViewExpand, ViewOperations, ViewOperationsExpand};
 use cubecl::unexpanded;
+use cubecl::{e4m3, e5m2};
 
+use crate::format::Fp8Format;
 use crate::kernel::code::{CodeFormat, decode};
 
 /// One of a view's reads (checked, unchecked, ...) at a position.
@@ -80,7 +84,8 @@ impl<F: Numeric, N: Size, C: Coordinates + 'static> CodeViewExpand<F, N, C> {
         ViewExpand::new(self)
     }
 
-    /// The decoded word at `pos`, read with `read` (checked or not), times the block scale at `pos` if any.
+    /// The decoded word at `pos`, read with `read` (checked or not), times the block scale at `pos` if any. FP8
+    /// codes without block scales take the device's own conversion where it has one ([`native_conversion`]).
     fn decoded(
         &self,
         scope: &mut Scope,
@@ -90,10 +95,47 @@ impl<F: Numeric, N: Size, C: Coordinates + 'static> CodeViewExpand<F, N, C> {
     ) -> NativeExpand<Vector<F, N>> {
         let word = read(&self.codes, scope, pos.clone());
         let scale = match &self.scales {
-            ComptimeOptionExpand::None => 1.0f32.into(),
+            ComptimeOptionExpand::None => match native_conversion(scope, self.element) {
+                Some(format) => return converted_word::expand::<F, N>(scope, word, format),
+                None => 1.0f32.into(),
+            },
             ComptimeOptionExpand::Some(scales) => read_scale(scales, scope, pos),
         };
         decode_word::expand::<F, N>(scope, word, scale, self.element)
+    }
+}
+
+/// The FP8 format of `element` where the device the kernel is expanded for converts it in hardware (CubeCL's
+/// `TypeUsage::Conversion`: CUDA from sm 89, Vulkan with `VK_EXT_shader_float8`), `None` elsewhere (lavapipe, WGSL,
+/// E2M1 words).
+pub fn native_conversion(scope: &Scope, element: CodeFormat) -> Option<Fp8Format> {
+    let CodeFormat::Fp8(format) = element else {
+        return None;
+    };
+    let kind = match format {
+        Fp8Format::E4M3 => FloatKind::E4M3,
+        Fp8Format::E5M2 => FloatKind::E5M2,
+    };
+    let properties = scope.properties.as_ref()?;
+    properties
+        .type_usage(StorageType::Scalar(ElemType::Float(kind)))
+        .contains(TypeUsage::Conversion)
+        .then_some(format)
+}
+
+/// The four FP8 codes of `word` (lowest bits first) as the device's own FP8 type, converted to `F` by the device:
+/// two codes per instruction on CUDA (`cvt.rn.f16x2.e4m3x2`), where [`decode_word`] spends about twenty integer
+/// and float operations per code. Exact: every E4M3 and E5M2 value, NaN and infinity included, is an f16 and an f32
+/// value.
+#[cube]
+pub fn converted_word<F: Numeric, N: Size>(
+    word: u32,
+    #[comptime] format: Fp8Format,
+) -> Vector<F, N> {
+    if comptime!(format == Fp8Format::E4M3) {
+        Vector::<F, N>::cast_from(Vector::<e4m3, N>::reinterpret(word))
+    } else {
+        Vector::<F, N>::cast_from(Vector::<e5m2, N>::reinterpret(word))
     }
 }
 
