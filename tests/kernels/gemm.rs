@@ -837,8 +837,8 @@ fn cubek_tiled_refusals_name_the_reason() {
 /// code `i` in column `i % 4` (zeros elsewhere), the right operand (used as stored, dgrad's layout, so its words run
 /// along N) is `2^p` in row `p < 4` (zeros beyond), so output `(i, j)` is the code's value (the host decode, itself
 /// checked against the ml_dtypes vectors in `conformance`) times `2^(i % 4)`, exact, and a code read from the wrong
-/// lane shows. Where the device converts FP8 in hardware (CUDA from sm 89) the tiled routines take
-/// that conversion, elsewhere the integer decode: both must give these bits. K = 128 lets every routine run.
+/// lane shows. Where the device converts FP8 in hardware (CUDA from sm 89) the tiled routines take that conversion,
+/// elsewhere the integer decode: both must give these bits. K = 128 lets every routine run.
 #[test]
 fn every_code_through_every_tiled_routine() {
     let (codes_count, depth, n) = (256, 128, 16);
