@@ -81,13 +81,12 @@ pub fn decode_fp8(code: u32, #[comptime] format: Fp8Format) -> f32 {
     // Subnormal: mantissa * 2^(1 - bias - m), exact in f32.
     let subnormal_bits =
         u32::reinterpret(f32::cast_from(mantissa) * comptime!(format.min_subnormal()));
+    // Selects, not branches: a kernel decoding many codes (a GEMM's staging) stays one basic block.
     let mut bits = select(exponent == 0, subnormal_bits, normal_bits);
-    if comptime!(format == Fp8Format::E5M2) && magnitude == 0x7c {
-        bits = 0x7f80_0000;
+    if comptime!(format == Fp8Format::E5M2) {
+        bits = select(magnitude == 0x7c, 0x7f80_0000u32, bits);
     }
-    if is_nan_magnitude(magnitude, format) {
-        bits = 0x7fc0_0000;
-    }
+    bits = select(is_nan_magnitude(magnitude, format), 0x7fc0_0000u32, bits);
     f32::reinterpret(sign | bits)
 }
 

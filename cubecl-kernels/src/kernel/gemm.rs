@@ -249,14 +249,15 @@ fn stage(
             }
             #[unroll(gemms == 1)]
             for l in 0..loads {
+                // Out-of-range slots read element 0 (any operand that reaches a launch has one); their value is
+                // replaced by 0 below.
                 let (outer, depth) = slot_position(l, unit, tiling);
-                if outer0 + outer < outer_len && k0 + depth < k_len {
-                    words[l as usize] =
-                        codes[code_word(code_bases[l as usize] + stage_code, element) as usize];
-                    if comptime!(!operand.one_scale) {
-                        slot_scales[l as usize] =
-                            scales[(scale_bases[l as usize] + stage_scale) as usize];
-                    }
+                let in_range = outer0 + outer < outer_len && k0 + depth < k_len;
+                let word = code_word(code_bases[l as usize] + stage_code, element);
+                words[l as usize] = codes[select(in_range, word, 0u32) as usize];
+                if comptime!(!operand.one_scale) {
+                    let scale = scale_bases[l as usize] + stage_scale;
+                    slot_scales[l as usize] = scales[select(in_range, scale, 0u32) as usize];
                 }
             }
         }
@@ -268,19 +269,18 @@ fn stage(
         for lane in 0..4u32 {
             let l = v * 4 + lane;
             let (outer, depth) = slot_position(l, unit, tiling);
-            if outer0 + outer < outer_len && k0 + depth < k_len {
-                let code = code_in_word(
-                    words[l as usize],
-                    code_bases[l as usize] + stage_code,
-                    element,
-                );
-                let scale = if comptime!(operand.one_scale) {
-                    tensor_scale
-                } else {
-                    slot_scales[l as usize]
-                };
-                vector[lane as usize] = decode(code, element) * scale;
-            }
+            let in_range = outer0 + outer < outer_len && k0 + depth < k_len;
+            let code = code_in_word(
+                words[l as usize],
+                code_bases[l as usize] + stage_code,
+                element,
+            );
+            let scale = if comptime!(operand.one_scale) {
+                tensor_scale
+            } else {
+                slot_scales[l as usize]
+            };
+            vector[lane as usize] = select(in_range, decode(code, element) * scale, 0.0f32);
         }
         tile[(unit + v * comptime!(tiling.units * tiling.units)) as usize] = vector;
     }
@@ -442,25 +442,37 @@ pub fn fp8_gemm_kernel<F: Float>(
             k0 += TILE_K;
         }
 
+        // The unit's first output (its smallest row and column) is in range unless all of its outputs are out.
+        // Out-of-range outputs are stored there instead, and the first output is stored again last: the
+        // write-back has no branch per element (the SPIR-V compiler recursed once per basic block, and the CPU
+        // tiling's 1 024 guarded stores overflowed its thread's stack).
         let out_base = param_at(params, base, param::OUT) + batch * m_len * n_len;
-        #[unroll]
-        for r in 0..span {
+        let first_row = row0 + ty * 4;
+        let first_col = col0 + tx * 4;
+        if first_row < m_len && first_col < n_len {
+            let first = out_base + first_row * n_len + first_col;
             #[unroll]
-            for i in 0..4u32 {
-                let row = row0 + (ty + r * units) * 4 + i;
+            for r in 0..span {
                 #[unroll]
-                for c in 0..span {
-                    let values = acc[((r * 4 + i) * span + c) as usize];
+                for i in 0..4u32 {
+                    let row = row0 + (ty + r * units) * 4 + i;
                     #[unroll]
-                    for j in 0..4u32 {
-                        let col = col0 + (tx + c * units) * 4 + j;
-                        if row < m_len && col < n_len {
-                            out[(out_base + row * n_len + col) as usize] =
-                                F::cast_from(values[j as usize]);
+                    for c in 0..span {
+                        let values = acc[((r * 4 + i) * span + c) as usize];
+                        #[unroll]
+                        for j in 0..4u32 {
+                            let col = col0 + (tx + c * units) * 4 + j;
+                            let at = select(
+                                row < m_len && col < n_len,
+                                out_base + row * n_len + col,
+                                first,
+                            );
+                            out[at as usize] = F::cast_from(values[j as usize]);
                         }
                     }
                 }
             }
+            out[first as usize] = F::cast_from(acc[0][0]);
         }
     }
 }
