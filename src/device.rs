@@ -6,6 +6,8 @@
 
 use std::fmt;
 
+use burn_te::settings::{Setting, SettingErrors};
+
 /// The environment variable that forces the examples' device.
 pub const DEVICE_VARIABLE: &str = "BURN_TE_DEVICE";
 
@@ -40,6 +42,14 @@ impl DeviceRequest {
     }
 }
 
+/// `BURN_TE_DEVICE` as a setting, for burn-te's environment check (the examples' own setting).
+pub const DEVICE_SETTING: Setting<DeviceRequest> = Setting {
+    name: DEVICE_VARIABLE,
+    takes: "auto, cpu, wgpu, cuda",
+    otherwise: "auto",
+    parse: |value| DeviceRequest::parse(Some(value)).ok(),
+};
+
 /// A wgpu adapter as the examples see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WgpuAdapter {
@@ -60,9 +70,12 @@ pub enum Target {
     Host,
 }
 
-/// Why an example cannot run where `BURN_TE_DEVICE` asks.
+/// Why an example cannot start: its device (`BURN_TE_DEVICE`) or burn-te's settings.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DeviceError {
+    /// A `BURN_TE_*` variable that is no setting, or a value its setting does not take.
+    #[error(transparent)]
+    Settings(#[from] SettingErrors),
     /// A value that names no device.
     #[error("{DEVICE_VARIABLE}={0:?} names no device: use auto (the default), cpu, wgpu or cuda")]
     UnknownRequest(String),
@@ -156,10 +169,13 @@ impl fmt::Display for DeviceChoice {
     }
 }
 
-/// The device `BURN_TE_DEVICE` asks for, or the fastest found ([`decide`]). Looks for a CUDA device only with the
+/// The device `BURN_TE_DEVICE` asks for, or the fastest found ([`decide`]), once burn-te's settings in the
+/// environment check out (`burn_te::settings::check_environment`: a misspelt `BURN_TE_*` name or a value no setting
+/// takes is an error, before any training). Looks for a CUDA device only with the
 /// `cuda` feature and for a wgpu adapter only when the request could take one.
 pub fn choose() -> Result<DeviceChoice, DeviceError> {
     let request = DeviceRequest::from_env()?;
+    burn_te::settings::check_environment(&[&DEVICE_SETTING])?;
     let look = |target| match request {
         DeviceRequest::Auto => true,
         DeviceRequest::Cpu => false,
@@ -221,8 +237,8 @@ pub fn wgpu_adapter() -> Option<WgpuAdapter> {
     None
 }
 
-/// Prints `FP8 GEMMs by path: <`[`fp8_gemm_paths`]`>` at the end of an example's training, where any ran, and
-/// for host GEMMs what chose their paths (`burn_te::host::gemm::host_gemm_choices`).
+/// Prints `FP8 GEMMs by path: <`[`fp8_gemm_paths`]`>` at the end of an example's training, where any ran, for
+/// host GEMMs what chose their paths (`burn_te::host::gemm::host_gemm_choices`), and the [`fallbacks`] where any.
 pub fn print_fp8_gemm_paths() {
     if let Some(paths) = fp8_gemm_paths() {
         println!("FP8 GEMMs by path: {paths}");
@@ -230,6 +246,22 @@ pub fn print_fp8_gemm_paths() {
             println!("{}", burn_te::host::gemm::host_gemm_choices());
         }
     }
+    if let Some(fallbacks) = fallbacks() {
+        println!(
+            "fallbacks: {fallbacks} (each logged: the debug tools' main log, tracing warnings)"
+        );
+    }
+}
+
+/// This process's fallbacks by reason (`burn_te::fallback_counts`): `host GEMM path unavailable × 50`, or `None`
+/// where nothing fell back.
+fn fallbacks() -> Option<String> {
+    let counts = burn_te::fallback_counts();
+    let each: Vec<String> = counts
+        .iter()
+        .map(|(reason, count)| format!("{reason} × {count}"))
+        .collect();
+    (!each.is_empty()).then(|| each.join(", "))
 }
 
 /// Which paths this process's FP8 GEMMs took, from the metrics report's counters (`HostFp8Gemm(avx512bf16)`,

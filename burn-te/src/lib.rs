@@ -38,7 +38,7 @@
 //!   `fused::dropout`, `fused::norm`, `fused::softmax`, `fusion`, `high_precision`, `host`, `linear`,
 //!   `microbatch`, `nn`, `nvfp4`, `optim`, `plain_linear`, `readback`, `saved`, `te`.
 //! - Plain: `autocast`, `cube::gemm_path`, `cube::gemm_tune`, `data`, `diagnostics`, `diagnostics::trace`, `distributed::launch`,
-//!   `error`, `fallback`, `fused`, `gemm`, `host::gemm`, `metrics`, `plan`, `primitive`, `recipe`, `site`.
+//!   `error`, `fallback`, `fused`, `gemm`, `host::gemm`, `metrics`, `plan`, `primitive`, `recipe`, `settings`, `site`.
 
 mod autocast;
 mod autodiff;
@@ -73,6 +73,7 @@ mod primitive;
 mod readback;
 pub mod recipe;
 pub mod saved;
+pub mod settings;
 pub mod site;
 mod te;
 

@@ -38,6 +38,7 @@ mod plan;
 mod quantization_error;
 mod saved_operands;
 mod scaling;
+mod settings;
 mod statistics;
 mod te;
 mod tensor_parallel;

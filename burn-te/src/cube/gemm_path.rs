@@ -24,6 +24,7 @@ use super::gemm_tune::{self, GemmKernel};
 
 use crate::error::TeError;
 use crate::metrics;
+use crate::settings::setting::Setting;
 
 /// The metrics report's counter prefix of device FP8 GEMMs by path (`DeviceFp8Gemm(cublaslt)`).
 pub const DEVICE_FP8_GEMM: &str = "DeviceFp8Gemm";
@@ -129,17 +130,7 @@ pub fn with_cublaslt_stream<T>(stream: CublasLtStream, f: impl FnOnce() -> T) ->
 pub fn cublaslt_stream() -> CublasLtStream {
     static CONFIGURED: OnceLock<CublasLtStream> = OnceLock::new();
     FORCED_STREAM.with(Cell::get).unwrap_or_else(|| {
-        *CONFIGURED.get_or_init(|| match std::env::var("BURN_TE_CUBLASLT_STREAM").as_deref() {
-            Err(_) | Ok("" | "cubecl") => CublasLtStream::CubeCl,
-            Ok("own") => CublasLtStream::Own,
-            Ok(name) => {
-                crate::fallback::record(
-                    "BURN_TE_CUBLASLT_STREAM",
-                    format!("BURN_TE_CUBLASLT_STREAM={name:?} is not a stream (cubecl, own): using cubecl"),
-                );
-                CublasLtStream::CubeCl
-            }
-        })
+        *CONFIGURED.get_or_init(|| CUBLASLT_STREAM.read().unwrap_or(CublasLtStream::CubeCl))
     })
 }
 
@@ -157,24 +148,33 @@ pub fn with_device_gemm_path<T>(path: DeviceGemmPath, f: impl FnOnce() -> T) -> 
     with_setting(&FORCED, path, f)
 }
 
+/// `BURN_TE_DEVICE_GEMM`: `auto` (or empty) for `None`, else a path's name.
+pub const DEVICE_GEMM: Setting<Option<DeviceGemmPath>> = Setting {
+    name: "BURN_TE_DEVICE_GEMM",
+    takes: "auto, simt, tiled, cublaslt",
+    otherwise: "auto",
+    parse: |value| match value {
+        "" | "auto" => Some(None),
+        name => DeviceGemmPath::from_name(name).map(Some),
+    },
+};
+
+/// `BURN_TE_CUBLASLT_STREAM`: the stream cuBLASLt's GEMMs run on.
+pub const CUBLASLT_STREAM: Setting<CublasLtStream> = Setting {
+    name: "BURN_TE_CUBLASLT_STREAM",
+    takes: "cubecl, own",
+    otherwise: "cubecl",
+    parse: |value| match value {
+        "" | "cubecl" => Some(CublasLtStream::CubeCl),
+        "own" => Some(CublasLtStream::Own),
+        _ => None,
+    },
+};
+
 /// `BURN_TE_DEVICE_GEMM`, read once: `None` for `auto` or unset; an unknown value is reported once and read as auto.
 fn configured() -> Option<DeviceGemmPath> {
     static CONFIGURED: OnceLock<Option<DeviceGemmPath>> = OnceLock::new();
-    *CONFIGURED.get_or_init(|| {
-        let value = std::env::var("BURN_TE_DEVICE_GEMM").ok()?;
-        match value.as_str() {
-            "" | "auto" => None,
-            name => DeviceGemmPath::from_name(name).or_else(|| {
-                crate::fallback::record(
-                    "BURN_TE_DEVICE_GEMM",
-                    format!(
-                        "BURN_TE_DEVICE_GEMM={name:?} is not a device GEMM path (auto, simt, tiled, cublaslt): using auto"
-                    ),
-                );
-                None
-            }),
-        }
-    })
+    *CONFIGURED.get_or_init(|| DEVICE_GEMM.read().flatten())
 }
 
 /// Whether `R` is CubeCL's CUDA runtime (never without the `cuda` feature).

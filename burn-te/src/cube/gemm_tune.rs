@@ -22,6 +22,7 @@ use burn_te_kernels::gemm::{GemmOperand, fp8_gemm, product_dims};
 use burn_te_kernels::kernel::code::CodeFormat;
 
 use crate::error::TeError;
+use crate::settings::setting::Setting;
 
 /// GEMMs with fewer multiply-adds (`batch · M · K · N`) run on the SIMT kernel without tuning: 256³.
 pub const TUNED_MIN_PRODUCT: usize = 1 << 24;
@@ -44,18 +45,26 @@ pub fn tiled_candidates() -> &'static [CubekRoutine] {
         CubekRoutine::SIMPLE_CMMA,
     ];
     static CONFIGURED: std::sync::OnceLock<&'static [CubekRoutine]> = std::sync::OnceLock::new();
-    CONFIGURED.get_or_init(|| match std::env::var("BURN_TE_TILED_ROUTINES").as_deref() {
-        Err(_) | Ok("" | "tested") => &TESTED,
-        Ok("all") => &CubekRoutine::ALL,
-        Ok(value) => {
-            crate::fallback::record(
-                "BURN_TE_TILED_ROUTINES",
-                format!("BURN_TE_TILED_ROUTINES={value:?} is not a routine set (tested, all): using tested"),
-            );
+    CONFIGURED.get_or_init(|| {
+        if TILED_ROUTINES.read() == Some(true) {
+            &CubekRoutine::ALL
+        } else {
             &TESTED
         }
     })
 }
+
+/// `BURN_TE_TILED_ROUTINES`: `tested` (`false`, the default) or `all` (`true`).
+pub const TILED_ROUTINES: Setting<bool> = Setting {
+    name: "BURN_TE_TILED_ROUTINES",
+    takes: "tested, all",
+    otherwise: "tested",
+    parse: |value| match value {
+        "" | "tested" => Some(false),
+        "all" => Some(true),
+        _ => None,
+    },
+};
 
 /// What runs a device FP8 GEMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

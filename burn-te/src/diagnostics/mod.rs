@@ -38,6 +38,8 @@ use std::time::Instant;
 
 use burn::config::Config;
 
+use crate::settings::setting::{Setting, flag};
+
 pub use crate::metrics::{
     KEPT_SAMPLES, MetricData, MetricUnit, PERCENTILES, clear_all, counter_names, counter_value,
     format_bytes, format_time, increment_counter, metric_data, metric_names, metrics_report, names,
@@ -124,7 +126,7 @@ impl Flags {
     fn of(config: &DiagnosticsConfig) -> Self {
         let snapshot = config.snapshot.as_ref();
         Flags {
-            eager: config.eager || env_flag(EAGER_ENV),
+            eager: config.eager || eager_from_env(),
             track_non_finite: config.track_non_finite || snapshot.is_some_and(|s| s.on_non_finite),
             device_time: config.device_time,
             stop: config.on_non_finite == OnNonFinite::Stop,
@@ -184,15 +186,25 @@ static ENV_READ: std::sync::Once = std::sync::Once::new();
 /// `NEURON_USE_EAGER_DEBUG_MODE`.
 pub const EAGER_ENV: &str = "BURN_TE_EAGER_DEBUG_MODE";
 
-fn env_flag(name: &str) -> bool {
-    std::env::var(name).is_ok_and(|v| matches!(v.trim(), "1" | "true" | "TRUE" | "True"))
+/// `BURN_TE_EAGER_DEBUG_MODE`: a flag (`1`/`true` on, `0`/`false` off).
+pub const EAGER: Setting<bool> = Setting {
+    name: EAGER_ENV,
+    takes: "1, true, 0, false",
+    otherwise: "off",
+    parse: flag,
+};
+
+/// Whether `BURN_TE_EAGER_DEBUG_MODE` switches eager mode on (read once).
+fn eager_from_env() -> bool {
+    static EAGER_ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *EAGER_ON.get_or_init(|| EAGER.read().unwrap_or(false))
 }
 
 /// Reads the environment once (eager mode can be switched on without code changes).
 #[inline]
 pub(crate) fn read_env() {
     ENV_READ.call_once(|| {
-        if env_flag(EAGER_ENV) {
+        if eager_from_env() {
             GLOBAL_FLAGS.fetch_or(1, Ordering::Relaxed);
         }
     });

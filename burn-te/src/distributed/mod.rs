@@ -40,6 +40,7 @@ use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_collective::{CollectiveConfig, PeerId, ReduceOperation};
 
 use crate::error::TeError;
+use crate::settings::distributed as settings;
 
 pub mod gradients;
 pub mod launch;
@@ -106,22 +107,31 @@ impl PeerConfig {
         };
         let rank = parse("RANK", var("RANK")?)? as usize;
         let world_size = parse("WORLD_SIZE", var("WORLD_SIZE")?)? as usize;
+        let setting =
+            |bad: crate::settings::setting::BadValue| TeError::Collective(bad.to_string());
         let mut config = PeerConfig::local(rank, world_size);
-        if let Ok(bucket) = std::env::var("BURN_TE_GRADIENT_BUCKET") {
-            config.gradient_bucket = parse("BURN_TE_GRADIENT_BUCKET", bucket)?.max(1) as usize;
+        if let Some(bucket) = settings::GRADIENT_BUCKET.try_read().map_err(setting)? {
+            config.gradient_bucket = bucket.max(1) as usize;
         }
-        if let Ok(timeout) = std::env::var("BURN_TE_COLLECTIVE_TIMEOUT_S") {
-            config.timeout = Duration::from_secs(parse("BURN_TE_COLLECTIVE_TIMEOUT_S", timeout)?);
+        if let Some(timeout) = settings::COLLECTIVE_TIMEOUT_S.try_read().map_err(setting)? {
+            config.timeout = Duration::from_secs(timeout);
         }
         if world_size > 1 {
-            let port = parse("BURN_TE_NODE_PORT", var("BURN_TE_NODE_PORT")?)?;
-            let port = u16::try_from(port).map_err(|_| {
-                TeError::Collective(format!("BURN_TE_NODE_PORT={port} is not a port"))
-            })?;
+            let missing =
+                |name: &str| TeError::Collective(format!("environment variable {name} is not set"));
+            let port = settings::NODE_PORT
+                .try_read()
+                .map_err(setting)?
+                .ok_or_else(|| missing(settings::NODE_PORT.name))?;
             config.global = Some(GlobalPeers {
-                orchestrator: var("BURN_TE_ORCHESTRATOR")?,
-                node_address: std::env::var("BURN_TE_NODE_ADDRESS")
-                    .unwrap_or_else(|_| format!("ws://127.0.0.1:{port}")),
+                orchestrator: settings::ORCHESTRATOR
+                    .try_read()
+                    .map_err(setting)?
+                    .ok_or_else(|| missing(settings::ORCHESTRATOR.name))?,
+                node_address: settings::NODE_ADDRESS
+                    .try_read()
+                    .map_err(setting)?
+                    .unwrap_or_else(|| format!("ws://127.0.0.1:{port}")),
                 data_service_port: port,
                 num_nodes: world_size as u32,
                 local_peers: 1,

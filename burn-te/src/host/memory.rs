@@ -5,6 +5,8 @@
 use burn_te_kernels::host::malloc::{MallocThresholds, keep_freed_memory};
 use burn_te_kernels::host::pool;
 
+use crate::settings::setting::Setting;
+
 /// The metrics report's counter of what the host path did to glibc's malloc thresholds:
 /// `HostMallocThresholds(set)`, `(set by GLIBC_TUNABLES)`, `(left to glibc)`, `(refused by glibc)` or `(not glibc)`.
 pub const HOST_MALLOC_THRESHOLDS: &str = "HostMallocThresholds";
@@ -22,42 +24,44 @@ pub(super) fn configure() {
     });
 }
 
-/// The output pool's bound from `BURN_TE_HOST_POOL_MIB` (MiB; 0: no pool). An unreadable value is recorded as a
-/// fallback and the default (1 GiB) kept.
+/// `BURN_TE_HOST_POOL_MIB`: the output pool's bound in MiB (0: no pool), a number of bytes that fits in memory.
+pub const HOST_POOL_MIB: Setting<usize> = Setting {
+    name: "BURN_TE_HOST_POOL_MIB",
+    takes: "a whole number of MiB that fits in memory",
+    otherwise: "the default, 1024 MiB",
+    parse: |value| {
+        value
+            .parse::<usize>()
+            .ok()
+            .filter(|mib| mib.checked_mul(1 << 20).is_some())
+    },
+};
+
+/// `BURN_TE_HOST_MALLOC`: `keep` (`Some(true)`, the default) or `glibc` (`Some(false)`).
+pub const HOST_MALLOC: Setting<bool> = Setting {
+    name: HOST_MALLOC_ENV,
+    takes: "keep, glibc",
+    otherwise: "keep",
+    parse: |value| match value {
+        "keep" => Some(true),
+        "glibc" => Some(false),
+        _ => None,
+    },
+};
+
+/// The output pool's bound from `BURN_TE_HOST_POOL_MIB`. An unreadable value is recorded as a fallback and the
+/// default (1 GiB) kept.
 fn configure_pool() {
-    let Ok(value) = std::env::var("BURN_TE_HOST_POOL_MIB") else {
-        return;
-    };
-    let mib = value.trim().parse::<usize>().ok();
-    match mib.and_then(|mib| mib.checked_mul(1 << 20)) {
-        Some(bytes) => pool::set_held_limit(bytes),
-        None => crate::fallback::record(
-            "BURN_TE_HOST_POOL_MIB",
-            format!(
-                "BURN_TE_HOST_POOL_MIB={value:?} is not a whole number of MiB that fits in memory: keeping {} MiB",
-                pool::held_limit() >> 20
-            ),
-        ),
+    if let Some(mib) = HOST_POOL_MIB.read() {
+        pool::set_held_limit(mib << 20);
     }
 }
 
 /// glibc's thresholds as `BURN_TE_HOST_MALLOC` asks ([`keep_freed_memory`] unless `glibc`), counted in the
 /// metrics report and logged. An unknown value is recorded as a fallback and the default taken.
 fn configure_malloc() {
-    let value = std::env::var(HOST_MALLOC_ENV).ok();
-    let thresholds = match value.as_deref().map(str::trim) {
-        Some("glibc") => None,
-        None | Some("keep") => Some(keep_freed_memory()),
-        Some(other) => {
-            crate::fallback::record(
-                HOST_MALLOC_ENV,
-                format!(
-                    "{HOST_MALLOC_ENV}={other:?} is neither `keep` nor `glibc`: keeping freed memory"
-                ),
-            );
-            Some(keep_freed_memory())
-        }
-    };
+    let keep = HOST_MALLOC.read().unwrap_or(true);
+    let thresholds = keep.then(keep_freed_memory);
     if thresholds == Some(MallocThresholds::Refused) {
         crate::fallback::record(
             HOST_MALLOC_ENV,

@@ -9,7 +9,7 @@ mod fused;
 pub mod gemm;
 #[cfg(feature = "flex")]
 mod layout;
-mod memory;
+pub(crate) mod memory;
 mod optim;
 mod quantize;
 

@@ -11,6 +11,8 @@ use std::sync::OnceLock;
 
 use burn_te_kernels::host::gemm::HostGemmPath;
 
+use crate::settings::setting::Setting;
+
 use super::operand::HostOperand;
 use super::probe::probe;
 use super::run::{count_path, host_fp8_gemm_asking};
@@ -33,26 +35,21 @@ pub fn with_host_gemm_path<T>(path: HostGemmPath, f: impl FnOnce() -> T) -> T {
     f()
 }
 
+/// `BURN_TE_HOST_GEMM`: `auto` (or empty) for `None`, else a path's name.
+pub const HOST_GEMM: Setting<Option<HostGemmPath>> = Setting {
+    name: "BURN_TE_HOST_GEMM",
+    takes: "auto, amxbf16, avx512bf16, avx512fma, avx2fma, f32",
+    otherwise: "auto",
+    parse: |value| match value {
+        "" | "auto" => Some(None),
+        name => HostGemmPath::from_name(name).map(Some),
+    },
+};
+
 /// `BURN_TE_HOST_GEMM`, read once: `None` for `auto` or unset; an unknown value is reported once and read as auto.
 fn configured() -> Option<HostGemmPath> {
     static CONFIGURED: OnceLock<Option<HostGemmPath>> = OnceLock::new();
-    *CONFIGURED.get_or_init(|| {
-        let value = std::env::var("BURN_TE_HOST_GEMM").ok()?;
-        match value.as_str() {
-            "" | "auto" => None,
-            name => HostGemmPath::from_name(name).or_else(|| {
-                let names: Vec<_> = HostGemmPath::ALL.iter().map(|p| p.name()).collect();
-                crate::fallback::record(
-                    "BURN_TE_HOST_GEMM",
-                    format!(
-                        "BURN_TE_HOST_GEMM={name:?} is not a host GEMM path (auto, {}): using auto",
-                        names.join(", ")
-                    ),
-                );
-                None
-            }),
-        }
-    })
+    *CONFIGURED.get_or_init(|| HOST_GEMM.read().flatten())
 }
 
 /// The path this thread forces ([`with_host_gemm_path`]) or `BURN_TE_HOST_GEMM` names; `None`: auto.

@@ -23,8 +23,18 @@ use serde::{Deserialize, Serialize};
 
 use burn_te_kernels::host::gemm::HostGemmPath;
 
+use crate::settings::setting::{Setting, any_text};
+
 /// The environment variable that moves the cache (a directory) or turns it off (`off`).
 pub const HOST_GEMM_CACHE_ENV: &str = "BURN_TE_HOST_GEMM_CACHE";
+
+/// `BURN_TE_HOST_GEMM_CACHE`: `off`, or the cache's directory (empty: CubeCL's autotune cache directory).
+pub const HOST_GEMM_CACHE: Setting<String> = Setting {
+    name: HOST_GEMM_CACHE_ENV,
+    takes: "off, or a directory",
+    otherwise: "CubeCL's autotune cache directory",
+    parse: any_text,
+};
 
 /// The metrics report's counter of shape classes whose choice came from the cache (`HostFp8GemmTuningsCached`).
 pub const HOST_GEMM_TUNINGS_CACHED: &str = "HostFp8GemmTuningsCached";
@@ -112,9 +122,9 @@ fn opened() -> Option<&'static TuneCache> {
     static OPENED: OnceLock<Option<TuneCache>> = OnceLock::new();
     OPENED
         .get_or_init(|| {
-            let root = match std::env::var(HOST_GEMM_CACHE_ENV) {
-                Ok(value) if value == "off" => return None,
-                Ok(value) if !value.is_empty() => PathBuf::from(value),
+            let root = match HOST_GEMM_CACHE.read() {
+                Some(value) if value == "off" => return None,
+                Some(value) if !value.is_empty() => PathBuf::from(value),
                 _ => CubeClRuntimeConfig::get().autotune.cache.root(),
             };
             let paths: Vec<&str> = HostGemmPath::available_paths()
