@@ -195,7 +195,9 @@ fn one_host_gemm() -> Vec<HostGemmPath> {
 
 /// `BURN_TE_HOST_GEMM` with blanks around a path's name forces that path; a value that names none is recorded as
 /// a fallback under the setting's name, with the message that names it, and the GEMM takes the path it would
-/// have taken unset. Each in a process of its own (the setting is read once per process).
+/// have taken unset. A misspelt name (`BURN_TE_HOST_GEM`) forces nothing and is recorded once under its own name,
+/// with the setting it nearly is; a name far from every setting (a bench's own) is not. Each in a process of its
+/// own (the settings are read once per process).
 #[test]
 fn the_host_gemm_setting_forces_its_path_and_a_bad_value_falls_back_where_it_is_counted() {
     let test = "settings::the_host_gemm_setting_forces_its_path_and_a_bad_value_falls_back_where_it_is_counted";
@@ -226,6 +228,32 @@ fn the_host_gemm_setting_forces_its_path_and_a_bad_value_falls_back_where_it_is_
                         .to_string()
                 ),
                 "{messages:?}"
+            );
+        }
+    });
+    // A path other than the one the GEMM takes unset, so that a forced path would show.
+    let chosen = burn_te::host::gemm::probe().chosen;
+    let other = [forced, HostGemmPath::F32]
+        .into_iter()
+        .find(|&path| path != chosen)
+        .unwrap();
+    let misspelt = [
+        ("BURN_TE_HOST_GEM", other.name()),
+        ("BURN_TE_BENCH_FLOAT", "bf16"),
+    ];
+    alone_with(test, &misspelt, || {
+        if std::env::var_os("BURN_TE_HOST_GEM").is_some() {
+            assert_eq!(one_host_gemm(), vec![chosen]);
+            assert_eq!(one_host_gemm(), vec![chosen]);
+            let counts = burn_te::fallback_counts();
+            assert_eq!(counts.get("BURN_TE_HOST_GEM"), Some(&1), "{counts:?}");
+            assert_eq!(counts.get("BURN_TE_BENCH_FLOAT"), None, "{counts:?}");
+            assert_eq!(
+                burn_te::fallback::take_fallback_messages(),
+                vec![
+                    "BURN_TE_HOST_GEM is not a burn-te setting (did you mean BURN_TE_HOST_GEMM?): ignored"
+                        .to_string()
+                ]
             );
         }
     });

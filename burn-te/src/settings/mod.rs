@@ -1,12 +1,15 @@
 //! burn-te's environment settings (`BURN_TE_*`). Each is read where it is used, through its [`Setting`] (a value it
-//! does not take is recorded as a fallback and the default kept), and [`check_environment`] checks them all at once:
-//! a program calls it at start to fail on a misspelt name or a value no setting takes, before a run spends its
+//! does not take is recorded as a fallback and the default kept). The first read also records, once per process,
+//! each `BURN_TE_*` variable that is no setting but is close to one's name (`BURN_TE_HOST_GEM`: a misspelt knob
+//! would otherwise be ignored without a word). [`check_environment`] checks them all at once, strictly: a program
+//! calls it at start to fail on any name that is no setting or any value no setting takes, before a run spends its
 //! time on a path the user did not ask for. The examples do (`burn_te_suite::device::choose`).
 
 pub mod distributed;
 pub mod setting;
 
 use std::ffi::OsString;
+use std::sync::Once;
 
 pub use setting::{AnySetting, BadValue, Setting};
 
@@ -29,6 +32,44 @@ pub const ALL: [&dyn AnySetting; 13] = [
     &distributed::COLLECTIVE_TIMEOUT_S,
     &distributed::GRADIENT_BUCKET,
 ];
+
+/// Reading from the environment (beside the check that the first read runs).
+impl<T> Setting<T> {
+    /// The value in the environment, strictly: a value the setting does not take is an error.
+    pub fn try_read(&self) -> Result<Option<T>, BadValue> {
+        record_near_misses();
+        self.value_of(std::env::var_os(self.name).as_deref())
+    }
+
+    /// The value in the environment: `None` when unset. A value the setting does not take is recorded as a
+    /// fallback (the setting's name as the reason: the metrics report, a `tracing` warning, the debug tools' main
+    /// log) and read as unset.
+    pub fn read(&self) -> Option<T> {
+        self.try_read().unwrap_or_else(|bad| {
+            crate::fallback::record(self.name, format!("{bad}: using {}", self.otherwise));
+            None
+        })
+    }
+}
+
+/// Records, once per process, each `BURN_TE_*` variable that is no setting but whose name is close to a setting's
+/// (the variable's name as the reason; `… (did you mean BURN_TE_HOST_GEMM?): ignored`). Names far from every
+/// setting are left to [`check_environment`]: they may be another program's, such as the benches' own.
+fn record_near_misses() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        for problem in check(std::env::vars_os(), &[]) {
+            if let SettingError::Unknown {
+                name,
+                nearest: Some(_),
+                ..
+            } = &problem
+            {
+                crate::fallback::record(name.clone(), format!("{problem}: ignored"));
+            }
+        }
+    });
+}
 
 /// A problem with a `BURN_TE_*` variable.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -1,5 +1,5 @@
 //! One `BURN_TE_*` environment setting: its name, the values it takes, and the one parser that both its reader and
-//! the environment check of `settings` use.
+//! the environment check of `settings` use. Reading the environment is `settings`' (`Setting::read`).
 
 /// A setting read from the environment.
 pub struct Setting<T> {
@@ -39,21 +39,6 @@ impl<T> Setting<T> {
         };
         let text = raw.to_str().ok_or_else(bad)?;
         (self.parse)(text.trim()).map(Some).ok_or_else(bad)
-    }
-
-    /// The value in the environment, strictly: a value the setting does not take is an error.
-    pub fn try_read(&self) -> Result<Option<T>, BadValue> {
-        self.value_of(std::env::var_os(self.name).as_deref())
-    }
-
-    /// The value in the environment: `None` when unset. A value the setting does not take is recorded as a
-    /// fallback (the setting's name as the reason: the metrics report, a `tracing` warning, the debug tools' main
-    /// log) and read as unset.
-    pub fn read(&self) -> Option<T> {
-        self.try_read().unwrap_or_else(|bad| {
-            crate::fallback::record(self.name, format!("{bad}: using {}", self.otherwise));
-            None
-        })
     }
 }
 
