@@ -2,7 +2,9 @@
 //! (`cargo bench --features cuda,autotune --bench cuda`; a few minutes on an H100):
 //! - GEMM throughput (criterion's `elem/s` are FLOP/s: 2·M·N·K per GEMM) at 4096³ and a TransformerLayer's FC1
 //!   shape: Burn's f32 and bf16 matmul (autotuned, as users get them), and FP8 E4M3 with per-tensor scales on
-//!   cuBLASLt (fprop's K-major layout, and dgrad's, which takes a transposed copy) and on the SIMT kernel.
+//!   cuBLASLt (fprop's K-major layout, and dgrad's, which takes a transposed copy), on cubek's tiled routines, on
+//!   Burn's f16 matmul over codes decoded ahead (with Burn's bf16 and f16 matmuls in the same process) and on the
+//!   SIMT kernel.
 //! - A TransformerLayer training step (forward, MSE, backward): f32, bf16 and f16 on Burn's `Cuda` (fused), FP8
 //!   (DelayedScaling) on `Te<Cuda>` with f32, f16 and bf16 activations (TE's usual setting: the last).
 //! - cuBLASLt on its own stream (host waits around each call) and on CubeCL's stream (no waits), both in GEMM and
@@ -116,6 +118,53 @@ fn bench_fp8(
     });
 }
 
+/// Burn's matmul on `dtype` tensors, in whatever process: the call a model in `dtype` makes (`float_matmul`: the
+/// output in `dtype`, Burn's autotune choosing the routine), on `CubeTensor`s made in that type directly, so that the
+/// f32 process's FP8 rows have their bf16 and f16 baselines in the same run.
+fn bench_cube_matmul(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    dtype: burn::tensor::DType,
+    (m, k, n): (usize, usize, usize),
+) {
+    use burn::tensor::DType;
+    use burn_cubecl::kernel::matmul::{MatmulStrategy, matmul};
+    use burn_cubecl::tensor::CubeTensor;
+    use burn_te_kernels::cubecl::Runtime;
+    use burn_te_kernels::cubecl::cuda::CudaRuntime;
+    let client = CudaRuntime::client(&device());
+    let make = |rows: usize, cols: usize| {
+        let values = (0..rows * cols).map(|i| ((i * 7919) % 17) as f32 / 8.0 - 1.0);
+        let bytes: Vec<u8> = match dtype {
+            DType::BF16 => values
+                .flat_map(|v| bf16::from_f32(v).to_le_bytes())
+                .collect(),
+            _ => values
+                .flat_map(|v| f16::from_f32(v).to_le_bytes())
+                .collect(),
+        };
+        CubeTensor::<CudaRuntime>::new_contiguous(
+            client.clone(),
+            device(),
+            burn::tensor::Shape::new([rows, cols]),
+            client.create_from_slice(&bytes),
+            dtype,
+        )
+    };
+    let (a, b) = (make(m, k), make(k, n));
+    let run = || {
+        let out = matmul(a.clone(), b.clone(), None, MatmulStrategy::default(), dtype)
+            .expect("Burn's matmul");
+        sync::<Plain>();
+        out
+    };
+    let warmed = Cell::new(false);
+    group.bench_function(name, |bench| {
+        untimed_once(&warmed, || drop(run()));
+        bench.iter(run)
+    });
+}
+
 /// The float types measured, each in a process of its own.
 #[derive(Clone, Copy, PartialEq)]
 enum Float {
@@ -203,6 +252,36 @@ fn gemm(c: &mut Criterion, float: Float) {
                     &mut group,
                     "fp8 tiled cubek (A·B)",
                     (DeviceGemmPath::Tiled, CublasLtStream::Own),
+                    None,
+                    false,
+                    shape,
+                );
+                // Burn's own matmul (its autotune's routine for f16) on the codes decoded ahead into f16, beside
+                // Burn's bf16 and f16 matmuls in this process.
+                bench_cube_matmul(
+                    &mut group,
+                    "burn bf16 matmul, this process",
+                    burn::tensor::DType::BF16,
+                    shape,
+                );
+                bench_cube_matmul(
+                    &mut group,
+                    "burn f16 matmul, this process",
+                    burn::tensor::DType::F16,
+                    shape,
+                );
+                bench_fp8(
+                    &mut group,
+                    "fp8 decoded + burn f16 matmul (A·Bᵀ)",
+                    (DeviceGemmPath::Decoded, CublasLtStream::Own),
+                    None,
+                    true,
+                    shape,
+                );
+                bench_fp8(
+                    &mut group,
+                    "fp8 decoded + burn f16 matmul (A·B)",
+                    (DeviceGemmPath::Decoded, CublasLtStream::Own),
                     None,
                     false,
                     shape,

@@ -49,7 +49,11 @@ fn bench_paths(
         Tensor::<Wgpu, 2>::from_primitive(TensorPrimitive::Float(out))
     };
     group.bench_function("fp8 gemm (autotuned)", |bench| bench.iter(|| run(None)));
-    for path in [DeviceGemmPath::Simt, DeviceGemmPath::Tiled] {
+    for path in [
+        DeviceGemmPath::Simt,
+        DeviceGemmPath::Tiled,
+        DeviceGemmPath::Decoded,
+    ] {
         group.bench_function(format!("fp8 gemm ({path})"), |bench| {
             bench.iter(|| run(Some(path)))
         });

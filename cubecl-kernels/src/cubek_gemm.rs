@@ -507,8 +507,8 @@ fn operand_binding<R: Runtime>(operand: &GemmOperand<'_>, batch: usize) -> Input
 }
 
 /// `out = F(accumulator · (scale_a · scale_b))`, the per-tensor scales applied once to the f32 product (an operand
-/// with block scales has them in its decoded values: its factor is 1).
-fn scale_output<R: Runtime, F: Float + CubeElement>(
+/// with block scales has them in its decoded values: its factor is 1). `accumulator` holds `len` f32 values.
+pub fn scale_output<R: Runtime, F: Float + CubeElement>(
     client: &ComputeClient<R>,
     accumulator: &Handle,
     a: &GemmOperand<'_>,

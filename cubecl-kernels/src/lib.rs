@@ -28,6 +28,7 @@ pub mod block_range;
 pub mod cubek_gemm;
 #[cfg(feature = "cuda")]
 pub mod cublaslt;
+pub mod decoded;
 mod error;
 mod format;
 pub mod gemm;

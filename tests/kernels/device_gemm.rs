@@ -1,6 +1,6 @@
 //! The device FP8 GEMM's paths (`burn_te::cube::gemm_path`): cuBLASLt's FP8 matmul on CUDA (`--features cuda`),
-//! cubek-matmul's tiled routines with the codes decoded on load and the SIMT kernel everywhere, and the autotune
-//! between them, on the test runtime's `CubeBackend`.
+//! cubek-matmul's tiled routines with the codes decoded on load, Burn's own matmul on the codes decoded ahead into
+//! f16 and the SIMT kernel everywhere, and the autotune between them, on the test runtime's `CubeBackend`.
 //!
 //! - The K-major copies cuBLASLt reads are an exact permutation of the codes (every shape, every code).
 //! - Operands whose every partial sum is exact in 12 bits (multiples of ½ up to 3.5, depth ≤ 96, power-of-two
@@ -12,7 +12,7 @@
 //!   is printed: on an H100 (2026-11-26) 5.0–5.6·10⁻⁵ (about 2⁻¹⁴) on cuBLASLt, 2.1–2.5·10⁻⁷ on the kernel.
 //! - What cuBLASLt cannot take (block scales, K not a multiple of 16, another runtime) runs on the kernel, counted
 //!   under `DeviceFp8Gemm(simt)` and as a `device GEMM path` fallback, with the kernel's bits; so does what the tiled
-//!   path cannot take (block scales, rows that are not whole code words).
+//!   path cannot take (rows that are not whole code words) and what the decoded path cannot (block scales).
 //! - Unforced, a GEMM of at least 256³ multiply-adds is timed once per shape class on each candidate, and every GEMM
 //!   of its class then runs on the kept choice, with that kernel's bits.
 
@@ -45,19 +45,23 @@ fn backend_device() -> Device {
     Default::default()
 }
 
-const PATHS: [DeviceGemmPath; 3] = [
+const PATHS: [DeviceGemmPath; 4] = [
     DeviceGemmPath::Simt,
     DeviceGemmPath::Tiled,
+    DeviceGemmPath::Decoded,
     DeviceGemmPath::CublasLt,
 ];
 
 /// The path a GEMM of `lhs` and `rhs` asking for `path` runs on here: cuBLASLt only on CUDA; the tiled path where
-/// both operands' stored rows are whole code words (per-tensor scales: what these tests quantize).
+/// both operands' stored rows are whole code words; the decoded path with per-tensor scales.
 fn runs_on(path: DeviceGemmPath, lhs: &Fp8Primitive<B>, rhs: &Fp8Primitive<B>) -> DeviceGemmPath {
     let whole_words = |q: &Fp8Primitive<B>| q.shape.dims::<3>()[2] % 4 == 0;
     match path {
         DeviceGemmPath::CublasLt if !cfg!(feature = "cuda") => DeviceGemmPath::Simt,
         DeviceGemmPath::Tiled if !(whole_words(lhs) && whole_words(rhs)) => DeviceGemmPath::Simt,
+        DeviceGemmPath::Decoded if lhs.block.is_some() || rhs.block.is_some() => {
+            DeviceGemmPath::Simt
+        }
         path => path,
     }
 }
@@ -256,9 +260,9 @@ fn random_operands_agree_with_f64_within_each_paths_bound() {
             println!("lhs_t {lhs_t} rhs_t {rhs_t} on {ran}: worst |error| / Σ|a·b| = {worst:e}");
             let u = 2f64.powi(-24);
             let gamma = match ran {
-                // f32 accumulation, one product per step (the tiled routines too: f32 stages on the unit
-                // routines, f16 stages and f32 accumulators on cooperative matrices).
-                DeviceGemmPath::Simt | DeviceGemmPath::Tiled => {
+                // f32 accumulation, one product per step (the tiled routines and Burn's matmul too: f32 stages on
+                // the unit routines, f16 stages and f32 accumulators on cooperative matrices).
+                DeviceGemmPath::Simt | DeviceGemmPath::Tiled | DeviceGemmPath::Decoded => {
                     (k as f64 + 4.0) * u / (1.0 - (k as f64 + 4.0) * u)
                 }
                 DeviceGemmPath::CublasLt => 2f64.powi(-10),
@@ -329,6 +333,43 @@ fn operands_the_tiled_path_cannot_take_fall_back_to_the_kernel_counted() {
     ];
     for (what, lhs, rhs, rhs_t) in &cases {
         check_falls_back(DeviceGemmPath::Tiled, what, lhs, rhs, *rhs_t);
+    }
+}
+
+/// What the decoded path cannot take exactly (block scales: a block's factor folded into an f16 value need not be
+/// exact) runs on the kernel: counted as such, recorded as a fallback naming the reason, with the kernel's bits.
+/// Rows that are not whole code words it takes (the codes are decoded along the whole buffer): K = 38 gives the
+/// f64 product bit for bit.
+#[test]
+fn operands_the_decoded_path_cannot_take_fall_back_to_the_kernel_counted() {
+    let mut rng = Rng::new(98);
+    let (m, k, n) = (32, 256, 64);
+    let lhs = block_quantize(rng.normal(m * k, 0.0, 1.0), [1, m, k]);
+    let rhs = block_quantize(rng.normal(n * k, 0.0, 1.0), [1, n, k]);
+    check_falls_back(
+        DeviceGemmPath::Decoded,
+        "1x128 block scales",
+        &lhs,
+        &rhs,
+        true,
+    );
+    let lhs = quantize(half_integers(&mut rng, m * 38), [1, m, 38], Fp8Format::E4M3);
+    let rhs = quantize(
+        half_integers(&mut rng, 38 * 70),
+        [1, 38, 70],
+        Fp8Format::E5M2,
+    );
+    let expected = reference(&stored_f64::<B>(&lhs), false, &stored_f64::<B>(&rhs), false);
+    let got = gemm_on(
+        DeviceGemmPath::Decoded,
+        DeviceGemmPath::Decoded,
+        &lhs,
+        false,
+        &rhs,
+        false,
+    );
+    for (i, (&y, &e)) in got.iter().zip(&expected.0).enumerate() {
+        assert_eq!(f64::from(y), e, "K = 38, N = 70 on decoded: output {i}");
     }
 }
 
@@ -493,7 +534,10 @@ fn autotune_measures_each_shape_class_once_and_keeps_the_fastest() {
     let (path, count) = ran[0];
     assert_eq!(count, 2, "{path}");
     assert!(
-        path == DeviceGemmPath::Simt || path == DeviceGemmPath::Tiled,
+        matches!(
+            path,
+            DeviceGemmPath::Simt | DeviceGemmPath::Tiled | DeviceGemmPath::Decoded
+        ),
         "{path}"
     );
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -680,7 +724,11 @@ fn transformer_layer_trains_the_same_on_every_path() {
     let paths: Vec<DeviceGemmPath> = if cfg!(feature = "cuda") {
         PATHS.to_vec()
     } else {
-        vec![DeviceGemmPath::Simt, DeviceGemmPath::Tiled]
+        vec![
+            DeviceGemmPath::Simt,
+            DeviceGemmPath::Tiled,
+            DeviceGemmPath::Decoded,
+        ]
     };
     for (name, recipe) in recipes {
         compare_paths::<Autodiff<Te<B>>>(&device, &format!("{name} (Te)"), recipe, &paths);
@@ -708,14 +756,15 @@ fn transformer_layer_trains_the_same_on_every_path() {
         // them once, so that every clone trains from the same values.
         let layer = layer.clone().load_record(layer.into_record());
         let simt = layer_losses(device, layer.clone(), DeviceGemmPath::Simt, recipe);
-        // burn-te's cuBLASLt path takes per-tensor scales only: a block-scaled recipe's GEMMs asking for it run on
-        // the kernel, each refusal recorded.
+        // burn-te's cuBLASLt and decoded paths take per-tensor scales only: a block-scaled recipe's GEMMs asking
+        // for them run on the kernel, each refusal recorded.
         let block_scaled = !matches!(
             recipe().base(),
             burn_te::Recipe::Delayed(_) | burn_te::Recipe::Current(_)
         );
         for &path in &paths[1..] {
-            let refused = path == DeviceGemmPath::CublasLt && block_scaled;
+            let refused =
+                matches!(path, DeviceGemmPath::CublasLt | DeviceGemmPath::Decoded) && block_scaled;
             let ran_on = if refused { DeviceGemmPath::Simt } else { path };
             let before = (counted(ran_on), device_fallbacks());
             let other = layer_losses(device, layer.clone(), path, recipe);
@@ -725,7 +774,7 @@ fn transformer_layer_trains_the_same_on_every_path() {
             );
             assert!(
                 !refused || device_fallbacks() > before.1,
-                "{what} asking for {path}: cuBLASLt's refusals recorded"
+                "{what} asking for {path}: the path's refusals recorded"
             );
             println!("{what}: simt {simt:?}, {path} {other:?}");
             within_paths_bound(&format!("{what} on {path}"), &simt, &other);

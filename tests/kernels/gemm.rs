@@ -832,6 +832,63 @@ fn cubek_tiled_refusals_name_the_reason() {
     }
 }
 
+/// The decoded path's operands (`burn_te_kernels::decoded`): every FP8 code, NaN, infinities, subnormals and both
+/// zeros included, in each of a word's four lanes, decodes to its value in f32 and in f16 (where the device has
+/// f16), bit for bit (NaN as a NaN); 255 codes leave a partial last word, decoded too. Where the device converts FP8
+/// in hardware (CUDA from sm 89) the kernel takes that conversion, elsewhere the integer decode: both must give
+/// these bits. Block-scaled and E2M1 operands are refused with the reason.
+#[test]
+fn every_code_decoded_ahead_in_each_lane() {
+    use burn_te_kernels::cubecl::ir::{ElemType, FloatKind, StorageType};
+    use burn_te_kernels::decoded::decode_operand;
+    let has_f16 = client()
+        .properties()
+        .supports_type(StorageType::Scalar(ElemType::Float(FloatKind::F16)));
+    for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+        for (rows, cols) in [(16, 16), (15, 17)] {
+            let codes: Vec<u8> = (0..rows * cols).map(|code| code as u8).collect();
+            let operand = Operand::from_codes(rows, cols, &codes, format);
+            let want = |code: u8| format.decode(code);
+            let out = decode_operand::<TestRuntime, f32>(&client(), &operand.gemm(false)).unwrap();
+            for (code, got) in codes.iter().zip(download(&out, codes.len())) {
+                let want = want(*code);
+                assert!(
+                    got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                    "{format} code {code:#04x} in f32 ({rows}x{cols}): {got}, want {want}"
+                );
+            }
+            if has_f16 {
+                let out = decode_operand::<TestRuntime, half::f16>(&client(), &operand.gemm(false))
+                    .unwrap();
+                let halves: Vec<u16> = download_words(&out, codes.len().div_ceil(2))
+                    .into_iter()
+                    .flat_map(|word| [word as u16, (word >> 16) as u16])
+                    .collect();
+                for (code, got) in codes.iter().zip(halves) {
+                    let (got, want) = (half::f16::from_bits(got), half::f16::from_f32(want(*code)));
+                    assert!(
+                        got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                        "{format} code {code:#04x} in f16 ({rows}x{cols}): {got}, want {want}"
+                    );
+                }
+            }
+        }
+    }
+    if !has_f16 {
+        crate::conformance::loud_note(
+            "this device has no f16: the decoded path's f16 operands were NOT checked (f32 only)",
+        );
+    }
+    let blocked = Operand::blocked(2, 128, ScaleBlock::new(1, 128), BlockScaleRule::Pow2, 1);
+    let error = decode_operand::<TestRuntime, f32>(&client(), &blocked.gemm(false)).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("1x128 scale blocks: the decoded path takes per-tensor scales"),
+        "{error}"
+    );
+}
+
 /// Every FP8 code, NaN, infinities, subnormals and both zeros included, in each of a word's four lanes, goes through
 /// every tiled routine the device runs and through the SIMT kernel as its value: row `i` of the left operand holds
 /// code `i` in column `i % 4` (zeros elsewhere), the right operand (used as stored, dgrad's layout, so its words run

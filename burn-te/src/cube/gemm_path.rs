@@ -1,12 +1,12 @@
 //! Which implementation runs a CubeCL device's FP8 GEMM. On CUDA, cuBLASLt's FP8 matmul on the tensor cores (the
 //! library Transformer Engine calls) where it takes the operands exactly: E4M3/E5M2 with per-tensor scales, K a
 //! multiple of 16. Elsewhere, and for what cuBLASLt does not take, the autotune ([`super::gemm_tune`]) picks per
-//! device and shape between the SIMT kernel of `burn-te-kernels` and cubek-matmul's tiled routines with the codes
-//! decoded on load (`burn_te_kernels::cubek_gemm`: per-tensor FP8 scales, rows of whole code words); block scales
-//! and NVFP4 take the SIMT kernel.
+//! device and shape between the SIMT kernel of `burn-te-kernels`, cubek-matmul's tiled routines with the codes
+//! decoded on load (`burn_te_kernels::cubek_gemm`: rows of whole code words) and Burn's own matmul on codes decoded
+//! ahead into f16 ([`super::gemm_decoded`]: per-tensor FP8 scales); NVFP4 takes the SIMT kernel.
 //!
 //! [`with_device_gemm_path`] forces a path on this thread, `BURN_TE_DEVICE_GEMM` (`auto`, `simt`, `tiled`,
-//! `cublaslt`; read once) in the process. [`with_cublaslt_stream`] and `BURN_TE_CUBLASLT_STREAM` (`own`, `cubecl`)
+//! `decoded`, `cublaslt`; read once) in the process. [`with_cublaslt_stream`] and `BURN_TE_CUBLASLT_STREAM` (`own`, `cubecl`)
 //! choose the stream cuBLASLt runs on ([`CublasLtStream`]). Each GEMM counts under `DeviceFp8Gemm(<path>)` in the metrics report; a GEMM
 //! that asked for cuBLASLt or the tiled path and ran on the kernel is recorded as a fallback (`device GEMM path`) with
 //! the reason.
@@ -20,7 +20,9 @@ use burn_te_kernels::cubecl::server::Handle;
 use burn_te_kernels::cubek_gemm::{CubekRoutine, cubek_refusal};
 use burn_te_kernels::gemm::{GemmOperand, fp8_gemm_grouped};
 
+use super::gemm_decoded;
 use super::gemm_tune::{self, GemmKernel};
+use burn_cubecl::CubeRuntime;
 
 use crate::error::TeError;
 use crate::metrics;
@@ -44,6 +46,9 @@ pub enum DeviceGemmPath {
     /// cubek-matmul's tiled matmul (Burn's own) with the codes decoded on load: cooperative matrices on f16 stages
     /// where the device has them, the unit routines on f32 stages elsewhere. FP8 with per-tensor scales.
     Tiled,
+    /// Burn's own matmul, as its autotune picks for the shape and device, on the codes decoded ahead into f16 (f32
+    /// without f16), accumulating in f32. FP8 with per-tensor scales.
+    Decoded,
     /// cuBLASLt's FP8 matmul on the tensor cores (CUDA, sm ≥ 89, `--features cuda`).
     CublasLt,
 }
@@ -54,6 +59,7 @@ impl DeviceGemmPath {
         match self {
             DeviceGemmPath::Simt => "simt",
             DeviceGemmPath::Tiled => "tiled",
+            DeviceGemmPath::Decoded => "decoded",
             DeviceGemmPath::CublasLt => "cublaslt",
         }
     }
@@ -62,6 +68,7 @@ impl DeviceGemmPath {
         [
             DeviceGemmPath::Simt,
             DeviceGemmPath::Tiled,
+            DeviceGemmPath::Decoded,
             DeviceGemmPath::CublasLt,
         ]
         .into_iter()
@@ -151,7 +158,7 @@ pub fn with_device_gemm_path<T>(path: DeviceGemmPath, f: impl FnOnce() -> T) -> 
 /// `BURN_TE_DEVICE_GEMM`: `auto` (or empty) for `None`, else a path's name.
 pub const DEVICE_GEMM: Setting<Option<DeviceGemmPath>> = Setting {
     name: "BURN_TE_DEVICE_GEMM",
-    takes: "auto, simt, tiled, cublaslt",
+    takes: "auto, simt, tiled, decoded, cublaslt",
     otherwise: "auto",
     parse: |value| match value {
         "" | "auto" => Some(None),
@@ -205,7 +212,7 @@ pub fn requested_device_gemm_path<R: Runtime>() -> Option<DeviceGemmPath> {
 /// cannot take recorded as a fallback), unforced on the autotune's choice; the GEMMs on the SIMT kernel in as few
 /// launches as the device allows (`burn_te_kernels::gemm::fp8_gemm_grouped`: a grouped linear layer's experts
 /// together). Each GEMM is counted under the path that ran it, each launch under `Fp8GemmLaunches`.
-pub(crate) fn device_fp8_gemm_grouped<R: Runtime, F: Float + CubeElement>(
+pub(crate) fn device_fp8_gemm_grouped<R: CubeRuntime, F: Float + CubeElement>(
     client: &ComputeClient<R>,
     device: &R::Device,
     gemms: &[(GemmOperand<'_>, GemmOperand<'_>)],
@@ -246,15 +253,25 @@ pub(crate) fn device_fp8_gemm_grouped<R: Runtime, F: Float + CubeElement>(
                     GemmKernel::Simt
                 }
             },
+            Some(DeviceGemmPath::Decoded) => match gemm_decoded::refusal(a, b) {
+                None => GemmKernel::Decoded,
+                Some(reason) => {
+                    record_refusal(a, DeviceGemmPath::Decoded, &reason);
+                    GemmKernel::Simt
+                }
+            },
             None | Some(DeviceGemmPath::CublasLt) => {
                 gemm_tune::tuned_kernel::<R, F>(client, device, a, b)?
             }
         };
         match kernel {
             GemmKernel::Simt => simt.push(i),
-            GemmKernel::Tiled(_) => {
-                let handle = gemm_tune::run_kernel::<R, F>(client, a, b, kernel)?;
-                count_path(DeviceGemmPath::Tiled);
+            GemmKernel::Tiled(_) | GemmKernel::Decoded => {
+                let handle = gemm_tune::run_kernel::<R, F>(client, device, a, b, kernel)?;
+                count_path(match kernel {
+                    GemmKernel::Decoded => DeviceGemmPath::Decoded,
+                    _ => DeviceGemmPath::Tiled,
+                });
                 metrics::count_launch(metrics::names::FP8_GEMM_LAUNCHES);
                 outputs[i] = Some(handle);
             }

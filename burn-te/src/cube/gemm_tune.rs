@@ -1,5 +1,6 @@
 //! The autotune of the device FP8 GEMM: per device and shape class, each candidate that can take the GEMM exactly
-//! (the SIMT kernel, and cubek-matmul's tiled routines with the codes decoded on load) runs once to compile and
+//! (the SIMT kernel, cubek-matmul's tiled routines with the codes decoded on load, and Burn's own matmul on codes
+//! decoded ahead: [`super::gemm_decoded`]) runs once to compile and
 //! warm up, then once per round for [`TIMED_RUNS`] rounds, the candidates in turn, synchronised; the candidate with
 //! the fastest best run is kept for that key for the rest of the process, as Burn keeps its matmul's choice. GEMMs
 //! below [`TUNED_MIN_PRODUCT`] multiply-adds are too small for the choice to matter and take the SIMT kernel
@@ -13,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use burn_cubecl::CubeRuntime;
 use burn_te_kernels::KernelError;
 use burn_te_kernels::cubecl::future::block_on;
 use burn_te_kernels::cubecl::prelude::*;
@@ -21,6 +23,7 @@ use burn_te_kernels::cubek_gemm::{CubekRoutine, cubek_refusal, fp8_gemm_cubek};
 use burn_te_kernels::gemm::{GemmOperand, fp8_gemm, product_dims};
 use burn_te_kernels::kernel::code::CodeFormat;
 
+use super::gemm_decoded::{self, fp8_gemm_decoded};
 use crate::error::TeError;
 use crate::settings::setting::Setting;
 
@@ -73,6 +76,8 @@ pub enum GemmKernel {
     Simt,
     /// A cubek-matmul routine on codes decoded on load.
     Tiled(CubekRoutine),
+    /// Burn's own matmul (its autotune's routine) on codes decoded ahead into f16, or f32 without f16.
+    Decoded,
 }
 
 impl core::fmt::Display for GemmKernel {
@@ -80,6 +85,7 @@ impl core::fmt::Display for GemmKernel {
         match self {
             GemmKernel::Simt => f.write_str("simt"),
             GemmKernel::Tiled(routine) => write!(f, "tiled/{}", routine.name()),
+            GemmKernel::Decoded => f.write_str("decoded"),
         }
     }
 }
@@ -96,6 +102,8 @@ struct TuneKey {
     formats: (CodeFormat, CodeFormat),
     /// The tiled path's refusal per routine (`cubek_refusal`): what can run at all.
     refused: [bool; CubekRoutine::COUNT],
+    /// The decoded path's refusal.
+    decoded_refused: bool,
 }
 
 fn choices() -> &'static Mutex<HashMap<TuneKey, GemmKernel>> {
@@ -105,8 +113,9 @@ fn choices() -> &'static Mutex<HashMap<TuneKey, GemmKernel>> {
 }
 
 /// Runs `kernel` on `a × b`.
-pub(crate) fn run_kernel<R: Runtime, F: Float + CubeElement>(
+pub(crate) fn run_kernel<R: CubeRuntime, F: Float + CubeElement>(
     client: &ComputeClient<R>,
+    device: &R::Device,
     a: &GemmOperand<'_>,
     b: &GemmOperand<'_>,
     kernel: GemmKernel,
@@ -114,12 +123,13 @@ pub(crate) fn run_kernel<R: Runtime, F: Float + CubeElement>(
     match kernel {
         GemmKernel::Simt => fp8_gemm::<R, F>(client, a, b),
         GemmKernel::Tiled(routine) => fp8_gemm_cubek::<R, F>(client, a, b, routine),
+        GemmKernel::Decoded => fp8_gemm_decoded::<R, F>(client, device, a, b),
     }
 }
 
 /// The kernel autotune keeps for `a × b` on this device: measured at the first GEMM of its key, the SIMT kernel for
 /// small GEMMs and for operands only it takes.
-pub(crate) fn tuned_kernel<R: Runtime, F: Float + CubeElement>(
+pub(crate) fn tuned_kernel<R: CubeRuntime, F: Float + CubeElement>(
     client: &ComputeClient<R>,
     device: &R::Device,
     a: &GemmOperand<'_>,
@@ -132,6 +142,11 @@ pub(crate) fn tuned_kernel<R: Runtime, F: Float + CubeElement>(
         .filter(|&routine| cubek_refusal(a, b, routine).is_none())
         .filter(|&routine| routine.missing_units(client).is_none())
         .map(GemmKernel::Tiled)
+        .chain(
+            gemm_decoded::refusal(a, b)
+                .is_none()
+                .then_some(GemmKernel::Decoded),
+        )
         .collect();
     if batch * m * k * n < TUNED_MIN_PRODUCT || candidates.is_empty() {
         return Ok(GemmKernel::Simt);
@@ -144,6 +159,7 @@ pub(crate) fn tuned_kernel<R: Runtime, F: Float + CubeElement>(
         transposed: (a.transposed, b.transposed),
         formats: (a.element(), b.element()),
         refused: CubekRoutine::ALL.map(|routine| cubek_refusal(a, b, routine).is_some()),
+        decoded_refused: gemm_decoded::refusal(a, b).is_some(),
     };
     if let Some(&kept) = choices()
         .lock()
@@ -156,7 +172,7 @@ pub(crate) fn tuned_kernel<R: Runtime, F: Float + CubeElement>(
     // shape) is no candidate here.
     let mut timings = Vec::new();
     for kernel in std::iter::once(GemmKernel::Simt).chain(candidates) {
-        match timed_run::<R, F>(client, a, b, kernel) {
+        match timed_run::<R, F>(client, device, a, b, kernel) {
             Ok(_) => timings.push((kernel, Duration::MAX)),
             Err(KernelError::Library { reason, .. }) => {
                 tracing::debug!("device FP8 GEMM autotune: {kernel} cannot run {key:?}: {reason}")
@@ -168,7 +184,7 @@ pub(crate) fn tuned_kernel<R: Runtime, F: Float + CubeElement>(
     // keeps its best.
     for _ in 0..TIMED_RUNS {
         for (kernel, best) in &mut timings {
-            *best = (*best).min(timed_run::<R, F>(client, a, b, *kernel)?);
+            *best = (*best).min(timed_run::<R, F>(client, device, a, b, *kernel)?);
         }
     }
     let (chosen, _) = timings
@@ -195,15 +211,16 @@ pub(crate) fn tuned_kernel<R: Runtime, F: Float + CubeElement>(
 }
 
 /// One synchronised run of `kernel`, timed.
-fn timed_run<R: Runtime, F: Float + CubeElement>(
+fn timed_run<R: CubeRuntime, F: Float + CubeElement>(
     client: &ComputeClient<R>,
+    device: &R::Device,
     a: &GemmOperand<'_>,
     b: &GemmOperand<'_>,
     kernel: GemmKernel,
 ) -> Result<Duration, KernelError> {
     block_on(client.sync())?;
     let start = Instant::now();
-    run_kernel::<R, F>(client, a, b, kernel)?;
+    run_kernel::<R, F>(client, device, a, b, kernel)?;
     block_on(client.sync())?;
     Ok(start.elapsed())
 }

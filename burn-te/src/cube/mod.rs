@@ -1,6 +1,7 @@
 //! [`TeBackend`] for Burn's CubeCL backends (wgpu, CUDA): the kernels of `burn-te-kernels` on the tensors' device
 //! buffers. Scales and amax histories stay on the device, so no op waits for the host except the statistics.
 
+pub mod gemm_decoded;
 pub mod gemm_path;
 pub mod gemm_tune;
 

@@ -94,14 +94,37 @@ impl<F: Numeric, N: Size, C: Coordinates + 'static> CodeViewExpand<F, N, C> {
         read_scale: Read<f32, C>,
     ) -> NativeExpand<Vector<F, N>> {
         let word = read(&self.codes, scope, pos.clone());
-        let scale = match &self.scales {
-            ComptimeOptionExpand::None => match native_conversion(scope, self.element) {
-                Some(format) => return converted_word::expand::<F, N>(scope, word, format),
-                None => 1.0f32.into(),
-            },
-            ComptimeOptionExpand::Some(scales) => read_scale(scales, scope, pos),
-        };
-        decode_word::expand::<F, N>(scope, word, scale, self.element)
+        match &self.scales {
+            ComptimeOptionExpand::None => word_values::expand::<F, N>(scope, word, self.element),
+            ComptimeOptionExpand::Some(scales) => {
+                let scale = read_scale(scales, scope, pos);
+                decode_word::expand::<F, N>(scope, word, scale, self.element)
+            }
+        }
+    }
+}
+
+/// The codes of `word` (lowest bits first) as `F` values, unscaled: the device's own conversion where it has one
+/// ([`native_conversion`], [`converted_word`]), [`decode_word`] elsewhere. Exact for every code in f16 and f32.
+#[allow(unused_variables)]
+pub fn word_values<F: Numeric, N: Size>(word: u32, element: CodeFormat) -> Vector<F, N> {
+    unexpanded!()
+}
+
+/// Expansion of [`word_values()`]: the conversion is chosen for the device the kernel is expanded for.
+pub mod word_values {
+    use super::*;
+
+    /// Expands [`word_values()`](fn@super::word_values).
+    pub fn expand<F: Numeric, N: Size>(
+        scope: &mut Scope,
+        word: NativeExpand<u32>,
+        element: CodeFormat,
+    ) -> NativeExpand<Vector<F, N>> {
+        match native_conversion(scope, element) {
+            Some(format) => converted_word::expand::<F, N>(scope, word, format),
+            None => decode_word::expand::<F, N>(scope, word, 1.0f32.into(), element),
+        }
     }
 }
 

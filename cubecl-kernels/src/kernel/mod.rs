@@ -5,6 +5,7 @@ pub mod block;
 pub mod block_range;
 pub mod code;
 pub mod code_view;
+pub mod decode;
 pub mod fp8;
 pub mod gemm;
 pub mod nvfp4;
