@@ -98,6 +98,54 @@ fn bench_fp8(
     };
     let a = quantize([m, k]);
     let b = quantize(if rhs_transposed { [n, k] } else { [k, n] });
+    time_fp8(
+        group,
+        name,
+        (path, stream),
+        routine,
+        (&a, &b),
+        rhs_transposed,
+    );
+}
+
+/// MXFP8 operands (1×32 E8M0 blocks along K, fprop's `A·Bᵀ`) on `path`: what cuBLASLt does not take before sm100.
+fn bench_fp8_mxfp8(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    path: DeviceGemmPath,
+    (m, k, n): (usize, usize, usize),
+) {
+    let quantize = |shape: [usize; 2]| {
+        let t = Tensor::<Plain, 2>::random(shape, Distribution::Normal(0.0, 1.0), &device());
+        let block = burn_te::ScaleBlock::new(1, 32);
+        let rule = burn_te::BlockScaleRule::E8m0;
+        Plain::fp8_quantize(
+            t.into_primitive().tensor(),
+            Fp8Format::E4M3,
+            Scaling::Block { block, rule },
+        )
+        .expect("block quantize")
+    };
+    let (a, b) = (quantize([m, k]), quantize([n, k]));
+    time_fp8(
+        group,
+        name,
+        (path, CublasLtStream::Own),
+        None,
+        (&a, &b),
+        true,
+    );
+}
+
+/// Times `a · b` (or `a · bᵀ`) asking for `path` (and `routine`), each run synchronised.
+fn time_fp8(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    (path, stream): (DeviceGemmPath, CublasLtStream),
+    routine: Option<CubekRoutine>,
+    (a, b): (&burn_te::Fp8Primitive<Plain>, &burn_te::Fp8Primitive<Plain>),
+    rhs_transposed: bool,
+) {
     group.bench_function(name, |bench| {
         bench.iter(|| {
             let run = || {
@@ -258,6 +306,19 @@ fn gemm(c: &mut Criterion, float: Float) {
                 );
                 // Burn's own matmul (its autotune's routine for f16) on the codes decoded ahead into f16, beside
                 // Burn's bf16 and f16 matmuls in this process.
+                // MXFP8: the decoded path (bf16 values, the block scales folded in) against the SIMT kernel.
+                bench_fp8_mxfp8(
+                    &mut group,
+                    "fp8 mxfp8 decoded (A·Bᵀ)",
+                    DeviceGemmPath::Decoded,
+                    shape,
+                );
+                bench_fp8_mxfp8(
+                    &mut group,
+                    "fp8 mxfp8 simt kernel (A·Bᵀ)",
+                    DeviceGemmPath::Simt,
+                    shape,
+                );
                 bench_cube_matmul(
                     &mut group,
                     "burn bf16 matmul, this process",

@@ -87,7 +87,8 @@ fn gemm(c: &mut Criterion) {
 }
 
 /// MXFP8 (1×32 E8M0 blocks along K on both operands, fprop's `A·Bᵀ`) at 1024³ on each path: block scales take the
-/// tiled path's unit routines (each value times its block's scale as it loads) or the SIMT kernel.
+/// tiled path's unit routines (each value times its block's scale as it loads), the decoded path (the scales folded in
+/// as the codes are decoded ahead; f32 values on wgpu) or the SIMT kernel.
 fn gemm_block_scaled(c: &mut Criterion) {
     let device = WgpuDevice::default();
     let (m, k, n) = (1024, 1024, 1024);

@@ -56,7 +56,7 @@ if [ -n "${PROFILE:-}" ]; then # CubeCL's per-kernel profile of the steps of one
   ls -la $OUT; xz -T4 -9 $OUT/profile-$PROFILE.log; el done; exit 0
 fi
 tests ${TRAIN_S:-110} train --nocapture device_gemm::transformer_layer_trains_the_same_on_every_path
-tests ${STREAM_S:-120} streams gemm::every_code_through_every_tiled_routine device_gemm::each_forced_tiled_routine device_gemm::exact_sums device_gemm::random_operands device_gemm::a_group device_gemm::bf16_operands device_gemm::empty_batches
+tests ${STREAM_S:-120} streams gemm::every_code_through_every_tiled_routine gemm::every_code_decoded_ahead_in_each_lane device_gemm::the_decoded_path device_gemm::each_forced_tiled_routine device_gemm::exact_sums device_gemm::random_operands device_gemm::a_group device_gemm::bf16_operands device_gemm::empty_batches
 bench() { # float seconds filter
   el "$1 ($2 s): $3"
   BURN_TE_BENCH_FLOAT=$1 timeout $2 $G/cuda --bench "$3" --warm-up-time 1 --measurement-time 3 2>&1 | tee $OUT/bench-$1.txt | grep -E "^cuda|time:|thrpt:|paths|returns after|panicked|rror" | head -40

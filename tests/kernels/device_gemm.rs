@@ -12,7 +12,7 @@
 //!   is printed: on an H100 (2026-11-26) 5.0–5.6·10⁻⁵ (about 2⁻¹⁴) on cuBLASLt, 2.1–2.5·10⁻⁷ on the kernel.
 //! - What cuBLASLt cannot take (block scales, K not a multiple of 16, another runtime) runs on the kernel, counted
 //!   under `DeviceFp8Gemm(simt)` and as a `device GEMM path` fallback, with the kernel's bits; so does what the tiled
-//!   path cannot take (rows that are not whole code words) and what the decoded path cannot (block scales).
+//!   path cannot take (rows that are not whole code words) and what the decoded path cannot (NVFP4).
 //! - Unforced, a GEMM of at least 256³ multiply-adds is timed once per shape class on each candidate, and every GEMM
 //!   of its class then runs on the kept choice, with that kernel's bits.
 
@@ -53,15 +53,12 @@ const PATHS: [DeviceGemmPath; 4] = [
 ];
 
 /// The path a GEMM of `lhs` and `rhs` asking for `path` runs on here: cuBLASLt only on CUDA; the tiled path where
-/// both operands' stored rows are whole code words; the decoded path with per-tensor scales.
+/// both operands' stored rows are whole code words; the decoded path with FP8 codes (all these tests quantize).
 fn runs_on(path: DeviceGemmPath, lhs: &Fp8Primitive<B>, rhs: &Fp8Primitive<B>) -> DeviceGemmPath {
     let whole_words = |q: &Fp8Primitive<B>| q.shape.dims::<3>()[2] % 4 == 0;
     match path {
         DeviceGemmPath::CublasLt if !cfg!(feature = "cuda") => DeviceGemmPath::Simt,
         DeviceGemmPath::Tiled if !(whole_words(lhs) && whole_words(rhs)) => DeviceGemmPath::Simt,
-        DeviceGemmPath::Decoded if lhs.block.is_some() || rhs.block.is_some() => {
-            DeviceGemmPath::Simt
-        }
         path => path,
     }
 }
@@ -336,23 +333,69 @@ fn operands_the_tiled_path_cannot_take_fall_back_to_the_kernel_counted() {
     }
 }
 
-/// What the decoded path cannot take exactly (block scales: a block's factor folded into an f16 value need not be
-/// exact) runs on the kernel: counted as such, recorded as a fallback naming the reason, with the kernel's bits.
-/// Rows that are not whole code words it takes (the codes are decoded along the whole buffer): K = 38 gives the
-/// f64 product bit for bit.
+/// The decoded path with block scales: each value times its block's power-of-two scale as it is decoded (bf16 values
+/// where the device has bf16, f32 elsewhere), so Float8BlockScaling's 1×128 and 128×128 blocks and MXFP8's 1×32 E8M0
+/// blocks give the f64 product bit for bit where every partial sum is exact: half-integers scaled by 1 or 2 per 32
+/// values along K and by 1 or 8 per 128 values and per row, so neighbouring blocks get different scales (a scale
+/// read from the wrong block fails here). Rows that are not whole code words it takes too
+/// (K = 38). What it cannot take (NVFP4's E2M1 codes) runs on the kernel: counted, recorded as a fallback, with the
+/// kernel's bits.
 #[test]
-fn operands_the_decoded_path_cannot_take_fall_back_to_the_kernel_counted() {
+fn the_decoded_path_folds_block_scales_and_falls_back_on_nvfp4() {
     let mut rng = Rng::new(98);
-    let (m, k, n) = (32, 256, 64);
-    let lhs = block_quantize(rng.normal(m * k, 0.0, 1.0), [1, m, k]);
-    let rhs = block_quantize(rng.normal(n * k, 0.0, 1.0), [1, n, k]);
-    check_falls_back(
-        DeviceGemmPath::Decoded,
-        "1x128 block scales",
-        &lhs,
-        &rhs,
-        true,
-    );
+    let (m, k, n) = (32, 256, 48);
+    let mut scaled = |len: usize, cols: usize| -> Vec<f32> {
+        let mut values = half_integers(&mut rng, len);
+        for (i, v) in values.iter_mut().enumerate() {
+            let (row, col) = (i / cols, i % cols);
+            if (col / 32) % 2 == 1 {
+                *v *= 2.0;
+            }
+            if (col / 128 + row) % 2 == 1 {
+                *v *= 8.0;
+            }
+        }
+        values
+    };
+    let quantize_blocks = |values: Vec<f32>, shape: [usize; 3], block, rule| {
+        let t = Tensor::<B, 3>::from_data(TensorData::new(values, shape), &backend_device());
+        B::fp8_quantize(
+            t.into_primitive().tensor(),
+            Fp8Format::E4M3,
+            Scaling::Block { block, rule },
+        )
+        .expect("block quantize")
+    };
+    let cases = [
+        (
+            "1x128 and 128x128 (Float8BlockScaling)",
+            ScaleBlock::new(1, 128),
+            ScaleBlock::new(128, 128),
+            BlockScaleRule::Pow2,
+        ),
+        (
+            "1x32 E8M0 (MXFP8)",
+            ScaleBlock::new(1, 32),
+            ScaleBlock::new(1, 32),
+            BlockScaleRule::E8m0,
+        ),
+    ];
+    for (what, lhs_block, rhs_block, rule) in cases {
+        let lhs = quantize_blocks(scaled(m * k, k), [1, m, k], lhs_block, rule);
+        let rhs = quantize_blocks(scaled(n * k, k), [1, n, k], rhs_block, rule);
+        let expected = reference(&stored_f64::<B>(&lhs), false, &stored_f64::<B>(&rhs), true);
+        let got = gemm_on(
+            DeviceGemmPath::Decoded,
+            DeviceGemmPath::Decoded,
+            &lhs,
+            false,
+            &rhs,
+            true,
+        );
+        for (i, (&y, &e)) in got.iter().zip(&expected.0).enumerate() {
+            assert_eq!(f64::from(y), e, "{what} on decoded: output {i}");
+        }
+    }
     let lhs = quantize(half_integers(&mut rng, m * 38), [1, m, 38], Fp8Format::E4M3);
     let rhs = quantize(
         half_integers(&mut rng, 38 * 70),
@@ -371,6 +414,25 @@ fn operands_the_decoded_path_cannot_take_fall_back_to_the_kernel_counted() {
     for (i, (&y, &e)) in got.iter().zip(&expected.0).enumerate() {
         assert_eq!(f64::from(y), e, "K = 38, N = 70 on decoded: output {i}");
     }
+    let mut nvfp4 = |shape: [usize; 3]| {
+        let t = Tensor::<B, 3>::from_data(
+            TensorData::new(rng.normal(shape.iter().product(), 0.0, 1.0), shape),
+            &backend_device(),
+        );
+        B::fp8_quantize(
+            t.into_primitive().tensor(),
+            Fp8Format::E4M3,
+            Scaling::Nvfp4 {
+                tile: burn_te_kernels::nvfp4::Nvfp4Tile::Row1x16,
+                rounding: burn_te_kernels::nvfp4::Nvfp4Rounding::Nearest,
+                rht: false,
+                amax_group: None,
+            },
+        )
+        .expect("nvfp4 quantize")
+    };
+    let (lhs, rhs) = (nvfp4([1, m, k]), nvfp4([1, n, k]));
+    check_falls_back(DeviceGemmPath::Decoded, "NVFP4", &lhs, &rhs, true);
 }
 
 /// `lhs · rhs` asking for `path` runs on the kernel: counted there, recorded as a fallback, with the kernel's bits.
@@ -756,15 +818,17 @@ fn transformer_layer_trains_the_same_on_every_path() {
         // them once, so that every clone trains from the same values.
         let layer = layer.clone().load_record(layer.into_record());
         let simt = layer_losses(device, layer.clone(), DeviceGemmPath::Simt, recipe);
-        // burn-te's cuBLASLt and decoded paths take per-tensor scales only: a block-scaled recipe's GEMMs asking
-        // for them run on the kernel, each refusal recorded.
+        // burn-te's cuBLASLt path takes per-tensor scales only and the decoded path FP8 codes only: a block-scaled
+        // recipe's GEMMs asking for cuBLASLt, and NVFP4's asking for the decoded path, run on the kernel, each
+        // refusal recorded.
         let block_scaled = !matches!(
             recipe().base(),
             burn_te::Recipe::Delayed(_) | burn_te::Recipe::Current(_)
         );
         for &path in &paths[1..] {
-            let refused =
-                matches!(path, DeviceGemmPath::CublasLt | DeviceGemmPath::Decoded) && block_scaled;
+            let nvfp4 = matches!(recipe().base(), burn_te::Recipe::Nvfp4(_));
+            let refused = (path == DeviceGemmPath::CublasLt && block_scaled)
+                || (path == DeviceGemmPath::Decoded && nvfp4);
             let ran_on = if refused { DeviceGemmPath::Simt } else { path };
             let before = (counted(ran_on), device_fallbacks());
             let other = layer_losses(device, layer.clone(), path, recipe);

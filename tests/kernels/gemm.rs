@@ -836,7 +836,7 @@ fn cubek_tiled_refusals_name_the_reason() {
 /// zeros included, in each of a word's four lanes, decodes to its value in f32 and in f16 (where the device has
 /// f16), bit for bit (NaN as a NaN); 255 codes leave a partial last word, decoded too. Where the device converts FP8
 /// in hardware (CUDA from sm 89) the kernel takes that conversion, elsewhere the integer decode: both must give
-/// these bits. Block-scaled and E2M1 operands are refused with the reason.
+/// these bits.
 #[test]
 fn every_code_decoded_ahead_in_each_lane() {
     use burn_te_kernels::cubecl::ir::{ElemType, FloatKind, StorageType};
@@ -879,14 +879,6 @@ fn every_code_decoded_ahead_in_each_lane() {
             "this device has no f16: the decoded path's f16 operands were NOT checked (f32 only)",
         );
     }
-    let blocked = Operand::blocked(2, 128, ScaleBlock::new(1, 128), BlockScaleRule::Pow2, 1);
-    let error = decode_operand::<TestRuntime, f32>(&client(), &blocked.gemm(false)).unwrap_err();
-    assert!(
-        error
-            .to_string()
-            .contains("1x128 scale blocks: the decoded path takes per-tensor scales"),
-        "{error}"
-    );
 }
 
 /// Every FP8 code, NaN, infinities, subnormals and both zeros included, in each of a word's four lanes, goes through

@@ -1,7 +1,11 @@
-//! The decoded path of the device FP8 GEMM: both operands' codes decoded into f16 (f32 where the device has no
-//! f16; `burn_te_kernels::decoded`), multiplied by Burn's own matmul with its autotune into f32, as a Burn user's
-//! f16 matmul runs, then the per-tensor scales applied once to the f32 product. Exact wherever the SIMT kernel is:
-//! every FP8 value is an f16 value, and the product accumulates in f32.
+//! The decoded path of the device FP8 GEMM: both operands' codes decoded (`burn_te_kernels::decoded`), multiplied
+//! by Burn's own matmul with its autotune into f32, as a Burn user's f16 or bf16 matmul runs, then the per-tensor
+//! scales applied once to the f32 product. The values are decoded into f16 where both operands have per-tensor
+//! scales (every FP8 value is an f16 value) and into bf16 where one has block scales, each value times its block's
+//! scale (burn-te's block scales are powers of two, Float8BlockScaling's and MXFP8's E8M0 alike, and bf16 has f32's
+//! exponent range: exact while the value stays a bf16 normal, i.e. for every block whose `scale_inv` is at least
+//! 2⁻¹¹⁷, an amax above about 10⁻³³); f32 where the device lacks the type (the SIMT kernel's staging, exactly). The
+//! product accumulates in f32.
 //!
 //! It runs at Burn's f16 (or f32) matmul rate plus one pass over each operand, on whatever routine Burn picks for
 //! the shape and device (TMA and specialised loaders included, which the tiled path's decoding loaders cannot
@@ -26,11 +30,23 @@ pub fn refusal(a: &GemmOperand<'_>, b: &GemmOperand<'_>) -> Option<String> {
         .or_else(|| decoded_refusal(b).map(|reason| format!("rhs: {reason}")))
 }
 
-/// The float type the operands are decoded into on `client`'s device: f16 where it has f16, else f32.
-pub fn stage_dtype<R: Runtime>(client: &ComputeClient<R>) -> DType {
-    let f16 = StorageType::Scalar(ElemType::Float(FloatKind::F16));
-    if client.properties().supports_type(f16) {
-        DType::F16
+/// The float type `a` and `b` are decoded into on `client`'s device: f16 (per-tensor scales) or bf16 (block scales)
+/// where the device has it, else f32.
+pub fn stage_dtype<R: Runtime>(
+    client: &ComputeClient<R>,
+    a: &GemmOperand<'_>,
+    b: &GemmOperand<'_>,
+) -> DType {
+    let (kind, dtype) = if a.block.is_some() || b.block.is_some() {
+        (FloatKind::BF16, DType::BF16)
+    } else {
+        (FloatKind::F16, DType::F16)
+    };
+    if client
+        .properties()
+        .supports_type(StorageType::Scalar(ElemType::Float(kind)))
+    {
+        dtype
     } else {
         DType::F32
     }
@@ -55,7 +71,7 @@ pub fn fp8_gemm_decoded<R: CubeRuntime, F: Float + CubeElement>(
         // No product to run: the SIMT launcher's empty and all-zero results.
         return burn_te_kernels::gemm::fp8_gemm::<R, F>(client, a, b);
     }
-    let dtype = stage_dtype(client);
+    let dtype = stage_dtype(client, a, b);
     let lhs = decoded_tensor(client, device, a, dtype)?;
     let rhs = decoded_tensor(client, device, b, dtype)?;
     let product =
@@ -82,6 +98,7 @@ fn decoded_tensor<R: CubeRuntime>(
 ) -> Result<CubeTensor<R>, KernelError> {
     let handle = match dtype {
         DType::F16 => decode_operand::<R, half::f16>(client, operand)?,
+        DType::BF16 => decode_operand::<R, half::bf16>(client, operand)?,
         _ => decode_operand::<R, f32>(client, operand)?,
     };
     let shape = Shape::new([operand.batch, operand.rows, operand.cols]);

@@ -3,7 +3,7 @@
 //! multiple of 16. Elsewhere, and for what cuBLASLt does not take, the autotune ([`super::gemm_tune`]) picks per
 //! device and shape between the SIMT kernel of `burn-te-kernels`, cubek-matmul's tiled routines with the codes
 //! decoded on load (`burn_te_kernels::cubek_gemm`: rows of whole code words) and Burn's own matmul on codes decoded
-//! ahead into f16 ([`super::gemm_decoded`]: per-tensor FP8 scales); NVFP4 takes the SIMT kernel.
+//! ahead into f16, or bf16 with block scales ([`super::gemm_decoded`]: FP8 codes).
 //!
 //! [`with_device_gemm_path`] forces a path on this thread, `BURN_TE_DEVICE_GEMM` (`auto`, `simt`, `tiled`,
 //! `decoded`, `cublaslt`; read once) in the process. [`with_cublaslt_stream`] and `BURN_TE_CUBLASLT_STREAM` (`own`, `cubecl`)
@@ -46,8 +46,9 @@ pub enum DeviceGemmPath {
     /// cubek-matmul's tiled matmul (Burn's own) with the codes decoded on load: cooperative matrices on f16 stages
     /// where the device has them, the unit routines on f32 stages elsewhere. FP8 with per-tensor scales.
     Tiled,
-    /// Burn's own matmul, as its autotune picks for the shape and device, on the codes decoded ahead into f16 (f32
-    /// without f16), accumulating in f32. FP8 with per-tensor scales.
+    /// Burn's own matmul, as its autotune picks for the shape and device, on the codes decoded ahead into f16, or
+    /// bf16 times their block scales (f32 where the device lacks the type), accumulating in f32. FP8 codes, per-tensor
+    /// or block scales.
     Decoded,
     /// cuBLASLt's FP8 matmul on the tensor cores (CUDA, sm ≥ 89, `--features cuda`).
     CublasLt,
