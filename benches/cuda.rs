@@ -306,19 +306,6 @@ fn gemm(c: &mut Criterion, float: Float) {
                 );
                 // Burn's own matmul (its autotune's routine for f16) on the codes decoded ahead into f16, beside
                 // Burn's bf16 and f16 matmuls in this process.
-                // MXFP8: the decoded path (bf16 values, the block scales folded in) against the SIMT kernel.
-                bench_fp8_mxfp8(
-                    &mut group,
-                    "fp8 mxfp8 decoded (A·Bᵀ)",
-                    DeviceGemmPath::Decoded,
-                    shape,
-                );
-                bench_fp8_mxfp8(
-                    &mut group,
-                    "fp8 mxfp8 simt kernel (A·Bᵀ)",
-                    DeviceGemmPath::Simt,
-                    shape,
-                );
                 bench_cube_matmul(
                     &mut group,
                     "burn bf16 matmul, this process",
@@ -345,6 +332,19 @@ fn gemm(c: &mut Criterion, float: Float) {
                     (DeviceGemmPath::Decoded, CublasLtStream::Own),
                     None,
                     false,
+                    shape,
+                );
+                // MXFP8: the decoded path (bf16 values, the block scales folded in) against the SIMT kernel.
+                bench_fp8_mxfp8(
+                    &mut group,
+                    "fp8 mxfp8 decoded (A·Bᵀ)",
+                    DeviceGemmPath::Decoded,
+                    shape,
+                );
+                bench_fp8_mxfp8(
+                    &mut group,
+                    "fp8 mxfp8 simt kernel (A·Bᵀ)",
+                    DeviceGemmPath::Simt,
                     shape,
                 );
                 // Each of cubek's plane routines on matrix units (the families Burn's own matmul tunes among), at

@@ -20,7 +20,7 @@ use crate::gemm::GemmOperand;
 use crate::kernel::code::CodeFormat;
 use crate::kernel::code_view::codes_per_word;
 use crate::kernel::decode::{decode_codes_kernel, decode_scaled_codes_kernel};
-use crate::ops::{check_size, elementwise_grid};
+use crate::ops::elementwise_grid;
 
 /// Why the decoded path cannot take `operand`, or `None` where it can: FP8 codes with per-tensor or block scales,
 /// the blocks not straddling a batch's matrices. (NVFP4's E2M1 codes and their E4M3 block factors stay on the SIMT
@@ -56,26 +56,21 @@ pub fn decode_operand<R: Runtime, S: Float + CubeElement>(
             reason,
         });
     }
+    // The codes' words and the scales (one, or each block of each matrix) are there.
     operand.check("decoded GEMM operand")?;
     let len = operand.batch * operand.rows * operand.cols;
     let element = operand.element();
     let lanes = codes_per_word(element);
     let words = len.div_ceil(lanes);
     let words32 = u32::try_from(words).map_err(|_| KernelError::TooLarge(len))?;
-    check_size("decoded GEMM codes", operand.codes_handle(), 4, words)?;
     let output = client.empty(words.max(1) * lanes * size_of::<S>());
     if let (Some(block), true) = (operand.block, words > 0) {
+        // The batch's matrices stacked: the same blocks, as their rows are whole blocks (`decoded_refusal`).
         let (grid_rows, grid_cols) = block.grid(operand.batch * operand.rows, operand.cols);
-        check_size(
-            "decoded GEMM scales",
-            operand.scale_inv,
-            4,
-            grid_rows * grid_cols,
-        )?;
         let to_u32 = |v: usize| u32::try_from(v).map_err(|_| KernelError::TooLarge(v));
         let (cube_count, cube_dim) = elementwise_grid(client, words);
-        // SAFETY: the codes hold `words` words and the scales every block of the stacked matrices (checked), the
-        // output `words` vectors of `lanes`; the kernel checks `words` and reads no scale past the last code's.
+        // SAFETY: the codes hold `words` words and the scales every block (checked), the output `words` vectors of
+        // `lanes`; the kernel checks `words` and reads no scale past the last code's.
         unsafe {
             decode_scaled_codes_kernel::launch_unchecked::<S, R>(
                 client,

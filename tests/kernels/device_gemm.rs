@@ -342,6 +342,22 @@ fn operands_the_tiled_path_cannot_take_fall_back_to_the_kernel_counted() {
 /// kernel's bits.
 #[test]
 fn the_decoded_path_folds_block_scales_and_falls_back_on_nvfp4() {
+    /// `lhs · rhs` (or `lhs · rhsᵀ`) on the decoded path, counted there, against the f64 product bit for bit.
+    fn exact_on_decoded(what: &str, lhs: &Fp8Primitive<B>, rhs: &Fp8Primitive<B>, rhs_t: bool) {
+        let expected = reference(&stored_f64::<B>(lhs), false, &stored_f64::<B>(rhs), rhs_t);
+        let got = gemm_on(
+            DeviceGemmPath::Decoded,
+            DeviceGemmPath::Decoded,
+            lhs,
+            false,
+            rhs,
+            rhs_t,
+        );
+        for (i, (&y, &e)) in got.iter().zip(&expected.0).enumerate() {
+            assert_eq!(f64::from(y), e, "{what} on decoded: output {i}");
+        }
+    }
+
     let mut rng = Rng::new(98);
     let (m, k, n) = (32, 256, 48);
     let mut scaled = |len: usize, cols: usize| -> Vec<f32> {
@@ -383,18 +399,7 @@ fn the_decoded_path_folds_block_scales_and_falls_back_on_nvfp4() {
     for (what, lhs_block, rhs_block, rule) in cases {
         let lhs = quantize_blocks(scaled(m * k, k), [1, m, k], lhs_block, rule);
         let rhs = quantize_blocks(scaled(n * k, k), [1, n, k], rhs_block, rule);
-        let expected = reference(&stored_f64::<B>(&lhs), false, &stored_f64::<B>(&rhs), true);
-        let got = gemm_on(
-            DeviceGemmPath::Decoded,
-            DeviceGemmPath::Decoded,
-            &lhs,
-            false,
-            &rhs,
-            true,
-        );
-        for (i, (&y, &e)) in got.iter().zip(&expected.0).enumerate() {
-            assert_eq!(f64::from(y), e, "{what} on decoded: output {i}");
-        }
+        exact_on_decoded(what, &lhs, &rhs, true);
     }
     let lhs = quantize(half_integers(&mut rng, m * 38), [1, m, 38], Fp8Format::E4M3);
     let rhs = quantize(
@@ -402,18 +407,7 @@ fn the_decoded_path_folds_block_scales_and_falls_back_on_nvfp4() {
         [1, 38, 70],
         Fp8Format::E5M2,
     );
-    let expected = reference(&stored_f64::<B>(&lhs), false, &stored_f64::<B>(&rhs), false);
-    let got = gemm_on(
-        DeviceGemmPath::Decoded,
-        DeviceGemmPath::Decoded,
-        &lhs,
-        false,
-        &rhs,
-        false,
-    );
-    for (i, (&y, &e)) in got.iter().zip(&expected.0).enumerate() {
-        assert_eq!(f64::from(y), e, "K = 38, N = 70 on decoded: output {i}");
-    }
+    exact_on_decoded("K = 38, N = 70", &lhs, &rhs, false);
     let mut nvfp4 = |shape: [usize; 3]| {
         let t = Tensor::<B, 3>::from_data(
             TensorData::new(rng.normal(shape.iter().product(), 0.0, 1.0), shape),

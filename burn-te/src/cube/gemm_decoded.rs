@@ -3,9 +3,9 @@
 //! scales applied once to the f32 product. The values are decoded into f16 where both operands have per-tensor
 //! scales (every FP8 value is an f16 value) and into bf16 where one has block scales, each value times its block's
 //! scale (burn-te's block scales are powers of two, Float8BlockScaling's and MXFP8's E8M0 alike, and bf16 has f32's
-//! exponent range: exact while the value stays a bf16 normal, i.e. for every block whose `scale_inv` is at least
-//! 2⁻¹¹⁷, an amax above about 10⁻³³); f32 where the device lacks the type (the SIMT kernel's staging, exactly). The
-//! product accumulates in f32.
+//! exponent range: exact while a value's lowest bit stays within bf16's reach, 2⁻¹³³, i.e. for every block whose
+//! `scale_inv` is at least 2⁻¹¹⁷, an amax above about 10⁻³³); f32 where the device lacks the type (the SIMT kernel's
+//! staging, exactly). The product accumulates in f32.
 //!
 //! It runs at Burn's f16 (or f32) matmul rate plus one pass over each operand, on whatever routine Burn picks for
 //! the shape and device (TMA and specialised loaders included, which the tiled path's decoding loaders cannot

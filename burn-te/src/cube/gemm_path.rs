@@ -8,12 +8,13 @@
 //! [`with_device_gemm_path`] forces a path on this thread, `BURN_TE_DEVICE_GEMM` (`auto`, `simt`, `tiled`,
 //! `decoded`, `cublaslt`; read once) in the process. [`with_cublaslt_stream`] and `BURN_TE_CUBLASLT_STREAM` (`own`, `cubecl`)
 //! choose the stream cuBLASLt runs on ([`CublasLtStream`]). Each GEMM counts under `DeviceFp8Gemm(<path>)` in the metrics report; a GEMM
-//! that asked for cuBLASLt or the tiled path and ran on the kernel is recorded as a fallback (`device GEMM path`) with
-//! the reason.
+//! that asked for cuBLASLt, the tiled or the decoded path and ran on the kernel is recorded as a fallback (`device GEMM
+//! path`) with the reason.
 
 use std::cell::Cell;
 use std::sync::OnceLock;
 
+use burn_cubecl::CubeRuntime;
 use burn_te_kernels::KernelError;
 use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::cubecl::server::Handle;
@@ -22,7 +23,6 @@ use burn_te_kernels::gemm::{GemmOperand, fp8_gemm_grouped};
 
 use super::gemm_decoded;
 use super::gemm_tune::{self, GemmKernel};
-use burn_cubecl::CubeRuntime;
 
 use crate::error::TeError;
 use crate::metrics;

@@ -76,7 +76,7 @@ pub enum GemmKernel {
     Simt,
     /// A cubek-matmul routine on codes decoded on load.
     Tiled(CubekRoutine),
-    /// Burn's own matmul (its autotune's routine) on codes decoded ahead into f16, or f32 without f16.
+    /// Burn's own matmul (its autotune's routine) on codes decoded ahead ([`super::gemm_decoded`]).
     Decoded,
 }
 
