@@ -37,7 +37,7 @@
 //!   `distributed`, `fp8_gemm`, `fp8_state`, `fused::activation`, `fused::attention`, `fused::cast_linear`,
 //!   `fused::dropout`, `fused::norm`, `fused::softmax`, `fusion`, `high_precision`, `host`, `linear`,
 //!   `microbatch`, `nn`, `nvfp4`, `optim`, `plain_linear`, `readback`, `saved`, `te`.
-//! - Plain: `autocast`, `cube::gemm_path`, `cube::gemm_tune`, `data`, `diagnostics`, `diagnostics::trace`, `distributed::launch`,
+//! - Plain: `autocast`, `data`, `diagnostics`, `diagnostics::trace`, `distributed::launch`,
 //!   `error`, `fallback`, `fused`, `gemm`, `host::gemm`, `metrics`, `plan`, `primitive`, `recipe`, `settings`, `site`.
 
 mod autocast;

@@ -20,8 +20,8 @@
 //! # Burn coupling
 //! None: the kernels and the host reference are plain Rust and CubeCL, usable without Burn.
 //! - Burn-generic: none.
-//! - Plain: `block`, `block_range`, `cublaslt`, `cubek_gemm`, `error`, `format`, `gemm`, `host`, `kernel`, `nvfp4`, `ops`,
-//!   `scale_block`, `scaling`, `stats`, `transpose`.
+//! - Plain: `block`, `block_range`, `cublaslt`, `cubek_gemm`, `decoded`, `error`, `format`, `gemm`, `host`, `kernel`,
+//!   `nvfp4`, `ops`, `scale_block`, `scaling`, `stats`, `transpose`.
 
 pub mod block;
 pub mod block_range;
