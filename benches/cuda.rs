@@ -4,7 +4,8 @@
 //!   shape: Burn's f32 and bf16 matmul (autotuned, as users get them), and FP8 E4M3 with per-tensor scales on
 //!   cuBLASLt (fprop's K-major layout, and dgrad's, which takes a transposed copy), on cubek's tiled routines, on
 //!   Burn's f16 matmul over codes decoded ahead (with Burn's bf16 and f16 matmuls in the same process) and on the
-//!   SIMT kernel.
+//!   SIMT kernel; MXFP8 and NVFP4 (block scales cuBLASLt does not take before sm100) decoded ahead and on the SIMT
+//!   kernel.
 //! - A TransformerLayer training step (forward, MSE, backward): f32, bf16 and f16 on Burn's `Cuda` (fused), FP8
 //!   (DelayedScaling) on `Te<Cuda>` with f32, f16 and bf16 activations (TE's usual setting: the last).
 //! - cuBLASLt on its own stream (host waits around each call) and on CubeCL's stream (no waits), both in GEMM and
@@ -31,6 +32,7 @@ use burn_te::nn::TransformerLayerConfig;
 use burn_te::{Fp8Format, Scaling, Te, TeBackend};
 use burn_te_kernels::cubecl::cuda::CudaDevice;
 use burn_te_kernels::cubek_gemm::CubekRoutine;
+use burn_te_kernels::nvfp4::{Nvfp4Rounding, Nvfp4Tile};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
 use half::{bf16, f16};
@@ -108,25 +110,45 @@ fn bench_fp8(
     );
 }
 
-/// MXFP8 operands (1×32 E8M0 blocks along K, fprop's `A·Bᵀ`) on `path`: what cuBLASLt does not take before sm100.
-fn bench_fp8_mxfp8(
+/// The block-scaled recipes cuBLASLt does not take before sm100, as fprop quantizes them.
+#[derive(Clone, Copy)]
+enum BlockScaled {
+    /// MXFP8: 1×32 E8M0 blocks along K on both operands.
+    Mxfp8,
+    /// NVFP4: 1×16 E4M3 blocks on the activations, 16×16 tiles on the weights, round to nearest.
+    Nvfp4,
+}
+
+/// `A·Bᵀ` (fprop's layout) with `recipe`'s operands on `path`.
+fn bench_fp8_block_scaled(
     group: &mut BenchmarkGroup<'_, WallTime>,
     name: &str,
     path: DeviceGemmPath,
+    recipe: BlockScaled,
     (m, k, n): (usize, usize, usize),
 ) {
-    let quantize = |shape: [usize; 2]| {
+    let quantize = |shape: [usize; 2], weight: bool| {
         let t = Tensor::<Plain, 2>::random(shape, Distribution::Normal(0.0, 1.0), &device());
-        let block = burn_te::ScaleBlock::new(1, 32);
-        let rule = burn_te::BlockScaleRule::E8m0;
-        Plain::fp8_quantize(
-            t.into_primitive().tensor(),
-            Fp8Format::E4M3,
-            Scaling::Block { block, rule },
-        )
-        .expect("block quantize")
+        let scaling = match recipe {
+            BlockScaled::Mxfp8 => Scaling::Block {
+                block: burn_te::ScaleBlock::new(1, 32),
+                rule: burn_te::BlockScaleRule::E8m0,
+            },
+            BlockScaled::Nvfp4 => Scaling::Nvfp4 {
+                tile: if weight {
+                    Nvfp4Tile::Tile16x16
+                } else {
+                    Nvfp4Tile::Row1x16
+                },
+                rounding: Nvfp4Rounding::Nearest,
+                rht: false,
+                amax_group: None,
+            },
+        };
+        Plain::fp8_quantize(t.into_primitive().tensor(), Fp8Format::E4M3, scaling)
+            .expect("block-scaled quantize")
     };
-    let (a, b) = (quantize([m, k]), quantize([n, k]));
+    let (a, b) = (quantize([m, k], false), quantize([n, k], true));
     time_fp8(
         group,
         name,
@@ -334,19 +356,24 @@ fn gemm(c: &mut Criterion, float: Float) {
                     false,
                     shape,
                 );
-                // MXFP8: the decoded path (bf16 values, the block scales folded in) against the SIMT kernel.
-                bench_fp8_mxfp8(
-                    &mut group,
-                    "fp8 mxfp8 decoded (A·Bᵀ)",
-                    DeviceGemmPath::Decoded,
-                    shape,
-                );
-                bench_fp8_mxfp8(
-                    &mut group,
-                    "fp8 mxfp8 simt kernel (A·Bᵀ)",
-                    DeviceGemmPath::Simt,
-                    shape,
-                );
+                // MXFP8 and NVFP4: the decoded path (MXFP8 as bf16 values with the block scales folded in,
+                // NVFP4 as f16 values with their E4M3 block scales, the global factor on the product) against the
+                // SIMT kernel.
+                for (recipe, what) in [(BlockScaled::Mxfp8, "mxfp8"), (BlockScaled::Nvfp4, "nvfp4")]
+                {
+                    for (path, on) in [
+                        (DeviceGemmPath::Decoded, "decoded"),
+                        (DeviceGemmPath::Simt, "simt kernel"),
+                    ] {
+                        bench_fp8_block_scaled(
+                            &mut group,
+                            &format!("fp8 {what} {on} (A·Bᵀ)"),
+                            path,
+                            recipe,
+                            shape,
+                        );
+                    }
+                }
                 // Each of cubek's plane routines on matrix units (the families Burn's own matmul tunes among), at
                 // 4096³ in fprop's layout: what `BURN_TE_TILED_ROUTINES=all` lets the autotune choose from.
                 if shape == (4096, 4096, 4096) {

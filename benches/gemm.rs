@@ -8,6 +8,7 @@ use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_te::backends::Wgpu;
 use burn_te::cube::gemm_path::{DeviceGemmPath, with_device_gemm_path};
 use burn_te::{BlockScaleRule, Fp8Format, Fp8Primitive, ScaleBlock, Scaling, TeBackend};
+use burn_te_kernels::nvfp4::{Nvfp4Rounding, Nvfp4Tile};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
 
@@ -86,28 +87,45 @@ fn gemm(c: &mut Criterion) {
     }
 }
 
-/// MXFP8 (1×32 E8M0 blocks along K on both operands, fprop's `A·Bᵀ`) at 1024³ on each path: block scales take the
-/// tiled path's unit routines (each value times its block's scale as it loads), the decoded path (the scales folded in
-/// as the codes are decoded ahead; f32 values on wgpu) or the SIMT kernel.
+/// MXFP8 (1×32 E8M0 blocks along K on both operands) and NVFP4 (1×16 E4M3 blocks on the activations, 16×16 tiles
+/// on the weights) in fprop's `A·Bᵀ` at 1024³ on each path: block scales take the tiled path's unit routines (each
+/// value times its block's factor as it loads), the decoded path (the block scales folded in as the codes are decoded
+/// ahead, NVFP4's global factor on the product; f32 values on wgpu) or the SIMT kernel.
 fn gemm_block_scaled(c: &mut Criterion) {
     let device = WgpuDevice::default();
     let (m, k, n) = (1024, 1024, 1024);
-    let mut group = c.benchmark_group(format!("gemm mxfp8 {m}x{k}x{n}"));
-    group.sample_size(10);
-    let mxfp8 = |t: &Tensor<Wgpu, 2>| {
-        Wgpu::fp8_quantize(
-            t.clone().into_primitive().tensor(),
-            Fp8Format::E4M3,
-            Scaling::Block {
+    let quantize = |t: &Tensor<Wgpu, 2>, recipe: &str, weight: bool| {
+        let scaling = match recipe {
+            "mxfp8" => Scaling::Block {
                 block: ScaleBlock::new(1, 32),
                 rule: BlockScaleRule::E8m0,
             },
+            _ => Scaling::Nvfp4 {
+                tile: if weight {
+                    Nvfp4Tile::Tile16x16
+                } else {
+                    Nvfp4Tile::Row1x16
+                },
+                rounding: Nvfp4Rounding::Nearest,
+                rht: false,
+                amax_group: None,
+            },
+        };
+        Wgpu::fp8_quantize(
+            t.clone().into_primitive().tensor(),
+            Fp8Format::E4M3,
+            scaling,
         )
         .expect("quantize")
     };
-    let (qa, qb) = (mxfp8(&input(m, k, &device)), mxfp8(&input(n, k, &device)));
-    bench_paths(&mut group, &device, (&qa, &qb), true);
-    group.finish();
+    for recipe in ["mxfp8", "nvfp4"] {
+        let mut group = c.benchmark_group(format!("gemm {recipe} {m}x{k}x{n}"));
+        group.sample_size(10);
+        let qa = quantize(&input(m, k, &device), recipe, false);
+        let qb = quantize(&input(n, k, &device), recipe, true);
+        bench_paths(&mut group, &device, (&qa, &qb), true);
+        group.finish();
+    }
 }
 
 criterion_group!(benches, gemm, gemm_block_scaled);

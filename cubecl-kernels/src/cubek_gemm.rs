@@ -51,7 +51,7 @@ use cubek_std::InputBinding;
 
 use crate::error::KernelError;
 use crate::format::Fp8Format;
-use crate::gemm::{GemmOperand, product_dims};
+use crate::gemm::{GemmOperand, OperandCodes, product_dims};
 use crate::kernel::code::CodeFormat;
 use crate::kernel::code_view::{CodeView, codes_per_word};
 
@@ -383,7 +383,7 @@ pub fn fp8_gemm_cubek<R: Runtime, F: Float + CubeElement>(
         }
     }
     .map_err(setup_error)?;
-    scale_output::<R, F>(client, &accumulator, a, b, out_len)
+    scale_output::<R, F>(client, &accumulator, a, b, out_len, false)
 }
 
 /// The arguments of one cubek launch, for any routine.
@@ -508,30 +508,44 @@ fn operand_binding<R: Runtime>(operand: &GemmOperand<'_>, batch: usize) -> Input
 
 /// `out = F(accumulator · (scale_a · scale_b))`, the per-tensor scales applied once to the f32 product (an operand
 /// with block scales has them in its decoded values: its factor is 1). `accumulator` holds `len` f32 values.
+///
+/// `nvfp4_global`: the NVFP4 operands' values hold only their E4M3 block scales (the decoded path), so their global
+/// factors go here, as TE gives cuBLASLt's NVFP4 GEMM its `alpha`: `(amax_a · amax_b) / (6 · 6 · 448 · 448)` for two
+/// NVFP4 operands (TE's f32 operations in TE's order), `(amax · scale) / (6 · 448)` for one.
 pub fn scale_output<R: Runtime, F: Float + CubeElement>(
     client: &ComputeClient<R>,
     accumulator: &Handle,
     a: &GemmOperand<'_>,
     b: &GemmOperand<'_>,
     len: usize,
+    nvfp4_global: bool,
 ) -> Result<Handle, KernelError> {
+    // Each operand's factor: its amax (an NVFP4 global), its per-tensor scale, or none.
+    let factor = |operand: &GemmOperand<'_>| match (operand.codes, operand.block) {
+        (OperandCodes::E2m1(buffer), _) if nvfp4_global => (buffer.amax.clone(), true, 1),
+        (_, None) => (operand.scale_inv.clone(), true, 0),
+        (_, Some(_)) => (operand.scale_inv.clone(), false, 0),
+    };
+    let ((factor_a, apply_a, globals_a), (factor_b, apply_b, globals_b)) = (factor(a), factor(b));
     let output = client.empty(len * size_of::<F>());
     let units = 256usize;
     let cubes = len.div_ceil(units);
     let (x, y) = (cubes.min(65535), cubes.div_ceil(65535));
-    // SAFETY: `accumulator` and `output` hold `len` elements, a per-tensor scale one; the kernel checks `len`.
+    // SAFETY: `accumulator` and `output` hold `len` elements, a per-tensor scale and an amax one; the kernel checks
+    // `len`.
     unsafe {
         scale_output_kernel::launch_unchecked::<F, R>(
             client,
             CubeCount::Static(x as u32, y as u32, 1),
             CubeDim::new_1d(units as u32),
             ArrayArg::from_raw_parts(accumulator.clone(), len),
-            ArrayArg::from_raw_parts(a.scale_inv.clone(), 1),
-            ArrayArg::from_raw_parts(b.scale_inv.clone(), 1),
+            ArrayArg::from_raw_parts(factor_a, 1),
+            ArrayArg::from_raw_parts(factor_b, 1),
             ArrayArg::from_raw_parts(output.clone(), len),
             len as u32,
-            a.block.is_none(),
-            b.block.is_none(),
+            apply_a,
+            apply_b,
+            globals_a + globals_b,
         );
     }
     Ok(output)
@@ -540,21 +554,28 @@ pub fn scale_output<R: Runtime, F: Float + CubeElement>(
 #[cube(launch_unchecked)]
 fn scale_output_kernel<F: Float>(
     accumulator: &Array<f32>,
-    scale_a: &Array<f32>,
-    scale_b: &Array<f32>,
+    factor_a: &Array<f32>,
+    factor_b: &Array<f32>,
     output: &mut Array<F>,
     len: u32,
     #[comptime] apply_a: bool,
     #[comptime] apply_b: bool,
+    #[comptime] nvfp4_globals: u32,
 ) {
     let index = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) * CUBE_DIM_X + UNIT_POS_X;
     if index < len {
         let mut factor = 1.0f32;
         if apply_a {
-            factor = scale_a[0];
+            factor = factor_a[0];
         }
         if apply_b {
-            factor *= scale_b[0];
+            factor *= factor_b[0];
+        }
+        // An amax over NVFP4's largest scaled value (6 · 448), once per NVFP4 operand.
+        if comptime!(nvfp4_globals == 1) {
+            factor /= 2688.0f32;
+        } else if comptime!(nvfp4_globals == 2) {
+            factor /= 7225344.0f32;
         }
         output[index as usize] = F::cast_from(accumulator[index as usize] * factor);
     }

@@ -48,7 +48,7 @@ pub fn unsupported<F: CubeElement>(a: &GemmOperand<'_>, b: &GemmOperand<'_>) -> 
     }
     let format = |operand: &GemmOperand<'_>, what: &str| match operand.codes {
         OperandCodes::Fp8(buffer) => Ok(buffer.format),
-        OperandCodes::E2m1 { .. } => Err(format!(
+        OperandCodes::E2m1(_) => Err(format!(
             "the {what} is NVFP4 (cuBLASLt's block-scaled FP4 needs sm100)"
         )),
     };
@@ -239,7 +239,7 @@ fn checked_shape<F: Float + CubeElement>(
     let (m, k, n, batch) = product_dims(a, b)?;
     let fp8 = |operand: &GemmOperand<'_>| match operand.codes {
         OperandCodes::Fp8(buffer) => buffer.format,
-        OperandCodes::E2m1 { .. } => unreachable!("checked by `unsupported`"),
+        OperandCodes::E2m1(_) => unreachable!("checked by `unsupported`"),
     };
     Ok(LtShape {
         m,

@@ -17,42 +17,38 @@ use crate::scale_block::ScaleBlock;
 pub enum OperandCodes<'a> {
     /// FP8 codes, four per word; the operand's scales are `scale_inv`.
     Fp8(&'a Fp8Buffer),
-    /// NVFP4's E2M1 codes, eight per word ([`crate::nvfp4::Nvfp4Buffer::codes`]); the operand's scales are the
-    /// blocks' dequantization factors ([`crate::nvfp4::nvfp4_block_factors`]).
-    E2m1 {
-        /// The packed codes.
-        codes: &'a Handle,
-        /// Number of elements.
-        len: usize,
-    },
+    /// An NVFP4 tensor: its E2M1 codes, eight per word, with its E4M3 block scales and global amax (which the
+    /// decoded path takes apart); the operand's scales are the blocks' dequantization factors
+    /// ([`crate::nvfp4::nvfp4_block_factors`]).
+    E2m1(&'a Nvfp4Buffer),
 }
 
 impl OperandCodes<'_> {
     fn handle(&self) -> &Handle {
         match self {
             OperandCodes::Fp8(buffer) => &buffer.codes,
-            OperandCodes::E2m1 { codes, .. } => codes,
+            OperandCodes::E2m1(buffer) => &buffer.codes,
         }
     }
 
     fn len(&self) -> usize {
         match self {
             OperandCodes::Fp8(buffer) => buffer.len,
-            OperandCodes::E2m1 { len, .. } => *len,
+            OperandCodes::E2m1(buffer) => buffer.rows * buffer.cols,
         }
     }
 
     fn words(&self) -> usize {
         match self {
             OperandCodes::Fp8(buffer) => buffer.len.div_ceil(4),
-            OperandCodes::E2m1 { len, .. } => len.div_ceil(8),
+            OperandCodes::E2m1(buffer) => (buffer.rows * buffer.cols).div_ceil(8),
         }
     }
 
     fn element(&self) -> CodeFormat {
         match self {
             OperandCodes::Fp8(buffer) => CodeFormat::Fp8(buffer.format),
-            OperandCodes::E2m1 { .. } => CodeFormat::E2m1,
+            OperandCodes::E2m1(_) => CodeFormat::E2m1,
         }
     }
 }
@@ -535,10 +531,7 @@ impl Nvfp4Buffer {
     /// blocks must lie along the GEMM's K: 1×16 blocks of an operand whose K runs along its columns, or 16×16 tiles.
     pub fn gemm_operand<'a>(&'a self, factors: &'a Handle, transposed: bool) -> GemmOperand<'a> {
         GemmOperand {
-            codes: OperandCodes::E2m1 {
-                codes: &self.codes,
-                len: self.rows * self.cols,
-            },
+            codes: OperandCodes::E2m1(self),
             scale_inv: factors,
             batch: 1,
             rows: self.rows,

@@ -12,7 +12,9 @@
 //!   is printed: on an H100 (2026-11-26) 5.0–5.6·10⁻⁵ (about 2⁻¹⁴) on cuBLASLt, 2.1–2.5·10⁻⁷ on the kernel.
 //! - What cuBLASLt cannot take (block scales, K not a multiple of 16, another runtime) runs on the kernel, counted
 //!   under `DeviceFp8Gemm(simt)` and as a `device GEMM path` fallback, with the kernel's bits; so does what the tiled
-//!   path cannot take (rows that are not whole code words) and what the decoded path cannot (NVFP4).
+//!   path cannot take (rows that are not whole code words).
+//! - The decoded path folds FP8 block scales and NVFP4's E4M3 block scales into the decoded values and gives NVFP4's
+//!   global factors to the product as TE's `alpha`: bit for bit against that split re-computed on the host.
 //! - Unforced, a GEMM of at least 256³ multiply-adds is timed once per shape class on each candidate, and every GEMM
 //!   of its class then runs on the kept choice, with that kernel's bits.
 
@@ -337,11 +339,16 @@ fn operands_the_tiled_path_cannot_take_fall_back_to_the_kernel_counted() {
 /// where the device has bf16, f32 elsewhere), so Float8BlockScaling's 1×128 and 128×128 blocks and MXFP8's 1×32 E8M0
 /// blocks give the f64 product bit for bit where every partial sum is exact: half-integers scaled by 1 or 2 per 32
 /// values along K and by 1 or 8 per 128 values and per row, so neighbouring blocks get different scales (a scale
-/// read from the wrong block fails here). Rows that are not whole code words it takes too
-/// (K = 38). What it cannot take (NVFP4's E2M1 codes) runs on the kernel: counted, recorded as a fallback, with the
-/// kernel's bits.
+/// read from the wrong block fails here). Rows that are not whole code words it takes too (K = 38).
+///
+/// NVFP4 as TE's cuBLASLt GEMM computes it: each E2M1 code times its block's E4M3 scale (exact in f16), the f32
+/// sum, times `alpha = (amax_a · amax_b) / (6 · 6 · 448 · 448)` in f32. Re-computed on the host from the codes, the
+/// block scales and the amaxes read back, bit for bit, on operands whose sums are exact in f32 (E2M1 values scaled
+/// by 2⁰…2⁻³ per block, a ±6 in each so that the block scales are 448 · 2⁻ʲ, times 0.37, 0.9 or 1.7: amaxes
+/// whose f32 alpha differs from dividing by 2688 twice and from the product of each operand's `amax / 2688`): fprop `X·Wᵀ` with 1×16 activation blocks and 16×16 weight tiles, dgrad `dY·W`
+/// (the tiles along K as rows), and an lhs read transposed.
 #[test]
-fn the_decoded_path_folds_block_scales_and_falls_back_on_nvfp4() {
+fn the_decoded_path_folds_block_scales_and_splits_nvfp4s_as_te() {
     /// `lhs · rhs` (or `lhs · rhsᵀ`) on the decoded path, counted there, against the f64 product bit for bit.
     fn exact_on_decoded(what: &str, lhs: &Fp8Primitive<B>, rhs: &Fp8Primitive<B>, rhs_t: bool) {
         let expected = reference(&stored_f64::<B>(lhs), false, &stored_f64::<B>(rhs), rhs_t);
@@ -408,25 +415,107 @@ fn the_decoded_path_folds_block_scales_and_falls_back_on_nvfp4() {
         Fp8Format::E5M2,
     );
     exact_on_decoded("K = 38, N = 70", &lhs, &rhs, false);
-    let mut nvfp4 = |shape: [usize; 3]| {
-        let t = Tensor::<B, 3>::from_data(
-            TensorData::new(rng.normal(shape.iter().product(), 0.0, 1.0), shape),
-            &backend_device(),
-        );
+    assert_eq!(
+        decoded_nvfp4_cases(&mut rng),
+        2 * 32 * 48 + 32 * 64,
+        "every NVFP4 output checked"
+    );
+}
+
+/// The NVFP4 cases of [`the_decoded_path_folds_block_scales_and_splits_nvfp4s_as_te`]; returns the outputs checked.
+fn decoded_nvfp4_cases(rng: &mut Rng) -> usize {
+    use burn_te_kernels::nvfp4::{Nvfp4Rounding, Nvfp4Tile};
+    const E2M1: [f32; 15] = [
+        -6.0, -4.0, -3.0, -2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+    ];
+    // `[rows, cols]` values `v · 2⁻ʲ · r`, `j` = (block row + block col) mod 4, each block's first value ±6 · 2⁻ʲ · r.
+    let mut nvfp4 = |rows: usize, cols: usize, tile: Nvfp4Tile, r: f32| {
+        let block = tile.block();
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|i| {
+                let (row, col) = (i / cols, i % cols);
+                let j = (row / block.rows + col / block.cols) % 4;
+                let first = row % block.rows == 0 && col % block.cols == 0;
+                let draw = rng.next_u64();
+                let v = if first {
+                    if draw.is_multiple_of(2) { 6.0 } else { -6.0 }
+                } else {
+                    E2M1[(draw % 15) as usize]
+                };
+                v / (1 << j) as f32 * r
+            })
+            .collect();
+        let t =
+            Tensor::<B, 3>::from_data(TensorData::new(values, [1, rows, cols]), &backend_device());
         B::fp8_quantize(
             t.into_primitive().tensor(),
             Fp8Format::E4M3,
             Scaling::Nvfp4 {
-                tile: burn_te_kernels::nvfp4::Nvfp4Tile::Row1x16,
-                rounding: burn_te_kernels::nvfp4::Nvfp4Rounding::Nearest,
+                tile,
+                rounding: Nvfp4Rounding::Nearest,
                 rht: false,
                 amax_group: None,
             },
         )
         .expect("nvfp4 quantize")
     };
-    let (lhs, rhs) = (nvfp4([1, m, k]), nvfp4([1, n, k]));
-    check_falls_back(DeviceGemmPath::Decoded, "NVFP4", &lhs, &rhs, true);
+    // The codes times their blocks' E4M3 scales (exact in f64), and the global amax.
+    let split = |tensor: &Fp8Primitive<B>| {
+        let data = B::fp8_read(tensor).expect("read");
+        let (block, nvfp4) = (tensor.block.expect("blocks"), data.nvfp4.expect("NVFP4"));
+        let dims = tensor.matrix_dims();
+        let values = data
+            .codes
+            .iter()
+            .enumerate()
+            .map(|(i, &code)| {
+                let scale = Fp8Format::E4M3.decode(nvfp4.block_scales[block.slot(i, dims.2)]);
+                f64::from(tensor.format.decode(code)) * f64::from(scale)
+            })
+            .collect::<Vec<_>>();
+        ((values, dims), nvfp4.global_amax)
+    };
+    let (m, k, n) = (32, 64, 48);
+    let x = nvfp4(m, k, Nvfp4Tile::Row1x16, 0.37);
+    let w = nvfp4(n, k, Nvfp4Tile::Tile16x16, 1.7);
+    let dy = nvfp4(m, n, Nvfp4Tile::Row1x16, 0.9);
+    let xt = nvfp4(k, m, Nvfp4Tile::Tile16x16, 0.37);
+    let cases = [
+        ("NVFP4 fprop X·Wᵀ", &x, false, &w, true),
+        ("NVFP4 dgrad dY·W", &dy, false, &w, false),
+        ("NVFP4 lhs transposed", &xt, true, &w, true),
+    ];
+    let mut checked = 0;
+    for (what, lhs, lhs_t, rhs, rhs_t) in cases {
+        let ((a, amax_a), (b, amax_b)) = (split(lhs), split(rhs));
+        let (sums, _, _) = reference(&a, lhs_t, &b, rhs_t);
+        // TE's alpha, in f32 (`amax_A * amax_B / factor`).
+        let alpha = amax_a * amax_b / (6.0f32 * 6.0 * 448.0 * 448.0);
+        let got = gemm_on(
+            DeviceGemmPath::Decoded,
+            DeviceGemmPath::Decoded,
+            lhs,
+            lhs_t,
+            rhs,
+            rhs_t,
+        );
+        assert_eq!(got.len(), sums.len(), "{what}: output size");
+        for (i, (&y, &sum)) in got.iter().zip(&sums).enumerate() {
+            assert_eq!(
+                f64::from(sum as f32),
+                sum,
+                "{what}: the test's sums are exact in f32"
+            );
+            let expected = sum as f32 * alpha;
+            assert_eq!(
+                y.to_bits(),
+                expected.to_bits(),
+                "{what} on decoded: output {i} = {y:e}, TE's {expected:e}"
+            );
+            checked += 1;
+        }
+    }
+    checked
 }
 
 /// `lhs · rhs` asking for `path` runs on the kernel: counted there, recorded as a fallback, with the kernel's bits.
@@ -812,17 +901,15 @@ fn transformer_layer_trains_the_same_on_every_path() {
         // them once, so that every clone trains from the same values.
         let layer = layer.clone().load_record(layer.into_record());
         let simt = layer_losses(device, layer.clone(), DeviceGemmPath::Simt, recipe);
-        // burn-te's cuBLASLt path takes per-tensor scales only and the decoded path FP8 codes only: a block-scaled
-        // recipe's GEMMs asking for cuBLASLt, and NVFP4's asking for the decoded path, run on the kernel, each
-        // refusal recorded.
+        // burn-te's cuBLASLt path takes per-tensor scales only: a block-scaled recipe's GEMMs asking for it run on
+        // the kernel, each refusal recorded. The decoded path takes every recipe (NVFP4 with TE's split of its
+        // scales).
         let block_scaled = !matches!(
             recipe().base(),
             burn_te::Recipe::Delayed(_) | burn_te::Recipe::Current(_)
         );
         for &path in &paths[1..] {
-            let nvfp4 = matches!(recipe().base(), burn_te::Recipe::Nvfp4(_));
-            let refused = (path == DeviceGemmPath::CublasLt && block_scaled)
-                || (path == DeviceGemmPath::Decoded && nvfp4);
+            let refused = path == DeviceGemmPath::CublasLt && block_scaled;
             let ran_on = if refused { DeviceGemmPath::Simt } else { path };
             let before = (counted(ran_on), device_fallbacks());
             let other = layer_losses(device, layer.clone(), path, recipe);

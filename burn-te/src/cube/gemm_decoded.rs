@@ -1,11 +1,14 @@
 //! The decoded path of the device FP8 GEMM: both operands' codes decoded (`burn_te_kernels::decoded`), multiplied
 //! by Burn's own matmul with its autotune into f32, as a Burn user's f16 or bf16 matmul runs, then the per-tensor
-//! scales applied once to the f32 product. The values are decoded into f16 where both operands have per-tensor
-//! scales (every FP8 value is an f16 value) and into bf16 where one has block scales, each value times its block's
-//! scale (burn-te's block scales are powers of two, Float8BlockScaling's and MXFP8's E8M0 alike, and bf16 has f32's
-//! exponent range: exact while a value's lowest bit stays within bf16's reach, 2⁻¹³³, i.e. for every block whose
-//! `scale_inv` is at least 2⁻¹¹⁷, an amax above about 10⁻³³); f32 where the device lacks the type (the SIMT kernel's
-//! staging, exactly). The product accumulates in f32.
+//! scales applied once to the f32 product. The values are decoded into f16 where no operand has FP8 block scales
+//! (every FP8 value is an f16 value, and so is every NVFP4 E2M1 code times its block's E4M3 scale) and into bf16
+//! where one has, each value times its block's scale (burn-te's FP8 block scales are powers of two,
+//! Float8BlockScaling's and MXFP8's E8M0 alike, and bf16 has f32's exponent range: exact while a value's lowest bit
+//! stays within bf16's reach, 2⁻¹³³, i.e. for every block whose `scale_inv` is at least 2⁻¹¹⁷, an amax above about
+//! 10⁻³³); f32 where the device lacks the type (the SIMT kernel's staging, exactly). The product accumulates in
+//! f32. NVFP4's global factors go to the product as TE's `alpha` (`amax_a · amax_b / (6 · 6 · 448 · 448)`), the
+//! split TE's cuBLASLt GEMM makes, where the SIMT kernel and the tiled path multiply each code by its block's full
+//! dequantization factor: the two differ by the rounding of those factors, within f32's accumulation bound.
 //!
 //! It runs at Burn's f16 (or f32) matmul rate plus one pass over each operand, on whatever routine Burn picks for
 //! the shape and device (TMA and specialised loaders included, which the tiled path's decoding loaders cannot
@@ -21,7 +24,7 @@ use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::cubecl::server::Handle;
 use burn_te_kernels::cubek_gemm::scale_output;
 use burn_te_kernels::decoded::{decode_operand, decoded_refusal};
-use burn_te_kernels::gemm::{GemmOperand, product_dims};
+use burn_te_kernels::gemm::{GemmOperand, OperandCodes, product_dims};
 
 /// Why the decoded path cannot take `a × b` exactly, or `None` where it can.
 pub fn refusal(a: &GemmOperand<'_>, b: &GemmOperand<'_>) -> Option<String> {
@@ -30,14 +33,17 @@ pub fn refusal(a: &GemmOperand<'_>, b: &GemmOperand<'_>) -> Option<String> {
         .or_else(|| decoded_refusal(b).map(|reason| format!("rhs: {reason}")))
 }
 
-/// The float type `a` and `b` are decoded into on `client`'s device: f16 (per-tensor scales) or bf16 (block scales)
-/// where the device has it, else f32.
+/// The float type `a` and `b` are decoded into on `client`'s device: f16 (per-tensor scales, NVFP4) or bf16 (FP8
+/// block scales) where the device has it, else f32.
 pub fn stage_dtype<R: Runtime>(
     client: &ComputeClient<R>,
     a: &GemmOperand<'_>,
     b: &GemmOperand<'_>,
 ) -> DType {
-    let (kind, dtype) = if a.block.is_some() || b.block.is_some() {
+    let fp8_blocks = |operand: &GemmOperand<'_>| {
+        operand.block.is_some() && matches!(operand.codes, OperandCodes::Fp8(_))
+    };
+    let (kind, dtype) = if fp8_blocks(a) || fp8_blocks(b) {
         (FloatKind::BF16, DType::BF16)
     } else {
         (FloatKind::F16, DType::F16)
@@ -85,7 +91,7 @@ pub fn fp8_gemm_decoded<R: CubeRuntime, F: Float + CubeElement>(
         product.is_contiguous(),
         "Burn's matmul writes a fresh contiguous output"
     );
-    scale_output::<R, F>(client, &product.handle, a, b, batch * m * n)
+    scale_output::<R, F>(client, &product.handle, a, b, batch * m * n, true)
 }
 
 /// The operand's codes decoded into a `[batch, rows, cols]` tensor of `dtype`, seen transposed where the product

@@ -245,23 +245,26 @@ fn gemm_operand<'a, R: CubeRuntime>(
     q: &'a Fp8Tensor<CubeFp8Data<R>>,
     fp8: Option<&'a Fp8Buffer>,
     transposed: bool,
-) -> GemmOperand<'a> {
+) -> Result<GemmOperand<'a>, TeError> {
     let (batch, rows, cols) = q.matrix_dims();
-    GemmOperand {
-        codes: match fp8 {
-            Some(buffer) => OperandCodes::Fp8(buffer),
-            None => OperandCodes::E2m1 {
-                codes: &q.data.codes,
-                len: q.shape.num_elements(),
-            },
-        },
+    let codes = match (fp8, &q.data.nvfp4) {
+        (Some(buffer), _) => OperandCodes::Fp8(buffer),
+        (None, Some(buffer)) => OperandCodes::E2m1(buffer),
+        (None, None) => {
+            return Err(TeError::Read(
+                "an E2M1 GEMM operand without its NVFP4 scales".into(),
+            ));
+        }
+    };
+    Ok(GemmOperand {
+        codes,
         scale_inv: &q.data.scale_inv,
         batch,
         rows,
         cols,
         block: q.block,
         transposed,
-    }
+    })
 }
 
 /// A one-element copy on the device.
@@ -460,7 +463,7 @@ where
                 crate::backend::gemm_output_shape(lhs, *lhs_t, rhs, *rhs_t)
             })
             .collect::<Result<Vec<_>, _>>()?;
-        // FP8 codes as the kernels' buffers (E2M1 codes are read from the tensor itself).
+        // FP8 codes as the kernels' buffers (E2M1 codes come with the tensor's NVFP4 buffer).
         let fp8_codes = |q: &Fp8Primitive<Self>| match q.format {
             ElementFormat::Fp8(format) => Some(Fp8Buffer {
                 codes: q.data.codes.clone(),
@@ -477,12 +480,12 @@ where
             .iter()
             .zip(&codes)
             .map(|((lhs, lhs_t, rhs, rhs_t), (lhs_fp8, rhs_fp8))| {
-                (
-                    gemm_operand(lhs, lhs_fp8.as_ref(), *lhs_t),
-                    gemm_operand(rhs, rhs_fp8.as_ref(), *rhs_t),
-                )
+                Ok((
+                    gemm_operand(lhs, lhs_fp8.as_ref(), *lhs_t)?,
+                    gemm_operand(rhs, rhs_fp8.as_ref(), *rhs_t)?,
+                ))
             })
-            .collect();
+            .collect::<Result<_, TeError>>()?;
         let handles = with_float!(dtype, "fp8_gemm", T => {
             gemm_path::device_fp8_gemm_grouped::<R, T>(&client, &device, &operands)
         })?;

@@ -3,6 +3,7 @@
 
 use cubecl::prelude::*;
 
+use crate::format::Fp8Format;
 use crate::kernel::code::{CodeFormat, decode};
 use crate::kernel::code_view::{codes_per_word, word_values};
 
@@ -23,19 +24,14 @@ pub fn decode_codes_kernel<F: Float, N: Size>(
 
 /// As [`decode_codes_kernel`], each value times its block's scale in f32 (one rounding, the SIMT kernel's staging;
 /// none for a power of two) before the cast to `F`: code `i` of the row-major `[rows, cols]` view (a batch's
-/// matrices stacked) takes `scales[(i / cols / block_rows) · grid_cols + (i % cols) / block_cols]`. A partial last
-/// word's spare lanes (`i ≥ len`) read the last code's scale.
+/// matrices stacked) takes the scale of its block, `scales[block_slot(i)]`.
 #[cube(launch_unchecked)]
 pub fn decode_scaled_codes_kernel<F: Float, N: Size>(
     codes: &Array<u32>,
     scales: &Array<f32>,
     output: &mut Array<Vector<F, N>>,
     words: u32,
-    len: u32,
-    cols: u32,
-    block_rows: u32,
-    block_cols: u32,
-    grid_cols: u32,
+    blocks: BlockGrid,
     #[comptime] element: CodeFormat,
 ) {
     let word = ABSOLUTE_POS as u32;
@@ -47,12 +43,63 @@ pub fn decode_scaled_codes_kernel<F: Float, N: Size>(
         let mut out = Vector::<F, N>::empty();
         #[unroll]
         for lane in 0..lanes {
-            let at = word * lanes + lane;
-            let index = select(at < len, at, len - 1);
-            let slot = (index / cols / block_rows) * grid_cols + (index % cols) / block_cols;
+            let slot = block_slot(word * lanes + lane, blocks);
             let code = (packed >> (bits * lane)) & mask;
             out[lane as usize] = F::cast_from(decode(code, element) * scales[slot as usize]);
         }
         output[word as usize] = out;
     }
+}
+
+/// NVFP4's E2M1 codes, eight per word, each times the value of its block's E4M3 scale code (`scale_codes`: four
+/// per word, block `4w + b` in byte `b`), as `F`: the block-scaled values of TE's NVFP4 GEMM, its global factor
+/// left for the product. Exact in f16, bf16 and f32: an E2M1 value (two significant bits, 0.5 to 6) times an E4M3
+/// value (four, 2⁻⁹ to 448) has at most six significant bits and lies within 2⁻¹⁰ and 2688.
+#[cube(launch_unchecked)]
+pub fn decode_nvfp4_codes_kernel<F: Float, N: Size>(
+    codes: &Array<u32>,
+    scale_codes: &Array<u32>,
+    output: &mut Array<Vector<F, N>>,
+    words: u32,
+    blocks: BlockGrid,
+) {
+    let word = ABSOLUTE_POS as u32;
+    if word < words {
+        let packed = codes[word as usize];
+        let mut out = Vector::<F, N>::empty();
+        #[unroll]
+        for lane in 0..8u32 {
+            let slot = block_slot(word * 8 + lane, blocks);
+            let scale_code = (scale_codes[(slot / 4) as usize] >> (8 * (slot % 4))) & 0xff;
+            let scale = decode(scale_code, comptime!(CodeFormat::Fp8(Fp8Format::E4M3)));
+            let code = (packed >> (4 * lane)) & 0xf;
+            out[lane as usize] = F::cast_from(decode(code, CodeFormat::E2m1) * scale);
+        }
+        output[word as usize] = out;
+    }
+}
+
+/// Where the blocks of a row-major `[rows, cols]` view lie: its `len` codes, `cols` columns, `block_rows` ×
+/// `block_cols` blocks, `grid_cols` blocks per block row.
+#[derive(CubeLaunch, CubeType, Clone, Copy)]
+pub struct BlockGrid {
+    /// Codes in the view.
+    pub len: u32,
+    /// Columns of the view.
+    pub cols: u32,
+    /// Rows of a block.
+    pub block_rows: u32,
+    /// Columns of a block.
+    pub block_cols: u32,
+    /// Blocks along a row of the view.
+    pub grid_cols: u32,
+}
+
+/// The block of code `at` (row-major over the block grid); a partial last word's spare lanes (`at ≥ len`) take the
+/// last code's.
+#[cube]
+fn block_slot(at: u32, blocks: BlockGrid) -> u32 {
+    let index = select(at < blocks.len, at, blocks.len - 1);
+    (index / blocks.cols / blocks.block_rows) * blocks.grid_cols
+        + (index % blocks.cols) / blocks.block_cols
 }
