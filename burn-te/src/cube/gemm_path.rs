@@ -44,11 +44,12 @@ pub enum DeviceGemmPath {
     /// every recipe.
     Simt,
     /// cubek-matmul's tiled matmul (Burn's own) with the codes decoded on load: cooperative matrices on f16 stages
-    /// where the device has them, the unit routines on f32 stages elsewhere. FP8 with per-tensor scales.
+    /// where the device has them (per-tensor FP8), the unit routines on f32 stages elsewhere (every recipe); stored
+    /// rows of whole code words.
     Tiled,
     /// Burn's own matmul, as its autotune picks for the shape and device, on the codes decoded ahead into f16, or
-    /// bf16 times their block scales (f32 where the device lacks the type), accumulating in f32. FP8 codes, per-tensor
-    /// or block scales.
+    /// bf16 times their block scales (f32 where the device lacks the type), accumulating in f32. Every recipe
+    /// (NVFP4 as f16 codes times their E4M3 block scales, its global factors on the product).
     Decoded,
     /// cuBLASLt's FP8 matmul on the tensor cores (CUDA, sm ≥ 89, `--features cuda`).
     CublasLt,
