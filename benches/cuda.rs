@@ -32,7 +32,7 @@ use burn_te::nn::TransformerLayerConfig;
 use burn_te::{Fp8Format, Scaling, Te, TeBackend};
 use burn_te_kernels::cubecl::cuda::CudaDevice;
 use burn_te_kernels::cubek_gemm::CubekRoutine;
-use burn_te_kernels::nvfp4::{Nvfp4Rounding, Nvfp4Tile};
+use common::BlockScaled;
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
 use half::{bf16, f16};
@@ -110,15 +110,6 @@ fn bench_fp8(
     );
 }
 
-/// The block-scaled recipes cuBLASLt does not take before sm100, as fprop quantizes them.
-#[derive(Clone, Copy)]
-enum BlockScaled {
-    /// MXFP8: 1×32 E8M0 blocks along K on both operands.
-    Mxfp8,
-    /// NVFP4: 1×16 E4M3 blocks on the activations, 16×16 tiles on the weights, round to nearest.
-    Nvfp4,
-}
-
 /// `A·Bᵀ` (fprop's layout) with `recipe`'s operands on `path`.
 fn bench_fp8_block_scaled(
     group: &mut BenchmarkGroup<'_, WallTime>,
@@ -129,22 +120,7 @@ fn bench_fp8_block_scaled(
 ) {
     let quantize = |shape: [usize; 2], weight: bool| {
         let t = Tensor::<Plain, 2>::random(shape, Distribution::Normal(0.0, 1.0), &device());
-        let scaling = match recipe {
-            BlockScaled::Mxfp8 => Scaling::Block {
-                block: burn_te::ScaleBlock::new(1, 32),
-                rule: burn_te::BlockScaleRule::E8m0,
-            },
-            BlockScaled::Nvfp4 => Scaling::Nvfp4 {
-                tile: if weight {
-                    Nvfp4Tile::Tile16x16
-                } else {
-                    Nvfp4Tile::Row1x16
-                },
-                rounding: Nvfp4Rounding::Nearest,
-                rht: false,
-                amax_group: None,
-            },
-        };
+        let scaling = recipe.scaling(weight);
         Plain::fp8_quantize(t.into_primitive().tensor(), Fp8Format::E4M3, scaling)
             .expect("block-scaled quantize")
     };
@@ -359,15 +335,14 @@ fn gemm(c: &mut Criterion, float: Float) {
                 // MXFP8 and NVFP4: the decoded path (MXFP8 as bf16 values with the block scales folded in,
                 // NVFP4 as f16 values with their E4M3 block scales, the global factor on the product) against the
                 // SIMT kernel.
-                for (recipe, what) in [(BlockScaled::Mxfp8, "mxfp8"), (BlockScaled::Nvfp4, "nvfp4")]
-                {
+                for recipe in [BlockScaled::Mxfp8, BlockScaled::Nvfp4] {
                     for (path, on) in [
                         (DeviceGemmPath::Decoded, "decoded"),
                         (DeviceGemmPath::Simt, "simt kernel"),
                     ] {
                         bench_fp8_block_scaled(
                             &mut group,
-                            &format!("fp8 {what} {on} (A·Bᵀ)"),
+                            &format!("fp8 {} {on} (A·Bᵀ)", recipe.name()),
                             path,
                             recipe,
                             shape,

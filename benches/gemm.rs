@@ -7,10 +7,12 @@ use burn::backend::wgpu::WgpuDevice;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_te::backends::Wgpu;
 use burn_te::cube::gemm_path::{DeviceGemmPath, with_device_gemm_path};
-use burn_te::{BlockScaleRule, Fp8Format, Fp8Primitive, ScaleBlock, Scaling, TeBackend};
-use burn_te_kernels::nvfp4::{Nvfp4Rounding, Nvfp4Tile};
+use burn_te::{Fp8Format, Fp8Primitive, Scaling, TeBackend};
+use common::BlockScaled;
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
+
+mod common;
 
 fn input(rows: usize, cols: usize, device: &WgpuDevice) -> Tensor<Wgpu, 2> {
     let values: Vec<f32> = (0..rows * cols)
@@ -94,23 +96,8 @@ fn gemm(c: &mut Criterion) {
 fn gemm_block_scaled(c: &mut Criterion) {
     let device = WgpuDevice::default();
     let (m, k, n) = (1024, 1024, 1024);
-    let quantize = |t: &Tensor<Wgpu, 2>, recipe: &str, weight: bool| {
-        let scaling = match recipe {
-            "mxfp8" => Scaling::Block {
-                block: ScaleBlock::new(1, 32),
-                rule: BlockScaleRule::E8m0,
-            },
-            _ => Scaling::Nvfp4 {
-                tile: if weight {
-                    Nvfp4Tile::Tile16x16
-                } else {
-                    Nvfp4Tile::Row1x16
-                },
-                rounding: Nvfp4Rounding::Nearest,
-                rht: false,
-                amax_group: None,
-            },
-        };
+    let quantize = |t: &Tensor<Wgpu, 2>, recipe: BlockScaled, weight: bool| {
+        let scaling = recipe.scaling(weight);
         Wgpu::fp8_quantize(
             t.clone().into_primitive().tensor(),
             Fp8Format::E4M3,
@@ -118,8 +105,8 @@ fn gemm_block_scaled(c: &mut Criterion) {
         )
         .expect("quantize")
     };
-    for recipe in ["mxfp8", "nvfp4"] {
-        let mut group = c.benchmark_group(format!("gemm {recipe} {m}x{k}x{n}"));
+    for recipe in [BlockScaled::Mxfp8, BlockScaled::Nvfp4] {
+        let mut group = c.benchmark_group(format!("gemm {} {m}x{k}x{n}", recipe.name()));
         group.sample_size(10);
         let qa = quantize(&input(m, k, &device), recipe, false);
         let qb = quantize(&input(n, k, &device), recipe, true);

@@ -106,3 +106,43 @@ pub fn chart(
         Err(err) => eprintln!("{}: {err}", svg.display()),
     }
 }
+
+/// The block-scaled recipes cuBLASLt does not take before sm100, as fprop quantizes them.
+#[derive(Clone, Copy, Debug)]
+pub enum BlockScaled {
+    /// MXFP8: 1×32 E8M0 blocks along K on both operands.
+    Mxfp8,
+    /// NVFP4: 1×16 E4M3 blocks on the activations, 16×16 tiles on the weights, round to nearest.
+    Nvfp4,
+}
+
+impl BlockScaled {
+    /// The name in bench rows.
+    pub fn name(self) -> &'static str {
+        match self {
+            BlockScaled::Mxfp8 => "mxfp8",
+            BlockScaled::Nvfp4 => "nvfp4",
+        }
+    }
+
+    /// How fprop quantizes its activations (`weight` false) or its weights.
+    pub fn scaling<'a, S>(self, weight: bool) -> Scaling<'a, S> {
+        use burn_te_kernels::nvfp4::{Nvfp4Rounding, Nvfp4Tile};
+        match self {
+            BlockScaled::Mxfp8 => Scaling::Block {
+                block: burn_te::ScaleBlock::new(1, 32),
+                rule: burn_te::BlockScaleRule::E8m0,
+            },
+            BlockScaled::Nvfp4 => Scaling::Nvfp4 {
+                tile: if weight {
+                    Nvfp4Tile::Tile16x16
+                } else {
+                    Nvfp4Tile::Row1x16
+                },
+                rounding: Nvfp4Rounding::Nearest,
+                rht: false,
+                amax_group: None,
+            },
+        }
+    }
+}
