@@ -39,7 +39,7 @@ pub fn decoded_refusal(operand: &GemmOperand<'_>) -> Option<String> {
 /// The operand's codes as `S` values in their stored row-major order (`batch · rows · cols` of them, padded to
 /// whole code words): unscaled with a per-tensor scale (the product's factor), times their block's scale with FP8
 /// block scales, times their block's E4M3 scale with NVFP4 (its global factor the product's,
-/// [`crate::cubek_gemm::OutputFactors`]).
+/// [`crate::cubek_gemm::scale_output`]).
 pub fn decode_operand<R: Runtime, S: Float + CubeElement>(
     client: &ComputeClient<R>,
     operand: &GemmOperand<'_>,
@@ -58,23 +58,24 @@ pub fn decode_operand<R: Runtime, S: Float + CubeElement>(
     let words = len.div_ceil(lanes);
     let words32 = u32::try_from(words).map_err(|_| KernelError::TooLarge(len))?;
     let output = client.empty(words.max(1) * lanes * size_of::<S>());
-    let Some(block) = operand.block.filter(|_| words > 0) else {
-        if words > 0 {
-            let (cube_count, cube_dim) = elementwise_grid(client, words);
-            // SAFETY: the codes hold `words` words (checked), the output `words` vectors of `lanes`; the kernel
-            // checks `words`.
-            unsafe {
-                decode_codes_kernel::launch_unchecked::<S, R>(
-                    client,
-                    cube_count,
-                    cube_dim,
-                    lanes,
-                    ArrayArg::from_raw_parts(operand.codes_handle().clone(), words),
-                    ArrayArg::from_raw_parts(output.clone(), words),
-                    words32,
-                    element,
-                );
-            }
+    if words == 0 {
+        return Ok(output);
+    }
+    let Some(block) = operand.block else {
+        let (cube_count, cube_dim) = elementwise_grid(client, words);
+        // SAFETY: the codes hold `words` words (checked), the output `words` vectors of `lanes`; the kernel checks
+        // `words`.
+        unsafe {
+            decode_codes_kernel::launch_unchecked::<S, R>(
+                client,
+                cube_count,
+                cube_dim,
+                lanes,
+                ArrayArg::from_raw_parts(operand.codes_handle().clone(), words),
+                ArrayArg::from_raw_parts(output.clone(), words),
+                words32,
+                element,
+            );
         }
         return Ok(output);
     };
