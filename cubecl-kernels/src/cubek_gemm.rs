@@ -54,6 +54,8 @@ use crate::format::Fp8Format;
 use crate::gemm::{GemmOperand, OperandCodes, product_dims};
 use crate::kernel::code::CodeFormat;
 use crate::kernel::code_view::{CodeView, codes_per_word};
+use crate::kernel::nvfp4::ordered;
+use crate::nvfp4::{GEMM_ALPHA_FACTOR_INV, ONE_OVER_2688_BITS};
 
 /// Which of cubek-matmul's tiled matmuls runs the GEMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -510,8 +512,9 @@ fn operand_binding<R: Runtime>(operand: &GemmOperand<'_>, batch: usize) -> Input
 /// with block scales has them in its decoded values: its factor is 1). `accumulator` holds `len` f32 values.
 ///
 /// `nvfp4_global`: the NVFP4 operands' values hold only their E4M3 block scales (the decoded path), so their global
-/// factors go here, as TE gives cuBLASLt's NVFP4 GEMM its `alpha`: `(amax_a · amax_b) / (6 · 6 · 448 · 448)` for two
-/// NVFP4 operands (TE's f32 operations in TE's order), `(amax · scale) / (6 · 448)` for one.
+/// factors go here, as TE gives cuBLASLt's NVFP4 GEMM its `alpha`: `(amax_a · amax_b) · factor_inv` for two NVFP4
+/// operands (TE's `compute_nvfp4_per_tensor_scale_kernel`: its f32 operations in its order, `factor_inv` =
+/// [`crate::nvfp4::GEMM_ALPHA_FACTOR_INV`]), `(amax · scale) · (1/2688)` for one.
 pub fn scale_output<R: Runtime, F: Float + CubeElement>(
     client: &ComputeClient<R>,
     accumulator: &Handle,
@@ -532,7 +535,7 @@ pub fn scale_output<R: Runtime, F: Float + CubeElement>(
     let cubes = len.div_ceil(units);
     let (x, y) = (cubes.min(65535), cubes.div_ceil(65535));
     // SAFETY: `accumulator` and `output` hold `len` elements, a per-tensor scale and an amax one; the kernel checks
-    // `len`.
+    // `len`. `zero` is 0 (`ordered`).
     unsafe {
         scale_output_kernel::launch_unchecked::<F, R>(
             client,
@@ -543,6 +546,7 @@ pub fn scale_output<R: Runtime, F: Float + CubeElement>(
             ArrayArg::from_raw_parts(factor_b, 1),
             ArrayArg::from_raw_parts(output.clone(), len),
             len as u32,
+            0u32,
             apply_a,
             apply_b,
             globals_a + globals_b,
@@ -558,6 +562,7 @@ fn scale_output_kernel<F: Float>(
     factor_b: &Array<f32>,
     output: &mut Array<F>,
     len: u32,
+    zero: u32,
     #[comptime] apply_a: bool,
     #[comptime] apply_b: bool,
     #[comptime] nvfp4_globals: u32,
@@ -571,11 +576,12 @@ fn scale_output_kernel<F: Float>(
         if apply_b {
             factor *= factor_b[0];
         }
-        // An amax over NVFP4's largest scaled value (6 · 448), once per NVFP4 operand.
+        // An amax over NVFP4's largest scaled value (6 · 448), once per NVFP4 operand; the amaxes' product kept
+        // from being reassociated with the constant.
         if comptime!(nvfp4_globals == 1) {
-            factor /= 2688.0f32;
+            factor = ordered(factor, zero) * comptime!(f32::from_bits(ONE_OVER_2688_BITS));
         } else if comptime!(nvfp4_globals == 2) {
-            factor /= 7225344.0f32;
+            factor = ordered(factor, zero) * comptime!(GEMM_ALPHA_FACTOR_INV);
         }
         output[index as usize] = F::cast_from(accumulator[index as usize] * factor);
     }

@@ -342,10 +342,11 @@ fn operands_the_tiled_path_cannot_take_fall_back_to_the_kernel_counted() {
 /// read from the wrong block fails here). Rows that are not whole code words it takes too (K = 38).
 ///
 /// NVFP4 as TE's cuBLASLt GEMM computes it: each E2M1 code times its block's E4M3 scale (exact in f16), the f32
-/// sum, times `alpha = (amax_a · amax_b) / (6 · 6 · 448 · 448)` in f32. Re-computed on the host from the codes, the
+/// sum, times `alpha = (amax_a · amax_b) · (1 / (6 · 6 · 448 · 448))` in f32. Re-computed on the host from the codes, the
 /// block scales and the amaxes read back, bit for bit, on operands whose sums are exact in f32 (E2M1 values scaled
-/// by 2⁰…2⁻³ per block, a ±6 in each so that the block scales are 448 · 2⁻ʲ, times 0.37, 0.9 or 1.7: amaxes
-/// whose f32 alpha differs from dividing by 2688 twice and from the product of each operand's `amax / 2688`): fprop `X·Wᵀ` with 1×16 activation blocks and 16×16 weight tiles, dgrad `dY·W`
+/// by 2⁰…2⁻³ per block, a ±6 in each so that the block scales are 448 · 2⁻ʲ, times 0.41 · 1.7, 0.3 · 1.9 or
+/// 0.7 · 2.3: amax pairs whose f32 alpha differs from TE's older `amax_A · amax_B / factor`, from dividing by 2688
+/// twice and from the product of each operand's `amax · (1/2688)`): fprop `X·Wᵀ` with 1×16 activation blocks and 16×16 weight tiles, dgrad `dY·W`
 /// (the tiles along K as rows), and an lhs read transposed.
 #[test]
 fn the_decoded_path_folds_block_scales_and_splits_nvfp4s_as_te() {
@@ -476,21 +477,30 @@ fn decoded_nvfp4_cases(rng: &mut Rng) -> usize {
         ((values, dims), nvfp4.global_amax)
     };
     let (m, k, n) = (32, 64, 48);
-    let x = nvfp4(m, k, Nvfp4Tile::Row1x16, 0.37);
-    let w = nvfp4(n, k, Nvfp4Tile::Tile16x16, 1.7);
-    let dy = nvfp4(m, n, Nvfp4Tile::Row1x16, 0.9);
-    let xt = nvfp4(k, m, Nvfp4Tile::Tile16x16, 0.37);
+    let (x, w) = (
+        nvfp4(m, k, Nvfp4Tile::Row1x16, 0.41),
+        nvfp4(n, k, Nvfp4Tile::Tile16x16, 1.7),
+    );
+    let (dy, w2) = (
+        nvfp4(m, n, Nvfp4Tile::Row1x16, 0.3),
+        nvfp4(n, k, Nvfp4Tile::Tile16x16, 1.9),
+    );
+    let (xt, w3) = (
+        nvfp4(k, m, Nvfp4Tile::Tile16x16, 0.7),
+        nvfp4(n, k, Nvfp4Tile::Tile16x16, 2.3),
+    );
     let cases = [
         ("NVFP4 fprop X·Wᵀ", &x, false, &w, true),
-        ("NVFP4 dgrad dY·W", &dy, false, &w, false),
-        ("NVFP4 lhs transposed", &xt, true, &w, true),
+        ("NVFP4 dgrad dY·W", &dy, false, &w2, false),
+        ("NVFP4 lhs transposed", &xt, true, &w3, true),
     ];
     let mut checked = 0;
     for (what, lhs, lhs_t, rhs, rhs_t) in cases {
         let ((a, amax_a), (b, amax_b)) = (split(lhs), split(rhs));
         let (sums, _, _) = reference(&a, lhs_t, &b, rhs_t);
-        // TE's alpha, in f32 (`amax_A * amax_B / factor`).
-        let alpha = amax_a * amax_b / (6.0f32 * 6.0 * 448.0 * 448.0);
+        // TE's alpha, in f32 (`alpha_in * amax_A * amax_B * factor_inv`, `alpha_in` 1, `factor_inv` the f32 of
+        // the f64 `1.0 / (6.0 * 6.0 * 448.0 * 448.0)`).
+        let alpha = amax_a * amax_b * (1.0f64 / (6.0 * 6.0 * 448.0 * 448.0)) as f32;
         let got = gemm_on(
             DeviceGemmPath::Decoded,
             DeviceGemmPath::Decoded,

@@ -6,7 +6,7 @@
 //! Float8BlockScaling's and MXFP8's E8M0 alike, and bf16 has f32's exponent range: exact while a value's lowest bit
 //! stays within bf16's reach, 2⁻¹³³, i.e. for every block whose `scale_inv` is at least 2⁻¹¹⁷, an amax above about
 //! 10⁻³³); f32 where the device lacks the type (the SIMT kernel's staging, exactly). The product accumulates in
-//! f32. NVFP4's global factors go to the product as TE's `alpha` (`amax_a · amax_b / (6 · 6 · 448 · 448)`), the
+//! f32. NVFP4's global factors go to the product as TE's `alpha` (`amax_a · amax_b · (1 / (6 · 6 · 448 · 448))`), the
 //! split TE's cuBLASLt GEMM makes, where the SIMT kernel and the tiled path multiply each code by its block's full
 //! dequantization factor: the two differ by the rounding of those factors, within f32's accumulation bound.
 //!

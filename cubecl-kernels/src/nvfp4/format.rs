@@ -12,6 +12,9 @@ pub const GLOBAL_SCALE_NUMERATOR: f32 = 2688.0;
 pub const ONE_SIXTH_BITS: u32 = 0x3e2a_aaab;
 /// Bits of the f32 `1.0f / 2688.0f`.
 pub const ONE_OVER_2688_BITS: u32 = 0x39c3_0c31;
+/// TE's `factor_inv` of an NVFP4 GEMM's `alpha = amax_A · amax_B · factor_inv`: `1.0 / (6 · 6 · 448 · 448)` in
+/// f64, then as f32.
+pub const GEMM_ALPHA_FACTOR_INV: f32 = (1.0f64 / (6.0 * 6.0 * 448.0 * 448.0)) as f32;
 /// Elements per block along a row.
 pub const BLOCK: usize = 16;
 /// E2M1's largest value.

@@ -21,10 +21,10 @@ pub mod format;
 
 pub(crate) use format::check_rht_cols;
 pub use format::{
-    BLOCK, E2M1_MAX, GLOBAL_SCALE_NUMERATOR, Nvfp4Rounding, Nvfp4Tile, ONE_OVER_2688_BITS,
-    ONE_SIXTH_BITS, RHT_SIGN_MASK, block_encode_scale, block_scale_code, decode_e2m1,
-    dequantize_factor, encode_e2m1, global_decode_scale, global_encode_scale, random_bits,
-    rht_matrix, round_to_bf16, stochastic_round_e2m1,
+    BLOCK, E2M1_MAX, GEMM_ALPHA_FACTOR_INV, GLOBAL_SCALE_NUMERATOR, Nvfp4Rounding, Nvfp4Tile,
+    ONE_OVER_2688_BITS, ONE_SIXTH_BITS, RHT_SIGN_MASK, block_encode_scale, block_scale_code,
+    decode_e2m1, dequantize_factor, encode_e2m1, global_decode_scale, global_encode_scale,
+    random_bits, rht_matrix, round_to_bf16, stochastic_round_e2m1,
 };
 
 use crate::error::KernelError;
