@@ -19,9 +19,7 @@ use cubecl::server::Handle;
 use crate::error::KernelError;
 use crate::gemm::{GemmOperand, OperandCodes};
 use crate::kernel::code_view::codes_per_word;
-use crate::kernel::decode::{
-    BlockGridLaunch, decode_codes_kernel, decode_nvfp4_codes_kernel, decode_scaled_codes_kernel,
-};
+use crate::kernel::decode::{BlockGridLaunch, decode_codes_kernel, decode_scaled_codes_kernel};
 use crate::ops::{check_size, elementwise_grid};
 
 /// Why the decoded path cannot take `operand`, or `None` where it can: FP8 codes with per-tensor or block scales,
@@ -89,45 +87,31 @@ pub fn decode_operand<R: Runtime, S: Float + CubeElement>(
         to_u32(block.cols)?,
         to_u32(grid_cols)?,
     );
-    let (cube_count, cube_dim) = elementwise_grid(client, words);
-    match operand.codes {
-        OperandCodes::Fp8(_) => {
-            // SAFETY: the codes hold `words` words and the scales every block (checked), the output `words`
-            // vectors of `lanes`; the kernel checks `words` and reads no scale past the last code's.
-            unsafe {
-                decode_scaled_codes_kernel::launch_unchecked::<S, R>(
-                    client,
-                    cube_count,
-                    cube_dim,
-                    lanes,
-                    ArrayArg::from_raw_parts(operand.codes_handle().clone(), words),
-                    ArrayArg::from_raw_parts(operand.scale_inv.clone(), grid_rows * grid_cols),
-                    ArrayArg::from_raw_parts(output.clone(), words),
-                    words32,
-                    blocks,
-                    element,
-                );
-            }
-        }
+    // Each block's f32 `scale_inv` (FP8), or its E4M3 scale code, four per word (NVFP4).
+    let (scales, scale_words) = match operand.codes {
+        OperandCodes::Fp8(_) => (operand.scale_inv, grid_rows * grid_cols),
         OperandCodes::E2m1(buffer) => {
             let scale_words = (grid_rows * grid_cols).div_ceil(4);
             check_size("NVFP4 block scales", &buffer.scales, 4, scale_words)?;
-            // SAFETY: the codes hold `words` words and the scale codes every block (checked), the output `words`
-            // vectors of eight; the kernel checks `words` and reads no scale past the last code's.
-            unsafe {
-                decode_nvfp4_codes_kernel::launch_unchecked::<S, R>(
-                    client,
-                    cube_count,
-                    cube_dim,
-                    lanes,
-                    ArrayArg::from_raw_parts(operand.codes_handle().clone(), words),
-                    ArrayArg::from_raw_parts(buffer.scales.clone(), scale_words),
-                    ArrayArg::from_raw_parts(output.clone(), words),
-                    words32,
-                    blocks,
-                );
-            }
+            (&buffer.scales, scale_words)
         }
+    };
+    let (cube_count, cube_dim) = elementwise_grid(client, words);
+    // SAFETY: the codes hold `words` words and the scales every block (checked), the output `words` vectors of
+    // `lanes`; the kernel checks `words` and reads no scale past the last code's.
+    unsafe {
+        decode_scaled_codes_kernel::launch_unchecked::<S, R>(
+            client,
+            cube_count,
+            cube_dim,
+            lanes,
+            ArrayArg::from_raw_parts(operand.codes_handle().clone(), words),
+            ArrayArg::from_raw_parts(scales.clone(), scale_words),
+            ArrayArg::from_raw_parts(output.clone(), words),
+            words32,
+            blocks,
+            element,
+        );
     }
     Ok(output)
 }

@@ -24,11 +24,15 @@ pub fn decode_codes_kernel<F: Float, N: Size>(
 
 /// As [`decode_codes_kernel`], each value times its block's scale in f32 (one rounding, the SIMT kernel's staging;
 /// none for a power of two) before the cast to `F`: code `i` of the row-major `[rows, cols]` view (a batch's
-/// matrices stacked) takes the scale of its block, `scales[block_slot(i)]`.
+/// matrices stacked) takes the scale of its block `block_slot(i)`. `scales` holds, for FP8 codes, each block's f32
+/// `scale_inv` (its bits), and for NVFP4's E2M1 codes each block's E4M3 scale code (four per word, block `4w + b`
+/// in byte `b`): the block-scaled values of TE's NVFP4 GEMM, its global factor left for the product, exact in f16,
+/// bf16 and f32 (an E2M1 value, two significant bits from 0.5 to 6, times an E4M3 value, four from 2⁻⁹ to 448, has
+/// at most six significant bits and lies within 2⁻¹⁰ and 2688).
 #[cube(launch_unchecked)]
 pub fn decode_scaled_codes_kernel<F: Float, N: Size>(
     codes: &Array<u32>,
-    scales: &Array<f32>,
+    scales: &Array<u32>,
     output: &mut Array<Vector<F, N>>,
     words: u32,
     blocks: BlockGrid,
@@ -44,36 +48,14 @@ pub fn decode_scaled_codes_kernel<F: Float, N: Size>(
         #[unroll]
         for lane in 0..lanes {
             let slot = block_slot(word * lanes + lane, blocks);
+            let scale = if comptime!(element == CodeFormat::E2m1) {
+                let scale_code = (scales[(slot / 4) as usize] >> (8 * (slot % 4))) & 0xff;
+                decode(scale_code, comptime!(CodeFormat::Fp8(Fp8Format::E4M3)))
+            } else {
+                f32::reinterpret(scales[slot as usize])
+            };
             let code = (packed >> (bits * lane)) & mask;
-            out[lane as usize] = F::cast_from(decode(code, element) * scales[slot as usize]);
-        }
-        output[word as usize] = out;
-    }
-}
-
-/// NVFP4's E2M1 codes, eight per word, each times the value of its block's E4M3 scale code (`scale_codes`: four
-/// per word, block `4w + b` in byte `b`), as `F`: the block-scaled values of TE's NVFP4 GEMM, its global factor
-/// left for the product. Exact in f16, bf16 and f32: an E2M1 value (two significant bits, 0.5 to 6) times an E4M3
-/// value (four, 2⁻⁹ to 448) has at most six significant bits and lies within 2⁻¹⁰ and 2688.
-#[cube(launch_unchecked)]
-pub fn decode_nvfp4_codes_kernel<F: Float, N: Size>(
-    codes: &Array<u32>,
-    scale_codes: &Array<u32>,
-    output: &mut Array<Vector<F, N>>,
-    words: u32,
-    blocks: BlockGrid,
-) {
-    let word = ABSOLUTE_POS as u32;
-    if word < words {
-        let packed = codes[word as usize];
-        let mut out = Vector::<F, N>::empty();
-        #[unroll]
-        for lane in 0..8u32 {
-            let slot = block_slot(word * 8 + lane, blocks);
-            let scale_code = (scale_codes[(slot / 4) as usize] >> (8 * (slot % 4))) & 0xff;
-            let scale = decode(scale_code, comptime!(CodeFormat::Fp8(Fp8Format::E4M3)));
-            let code = (packed >> (4 * lane)) & 0xf;
-            out[lane as usize] = F::cast_from(decode(code, CodeFormat::E2m1) * scale);
+            out[lane as usize] = F::cast_from(decode(code, element) * scale);
         }
         output[word as usize] = out;
     }
