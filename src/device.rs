@@ -238,7 +238,7 @@ pub fn wgpu_adapter() -> Option<WgpuAdapter> {
 }
 
 /// Prints `FP8 GEMMs by path: <`[`fp8_gemm_paths`]`>` at the end of an example's training, where any ran, for
-/// host GEMMs what chose their paths (`burn_te::host::gemm::host_gemm_choices`), and the [`fallbacks`] where any.
+/// host GEMMs what chose their paths (`burn_te::host::gemm::host_gemm_choices`), and the `fallbacks` where any.
 pub fn print_fp8_gemm_paths() {
     if let Some(paths) = fp8_gemm_paths() {
         println!("FP8 GEMMs by path: {paths}");

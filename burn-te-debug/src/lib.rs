@@ -1,7 +1,7 @@
 //! # burn-te-debug
 //!
 //! Precision-debug tools for burn-te, after Transformer Engine's debug API (nvdlfw-inspect): a YAML config in
-//! TE's format selects features per layer, the [`Debug<B>`](Debug) backend decorator runs them on every GEMM, and
+//! TE's format selects features per layer, the [`Debug<B>`](struct@Debug) backend decorator runs them on every GEMM, and
 //! statistics go to log files.
 //!
 //! ```no_run

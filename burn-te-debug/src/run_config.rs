@@ -93,7 +93,7 @@ impl DebugConfig {
         initialize(self.options()?)
     }
 
-    /// Turns debugging on with extra stat loggers (e.g. [`TrainStats::logger`](crate::train::TrainStats::logger)).
+    /// Turns debugging on with extra stat loggers (e.g. `train::TrainStats::logger`, feature `train`).
     pub fn init_with(
         &self,
         loggers: impl IntoIterator<Item = Box<dyn StatLogger>>,

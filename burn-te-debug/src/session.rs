@@ -130,7 +130,7 @@ fn with_session<T>(f: impl FnOnce(&mut Session) -> T) -> Option<T> {
 /// Starts the debug session: reads the config (a missing file warns and runs with no features), creates the log
 /// files (an unwritable log dir is an error). A second `initialize` before [`end`] is an error.
 ///
-/// Called on a thread bound to a [`burn_te::distributed::Peer`], it starts that peer's session: its logs are
+/// Called on a thread bound to a `burn_te::distributed::Peer` (feature `distributed`), it starts that peer's session: its logs are
 /// rank `r`'s, its dumps go under `rank_<r>/`, its statistics are reduced across the peers at `step()` (see
 /// [`crate::set_tensor_reduction_group`]), and the debug calls of the threads bound to the peer use it. Each
 /// peer initializes its own (TE: "on every rank").

@@ -91,7 +91,7 @@ impl TrainStats {
     }
 
     /// The metrics of every stat the running session's config logs for these layers (see
-    /// [`stat_names`](crate::stat_names)).
+    /// [`stat_names`]).
     pub fn metrics_for_layers<'a>(
         &self,
         layers: impl IntoIterator<Item = &'a str>,

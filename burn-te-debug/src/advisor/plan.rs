@@ -16,7 +16,7 @@ pub(crate) use crate::features::log_recipe_candidates::CANDIDATES;
 
 /// A recipe's cost per GEMM FLOP: the bytes of one operand value, scales included (NVFP4: 4 bits and an E4M3 scale
 /// per 16; FP8: 1 byte, plus an f32 per 128 for block scaling and an E8M0 per 32 for MXFP8; high precision: bf16),
-/// since matrix units run at a rate inverse to the operand width. Equal costs keep [`CANDIDATES`]' order.
+/// since matrix units run at a rate inverse to the operand width. Equal costs keep `CANDIDATES`' order.
 pub fn recipe_cost(recipe: &str) -> f64 {
     match recipe {
         "nvfp4" => 0.5 + 1.0 / 16.0,

@@ -302,7 +302,7 @@ pub fn wgrad<B: TeBackend>(
 }
 
 /// `TeBackend::te_grouped_linear_backward`, the experts' GEMMs together: the dgrads (where `weights` is given),
-/// then the wgrads, each expert's gradient rows quantized once for both where [`shared_gradient`] makes one.
+/// then the wgrads, each expert's gradient rows quantized once for both where `shared_gradient` makes one.
 pub fn backward<B: TeBackend>(
     weights: Option<Vec<Option<SavedOperand<B>>>>,
     xs: Vec<Option<SavedOperand<B>>>,

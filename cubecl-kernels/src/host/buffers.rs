@@ -10,7 +10,7 @@ use rayon::prelude::*;
 const CHUNK: usize = 1 << 16;
 
 /// `len` zeros (`T::default()`, all-zero bits for the numbers this is used for), written in parallel when large
-/// (huge pages asked for first: [`advise_huge_pages`]).
+/// (huge pages asked for first: `advise_huge_pages`).
 pub fn zeroed<T: Copy + Default + Send + Sync>(len: usize) -> Vec<T> {
     if len < 4 * CHUNK {
         return vec![T::default(); len];

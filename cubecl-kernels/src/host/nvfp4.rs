@@ -242,7 +242,7 @@ fn rht_chunks(input: &[f32], output: &mut [f32], m: &[[f32; 16]; 16]) {
 
 /// The statistics of the device launcher `nvfp4::nvfp4_tensor_stats` on the host (global amax `amax`, `None`: the
 /// tensor's own): the tensor's ([`host::tensor_stats`]), and the quantization's errors band by band of `tile`'s rows
-/// on rayon's pool, each element as the device counts it (see [`band_errors`]).
+/// on rayon's pool, each element as the device counts it (see `band_errors`).
 pub fn tensor_stats(
     input: &[f32],
     rows: usize,

@@ -1,6 +1,6 @@
 //! The largest per-block dynamic range of a row-major `[rows, cols]` tensor (the debug tools'
 //! `max_blockwise_dynamic_range`): per block `log2(max |x|) − log2(min nonzero |x|)`, 0 for an all-zero block. The
-//! per-block amax and min nonzero come from [`crate::kernel::block::block_amax_kernel`].
+//! per-block amax and min nonzero come from [`crate::kernel::block::block_amax_kernel()`].
 
 use cubecl::prelude::*;
 

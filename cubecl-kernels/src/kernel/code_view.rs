@@ -105,7 +105,7 @@ impl<F: Numeric, N: Size, C: Coordinates + 'static> CodeViewExpand<F, N, C> {
 }
 
 /// The codes of `word` (lowest bits first) as `F` values, unscaled: the device's own conversion where it has one
-/// ([`native_conversion`], [`converted_word`]), [`decode_word`] elsewhere. Exact for every code in f16 and f32.
+/// ([`native_conversion`], [`converted_word()`]), [`decode_word()`] elsewhere. Exact for every code in f16 and f32.
 #[allow(unused_variables)]
 pub fn word_values<F: Numeric, N: Size>(word: u32, element: CodeFormat) -> Vector<F, N> {
     unexpanded!()
@@ -147,7 +147,7 @@ pub fn native_conversion(scope: &Scope, element: CodeFormat) -> Option<Fp8Format
 }
 
 /// The four FP8 codes of `word` (lowest bits first) as the device's own FP8 type, converted to `F` by the device:
-/// two codes per instruction on CUDA (`cvt.rn.f16x2.e4m3x2`), where [`decode_word`] spends about twenty integer
+/// two codes per instruction on CUDA (`cvt.rn.f16x2.e4m3x2`), where [`decode_word()`] spends about twenty integer
 /// and float operations per code. Exact: every E4M3 and E5M2 value, NaN and infinity included, is an f16 and an f32
 /// value.
 #[cube]

@@ -22,7 +22,7 @@ pub fn decode_codes_kernel<F: Float, N: Size>(
     }
 }
 
-/// As [`decode_codes_kernel`], each value times its block's scale in f32 (one rounding, the SIMT kernel's staging;
+/// As [`decode_codes_kernel()`], each value times its block's scale in f32 (one rounding, the SIMT kernel's staging;
 /// none for a power of two) before the cast to `F`: code `i` of the row-major `[rows, cols]` view (a batch's
 /// matrices stacked) takes the scale of its block `block_slot(i)`. `scales` holds, for FP8 codes, each block's f32
 /// `scale_inv` (its bits), and for NVFP4's E2M1 codes each block's E4M3 scale code (four per word, block `4w + b`

@@ -2,7 +2,7 @@
 //!
 //! Working on the f32 bit pattern keeps the conversion exact on every runtime: no float rounding mode, no
 //! flush-to-zero and no NaN handling of the shader compiler can change a code. The host reference
-//! ([`crate::host::fp8`]) follows the same steps in plain Rust.
+//! ([`Fp8Format::encode`](crate::format::Fp8Format::encode) and `decode`) follows the same steps in plain Rust.
 
 use cubecl::prelude::*;
 

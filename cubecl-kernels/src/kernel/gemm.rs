@@ -18,7 +18,7 @@ use crate::kernel::code::decode;
 /// Depth of one shared-memory stage. Scale blocks along K (32 for MXFP8, 128 for block scaling) are multiples of it.
 pub const TILE_K: u32 = 16;
 
-/// How a cube of [`fp8_gemm_kernel`] divides its output tile among its units.
+/// How a cube of [`fp8_gemm_kernel()`] divides its output tile among its units.
 ///
 /// A unit's shared-memory loads cost far more on a CPU device (Mesa's lavapipe reads shared memory one SIMD lane
 /// at a time) than on a GPU, where a large register block would instead exhaust the registers; the two presets
@@ -59,7 +59,7 @@ impl GemmTiling {
     }
 }
 
-/// What [`fp8_gemm_kernel`] knows of an operand when it is compiled.
+/// What [`fp8_gemm_kernel()`] knows of an operand when it is compiled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct StagedOperand {
     /// The codes' format.
@@ -71,7 +71,7 @@ pub struct StagedOperand {
 /// Four f32 lanes: 4 consecutive rows (A) or columns (B) of a staged slice, or a unit's accumulator row.
 type Vec4 = Vector<f32, Const<4>>;
 
-/// Layout of the `params` array of [`fp8_gemm_kernel`] (all `u32`, offsets and strides in elements).
+/// Layout of the `params` array of [`fp8_gemm_kernel()`] (all `u32`, offsets and strides in elements).
 pub mod param {
     pub const M: usize = 0;
     pub const N: usize = 1;

@@ -280,7 +280,7 @@ pub fn nvfp4_block_factors_kernel(
 }
 
 /// Each block's encode multiplier `min(1 / (float(s) · S_dec), FLT_MAX)`, one unit per block: what quantization
-/// multiplies the block's elements by before the E2M1 cast (as [`nvfp4_quantize_kernel`] computes it).
+/// multiplies the block's elements by before the E2M1 cast (as [`nvfp4_quantize_kernel()`] computes it).
 #[cube(launch_unchecked)]
 pub fn nvfp4_block_multipliers_kernel(
     scales: &Array<u32>,

@@ -44,7 +44,7 @@ pub fn compute_scale_kernel(
 /// Delayed scaling, one unit per tensor `t`. `history` is `[history_len, num_tensors]` (row 0 holds the amax of
 /// the step that just ran). Takes the amax of the window (`Max`: largest non-NaN entry; `MostRecent`: row 0),
 /// rolls the window by one (row `i` ← row `i + 1`, the last row ← old row 0) and zeroes row 0 for the next step,
-/// then updates `scale[t]` and `scale_inv[t]` with [`scale_from_amax`].
+/// then updates `scale[t]` and `scale_inv[t]` with [`scale_from_amax()`].
 #[cube(launch_unchecked)]
 pub fn delayed_scaling_update_kernel(
     history: &mut Array<f32>,

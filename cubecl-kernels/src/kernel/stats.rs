@@ -3,7 +3,7 @@
 //!
 //! Each unit walks the tensor with a grid stride and keeps a running record: counts, extremes and sums updated
 //! without branches on the data, and the mean and M2 of the finite elements (relative to the tensor's first element,
-//! so that a large common offset does not eat the f32 precision of the mean) from runs of [`STATS_RUN`] elements,
+//! so that a large common offset does not eat the f32 precision of the mean) from runs of `STATS_RUN` elements,
 //! each summed around its own first element and folded in with Chan's parallel formula — no division per element.
 //! The cube merges its units' records in shared memory (Chan's formula again) and writes one partial record of
 //! [`STATS_SLOTS`] words per cube. The host merges the partials in f64 (`crate::StatsReadback`).
@@ -351,7 +351,7 @@ pub fn stats_kernel<F: Float>(
 
 /// Counts the finite, NaN, +inf and -inf elements in one read, writing a statistics record per cube
 /// (`CUBE_COUNT * STATS_SLOTS` words) with only those counts filled: the diagnostics' non-finite tracking, far
-/// cheaper than [`stats_kernel`] (no moments, extremes or quantization per element). The input is read as
+/// cheaper than [`stats_kernel()`] (no moments, extremes or quantization per element). The input is read as
 /// vectors of `N` elements (`vectors` of them).
 #[cube(launch_unchecked)]
 pub fn non_finite_kernel<F: Float, N: Size>(

@@ -34,14 +34,14 @@ pub fn transpose_codes_kernel(
     }
 }
 
-/// Codes per side of the square tile one cube of [`transpose_tiles_kernel`] transposes.
+/// Codes per side of the square tile one cube of [`transpose_tiles_kernel()`] transposes.
 pub const TILE: u32 = 64;
 /// Words per tile row (four codes per word).
 const TILE_WORDS: u32 = TILE / 4;
 /// Units per side of that kernel's cube (`TILE_WORDS × TILE_WORDS` units; each moves `TILE / TILE_WORDS` words).
 pub const TILE_UNITS: u32 = TILE_WORDS;
 
-/// The same transpose as [`transpose_codes_kernel`] for `rows` and `cols` multiples of 4, a `TILE × TILE` tile of
+/// The same transpose as [`transpose_codes_kernel()`] for `rows` and `cols` multiples of 4, a `TILE × TILE` tile of
 /// codes per cube (`CUBE_POS_X` along the columns, `CUBE_POS_Y` along the rows, `CUBE_POS_Z` the matrix): whole
 /// words are read row by row into shared memory, then each output word gathers its four codes from there. Reads and
 /// writes are consecutive words across a cube's units, where the gather kernel reads a word per code.

@@ -11,7 +11,7 @@
 //!
 //! Codes are packed two per byte, the first element in the low nibble (TE's layout); on a device, eight per `u32`
 //! word (the same bytes, little-endian). Block scales are E4M3 codes, row-major over the block grid, four per word
-//! on a device. [`format`] has the plain-Rust element functions (the reference the kernels match bit for bit);
+//! on a device. [`format`](mod@format) has the plain-Rust element functions (the reference the kernels match bit for bit);
 //! this module has the device launchers; [`crate::host::nvfp4`] quantizes whole tensors on the host.
 
 use cubecl::prelude::*;

@@ -1,5 +1,5 @@
 //! The host FP8 GEMM of the CPU backends: which path runs ([`choice`]: forced, or the autotune's choice per shape
-//! class, [`tune`], with the one-shape [`probe`] for small GEMMs; both kept on disk by [`tune_cache`]), the packed paths on one CPU instruction each
+//! class, [`tune`], with the one-shape [`probe()`] for small GEMMs; both kept on disk by [`tune_cache`]), the packed paths on one CPU instruction each
 //! (`packed`: `amxbf16`, `avx512bf16`, `avx512fma`, `avx2fma`) and the portable `f32` path (`decoded`), one GEMM
 //! on a given path (`run`); several issued together (`grouped`).
 

@@ -7,7 +7,7 @@
 //! device GEMM's autotune does, [`crate::cube`]). The timed runs are the call's own work: the GEMM's output is the
 //! kept path's.
 //!
-//! One probe shape cannot stand for every GEMM: on a 2-core AMD EPYC Zen 3 the probe ([`super::probe`], 256 × 1024 ×
+//! One probe shape cannot stand for every GEMM: on a 2-core AMD EPYC Zen 3 the probe ([`super::probe()`], 256 × 1024 ×
 //! 512) chose `f32`, which was 20 % slower than `avx2fma` on a TransformerLayer step's GEMMs at hidden 1024. GEMMs
 //! below [`TUNED_MIN_PRODUCT`] multiply-adds (where timing is noise and the choice costs little) keep the probe's
 //! choice, and so do GEMMs issued from rayon's workers (a grouped layer's small experts, run side by side) until
@@ -132,7 +132,7 @@ pub fn host_gemm_tunings() -> Vec<HostGemmTuning> {
     all
 }
 
-/// Where [`run_tuned`] sends a GEMM: the probe's path, its class's kept path, or a tuning of its class.
+/// Where `run_tuned` sends a GEMM: the probe's path, its class's kept path, or a tuning of its class.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TunedRoute {
     /// The probe's path: a GEMM under [`TUNED_MIN_PRODUCT`], or a rayon worker's GEMM of a class not yet tuned.

@@ -37,7 +37,7 @@ const GRAD_COLUMNS: usize = 128;
 
 /// A linear layer's bias gradient, `Σ_rows dy [rows, width]` (`dy.len()` a multiple of `width > 0`): each column
 /// summed over the rows in order, so the bits of a sequential loop whatever the number of threads; blocks of
-/// [`GRAD_COLUMNS`] columns on rayon's pool (Flex sums the rows on one thread).
+/// `GRAD_COLUMNS` columns on rayon's pool (Flex sums the rows on one thread).
 pub fn bias_grad(dy: &[f32], width: usize) -> Vec<f32> {
     assert!(
         width > 0 && dy.len().is_multiple_of(width),

@@ -4,7 +4,7 @@
 //!
 //! Element `i` of the tensor (row-major) is kept when word `i` of the ChaCha8 stream of
 //! `ChaCha8Rng::seed_from_u64(seed)` (the `chacha20` crate, the generator family of Burn's own RNG) is below
-//! `round((1 − p) · 2³²)`. On AVX-512 the words are made 16 blocks at a time ([`super::keystream`]), the same
+//! `round((1 − p) · 2³²)`. On AVX-512 the words are made 16 blocks at a time (`super::keystream`), the same
 //! bits.
 
 use chacha20::ChaCha8Rng;

@@ -48,7 +48,7 @@ impl BlockCodes<'_> {
 
     /// Every stored element as f32, `values[code] · factor` (what the `f32` path multiplies, and the host
     /// dequantization), into `out`, one per code: bands of the blocks' rows on rayon's pool. The grid must fit
-    /// ([`check`](Self::check), or the caller's own check of the tensor's scales).
+    /// (`check`, or the caller's own check of the tensor's scales).
     pub fn decode_f32(&self, out: &mut [f32]) {
         let band = self.block.rows * self.cols;
         if band == 0 {

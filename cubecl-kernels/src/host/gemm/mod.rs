@@ -16,9 +16,9 @@
 //! `alpha`'s product.
 //!
 //! The pieces: [`pack_lhs`] / [`pack_rhs`] lay a stored matrix (any offset and strides; FP8 codes through a table,
-//! or codes with a factor per block, [`BlockCodes`]) out as the micro-kernel reads it ([`pack`]); [`gemm`] splits
+//! or codes with a factor per block, [`BlockCodes`]) out as the micro-kernel reads it (`pack`); [`gemm`] splits
 //! the output into tiles across rayon's threads, runs the micro-kernel over cache-sized depth blocks and finishes
-//! each task's output with the [`Epilogue`] (output factor, bias) while it is in cache ([`blocked`]); packed
+//! each task's output with the [`Epilogue`] (output factor, bias) while it is in cache (`blocked`); packed
 //! buffers of 4 MiB and more come from the host outputs' process-wide pool ([`crate::host::pool`]). Which path runs
 //! is [`HostGemmPath`]'s business, measured by the caller (burn-te's host backend probes them at first use).
 //!

@@ -183,7 +183,7 @@ pub fn pack_rhs<K: Kernel>(
 
 /// The right operand (`k × n`) checked and left where it is stored: each task of the GEMM packs the depth blocks of
 /// its columns as it reaches them, into a buffer of its thread that stays in L2, laid out as [`PackedRhs`]'s panels
-/// of those columns and depths ([`RhsInTasks::pack_block`]). A task's block is packed once per task that reads it
+/// of those columns and depths (`RhsInTasks::pack_block`). A task's block is packed once per task that reads it
 /// (once per `MC` rows of the output) instead of once for the whole GEMM, but the packed bf16 pairs never travel
 /// to memory and back: on AMX, packing a whole right operand ahead was a sixth of the GEMM, bound by memory.
 pub struct RhsInTasks<'a, K: Kernel> {

@@ -5,7 +5,7 @@
 //! serves, its bytes placed in the units' upper halves). The same bits as the scalar packing (`Lines::panel` in
 //! `pack.rs`), which runs where the CPU lacks VBMI and for layouts with neither the lanes nor the depth contiguous.
 
-/// Whether this CPU packs FP8 codes with [`panel`] (AVX512-VBMI with AVX512-BW).
+/// Whether this CPU packs FP8 codes with `panel` (AVX512-VBMI with AVX512-BW).
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -17,7 +17,7 @@ pub fn available() -> bool {
     false
 }
 
-/// `table` prepared for [`panel`] (split into byte planes once per operand, not per panel) for units of `per`
+/// `table` prepared for `panel` (split into byte planes once per operand, not per panel) for units of `per`
 /// depths (2: bf16 pairs; 1: f32 values); `None` where this CPU lacks what [`available`] checks.
 pub fn lookup(table: [u16; 256], per: usize) -> Option<Lookup> {
     #[cfg(target_arch = "x86_64")]
@@ -127,7 +127,7 @@ pub(super) unsafe fn panel(
     Some(if grouped { whole } else { 0 })
 }
 
-/// The units per group of a grouped panel ([`panel`]'s `grouped`): AMX's 16 depth pairs per tile row.
+/// The units per group of a grouped panel (`panel`'s `grouped`): AMX's 16 depth pairs per tile row.
 pub const GROUPED: usize = 16;
 
 /// The lanes-contiguous layout's first `depths` (even) depths, two per lookup: units of `PER` depths (a row of pairs,
