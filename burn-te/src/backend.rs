@@ -1072,15 +1072,6 @@ pub(crate) fn add_bias_broadcast<B: Backend>(
     B::float_add(out, B::float_reshape(bias, Shape::from(dims)))
 }
 
-/// A hash of `value` that is stable within a process: buffer identities ([`TeBackend::buffer_id`]) and per-site
-/// seeds.
-pub(crate) fn hash_of(value: &impl std::hash::Hash) -> u64 {
-    use std::hash::Hasher;
-    let mut hasher = std::hash::DefaultHasher::new();
-    value.hash(&mut hasher);
-    hasher.finish()
-}
-
 /// The slices of each part of a tensor of `shape` split along `dim` into `sizes` ([`TeBackend::te_split`]).
 pub(crate) fn split_slices(
     shape: &burn::tensor::Shape,

@@ -168,6 +168,6 @@ impl<B: FusionBackend + TeBackend> TeBackend for Fusion<B> {
     /// The fusion tensor's id: shared by clones, distinct for live tensors (reading the buffer would run the
     /// stream).
     fn buffer_id(tensor: &FloatTensor<Self>) -> Option<u64> {
-        Some(crate::backend::hash_of(&tensor.id))
+        Some(crate::hash::hash_of(&tensor.id))
     }
 }

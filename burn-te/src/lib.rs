@@ -22,7 +22,7 @@
 //! ```
 //!
 //! # Layers
-//! Plain types at the bottom (`error`, `gemm`, `recipe`, `primitive`, `metrics`), then the FP8 state (`fp8_state`),
+//! Plain types at the bottom (`error`, `gemm`, `hash`, `recipe`, `primitive`, `metrics`), then the FP8 state (`fp8_state`),
 //! sites and autocast, the [`TeBackend`] trait (`backend`, with the fused element-wise ops' types in `fused`), the GEMMs built on it (`fp8_gemm`, `nvfp4`, `saved`,
 //! `microbatch`, `linear`), the backends that implement it (`cube`, `host` with its FP8 GEMM in `host::gemm`, `fusion`) and, on top, the decorators
 //! (`te`, `decorator`, `autodiff`, whose fused ops' backward nodes are in `fused::*`), the diagnostics that observe them through the `metrics` registry and the
@@ -38,7 +38,7 @@
 //!   `fused::dropout`, `fused::norm`, `fused::softmax`, `fusion`, `high_precision`, `host`, `linear`,
 //!   `microbatch`, `nn`, `nvfp4`, `optim`, `plain_linear`, `readback`, `saved`, `te`.
 //! - Plain: `autocast`, `data`, `diagnostics`, `diagnostics::trace`, `distributed::launch`,
-//!   `error`, `fallback`, `fused`, `gemm`, `host::gemm`, `metrics`, `plan`, `primitive`, `recipe`, `settings`, `site`.
+//!   `error`, `fallback`, `fused`, `gemm`, `hash`, `host::gemm`, `metrics`, `plan`, `primitive`, `recipe`, `settings`, `site`.
 
 mod autocast;
 mod autodiff;
@@ -59,6 +59,7 @@ pub mod fused;
 #[cfg(feature = "fusion")]
 mod fusion;
 mod gemm;
+mod hash;
 mod high_precision;
 pub mod host;
 pub mod linear;

@@ -85,7 +85,7 @@ impl Nvfp4Plan {
 /// The stochastic-rounding seed of a tensor: from its layer, GEMM, role and the iteration's draw (see
 /// [`crate::seed_stochastic_rounding`]), so a seeded run is reproducible and every quantization draws other bits.
 fn seed(site: &GemmSite, role: TensorRole) -> u32 {
-    let hash = crate::backend::hash_of(&(&*site.layer, site.gemm, role, site.rounding));
+    let hash = crate::hash::hash_of(&(&*site.layer, site.gemm, role, site.rounding));
     (hash ^ (hash >> 32)) as u32
 }
 

@@ -36,5 +36,5 @@ pub(super) fn next_iteration() {
 /// The current iteration's draw on this thread: a hash of the seed and the iteration, taken by each GEMM site
 /// (see [`GemmSite::rounding`](crate::GemmSite::rounding)).
 pub(crate) fn rounding_draw() -> u64 {
-    crate::backend::hash_of(&STREAM.with(Cell::get))
+    crate::hash::hash_of(&STREAM.with(Cell::get))
 }

@@ -1,8 +1,6 @@
 //! A norm or activation and the GEMM that takes its output, fused where the GEMM runs in FP8 under DelayedScaling:
 //! what `LayerNormLinear` and `LayerNormMLP` call ([`TeBackend::te_cast_linear`]).
 
-use std::cell::Cell;
-
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
 
@@ -11,17 +9,6 @@ use crate::backend::TeBackend;
 use crate::error::TeError;
 use crate::recipe::Recipe;
 use crate::site::GemmSite;
-
-thread_local! {
-    static UNFUSED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Runs `f` with the TE modules running each norm or activation and the FP8 GEMM after it as two ops on this
-/// thread (the op's output written in f32, then quantized by the GEMM): the reference the fused op is measured and
-/// tested against.
-pub fn with_input_cast_unfused<R>(f: impl FnOnce() -> R) -> R {
-    super::with_flag(&UNFUSED, f)
-}
 
 /// The op before a GEMM, on a module's tensors: a norm's γ, β and spec, or an activation.
 pub(crate) enum InputOp<B: Backend> {
@@ -44,7 +31,7 @@ pub(crate) fn try_fused<B: TeBackend, const D: usize>(
     let Some(recipe) = recipe else {
         return Ok(None);
     };
-    if !super::fused_allowed() || UNFUSED.with(Cell::get) {
+    if !super::fused_allowed() || !super::input_cast_fusion_allowed() {
         return Ok(None);
     }
     let x = x.clone().into_primitive().tensor();

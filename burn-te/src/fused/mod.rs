@@ -26,11 +26,11 @@ use std::cell::Cell;
 pub use burn_te_kernels::host::fused::activation::Pointwise;
 pub use burn_te_kernels::host::fused::dropout::DropoutMask;
 pub use burn_te_kernels::host::fused::norm::{NormKind, NormSpec};
-pub use cast_linear::with_input_cast_unfused;
 
 thread_local! {
     static COMPOSED: Cell<bool> = const { Cell::new(false) };
     static COMPOSED_ATTENTION: Cell<bool> = const { Cell::new(false) };
+    static INPUT_CAST_UNFUSED: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Runs `f` with `flag` set on this thread, restored afterwards (also on a panic).
@@ -56,6 +56,18 @@ pub fn with_composed_elementwise<R>(f: impl FnOnce() -> R) -> R {
 /// measured and tested against.
 pub fn with_composed_attention_core<R>(f: impl FnOnce() -> R) -> R {
     with_flag(&COMPOSED_ATTENTION, f)
+}
+
+/// Runs `f` with the TE modules running each norm or activation and the FP8 GEMM after it as two ops on this
+/// thread (the op's output written in f32, then quantized by the GEMM) instead of the fused [`cast_linear`] op: the
+/// reference the fused op is measured and tested against.
+pub fn with_input_cast_unfused<R>(f: impl FnOnce() -> R) -> R {
+    with_flag(&INPUT_CAST_UNFUSED, f)
+}
+
+/// Whether the modules may fuse a norm or activation with the FP8 cast of the GEMM after it on this thread.
+fn input_cast_fusion_allowed() -> bool {
+    !INPUT_CAST_UNFUSED.with(Cell::get)
 }
 
 /// Whether the modules may use the backend's fused ops on this thread.

@@ -731,7 +731,7 @@ fn ndarray_buffer_id(tensor: &NdArrayTensor) -> Option<u64> {
         ),
         _ => return None,
     };
-    Some(crate::backend::hash_of(&(address, shape)))
+    Some(crate::hash::hash_of(&(address, shape)))
 }
 
 /// The shared storage's address and the view (offset, shape, strides).
@@ -739,7 +739,7 @@ fn ndarray_buffer_id(tensor: &NdArrayTensor) -> Option<u64> {
 fn flex_buffer_id(tensor: &FlexTensor) -> Option<u64> {
     let layout = tensor.layout();
     let address = std::sync::Arc::as_ptr(&tensor.data_arc()) as usize;
-    Some(crate::backend::hash_of(&(
+    Some(crate::hash::hash_of(&(
         address,
         layout.start_offset(),
         layout.shape().as_slice().to_vec(),
