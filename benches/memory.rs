@@ -6,7 +6,7 @@
 //!   buffers as `Autodiff<B>`);
 //! - `fp8 (original operands)`: DelayedScaling with the high-precision operands kept for the backward, as before
 //!   (`burn_te::save_original_operands`);
-//! - `fp8`: DelayedScaling with the forward's FP8 operands kept (`burn_te::saved`);
+//! - `fp8`: DelayedScaling with the forward's FP8 operands kept (`burn_te::gemm::saved`);
 //! - `fp8 + fp8_dpa`: the same with TE's `fp8_dpa`, the attention's two GEMMs in FP8 too (their operands kept in
 //!   FP8: q, k, p, v).
 //!

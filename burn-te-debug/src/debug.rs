@@ -2,7 +2,7 @@
 //!
 //! It intercepts the three GEMMs of every layer: the TE modules' `te_linear` (fprop) and, under `Autodiff`, its
 //! dgrad and wgrad, each with its [`GemmSite`]; and plain Burn `linear`s, named `linear0`, `linear1`, ... by
-//! weight in call order inside an autocast scope (as `Te<B>` names them, see [`burn_te::plain_linear`]). Plain `float_matmul` (e.g. attention's batched matmuls)
+//! weight in call order inside an autocast scope (as `Te<B>` names them, see [`burn_te::gemm::plain_linear`]). Plain `float_matmul` (e.g. attention's batched matmuls)
 //! is not a layer GEMM and forwards unchanged. Every other op forwards to `B` through the forwarding written once
 //! for `Te<B>`. Use as `Autodiff<Debug<Te<B>>>`.
 //!
@@ -14,8 +14,8 @@ use core::marker::PhantomData;
 
 use burn::tensor::ops::FloatTensor;
 use burn_te::backend::TeBackend;
-use burn_te::fp8_gemm::{self, CurrentScalingOverrides, SavedForBackward};
-use burn_te::saved::{Saved, SavedOperand};
+use burn_te::gemm::fp8::{self as fp8_gemm, CurrentScalingOverrides, SavedForBackward};
+use burn_te::gemm::saved::{Saved, SavedOperand};
 use burn_te::{
     Decorator, Gemm, GemmSite, Recipe, TensorRole, plain_linear_backward, plain_linear_forward,
 };
@@ -236,8 +236,8 @@ fn with_overrides<B: TeBackend>(
             burn_te::diagnostics::observe_gemm::<B>(site, Some(recipe), operands, |operands| {
                 let result = fp8(recipe, operands.clone());
                 fp8_gemm::or_high_precision::<B>(site, result, || {
-                    let [lhs, rhs] =
-                        operands.map(|operand| burn_te::saved::values_or_panic::<B>(site, operand));
+                    let [lhs, rhs] = operands
+                        .map(|operand| burn_te::gemm::saved::values_or_panic::<B>(site, operand));
                     plain(None, [Saved::HighPrecision(lhs), Saved::HighPrecision(rhs)])
                 })
             })
@@ -278,8 +278,9 @@ impl<B: TeBackend> TeBackend for Debug<B> {
                     overrides,
                     operands,
                     |r, operands| {
-                        let [x, w] = operands
-                            .map(|operand| burn_te::saved::values_or_panic::<B>(site, operand));
+                        let [x, w] = operands.map(|operand| {
+                            burn_te::gemm::saved::values_or_panic::<B>(site, operand)
+                        });
                         let fprop = fp8_gemm::linear_fprop::<B>(
                             x,
                             w,
@@ -295,8 +296,9 @@ impl<B: TeBackend> TeBackend for Debug<B> {
                         })
                     },
                     |r, operands| {
-                        let [x, w] = operands
-                            .map(|operand| burn_te::saved::values_or_panic::<B>(site, operand));
+                        let [x, w] = operands.map(|operand| {
+                            burn_te::gemm::saved::values_or_panic::<B>(site, operand)
+                        });
                         let (output, kept) = B::te_linear_fprop(x, w, bias.clone(), site, r, save);
                         *saved.borrow_mut() = kept;
                         output
@@ -326,11 +328,11 @@ impl<B: TeBackend> TeBackend for Debug<B> {
                     overrides,
                     operands,
                     |r, [g, w]| {
-                        let g = burn_te::saved::values_or_panic::<B>(site, g);
+                        let g = burn_te::gemm::saved::values_or_panic::<B>(site, g);
                         fp8_gemm::linear_dgrad::<B>(w, g, site, r, overrides)
                     },
                     |r, [g, w]| {
-                        let g = burn_te::saved::values_or_panic::<B>(site, g);
+                        let g = burn_te::gemm::saved::values_or_panic::<B>(site, g);
                         B::te_linear_dgrad(w, g, site, r)
                     },
                 )
@@ -357,11 +359,11 @@ impl<B: TeBackend> TeBackend for Debug<B> {
                     overrides,
                     operands,
                     |r, [x, g]| {
-                        let g = burn_te::saved::values_or_panic::<B>(site, g);
+                        let g = burn_te::gemm::saved::values_or_panic::<B>(site, g);
                         fp8_gemm::linear_wgrad::<B>(x, g, site, r, overrides)
                     },
                     |r, [x, g]| {
-                        let g = burn_te::saved::values_or_panic::<B>(site, g);
+                        let g = burn_te::gemm::saved::values_or_panic::<B>(site, g);
                         B::te_linear_wgrad(x, g, site, r)
                     },
                 )

@@ -60,7 +60,7 @@ pub trait DebugTensor: Send {
     /// tensor's own layout).
     fn fake_quant_nvfp4(
         &self,
-        plan: burn_te::nvfp4::Nvfp4Plan,
+        plan: burn_te::gemm::nvfp4::Nvfp4Plan,
     ) -> Result<Box<dyn DebugTensor>, DebugError>;
     /// The layer's delayed-scaling `(amax history in TE's layout, scale)` for this tensor as its GEMM uses them this
     /// iteration (reads the device); `None` without a DelayedScaling scope or a role.

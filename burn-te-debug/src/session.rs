@@ -334,7 +334,7 @@ impl Session {
 
 /// Whether the features need `site`'s high-precision operands at its backward GEMM `gemm` of this iteration (they
 /// run it in high precision, modify an operand or measure its error): the forward then keeps them for the backward
-/// instead of their FP8 copies (see `burn_te::saved`). A routing error keeps them too (the backward reports it).
+/// instead of their FP8 copies (see `burn_te::gemm::saved`). A routing error keeps them too (the backward reports it).
 pub(crate) fn backward_needs_original(site: &GemmSite, gemm: Gemm) -> bool {
     if !active() {
         return false;

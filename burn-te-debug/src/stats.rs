@@ -267,7 +267,7 @@ pub enum StatsScaling {
         rule: BlockScaleRule,
     },
     /// NVFP4 as the plan quantizes the tensor (round to nearest).
-    Nvfp4(burn_te::nvfp4::Nvfp4Plan),
+    Nvfp4(burn_te::gemm::nvfp4::Nvfp4Plan),
 }
 
 /// Statistics launched on the device, read at `step()`.

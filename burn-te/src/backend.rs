@@ -12,7 +12,7 @@ use crate::fused::{
     AttentionForward, AttentionMask, AttentionSpec, CastInput, CastInputForward, CastLinearFprop,
     DropoutMask, NormForward, NormGrads, NormSaved, NormSpec, Pointwise,
 };
-use crate::high_precision::high_precision_gemm;
+use crate::gemm::high_precision::high_precision_gemm;
 pub use crate::primitive::{
     ElementFormat, Fp8HostData, Fp8Tensor, Nvfp4Scales, Saved, SavedForBackward, SavedQuantized,
     Scaling, gemm_output_shape,

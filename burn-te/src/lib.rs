@@ -22,11 +22,14 @@
 //! ```
 //!
 //! # Layers
-//! Plain types at the bottom (`error`, `gemm`, `hash`, `recipe`, `primitive`, `metrics`), then the FP8 state (`fp8_state`),
-//! sites and autocast, the [`TeBackend`] trait (`backend`, with the fused element-wise ops' types in `fused`), the GEMMs built on it (`fp8_gemm`, `nvfp4`, `saved`,
-//! `microbatch`, `linear`), the backends that implement it (`cube`, `host` with its FP8 GEMM in `host::gemm`, `fusion`) and, on top, the decorators
-//! (`te`, `decorator`, `autodiff`, whose fused ops' backward nodes are in `fused::*`), the diagnostics that observe them through the `metrics` registry and the
-//! modules (`nn`). No module imports one above it (`tests/kernels/layering.rs` checks every crate for circles).
+//! Plain types at the bottom (`error`, `hash`, `recipe`, `primitive`, `metrics`, and the GEMM vocabulary in
+//! `gemm`), then the FP8 state (`fp8_state`), sites and autocast, the [`TeBackend`] trait (`backend`, with the fused
+//! element-wise ops' types in `fused`), the GEMM path built on it (`gemm::fp8`, `gemm::nvfp4`, `gemm::saved`,
+//! `gemm::microbatch`, `gemm::high_precision`, `gemm::plain_linear`, and `linear`), the backends that implement it
+//! (`cube`, `host` with its FP8 GEMM in `host::gemm`, `fusion`) and, on top, the decorators (`te`, `decorator`,
+//! `autodiff`, whose fused ops' backward nodes are in `fused::*`), the diagnostics that observe them through the
+//! `metrics` registry and the modules (`nn`). No module imports one above it (`tests/kernels/layering.rs` checks
+//! every crate for circles).
 //!
 //! # Burn coupling
 //! Burn 0.22 removed the backend type parameter from `Tensor`, so a decorator backend cannot plug in there; what a
@@ -34,11 +37,11 @@
 //! `B::` ops, `Module`), named here and checked by `tests/kernels/layering.rs`:
 //! - Burn-generic: `autodiff`, `backend`, `cube`, `ddp`, `decorator`, `diagnostics::closures`,
 //!   `diagnostics::eager`, `diagnostics::nonfinite`, `diagnostics::observe`, `diagnostics::snapshot`,
-//!   `distributed`, `fp8_gemm`, `fp8_state`, `fused::activation`, `fused::attention`, `fused::cast_linear`,
-//!   `fused::dropout`, `fused::norm`, `fused::softmax`, `fusion`, `high_precision`, `host`, `linear`,
-//!   `microbatch`, `nn`, `nvfp4`, `optim`, `plain_linear`, `readback`, `saved`, `te`.
-//! - Plain: `autocast`, `data`, `diagnostics`, `diagnostics::trace`, `distributed::launch`,
-//!   `error`, `fallback`, `fused`, `gemm`, `hash`, `host::gemm`, `metrics`, `plan`, `primitive`, `recipe`, `settings`, `site`.
+//!   `distributed`, `fp8_state`, `fused::activation`, `fused::attention`, `fused::cast_linear`, `fused::dropout`,
+//!   `fused::norm`, `fused::softmax`, `fusion`, `gemm::fp8`, `gemm::high_precision`, `gemm::microbatch`,
+//!   `gemm::nvfp4`, `gemm::plain_linear`, `gemm::saved`, `host`, `linear`, `nn`, `optim`, `readback`, `te`.
+//! - Plain: `autocast`, `data`, `diagnostics`, `diagnostics::trace`, `distributed::launch`, `error`, `fallback`,
+//!   `fused`, `gemm`, `hash`, `host::gemm`, `metrics`, `plan`, `primitive`, `recipe`, `settings`, `site`.
 
 mod autocast;
 mod autodiff;
@@ -53,27 +56,21 @@ pub mod diagnostics;
 pub mod distributed;
 mod error;
 pub mod fallback;
-pub mod fp8_gemm;
 pub mod fp8_state;
 pub mod fused;
 #[cfg(feature = "fusion")]
 mod fusion;
-mod gemm;
+pub mod gemm;
 mod hash;
-mod high_precision;
 pub mod host;
 pub mod linear;
 mod metrics;
-pub mod microbatch;
 pub mod nn;
-pub mod nvfp4;
 pub mod optim;
-pub mod plain_linear;
 pub mod plan;
 mod primitive;
 mod readback;
 pub mod recipe;
-pub mod saved;
 pub mod settings;
 pub mod site;
 mod te;
@@ -98,15 +95,15 @@ pub use fallback::fallback_counts;
 pub use fp8_state::{
     DelayedStateView, Fp8LinearStates, Fp8Meta, LayerFp8State, PlainLinearStates, RoleRecord,
 };
+pub use gemm::microbatch::{microbatch, microbatch_guard};
+pub use gemm::plain_linear::{plain_linear_backward, plain_linear_forward};
+pub use gemm::saved::{Saved, SavedOperand, SavedQuantized, save_original_operands};
 pub use gemm::{Gemm, TensorRole};
-pub use microbatch::{microbatch, microbatch_guard};
-pub use plain_linear::{plain_linear_backward, plain_linear_forward};
 pub use plan::{PlanError, PlanRule, PlannedRecipe, RecipePlan};
 pub use recipe::{
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MXFP8BlockScaling,
     NVFP4BlockScaling, Recipe,
 };
-pub use saved::{Saved, SavedOperand, SavedQuantized, save_original_operands};
 pub use site::GemmSite;
 pub use te::Te;
 

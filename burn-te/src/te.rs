@@ -13,7 +13,7 @@
 //!
 //! Plain linears have no names; inside a scope they are called `linear0`, `linear1`, ... by weight in call order,
 //! which keys their delayed-scaling states in the scope's [`Fp8LinearStates`](crate::Fp8LinearStates) (see
-//! [`crate::plain_linear`]). TE modules (`te_linear`) carry their own names and states.
+//! [`crate::gemm::plain_linear`]). TE modules (`te_linear`) carry their own names and states.
 
 use core::marker::PhantomData;
 
@@ -28,10 +28,11 @@ use crate::gemm::Gemm;
 use crate::linear::{self, grouped};
 use crate::site::{ExpertGemms, GemmSite};
 
-use crate::plain_linear::{plain_linear_backward, plain_linear_forward};
+use crate::autocast;
+use crate::gemm::fp8 as fp8_gemm;
+use crate::gemm::plain_linear::{plain_linear_backward, plain_linear_forward};
+use crate::gemm::saved::{self, Saved, SavedOperand};
 use crate::primitive::SavedForBackward;
-use crate::saved::{self, Saved, SavedOperand};
-use crate::{autocast, fp8_gemm};
 
 /// The FP8 backend decorator: `B` with FP8 GEMMs inside autocast scopes. Use as `Autodiff<Te<Wgpu>>`.
 #[derive(Clone, Copy, Default, Debug)]

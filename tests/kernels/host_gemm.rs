@@ -12,7 +12,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
-use burn_te::fp8_gemm::{k_along_cols, quantize_operand};
+use burn_te::gemm::fp8::{k_along_cols, quantize_operand};
 use burn_te::host::gemm::{HostGemmPath, with_host_gemm_path};
 use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
 use burn_te::{
@@ -226,7 +226,7 @@ fn float(values: Vec<f32>, shape: [usize; 2]) -> burn::tensor::ops::FloatTensor<
         .tensor()
 }
 
-/// Each recipe's fprop, dgrad and wgrad GEMMs (as `burn_te::fp8_gemm` quantizes and lays out their operands) on
+/// Each recipe's fprop, dgrad and wgrad GEMMs (as `burn_te::gemm::fp8` quantizes and lays out their operands) on
 /// every path, against f64 from the codes and scales. The fprop's depth (560) runs past every path's first depth
 /// block (AMX's 512 values, the bf16 path's 384, the FMA paths' 256) into a partial one.
 #[test]
@@ -323,7 +323,7 @@ fn fprop_operand(
     values: Vec<f32>,
     shape: [usize; 2],
     role: TensorRole,
-) -> burn_te::fp8_gemm::QuantizedOperand<B> {
+) -> burn_te::gemm::fp8::QuantizedOperand<B> {
     quantize_operand::<B>(
         float(values, shape),
         recipe,

@@ -9,7 +9,7 @@ use std::process::Command;
 use burn::backend::Flex;
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
-use burn_te::fp8_gemm::{k_along_cols, quantize_operand};
+use burn_te::gemm::fp8::{k_along_cols, quantize_operand};
 use burn_te::host::gemm::{
     HOST_GEMM_CACHE_ENV, HOST_GEMM_PROBE, HOST_GEMM_PROBE_CACHED, HOST_GEMM_TUNINGS,
     HOST_GEMM_TUNINGS_CACHED, HostGemmPath, host_gemm_cache_file, host_gemm_tunings, probe,

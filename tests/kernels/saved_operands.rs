@@ -1,4 +1,4 @@
-//! What a linear layer's backward keeps (`burn_te::saved`): under every recipe, a TransformerLayer trained with
+//! What a linear layer's backward keeps (`burn_te::gemm::saved`): under every recipe, a TransformerLayer trained with
 //! its operands kept in FP8 by the forward gives the same losses, every parameter gradient and the same parameters,
 //! bit for bit, as with the high-precision operands kept and quantized again in the backward (the behaviour
 //! before, still there under `save_original_operands`) — on `Te`, on the debug tools' stack (with a feature that

@@ -1,6 +1,6 @@
 //! FakeQuant: chosen GEMM inputs quantized and dequantized, and the GEMM run in high precision.
 
-use burn_te::nvfp4::Nvfp4Plan;
+use burn_te::gemm::nvfp4::Nvfp4Plan;
 use burn_te::recipe::MX_BLOCK;
 use burn_te::{BlockScaleRule, Fp8Format, Gemm, NVFP4BlockScaling, ScaleBlock};
 

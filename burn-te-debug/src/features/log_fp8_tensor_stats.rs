@@ -217,8 +217,12 @@ impl Feature for LogFp8TensorStats {
                 };
                 if let Some(Recipe::Nvfp4(nvfp4)) = &block_recipe {
                     // The columnwise use of an activation or gradient is the wgrad's, under the RHT.
-                    let plan =
-                        burn_te::nvfp4::Nvfp4Plan::nearest(nvfp4, role, k_along_cols, columnwise);
+                    let plan = burn_te::gemm::nvfp4::Nvfp4Plan::nearest(
+                        nvfp4,
+                        role,
+                        k_along_cols,
+                        columnwise,
+                    );
                     out.request_stats(StatRequest {
                         quantization: Some((Fp8Format::E4M3, StatsScaling::Nvfp4(plan))),
                         prefix: what_if.prefix().to_string(),

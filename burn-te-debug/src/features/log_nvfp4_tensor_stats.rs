@@ -17,7 +17,7 @@
 //!           freq: 5
 //! ```
 
-use burn_te::nvfp4::Nvfp4Plan;
+use burn_te::gemm::nvfp4::Nvfp4Plan;
 use burn_te::{Fp8Format, NVFP4BlockScaling, Recipe};
 
 use super::Scheduled;

@@ -7,8 +7,8 @@ use core::any::Any;
 use burn::tensor::TensorMetadata;
 use burn::tensor::ops::FloatTensor;
 use burn_te::backend::TeBackend;
-use burn_te::fp8_gemm;
-use burn_te::saved::{Saved, SavedOperand};
+use burn_te::gemm::fp8 as fp8_gemm;
+use burn_te::gemm::saved::{Saved, SavedOperand};
 use burn_te::{BlockScaleRule, Fp8Format, GemmSite, Recipe, ScaleBlock, Scaling, TensorRole};
 
 use crate::error::DebugError;
@@ -109,7 +109,7 @@ impl<B: TeBackend> DebugTensor for SiteTensor<B> {
             Some((_, StatsScaling::Nvfp4(plan))) => {
                 // The operand as the GEMM quantizes it (transposed for blocks along the rows, padded for the RHT).
                 let (folded, _) = fp8_gemm::fold_rows::<B>(self.tensor.clone());
-                let tensor = burn_te::nvfp4::operand_layout::<B>(folded, plan)?;
+                let tensor = burn_te::gemm::nvfp4::operand_layout::<B>(folded, plan)?;
                 let scaling = Scaling::Nvfp4 {
                     tile: plan.tile,
                     rounding: plan.rounding,
@@ -177,11 +177,11 @@ impl<B: TeBackend> DebugTensor for SiteTensor<B> {
 
     fn fake_quant_nvfp4(
         &self,
-        plan: burn_te::nvfp4::Nvfp4Plan,
+        plan: burn_te::gemm::nvfp4::Nvfp4Plan,
     ) -> Result<Box<dyn DebugTensor>, DebugError> {
         let shape = self.tensor.shape();
         let (folded, _) = fp8_gemm::fold_rows::<B>(self.tensor.clone());
-        let (tensor, transposed) = burn_te::nvfp4::quantize::<B>(folded, plan, None)?;
+        let (tensor, transposed) = burn_te::gemm::nvfp4::quantize::<B>(folded, plan, None)?;
         let values = fp8_gemm::QuantizedOperand::<B> { tensor, transposed }.dequantize(shape)?;
         Ok(Box::new(self.with(values)))
     }
@@ -267,7 +267,7 @@ pub(crate) fn values_for_features<B: TeBackend>(
     site: &GemmSite,
     operand: &SavedOperand<B>,
 ) -> Option<FloatTensor<B>> {
-    match burn_te::saved::values::<B>(operand.clone()) {
+    match burn_te::gemm::saved::values::<B>(operand.clone()) {
         Ok(values) => Some(values),
         Err(err) => {
             burn_te::fallback::record(
@@ -294,7 +294,7 @@ pub(crate) fn postquantized<B: TeBackend>(
     let quantized = match (fp8, operand) {
         (_, Saved::HighPrecision(operand)) if modified => Ok(operand.clone()),
         (None, _) => return None,
-        (Some(_), Saved::Quantized(_)) => burn_te::saved::values::<B>(operand.clone()),
+        (Some(_), Saved::Quantized(_)) => burn_te::gemm::saved::values::<B>(operand.clone()),
         (Some(recipe), Saved::HighPrecision(operand)) => {
             let shape = operand.shape();
             fp8_gemm::quantize_operand::<B>(

@@ -14,8 +14,8 @@ use burn::tensor::ops::FloatTensor;
 use super::linear::{Kept, save_flags};
 use crate::backend::{AutodiffInner, TeBackend};
 use crate::gemm::Gemm;
+use crate::gemm::saved::{Saved, SavedOperand};
 use crate::linear::grouped::slice_rows;
-use crate::saved::{Saved, SavedOperand};
 use crate::site::ExpertGemms;
 
 /// Experts in one backward node. Burn's nodes have a fixed number of parents, instantiated here for up to

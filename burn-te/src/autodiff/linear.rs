@@ -10,11 +10,11 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::ops::FloatTensor;
 
 use crate::backend::{AutodiffInner, TeBackend};
-use crate::fp8_gemm::fprop_quantization_serves_backward;
+use crate::gemm::fp8::fprop_quantization_serves_backward;
+use crate::gemm::saved::{Saved, SavedOperand, SavedQuantized};
 use crate::gemm::{Gemm, TensorRole};
 use crate::metrics::{increment_counter, names};
 use crate::recipe::Recipe;
-use crate::saved::{Saved, SavedOperand, SavedQuantized};
 use crate::site::GemmSite;
 
 /// The backward of `te_linear`: dgrad and wgrad with the forward's recipe on the operands it kept, bias gradient
@@ -26,7 +26,7 @@ struct TeLinearBackward {
 }
 
 /// An operand kept for the backward: the high-precision tensor through the checkpointer (so checkpointing
-/// strategies apply to it), or the forward's quantization of it (see [`crate::saved`]).
+/// strategies apply to it), or the forward's quantization of it (see [`crate::gemm::saved`]).
 #[derive(Clone, Debug)]
 pub(super) enum Kept<D> {
     Checkpointed(NodeId),
@@ -77,7 +77,7 @@ impl<D> Kept<D> {
 /// serves dgrad (TE's saved `weightmat`, a byte per weight until the backward instead of a second pass over the
 /// parameter there), in dgrad's layout made in the fprop's pass where a block recipe makes both at once (MXFP8:
 /// `TeBackend::fp8_quantize_block_pair`), and inside a micro-batch, whose cache holds dgrad's copy anyway (see
-/// `crate::microbatch`). Elsewhere (NVFP4) dgrad quantizes the parameter. A batched site's "weight" is an activation
+/// `crate::gemm::microbatch`). Elsewhere (NVFP4) dgrad quantizes the parameter. A batched site's "weight" is an activation
 /// (attention's k or v): kept quantized as x is.
 pub(super) fn save_flags(
     site: &GemmSite,
@@ -88,7 +88,7 @@ pub(super) fn save_flags(
     let quantize = |gemm| {
         recipe.is_some()
             && site.recipe_of(gemm, recipe) == recipe
-            && !crate::saved::saving_original_operands()
+            && !crate::gemm::saved::saving_original_operands()
     };
     let weight_free = recipe.is_some_and(|recipe| {
         fprop_quantization_serves_backward(recipe, TensorRole::Weight)
@@ -98,7 +98,7 @@ pub(super) fn save_flags(
         weight_tracked && quantize(Gemm::Wgrad),
         x_tracked
             && quantize(Gemm::Dgrad)
-            && (site.batched || weight_free || crate::microbatch::caching()),
+            && (site.batched || weight_free || crate::gemm::microbatch::caching()),
     ]
 }
 

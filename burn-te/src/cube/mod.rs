@@ -192,7 +192,7 @@ fn quantize<R: CubeRuntime, F: Float + CubeElement>(
             rht,
             amax_group,
         } => {
-            crate::nvfp4::check_scale_format(format)?;
+            crate::gemm::nvfp4::check_scale_format(format)?;
             let (rows, cols) = rows_cols(x.meta.shape());
             let buffer = if rht {
                 // The transform's output is f32 (bf16-rounded values); the global amax is the transformed one.
@@ -570,7 +570,7 @@ where
                     block::block_tensor_stats::<R, T>(client, &x.handle, rows, cols, block, rule, format)?
                 }
                 Some((format, Scaling::Nvfp4 { tile, rht, .. })) => {
-                    crate::nvfp4::check_scale_format(format)?;
+                    crate::gemm::nvfp4::check_scale_format(format)?;
                     let (rows, cols) = rows_cols(x.meta.shape());
                     if rht {
                         let transformed = nvfp4::rht::<R, T>(client, &x.handle, rows, cols, RHT_SIGN_MASK)?;

@@ -11,9 +11,9 @@ use burn::tensor::ops::FloatTensor;
 
 use super::{eager, flags, nonfinite, read_env, snapshot};
 use crate::backend::TeBackend;
+use crate::gemm::saved::{Saved, SavedOperand};
 use crate::metrics::{self, count_read, count_transfer, names};
 use crate::recipe::Recipe;
-use crate::saved::{Saved, SavedOperand};
 use crate::site::GemmSite;
 
 thread_local! {
@@ -85,7 +85,7 @@ pub fn observe_gemm<B: TeBackend>(
     // The operands' values, only when something looks at them (a clone keeps a buffer from being reused).
     let values = (track || eager || snapshots).then(|| {
         operands.clone().map(|operand| {
-            crate::saved::values::<B>(operand).map_err(|err| {
+            crate::gemm::saved::values::<B>(operand).map_err(|err| {
                 crate::fallback::record(
                     "diagnostics skipped",
                     format!("{site}: a kept operand could not be read for the diagnostics: {err}"),

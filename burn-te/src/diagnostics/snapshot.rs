@@ -202,7 +202,7 @@ pub(crate) fn hold<B: TeBackend>(
             [operands[0].0, operands[1].0]
                 .into_iter()
                 .filter_map(|role| {
-                    crate::fp8_gemm::delayed_state::<B>(site, delayed, role, &dev)
+                    crate::gemm::fp8::delayed_state::<B>(site, delayed, role, &dev)
                         .ok()
                         .map(|s| (role, s))
                 })

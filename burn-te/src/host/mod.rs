@@ -622,7 +622,7 @@ macro_rules! host_te_backend {
                         host::block_fp8_tensor_stats(&x, rows, cols, block, rule, format)?
                     }
                     Some((format, Scaling::Nvfp4 { tile, rht, .. })) => {
-                        crate::nvfp4::check_scale_format(format)?;
+                        crate::gemm::nvfp4::check_scale_format(format)?;
                         let (rows, cols) = rows_cols(&shape);
                         let transformed;
                         let input = if rht {
@@ -762,7 +762,7 @@ fn nvfp4_quantize<D>(
     device: D,
 ) -> Result<Fp8Tensor<HostFp8Data<D>>, TeError> {
     use burn_te_kernels::host::nvfp4;
-    crate::nvfp4::check_scale_format(format)?;
+    crate::gemm::nvfp4::check_scale_format(format)?;
     let (rows, cols) = rows_cols(&shape);
     let transformed;
     let input = if rht {

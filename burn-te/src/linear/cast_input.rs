@@ -1,6 +1,6 @@
 //! A norm or activation and the fprop GEMM that takes its output, as one op: the op's output quantized by the op's
 //! own pass under DelayedScaling ([`TeBackend::te_cast_input_forward`]), then the GEMM on those codes as
-//! [`linear_fprop`](crate::fp8_gemm::linear_fprop) runs it (TE's `LayerNormLinear` with its LayerNorm writing FP8,
+//! [`linear_fprop`](crate::gemm::fp8::linear_fprop) runs it (TE's `LayerNormLinear` with its LayerNorm writing FP8,
 //! `LayerNormMLP`'s GELU writing FC2's FP8 input). The op's output is never written in high precision: the codes
 //! are what the GEMM reads and what wgrad keeps.
 
@@ -9,13 +9,13 @@ use burn::tensor::ops::FloatTensor;
 
 use crate::backend::TeBackend;
 use crate::error::TeError;
-use crate::fp8_gemm::{
+use crate::fused::{CastInput, CastLinearForward, CastLinearFprop};
+use crate::gemm::TensorRole;
+use crate::gemm::fp8::{
     QuantizedOperand, fold_rows, fprop_quantization_serves_backward, prepare_fprop_quantized,
     with_delayed_state,
 };
-use crate::fused::{CastInput, CastLinearForward, CastLinearFprop};
-use crate::gemm::TensorRole;
-use crate::high_precision::dims;
+use crate::gemm::high_precision::dims;
 use crate::metrics::{count_launch, names};
 use crate::primitive::SavedQuantized;
 use crate::recipe::Recipe;

@@ -2,7 +2,7 @@
 //! either together ([`fprop`], [`dgrad`], [`wgrad`]: a backend that runs its layer GEMMs itself) or in turn
 //! through the backend's layer-GEMM ops ([`in_turn`]: decorators that look at each GEMM, autodiff).
 //!
-//! Together: each expert's operands are quantized as its layer's would be (`crate::fp8_gemm`'s `prepare_*`), then
+//! Together: each expert's operands are quantized as its layer's would be (`crate::gemm::fp8`'s `prepare_*`), then
 //! the FP8 experts' GEMMs go through [`TeBackend::fp8_gemm_grouped`]: the small ones in one call, a large one by
 //! itself as soon as it is quantized (see `run_together`). An expert without a recipe runs its
 //! high-precision GEMM; one whose quantization fails falls back alone; if the grouped GEMM fails, every expert in it
@@ -21,16 +21,16 @@ use super::backward::shared_recipe;
 use super::{count_high_precision, count_recipe, high_precision_backward};
 use crate::backend::{GroupedGradients, SavedOperand, TeBackend, grouped_linear_backward_in_turn};
 use crate::error::TeError;
-use crate::fp8_gemm::{
+use crate::gemm::Gemm;
+use crate::gemm::fp8::{
     PreparedGemm, QuantizedGradient, check_dgrad, check_wgrad, or_high_precision, prepare_dgrad,
     prepare_dgrad_quantized, prepare_fprop, prepare_wgrad, prepare_wgrad_quantized,
     quantize_gradient_for_both, record_without_rows, run_prepared,
 };
-use crate::gemm::Gemm;
-use crate::high_precision::high_precision_gemm;
+use crate::gemm::high_precision::high_precision_gemm;
+use crate::gemm::saved::{or_panic, values};
 use crate::primitive::SavedForBackward;
 use crate::recipe::Recipe;
-use crate::saved::{or_panic, values};
 use crate::site::{ExpertGemms, GemmSite};
 
 thread_local! {

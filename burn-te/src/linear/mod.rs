@@ -1,5 +1,5 @@
 //! The layer GEMMs of a backend that runs them itself (CubeCL, the host path, Burn's fusion): fprop, dgrad and
-//! wgrad in FP8 under a recipe ([`crate::fp8_gemm`]), in high precision without one, and in high precision again
+//! wgrad in FP8 under a recipe ([`crate::gemm::fp8`]), in high precision without one, and in high precision again
 //! when the FP8 GEMM fails (counted as a fallback). Decorators forward to their inner backend's instead. Both
 //! backward GEMMs on one quantized gradient: [`backward`]. A grouped linear layer's experts: [`grouped`]. A norm or
 //! activation and the fprop GEMM after it, the op writing the GEMM's FP8 input: [`cast_input`].
@@ -12,14 +12,14 @@ use burn::tensor::ops::FloatTensor;
 
 use crate::backend::{SavedOperand, TeBackend};
 use crate::error::TeError;
-use crate::fp8_gemm::{
+use crate::gemm::Gemm;
+use crate::gemm::fp8::{
     linear_dgrad, linear_fprop, linear_wgrad, or_high_precision, or_high_precision_saving,
 };
-use crate::gemm::Gemm;
-use crate::high_precision::high_precision_gemm;
+use crate::gemm::high_precision::high_precision_gemm;
+use crate::gemm::saved::{or_panic, values};
 use crate::primitive::SavedForBackward;
 use crate::recipe::Recipe;
-use crate::saved::{or_panic, values};
 use crate::site::GemmSite;
 
 /// `TeBackend::te_linear_fprop`: `x · weight + bias`, keeping the operands asked for in `save` quantized for the
@@ -180,7 +180,7 @@ macro_rules! te_linear_gemms {
             site: &$crate::GemmSite,
             recipe: Option<&$crate::Recipe>,
             save: [bool; 2],
-        ) -> ($crate::__private::FloatTensor<Self>, $crate::fp8_gemm::SavedForBackward<Self::Fp8Data>) {
+        ) -> ($crate::__private::FloatTensor<Self>, $crate::gemm::fp8::SavedForBackward<Self::Fp8Data>) {
             $crate::linear::fprop::<Self>(x, weight, bias, site, recipe, save)
         }
     };
@@ -228,7 +228,7 @@ macro_rules! te_linear_gemms {
             biases: Vec<Option<$crate::__private::FloatTensor<Self>>>,
             experts: &$crate::site::ExpertGemms,
             save: &[[bool; 2]],
-        ) -> ($crate::__private::FloatTensor<Self>, Vec<$crate::fp8_gemm::SavedForBackward<Self::Fp8Data>>) {
+        ) -> ($crate::__private::FloatTensor<Self>, Vec<$crate::gemm::fp8::SavedForBackward<Self::Fp8Data>>) {
             $crate::linear::$($functions)::+::fprop::<Self>(x, weights, biases, experts, save)
         }
         fn te_grouped_linear_dgrad(

@@ -1,5 +1,21 @@
-//! The three GEMMs of a linear layer (fprop, dgrad, wgrad) and the roles of the tensors they multiply: the
-//! vocabulary of recipes, FP8 states, sites and the debug tools.
+//! The GEMM path. This module: the three GEMMs of a linear layer (fprop, dgrad, wgrad) and the roles of the tensors
+//! they multiply, the vocabulary of recipes, FP8 states, sites and the debug tools (plain types at the bottom of the
+//! layers). Its submodules: the GEMMs built on the `TeBackend` trait, one layer up, which this module
+//! does not use:
+//! - [`fp8`]: a linear layer's FP8 GEMMs, each operand quantized as its recipe says;
+//! - [`nvfp4`]: NVFP4's operand plans and quantization;
+//! - [`saved`]: what the backward keeps of the forward's operands;
+//! - [`microbatch`]: weights quantized once per optimizer step;
+//! - `high_precision`: the GEMMs in high precision on Burn's own ops (no recipe, a fallback, the debug tools'
+//!   reference);
+//! - [`plain_linear`]: Burn's own `Linear` in an FP8 scope: its names, states and backward GEMMs.
+
+pub mod fp8;
+pub(crate) mod high_precision;
+pub mod microbatch;
+pub mod nvfp4;
+pub mod plain_linear;
+pub mod saved;
 
 /// One of a layer's three GEMMs.
 #[derive(

@@ -27,7 +27,7 @@ use core::cell::Cell;
 use burn::tensor::ops::FloatTensor;
 
 use crate::backend::{Fp8Tensor, TeBackend};
-use crate::high_precision::dims;
+use crate::gemm::high_precision::dims;
 use crate::primitive::SavedQuantized;
 use crate::recipe::Recipe;
 use crate::site::GemmSite;

@@ -6,10 +6,10 @@ use burn::tensor::ops::FloatTensor;
 
 use crate::backend::{Fp8Primitive, GroupedGemmOperands, SavedOperand, TeBackend};
 use crate::error::TeError;
+use crate::gemm::high_precision::dims;
+pub use crate::gemm::high_precision::fold_rows;
+use crate::gemm::nvfp4::Nvfp4Plan;
 use crate::gemm::{Gemm, TensorRole};
-use crate::high_precision::dims;
-pub use crate::high_precision::fold_rows;
-use crate::nvfp4::Nvfp4Plan;
 pub use crate::primitive::SavedForBackward;
 use crate::primitive::{Saved, SavedQuantized, Scaling};
 use crate::recipe::{DelayedScaling, Recipe};
@@ -92,7 +92,7 @@ pub(crate) fn with_delayed_state<B: TeBackend, T>(
 }
 
 /// A quantized GEMM operand: the tensor, and whether it holds the operand's transpose (NVFP4's columnwise copy, see
-/// [`crate::nvfp4`]), which the GEMM then reads transposed back.
+/// [`crate::gemm::nvfp4`]), which the GEMM then reads transposed back.
 pub struct QuantizedOperand<B: TeBackend> {
     /// The quantized tensor.
     pub tensor: Fp8Primitive<B>,
@@ -196,7 +196,7 @@ pub fn quantize_operand<B: TeBackend>(
             let wgrad = site.gemm == Gemm::Wgrad && !k_along_cols;
             let plan = Nvfp4Plan::new(r, site, role, k_along_cols, wgrad);
             let (tensor, transposed) =
-                crate::nvfp4::quantize::<B>(tensor, plan, site.amax_group(role))?;
+                crate::gemm::nvfp4::quantize::<B>(tensor, plan, site.amax_group(role))?;
             return Ok(QuantizedOperand { tensor, transposed });
         }
     };
@@ -432,7 +432,7 @@ pub(crate) fn record_without_rows<B: TeBackend>(
 }
 
 /// The weight as the fprop quantizes it, and (with `save`) as the dgrad will: from the first micro-batch's cache
-/// in a later micro-batch (see [`crate::microbatch`]), else quantized (and cached in a first micro-batch).
+/// in a later micro-batch (see [`crate::gemm::microbatch`]), else quantized (and cached in a first micro-batch).
 fn fprop_weight<B: TeBackend>(
     weight: FloatTensor<B>,
     site: &GemmSite,
@@ -442,7 +442,7 @@ fn fprop_weight<B: TeBackend>(
 ) -> Result<QuantizedAndKept<B>, TeError> {
     let overridden = override_margin.is_some();
     let role = TensorRole::Weight;
-    if let Some(cached) = crate::microbatch::cached::<B>(site, recipe, &weight, overridden) {
+    if let Some(cached) = crate::gemm::microbatch::cached::<B>(site, recipe, &weight, overridden) {
         let (tensor, transposed) = cached.fprop;
         let qw = QuantizedOperand { tensor, transposed };
         let saved = match (save, cached.dgrad) {
@@ -464,7 +464,7 @@ fn fprop_weight<B: TeBackend>(
     let gemms = [Gemm::Fprop, Gemm::Dgrad];
     let (qw, saved) =
         quantize_for::<B>(weight, recipe, site, role, gemms, (override_margin, save))?;
-    crate::microbatch::cache::<B>(
+    crate::gemm::microbatch::cache::<B>(
         site,
         recipe,
         shape,
@@ -687,7 +687,7 @@ fn backward_operand<B: TeBackend>(
         }
         Saved::Quantized(_) if override_margin.is_some() => Err(TeError::InvalidRecipe(format!(
             "{site}: the {role:?} was kept quantized by the forward, and a per-tensor scaling override \
-             needs the high-precision tensor (keep it: burn_te::saved::save_original_operands)"
+             needs the high-precision tensor (keep it: burn_te::save_original_operands)"
         ))),
         Saved::Quantized(q) => Ok(QuantizedOperand {
             tensor: q.tensor,
@@ -1096,7 +1096,7 @@ pub fn matmul<B: TeBackend>(
         Recipe::Nvfp4(r) => {
             let site = GemmSite::new("matmul", Gemm::Fprop);
             let plan = Nvfp4Plan::new(r, &site, TensorRole::Activation, k_along_cols, false);
-            let (tensor, transposed) = crate::nvfp4::quantize::<B>(t, plan, None)?;
+            let (tensor, transposed) = crate::gemm::nvfp4::quantize::<B>(t, plan, None)?;
             Ok(QuantizedOperand { tensor, transposed })
         }
     };

@@ -40,7 +40,7 @@ use crate::site::GemmSite;
 pub fn values<B: TeBackend>(saved: SavedOperand<B>) -> Result<FloatTensor<B>, TeError> {
     match saved {
         Saved::HighPrecision(tensor) => Ok(tensor),
-        Saved::Quantized(q) => crate::fp8_gemm::QuantizedOperand::<B> {
+        Saved::Quantized(q) => crate::gemm::fp8::QuantizedOperand::<B> {
             tensor: q.tensor,
             transposed: q.transposed,
         }
