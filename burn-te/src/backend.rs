@@ -8,6 +8,7 @@ use burn_te_kernels::{
 };
 
 use crate::error::TeError;
+use crate::fp8_state::site::{ExpertGemms, GemmSite};
 use crate::fused::{
     AttentionForward, AttentionMask, AttentionSpec, CastInput, CastInputForward, CastLinearFprop,
     DropoutMask, NormForward, NormGrads, NormSaved, NormSpec, Pointwise,
@@ -18,7 +19,6 @@ pub use crate::primitive::{
     Scaling, gemm_output_shape,
 };
 use crate::recipe::Recipe;
-use crate::site::{ExpertGemms, GemmSite};
 
 /// The inner backends of Burn's `Autodiff`: every backend, or with Burn's `distributed` feature (burn-te's `ddp`)
 /// the `DistributedBackend`s.

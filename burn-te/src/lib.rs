@@ -22,14 +22,14 @@
 //! ```
 //!
 //! # Layers
-//! Plain types at the bottom (`error`, `hash`, `recipe`, `primitive`, `metrics`, and the GEMM vocabulary in
-//! `gemm`), then the FP8 state (`fp8_state`), sites and autocast, the [`TeBackend`] trait (`backend`, with the fused
-//! element-wise ops' types in `fused`), the GEMM path built on it (`gemm::fp8`, `gemm::nvfp4`, `gemm::saved`,
-//! `gemm::microbatch`, `gemm::high_precision`, `gemm::plain_linear`, and `linear`), the backends that implement it
-//! (`cube`, `host` with its FP8 GEMM in `host::gemm`, `fusion`) and, on top, the decorators (`te`, `decorator`,
-//! `autodiff`, whose fused ops' backward nodes are in `fused::*`), the diagnostics that observe them through the
-//! `metrics` registry and the modules (`nn`). No module imports one above it (`tests/kernels/layering.rs` checks
-//! every crate for circles).
+//! Plain types at the bottom (`error`, `hash`, `recipe`, `primitive`, `metrics`, and the GEMM vocabulary in `gemm`),
+//! then the FP8 state (`fp8_state`, with its sites and autocast scope in `fp8_state::site` and `fp8_state::autocast`),
+//! the [`TeBackend`] trait (`backend`, with the fused element-wise ops' types in `fused`), the GEMM path built on it
+//! (`gemm::fp8`, `gemm::nvfp4`, `gemm::saved`, `gemm::microbatch`, `gemm::high_precision`, `gemm::plain_linear`, and
+//! `linear`), the backends that implement it (`cube`, `host` with its FP8 GEMM in `host::gemm`, `fusion`) and, on top,
+//! the decorators (`te`, `decorator`, `autodiff`, whose fused ops' backward nodes are in `fused::*`), the diagnostics
+//! that observe them through the `metrics` registry and the modules (`nn`). No module imports one above it
+//! (`tests/kernels/layering.rs` checks every crate for circles).
 //!
 //! # Burn coupling
 //! Burn 0.22 removed the backend type parameter from `Tensor`, so a decorator backend cannot plug in there; what a
@@ -40,10 +40,10 @@
 //!   `distributed`, `fp8_state`, `fused::activation`, `fused::attention`, `fused::cast_linear`, `fused::dropout`,
 //!   `fused::norm`, `fused::softmax`, `fusion`, `gemm::fp8`, `gemm::high_precision`, `gemm::microbatch`,
 //!   `gemm::nvfp4`, `gemm::plain_linear`, `gemm::saved`, `host`, `linear`, `nn`, `optim`, `readback`, `te`.
-//! - Plain: `autocast`, `data`, `diagnostics`, `diagnostics::trace`, `distributed::launch`, `error`, `fallback`,
-//!   `fused`, `gemm`, `hash`, `host::gemm`, `metrics`, `plan`, `primitive`, `recipe`, `settings`, `site`.
+//! - Plain: `data`, `diagnostics`, `diagnostics::trace`, `distributed::launch`, `error`, `fallback`,
+//!   `fp8_state::autocast`, `fp8_state::site`, `fused`, `gemm`, `hash`, `host::gemm`, `metrics`, `plan`,
+//!   `primitive`, `recipe`, `settings`.
 
-mod autocast;
 mod autodiff;
 pub mod backend;
 pub mod cube;
@@ -72,14 +72,8 @@ mod primitive;
 mod readback;
 pub mod recipe;
 pub mod settings;
-pub mod site;
 mod te;
 
-pub use autocast::{
-    AutocastGuard, ScopeRecipe, active_plan, active_recipe, fp8_autocast, fp8_autocast_guard,
-    fp8_autocast_guard_with, fp8_autocast_with, generation, is_fp8_enabled,
-    seed_stochastic_rounding,
-};
 pub use backend::{
     ElementFormat, Fp8HostData, Fp8Primitive, Fp8Tensor, Nvfp4Scales, Scaling, TeBackend,
 };
@@ -92,6 +86,12 @@ pub use data::{fake_quant, quantize, tensor_stats};
 pub use decorator::Decorator;
 pub use error::TeError;
 pub use fallback::fallback_counts;
+pub use fp8_state::autocast::{
+    AutocastGuard, ScopeRecipe, active_plan, active_recipe, fp8_autocast, fp8_autocast_guard,
+    fp8_autocast_guard_with, fp8_autocast_with, generation, is_fp8_enabled,
+    seed_stochastic_rounding,
+};
+pub use fp8_state::site::GemmSite;
 pub use fp8_state::{
     DelayedStateView, Fp8LinearStates, Fp8Meta, LayerFp8State, PlainLinearStates, RoleRecord,
 };
@@ -104,7 +104,6 @@ pub use recipe::{
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MXFP8BlockScaling,
     NVFP4BlockScaling, Recipe,
 };
-pub use site::GemmSite;
 pub use te::Te;
 
 #[doc(hidden)]

@@ -24,11 +24,11 @@ use burn::tensor::{TensorData, TransactionPrimitive};
 use crate::backend::TeBackend;
 use crate::decorator::Decorator;
 use crate::diagnostics;
+use crate::fp8_state::site::{ExpertGemms, GemmSite};
 use crate::gemm::Gemm;
 use crate::linear::{self, grouped};
-use crate::site::{ExpertGemms, GemmSite};
 
-use crate::autocast;
+use crate::fp8_state::autocast;
 use crate::gemm::fp8 as fp8_gemm;
 use crate::gemm::plain_linear::{plain_linear_backward, plain_linear_forward};
 use crate::gemm::saved::{self, Saved, SavedOperand};

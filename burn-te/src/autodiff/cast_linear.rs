@@ -12,9 +12,9 @@ use burn::tensor::ops::FloatTensor;
 use super::linear::{Kept, backward_gemms, save_flags};
 use crate::backend::{AutodiffInner, TeBackend};
 use crate::error::TeError;
+use crate::fp8_state::site::GemmSite;
 use crate::fused::{CastInput, CastInputSaved, NormOperands};
 use crate::recipe::Recipe;
-use crate::site::GemmSite;
 
 /// The op before the GEMM as its backward runs it: which op, and whether the norm has β.
 #[derive(Clone, Copy, Debug)]

@@ -13,10 +13,10 @@ use burn::tensor::ops::FloatTensor;
 
 use super::linear::{Kept, save_flags};
 use crate::backend::{AutodiffInner, TeBackend};
+use crate::fp8_state::site::ExpertGemms;
 use crate::gemm::Gemm;
 use crate::gemm::saved::{Saved, SavedOperand};
 use crate::linear::grouped::slice_rows;
-use crate::site::ExpertGemms;
 
 /// Experts in one backward node. Burn's nodes have a fixed number of parents, instantiated here for up to
 /// `1 + 2 · MAX_EXPERTS`; `GroupedLinear` runs a larger group in chunks of this many.

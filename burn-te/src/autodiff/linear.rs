@@ -10,12 +10,12 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::ops::FloatTensor;
 
 use crate::backend::{AutodiffInner, TeBackend};
+use crate::fp8_state::site::GemmSite;
 use crate::gemm::fp8::fprop_quantization_serves_backward;
 use crate::gemm::saved::{Saved, SavedOperand, SavedQuantized};
 use crate::gemm::{Gemm, TensorRole};
 use crate::metrics::{increment_counter, names};
 use crate::recipe::Recipe;
-use crate::site::GemmSite;
 
 /// The backward of `te_linear`: dgrad and wgrad with the forward's recipe on the operands it kept, bias gradient
 /// in high precision.

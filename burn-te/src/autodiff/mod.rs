@@ -24,10 +24,10 @@ use crate::backend::{
     AutodiffInner, Fp8HostData, Fp8Primitive, GroupedGemmOperands, Scaling, TeBackend,
 };
 use crate::error::TeError;
+use crate::fp8_state::site::{ExpertGemms, GemmSite};
 use crate::fused::{AttentionMask, AttentionSpec, CastInput, DropoutMask, NormSpec, Pointwise};
 use crate::primitive::SavedForBackward;
 use crate::recipe::Recipe;
-use crate::site::{ExpertGemms, GemmSite};
 
 impl<B: TeBackend + AutodiffInner, C: CheckpointStrategy> TeBackend for Autodiff<B, C> {
     type Fp8Data = B::Fp8Data;

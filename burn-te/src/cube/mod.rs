@@ -230,7 +230,7 @@ fn quantize<R: CubeRuntime, F: Float + CubeElement>(
 fn group_amax<R: CubeRuntime>(
     client: &ComputeClient<R>,
     amax: Handle,
-    group: Option<&dyn crate::site::AmaxGroup>,
+    group: Option<&dyn crate::fp8_state::site::AmaxGroup>,
 ) -> Result<Handle, TeError> {
     let Some(group) = group else {
         return Ok(amax);

@@ -14,8 +14,8 @@ use burn::tensor::ops::FloatTensor;
 use super::nonfinite::{self, NonFiniteOrigin, OriginTensor};
 use super::{flags, iteration, snapshot};
 use crate::backend::TeBackend;
+use crate::fp8_state::site::GemmSite;
 use crate::metrics::{self, names};
-use crate::site::GemmSite;
 
 /// Syncs `output`'s device and checks `output` for NaN/Inf; reports the first of the iteration.
 pub(crate) fn check<B: TeBackend>(

@@ -20,9 +20,9 @@ use burn::tensor::TensorMetadata;
 use burn::tensor::ops::FloatTensor;
 
 use crate::backend::TeBackend;
+use crate::fp8_state::site::GemmSite;
 use crate::gemm::{Gemm, TensorRole};
 use crate::metrics::{self, names};
-use crate::site::GemmSite;
 
 /// Which tensor of a GEMM held the value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

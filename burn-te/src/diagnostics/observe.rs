@@ -11,10 +11,10 @@ use burn::tensor::ops::FloatTensor;
 
 use super::{eager, flags, nonfinite, read_env, snapshot};
 use crate::backend::TeBackend;
+use crate::fp8_state::site::GemmSite;
 use crate::gemm::saved::{Saved, SavedOperand};
 use crate::metrics::{self, count_read, count_transfer, names};
 use crate::recipe::Recipe;
-use crate::site::GemmSite;
 
 thread_local! {
     /// Set by a layer GEMM that checked its own output (with its site), so that the op that issued it (Burn's

@@ -30,10 +30,10 @@ use safetensors::tensor::TensorView;
 use super::nonfinite::NonFiniteOrigin;
 use super::{DiagnosticsError, flags, iteration, rank};
 use crate::backend::TeBackend;
+use crate::fp8_state::site::GemmSite;
 use crate::gemm::TensorRole;
 use crate::metrics;
 use crate::recipe::Recipe;
-use crate::site::GemmSite;
 
 /// Where and when snapshots are written.
 #[derive(Config, Debug)]

@@ -7,6 +7,9 @@
 //! - [`Fp8LinearStates`]: the states of a model's plain `burn::nn::Linear` layers, by their call-order names
 //!   (`linear0`, ...). Give one to [`fp8_autocast_with`](crate::fp8_autocast_with) per model; without one, a
 //!   thread's plain linears share the thread's default.
+//! - Beside them in this folder, the two things that carry a state to its GEMMs: the autocast scope (`autocast`:
+//!   generations, the active recipe or plan, the stochastic-rounding stream) and the GEMM's [`site`] (layer, GEMM,
+//!   the layer's state and recipes).
 //!
 //! # When a scale changes
 //! TE's rule: every use of a tensor in iteration `n` (its fprop, dgrad and wgrad) quantizes with the scale from
@@ -32,7 +35,9 @@ use crate::error::TeError;
 use crate::gemm::TensorRole;
 use crate::recipe::{DelayedScaling, Recipe};
 
+pub(crate) mod autocast;
 mod device;
+pub mod site;
 
 const ROLES: [TensorRole; 3] = [
     TensorRole::Activation,

@@ -7,8 +7,8 @@ use burn::tensor::TensorPrimitive;
 use super::{CastInput, NormOperands, NormSpec, Pointwise};
 use crate::backend::TeBackend;
 use crate::error::TeError;
+use crate::fp8_state::site::GemmSite;
 use crate::recipe::Recipe;
-use crate::site::GemmSite;
 
 /// The op before a GEMM, on a module's tensors: a norm's γ, β and spec, or an activation.
 pub(crate) enum InputOp<B: Backend> {

@@ -6,6 +6,7 @@ use burn::tensor::ops::FloatTensor;
 
 use crate::backend::{Fp8Primitive, GroupedGemmOperands, SavedOperand, TeBackend};
 use crate::error::TeError;
+use crate::fp8_state::site::GemmSite;
 use crate::gemm::high_precision::dims;
 pub use crate::gemm::high_precision::fold_rows;
 use crate::gemm::nvfp4::Nvfp4Plan;
@@ -13,7 +14,6 @@ use crate::gemm::{Gemm, TensorRole};
 pub use crate::primitive::SavedForBackward;
 use crate::primitive::{Saved, SavedQuantized, Scaling};
 use crate::recipe::{DelayedScaling, Recipe};
-use crate::site::GemmSite;
 
 /// Returns the FP8 result, or on an error records the fallback (counted, logged, shown in the debug main log; see
 /// [`crate::fallback`]) and runs the high-precision op instead (Burn ops cannot fail).
@@ -249,7 +249,7 @@ fn quantize_batched<B: TeBackend>(
 fn quantize_shard<B: TeBackend>(
     tensor: FloatTensor<B>,
     format: burn_te_kernels::Fp8Format,
-    group: &dyn crate::site::AmaxGroup,
+    group: &dyn crate::fp8_state::site::AmaxGroup,
     site: &GemmSite,
     role: TensorRole,
 ) -> Result<Fp8Primitive<B>, TeError> {

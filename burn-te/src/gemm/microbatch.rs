@@ -27,10 +27,10 @@ use core::cell::Cell;
 use burn::tensor::ops::FloatTensor;
 
 use crate::backend::{Fp8Tensor, TeBackend};
+use crate::fp8_state::site::GemmSite;
 use crate::gemm::high_precision::dims;
 use crate::primitive::SavedQuantized;
 use crate::recipe::Recipe;
-use crate::site::GemmSite;
 
 thread_local! {
     static MICROBATCH: Cell<Option<bool>> = const { Cell::new(None) };

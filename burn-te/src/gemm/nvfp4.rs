@@ -20,9 +20,9 @@ use burn_te_kernels::nvfp4::{BLOCK, Nvfp4Rounding, Nvfp4Tile};
 
 use crate::backend::{Fp8Primitive, Scaling, TeBackend};
 use crate::error::TeError;
+use crate::fp8_state::site::GemmSite;
 use crate::gemm::TensorRole;
 use crate::recipe::NVFP4BlockScaling;
-use crate::site::GemmSite;
 
 /// How one GEMM operand is quantized to NVFP4.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,7 +94,7 @@ fn seed(site: &GemmSite, role: TensorRole) -> u32 {
 pub fn quantize<B: TeBackend>(
     tensor: FloatTensor<B>,
     plan: Nvfp4Plan,
-    amax_group: Option<&dyn crate::site::AmaxGroup>,
+    amax_group: Option<&dyn crate::fp8_state::site::AmaxGroup>,
 ) -> Result<(Fp8Primitive<B>, bool), TeError> {
     let quantized = B::fp8_quantize(
         operand_layout::<B>(tensor, plan)?,

@@ -21,11 +21,11 @@ use std::sync::Arc;
 
 use burn::tensor::ops::FloatTensor;
 
-use crate::autocast;
 use crate::backend::TeBackend;
+use crate::fp8_state::autocast;
+use crate::fp8_state::site::GemmSite;
 use crate::gemm::Gemm;
 use crate::recipe::Recipe;
-use crate::site::GemmSite;
 
 /// A plain linear's forward in this generation.
 #[derive(Debug)]

@@ -32,8 +32,8 @@ use burn::tensor::ops::FloatTensor;
 pub use crate::backend::SavedOperand;
 use crate::backend::TeBackend;
 use crate::error::TeError;
+use crate::fp8_state::site::GemmSite;
 pub use crate::primitive::{Saved, SavedQuantized};
-use crate::site::GemmSite;
 
 /// The values the backward GEMM multiplies: the high-precision tensor, or the quantized one dequantized (transposed
 /// back; an NVFP4 input under the RHT stays transformed, as the GEMM sees it).

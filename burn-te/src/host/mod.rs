@@ -758,7 +758,7 @@ fn nvfp4_quantize<D>(
         burn_te_kernels::nvfp4::Nvfp4Rounding,
         bool,
     ),
-    amax_group: Option<&dyn crate::site::AmaxGroup>,
+    amax_group: Option<&dyn crate::fp8_state::site::AmaxGroup>,
     device: D,
 ) -> Result<Fp8Tensor<HostFp8Data<D>>, TeError> {
     use burn_te_kernels::host::nvfp4;

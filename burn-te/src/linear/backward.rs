@@ -15,13 +15,13 @@ use burn::tensor::ops::FloatTensor;
 
 use crate::backend::{SavedOperand, TeBackend, linear_backward_in_turn};
 use crate::diagnostics::gemm_span;
+use crate::fp8_state::site::GemmSite;
 use crate::gemm::Gemm;
 use crate::gemm::fp8::{
     PreparedGemm, check_dgrad, check_wgrad, prepare_dgrad_quantized, prepare_wgrad_quantized,
     quantize_gradient_for_both,
 };
 use crate::recipe::Recipe;
-use crate::site::GemmSite;
 
 use super::fp8_backward_or_high_precision;
 

@@ -9,6 +9,7 @@ use burn::tensor::ops::FloatTensor;
 
 use crate::backend::TeBackend;
 use crate::error::TeError;
+use crate::fp8_state::site::GemmSite;
 use crate::fused::{CastInput, CastLinearForward, CastLinearFprop};
 use crate::gemm::TensorRole;
 use crate::gemm::fp8::{
@@ -19,7 +20,6 @@ use crate::gemm::high_precision::dims;
 use crate::metrics::{count_launch, names};
 use crate::primitive::SavedQuantized;
 use crate::recipe::Recipe;
-use crate::site::GemmSite;
 
 /// [`TeBackend::te_cast_linear_fprop`] of a backend that runs its GEMMs: `None` under any recipe but
 /// DelayedScaling, for a batched site, where the shapes do not chain (the ops apart then name the error) and where

@@ -21,6 +21,7 @@ use super::backward::shared_recipe;
 use super::{count_high_precision, count_recipe, high_precision_backward};
 use crate::backend::{GroupedGradients, SavedOperand, TeBackend, grouped_linear_backward_in_turn};
 use crate::error::TeError;
+use crate::fp8_state::site::{ExpertGemms, GemmSite};
 use crate::gemm::Gemm;
 use crate::gemm::fp8::{
     PreparedGemm, QuantizedGradient, check_dgrad, check_wgrad, or_high_precision, prepare_dgrad,
@@ -31,7 +32,6 @@ use crate::gemm::high_precision::high_precision_gemm;
 use crate::gemm::saved::{or_panic, values};
 use crate::primitive::SavedForBackward;
 use crate::recipe::Recipe;
-use crate::site::{ExpertGemms, GemmSite};
 
 thread_local! {
     static IN_TURN: Cell<bool> = const { Cell::new(false) };
@@ -406,9 +406,9 @@ pub mod in_turn {
 
     use super::{concat_rows, slice_rows, without_rows};
     use crate::backend::{SavedOperand, TeBackend};
+    use crate::fp8_state::site::ExpertGemms;
     use crate::gemm::Gemm;
     use crate::primitive::SavedForBackward;
-    use crate::site::ExpertGemms;
 
     /// `TeBackend::te_grouped_linear_fprop`, each expert's `te_linear_fprop` in turn.
     pub fn fprop<B: TeBackend>(

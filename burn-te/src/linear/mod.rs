@@ -12,6 +12,7 @@ use burn::tensor::ops::FloatTensor;
 
 use crate::backend::{SavedOperand, TeBackend};
 use crate::error::TeError;
+use crate::fp8_state::site::GemmSite;
 use crate::gemm::Gemm;
 use crate::gemm::fp8::{
     linear_dgrad, linear_fprop, linear_wgrad, or_high_precision, or_high_precision_saving,
@@ -20,7 +21,6 @@ use crate::gemm::high_precision::high_precision_gemm;
 use crate::gemm::saved::{or_panic, values};
 use crate::primitive::SavedForBackward;
 use crate::recipe::Recipe;
-use crate::site::GemmSite;
 
 /// `TeBackend::te_linear_fprop`: `x · weight + bias`, keeping the operands asked for in `save` quantized for the
 /// backward.
@@ -215,7 +215,7 @@ macro_rules! te_linear_gemms {
             weights: Option<Vec<Option<$crate::SavedOperand<Self>>>>,
             xs: Vec<Option<$crate::SavedOperand<Self>>>,
             grad: $crate::__private::FloatTensor<Self>,
-            experts: [&$crate::site::ExpertGemms; 2],
+            experts: [&$crate::fp8_state::site::ExpertGemms; 2],
         ) -> $crate::backend::GroupedGradients<Self> {
             $crate::linear::grouped::backward::<Self>(weights, xs, grad, experts)
         }
@@ -226,7 +226,7 @@ macro_rules! te_linear_gemms {
             x: $crate::__private::FloatTensor<Self>,
             weights: Vec<$crate::__private::FloatTensor<Self>>,
             biases: Vec<Option<$crate::__private::FloatTensor<Self>>>,
-            experts: &$crate::site::ExpertGemms,
+            experts: &$crate::fp8_state::site::ExpertGemms,
             save: &[[bool; 2]],
         ) -> ($crate::__private::FloatTensor<Self>, Vec<$crate::gemm::fp8::SavedForBackward<Self::Fp8Data>>) {
             $crate::linear::$($functions)::+::fprop::<Self>(x, weights, biases, experts, save)
@@ -234,14 +234,14 @@ macro_rules! te_linear_gemms {
         fn te_grouped_linear_dgrad(
             weights: Vec<Option<$crate::SavedOperand<Self>>>,
             grad: $crate::__private::FloatTensor<Self>,
-            experts: &$crate::site::ExpertGemms,
+            experts: &$crate::fp8_state::site::ExpertGemms,
         ) -> $crate::__private::FloatTensor<Self> {
             $crate::linear::$($functions)::+::dgrad::<Self>(weights, grad, experts)
         }
         fn te_grouped_linear_wgrad(
             xs: Vec<Option<$crate::SavedOperand<Self>>>,
             grad: $crate::__private::FloatTensor<Self>,
-            experts: &$crate::site::ExpertGemms,
+            experts: &$crate::fp8_state::site::ExpertGemms,
         ) -> Vec<Option<$crate::__private::FloatTensor<Self>>> {
             $crate::linear::$($functions)::+::wgrad::<Self>(xs, grad, experts)
         }

@@ -14,13 +14,13 @@ use burn::tensor::{TensorData, TensorPrimitive};
 use super::linear::{fp8_attention_at, te_bmm};
 use super::names::LayerName;
 use super::{config_error, dropout, or_panic};
-use crate::autocast::high_precision_guard;
 use crate::backend::TeBackend;
 use crate::error::TeError;
 use crate::fp8_state::Fp8Meta;
+use crate::fp8_state::autocast::high_precision_guard;
+use crate::fp8_state::site::Sharding;
 use crate::fused::attention::AttentionInputs;
 use crate::fused::{self, AttentionSpec};
-use crate::site::Sharding;
 
 /// The module type of the attention GEMMs' sites (TE's snake case).
 const KIND: &str = "dot_product_attention";

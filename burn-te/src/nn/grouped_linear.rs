@@ -28,7 +28,7 @@ use crate::autodiff::MAX_EXPERTS;
 use crate::backend::TeBackend;
 use crate::error::TeError;
 use crate::fp8_state::Fp8Meta;
-use crate::site::ExpertGemms;
+use crate::fp8_state::site::ExpertGemms;
 
 /// Config of [`GroupedLinear`], with TE's argument names.
 #[derive(Config, Debug)]

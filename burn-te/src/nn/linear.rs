@@ -9,15 +9,15 @@ use super::names::LayerName;
 use super::norm::{Norm, rename};
 use super::parallel::{ParallelMode, TensorParallel};
 use super::{ModuleOutput, check_features, or_panic};
-use crate::autocast::{ScopeRecipe, active_scope_recipe, layer_recipes};
 use crate::backend::TeBackend;
 use crate::error::TeError;
 use crate::fp8_state::Fp8Meta;
+use crate::fp8_state::autocast::{ScopeRecipe, active_scope_recipe, layer_recipes};
+use crate::fp8_state::site::{GemmSite, Sharding};
 use crate::fused;
 use crate::fused::cast_linear::InputOp;
 use crate::gemm::Gemm;
 use crate::recipe::Recipe;
-use crate::site::{GemmSite, Sharding};
 
 /// Config of [`Linear`].
 #[derive(Config, Debug)]

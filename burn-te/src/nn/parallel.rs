@@ -27,7 +27,7 @@ use crate::backend::TeBackend;
 use crate::distributed::tensor_parallel::{TpCollective, TpExchange, TpGroup};
 use crate::error::TeError;
 #[cfg(feature = "distributed")]
-use crate::site::{AmaxGroup, Sharding};
+use crate::fp8_state::site::{AmaxGroup, Sharding};
 
 /// A GEMM layer's weight `[in, out]` and bias `[out]`.
 pub(crate) type GemmParams<B> = (Param<Tensor<B, 2>>, Option<Param<Tensor<B, 1>>>);
@@ -298,8 +298,8 @@ impl TensorParallel {
     }
 
     /// The group's amax reduction for GEMMs all of whose operands are sharded (the attention's, split by heads).
-    pub(crate) fn all_sharded(&self) -> Option<crate::site::Sharding> {
-        self.sharding().map(|s| crate::site::Sharding {
+    pub(crate) fn all_sharded(&self) -> Option<crate::fp8_state::site::Sharding> {
+        self.sharding().map(|s| crate::fp8_state::site::Sharding {
             roles: vec![
                 TensorRole::Activation,
                 TensorRole::Weight,
@@ -310,7 +310,7 @@ impl TensorParallel {
     }
 
     /// The sharded operands of the layer's GEMMs and their group, for its GEMM sites.
-    pub(crate) fn sharding(&self) -> Option<crate::site::Sharding> {
+    pub(crate) fn sharding(&self) -> Option<crate::fp8_state::site::Sharding> {
         #[cfg(feature = "distributed")]
         return (self.size > 1).then(|| self.sharding.clone());
         #[cfg(not(feature = "distributed"))]

@@ -75,7 +75,7 @@ impl GemmSite {
             gemm,
             fp8: None,
             generation: 0,
-            rounding: crate::autocast::rounding_draw(),
+            rounding: crate::fp8_state::autocast::rounding_draw(),
             follows_dgrad: false,
             recipes: None,
             batched: false,
@@ -129,7 +129,7 @@ impl GemmSite {
 
     /// The same site with the layer's FP8 state, for a GEMM of the current autocast generation.
     pub fn with_state(self, fp8: &LayerFp8State) -> Self {
-        self.with_state_at(fp8, crate::autocast::generation())
+        self.with_state_at(fp8, crate::fp8_state::autocast::generation())
     }
 
     /// The same site with the layer's FP8 state, for a GEMM of `generation`.
