@@ -25,7 +25,7 @@ use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, TensorPrimitive};
-use burn_te::cube::gemm_path::{
+use burn_te::backends::cube::gemm_path::{
     CublasLtStream, DeviceGemmPath, with_cublaslt_stream, with_device_gemm_path, with_tiled_routine,
 };
 use burn_te::nn::TransformerLayerConfig;

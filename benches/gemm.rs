@@ -6,7 +6,7 @@
 use burn::backend::wgpu::WgpuDevice;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_te::backends::Wgpu;
-use burn_te::cube::gemm_path::{DeviceGemmPath, with_device_gemm_path};
+use burn_te::backends::cube::gemm_path::{DeviceGemmPath, with_device_gemm_path};
 use burn_te::{Fp8Format, Fp8Primitive, Scaling, TeBackend};
 use common::BlockScaled;
 use criterion::measurement::WallTime;

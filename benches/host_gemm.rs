@@ -33,10 +33,10 @@ mod twice_rate;
 use burn::backend::{Autodiff, Flex};
 use burn::prelude::*;
 use burn::tensor::Distribution;
+use burn_te::backends::host::gemm::{HostGemmPath, with_host_gemm_path};
 use burn_te::fused::{
     with_composed_attention_core, with_composed_elementwise, with_input_cast_unfused,
 };
-use burn_te::host::gemm::{HostGemmPath, with_host_gemm_path};
 use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
 use burn_te::{BlockScaleRule, Fp8Format, Fp8Primitive, ScaleBlock, Scaling, Te, TeBackend};
 use criterion::{Criterion, Throughput, criterion_group};
@@ -615,7 +615,7 @@ fn step_medians(hidden: usize, steps: usize) {
         warm_up[0],
         warm_up[1]
     );
-    for tuning in burn_te::host::gemm::host_gemm_tunings() {
+    for tuning in burn_te::backends::host::gemm::host_gemm_tunings() {
         println!("  tuned {tuning}");
     }
     // The same FP8 step with each norm and activation apart from the FP8 cast of its output, then fused again:
@@ -680,7 +680,7 @@ fn step_server(hidden: usize, dropout_percent: usize) -> Result<(), String> {
 /// report's counters.
 fn gemms_during(run: impl FnOnce()) -> Vec<(HostGemmPath, u64)> {
     let gemms_on = |path: HostGemmPath| {
-        let name = format!("{}({path})", burn_te::host::gemm::HOST_FP8_GEMM);
+        let name = format!("{}({path})", burn_te::backends::host::gemm::HOST_FP8_GEMM);
         burn_te::diagnostics::counter_value(&name).unwrap_or(0)
     };
     let before = HostGemmPath::ALL.map(gemms_on);

@@ -647,7 +647,7 @@ fn write_outputs(args: &Args, results: &[(&Run, Measured)]) -> Result<(), Error>
         burn_te_suite::device::fp8_gemm_paths().is_some_and(|p| p.contains("host "));
     if host_gemms_ran {
         // The paths' accumulation orders differ in the last bits: a rerun matches only on the same paths.
-        let choices = burn_te::host::gemm::host_gemm_choices().replace("\n  ", "\n- ");
+        let choices = burn_te::backends::host::gemm::host_gemm_choices().replace("\n  ", "\n- ");
         writeln!(summary, "\nHost FP8 GEMMs: {choices}")?;
     }
     std::fs::write(args.out.join("summary.md"), summary)?;

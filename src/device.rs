@@ -238,12 +238,12 @@ pub fn wgpu_adapter() -> Option<WgpuAdapter> {
 }
 
 /// Prints `FP8 GEMMs by path: <`[`fp8_gemm_paths`]`>` at the end of an example's training, where any ran, for
-/// host GEMMs what chose their paths (`burn_te::host::gemm::host_gemm_choices`), and the `fallbacks` where any.
+/// host GEMMs what chose their paths (`burn_te::backends::host::gemm::host_gemm_choices`), and the `fallbacks` where any.
 pub fn print_fp8_gemm_paths() {
     if let Some(paths) = fp8_gemm_paths() {
         println!("FP8 GEMMs by path: {paths}");
         if paths.contains("host ") {
-            println!("{}", burn_te::host::gemm::host_gemm_choices());
+            println!("{}", burn_te::backends::host::gemm::host_gemm_choices());
         }
     }
     if let Some(fallbacks) = fallbacks() {
@@ -268,8 +268,11 @@ fn fallbacks() -> Option<String> {
 /// `DeviceFp8Gemm(tiled)`): `host avx512bf16 (vdpbf16ps zmm) × 60`, or `None` before any FP8 GEMM.
 pub fn fp8_gemm_paths() -> Option<String> {
     let prefixes = [
-        (burn_te::host::gemm::HOST_FP8_GEMM, "host"),
-        (burn_te::cube::gemm_path::DEVICE_FP8_GEMM, "device"),
+        (burn_te::backends::host::gemm::HOST_FP8_GEMM, "host"),
+        (
+            burn_te::backends::cube::gemm_path::DEVICE_FP8_GEMM,
+            "device",
+        ),
     ];
     let mut paths = Vec::new();
     for name in burn_te::diagnostics::counter_names() {
@@ -279,7 +282,7 @@ pub fn fp8_gemm_paths() -> Option<String> {
                 .and_then(|rest| rest.strip_prefix('('))
                 .and_then(|rest| rest.strip_suffix(')'));
             if let (Some(path), Some(count)) = (path, burn_te::diagnostics::counter_value(&name)) {
-                let instruction = burn_te::host::gemm::HostGemmPath::from_name(path)
+                let instruction = burn_te::backends::host::gemm::HostGemmPath::from_name(path)
                     .filter(|_| kind == "host")
                     .map(|host| format!(" ({})", host.instruction()))
                     .unwrap_or_default();

@@ -26,27 +26,27 @@
 //! then the FP8 state (`fp8_state`, with its sites and autocast scope in `fp8_state::site` and `fp8_state::autocast`),
 //! the [`TeBackend`] trait (`backend`, with the fused element-wise ops' types in `fused`), the GEMM path built on it
 //! (`gemm::fp8`, `gemm::nvfp4`, `gemm::saved`, `gemm::microbatch`, `gemm::high_precision`, `gemm::plain_linear`, and
-//! `linear`), the backends that implement it (`cube`, `host` with its FP8 GEMM in `host::gemm`, `fusion`) and, on top,
-//! the decorators (`te`, `decorator`, `autodiff`, whose fused ops' backward nodes are in `fused::*`), the diagnostics
-//! that observe them through the `metrics` registry and the modules (`nn`). No module imports one above it
+//! `linear`), the backends that implement it (`backends`: `cube`, `host` with its FP8 GEMM in `host::gemm`, `fusion`)
+//! and, on top, the decorators (`te`, `decorator`, `autodiff`, whose fused ops' backward nodes are in `fused::*`), the
+//! diagnostics that observe them through the `metrics` registry and the modules (`nn`). No module imports one above it
 //! (`tests/kernels/layering.rs` checks every crate for circles).
 //!
 //! # Burn coupling
 //! Burn 0.22 removed the backend type parameter from `Tensor`, so a decorator backend cannot plug in there; what a
 //! port to another Burn runtime would replace is the code on Burn's backend-generic API (`Backend`, `Tensor<B, D>`,
 //! `B::` ops, `Module`), named here and checked by `tests/kernels/layering.rs`:
-//! - Burn-generic: `autodiff`, `backend`, `cube`, `ddp`, `decorator`, `diagnostics::closures`,
+//! - Burn-generic: `autodiff`, `backend`, `backends`, `ddp`, `decorator`, `diagnostics::closures`,
 //!   `diagnostics::eager`, `diagnostics::nonfinite`, `diagnostics::observe`, `diagnostics::snapshot`,
 //!   `distributed`, `fp8_state`, `fused::activation`, `fused::attention`, `fused::cast_linear`, `fused::dropout`,
-//!   `fused::norm`, `fused::softmax`, `fusion`, `gemm::fp8`, `gemm::high_precision`, `gemm::microbatch`,
-//!   `gemm::nvfp4`, `gemm::plain_linear`, `gemm::saved`, `host`, `linear`, `nn`, `optim`, `readback`, `te`.
-//! - Plain: `data`, `diagnostics`, `diagnostics::trace`, `distributed::launch`, `error`, `fallback`,
-//!   `fp8_state::autocast`, `fp8_state::site`, `fused`, `gemm`, `hash`, `host::gemm`, `metrics`, `plan`,
-//!   `primitive`, `recipe`, `settings`.
+//!   `fused::norm`, `fused::softmax`, `gemm::fp8`, `gemm::high_precision`, `gemm::microbatch`, `gemm::nvfp4`,
+//!   `gemm::plain_linear`, `gemm::saved`, `linear`, `nn`, `optim`, `readback`, `te`.
+//! - Plain: `backends::host::gemm`, `data`, `diagnostics`, `diagnostics::trace`, `distributed::launch`, `error`,
+//!   `fallback`, `fp8_state::autocast`, `fp8_state::site`, `fused`, `gemm`, `hash`, `metrics`, `plan`, `primitive`,
+//!   `recipe`, `settings`.
 
 mod autodiff;
 pub mod backend;
-pub mod cube;
+pub mod backends;
 pub mod data;
 #[cfg(feature = "ddp")]
 pub mod ddp;
@@ -58,11 +58,8 @@ mod error;
 pub mod fallback;
 pub mod fp8_state;
 pub mod fused;
-#[cfg(feature = "fusion")]
-mod fusion;
 pub mod gemm;
 mod hash;
-pub mod host;
 pub mod linear;
 mod metrics;
 pub mod nn;
@@ -110,18 +107,4 @@ pub use te::Te;
 pub mod __private {
     pub use burn;
     pub use burn::tensor::ops::{BoolTensor, FloatTensor};
-}
-
-/// CubeCL backends without Burn's fusion (`Te` implements [`TeBackend`] on `CubeBackend` directly). With the
-/// `fusion` feature (default), Burn's own `burn::backend::Wgpu` / `Cuda` (`Fusion<CubeBackend<..>>`) work as `Te`'s
-/// inner backend too, keeping Burn's fused kernels for every op but the FP8 ones.
-pub mod backends {
-    /// Burn's wgpu backend without fusion: `CubeBackend<WgpuRuntime, f32, i32, u32>`.
-    #[cfg(feature = "wgpu")]
-    pub type Wgpu =
-        burn_cubecl::CubeBackend<burn_te_kernels::cubecl::wgpu::WgpuRuntime, f32, i32, u32>;
-    /// Burn's CUDA backend without fusion: `CubeBackend<CudaRuntime, f32, i32, u8>`.
-    #[cfg(feature = "cuda")]
-    pub type Cuda =
-        burn_cubecl::CubeBackend<burn_te_kernels::cubecl::cuda::CudaRuntime, f32, i32, u8>;
 }

@@ -3,7 +3,7 @@
 
 use std::process::Output;
 
-use burn_te::host::gemm::HostGemmPath;
+use burn_te::backends::host::gemm::HostGemmPath;
 use burn_te_suite::device::{
     DEVICE_VARIABLE, DeviceError, DeviceRequest, Target, WgpuAdapter, decide,
 };

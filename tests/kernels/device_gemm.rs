@@ -1,4 +1,4 @@
-//! The device FP8 GEMM's paths (`burn_te::cube::gemm_path`): cuBLASLt's FP8 matmul on CUDA (`--features cuda`),
+//! The device FP8 GEMM's paths (`burn_te::backends::cube::gemm_path`): cuBLASLt's FP8 matmul on CUDA (`--features cuda`),
 //! cubek-matmul's tiled routines with the codes decoded on load, Burn's own matmul on the codes decoded ahead into
 //! f16 and the SIMT kernel everywhere, and the autotune between them, on the test runtime's `CubeBackend`.
 //!
@@ -20,7 +20,7 @@
 
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
-use burn_te::cube::gemm_path::{
+use burn_te::backends::cube::gemm_path::{
     CublasLtStream, DeviceGemmPath, with_cublaslt_stream, with_device_gemm_path,
 };
 use burn_te::{BlockScaleRule, Fp8Format, Fp8Primitive, ScaleBlock, Scaling, TeBackend};
@@ -72,7 +72,7 @@ fn counted(path: DeviceGemmPath) -> u64 {
 
 fn device_fallbacks() -> u64 {
     burn_te::fallback_counts()
-        .get(burn_te::cube::gemm_path::DEVICE_GEMM_FALLBACK)
+        .get(burn_te::backends::cube::gemm_path::DEVICE_GEMM_FALLBACK)
         .copied()
         .unwrap_or(0)
 }
@@ -80,7 +80,7 @@ fn device_fallbacks() -> u64 {
 /// cuBLASLt calls asked to run on CubeCL's stream that took the library's own.
 fn stream_fallbacks() -> u64 {
     burn_te::fallback_counts()
-        .get(burn_te::cube::gemm_path::CUBLASLT_STREAM_FALLBACK)
+        .get(burn_te::backends::cube::gemm_path::CUBLASLT_STREAM_FALLBACK)
         .copied()
         .unwrap_or(0)
 }
@@ -563,7 +563,7 @@ fn check_falls_back(
 /// fails, and the failure lists each wrong one.
 #[test]
 fn each_forced_tiled_routine_runs_or_falls_back_counted() {
-    use burn_te::cube::gemm_path::with_tiled_routine;
+    use burn_te::backends::cube::gemm_path::with_tiled_routine;
     use burn_te_kernels::cubek_gemm::{CubekRoutine, PlaneTile};
     let matmul = client().properties().features.matmul.clone();
     let mut rng = Rng::new(96);
@@ -620,7 +620,7 @@ fn each_forced_tiled_routine_runs_or_falls_back_counted() {
 /// unknown value is recorded as a fallback naming it and read as unset.
 #[test]
 fn the_tiled_routine_set_follows_its_variable() {
-    use burn_te::cube::gemm_tune::tiled_candidates;
+    use burn_te::backends::cube::gemm_tune::tiled_candidates;
     use burn_te_kernels::cubek_gemm::CubekRoutine;
     let tested = [
         CubekRoutine::SimpleUnit,

@@ -790,7 +790,7 @@ pub(crate) fn child(test: &str, envs: &[(&str, String)]) -> std::process::Child 
     // The child (and the processes it starts) multiply on this process's host GEMM path: each process's probe
     // times the paths anew, and on a loaded machine two probes can choose differently (every path is exact within
     // its bound, but the paths do not give the same bits, and the tests compare processes with 1e-6).
-    let host_gemm = burn_te::host::gemm::requested_host_gemm_path().name();
+    let host_gemm = burn_te::backends::host::gemm::requested_host_gemm_path().name();
     std::process::Command::new(exe)
         .env("BURN_TE_HOST_GEMM", host_gemm)
         .args([

@@ -425,7 +425,7 @@ fn checkpointed_inputs_and_inputs_without_gradient() {
 /// (the same output and input gradient bit for bit), every expert's GEMM under the path asked for.
 #[test]
 fn grouped_gemms_issue_together_on_every_host_path() {
-    use burn_te::host::gemm::{HostGemmPath, with_host_gemm_path};
+    use burn_te::backends::host::gemm::{HostGemmPath, with_host_gemm_path};
     // Expert 0: 300 × 256 × 192, split across threads; the others a few rows each.
     let splits = [300, 5, 0, 17, 64, 1];
     let paths = HostGemmPath::available_paths();

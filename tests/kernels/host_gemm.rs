@@ -1,4 +1,4 @@
-//! The host FP8 GEMM's paths (`burn_te::host::gemm`): the decode to bf16 is exact for every code; every recipe's
+//! The host FP8 GEMM's paths (`burn_te::backends::host::gemm`): the decode to bf16 is exact for every code; every recipe's
 //! GEMM — fprop, dgrad and wgrad layouts, batches — agrees with an f64 re-computation from the FP8 codes and scales
 //! on every path this CPU has, each test naming the paths it ran and failing where one this CPU's flags promise
 //! (`/proc/cpuinfo`) is missing; the packed kernels are bit-exact across several depth, row and column blocks; the
@@ -12,8 +12,8 @@ use burn::backend::{Autodiff, Flex};
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
+use burn_te::backends::host::gemm::{HostGemmPath, with_host_gemm_path};
 use burn_te::gemm::fp8::{k_along_cols, quantize_operand};
-use burn_te::host::gemm::{HostGemmPath, with_host_gemm_path};
 use burn_te::nn::{TransformerLayer, TransformerLayerConfig};
 use burn_te::{
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Fp8Primitive, Gemm, GemmSite,
@@ -1692,7 +1692,7 @@ fn the_host_path_reports_what_it_did_to_the_malloc_thresholds() {
     ];
     let test = "host_gemm::the_host_path_reports_what_it_did_to_the_malloc_thresholds";
     if std::env::var_os("BURN_TE_TEST_ALONE").is_some() {
-        let value = std::env::var(burn_te::host::HOST_MALLOC_ENV).ok();
+        let value = std::env::var(burn_te::backends::host::HOST_MALLOC_ENV).ok();
         let (_, expected) = cases
             .iter()
             .find(|(v, _)| v.map(str::to_string) == value)
@@ -1705,14 +1705,17 @@ fn the_host_path_reports_what_it_did_to_the_malloc_thresholds() {
         // Four products of ones, through DelayedScaling's scale 448 and its f32 inverse.
         let values = out.into_data().to_vec::<f32>().unwrap();
         assert!(values.iter().all(|v| (v - 4.0).abs() < 4e-6), "{values:?}");
-        let counter = format!("{}({expected})", burn_te::host::HOST_MALLOC_THRESHOLDS);
+        let counter = format!(
+            "{}({expected})",
+            burn_te::backends::host::HOST_MALLOC_THRESHOLDS
+        );
         assert_eq!(
             burn_te::diagnostics::counter_value(&counter),
             Some(1),
             "{counter}"
         );
         let fallback = burn_te::fallback_counts()
-            .get(burn_te::host::HOST_MALLOC_ENV)
+            .get(burn_te::backends::host::HOST_MALLOC_ENV)
             .copied();
         let unknown = value.as_deref() == Some("sometimes");
         assert_eq!(
@@ -1724,7 +1727,7 @@ fn the_host_path_reports_what_it_did_to_the_malloc_thresholds() {
     }
     for (value, _) in cases {
         let vars: Vec<(&str, &str)> = value
-            .map(|v| (burn_te::host::HOST_MALLOC_ENV, v))
+            .map(|v| (burn_te::backends::host::HOST_MALLOC_ENV, v))
             .into_iter()
             .collect();
         crate::common::alone_with(test, &vars, || unreachable!("the parent only spawns"));
@@ -1889,7 +1892,7 @@ fn large_gemm_outputs_reuse_pooled_memory_within_the_bound() {
 /// and the one an unforced GEMM asks for (unless `BURN_TE_HOST_GEMM` names one).
 #[test]
 fn the_probe_times_every_path_and_chooses_the_preferred_one() {
-    use burn_te::host::gemm::{measure, probe, requested_host_gemm_path};
+    use burn_te::backends::host::gemm::{measure, probe, requested_host_gemm_path};
 
     let available = paths();
     let measured = measure(&available);
@@ -1931,7 +1934,7 @@ fn the_first_gemms_end_while_rayons_workers_wait_for_the_probe() {
             .args([PROBE_CHILD, "--exact", "--ignored", "--test-threads=1"])
             .env_remove("BURN_TE_HOST_GEMM")
             // The probe measured, not taken from the cache on disk.
-            .env(burn_te::host::gemm::HOST_GEMM_CACHE_ENV, "off")
+            .env(burn_te::backends::host::gemm::HOST_GEMM_CACHE_ENV, "off")
             .env(PROBE_CHILD_MODE, mode)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -1984,7 +1987,7 @@ fn probe_child_first_gemms_off_and_on_the_pool() {
             gemm();
         });
         assert!(
-            !burn_te::host::gemm::probe().times.is_empty(),
+            !burn_te::backends::host::gemm::probe().times.is_empty(),
             "the probe ran"
         );
         return;
@@ -2011,7 +2014,7 @@ fn probe_child_first_gemms_off_and_on_the_pool() {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert!(
-        !burn_te::host::gemm::probe().times.is_empty(),
+        !burn_te::backends::host::gemm::probe().times.is_empty(),
         "the probe ran"
     );
 }
@@ -2032,7 +2035,7 @@ fn first_within_a_tenth(times: &[(HostGemmPath, std::time::Duration)]) -> HostGe
 /// the pool, and on the probe's path from a worker, which never tunes.
 #[test]
 fn a_tuned_class_keeps_its_path_on_every_thread_and_tunes_only_off_the_pool() {
-    use burn_te::host::gemm::{TUNED_MIN_PRODUCT, TunedRoute, tuned_route};
+    use burn_te::backends::host::gemm::{TUNED_MIN_PRODUCT, TunedRoute, tuned_route};
     let (small, large) = (TUNED_MIN_PRODUCT - 1, TUNED_MIN_PRODUCT);
     let kept = HostGemmPath::Avx2Fma;
     for on_worker in [false, true] {
@@ -2061,7 +2064,7 @@ fn a_tuned_class_keeps_its_path_on_every_thread_and_tunes_only_off_the_pool() {
 /// `f32` path), a path more than 10 % faster than every earlier one wins, and nothing timed is `f32`.
 #[test]
 fn a_path_must_beat_the_earlier_ones_by_a_tenth_to_be_chosen() {
-    use burn_te::host::gemm::preferred;
+    use burn_te::backends::host::gemm::preferred;
     use std::time::Duration;
     let ms = Duration::from_millis;
     let (amx, bf16, fma, f32) = (
@@ -2104,7 +2107,7 @@ fn a_path_must_beat_the_earlier_ones_by_a_tenth_to_be_chosen() {
 /// in instruction order (where ties favour it), a path dropped is not chosen.
 #[test]
 fn a_path_half_again_slower_than_the_fastest_is_timed_no_further() {
-    use burn_te::host::gemm::{outpaced, preferred};
+    use burn_te::backends::host::gemm::{outpaced, preferred};
     use std::time::Duration;
     let ms = Duration::from_millis;
     assert!(!outpaced(ms(100), ms(100)), "the fastest itself");
@@ -2131,7 +2134,7 @@ fn a_path_half_again_slower_than_the_fastest_is_timed_no_further() {
     assert_eq!(dropped, 150, "151 ms to 300 ms are dropped");
     // Not after one run each: a first run ten times the fastest (another process took the core) keeps the path in
     // the race, and a second run can clear it; after two runs each, the rule applies.
-    use burn_te::host::gemm::{RUNS_BEFORE_DROP, dropped_after};
+    use burn_te::backends::host::gemm::{RUNS_BEFORE_DROP, dropped_after};
     assert_eq!(RUNS_BEFORE_DROP, 2);
     assert!(
         !dropped_after(1, ms(239), ms(23)),
@@ -2154,7 +2157,7 @@ fn a_path_half_again_slower_than_the_fastest_is_timed_no_further() {
 /// `f32`, nothing skipped, and its output is the kept path's bits, within f64's bound.
 #[test]
 fn the_paths_waiting_after_the_probe_are_timed_where_the_faster_ones_cannot_take_the_operands() {
-    use burn_te::host::gemm::{host_gemm_tunings, outpaced_on_probe, probe};
+    use burn_te::backends::host::gemm::{host_gemm_tunings, outpaced_on_probe, probe};
     if std::env::var("BURN_TE_HOST_GEMM").is_ok_and(|v| !v.is_empty() && v != "auto") {
         panic!("BURN_TE_HOST_GEMM forces a path: unset it to test the autotune");
     }
@@ -2162,7 +2165,7 @@ fn the_paths_waiting_after_the_probe_are_timed_where_the_faster_ones_cannot_take
     // 300 x 768 x 80: class [1, 512, 1024, 128], above the tuning threshold (256^3).
     let (m, k, n) = (300, 768, 80);
     let class = [1, 512, 1024, 128];
-    let tuned_for = || -> Vec<burn_te::host::gemm::HostGemmTuning> {
+    let tuned_for = || -> Vec<burn_te::backends::host::gemm::HostGemmTuning> {
         host_gemm_tunings()
             .into_iter()
             .filter(|t| t.anchored == class)
@@ -2273,7 +2276,7 @@ fn the_paths_waiting_after_the_probe_are_timed_where_the_faster_ones_cannot_take
 /// Emerald Rapids' without AMX (bf16 at half the FMA rate) and a CPU with f32 alone.
 #[test]
 fn packed_paths_the_probe_saw_outpaced_wait() {
-    use burn_te::host::gemm::outpaced_on_probe;
+    use burn_te::backends::host::gemm::outpaced_on_probe;
     use std::time::Duration;
     let us = Duration::from_micros;
     let (bf16, fma512, fma, f32) = (
@@ -2316,7 +2319,7 @@ fn packed_paths_the_probe_saw_outpaced_wait() {
 /// candidate's best run on the class; a path the probe did not time goes first.
 #[test]
 fn a_tuning_round_times_the_likely_winner_last() {
-    use burn_te::host::gemm::timing_order;
+    use burn_te::backends::host::gemm::timing_order;
     use std::time::Duration;
     let us = Duration::from_micros;
     let none = Duration::MAX;
@@ -2351,14 +2354,16 @@ fn a_tuning_round_times_the_likely_winner_last() {
 /// On a CPU with `f32` alone (aarch64), no class is tuned and every GEMM runs on it.
 #[test]
 fn the_autotune_keeps_each_shape_classs_fastest_path() {
-    use burn_te::host::gemm::{TUNED_MIN_PRODUCT, host_gemm_tunings, outpaced_on_probe, probe};
+    use burn_te::backends::host::gemm::{
+        TUNED_MIN_PRODUCT, host_gemm_tunings, outpaced_on_probe, probe,
+    };
 
     if std::env::var("BURN_TE_HOST_GEMM").is_ok_and(|v| !v.is_empty() && v != "auto") {
         panic!("BURN_TE_HOST_GEMM forces a path: unset it to test the autotune");
     }
     let available = paths();
     let class = [1, 64, 8192, 64];
-    let tuned_for = |anchored: [usize; 4]| -> Vec<burn_te::host::gemm::HostGemmTuning> {
+    let tuned_for = |anchored: [usize; 4]| -> Vec<burn_te::backends::host::gemm::HostGemmTuning> {
         host_gemm_tunings()
             .into_iter()
             .filter(|t| t.anchored == anchored)

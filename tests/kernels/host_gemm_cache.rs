@@ -1,4 +1,4 @@
-//! The host GEMM's choices on disk (`burn_te::host::gemm::tune_cache`): a second process on this CPU takes the
+//! The host GEMM's choices on disk (`burn_te::backends::host::gemm::tune_cache`): a second process on this CPU takes the
 //! probe's and every tuned class's choice from the file the first one wrote, times no path, and gives the same
 //! bits; a file that does not parse is skipped, never a panic, and the paths are timed again.
 
@@ -9,11 +9,11 @@ use std::process::Command;
 use burn::backend::Flex;
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
-use burn_te::gemm::fp8::{k_along_cols, quantize_operand};
-use burn_te::host::gemm::{
+use burn_te::backends::host::gemm::{
     HOST_GEMM_CACHE_ENV, HOST_GEMM_PROBE, HOST_GEMM_PROBE_CACHED, HOST_GEMM_TUNINGS,
     HOST_GEMM_TUNINGS_CACHED, HostGemmPath, host_gemm_cache_file, host_gemm_tunings, probe,
 };
+use burn_te::gemm::fp8::{k_along_cols, quantize_operand};
 use burn_te::{Float8BlockScaling, Gemm, GemmSite, Recipe, TeBackend, TensorRole};
 use burn_te_kernels::Fp8Format;
 

@@ -5,7 +5,7 @@ use std::ffi::OsString;
 
 use burn::backend::Flex;
 use burn::prelude::*;
-use burn_te::host::gemm::HostGemmPath;
+use burn_te::backends::host::gemm::HostGemmPath;
 use burn_te::settings::{ALL, AnySetting, BadValue, SettingError, check};
 use burn_te::{Float8CurrentScaling, Te, fp8_autocast};
 use burn_te_suite::device::DEVICE_SETTING;
@@ -59,7 +59,7 @@ fn each_setting_takes_the_values_its_error_names_and_no_other() {
             );
         }
     }
-    let host_gemm = burn_te::host::gemm::choice::HOST_GEMM.takes;
+    let host_gemm = burn_te::backends::host::gemm::choice::HOST_GEMM.takes;
     for path in HostGemmPath::ALL {
         assert!(
             host_gemm.split(", ").any(|word| word == path.name()),
@@ -215,7 +215,7 @@ fn the_host_gemm_setting_forces_its_path_and_a_bad_value_falls_back_where_it_is_
     alone_with(test, &[("BURN_TE_HOST_GEMM", "avx2")], || {
         if std::env::var("BURN_TE_HOST_GEMM").as_deref() == Ok("avx2") {
             let ran = one_host_gemm();
-            assert_eq!(ran, vec![burn_te::host::gemm::probe().chosen]);
+            assert_eq!(ran, vec![burn_te::backends::host::gemm::probe().chosen]);
             assert_eq!(
                 burn_te::fallback_counts().get("BURN_TE_HOST_GEMM"),
                 Some(&1)
@@ -232,7 +232,7 @@ fn the_host_gemm_setting_forces_its_path_and_a_bad_value_falls_back_where_it_is_
         }
     });
     // A path other than the one the GEMM takes unset, so that a forced path would show.
-    let chosen = burn_te::host::gemm::probe().chosen;
+    let chosen = burn_te::backends::host::gemm::probe().chosen;
     let other = [forced, HostGemmPath::F32]
         .into_iter()
         .find(|&path| path != chosen)

@@ -18,13 +18,13 @@ pub const PREFIX: &str = "BURN_TE_";
 
 /// Every setting of the library, the launcher's included (in every build, so that the check knows them).
 pub const ALL: [&dyn AnySetting; 13] = [
-    &crate::host::gemm::choice::HOST_GEMM,
-    &crate::host::gemm::tune_cache::HOST_GEMM_CACHE,
-    &crate::host::memory::HOST_POOL_MIB,
-    &crate::host::memory::HOST_MALLOC,
-    &crate::cube::gemm_path::DEVICE_GEMM,
-    &crate::cube::gemm_path::CUBLASLT_STREAM,
-    &crate::cube::gemm_tune::TILED_ROUTINES,
+    &crate::backends::host::gemm::choice::HOST_GEMM,
+    &crate::backends::host::gemm::tune_cache::HOST_GEMM_CACHE,
+    &crate::backends::host::memory::HOST_POOL_MIB,
+    &crate::backends::host::memory::HOST_MALLOC,
+    &crate::backends::cube::gemm_path::DEVICE_GEMM,
+    &crate::backends::cube::gemm_path::CUBLASLT_STREAM,
+    &crate::backends::cube::gemm_tune::TILED_ROUTINES,
     &crate::diagnostics::EAGER,
     &distributed::ORCHESTRATOR,
     &distributed::NODE_PORT,

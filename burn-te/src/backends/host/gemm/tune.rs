@@ -4,7 +4,7 @@
 //! stop when one path is left; a packed path [`outpaced_on_probe`] is timed only where no faster packed path takes
 //! the operands), and the [`preferred`] path by their best runs (the first in instruction order within 10 % of the
 //! fastest) is kept for that class for the rest of the process, as Burn keeps its matmul's choice (and as the
-//! device GEMM's autotune does, [`crate::cube`]). The timed runs are the call's own work: the GEMM's output is the
+//! device GEMM's autotune does, [`crate::backends::cube`]). The timed runs are the call's own work: the GEMM's output is the
 //! kept path's.
 //!
 //! One probe shape cannot stand for every GEMM: on a 2-core AMD EPYC Zen 3 the probe ([`super::probe()`], 256 × 1024 ×
