@@ -8,6 +8,13 @@
 //! Each step ends with `diagnostics::step()` and a device sync. Every measured `Te` step is paired with a baseline
 //! step (their order alternates, so the machine's drift hits both), and the bench prints the median per-pair ratio.
 
+// The baseline is Burn's `Autodiff<NdArray>` under a counting decorator, which Burn 0.21's `distributed` feature (`--features ddp`) leaves without
+// `AutodiffBackend`.
+#[cfg(feature = "ddp")]
+compile_error!(
+    "the diagnostics_overhead bench does not build with `--features ddp`: its baseline, Burn's `Autodiff<NdArray>` under a counting decorator, is not an `AutodiffBackend` under Burn 0.21's `distributed` feature. Run it without `ddp`."
+);
+
 mod common;
 
 use burn::backend::{Autodiff, Flex};

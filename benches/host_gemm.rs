@@ -25,6 +25,13 @@
 //! request, for runs interleaved step by step with PyTorch's. `-- twice-rate` asks whether the `avx512fma` path's
 //! memory side keeps up with twice this CPU's FMA rate (`host_gemm/twice_rate.rs`).
 
+// The baseline is Burn's `Autodiff<Flex>`, which Burn 0.21's `distributed` feature (`--features ddp`) leaves without
+// `AutodiffBackend`.
+#[cfg(feature = "ddp")]
+compile_error!(
+    "the host_gemm bench does not build with `--features ddp`: its baseline, Burn's `Autodiff<Flex>`, is not an `AutodiffBackend` under Burn 0.21's `distributed` feature. Run it without `ddp`."
+);
+
 mod common;
 #[cfg(target_arch = "x86_64")]
 #[path = "host_gemm/twice_rate.rs"]

@@ -16,6 +16,13 @@
 //!   [PLAN]`, not criterion) FP8's time to f32's final validation loss on the fortunes, the two trained side by
 //!   side ([`char_gpt`]).
 
+// The baseline is Burn's `Autodiff<Flex>`, which Burn 0.21's `distributed` feature (`--features ddp`) leaves without
+// `AutodiffBackend`.
+#[cfg(feature = "ddp")]
+compile_error!(
+    "the host_path bench does not build with `--features ddp`: its baseline, Burn's `Autodiff<Flex>`, is not an `AutodiffBackend` under Burn 0.21's `distributed` feature. Run it without `ddp`."
+);
+
 #[path = "host_path/char_gpt.rs"]
 mod char_gpt;
 mod common;

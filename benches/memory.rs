@@ -20,6 +20,13 @@
 //! machines are noisy).
 //! `BURN_TE_MEMORY_QUICK=1` measures hidden 512 × 256 tokens only; `BURN_TE_MEMORY_TABLE=0` skips the table.
 
+// The baseline is Burn's `Autodiff<Flex>`, which Burn 0.21's `distributed` feature (`--features ddp`) leaves without
+// `AutodiffBackend`.
+#[cfg(feature = "ddp")]
+compile_error!(
+    "the memory bench does not build with `--features ddp`: its baseline, Burn's `Autodiff<Flex>`, is not an `AutodiffBackend` under Burn 0.21's `distributed` feature. Run it without `ddp`."
+);
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 

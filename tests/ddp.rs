@@ -1,15 +1,18 @@
 //! Burn's data-parallel training (`--features ddp`, Burn's `distributed` feature) over `Te<B>` and
-//! `Debug<Te<B>>`: `Autodiff` of either is an `AutodiffBackend`, a model whose parameters are marked distributed
-//! (as burn-train's DDP strategy marks them) goes through Burn's gradient sync server and gets the gradients of
-//! the plain run bit for bit on one wgpu device; burn-train's DDP strategy (`ExecutionStrategy::ddp`) accepts
-//! `Autodiff<Te<Wgpu>>` and trains a TE model on one wgpu device to the weights its single-device strategy gives
+//! `Debug<Te<B>>`: `Autodiff` of either is an `AutodiffBackend` on wgpu and on the CPU backends (where Burn's own
+//! `Autodiff<Flex>` is not), a model whose parameters are marked distributed (as burn-train's DDP strategy marks
+//! them) goes through Burn's gradient sync server and gets the gradients of the plain run bit for bit on one
+//! device; burn-train's DDP strategy (`ExecutionStrategy::ddp`) accepts `Autodiff<Te<Wgpu>>` and
+//! `Autodiff<Te<Flex>>` and trains a TE model on one device to the weights its single-device strategy gives
 //! (burn-train 0.21 issued no gradient all-reduce in that one-device run: the sync server's path is the first
-//! test's); several wgpu devices fail at once with a clear error (CubeCL's wgpu runtime has no all-reduce).
+//! test's); several wgpu or Flex devices fail at once with a clear error (neither runtime has an all-reduce).
 
 use std::sync::{Arc, Mutex};
 
-use burn::backend::Autodiff;
+use burn::backend::flex::FlexDevice;
+use burn::backend::ndarray::NdArrayDevice;
 use burn::backend::wgpu::WgpuDevice;
+use burn::backend::{Autodiff, Flex, NdArray};
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
@@ -86,11 +89,10 @@ fn step<B: AutodiffBackend + TeBackend>(model: &Linear<B>, device: &B::Device) -
     [values(y), values(dw), values(db)]
 }
 
-fn one_device<D: DistributedBackend + TeBackend<Device = WgpuDevice>>(what: &str)
+fn one_device<D: DistributedBackend + TeBackend>(device: D::Device, what: &str)
 where
-    Autodiff<D>: AutodiffBackend + TeBackend<Device = WgpuDevice>,
+    Autodiff<D>: AutodiffBackend + TeBackend<Device = D::Device>,
 {
-    let device = device();
     let model = LinearConfig::new(32, 16)
         .with_name(Some("fc".into()))
         .init::<Autodiff<D>>(&device);
@@ -119,32 +121,52 @@ where
 #[test]
 fn one_device_ddp_syncs_the_gradients_of_te_and_debug() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    one_device::<Te<Wgpu>>("Autodiff<Te<Wgpu>>");
-    one_device::<Debug<Te<Wgpu>>>("Autodiff<Debug<Te<Wgpu>>>");
+    one_device::<Te<Wgpu>>(device(), "Autodiff<Te<Wgpu>>");
+    one_device::<Debug<Te<Wgpu>>>(device(), "Autodiff<Debug<Te<Wgpu>>>");
 }
 
+/// Burn's CPU backends are not `DistributedBackend`s, so with Burn's `distributed` feature `Autodiff<Flex>` is no
+/// `AutodiffBackend`; `Te<Flex>` and `Te<NdArray>` are, on their one device.
 #[test]
-fn ddp_across_wgpu_devices_fails_at_once_with_what_to_do() {
+fn one_device_ddp_syncs_the_gradients_on_the_cpu_backends() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let device = device();
-    let devices = [device.clone(), device];
-    let panic = std::panic::catch_unwind(|| {
-        Te::<Wgpu>::start_communication_server(
-            &devices,
+    one_device::<Te<Flex>>(FlexDevice, "Autodiff<Te<Flex>>");
+    one_device::<Debug<Te<Flex>>>(FlexDevice, "Autodiff<Debug<Te<Flex>>>");
+    one_device::<Te<NdArray>>(NdArrayDevice::Cpu, "Autodiff<Te<NdArray>>");
+}
+
+/// The panic message of starting Burn's gradient sync server for `D` over `devices`.
+fn start_refusal<D: DistributedBackend>(devices: &[D::Device]) -> String {
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        D::start_communication_server(
+            devices,
             DistributedConfig {
                 all_reduce_op: ReduceOperation::Mean,
             },
         )
-    })
-    .expect_err("wgpu has no all-reduce across devices");
-    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
-    assert!(
-        message.contains("across 2 devices")
-            && message.contains("CUDA (NCCL)")
-            && message.contains("wgpu")
-            && message.contains("burn_te::distributed"),
-        "{message}"
-    );
+    }))
+    .expect_err("a runtime without an all-reduce across devices");
+    panic.downcast_ref::<String>().cloned().unwrap_or_default()
+}
+
+#[test]
+fn ddp_across_devices_without_an_all_reduce_fails_at_once_with_what_to_do() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    for (message, runtime) in [
+        (start_refusal::<Te<Wgpu>>(&[device(), device()]), "wgpu"),
+        (
+            start_refusal::<Debug<Te<Flex>>>(&[FlexDevice, FlexDevice]),
+            "flex",
+        ),
+    ] {
+        assert!(
+            message.contains("across 2 devices")
+                && message.contains("CUDA (NCCL)")
+                && message.to_lowercase().contains(runtime)
+                && message.contains("burn_te::distributed"),
+            "{message}"
+        );
+    }
 }
 
 /// A TE linear regressor for burn-train.
@@ -220,17 +242,21 @@ fn rows(count: usize, seed: u64) -> Vec<(Vec<f32>, Vec<f32>)> {
         .collect()
 }
 
-type A = Autodiff<Te<Wgpu>>;
-
-/// Trains the regressor for two epochs with burn-train under `strategy` (the single-device default if `None`);
-/// the trained weight, as bits.
-fn fit(strategy: Option<ExecutionStrategy<A>>, name: &str) -> Vec<u32> {
-    let device = device();
-    <A as burn::tensor::backend::Backend>::seed(&device, 0);
+/// Trains the regressor on `device` for two epochs with burn-train under `strategy` (the single-device default if
+/// `None`); the trained weight, as bits.
+fn fit<A: AutodiffBackend + TeBackend>(
+    device: &A::Device,
+    strategy: Option<ExecutionStrategy<A>>,
+    name: &str,
+) -> Vec<u32>
+where
+    A::InnerBackend: TeBackend,
+{
+    A::seed(device, 0);
     let model = Regressor {
         fc: LinearConfig::new(32, 16)
             .with_name(Some("fc".into()))
-            .init::<A>(&device),
+            .init::<A>(device),
     };
     let train = DataLoaderBuilder::new(Rows)
         .batch_size(8)
@@ -250,21 +276,32 @@ fn fit(strategy: Option<ExecutionStrategy<A>>, name: &str) -> Vec<u32> {
     values(result.model.fc.weight.val())
 }
 
-#[test]
-fn burn_train_ddp_on_one_device_trains_as_the_single_device_strategy() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let single = fit(None, "single");
+/// burn-train's DDP strategy on `device` trains to the single-device strategy's weights, bit for bit.
+fn ddp_trains_as_one_device<A: AutodiffBackend + TeBackend + DistributedBackend>(
+    device: A::Device,
+    what: &str,
+) where
+    A::InnerBackend: TeBackend,
+{
+    let single = fit::<A>(&device, None, &format!("{what}-single"));
     let config = DistributedConfig {
         all_reduce_op: ReduceOperation::Mean,
     };
-    let (ddp, panics) =
-        panics_during(|| fit(Some(ExecutionStrategy::ddp(vec![device()], config)), "ddp"));
+    let strategy = ExecutionStrategy::ddp(vec![device.clone()], config);
+    let (ddp, panics) = panics_during(|| fit::<A>(&device, Some(strategy), &format!("{what}-ddp")));
     assert!(
         panics.is_empty(),
-        "panics during the DDP training: {panics:?}"
+        "{what}: panics during the DDP training: {panics:?}"
     );
     assert_eq!(
         ddp, single,
-        "the weights trained by DDP on one device and by the single-device strategy"
+        "{what}: the weights trained by DDP on one device and by the single-device strategy"
     );
+}
+
+#[test]
+fn burn_train_ddp_on_one_device_trains_as_the_single_device_strategy() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    ddp_trains_as_one_device::<Autodiff<Te<Wgpu>>>(device(), "wgpu");
+    ddp_trains_as_one_device::<Autodiff<Te<Flex>>>(FlexDevice, "flex");
 }

@@ -1,6 +1,16 @@
 //! Kernel tests: bit-exact FP8 conformance (ml_dtypes vectors), statistics against f64 references, scaling rules,
 //! on the host path and on every CubeCL runtime compiled in (wgpu always; CUDA with `--features cuda`).
 
+// Burn 0.21's `distributed` feature (burn-te's `ddp`) leaves `Autodiff<B>` an `AutodiffBackend` only where `B` is a
+// `DistributedBackend`, which Burn's CPU backends are not: this suite's references (`Autodiff<Flex>`,
+// `Autodiff<NdArray<f64>>`) do not exist with it on.
+#[cfg(feature = "ddp")]
+compile_error!(
+    "the kernel suite does not build with `--features ddp`: Burn 0.21's `distributed` feature takes \
+     `AutodiffBackend` from `Autodiff<Flex>` and `Autodiff<NdArray<f64>>`, the suite's references. Run it without \
+     `ddp`, and the DDP tests with `cargo test --features ddp --test ddp`."
+);
+
 mod advisor;
 mod bad_tensors;
 mod burn_data;
