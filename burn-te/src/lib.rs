@@ -27,30 +27,27 @@
 //! the [`TeBackend`] trait (`backend`, with the fused element-wise ops' types in `fused`), the GEMM path built on it
 //! (`gemm::fp8`, `gemm::nvfp4`, `gemm::saved`, `gemm::microbatch`, `gemm::high_precision`, `gemm::plain_linear`, and
 //! `linear`), the backends that implement it (`backends`: `cube`, `host` with its FP8 GEMM in `host::gemm`, `fusion`)
-//! and, on top, the decorators (`te`, `decorator`, `autodiff`, whose fused ops' backward nodes are in `fused::*`), the
-//! diagnostics that observe them through the `metrics` registry and the modules (`nn`). No module imports one above it
-//! (`tests/kernels/layering.rs` checks every crate for circles).
+//! and, on top, the decorators (`decorators`: `te`, the forwarding, `autodiff`, whose fused ops' backward nodes are
+//! in `fused::*`, and `ddp`), the diagnostics that observe them through the `metrics` registry and the modules
+//! (`nn`). No module imports one above it (`tests/kernels/layering.rs` checks every crate for circles).
 //!
 //! # Burn coupling
 //! Burn 0.22 removed the backend type parameter from `Tensor`, so a decorator backend cannot plug in there; what a
 //! port to another Burn runtime would replace is the code on Burn's backend-generic API (`Backend`, `Tensor<B, D>`,
 //! `B::` ops, `Module`), named here and checked by `tests/kernels/layering.rs`:
-//! - Burn-generic: `autodiff`, `backend`, `backends`, `ddp`, `decorator`, `diagnostics::closures`,
-//!   `diagnostics::eager`, `diagnostics::nonfinite`, `diagnostics::observe`, `diagnostics::snapshot`,
-//!   `distributed`, `fp8_state`, `fused::activation`, `fused::attention`, `fused::cast_linear`, `fused::dropout`,
-//!   `fused::norm`, `fused::softmax`, `gemm::fp8`, `gemm::high_precision`, `gemm::microbatch`, `gemm::nvfp4`,
-//!   `gemm::plain_linear`, `gemm::saved`, `linear`, `nn`, `optim`, `readback`, `te`.
+//! - Burn-generic: `backend`, `backends`, `decorators`, `diagnostics::closures`, `diagnostics::eager`,
+//!   `diagnostics::nonfinite`, `diagnostics::observe`, `diagnostics::snapshot`, `distributed`, `fp8_state`,
+//!   `fused::activation`, `fused::attention`, `fused::cast_linear`, `fused::dropout`, `fused::norm`,
+//!   `fused::softmax`, `gemm::fp8`, `gemm::high_precision`, `gemm::microbatch`, `gemm::nvfp4`, `gemm::plain_linear`,
+//!   `gemm::saved`, `linear`, `nn`, `optim`, `readback`.
 //! - Plain: `backends::host::gemm`, `data`, `diagnostics`, `diagnostics::trace`, `distributed::launch`, `error`,
 //!   `fallback`, `fp8_state::autocast`, `fp8_state::site`, `fused`, `gemm`, `hash`, `metrics`, `plan`, `primitive`,
 //!   `recipe`, `settings`.
 
-mod autodiff;
 pub mod backend;
 pub mod backends;
 pub mod data;
-#[cfg(feature = "ddp")]
-pub mod ddp;
-pub mod decorator;
+pub mod decorators;
 pub mod diagnostics;
 #[cfg(feature = "distributed")]
 pub mod distributed;
@@ -69,7 +66,6 @@ mod primitive;
 mod readback;
 pub mod recipe;
 pub mod settings;
-mod te;
 
 pub use backend::{
     ElementFormat, Fp8HostData, Fp8Primitive, Fp8Tensor, Nvfp4Scales, Scaling, TeBackend,
@@ -80,7 +76,8 @@ pub use burn_te_kernels::{
     ScaleBlock, TensorStats, pow2_margin, scale_from_amax,
 };
 pub use data::{fake_quant, quantize, tensor_stats};
-pub use decorator::Decorator;
+pub use decorators::Decorator;
+pub use decorators::te::Te;
 pub use error::TeError;
 pub use fallback::fallback_counts;
 pub use fp8_state::autocast::{
@@ -101,7 +98,6 @@ pub use recipe::{
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MXFP8BlockScaling,
     NVFP4BlockScaling, Recipe,
 };
-pub use te::Te;
 
 #[doc(hidden)]
 pub mod __private {

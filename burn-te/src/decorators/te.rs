@@ -1,6 +1,6 @@
 //! `Te<B>`: the backend decorator that runs GEMMs in FP8 inside an autocast scope.
 //!
-//! Every op forwards to `B` (the forwarding is generated once, see [`crate::decorator`]) except Burn's `linear`
+//! Every op forwards to `B` (the forwarding is generated once, see [`crate::decorators`]) except Burn's `linear`
 //! (and its backward: two GEMMs and the bias's [`TeBackend::te_bias_grad`]), `float_matmul` and the layout ops
 //! `float_reshape` and `float_slice_assign`.
 //! Inside an FP8 [`fp8_autocast`](crate::fp8_autocast) scope `linear` and `float_matmul` quantize their operands
@@ -8,7 +8,7 @@
 //! swapping `B` for `Te<B>`. The layout ops run the backend's [`TeBackend::te_reshape`],
 //! [`TeBackend::te_slice_assign`] and [`TeBackend::te_cat`] (on the host path, strided views copied on every core).
 //!
-//! `Te<B>` also carries the [diagnostics](crate::diagnostics): it counts every op, transfer and GEMM, checks ops in
+//! `Te<B>` also carries the [diagnostics]: it counts every op, transfer and GEMM, checks ops in
 //! eager debug mode, and traces and tracks the layer GEMMs.
 //!
 //! Plain linears have no names; inside a scope they are called `linear0`, `linear1`, ... by weight in call order,
@@ -22,7 +22,7 @@ use burn::tensor::ops::{BoolTensor, FloatTensor, IntTensor, TransactionPrimitive
 use burn::tensor::{TensorData, TransactionPrimitive};
 
 use crate::backend::TeBackend;
-use crate::decorator::Decorator;
+use crate::decorators::Decorator;
 use crate::diagnostics;
 use crate::fp8_state::site::{ExpertGemms, GemmSite};
 use crate::gemm::Gemm;

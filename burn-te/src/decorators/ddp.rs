@@ -145,7 +145,7 @@ fn all_reduce<B: DistributedBackend>(
 
 /// Implements Burn's `DistributedBackend` for a backend decorator `$decorator<B>` (see [`crate::forward_backend!`])
 /// whose inner backend is a [`DdpInner`], and [`DdpInner`] for it (so decorators stack): the gradient sync server
-/// is the decorator's own, the all-reduce and its sync are the inner backend's (see [`crate::ddp`]).
+/// is the decorator's own, the all-reduce and its sync are the inner backend's (see [`crate::decorators::ddp`]).
 #[macro_export]
 macro_rules! forward_distributed_backend {
     ($decorator:ident) => {
@@ -155,14 +155,14 @@ macro_rules! forward_distributed_backend {
                 CollectiveTensor, DistributedBackend, DistributedConfig, ReduceOperation,
             };
             use $crate::__private::burn::tensor::ops::FloatTensor;
-            use $crate::ddp::DdpInner;
+            use $crate::decorators::ddp::DdpInner;
 
             impl<B: DdpInner> DistributedBackend for $decorator<B>
             where
                 $decorator<B>: $crate::Decorator<Inner = B>,
             {
                 fn start_communication_server(devices: &[B::Device], config: DistributedConfig) {
-                    $crate::ddp::start_communication_server::<Self, B>(devices, config);
+                    $crate::decorators::ddp::start_communication_server::<Self, B>(devices, config);
                 }
 
                 fn all_reduce(

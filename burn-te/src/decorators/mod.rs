@@ -1,4 +1,7 @@
-//! Backend decorators: a backend `Te<B>` that is its inner backend `B` except for a few ops.
+//! Backend decorators: a backend `Te<B>` that is its inner backend `B` except for a few ops. The top layer of
+//! burn-te: the [`Decorator`] trait and its generated forwarding (`forward`), the FP8 decorator [`te::Te`],
+//! `TeBackend` for Burn's own `Autodiff` decorator (`autodiff`: the FP8 GEMMs' backward nodes) and Burn's
+//! `DistributedBackend` for decorators (`ddp`, feature `ddp`). This module uses none of its children.
 //!
 //! A decorator is a type `Te<B>` with one type parameter, the inner backend. Its [`Decorator`] impl says what it
 //! changes; [`forward_backend!`](crate::forward_backend) implements Burn's `Backend` and every ops trait for it,
@@ -19,8 +22,12 @@ use burn::tensor::ops::{
 use burn::tensor::quantization::QuantizationParametersPrimitive;
 use burn::tensor::{TensorPrimitive, TransactionPrimitive};
 
+pub(crate) mod autodiff;
+#[cfg(feature = "ddp")]
+pub mod ddp;
 #[doc(hidden)]
 pub mod forward;
+pub mod te;
 
 /// What a backend decorator changes; every other op forwards to [`Decorator::Inner`].
 ///
