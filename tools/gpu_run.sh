@@ -6,7 +6,9 @@
 #   cargo test --release --features cuda,autotune --test kernels --no-run
 #   mkdir -p target/gpuc && for b in cuda kernels; do
 #     f=$(ls -t target/release/deps/$b-* | grep -v '\.d$' | head -1); strip -o /tmp/$b "$f"; xz -T2 -6 -c /tmp/$b > target/gpuc/$b.xz
-#   done
+#   done; git rev-parse HEAD > target/gpuc/BUILT_FROM
+# A session may have left them built: target/gpuc/BUILT_FROM names the commit; where `git diff $(cat
+# target/gpuc/BUILT_FROM) --stat -- '*.rs' '*.toml'` is empty, carry them as they are.
 # With a toolchain on the GPU machine, `cargo bench --features cuda,autotune --bench cuda` and
 # `cargo test --release --features cuda,autotune --test kernels` do the same.
 #
