@@ -123,6 +123,8 @@ fn one_device_ddp_syncs_the_gradients_of_te_and_debug() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     one_device::<Te<Wgpu>>(device(), "Autodiff<Te<Wgpu>>");
     one_device::<Debug<Te<Wgpu>>>(device(), "Autodiff<Debug<Te<Wgpu>>>");
+    // Burn's own fused wgpu backend (`Fusion<CubeBackend<..>>`) under `Te`.
+    one_device::<Te<burn::backend::Wgpu>>(device(), "Autodiff<Te<Fusion<Wgpu>>>");
 }
 
 /// Burn's CPU backends are not `DistributedBackend`s, so with Burn's `distributed` feature `Autodiff<Flex>` is no
