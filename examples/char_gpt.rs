@@ -42,7 +42,7 @@ use burn_te::optim::FusedAdamConfig;
 use burn_te::{RecipePlan, Te, TeBackend};
 use burn_te_debug::train::TrainStats;
 use burn_te_debug::{Debug, DebugConfig};
-use burn_te_suite::cli::{ModelArgs, at_least_one, progress, recipe_name};
+use burn_te_suite::cli::{ModelArgs, at_least_one, existing_file, progress, recipe_name};
 use burn_te_suite::device::ExampleDevice;
 use burn_te_suite::lm::{
     CharGpt, Corpus, LmBatch, LmBatcher, LmSchedule, Split, Windows, recipe_named,
@@ -82,7 +82,7 @@ struct Args {
     recipe: String,
     /// A recipe plan (burn-te's per-layer recipes, e.g. docs/src/configs/plan_lm_head_high_precision.yaml) over
     /// --recipe: the GEMMs its rules select run their rule's recipe, the others --recipe.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = existing_file)]
     plan: Option<PathBuf>,
     /// Steps per epoch.
     #[arg(long, default_value_t = 600, value_parser = at_least_one)]
@@ -118,8 +118,8 @@ struct Args {
     temperature: f64,
     /// A debug config in TE's format: its precision stats become metrics of the dashboard (e.g.
     /// examples/learner_dashboard_config.yaml).
-    #[arg(long, value_name = "FILE")]
-    config: Option<String>,
+    #[arg(long, value_name = "FILE", value_parser = existing_file)]
+    config: Option<PathBuf>,
     #[command(flatten)]
     model: ModelArgs,
 }
@@ -512,7 +512,11 @@ fn try_main() -> Result<(), Error> {
     );
 
     let debug = DebugConfig::new()
-        .with_config_file(args.config.clone())
+        .with_config_file(
+            args.config
+                .as_ref()
+                .map(|c| c.to_string_lossy().into_owned()),
+        )
         .with_log_dir(format!("{ARTIFACTS}/log"));
     let stats = TrainStats::new();
     let _ = std::fs::remove_dir_all(ARTIFACTS);

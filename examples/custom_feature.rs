@@ -107,6 +107,7 @@ struct Mlp<B: Backend> {
 struct Args {}
 
 fn main() {
+    burn_te_suite::show_warnings();
     <Args as clap::Parser>::parse();
     burn_te_suite::exit_on_error(try_main());
 }

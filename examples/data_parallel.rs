@@ -61,9 +61,7 @@ struct Args {
 
 fn try_main() -> Result<(), Error> {
     // Warnings and errors only (burn-collective's server would otherwise log every transfer at INFO).
-    let _ = tracing_subscriber::fmt()
-        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
-        .try_init();
+    burn_te_suite::show_warnings();
     let args = Args::parse();
     let iterations = args.iterations;
     let config = match args.launch.launch()? {

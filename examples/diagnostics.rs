@@ -97,6 +97,7 @@ fn train<B: AutodiffBackend + TeBackend>(device: &B::Device) -> Result<(), Error
 struct Args {}
 
 fn main() {
+    burn_te_suite::show_warnings();
     <Args as clap::Parser>::parse();
     burn_te_suite::exit_on_error(try_main());
 }

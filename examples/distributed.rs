@@ -174,6 +174,7 @@ struct Args {
 }
 
 fn main() {
+    burn_te_suite::show_warnings();
     burn_te_suite::exit_on_error(try_main().map_err(|e| -> Box<dyn std::error::Error> { e }));
 }
 

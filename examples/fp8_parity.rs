@@ -26,7 +26,7 @@ use burn_te::{Recipe, Te};
 use burn_te_debug::advisor::{Advisor, AdvisorOptions, PlanAdvice, PlanBound, PlanOptions};
 use burn_te_debug::stats::StatValue;
 use burn_te_debug::{Debug, DebugOptions, StatLogger};
-use burn_te_suite::cli::{ModelArgs, at_least_one, progress, recipe_name, share};
+use burn_te_suite::cli::{ModelArgs, at_least_one, existing_file, progress, recipe_name, share};
 use burn_te_suite::lm::{CharGpt, Corpus, LmBatcher, Windows, recipe_named, warmup_cosine};
 use clap::Parser;
 use indicatif::ProgressBar;
@@ -76,7 +76,7 @@ struct Args {
     #[arg(long, default_value_t = 2e-3)]
     lr: f64,
     /// A debug config to train --advised-recipes under again (e.g. the advisor's advisor.yaml).
-    #[arg(long, value_name = "FILE", help_heading = "Advisor and plans")]
+    #[arg(long, value_name = "FILE", value_parser = existing_file, help_heading = "Advisor and plans")]
     advised: Option<PathBuf>,
     /// The recipes to train again under --advised.
     #[arg(long, value_delimiter = ',', value_parser = recipe_name, default_value = "nvfp4",
@@ -96,6 +96,7 @@ struct Args {
     #[arg(
         long,
         value_name = "FILE",
+        value_parser = existing_file,
         requires = "plan",
         help_heading = "Advisor and plans"
     )]
@@ -315,6 +316,7 @@ fn train(
 }
 
 fn main() {
+    burn_te_suite::show_warnings();
     burn_te_suite::exit_on_error(run());
 }
 

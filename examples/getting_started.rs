@@ -66,12 +66,13 @@ fn train<B: AutodiffBackend + TeBackend>(device: &B::Device) -> Result<Vec<f32>,
 #[command(version)]
 struct Args {
     /// The debug config (TE's YAML format).
-    #[arg(long, value_name = "FILE",
+    #[arg(long, value_name = "FILE", value_parser = burn_te_suite::cli::existing_file,
           default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/getting_started_config.yaml"))]
     config: std::path::PathBuf,
 }
 
 fn main() {
+    burn_te_suite::show_warnings();
     burn_te_suite::exit_on_error(try_main());
 }
 

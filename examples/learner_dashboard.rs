@@ -235,9 +235,9 @@ struct Args {
     #[arg(long, default_value_t = 3, value_parser = burn_te_suite::cli::at_least_one)]
     epochs: usize,
     /// The debug config (TE's YAML format).
-    #[arg(long, value_name = "FILE",
+    #[arg(long, value_name = "FILE", value_parser = burn_te_suite::cli::existing_file,
           default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/learner_dashboard_config.yaml"))]
-    config: String,
+    config: std::path::PathBuf,
 }
 
 fn main() {
@@ -252,7 +252,7 @@ fn try_main() -> Result<(), Error> {
     let choice = burn_te_suite::device::choose()?;
     // The run's debug settings: a Burn config, saved beside the run like any other.
     let debug = DebugConfig::new()
-        .with_config_file(Some(config_file))
+        .with_config_file(Some(config_file.to_string_lossy().into_owned()))
         .with_log_dir("./log".into())
         .with_tensorboard(true);
     let stats = TrainStats::new();

@@ -109,6 +109,7 @@ fn synthetic_activation() -> Vec<f32> {
 struct Args {}
 
 fn main() {
+    burn_te_suite::show_warnings();
     <Args as clap::Parser>::parse();
     burn_te_suite::exit_on_error(try_main());
 }

@@ -1,6 +1,7 @@
-//! What the examples' command lines share: the char-GPT's size flags, recipe names checked as clap parses them,
-//! whole numbers of at least one, and a progress bar with an ETA that hides itself when stderr is not a terminal.
+//! What the examples' command lines share: the char-GPT's size flags, recipe names and input files checked as clap
+//! parses them, whole numbers of at least one, and a progress bar with an ETA that hides itself when stderr is not a terminal.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -77,6 +78,17 @@ fn number_where(value: &str, ok: impl Fn(f64) -> bool, what: &str) -> Result<f64
         Ok(p)
     } else {
         Err(format!("expected {what}, got {p}"))
+    }
+}
+
+/// A file that exists, checked as clap parses the flag: a missing debug config or plan fails at once, naming the
+/// flag and the path, rather than training without it.
+pub fn existing_file(value: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(value);
+    match std::fs::metadata(&path) {
+        Ok(meta) if meta.is_file() => Ok(path),
+        Ok(_) => Err(format!("{value} is not a file")),
+        Err(err) => Err(err.to_string()),
     }
 }
 

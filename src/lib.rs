@@ -19,6 +19,17 @@ pub mod cli;
 pub mod device;
 pub mod lm;
 
+/// Shows `tracing`'s warnings and errors on stderr: burn-te's fallbacks, a debug config that was not found (TE
+/// runs on without one), statistics that could not be taken. An example's first step, unless burn-train's
+/// `Learner` installs its own logger (its `experiment.log` gets them then). A no-op where a subscriber is set.
+pub fn show_warnings() {
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
 /// The end of an example's `main`: on error, prints `error: <message>` and each cause not already part of the
 /// message (`caused by: ...`) to stderr and exits with status 1. (A `main` returning `Result` prints the error's
 /// `Debug` form instead: `Error: Config(ConfigError { location: ... })`.)

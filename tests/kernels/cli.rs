@@ -1,5 +1,5 @@
-//! The examples' command lines (clap): every example answers `--help`, and every flag the README and the book put
-//! on an example's command line is one its `--help` lists.
+//! The examples' command lines (clap): every example answers `--help`, every flag the README and the book put on an
+//! example's command line is one its `--help` lists, and every file flag refuses a missing file before running.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -26,6 +26,79 @@ fn help_flags(example: &str) -> BTreeSet<String> {
         });
     assert!(output.status.success(), "{example} --help failed");
     flags(&String::from_utf8_lossy(&output.stdout))
+}
+
+/// The flags an example's `--help` lists as taking a `<FILE>`.
+fn file_flags(example: &str) -> BTreeSet<String> {
+    let output = crate::common::example(example)
+        .arg("--help")
+        .output()
+        .unwrap_or_else(|err| panic!("{example} --help: {err} (build the examples)"));
+    let help = String::from_utf8_lossy(&output.stdout).into_owned();
+    help.lines()
+        .flat_map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            words
+                .windows(2)
+                .filter(|w| w[0].starts_with("--") && w[1] == "<FILE>")
+                .map(|w| w[0].to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Every `<FILE>` flag of every example refuses a path that is no file as clap parses it: exit status 2 and a
+/// message naming the flag and the path, before a device is chosen or a step taken. (A debug config that is not
+/// found is a warning in TE, which then runs with no debug features; typed on a command line, it was a typo.)
+#[test]
+fn file_flags_refuse_a_missing_file_before_running() {
+    let missing = std::env::temp_dir().join("burn-te-no-such-config.yaml");
+    let missing = missing.to_str().expect("a UTF-8 temp dir");
+    let mut refused = BTreeSet::new();
+    for example in EXAMPLES {
+        for flag in file_flags(example) {
+            let mut child = crate::common::example(example)
+                .args([flag.as_str(), missing])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|err| panic!("{example}: {err} (build the examples)"));
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            let status = loop {
+                if let Some(status) = child.try_wait().expect("the example's status") {
+                    break status;
+                }
+                if std::time::Instant::now() > deadline {
+                    let _ = child.kill();
+                    panic!(
+                        "`{example} {flag} {missing}` still runs after 60 s instead of refusing the file"
+                    );
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            };
+            let mut stderr = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+            assert_eq!(
+                status.code(),
+                Some(2),
+                "`{example} {flag} {missing}` should fail as clap parses it: {stderr}"
+            );
+            assert!(
+                stderr.contains(&format!("{flag} <FILE>")) && stderr.contains(missing),
+                "`{example} {flag} {missing}`: the error names neither the flag nor the path: {stderr}"
+            );
+            refused.insert(format!("{example} {flag}"));
+        }
+    }
+    let expected = [
+        "char_gpt --config",
+        "char_gpt --plan",
+        "fp8_parity --advised",
+        "fp8_parity --plan-file",
+        "getting_started --config",
+        "learner_dashboard --config",
+    ];
+    assert_eq!(refused, expected.map(String::from).into());
 }
 
 /// The `--flags` of `text`.
