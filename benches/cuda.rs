@@ -31,7 +31,7 @@ use burn_te::backends::cube::gemm_path::{
 use burn_te::nn::TransformerLayerConfig;
 use burn_te::{Fp8Format, Scaling, Te, TeBackend};
 use burn_te_kernels::cubecl::cuda::CudaDevice;
-use burn_te_kernels::cubek_gemm::CubekRoutine;
+use burn_te_kernels::gemm::cubek::CubekRoutine;
 use common::BlockScaled;
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};

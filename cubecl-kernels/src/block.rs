@@ -8,11 +8,11 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
+use crate::Fp8Format;
 use crate::error::KernelError;
-use crate::format::Fp8Format;
 use crate::kernel::{block, reduce::CUBE_SIZE};
 use crate::ops::{Fp8Buffer, StatsReadback, StatsScales, launch_stats};
-pub use crate::scale_block::{BlockScaleRule, ScaleBlock};
+pub use crate::{BlockScaleRule, ScaleBlock};
 
 /// A block-quantized tensor on the device.
 #[derive(Clone, Debug)]

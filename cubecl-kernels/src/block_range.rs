@@ -6,9 +6,9 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
+use crate::ScaleBlock;
 use crate::error::KernelError;
 use crate::kernel::{block::block_amax_kernel, block_range, reduce::CUBE_SIZE};
-use crate::scale_block::ScaleBlock;
 
 /// Launches the statistic: a new one-element f32 buffer (0 for an empty tensor; NaN propagates). One pass over the
 /// tensor (block amax and min nonzero) and one over the blocks; nothing is read back.

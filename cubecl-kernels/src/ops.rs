@@ -8,14 +8,14 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
 
+use crate::AmaxComputeAlgo;
+use crate::Fp8Format;
+use crate::ScaleBlock;
 use crate::error::KernelError;
-use crate::format::Fp8Format;
 use crate::kernel::code::CodeFormat;
 use crate::kernel::{amax, quantize, reduce::CUBE_SIZE, scale, stats};
-use crate::scale_block::ScaleBlock;
-use crate::scaling;
-use crate::scaling::AmaxComputeAlgo;
-use crate::stats::{Fp8Stats, TensorStats};
+
+use crate::{Fp8Stats, TensorStats};
 
 /// FP8 codes on a device, packed four per `u32` word (see [`crate::host::pack_codes`]).
 #[derive(Clone, Debug)]
@@ -275,7 +275,7 @@ pub fn compute_scale<R: Runtime>(
     margin: f32,
 ) -> Result<(), KernelError> {
     let n = scales.num_tensors;
-    let pow2_margin = scaling::pow2_margin(margin)?;
+    let pow2_margin = crate::pow2_margin(margin)?;
     check_size("compute_scale amax", amax, 4, n)?;
     if n == 0 {
         return Ok(());
@@ -310,7 +310,7 @@ pub fn delayed_scaling_update<R: Runtime>(
     margin: f32,
 ) -> Result<(), KernelError> {
     let n = scales.num_tensors;
-    let pow2_margin = scaling::pow2_margin(margin)?;
+    let pow2_margin = crate::pow2_margin(margin)?;
     if history_len == 0 {
         return Err(KernelError::InvalidArgument {
             what: "history_len",

@@ -25,8 +25,8 @@ use burn_te::backends::cube::gemm_path::{
 };
 use burn_te::{BlockScaleRule, Fp8Format, Fp8Primitive, ScaleBlock, Scaling, TeBackend};
 use burn_te_kernels::cubecl::prelude::CubeElement;
+use burn_te_kernels::gemm::transpose::transpose_fp8_codes;
 use burn_te_kernels::host;
-use burn_te_kernels::transpose::transpose_fp8_codes;
 
 use crate::common::*;
 use crate::host_gemm::{check_gemm_within, reference, stored_f64};
@@ -564,7 +564,7 @@ fn check_falls_back(
 #[test]
 fn each_forced_tiled_routine_runs_or_falls_back_counted() {
     use burn_te::backends::cube::gemm_path::with_tiled_routine;
-    use burn_te_kernels::cubek_gemm::{CubekRoutine, PlaneTile};
+    use burn_te_kernels::gemm::cubek::{CubekRoutine, PlaneTile};
     let matmul = client().properties().features.matmul.clone();
     let mut rng = Rng::new(96);
     let n = 48;
@@ -621,7 +621,7 @@ fn each_forced_tiled_routine_runs_or_falls_back_counted() {
 #[test]
 fn the_tiled_routine_set_follows_its_variable() {
     use burn_te::backends::cube::gemm_tune::tiled_candidates;
-    use burn_te_kernels::cubek_gemm::CubekRoutine;
+    use burn_te_kernels::gemm::cubek::CubekRoutine;
     let tested = [
         CubekRoutine::SimpleUnit,
         CubekRoutine::DoubleUnit,

@@ -4,7 +4,7 @@
 use burn_te_kernels::block::{self, BlockQuantized};
 use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::cubecl::server::Handle;
-use burn_te_kernels::cubek_gemm::{CubekRoutine, cubek_refusal, fp8_gemm_cubek};
+use burn_te_kernels::gemm::cubek::{CubekRoutine, cubek_refusal, fp8_gemm_cubek};
 use burn_te_kernels::gemm::{
     GemmOperand, GemmTiling, OperandCodes, fp8_gemm, fp8_gemm_grouped_tiled, fp8_gemm_tiled,
     max_grouped_gemms,
@@ -677,7 +677,7 @@ fn grouped_gemms_equal_each_alone() {
 
 /// Whether `routine` is one of the double-buffered plane routines (refused at a depth that is not a multiple of 128).
 pub(crate) fn double_buffered_plane(routine: CubekRoutine) -> bool {
-    use burn_te_kernels::cubek_gemm::PlaneRoutine;
+    use burn_te_kernels::gemm::cubek::PlaneRoutine;
     matches!(
         routine,
         CubekRoutine::Plane(
@@ -832,7 +832,7 @@ fn cubek_tiled_refusals_name_the_reason() {
     }
 }
 
-/// The decoded path's operands (`burn_te_kernels::decoded`): every FP8 code, NaN, infinities, subnormals and both
+/// The decoded path's operands (`burn_te_kernels::gemm::decoded`): every FP8 code, NaN, infinities, subnormals and both
 /// zeros included, in each of a word's four lanes, decodes to its value in f32 and in f16 (where the device has
 /// f16), bit for bit (NaN as a NaN); 255 codes leave a partial last word, decoded too. Where the device converts FP8
 /// in hardware (CUDA from sm 89) the kernel takes that conversion, elsewhere the integer decode: both must give
@@ -840,7 +840,7 @@ fn cubek_tiled_refusals_name_the_reason() {
 #[test]
 fn every_code_decoded_ahead_in_each_lane() {
     use burn_te_kernels::cubecl::ir::{ElemType, FloatKind, StorageType};
-    use burn_te_kernels::decoded::decode_operand;
+    use burn_te_kernels::gemm::decoded::decode_operand;
     let has_f16 = client()
         .properties()
         .supports_type(StorageType::Scalar(ElemType::Float(FloatKind::F16)));

@@ -595,7 +595,7 @@ fn gemm_on_each_path(
     a: &burn_te_kernels::gemm::GemmOperand<'_>,
     b: &burn_te_kernels::gemm::GemmOperand<'_>,
 ) -> Vec<(String, Handle)> {
-    use burn_te_kernels::cubek_gemm::{CubekRoutine, cubek_refusal, fp8_gemm_cubek};
+    use burn_te_kernels::gemm::cubek::{CubekRoutine, cubek_refusal, fp8_gemm_cubek};
     let client = client();
     let mut outputs = vec![(
         "simt".to_string(),
@@ -670,10 +670,10 @@ fn gemm_with_nvfp4_operands_equals_the_product_of_the_dequantized_operands() {
     let (xq2, xf2, xd2) = quantize(&x2, m2, k2, Nvfp4Tile::Row1x16);
     let (wq2, wf2, wd2) = quantize(&w2, n2, k2, Nvfp4Tile::Tile16x16);
     let (a2, b2) = (xq2.gemm_operand(&xf2, false), wq2.gemm_operand(&wf2, true));
-    let refusal = burn_te_kernels::cubek_gemm::cubek_refusal(
+    let refusal = burn_te_kernels::gemm::cubek::cubek_refusal(
         &a2,
         &b2,
-        burn_te_kernels::cubek_gemm::CubekRoutine::SimpleUnit,
+        burn_te_kernels::gemm::cubek::CubekRoutine::SimpleUnit,
     )
     .expect("SimpleUnit refuses K = 512 with E2M1 words");
     assert!(refusal.contains("512"), "{refusal}");

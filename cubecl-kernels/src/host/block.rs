@@ -9,9 +9,9 @@ use std::mem::MaybeUninit;
 use rayon::prelude::*;
 
 use super::{amax_bits, assume_init, encode_scaled, uninit};
+use crate::Fp8Format;
 use crate::error::KernelError;
-use crate::format::Fp8Format;
-use crate::scale_block::{BlockScaleRule, ScaleBlock};
+use crate::{BlockScaleRule, ScaleBlock};
 
 /// Elements of input per task at least: stripes of one-row blocks are grouped up to this many.
 pub(super) const TASK_ELEMENTS: usize = 1 << 15;

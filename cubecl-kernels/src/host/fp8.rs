@@ -1,7 +1,7 @@
 //! FP8 encode/decode in plain Rust: the reference the kernels are tested against (and the fallback of backends
 //! without a CubeCL device). The same codes as the kernels' `kernel::fp8`.
 
-use crate::format::Fp8Format;
+use crate::Fp8Format;
 
 impl Fp8Format {
     /// Encodes an f32 as an FP8 code: round to nearest-even, saturate to ±max (±inf included), NaN → NaN.

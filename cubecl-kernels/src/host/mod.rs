@@ -20,7 +20,7 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
-use crate::format::Fp8Format;
+use crate::Fp8Format;
 
 /// Elements per parallel chunk: smaller tensors run on the calling thread.
 const CHUNK: usize = 1 << 15;

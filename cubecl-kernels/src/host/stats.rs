@@ -10,11 +10,11 @@
 
 use rayon::prelude::*;
 
+use crate::Fp8Format;
 use crate::error::KernelError;
-use crate::format::Fp8Format;
 use crate::host::block::{TASK_ELEMENTS, fill_block_columns, stripe_scales};
-use crate::scale_block::{BlockScaleRule, ScaleBlock};
-use crate::stats::{Fp8Stats, TensorStats};
+use crate::{BlockScaleRule, ScaleBlock};
+use crate::{Fp8Stats, TensorStats};
 
 /// Values per chunk: 64 KiB of f32, in L2 between the chunk's passes.
 const CHUNK: usize = 1 << 14;

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 
 use super::pool::{HostOutput, OutputValues};
 use super::{amax_bits, assume_init, encode_scaled, uninit};
-use crate::format::Fp8Format;
+use crate::Fp8Format;
 
 /// Output elements per parallel task (at least one row).
 const TASK: usize = 1 << 14;

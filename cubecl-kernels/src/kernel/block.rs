@@ -3,10 +3,10 @@
 
 use cubecl::prelude::*;
 
-use crate::format::Fp8Format;
+use crate::BlockScaleRule;
+use crate::Fp8Format;
 use crate::kernel::fp8::{decode_fp8, encode_fp8};
 use crate::kernel::reduce::abs_bits;
-use crate::scale_block::BlockScaleRule;
 
 /// `amax[block] = max |x|` over each block (f32 bits, atomically; NaN propagates) and, with `with_min`,
 /// `amin[block] = min nonzero |x|` (`amin` must start at `u32::MAX`, which an all-zero block keeps). One unit per

@@ -3,7 +3,7 @@
 
 use cubecl::prelude::*;
 
-use crate::format::Fp8Format;
+use crate::Fp8Format;
 use crate::kernel::fp8::{decode_fp8, encode_fp8};
 use crate::kernel::nvfp4::{decode_e2m1, encode_e2m1};
 

@@ -18,7 +18,7 @@ use cubecl::std::tensor::{View, ViewExpand, ViewOperations, ViewOperationsExpand
 use cubecl::unexpanded;
 use cubecl::{e4m3, e5m2};
 
-use crate::format::Fp8Format;
+use crate::Fp8Format;
 use crate::kernel::code::{CodeFormat, decode};
 
 /// One of a view's reads (checked, unchecked, ...) at a position.

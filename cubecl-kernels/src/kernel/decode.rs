@@ -1,9 +1,9 @@
 //! Packed codes decoded into a float type, one code word per unit: the operands of the FP8 GEMM's decoded path
-//! (`burn_te_kernels::decoded`).
+//! (`burn_te_kernels::gemm::decoded`).
 
 use cubecl::prelude::*;
 
-use crate::format::Fp8Format;
+use crate::Fp8Format;
 use crate::kernel::code::{CodeFormat, decode};
 use crate::kernel::code_view::{codes_per_word, word_values};
 

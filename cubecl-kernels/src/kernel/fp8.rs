@@ -2,11 +2,11 @@
 //!
 //! Working on the f32 bit pattern keeps the conversion exact on every runtime: no float rounding mode, no
 //! flush-to-zero and no NaN handling of the shader compiler can change a code. The host reference
-//! ([`Fp8Format::encode`](crate::format::Fp8Format::encode) and `decode`) follows the same steps in plain Rust.
+//! ([`Fp8Format::encode`](crate::Fp8Format::encode) and `decode`) follows the same steps in plain Rust.
 
 use cubecl::prelude::*;
 
-use crate::format::Fp8Format;
+use crate::Fp8Format;
 
 /// Encodes the bits of an f32 as an FP8 code in the low 8 bits: round to nearest-even, saturate to ±max (±inf
 /// included), NaN → NaN.

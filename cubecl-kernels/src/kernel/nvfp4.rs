@@ -5,7 +5,7 @@
 
 use cubecl::prelude::*;
 
-use crate::format::Fp8Format;
+use crate::Fp8Format;
 use crate::kernel::fp8::{decode_fp8, encode_fp8};
 
 /// Bits of `f32::MAX`.

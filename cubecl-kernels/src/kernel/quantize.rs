@@ -6,7 +6,7 @@
 
 use cubecl::prelude::*;
 
-use crate::format::Fp8Format;
+use crate::Fp8Format;
 use crate::kernel::fp8::{decode_fp8, encode_fp8};
 use crate::kernel::reduce::{abs_bits, cube_atomic_max};
 

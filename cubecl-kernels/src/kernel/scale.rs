@@ -2,7 +2,7 @@
 
 use cubecl::prelude::*;
 
-use crate::scaling::AmaxComputeAlgo;
+use crate::AmaxComputeAlgo;
 
 /// Bits of +inf in f32.
 const INF_BITS: u32 = 0x7f80_0000;

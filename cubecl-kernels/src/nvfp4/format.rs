@@ -2,9 +2,9 @@
 //! TE's order of f32 operations — the reference that the host path (`host::nvfp4`) uses and the device kernels
 //! (`kernel::nvfp4`) match bit for bit.
 
+use crate::Fp8Format;
+use crate::ScaleBlock;
 use crate::error::KernelError;
-use crate::format::Fp8Format;
-use crate::scale_block::ScaleBlock;
 
 /// `448 · 6`: E4M3's largest value times E2M1's.
 pub const GLOBAL_SCALE_NUMERATOR: f32 = 2688.0;

@@ -1,4 +1,4 @@
-//! The decoded path of the device FP8 GEMM: both operands' codes decoded (`burn_te_kernels::decoded`), multiplied
+//! The decoded path of the device FP8 GEMM: both operands' codes decoded (`burn_te_kernels::gemm::decoded`), multiplied
 //! by Burn's own matmul with its autotune into f32, as a Burn user's f16 or bf16 matmul runs, then the per-tensor
 //! scales applied once to the f32 product. The values are decoded into f16 where no operand has FP8 block scales
 //! (every FP8 value is an f16 value, and so is every NVFP4 E2M1 code times its block's E4M3 scale) and into bf16
@@ -22,8 +22,8 @@ use burn_te_kernels::KernelError;
 use burn_te_kernels::cubecl::ir::{ElemType, FloatKind, StorageType};
 use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::cubecl::server::Handle;
-use burn_te_kernels::cubek_gemm::scale_output;
-use burn_te_kernels::decoded::{decode_operand, decoded_refusal};
+use burn_te_kernels::gemm::cubek::scale_output;
+use burn_te_kernels::gemm::decoded::{decode_operand, decoded_refusal};
 use burn_te_kernels::gemm::{GemmOperand, OperandCodes, product_dims};
 
 /// Why the decoded path cannot take `a × b` exactly, or `None` where it can.

@@ -2,7 +2,7 @@
 //! library Transformer Engine calls) where it takes the operands exactly: E4M3/E5M2 with per-tensor scales, K a
 //! multiple of 16. Elsewhere, and for what cuBLASLt does not take, the autotune ([`super::gemm_tune`]) picks per
 //! device and shape between the SIMT kernel of `burn-te-kernels`, cubek-matmul's tiled routines with the codes
-//! decoded on load (`burn_te_kernels::cubek_gemm`: rows of whole code words) and Burn's own matmul on codes decoded
+//! decoded on load (`burn_te_kernels::gemm::cubek`: rows of whole code words) and Burn's own matmul on codes decoded
 //! ahead into f16, or bf16 with block scales ([`super::gemm_decoded`]: FP8 codes).
 //!
 //! [`with_device_gemm_path`] forces a path on this thread, `BURN_TE_DEVICE_GEMM` (`auto`, `simt`, `tiled`,
@@ -18,7 +18,7 @@ use burn_cubecl::CubeRuntime;
 use burn_te_kernels::KernelError;
 use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::cubecl::server::Handle;
-use burn_te_kernels::cubek_gemm::{CubekRoutine, cubek_refusal};
+use burn_te_kernels::gemm::cubek::{CubekRoutine, cubek_refusal};
 use burn_te_kernels::gemm::{GemmOperand, fp8_gemm_grouped};
 
 use super::gemm_decoded;
@@ -352,7 +352,7 @@ fn cublaslt<R: Runtime, F: Float + CubeElement>(
     gemms: &[(GemmOperand<'_>, GemmOperand<'_>)],
 ) -> Result<Vec<Result<Handle, Refused>>, Refused> {
     use burn_te_kernels::cubecl::cuda::{CudaDevice, CudaRuntime};
-    use burn_te_kernels::cublaslt;
+    use burn_te_kernels::gemm::cublaslt;
     let (Some(cuda_client), Some(cuda_device)) = (
         (client as &dyn core::any::Any).downcast_ref::<ComputeClient<CudaRuntime>>(),
         (device as &dyn core::any::Any).downcast_ref::<CudaDevice>(),

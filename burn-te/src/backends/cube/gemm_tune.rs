@@ -19,7 +19,7 @@ use burn_te_kernels::KernelError;
 use burn_te_kernels::cubecl::future::block_on;
 use burn_te_kernels::cubecl::prelude::*;
 use burn_te_kernels::cubecl::server::Handle;
-use burn_te_kernels::cubek_gemm::{CubekRoutine, cubek_refusal, fp8_gemm_cubek};
+use burn_te_kernels::gemm::cubek::{CubekRoutine, cubek_refusal, fp8_gemm_cubek};
 use burn_te_kernels::gemm::{GemmOperand, fp8_gemm, product_dims};
 use burn_te_kernels::kernel::code::CodeFormat;
 

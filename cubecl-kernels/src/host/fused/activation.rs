@@ -2,7 +2,7 @@
 //! takes rows of `2n` (the activated half first, the gate's value half second) and returns `act(a) · v`.
 
 use super::{par_rows, sigmoid};
-use crate::format::Fp8Format;
+use crate::Fp8Format;
 use crate::host::pool::OutputValues;
 use crate::host::{amax_bits, assume_init, encode_scaled, uninit};
 

@@ -9,7 +9,7 @@
 use std::mem::MaybeUninit;
 
 use super::{add_in_order, dot, par_rows, sum_of};
-use crate::format::Fp8Format;
+use crate::Fp8Format;
 use crate::host::pool::OutputValues;
 use crate::host::{amax_bits, assume_init, encode_scaled, uninit};
 

@@ -1,16 +1,24 @@
 //! The FP8 GEMM launcher: `out = dequant(A) × dequant(B)` in f32 accumulation, for any shapes, batched, with
-//! either operand used transposed and per-tensor or per-block scales.
+//! either operand used transposed and per-tensor or per-block scales. Here the operand types and the SIMT kernel's
+//! launcher; the other paths beside it: cubek's tiled matmuls ([`cubek`]), operands decoded for Burn's matmul
+//! ([`decoded`]), cuBLASLt on CUDA (`cublaslt`) and the K-major copies it reads ([`transpose`]).
+
+pub mod cubek;
+#[cfg(feature = "cuda")]
+pub mod cublaslt;
+pub mod decoded;
+pub mod transpose;
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use cubecl::{CubeCount, CubeDim};
 
+use crate::ScaleBlock;
 use crate::error::KernelError;
 pub use crate::kernel::gemm::GemmTiling;
 use crate::kernel::gemm::{CodeFormat, StagedOperand, TILE_K, fp8_gemm_kernel, param};
 use crate::nvfp4::Nvfp4Buffer;
 use crate::ops::{Fp8Buffer, check_size};
-use crate::scale_block::ScaleBlock;
 
 /// The codes of a GEMM operand.
 #[derive(Clone, Copy, Debug)]

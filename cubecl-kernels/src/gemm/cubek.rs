@@ -49,8 +49,8 @@ use cubek_matmul::routines::simple_unit::SimpleUnitAlgorithm;
 use cubek_matmul::routines::{BlueprintStrategy, Routine};
 use cubek_std::InputBinding;
 
+use crate::Fp8Format;
 use crate::error::KernelError;
-use crate::format::Fp8Format;
 use crate::gemm::{GemmOperand, OperandCodes, product_dims};
 use crate::kernel::code::CodeFormat;
 use crate::kernel::code_view::{CodeView, codes_per_word};

@@ -1,7 +1,7 @@
 //! The FP8 GEMM's operands decoded ahead of the product, for burn-te's `decoded` path: the codes become `S` values
 //! (f16, bf16 or f32, as the caller picks for the device), which Burn's own autotuned matmul multiplies into f32 as
 //! it does any tensor of those types, on the device's matrix units where it has them; the per-tensor scales then go
-//! to the f32 product once ([`crate::cubek_gemm::scale_output`], with NVFP4's global factors), and block scales
+//! to the f32 product once ([`crate::gemm::cubek::scale_output`], with NVFP4's global factors), and block scales
 //! (FP8's `scale_inv`, NVFP4's E4M3 codes) multiply each value as it is
 //! decoded (in f32, then cast: the SIMT kernel's staging). Exact where `S` holds the values: every E4M3 and E5M2
 //! value is an f16, a bf16 and an f32 value, a power-of-two block scale times one is a bf16 and an f32 value (bf16
@@ -11,7 +11,7 @@
 //! The copy costs a pass over each operand (one byte read, `size_of::<S>()` written per code) and holds
 //! `batch · rows · cols` values of `S` until the product is done; in exchange the product runs at the speed of the
 //! matmul users get for f16, with Burn's own choice of routine per shape and device, where the tiled path
-//! ([`crate::cubek_gemm`]) decodes inside cubek's loaders.
+//! ([`crate::gemm::cubek`]) decodes inside cubek's loaders.
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
@@ -37,7 +37,7 @@ pub fn decoded_refusal(operand: &GemmOperand<'_>) -> Option<String> {
 /// The operand's codes as `S` values in their stored row-major order (`batch · rows · cols` of them, padded to
 /// whole code words): unscaled with a per-tensor scale (the product's factor), times their block's scale with FP8
 /// block scales, times their block's E4M3 scale with NVFP4 (its global factor the product's,
-/// [`crate::cubek_gemm::scale_output`]).
+/// [`crate::gemm::cubek::scale_output`]).
 pub fn decode_operand<R: Runtime, S: Float + CubeElement>(
     client: &ComputeClient<R>,
     operand: &GemmOperand<'_>,

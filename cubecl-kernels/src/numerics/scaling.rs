@@ -1,6 +1,6 @@
 //! Transformer Engine's scaling-factor rule and delayed-scaling history update, on the host.
 
-use crate::format::Fp8Format;
+use crate::Fp8Format;
 
 use crate::error::KernelError;
 

@@ -1,8 +1,8 @@
 //! The shape of the blocks that share one scale ([`ScaleBlock`]) and how a block's scale follows from its amax
 //! ([`BlockScaleRule`]): plain types of Float8BlockScaling, MXFP8 and NVFP4, below their kernels and launchers.
 
+use crate::Fp8Format;
 use crate::error::KernelError;
-use crate::format::Fp8Format;
 
 /// The shape of the blocks that share one scale.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

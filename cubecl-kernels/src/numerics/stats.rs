@@ -1,7 +1,7 @@
 //! Statistics records produced by the one-pass statistics kernels (and the host path), their exact merging, and
 //! the derived stats of Transformer Engine's LogTensorStats and LogFp8TensorStats.
 
-use crate::format::Fp8Format;
+use crate::Fp8Format;
 
 /// Mergeable statistics of a tensor, from one read of it.
 ///

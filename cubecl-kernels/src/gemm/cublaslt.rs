@@ -4,7 +4,7 @@
 //!
 //! cuBLASLt takes FP8 operands in one layout only, "TN" (both operands K-major). In row-major terms that is
 //! `out[M, N] = A[M, K] · B[N, K]ᵀ`: a layer's fprop. Operands stored the other way (dgrad's weight, wgrad's
-//! operands) are transposed into K-major copies first ([`crate::transpose::transpose_fp8_codes`]); a permutation of
+//! operands) are transposed into K-major copies first ([`crate::gemm::transpose::transpose_fp8_codes`]); a permutation of
 //! the codes, so the product is the same.
 //!
 //! Two ways to order the library's work with CubeCL's ([`LtStream`]):
@@ -28,10 +28,10 @@ use cubecl::server::{Binding, Handle};
 use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::{result as driver, sys as driver_sys};
 
+use crate::Fp8Format;
 use crate::error::KernelError;
-use crate::format::Fp8Format;
+use crate::gemm::transpose::transpose_fp8_codes;
 use crate::gemm::{GemmOperand, OperandCodes, product_dims};
-use crate::transpose::transpose_fp8_codes;
 
 /// cuBLASLt's workspace per device (NVIDIA's recommendation for Hopper; 4 MiB suffice before it).
 const WORKSPACE_BYTES: usize = 32 << 20;
