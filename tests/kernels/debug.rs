@@ -167,6 +167,50 @@ fn bad_configs_name_section_feature_key_and_line() {
         "{err}"
     );
 
+    // TE checks every feature name of an enabled section, the disabled features' too.
+    let err = error_of(&format!(
+        "{SECTION}    LogTensorStatz:\n      enabled: False\n"
+    ));
+    assert!(
+        matches!(err.kind, ConfigErrorKind::UnknownFeature { ref feature, .. } if feature == "LogTensorStatz"),
+        "{err}"
+    );
+    assert_eq!(err.location.line, Some(6));
+    // TE sets max_over_orientations from the tensor and refuses the key; so do we. And overflows% is TE's for
+    // delayed scaling only: the current, MXFP8 and block what-ifs are refused.
+    let err = error_of(&format!(
+        "{SECTION}    LogTensorStats:\n      enabled: True\n      tensors: [gradient]\n      stats: [{{max_blockwise_dynamic_range: {{block_size: 3, max_over_orientations: true}}}}]\n"
+    ));
+    assert!(
+        matches!(err.kind, ConfigErrorKind::InvalidValue(ref m) if m.contains("max_over_orientations is not a key")),
+        "{err}"
+    );
+    for stat in [
+        "fp8_current_scaling_overflows%",
+        "mxfp8_overflows%",
+        "fp8_block_scaling_overflows%_columnwise",
+    ] {
+        let err = error_of(&format!(
+            "{SECTION}    LogFp8TensorStats:\n      enabled: True\n      tensors: [activation]\n      stats: [fp8_delayed_scaling_overflows%, nvfp4_overflows%, {stat}]\n"
+        ));
+        assert!(
+            matches!(err.kind, ConfigErrorKind::UnknownStat { stat: ref s, .. } if s == stat),
+            "{err}"
+        );
+    }
+    // `enabled` belongs to the feature, not to a gemms_struct item (TE asserts it).
+    let err = error_of(&format!(
+        "{SECTION}    FakeQuant:\n      enabled: True\n      quant_format: FP8E4M3\n      gemms_struct:\n        - gemm: fprop\n          enabled: False\n          tensors: [activation]\n"
+    ));
+    assert!(
+        matches!(err.kind, ConfigErrorKind::InvalidValue(ref m) if m.contains("gemms_struct")),
+        "{err}"
+    );
+    assert_eq!(
+        (err.location.key.as_deref(), err.location.line),
+        (Some("gemms_struct"), Some(9))
+    );
+
     let err = error_of(&format!(
         "{SECTION}    DisableFP8GEMM:\n      enabled: True\n      gemms: [fprop, xgrad]\n"
     ));
@@ -265,6 +309,24 @@ fn selectors_and_schedules_follow_te() {
         ranges: vec![(2, 3), (7, 7)],
     };
     assert_eq!((s.next_after(3), s.next_after(7)), (Some(7), None));
+
+    // An empty start_end_list is no list (TE's `if start_end_list:`): start_step and end_step apply.
+    for (list, expected) in [("[]", vec![2, 4]), ("[[5, 6]]", vec![6])] {
+        let config = Config::parse(
+            &format!("s:\n  enabled: True\n  layers:\n    layer_types: [fc1]\n  transformer_engine:\n    LogTensorStats:\n      enabled: True\n      tensors: [activation]\n      stats: [max]\n      freq: 2\n      start_step: 1\n      end_step: 4\n      start_end_list: {list}\n"),
+            "x",
+        )
+        .unwrap();
+        let feature = &config.sections[0].features[0];
+        let runs: Vec<u64> = (0..10)
+            .filter(|&i| {
+                feature
+                    .inspect_tensor_enabled("fc1", TensorName::Activation, i)
+                    .is_some_and(|r| r.enabled)
+            })
+            .collect();
+        assert_eq!(runs, expected, "start_end_list: {list}");
+    }
 }
 
 #[test]
@@ -688,14 +750,18 @@ fn debug_on_wgpu_dumps_tensors_logs_blockwise_ranges_and_exact_underflows() {
         (underflows - expected).abs() < 1e-9,
         "{underflows} vs {expected}"
     );
-    // Blockwise dynamic ranges against a tile-by-tile reference.
+    // Blockwise dynamic ranges against a tile-by-tile reference; the activation's over both orientations (TE).
     let tiles = crate::statistics::reference_block_range(&values, rows, cols, 4, 4);
     let rows_of_32 = crate::statistics::reference_block_range(&values, rows, cols, 1, 32);
+    let cols_of_32 = crate::statistics::reference_block_range(&values, rows, cols, 32, 1);
     for (name, expected) in [
-        ("max_blockwise_dynamic_range_block_size_4_dims_2", tiles),
         (
-            "max_blockwise_dynamic_range_block_size_32_dims_1",
-            rows_of_32,
+            "max_blockwise_dynamic_range_block_size_4_dims_2_max_over_orientations",
+            tiles,
+        ),
+        (
+            "max_blockwise_dynamic_range_block_size_32_dims_1_max_over_orientations",
+            rows_of_32.max(cols_of_32),
         ),
     ] {
         let value = get(&format!("blocks.0.fc0_activation_{name}"), 10);
@@ -752,7 +818,9 @@ fn debug_on_wgpu_dumps_tensors_logs_blockwise_ranges_and_exact_underflows() {
     )
     .unwrap();
     assert!(
-        stats.contains("blocks.0.fc0_activation_max_blockwise_dynamic_range_block_size_4_dims_2")
+        stats.contains(
+            "blocks.0.fc0_activation_max_blockwise_dynamic_range_block_size_4_dims_2_max_over_orientations"
+        )
     );
     assert!(stats.contains("iteration=000010") && !stats.contains("iteration=000005"));
 }

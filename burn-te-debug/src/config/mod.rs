@@ -23,9 +23,10 @@ use crate::feature::Feature;
 use lines::find_line;
 use quote::{clip, shown};
 
-/// How the parser builds a feature from its config entry.
+/// How the parser builds a feature from its config entry: an enabled one (`true`) is built, a disabled one only
+/// checked by name (`Ok(None)`), as TE checks every feature name of an enabled section.
 pub(crate) type BuildFeature<'a> =
-    &'a dyn Fn(Namespace, &FeatureSpec) -> Result<Box<dyn Feature>, ConfigError>;
+    &'a dyn Fn(Namespace, &FeatureSpec, bool) -> Result<Option<Box<dyn Feature>>, ConfigError>;
 
 /// A parsed config: its enabled sections, in file order.
 pub struct Config {
@@ -288,7 +289,7 @@ impl SectionParser<'_> {
             spec_path,
             self.text.clone(),
         );
-        if !self.enabled(map, &path).map_err(|e| ConfigError {
+        let enabled = self.enabled(map, &path).map_err(|e| ConfigError {
             location: Box::new(ConfigLocation {
                 feature: spec
                     .error(None, ConfigErrorKind::NoSelector)
@@ -297,9 +298,7 @@ impl SectionParser<'_> {
                 ..*e.location
             }),
             ..e
-        })? {
-            return Ok(None);
-        }
-        (self.build)(namespace, &spec).map(Some)
+        })?;
+        (self.build)(namespace, &spec, enabled)
     }
 }

@@ -147,6 +147,14 @@ impl FeatureSpec {
         for (gemm, gemm_map) in gemm_entries {
             let mut keys = top.clone();
             let scope = match &gemm_map {
+                Some(map) if map.contains_key("enabled") => {
+                    return Err(self.error(
+                        Some("gemms_struct"),
+                        ConfigErrorKind::InvalidValue(
+                            "enabled is the feature's key, not a gemms_struct item's (TE asserts the same)".into(),
+                        ),
+                    ));
+                }
                 Some(map) => {
                     keys.extend(self.plain_keys(map, &allowed)?);
                     map
@@ -435,7 +443,11 @@ impl Item {
                 ConfigErrorKind::InvalidValue("freq must be at least 1".into()),
             ));
         }
-        let ranges = match self.get("start_end_list") {
+        // An empty list is no list (TE's `if start_end_list:`): start_step and end_step apply.
+        let list = self
+            .get("start_end_list")
+            .filter(|list| list.as_sequence().is_none_or(|items| !items.is_empty()));
+        let ranges = match list {
             Some(list) => {
                 let pairs = list.as_sequence().and_then(|items| {
                     items

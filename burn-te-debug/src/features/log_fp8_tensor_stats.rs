@@ -1,5 +1,7 @@
 //! LogFp8TensorStats: what quantizing a tensor to FP8 does to it — underflows, overflows, scales, error.
 
+use std::collections::BTreeSet;
+
 use burn_te::{Fp8Format, Recipe, TensorRole};
 
 use super::Scheduled;
@@ -58,6 +60,13 @@ impl WhatIf {
         )
     }
 
+    /// Whether `overflows%` may take this prefix: TE's is for delayed scaling only, where a scale from past amaxes
+    /// can leave a value above the format's range; current, block and MXFP8 scales come from the values' own
+    /// amax and cannot. Ours also for NVFP4, whose E4M3 block scale can round below the block's amax / 6.
+    fn has_overflows(self) -> bool {
+        matches!(self, WhatIf::Actual | WhatIf::Delayed | WhatIf::Nvfp4)
+    }
+
     /// The recipe whose blocks a block what-if takes.
     fn block_recipe(self) -> Option<Recipe> {
         match self {
@@ -77,6 +86,21 @@ fn orientation_suffix(columnwise: bool) -> &'static str {
     if columnwise { COLUMNWISE } else { "" }
 }
 
+/// Warns that a configured stat does not apply to a GEMM (its recipe has no such stat), once per tensor and reason
+/// in the process, naming the first layer: a config that asks every recipe's stats (the advisor's) would otherwise
+/// repeat it for every layer at every step.
+fn warn_skip(layer: &str, tensor: TensorName, why: &str) {
+    static SAID: std::sync::Mutex<BTreeSet<String>> = std::sync::Mutex::new(BTreeSet::new());
+    let key = format!("{tensor}: {why}");
+    let first = SAID
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key.clone());
+    if first {
+        tracing::warn!("LogFp8TensorStats: {key} (not logged; first at {layer}, said once)");
+    }
+}
+
 /// One configured stat: its recipe, the stat, and whether it is the columnwise one.
 type Fp8StatName = (WhatIf, Stat, bool);
 
@@ -89,7 +113,9 @@ fn parse_name(name: &str) -> Option<Fp8StatName> {
     WhatIf::ALL.into_iter().rev().find_map(|what_if| {
         let rest = name.strip_prefix(what_if.prefix())?;
         let stat = Stat::FP8.into_iter().find(|s| s.name() == rest)?;
-        (!columnwise || what_if.has_orientations()).then_some((what_if, stat, columnwise))
+        let allowed = (!columnwise || what_if.has_orientations())
+            && (stat != Stat::Overflows || what_if.has_overflows());
+        allowed.then_some((what_if, stat, columnwise))
     })
 }
 
@@ -125,11 +151,14 @@ impl LogFp8TensorStats {
                 } else {
                     &[""]
                 };
-                Stat::FP8.iter().flat_map(move |s| {
-                    suffixes
-                        .iter()
-                        .map(move |suffix| format!("{}{}{suffix}", w.prefix(), s.name()))
-                })
+                Stat::FP8
+                    .iter()
+                    .filter(move |&&s| s != Stat::Overflows || w.has_overflows())
+                    .flat_map(move |s| {
+                        suffixes
+                            .iter()
+                            .map(move |suffix| format!("{}{}{suffix}", w.prefix(), s.name()))
+                    })
             })
             .collect();
         let entries = spec
@@ -212,9 +241,7 @@ impl Feature for LogFp8TensorStats {
                     other => other.block_recipe(),
                 };
                 let k_along_cols = role.rowwise_k_along_cols() != columnwise;
-                let skip = |why: &str| {
-                    tracing::warn!("{layer}: LogFp8TensorStats: {tensor}: {why}");
-                };
+                let skip = |why: &str| warn_skip(layer, tensor, why);
                 if let Some(Recipe::Nvfp4(nvfp4)) = &block_recipe {
                     // The columnwise use of an activation or gradient is the wgrad's, under the RHT.
                     let plan = burn_te::gemm::nvfp4::Nvfp4Plan::nearest(
@@ -229,6 +256,13 @@ impl Feature for LogFp8TensorStats {
                         suffix: orientation_suffix(columnwise).to_string(),
                         stats: vec![stat],
                     });
+                    continue;
+                }
+                if stat == Stat::Overflows && what_if == WhatIf::Actual && !delayed {
+                    skip(
+                        "overflows% is TE's for fp8_delayed_scaling only (a scale taken from the tensor's own amax \
+                         cannot overflow); this GEMM's recipe is not",
+                    );
                     continue;
                 }
                 let block = block_recipe.and_then(|r| r.block(role, k_along_cols));

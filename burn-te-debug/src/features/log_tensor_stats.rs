@@ -18,7 +18,7 @@ pub struct LogTensorStats {
 }
 
 /// Parses a `stats` list against `known`, naming an unknown stat. An entry is a name, or for
-/// `max_blockwise_dynamic_range` a one-key map of its parameters (`block_size`, `dims`, `max_over_orientations`).
+/// `max_blockwise_dynamic_range` a one-key map of its parameters (`block_size`, `dims`).
 pub(super) fn parse_stats(
     item: &crate::config::Item,
     known: &[String],
@@ -75,8 +75,8 @@ pub(super) fn parse_stats(
         .collect()
 }
 
-/// The parameters of `max_blockwise_dynamic_range`: `block_size` (default 32), `dims` (1 or 2, default 1),
-/// `max_over_orientations` (default false).
+/// The parameters of `max_blockwise_dynamic_range`: `block_size` (default 32), `dims` (1 or 2, default 1). Whether
+/// it takes the maximum over both orientations follows from the tensor, as in TE ([`over_orientations`]).
 fn blockwise_range(
     item: &crate::config::Item,
     params: &serde_yaml_ng::Value,
@@ -90,7 +90,7 @@ fn blockwise_range(
     };
     let Some(map) = params.as_mapping() else {
         return Err(invalid(format!(
-            "max_blockwise_dynamic_range: expected a map of block_size, dims, max_over_orientations, got {params:?}"
+            "max_blockwise_dynamic_range: expected a map of block_size and dims, got {params:?}"
         )));
     };
     for (key, value) in map {
@@ -107,14 +107,13 @@ fn blockwise_range(
                 Some(d @ (1 | 2)) => range.dims = d as u8,
                 _ => return Err(invalid(format!("dims must be 1 or 2, got {value:?}"))),
             },
-            "max_over_orientations" => match value.as_bool() {
-                Some(b) => range.max_over_orientations = b,
-                None => {
-                    return Err(invalid(format!(
-                        "max_over_orientations must be a bool, got {value:?}"
-                    )));
-                }
-            },
+            "max_over_orientations" => {
+                return Err(invalid(
+                    "max_over_orientations is not a key: as in TE, the activation's and the weight's maximum is \
+                     over both orientations, the other tensors' over the rowwise blocks"
+                        .into(),
+                ));
+            }
             other => {
                 return Err(item.error(
                     Some("stats"),
@@ -124,6 +123,19 @@ fn blockwise_range(
         }
     }
     Ok(range)
+}
+
+/// Whether `max_blockwise_dynamic_range` of `tensor` is the maximum over both orientations of its blocks: TE's rule
+/// for the tensors a GEMM may read either way round (the activation and the weight), logged with the suffix
+/// `_max_over_orientations`.
+fn over_orientations(stat: Stat, tensor: TensorName) -> Stat {
+    match stat {
+        Stat::MaxBlockwiseDynamicRange(range) => Stat::MaxBlockwiseDynamicRange(BlockwiseRange {
+            max_over_orientations: matches!(tensor, TensorName::Activation | TensorName::Weight),
+            ..range
+        }),
+        other => other,
+    }
 }
 
 impl LogTensorStats {
@@ -151,7 +163,10 @@ impl LogTensorStats {
                 Ok((
                     tensor,
                     item.schedule()?,
-                    stats.into_iter().map(|(_, s)| s).collect(),
+                    stats
+                        .into_iter()
+                        .map(|(_, s)| over_orientations(s, tensor))
+                        .collect(),
                 ))
             })
             .collect::<Result<_, ConfigError>>()?;

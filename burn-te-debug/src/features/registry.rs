@@ -102,17 +102,20 @@ pub fn register_feature(
     Ok(())
 }
 
-/// Builds the feature `spec.name` of `namespace`, or fails naming the registered ones.
+/// Builds the feature `spec.name` of `namespace` where it is `enabled` (a disabled one only has to exist, as in
+/// TE), or fails naming the registered ones.
 fn build_feature(
     namespace: Namespace,
     spec: &FeatureSpec,
-) -> Result<Box<dyn Feature>, ConfigError> {
+    enabled: bool,
+) -> Result<Option<Box<dyn Feature>>, ConfigError> {
     let map = registry().read().unwrap_or_else(|p| p.into_inner());
     match map.get(&(namespace, spec.name.clone())) {
+        Some(_) if !enabled => Ok(None),
         Some(factory) => {
             let factory = factory.clone();
             drop(map);
-            factory(spec)
+            factory(spec).map(Some)
         }
         None => Err(spec.error(
             None,
