@@ -73,8 +73,9 @@ pub(crate) fn amax(values: &[f32]) -> f32 {
 }
 
 /// TE's delayed scale of `role` at iteration `n`, recomputed from the earlier iterations' amaxes independently of
-/// the code under test: `fp8_max / amax(window before n) / 2^margin` in f32 (1 at n = 0; an amax of 0 keeps the
-/// previous scale), the window being the last `amax_history_len` amaxes (`max`) or the newest (`most_recent`).
+/// the code under test: `(fp8_max / 2^margin) / amax(window before n)` in f32 (1 at n = 0; an amax of 0 keeps the
+/// previous scale and stays out of the window), the window being the last `amax_history_len` nonzero amaxes
+/// (`max`) or the newest (`most_recent`).
 fn expected_scale(data: &Data, role: TensorRole, n: usize, recipe: &DelayedScaling) -> f32 {
     let amaxes: Vec<f32> = data.of(role).iter().map(|v| amax(v)).collect();
     delayed_scale(&amaxes, role, n, recipe)
@@ -89,14 +90,20 @@ pub(crate) fn delayed_scale(
 ) -> f32 {
     let format = recipe.fp8_format.for_role(role);
     let mut scale = 1.0f32;
-    for k in 1..=n {
-        let window = &amaxes[k.saturating_sub(recipe.amax_history_len)..k];
+    // The amaxes the window took in: a 0 leaves window and scale as they were (TE's fused update).
+    let mut taken = Vec::new();
+    for &newest in &amaxes[..n] {
+        if newest == 0.0 {
+            continue;
+        }
+        taken.push(newest);
+        let window = &taken[taken.len().saturating_sub(recipe.amax_history_len)..];
         let amax = match recipe.amax_compute_algo {
             AmaxComputeAlgo::Max => window.iter().fold(0f32, |a, &v| a.max(v)),
             AmaxComputeAlgo::MostRecent => window[window.len() - 1],
         };
         if amax > 0.0 {
-            scale = (format.max() / amax) / 2f32.powf(recipe.margin);
+            scale = (format.max() / 2f32.powf(recipe.margin)) / amax;
         }
     }
     scale

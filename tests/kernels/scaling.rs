@@ -26,6 +26,54 @@ fn amax_sequence(steps: usize, tensors: usize) -> Vec<Vec<f32>> {
         .collect()
 }
 
+/// TE's fused update (`delayed_scaling.cu`: `if (last_amax != 0.0f)` around the roll) on amaxes 4, 0, 1, 1 with a
+/// window of 2 (E4M3, `max`): the scales before each step, on the device and the host, are TE's numbers, and a
+/// 0 leaves the window as it was.
+#[test]
+fn a_zero_amax_leaves_the_window_and_the_scale_as_te_does() {
+    let client = client();
+    let (history_len, format) = (2, Fp8Format::E4M3);
+    let mut host = DelayedScalingHistory::new(history_len).unwrap();
+    let mut history = client.create_from_slice(f32::as_bytes(&[0.0f32; 2]));
+    let scales = ScaleBuffers::new(&client, 1, 1.0);
+    // The scale before steps 0..=4: 448/4 after the 4; kept through the 0; the window [4, 1] keeps 112; [1, 1] gives
+    // 448. (Rolling the 0 in would make step 3's window [0, 1] and its scale 448.)
+    let expected = [1.0f32, 112.0, 112.0, 112.0, 448.0];
+    let windows: [&[f32]; 4] = [&[0.0, 4.0], &[0.0, 4.0], &[0.0, 1.0], &[0.0, 1.0]];
+    for (step, amax) in [4.0f32, 0.0, 1.0, 1.0].into_iter().enumerate() {
+        let device = download(&scales.scale, 1)[0];
+        assert_eq!(
+            (device, host.scale),
+            (expected[step], expected[step]),
+            "scale before step {step}"
+        );
+        history = client.create_from_slice(f32::as_bytes(&[amax, download(&history, 2)[1]]));
+        ops::delayed_scaling_update(
+            &client,
+            &history,
+            history_len,
+            &scales,
+            AmaxComputeAlgo::Max,
+            format,
+            0.0,
+        )
+        .unwrap();
+        host.record(amax);
+        host.update(AmaxComputeAlgo::Max, format, 1.0);
+        // TE's layout: slot 0 zeroed for the next step, slot 1 the newest taken amax (the oldest drops out).
+        assert_eq!(
+            download(&history, 2),
+            windows[step],
+            "device window after step {step}"
+        );
+        assert_eq!(host.history, windows[step], "host window after step {step}");
+    }
+    assert_eq!(download(&scales.scale, 1)[0], expected[4]);
+    // The margin divides fp8_max first (TE's fused rule): amax 1e-36 with margin 1 gives 224e36, where
+    // (448 / 1e-36) / 2 would overflow to f32::MAX.
+    assert_eq!(scale_from_amax(1e-36, 1.0, format, 2.0), 224.0f32 / 1e-36);
+}
+
 #[test]
 fn delayed_scaling_device_matches_host_and_te_rule() {
     let client = client();
@@ -44,6 +92,8 @@ fn delayed_scaling_device_matches_host_and_te_rule() {
                 client.create_from_slice(f32::as_bytes(&vec![0.0f32; history_len * tensors]));
             let scales = ScaleBuffers::new(&client, tensors, 1.0);
             let mut expected_scale = vec![1.0f32; tensors];
+            // The amaxes each tensor's window took in: every nonzero one (TE's fused update rolls no 0 in).
+            let mut taken: Vec<Vec<f32>> = vec![Vec::new(); tensors];
             for (step, step_amaxes) in amaxes.iter().enumerate() {
                 // The scale used at this step comes from the history *before* it.
                 let device_scales = download(&scales.scale, tensors);
@@ -81,15 +131,21 @@ fn delayed_scaling_device_matches_host_and_te_rule() {
                         device_row, host_row,
                         "{algo:?} len {history_len} step {step} tensor {t}: history"
                     );
-                    // Independent rule: amax over the last `history_len` steps (NaN skipped) or the newest.
-                    let window = &amaxes[(step + 1).saturating_sub(history_len)..=step];
+                    // Independent rule: a step whose amax is 0 changes nothing; otherwise the amax over the last
+                    // `history_len` nonzero amaxes (NaN skipped) or the newest.
+                    let newest = step_amaxes[t];
+                    if newest != 0.0 {
+                        taken[t].push(newest);
+                    }
+                    let window = &taken[t][taken[t].len().saturating_sub(history_len)..];
                     let amax = match algo {
+                        _ if newest == 0.0 => 0.0,
                         AmaxComputeAlgo::Max => window
                             .iter()
-                            .map(|a| a[t])
+                            .copied()
                             .filter(|a| !a.is_nan())
                             .fold(0.0, f32::max),
-                        AmaxComputeAlgo::MostRecent => step_amaxes[t],
+                        AmaxComputeAlgo::MostRecent => newest,
                     };
                     expected_scale[t] =
                         scale_from_amax(amax, expected_scale[t], format, 2f32.powf(margin));

@@ -405,9 +405,10 @@ type QuantizedAndKept<B> = (
 
 /// What an expert GEMM without rows does to its layer's FP8 state, as TE's `GroupedLinear` does on an empty split:
 /// under DelayedScaling the tensors the GEMM quantizes record their amaxes, 0 for the empty input (fprop) or
-/// gradient (dgrad, wgrad) and the weight's own at fprop (TE quantizes every expert's weight). So an expert's
-/// histories roll in every generation whatever its split, and `reduce_amax` makes the same collective calls in the
-/// same order on every rank. Other recipes keep no state: nothing to do.
+/// gradient (dgrad, wgrad) and the weight's own at fprop (TE quantizes every expert's weight). So `reduce_amax`
+/// makes the same collective calls in the same order on every rank whatever the splits; an amax of 0 (after the
+/// reduction) then leaves its history and scale as they were, as TE's fused update does. Other recipes keep no
+/// state: nothing to do.
 pub(crate) fn record_without_rows<B: TeBackend>(
     gemm: Gemm,
     weight: Option<FloatTensor<B>>,
@@ -422,7 +423,8 @@ pub(crate) fn record_without_rows<B: TeBackend>(
         Gemm::Fprop => TensorRole::Activation,
         Gemm::Dgrad | Gemm::Wgrad => TensorRole::Gradient,
     };
-    // Rolls the history if this is the generation's first use; the newest slot then holds 0, the empty tensor's amax.
+    // Updates the history if this is the generation's first use (a newest amax of 0 leaves it as it was); the newest
+    // slot then holds 0, the empty tensor's amax.
     delayed_state::<B>(site, delayed, role, device)?;
     meta.recorded(role);
     if let (Gemm::Fprop, Some(weight)) = (gemm, weight) {

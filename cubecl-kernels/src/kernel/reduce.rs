@@ -6,7 +6,8 @@ use cubecl::prelude::*;
 pub const CUBE_SIZE: u32 = 256;
 
 /// Bits of `|x|` of an f32 bit pattern. Ordered like the magnitudes as unsigned integers, and any NaN sorts above
-/// +inf, so an integer max over these propagates NaN, as Transformer Engine's amax does.
+/// +inf, so an integer max over these propagates NaN (Transformer Engine's `fmaxf` amax skips it instead: see
+/// the book's Recipes page).
 #[cube]
 pub fn abs_bits(bits: u32) -> u32 {
     bits & 0x7fff_ffff

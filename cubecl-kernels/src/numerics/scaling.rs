@@ -26,14 +26,15 @@ pub fn pow2_margin(margin: f32) -> Result<f32, KernelError> {
     Ok(factor)
 }
 
-/// TE's scale rule: `(fp8_max / amax) / 2^margin` in f32 when amax is finite and > 0, otherwise `previous` is
-/// kept; a scale that overflows to inf becomes `f32::MAX`.
+/// TE's scale rule: `(fp8_max / 2^margin) / amax` in f32 when amax is finite and > 0, otherwise `previous` is
+/// kept; a scale that overflows to inf becomes `f32::MAX`. The margin divides `fp8_max` first, as TE's fused update
+/// (`delayed_scaling.cu`) does: the same bits as `(fp8_max / amax) / 2^margin` wherever that does not overflow.
 pub fn scale_from_amax(amax: f32, previous: f32, format: Fp8Format, pow2_margin: f32) -> f32 {
     let bits = amax.to_bits();
     if bits == 0 || bits >= 0x7f80_0000 {
         return previous;
     }
-    let scale = (format.max() / amax) / pow2_margin;
+    let scale = (format.max() / pow2_margin) / amax;
     if scale.is_infinite() { f32::MAX } else { scale }
 }
 
@@ -74,9 +75,14 @@ impl DelayedScalingHistory {
         }
     }
 
-    /// End of step: amax from the window, roll the window, zero slot 0, update scale and scale_inv.
+    /// End of step: amax from the window, roll the window, zero slot 0, update scale and scale_inv. A step whose
+    /// amax is 0 (the tensor was all zeros, or not quantized) changes nothing, as in TE's fused update: the
+    /// window does not roll and the scale stays.
     pub fn update(&mut self, algo: AmaxComputeAlgo, format: Fp8Format, pow2_margin: f32) {
         let newest = self.history[0];
+        if newest.to_bits() & 0x7fff_ffff == 0 {
+            return;
+        }
         let window_max = self
             .history
             .iter()
