@@ -310,6 +310,27 @@ fn selectors_and_schedules_follow_te() {
     };
     assert_eq!((s.next_after(3), s.next_after(7)), (Some(7), None));
 
+    // YAML merge keys, as TE's reader (PyYAML) applies them: a section's own keys win over the merged ones.
+    let config = Config::parse(
+        "s:\n  enabled: True\n  layers:\n    layer_types: [fc1]\n  transformer_engine:\n    LogTensorStats: &stats\n      enabled: True\n      tensors: [activation]\n      stats: [max]\n      freq: 3\nt:\n  enabled: True\n  layers:\n    layer_types: [fc2]\n  transformer_engine:\n    LogTensorStats:\n      <<: *stats\n      freq: 2\n",
+        "x",
+    )
+    .unwrap();
+    for (section, layer, expected) in [
+        (0, "fc1", vec![0, 3, 6, 9]),
+        (1, "fc2", vec![0, 2, 4, 6, 8]),
+    ] {
+        let feature = &config.sections[section].features[0];
+        let runs: Vec<u64> = (0..10)
+            .filter(|&i| {
+                feature
+                    .inspect_tensor_enabled(layer, TensorName::Activation, i)
+                    .is_some_and(|r| r.enabled)
+            })
+            .collect();
+        assert_eq!(runs, expected, "section {section}");
+    }
+
     // An empty start_end_list is no list (TE's `if start_end_list:`): start_step and end_step apply.
     for (list, expected) in [("[]", vec![2, 4]), ("[[5, 6]]", vec![6])] {
         let config = Config::parse(

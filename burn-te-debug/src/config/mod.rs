@@ -81,12 +81,17 @@ impl Config {
                 )),
             });
         }
-        let top: Value = yaml::from_str(&text).map_err(|err| ConfigError {
+        let mut top: Value = yaml::from_str(&text).map_err(|err| ConfigError {
             location: Box::new(ConfigLocation {
                 line: err.location().map(|l| l.line()),
                 ..base.clone()
             }),
             kind: ConfigErrorKind::Syntax(clip(err.to_string())),
+        })?;
+        // Merge keys (`<<: *anchor`), which TE's reader (PyYAML's `safe_load`) applies: a mapping's own keys win.
+        top.apply_merge().map_err(|err| ConfigError {
+            location: Box::new(base.clone()),
+            kind: ConfigErrorKind::Syntax(clip(format!("merge key (<<): {err}"))),
         })?;
         let top = match top {
             Value::Mapping(map) => map,
