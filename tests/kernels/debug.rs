@@ -157,6 +157,35 @@ fn bad_configs_name_section_feature_key_and_line() {
         (err.location.key.as_deref(), err.location.line),
         (Some("stats"), Some(9))
     );
+    // An error in a struct entry names that entry's line, not the first line with the same key.
+    let err = error_of(&format!(
+        "{SECTION}    LogTensorStats:\n      enabled: True\n      tensors_struct:\n        - tensor: activation\n          stats: [min]\n        - tensor: gradient\n          stats: [minn]\n"
+    ));
+    assert!(
+        matches!(err.kind, ConfigErrorKind::UnknownStat { ref stat, .. } if stat == "minn"),
+        "{err}"
+    );
+    assert_eq!(
+        (err.location.key.as_deref(), err.location.line),
+        (Some("stats"), Some(12))
+    );
+    let err = error_of(&format!(
+        "{SECTION}    LogTensorStats:\n      enabled: True\n      freq: 2\n      tensors_struct:\n        - tensor: activation\n          stats: [min]\n          freq: 0\n"
+    ));
+    assert_eq!(
+        (err.location.key.as_deref(), err.location.line),
+        (Some("freq"), Some(12)),
+        "{err}"
+    );
+    // A key the entry inherits: the feature's line of it.
+    let err = error_of(&format!(
+        "{SECTION}    LogTensorStats:\n      enabled: True\n      freq: -1\n      tensors_struct:\n        - tensor: activation\n          stats: [min]\n"
+    ));
+    assert_eq!(
+        (err.location.key.as_deref(), err.location.line),
+        (Some("freq"), Some(8)),
+        "{err}"
+    );
     // A per-tensor scale has one orientation: no `_columnwise` for the per-tensor what-ifs (TE rejects it too).
     let err = error_of(&format!(
         "{SECTION}    LogFp8TensorStats:\n      enabled: True\n      tensors: [activation]\n      stats: [mxfp8_mse_columnwise, fp8_current_scaling_underflows%_columnwise]\n"

@@ -70,10 +70,12 @@ pub struct Item {
     pub tensor: Option<TensorName>,
     keys: BTreeMap<String, Value>,
     spec: FeatureSpec,
+    /// Where its struct entries are, below the feature (`["tensors_struct", "tensor=gradient"]`), for error lines.
+    place: Vec<String>,
 }
 
-/// A GEMM or tensor of a feature's list, with its struct item's keys.
-type Entry<T> = (Option<T>, Option<Mapping>);
+/// A GEMM or tensor of a feature's list, with its struct item's keys and where that item is (for error lines).
+type Entry<T> = (Option<T>, Option<Mapping>, Vec<String>);
 
 const STRUCTURE_KEYS: [&str; 7] = [
     "enabled",
@@ -104,17 +106,32 @@ impl FeatureSpec {
 
     /// A config error at `key` of this feature (with its line when it can be found).
     pub fn error(&self, key: Option<&str>, kind: ConfigErrorKind) -> ConfigError {
-        let mut path: Vec<&str> = self.path.iter().map(String::as_str).collect();
-        path.extend(key);
+        self.error_in(&[], key, kind)
+    }
+
+    /// A config error at `key` of the struct entry at `place` below the feature (e.g. `["tensors_struct",
+    /// "tensor=gradient"]`): its line is the key's in that entry or, where the entry inherits it, in the enclosing
+    /// entry or the feature; else the entry's line; else the feature's.
+    fn error_in(&self, place: &[String], key: Option<&str>, kind: ConfigErrorKind) -> ConfigError {
+        let feature: Vec<&str> = self.path.iter().map(String::as_str).collect();
+        let within = |depth: usize, with_key: bool| {
+            let mut path = feature.clone();
+            path.extend(place[..depth].iter().map(String::as_str));
+            path.extend(key.filter(|_| with_key));
+            path
+        };
+        // Entries are two segments each (`tensors_struct`, `tensor=gradient`): the key from the innermost out.
+        let mut paths: Vec<Vec<&str>> = (0..=place.len() / 2)
+            .rev()
+            .filter(|_| key.is_some())
+            .map(|entries| within(2 * entries, true))
+            .collect();
+        paths.extend([within(place.len(), false), feature.clone()]);
+        let line = paths.iter().find_map(|path| find_line(&self.text, path));
         ConfigError {
             location: Box::new(ConfigLocation {
                 key: key.map(str::to_string),
-                line: find_line(&self.text, &path).or_else(|| {
-                    find_line(
-                        &self.text,
-                        &self.path.iter().map(String::as_str).collect::<Vec<_>>(),
-                    )
-                }),
+                line,
                 ..self.location.clone()
             }),
             kind,
@@ -144,7 +161,7 @@ impl FeatureSpec {
         let top = self.plain_keys(&self.map, &allowed)?;
         let mut items = Vec::new();
         let gemm_entries = self.gemm_entries(gemms)?;
-        for (gemm, gemm_map) in gemm_entries {
+        for (gemm, gemm_map, gemm_place) in gemm_entries {
             let mut keys = top.clone();
             let scope = match &gemm_map {
                 Some(map) if map.contains_key("enabled") => {
@@ -170,16 +187,25 @@ impl FeatureSpec {
             } else {
                 &self.map
             };
-            for (tensor, tensor_map) in self.tensor_entries(tensor_source, tensors, tensor_names)? {
+            for (tensor, tensor_map, tensor_place) in
+                self.tensor_entries(tensor_source, tensors, tensor_names)?
+            {
                 let mut keys = keys.clone();
                 if let Some(map) = &tensor_map {
                     keys.extend(self.plain_keys(map, &allowed)?);
                 }
+                let place = match tensor_place.is_empty() {
+                    // Keys of the feature or of its gemms_struct entry: the deepest entry that holds them.
+                    true => gemm_place.clone(),
+                    false if std::ptr::eq(tensor_source, &self.map) => tensor_place,
+                    false => [gemm_place.clone(), tensor_place].concat(),
+                };
                 items.push(Item {
                     gemm,
                     tensor,
                     keys,
                     spec: self.clone(),
+                    place,
                 });
             }
         }
@@ -215,7 +241,7 @@ impl FeatureSpec {
 
     fn gemm_entries(&self, need: Need) -> Result<Vec<Entry<Gemm>>, ConfigError> {
         if need == Need::No {
-            return Ok(vec![(None, None)]);
+            return Ok(vec![(None, None, Vec::new())]);
         }
         if let Some(list) = self.map.get("gemms_struct") {
             let items = self.struct_list(list, "gemms_struct")?;
@@ -226,7 +252,8 @@ impl FeatureSpec {
                     let name = self.struct_name(&map, "gemm", "gemms_struct")?;
                     let gemm = self.gemm(&name, "gemms_struct")?;
                     self.once(&mut seen, gemm, &name, "gemms_struct")?;
-                    Ok((Some(gemm), Some(map)))
+                    let place = vec!["gemms_struct".to_string(), format!("gemm={name}")];
+                    Ok((Some(gemm), Some(map), place))
                 })
                 .collect();
         }
@@ -240,13 +267,16 @@ impl FeatureSpec {
                         gemms.push(gemm);
                     }
                 }
-                Ok(gemms.into_iter().map(|g| (Some(g), None)).collect())
+                Ok(gemms
+                    .into_iter()
+                    .map(|g| (Some(g), None, Vec::new()))
+                    .collect())
             }
             None if need == Need::Required => Err(self.error(
                 None,
                 ConfigErrorKind::MissingKey("gemms (or gemms_struct)".into()),
             )),
-            None => Ok(vec![(None, None)]),
+            None => Ok(vec![(None, None, Vec::new())]),
         }
     }
 
@@ -257,7 +287,7 @@ impl FeatureSpec {
         tensor_names: &[TensorName],
     ) -> Result<Vec<Entry<TensorName>>, ConfigError> {
         if need == Need::No {
-            return Ok(vec![(None, None)]);
+            return Ok(vec![(None, None, Vec::new())]);
         }
         let tensor = |name: &str, key: &str| {
             TensorName::from_name(name)
@@ -285,7 +315,8 @@ impl FeatureSpec {
                     let name = self.struct_name(&map, "tensor", "tensors_struct")?;
                     let t = tensor(&name, "tensors_struct")?;
                     self.once(&mut seen, t, &name, "tensors_struct")?;
-                    Ok((Some(t), Some(map)))
+                    let place = vec!["tensors_struct".to_string(), format!("tensor={name}")];
+                    Ok((Some(t), Some(map), place))
                 })
                 .collect();
         }
@@ -299,13 +330,16 @@ impl FeatureSpec {
                         tensors.push(t);
                     }
                 }
-                Ok(tensors.into_iter().map(|t| (Some(t), None)).collect())
+                Ok(tensors
+                    .into_iter()
+                    .map(|t| (Some(t), None, Vec::new()))
+                    .collect())
             }
             None if need == Need::Required => Err(self.error(
                 None,
                 ConfigErrorKind::MissingKey("tensors (or tensors_struct)".into()),
             )),
-            None => Ok(vec![(None, None)]),
+            None => Ok(vec![(None, None, Vec::new())]),
         }
     }
 
@@ -431,7 +465,7 @@ impl Item {
 
     /// A config error at `key` of this item's feature.
     pub fn error(&self, key: Option<&str>, kind: ConfigErrorKind) -> ConfigError {
-        self.spec.error(key, kind)
+        self.spec.error_in(&self.place, key, kind)
     }
 
     /// The item's schedule from `freq`, `start_step`, `end_step` (-1: no end) and `start_end_list`.
