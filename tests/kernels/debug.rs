@@ -321,6 +321,19 @@ fn selectors_and_schedules_follow_te() {
     let picks = |name| config.section_for(name, None).unwrap().is_some();
     assert!(picks("decoder.1.fc1") && picks("decoder.4.fc2") && picks("decoder.3.fc1"));
     assert!(!picks("decoder.12.fc1") && !picks("decoder.2.fc1") && !picks("decoder.1.proj"));
+    // Python's `re` syntax, as TE reads the pattern (with `search`): a negative look-ahead and a back-reference.
+    for (pattern, picked, passed) in [
+        ("^(?!.*fc2$)decoder", "decoder.1.fc1", "decoder.1.fc2"),
+        (r"(\d)\.fc\1", "decoder.1.fc1", "decoder.1.fc2"),
+    ] {
+        let config = Config::parse(
+            &format!("s:\n  enabled: True\n  layers:\n    layer_name_regex_pattern: '{pattern}'\n  transformer_engine:\n    DisableFP8Layer:\n      enabled: True\n"),
+            "x",
+        )
+        .unwrap();
+        let picks = |name| config.section_for(name, None).unwrap().is_some();
+        assert!(picks(picked) && !picks(passed), "{pattern}");
+    }
 
     // TE: freq counts from 0, both ends inclusive.
     let s = Schedule {

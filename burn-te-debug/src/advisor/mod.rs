@@ -439,12 +439,5 @@ pub(crate) fn yaml_quoted(text: &str) -> String {
 
 /// `text` with the regex metacharacters escaped (layer names carry dots).
 fn regex_escape(text: &str) -> String {
-    let mut escaped = String::with_capacity(text.len());
-    for c in text.chars() {
-        if "\\.+*?()|[]{}^$".contains(c) {
-            escaped.push('\\');
-        }
-        escaped.push(c);
-    }
-    escaped
+    fancy_regex::escape(text).into_owned()
 }

@@ -1,7 +1,7 @@
 //! Which layers a rule applies to: Transformer Engine's `layers` selectors, shared by recipe plans and the debug
 //! tools' configs.
 
-use regex::Regex;
+use fancy_regex::Regex;
 use serde::{Deserialize, Serialize};
 
 /// A `layers` mapping as written (TE's keys). Compile it with [`LayerSelector::new`].
@@ -180,7 +180,15 @@ impl LayerSelector {
             return exact.iter().any(|name| name == layer);
         }
         if let Some(regex) = &self.regex {
-            return regex.is_match(layer);
+            // Python's `re` syntax (TE's), look-around and back-references included; only a pattern that
+            // exceeds fancy-regex's backtracking limit on this name errs, and then picks nothing, counted.
+            return regex.is_match(layer).unwrap_or_else(|err| {
+                crate::fallback::record(
+                    "layer regex not evaluated",
+                    format!("layer_name_regex_pattern {regex} on {layer}: {err}; the layer is not selected"),
+                );
+                false
+            });
         }
         let number_ok = self.numbers.as_ref().is_none_or(|ranges| {
             layer_number(layer).is_some_and(|n| ranges.iter().any(|r| r.0 <= n && n <= r.1))
