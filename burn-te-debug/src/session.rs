@@ -328,7 +328,16 @@ impl Session {
             let _ = self.log.main(&message);
         }
         let stats = self.buffers.take(&self.reduction, self.iteration);
-        self.log.step(self.iteration, stats)
+        let logged = self.log.step(self.iteration, stats);
+        match self.router.take_failure() {
+            Some(err) => {
+                if let Err(log_err) = logged {
+                    tracing::error!(target: "burn_te_debug", "{log_err}");
+                }
+                Err(err)
+            }
+            None => logged,
+        }
     }
 }
 

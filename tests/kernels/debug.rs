@@ -621,6 +621,45 @@ stats:\n  enabled: True\n  layers:\n    layer_name_regex_pattern: 'fc0$'\n  tran
     );
 }
 
+/// Two sections selecting one layer: TE raises at that layer's forward. The GEMM cannot fail here, so it runs
+/// without the features and the `step()` that ends the iteration returns the overlap; the other layer's stats of
+/// that step are logged all the same.
+#[test]
+fn sections_overlapping_on_a_layer_fail_the_step() {
+    let _guard = SESSION.lock().unwrap_or_else(|p| p.into_inner());
+    let (dir, collect) = start_session(
+        "overlap",
+        "a:\n  enabled: True\n  layers:\n    layer_types: [fc]\n  transformer_engine:\n    LogTensorStats:\n      enabled: True\n      stats: [max]\n      tensors: [activation]\nb:\n  enabled: True\n  layers:\n    layer_name_regex_pattern: 'fc1$'\n  transformer_engine:\n    DisableFP8GEMM:\n      enabled: True\n      gemms: [fprop]\n",
+    );
+    let device = Default::default();
+    let fc0 = LinearConfig::new(4, 4)
+        .with_name(Some("fc0".into()))
+        .init::<B>(&device);
+    let fc1 = LinearConfig::new(4, 4)
+        .with_name(Some("fc1".into()))
+        .init::<B>(&device);
+    let x = Tensor::<B, 2>::ones([2, 4], &device);
+    let y = fp8_autocast(true, DelayedScaling::default(), || {
+        fc1.forward(fc0.forward(x))
+    })
+    .unwrap();
+    y.sum().backward();
+    let err = burn_te_debug::step().unwrap_err();
+    assert!(
+        matches!(&err, DebugError::Config(c) if matches!(&c.kind, ConfigErrorKind::Overlap { first, second, .. }
+            if first == "a" && second == "b")),
+        "{err}"
+    );
+    assert!(err.to_string().contains("fc1"), "{err}");
+    let logged = collect.0.lock().unwrap().clone();
+    assert!(
+        logged.iter().any(|(_, v)| v.name == "fc0_activation_max"),
+        "fc0's stat of the step is logged: {logged:?}"
+    );
+    burn_te_debug::end().unwrap();
+    assert!(main_log(&dir).contains("step() returns this error"));
+}
+
 #[test]
 fn missing_config_warns_and_unwritable_log_dir_fails() {
     let _guard = SESSION.lock().unwrap_or_else(|p| p.into_inner());

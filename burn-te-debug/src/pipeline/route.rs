@@ -252,6 +252,9 @@ struct LayerRoute {
 pub(crate) struct Router {
     config: Option<Arc<Config>>,
     layers: BTreeMap<Arc<str>, LayerRoute>,
+    /// The first config error found while routing this step's GEMMs (TE raises it at the forward; the GEMM cannot
+    /// fail here, so it runs without the features and `step()` returns the error).
+    failed: Option<DebugError>,
 }
 
 impl Router {
@@ -259,7 +262,13 @@ impl Router {
         Router {
             config,
             layers: BTreeMap::new(),
+            failed: None,
         }
+    }
+
+    /// The first routing error since the last call, for the `step()` that ends the iteration.
+    pub(crate) fn take_failure(&mut self) -> Option<DebugError> {
+        self.failed.take()
     }
 
     /// The config (`None`: a session without one).
@@ -280,9 +289,12 @@ impl Router {
                             .unwrap_or(0)
                     }),
                     Err(err) => {
-                        let message = format!("{err}; the layer runs without debug features");
+                        let message = format!(
+                            "{err}; the layer runs without debug features, and step() returns this error"
+                        );
                         tracing::error!("{message}");
                         let _ = log.main(&message);
+                        self.failed.get_or_insert(err.into());
                         None
                     }
                 },
@@ -342,9 +354,11 @@ impl Router {
         let (plan, next) = match routed {
             Ok(routed) => routed,
             Err(err) => {
-                let message = format!("{err}; the GEMM runs unmodified");
+                let message =
+                    format!("{err}; the GEMM runs unmodified, and step() returns this error");
                 tracing::error!("{message}");
                 let _ = log.main(&message);
+                self.failed.get_or_insert(err);
                 return None;
             }
         };
