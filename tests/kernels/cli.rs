@@ -16,8 +16,8 @@ const EXAMPLES: [&str; 9] = [
     "quantize_demo",
 ];
 
-/// The long flags an example's `--help` lists (cargo builds the examples beside the tests).
-fn help_flags(example: &str) -> BTreeSet<String> {
+/// An example's `--help` (cargo builds the examples beside the tests).
+fn help_text(example: &str) -> String {
     let output = crate::common::example(example)
         .arg("--help")
         .output()
@@ -25,17 +25,18 @@ fn help_flags(example: &str) -> BTreeSet<String> {
             panic!("{example} --help: {err} (build the examples: `cargo test` builds them, or `cargo build --examples`)")
         });
     assert!(output.status.success(), "{example} --help failed");
-    flags(&String::from_utf8_lossy(&output.stdout))
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The long flags an example's `--help` lists.
+fn help_flags(example: &str) -> BTreeSet<String> {
+    flags(&help_text(example))
 }
 
 /// The flags an example's `--help` lists as taking a `<FILE>`.
 fn file_flags(example: &str) -> BTreeSet<String> {
-    let output = crate::common::example(example)
-        .arg("--help")
-        .output()
-        .unwrap_or_else(|err| panic!("{example} --help: {err} (build the examples)"));
-    let help = String::from_utf8_lossy(&output.stdout).into_owned();
-    help.lines()
+    help_text(example)
+        .lines()
         .flat_map(|line| {
             let words: Vec<&str> = line.split_whitespace().collect();
             words

@@ -308,6 +308,17 @@ fn bad_configs_name_section_feature_key_and_line() {
     );
 }
 
+/// The iterations of 0..10 at which `feature` inspects `layer`'s activation.
+fn activation_runs(feature: &dyn Feature, layer: &str) -> Vec<u64> {
+    (0..10)
+        .filter(|&i| {
+            feature
+                .inspect_tensor_enabled(layer, TensorName::Activation, i)
+                .is_some_and(|r| r.enabled)
+        })
+        .collect()
+}
+
 #[test]
 fn selectors_and_schedules_follow_te() {
     assert_eq!(layer_number("decoder.1.fc1"), Some(1));
@@ -363,13 +374,7 @@ fn selectors_and_schedules_follow_te() {
         (1, "fc2", vec![0, 2, 4, 6, 8]),
     ] {
         let feature = &config.sections[section].features[0];
-        let runs: Vec<u64> = (0..10)
-            .filter(|&i| {
-                feature
-                    .inspect_tensor_enabled(layer, TensorName::Activation, i)
-                    .is_some_and(|r| r.enabled)
-            })
-            .collect();
+        let runs = activation_runs(feature.as_ref(), layer);
         assert_eq!(runs, expected, "section {section}");
     }
 
@@ -381,13 +386,7 @@ fn selectors_and_schedules_follow_te() {
         )
         .unwrap();
         let feature = &config.sections[0].features[0];
-        let runs: Vec<u64> = (0..10)
-            .filter(|&i| {
-                feature
-                    .inspect_tensor_enabled("fc1", TensorName::Activation, i)
-                    .is_some_and(|r| r.enabled)
-            })
-            .collect();
+        let runs = activation_runs(feature.as_ref(), "fc1");
         assert_eq!(runs, expected, "start_end_list: {list}");
     }
 }

@@ -143,23 +143,15 @@ impl LogFp8TensorStats {
     /// Builds the feature from its config entry.
     pub fn from_spec(spec: &FeatureSpec) -> Result<Box<dyn Feature>, ConfigError> {
         let keys: Vec<&str> = SCHEDULE_KEYS.iter().copied().chain(["stats"]).collect();
+        // Every prefix × stat × orientation that `parse_name` takes (its rules decide, here and when parsing).
         let known: Vec<String> = WhatIf::ALL
             .iter()
             .flat_map(|w| {
-                let suffixes: &[&str] = if w.has_orientations() {
-                    &["", COLUMNWISE]
-                } else {
-                    &[""]
-                };
-                Stat::FP8
-                    .iter()
-                    .filter(move |&&s| s != Stat::Overflows || w.has_overflows())
-                    .flat_map(move |s| {
-                        suffixes
-                            .iter()
-                            .map(move |suffix| format!("{}{}{suffix}", w.prefix(), s.name()))
-                    })
+                Stat::FP8.iter().flat_map(move |s| {
+                    ["", COLUMNWISE].map(|suffix| format!("{}{}{suffix}", w.prefix(), s.name()))
+                })
             })
+            .filter(|name| parse_name(name).is_some())
             .collect();
         let entries = spec
             .items(Need::No, Need::Required, &TensorName::INPUTS, Some(&keys))?
